@@ -1,0 +1,113 @@
+// CPU kernels of the shared model, batch-invariant by construction.
+//
+// Why: the rollout engine and the trainer must compute identical bits for a token whatever batch it sits
+// in. Every kernel here reduces in a fixed order that depends only on the reduced length — never on the
+// number of rows, a row's position in the batch, the thread count or the instruction set — so a row computed
+// alone and inside a batch of 64 gives identical bits (tests/kernels_test.cc proves it per kernel).
+//
+// The numerics contract (docs/architecture.md, "Numerics"):
+//  * dot products over K (GEMM): K is cut into chunks of kGemmChunk; inside a chunk the products are
+//    accumulated with fma in ascending k from 0; chunk partials are combined by a balanced halving tree
+//    (split [lo, hi) at lo + ceil((hi - lo) / 2)), so a tensor-parallel split of K into a power-of-two
+//    number of equal parts falls on subtree boundaries.
+//  * row reductions (RMSNorm sum of squares, softmax sums): the same chunked rule with fma / add.
+//  * attention: online softmax over key blocks of kAttnBlock positions starting at position 0, ascending.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "miles/model_config.h"
+#include "miles/status.h"
+#include "miles/tensor.h"
+
+namespace miles {
+class ThreadPool;
+}
+
+namespace miles::kernels {
+
+inline constexpr int64_t kGemmChunk = 128;  // K positions per GEMM chunk
+inline constexpr int64_t kPanel = 32;       // output columns per packed weight panel
+inline constexpr int64_t kAttnBlock = 32;   // key positions per online-softmax block
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+// Best instruction set this CPU supports (overridable with MILES_ISA=scalar|avx2|avx512).
+Isa detect_isa();
+const char* isa_name(Isa isa);
+
+// A weight matrix W [N, K] (row-major, y = W x) repacked for the GEMM micro-kernels: panels of kPanel
+// output columns, each stored k-major as [K][kPanel] floats (zero-padded past N). Packing only moves
+// values (bf16 widened exactly), so it never changes results.
+class PackedMatrix {
+ public:
+  PackedMatrix() = default;
+  static PackedMatrix pack(const Tensor& w);  // w: [N, K], f32 / bf16 / f16
+  static PackedMatrix pack_f32(const float* w, int64_t n, int64_t k);
+  // Rows of several matrices stacked as one [sum N_i, K] matrix (fused q/k/v, gate/up).
+  static PackedMatrix pack_rows(const std::vector<const Tensor*>& parts);
+  int64_t n() const { return n_; }
+  int64_t k() const { return k_; }
+  int64_t num_panels() const { return (n_ + kPanel - 1) / kPanel; }
+  const float* panel(int64_t p) const { return data_.data() + p * k_ * kPanel; }
+  // Row n of the original matrix (for tests and the embedding of tied weights).
+  std::vector<float> unpack_row(int64_t row) const;
+
+ private:
+  int64_t n_ = 0, k_ = 0;
+  std::vector<float> data_;  // (num_panels, K, kPanel)
+};
+
+// y[M, N] = x[M, K] · Wᵀ. x row stride lda (>= K), y row stride ldy (>= N).
+void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* y, int64_t ldy,
+          ThreadPool* pool, Isa isa = detect_isa());
+// The definition of the numerics: one output element computed by the contract, scalar code.
+float gemm_reference_dot(const float* x, const float* w_row, int64_t k);
+
+// x[M, D] -> out[M, D] = x / sqrt(mean(x²) + eps) * weight. `out` may alias `x`.
+void rmsnorm(const float* x, int64_t m, int64_t d, const float* weight, float eps, float* out);
+
+// Rotary tables: inv_freq[rotary_dim / 2] and attention scaling, from a RopeConfig (model_config.h).
+struct RopeTable {
+  std::vector<float> inv_freq;  // (rotary_dim / 2)
+  int64_t rotary_dim = 0;
+  float attention_scaling = 1.0f;  // yarn multiplies cos and sin by it
+};
+// The table for a config (HF's rope_init_fn for default, linear, llama3 and yarn, in float32). "dynamic"
+// is refused: it makes a token's rotation depend on the sequence's current length, which breaks batch
+// and chunked-prefill invariance.
+Result<RopeTable> make_rope_table(const RopeConfig& rope, int64_t head_dim);
+// x[T, H, head_dim] rotated in place, half-split pairs (i, i + rotary_dim/2) as HF's rotate_half;
+// dims past rotary_dim are left as they are (partial rotary).
+void rope_apply(float* x, int64_t t, int64_t heads, int64_t head_dim, const int32_t* positions,
+                const RopeTable& table);
+
+// out[M, F] = silu(gate) * up, gate/up rows with stride ld_in.
+void swiglu(const float* gate, const float* up, int64_t m, int64_t f, int64_t ld_in, float* out);
+
+// In-place softmax / log-softmax of one row of n values.
+void softmax_row(float* x, int64_t n);
+void log_softmax_row(const float* x, int64_t n, float* out);
+// log-sum-exp of a row, the normaliser used by log_softmax_row.
+float logsumexp_row(const float* x, int64_t n);
+
+// Keys and values of one sequence for one layer, as a list of blocks of `block_tokens` positions each
+// laid out [block_tokens][num_kv_heads * head_dim] (a paged KV cache hands its block table over).
+struct KvSpan {
+  std::span<const float* const> k_blocks;
+  std::span<const float* const> v_blocks;
+  int64_t block_tokens = 0;
+};
+// Causal attention with GQA for the queries q[T, H, hd] of one sequence at positions[T]: query t sees
+// keys 0..positions[t]. out[T, H, hd]. scale is usually 1/sqrt(hd).
+void attention(const float* q, int64_t t, int64_t heads, int64_t kv_heads, int64_t head_dim,
+               const int32_t* positions, const KvSpan& kv, float scale, float* out);
+
+// out[T, D] = table[ids[t], :] for an f32 table [V, D].
+void embedding(const float* table, int64_t d, const int32_t* ids, int64_t t, float* out);
+
+// Indices of the k largest values, descending; ties broken by the lower index first.
+void topk(const float* x, int64_t n, int64_t k, int32_t* idx_out, float* val_out);
+
+}  // namespace miles::kernels

@@ -1,0 +1,76 @@
+// Model: the one implementation of Llama, Qwen3 and Qwen3-MoE that rollout and trainer share.
+//
+// Why: true on-policy RL needs the engine and the learner to compute the same bits. Both call this
+// forward over a packed batch of variable-length sequences; every kernel underneath is batch-invariant
+// (kernels.h), so a sequence's logits do not depend on what else is in the batch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "miles/checkpoint.h"
+#include "miles/kv_cache.h"
+#include "miles/model_config.h"
+#include "miles/status.h"
+
+namespace miles {
+
+class ThreadPool;
+struct ModelWeights;
+
+// One sequence's slice of a packed batch: tokens [offset, offset + n_tokens) of the batch sit at positions
+// start_pos .. start_pos + n_tokens - 1 of KV slot kv_slot (earlier positions are already in the cache).
+struct SeqSpan {
+  int32_t kv_slot = 0;
+  int64_t start_pos = 0;
+  int64_t n_tokens = 0;
+};
+
+struct ForwardOptions {
+  // true: logits for every token; false: only for the last token of each sequence.
+  bool all_logits = true;
+  // Record the top-k expert ids (and their gate weights) of every token and MoE layer.
+  bool return_experts = false;
+  // Routing replay: use these expert ids ([T, num_moe_layers, top_k]) instead of the router's top-k;
+  // gate weights still come from the router's probabilities at those ids.
+  std::span<const int32_t> forced_experts;
+};
+
+struct ForwardOutput {
+  int64_t rows = 0;                  // T, or the number of sequences
+  int64_t vocab = 0;
+  std::vector<float> logits;         // [rows, vocab]
+  std::vector<int32_t> experts;      // [T, num_moe_layers, top_k] when asked
+  std::vector<float> expert_weights; // [T, num_moe_layers, top_k] when asked
+};
+
+class Model {
+ public:
+  ~Model();
+  // Builds from named weights (HF naming), checking every tensor's presence and shape.
+  static Result<std::unique_ptr<Model>> from_weights(const ModelConfig& config,
+                                                     const TensorMap& weights);
+  // PATH: an HF directory (config.json + safetensors) or a llama2.c checkpoint file.
+  static Result<std::unique_ptr<Model>> load(const std::string& path);
+
+  const ModelConfig& config() const { return config_; }
+  // A KV store sized for this model.
+  std::unique_ptr<SimpleKvCache> make_kv_cache(int64_t block_tokens = 16) const;
+
+  // Runs the packed batch `tokens` split into `seqs` (in order), writing their keys/values into `kv`.
+  Result<ForwardOutput> forward(std::span<const int32_t> tokens, std::span<const SeqSpan> seqs,
+                                KvStore& kv, const ForwardOptions& options,
+                                ThreadPool* pool) const;
+
+ private:
+  Model() = default;
+  Status check_batch(std::span<const int32_t> tokens, std::span<const SeqSpan> seqs,
+                     const ForwardOptions& options) const;
+  ModelConfig config_;
+  std::unique_ptr<ModelWeights> w_;
+};
+
+}  // namespace miles

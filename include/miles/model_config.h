@@ -1,0 +1,80 @@
+// ModelConfig: the architecture hyper-parameters of the one shared model, read from an HF config.json.
+//
+// Why: rollout and trainer build the same model from the same config; every field a supported
+// architecture needs is typed here and validated once, with errors naming config.json and the key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "miles/status.h"
+
+namespace miles {
+
+enum class Arch { kLlama, kQwen3, kQwen3Moe };
+
+// Rotary position embedding: HF `rope_theta` + `rope_scaling` (or `rope_parameters`) + partial rotary.
+struct RopeConfig {
+  enum class Type { kDefault, kLinear, kDynamic, kLlama3, kYarn };
+  Type type = Type::kDefault;
+  double theta = 10000.0;
+  double partial_rotary_factor = 1.0;  // rotary_dim = head_dim * factor (even)
+  double factor = 1.0;                 // linear / dynamic / llama3 / yarn
+  // llama3
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 0;
+  // yarn
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double attention_factor = 0.0;  // 0: derived (0.1 * ln(factor) + 1)
+  double mscale = 0.0;
+  double mscale_all_dim = 0.0;
+  bool truncate = true;
+  int64_t max_position_embeddings = 0;  // dynamic NTK needs it
+};
+
+struct MoeConfig {
+  int64_t num_experts = 0;  // 0: dense model
+  int64_t top_k = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+};
+
+struct ModelConfig {
+  Arch arch = Arch::kLlama;
+  std::string arch_name;  // as in config.json "architectures"[0]
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  RopeConfig rope;
+  MoeConfig moe;
+  int64_t bos_token_id = -1;
+  std::vector<int64_t> eos_token_ids;
+
+  bool is_moe_layer(int64_t layer) const;
+  int64_t num_moe_layers() const;
+  int64_t rotary_dim() const;
+  int64_t q_dim() const { return num_heads * head_dim; }
+  int64_t kv_dim() const { return num_kv_heads * head_dim; }
+  // Cross-field checks (divisibility, positivity); the message names `source`.
+  Status validate(const std::string& source) const;
+};
+
+// Parses the text of an HF config.json; `source` names the file in errors.
+Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source);
+Result<ModelConfig> load_model_config(const std::string& path);
+
+}  // namespace miles

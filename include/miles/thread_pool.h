@@ -1,0 +1,55 @@
+// ThreadPool: a fixed set of worker threads running parallel_for over an index range.
+//
+// Why: kernels split work across threads, and results must not depend on how. parallel_for hands out
+// whole work items; each item computes its own outputs completely, so no reduction ever crosses threads.
+// A pool is an object passed to whoever needs it (no global pool).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace miles {
+
+class ThreadPool {
+ public:
+  // num_threads <= 0: std::thread::hardware_concurrency(). The calling thread is one of them.
+  explicit ThreadPool(int num_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+  // Runs fn(i) for every i in [0, n), items claimed dynamically by the threads; returns when all are done.
+  // Not reentrant: fn must not call parallel_for on the same pool.
+  void parallel_for(int64_t n, const std::function<void(int64_t)>& fn);
+
+ private:
+  void worker_loop();
+  void run_items();
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int64_t)>* fn_ = nullptr;
+  int64_t n_ = 0;
+  int64_t next_ = 0;
+  int64_t finished_ = 0;
+  uint64_t generation_ = 0;
+  int active_ = 0;
+  bool stop_ = false;
+};
+
+// Runs fn over [0, n) on the pool when there is one and more than one item, else inline.
+inline void parallel_for(ThreadPool* pool, int64_t n, const std::function<void(int64_t)>& fn) {
+  if (pool && pool->num_threads() > 1 && n > 1) {
+    pool->parallel_for(n, fn);
+  } else {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+  }
+}
+
+}  // namespace miles

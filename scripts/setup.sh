@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Installs everything miles needs on a fresh Debian machine, idempotently.
+#
+#   scripts/setup.sh              system packages (compiler, CMake, libraries) and the light Python venv
+#   scripts/setup.sh --reference  also torch + transformers in the venv (only to regenerate goldens or run
+#                                 the live-reference tests; the default test run never needs them)
+#
+# The Python venv lives outside the repository (MILES_VENV, default /root/.venvs/miles-ref) so that it
+# survives between checkouts.
+set -euo pipefail
+
+want_reference=0
+for arg in "$@"; do
+  case "$arg" in
+    --reference) want_reference=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (known: --reference)" >&2; exit 2 ;;
+  esac
+done
+
+MILES_VENV="${MILES_VENV:-/root/.venvs/miles-ref}"
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+apt_packages=(
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  clang-14 libclang-rt-14-dev lld-14
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libspdlog-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libgloo-dev libzstd-dev libxxhash-dev libcli11-dev
+  python3 python3-venv python3-pip
+)
+
+missing=()
+for p in "${apt_packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup.sh: system packages present"
+fi
+
+python_bin="$(command -v python3)"
+if [ ! -x "$MILES_VENV/bin/python" ]; then
+  echo "setup.sh: creating venv $MILES_VENV"
+  mkdir -p "$(dirname "$MILES_VENV")"
+  "$python_bin" -m venv "$MILES_VENV"
+fi
+pip_install() {
+  "$MILES_VENV/bin/python" -m pip install --disable-pip-version-check -q "$@"
+}
+light=(numpy safetensors jinja2 gguf)
+if ! "$MILES_VENV/bin/python" -c "import numpy, safetensors, jinja2, gguf" 2>/dev/null; then
+  pip_install "${light[@]}"
+fi
+if [ "$want_reference" = 1 ]; then
+  if ! "$MILES_VENV/bin/python" -c "import torch, transformers, tokenizers" 2>/dev/null; then
+    pip_install torch transformers tokenizers
+  fi
+fi
+echo "setup.sh: done (venv: $MILES_VENV)"

@@ -1,0 +1,75 @@
+// Tensor storage, views and conversion to float32.
+#include "miles/tensor.h"
+
+#include <cstring>
+
+namespace miles {
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape_) n *= d;
+  return n;
+}
+
+Tensor Tensor::zeros(DType dtype, std::vector<int64_t> shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  const size_t bytes = static_cast<size_t>(t.nbytes());
+  auto buf = std::shared_ptr<uint8_t[]>(new uint8_t[bytes > 0 ? bytes : 1]());
+  t.data_ = buf.get();
+  t.owner_ = std::shared_ptr<const void>(buf, buf.get());
+  t.mutable_ = true;
+  return t;
+}
+
+Tensor Tensor::view(DType dtype, std::vector<int64_t> shape, const void* data,
+                    std::shared_ptr<const void> owner) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.data_ = data;
+  t.owner_ = std::move(owner);
+  return t;
+}
+
+Tensor Tensor::from_f32(std::vector<int64_t> shape, const std::vector<float>& values) {
+  Tensor t = zeros(DType::kF32, std::move(shape));
+  MILES_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "value count must match shape");
+  if (!values.empty()) std::memcpy(t.mutable_data<float>(), values.data(), values.size() * 4);
+  return t;
+}
+
+std::vector<float> Tensor::to_f32() const {
+  const int64_t n = numel();
+  std::vector<float> out(static_cast<size_t>(n));
+  switch (dtype_) {
+    case DType::kF32:
+      if (n > 0) std::memcpy(out.data(), data_, static_cast<size_t>(n) * 4);
+      break;
+    case DType::kBF16: {
+      const auto* p = data<uint16_t>();
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(p[i]);
+      break;
+    }
+    case DType::kF16: {
+      const auto* p = data<uint16_t>();
+      for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(p[i]);
+      break;
+    }
+    default:
+      MILES_CHECK(false, "to_f32 needs a floating-point tensor");
+  }
+  return out;
+}
+
+std::string Tensor::shape_string() const {
+  std::string s = "[";
+  for (size_t i = 0; i < shape_.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape_[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace miles

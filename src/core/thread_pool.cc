@@ -1,0 +1,76 @@
+// ThreadPool: workers sleep on a condition variable; each parallel_for is a generation whose items are
+// claimed one at a time under the lock (items are coarse: a GEMM panel, an attention head row).
+#include "miles/thread_pool.h"
+
+namespace miles {
+
+ThreadPool::ThreadPool(int num_threads) {
+  if (num_threads <= 0) num_threads = static_cast<int>(std::thread::hardware_concurrency());
+  if (num_threads <= 0) num_threads = 1;
+  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::run_items() {
+  for (;;) {
+    int64_t i;
+    const std::function<void(int64_t)>* fn;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (next_ >= n_) return;
+      i = next_++;
+      fn = fn_;
+    }
+    (*fn)(i);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (++finished_ == n_) done_.notify_all();
+    }
+  }
+}
+
+void ThreadPool::worker_loop() {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      ++active_;
+    }
+    run_items();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--active_ == 0) done_.notify_all();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn) {
+  if (n <= 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = &fn;
+    n_ = n;
+    next_ = 0;
+    finished_ = 0;
+    ++generation_;
+  }
+  wake_.notify_all();
+  run_items();
+  std::unique_lock<std::mutex> lock(mu_);
+  // Wait for all items and for every worker to leave run_items (so fn_ can be reused safely).
+  done_.wait(lock, [&] { return finished_ == n_ && active_ == 0; });
+  fn_ = nullptr;
+}
+
+}  // namespace miles

@@ -1,0 +1,55 @@
+// AVX-512 GEMM micro-kernel: up to 12 rows × 32 columns (2 zmm per row), 24 accumulators in registers.
+// fma chain in ascending k per element, as gemm_tile.h defines; compiled with -mavx512f.
+#include <immintrin.h>
+
+#include "kernels/gemm_tile.h"
+#include "miles/kernels.h"
+
+namespace miles::kernels::detail {
+namespace {
+
+template <int R>
+void tile(const float* x, int64_t lda, const float* b, int64_t kc, float* part) {
+  static_assert(kPanel == 32);
+  __m512 acc0[R], acc1[R];
+  for (int r = 0; r < R; ++r) {
+    acc0[r] = _mm512_setzero_ps();
+    acc1[r] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_loadu_ps(b + k * 32);
+    const __m512 b1 = _mm512_loadu_ps(b + k * 32 + 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 a = _mm512_set1_ps(x[r * lda + k]);
+      acc0[r] = _mm512_fmadd_ps(a, b0, acc0[r]);
+      acc1[r] = _mm512_fmadd_ps(a, b1, acc1[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(part + r * 32, acc0[r]);
+    _mm512_storeu_ps(part + r * 32 + 16, acc1[r]);
+  }
+}
+
+}  // namespace
+
+void chunk_tile_avx512(const float* x, int64_t lda, int rows, const float* b, int64_t kc,
+                       float* part) {
+  switch (rows) {
+    case 12: return tile<12>(x, lda, b, kc, part);
+    case 11: return tile<11>(x, lda, b, kc, part);
+    case 10: return tile<10>(x, lda, b, kc, part);
+    case 9: return tile<9>(x, lda, b, kc, part);
+    case 8: return tile<8>(x, lda, b, kc, part);
+    case 7: return tile<7>(x, lda, b, kc, part);
+    case 6: return tile<6>(x, lda, b, kc, part);
+    case 5: return tile<5>(x, lda, b, kc, part);
+    case 4: return tile<4>(x, lda, b, kc, part);
+    case 3: return tile<3>(x, lda, b, kc, part);
+    case 2: return tile<2>(x, lda, b, kc, part);
+    case 1: return tile<1>(x, lda, b, kc, part);
+    default: break;
+  }
+}
+
+}  // namespace miles::kernels::detail

@@ -1,0 +1,76 @@
+// PackedMatrix: W [N, K] rearranged into k-major panels of kPanel output columns for the micro-kernels.
+#include <algorithm>
+
+#include "miles/kernels.h"
+
+namespace miles::kernels {
+
+namespace {
+// Copies rows [row0, row0 + rows) of a row-major [rows, k] source into the packed layout at row `dst_row`.
+template <typename Load>
+void scatter_rows(std::vector<float>& data, int64_t k, int64_t dst_row, int64_t rows, Load load) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = dst_row + r;
+    float* panel = data.data() + (n / kPanel) * k * kPanel + (n % kPanel);
+    for (int64_t kk = 0; kk < k; ++kk) panel[kk * kPanel] = load(r, kk);
+  }
+}
+
+void scatter_tensor(std::vector<float>& data, int64_t k, int64_t dst_row, const Tensor& w) {
+  const int64_t rows = w.dim(0);
+  switch (w.dtype()) {
+    case DType::kF32: {
+      const float* p = w.data<float>();
+      scatter_rows(data, k, dst_row, rows, [&](int64_t r, int64_t kk) { return p[r * k + kk]; });
+      break;
+    }
+    case DType::kBF16: {
+      const uint16_t* p = w.data<uint16_t>();
+      scatter_rows(data, k, dst_row, rows,
+                   [&](int64_t r, int64_t kk) { return bf16_to_f32(p[r * k + kk]); });
+      break;
+    }
+    case DType::kF16: {
+      const uint16_t* p = w.data<uint16_t>();
+      scatter_rows(data, k, dst_row, rows,
+                   [&](int64_t r, int64_t kk) { return f16_to_f32(p[r * k + kk]); });
+      break;
+    }
+    default:
+      MILES_CHECK(false, "PackedMatrix needs an f32, bf16 or f16 matrix");
+  }
+}
+}  // namespace
+
+PackedMatrix PackedMatrix::pack_rows(const std::vector<const Tensor*>& parts) {
+  MILES_CHECK(!parts.empty());
+  PackedMatrix m;
+  m.k_ = parts[0]->dim(1);
+  for (const Tensor* t : parts) {
+    MILES_CHECK(t->ndim() == 2 && t->dim(1) == m.k_, "stacked matrices must share K");
+    m.n_ += t->dim(0);
+  }
+  m.data_.assign(static_cast<size_t>(m.num_panels() * m.k_ * kPanel), 0.0f);
+  int64_t row = 0;
+  for (const Tensor* t : parts) {
+    scatter_tensor(m.data_, m.k_, row, *t);
+    row += t->dim(0);
+  }
+  return m;
+}
+
+PackedMatrix PackedMatrix::pack(const Tensor& w) { return pack_rows({&w}); }
+
+PackedMatrix PackedMatrix::pack_f32(const float* w, int64_t n, int64_t k) {
+  return pack(Tensor::view(DType::kF32, {n, k}, w, nullptr));
+}
+
+std::vector<float> PackedMatrix::unpack_row(int64_t row) const {
+  MILES_CHECK(row >= 0 && row < n_);
+  std::vector<float> out(static_cast<size_t>(k_));
+  const float* p = panel(row / kPanel) + (row % kPanel);
+  for (int64_t kk = 0; kk < k_; ++kk) out[kk] = p[kk * kPanel];
+  return out;
+}
+
+}  // namespace miles::kernels

@@ -1,0 +1,237 @@
+// Model::forward over a packed batch: embed → (attention block, MLP or MoE block) per layer → final norm
+// → LM head. Each phase works on whole rows with batch-invariant kernels.
+#include "miles/model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "miles/kernels.h"
+#include "miles/thread_pool.h"
+#include "model/model_weights.h"
+#include "model/moe.h"
+
+namespace miles {
+
+namespace {
+
+// Per-forward layout of the packed batch.
+struct BatchPlan {
+  std::vector<int32_t> positions;  // [T]
+  std::vector<int32_t> seq_of;     // [T] index into seqs
+  std::vector<int64_t> offset;     // [S] first token of each sequence
+};
+
+BatchPlan plan_batch(std::span<const SeqSpan> seqs, int64_t t) {
+  BatchPlan p;
+  p.positions.resize(t);
+  p.seq_of.resize(t);
+  int64_t i = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    p.offset.push_back(i);
+    for (int64_t j = 0; j < seqs[s].n_tokens; ++j, ++i) {
+      p.positions[i] = static_cast<int32_t>(seqs[s].start_pos + j);
+      p.seq_of[i] = static_cast<int32_t>(s);
+    }
+  }
+  return p;
+}
+
+struct Scratch {
+  std::vector<float> xn, qkv, attn, proj, gate_up, act;
+};
+
+void add_bias(float* y, int64_t rows, int64_t n, int64_t ld, const std::vector<float>& bias) {
+  if (bias.empty()) return;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) y[r * ld + j] = y[r * ld + j] + bias[j];
+}
+
+void add_residual(float* h, const float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) h[i] = h[i] + y[i];
+}
+
+// Self-attention of one layer, output added into h.
+void attention_block(const ModelConfig& c, const ModelWeights& w, int64_t layer,
+                     std::span<const SeqSpan> seqs, const BatchPlan& plan, KvStore& kv, float* h,
+                     int64_t t, Scratch& s, ThreadPool* pool) {
+  const LayerWeights& l = w.layers[layer];
+  const int64_t d = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
+  const int64_t ld = qd + 2 * kvd;
+  kernels::rmsnorm(h, t, d, l.input_norm.data(), static_cast<float>(c.rms_norm_eps), s.xn.data());
+  kernels::gemm(s.xn.data(), t, d, l.qkv, s.qkv.data(), ld, pool);
+  add_bias(s.qkv.data(), t, ld, ld, l.qkv_bias);
+  for (int64_t i = 0; i < t; ++i) {
+    float* q = s.qkv.data() + i * ld;
+    float* k = q + qd;
+    if (!l.q_norm.empty()) {
+      const float eps = static_cast<float>(c.rms_norm_eps);
+      kernels::rmsnorm(q, c.num_heads, hd, l.q_norm.data(), eps, q);
+      kernels::rmsnorm(k, c.num_kv_heads, hd, l.k_norm.data(), eps, k);
+    }
+    kernels::rope_apply(q, 1, c.num_heads, hd, &plan.positions[i], w.rope);
+    kernels::rope_apply(k, 1, c.num_kv_heads, hd, &plan.positions[i], w.rope);
+  }
+  // Keys and values into the cache, then each sequence's block list.
+  const int64_t bt = kv.block_tokens();
+  std::vector<std::vector<float*>> kb(seqs.size()), vb(seqs.size());
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    kv.blocks(seqs[si].kv_slot, layer, kb[si], vb[si]);
+    for (int64_t j = 0; j < seqs[si].n_tokens; ++j) {
+      const int64_t i = plan.offset[si] + j, pos = plan.positions[i];
+      const float* row = s.qkv.data() + i * ld + qd;
+      std::memcpy(kb[si][pos / bt] + (pos % bt) * kvd, row, sizeof(float) * kvd);
+      std::memcpy(vb[si][pos / bt] + (pos % bt) * kvd, row + kvd, sizeof(float) * kvd);
+    }
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  parallel_for(pool, t, [&](int64_t i) {
+    const int32_t si = plan.seq_of[i];
+    std::vector<const float*> kc(kb[si].begin(), kb[si].end()), vc(vb[si].begin(), vb[si].end());
+    kernels::KvSpan span{kc, vc, bt};
+    kernels::attention(s.qkv.data() + i * ld, 1, c.num_heads, c.num_kv_heads, hd,
+                       &plan.positions[i], span, scale, s.attn.data() + i * qd);
+  });
+  kernels::gemm(s.attn.data(), t, qd, l.o, s.proj.data(), d, pool);
+  add_bias(s.proj.data(), t, d, d, l.o_bias);
+  add_residual(h, s.proj.data(), t * d);
+}
+
+void dense_mlp_block(const ModelConfig& c, const LayerWeights& l, float* h, int64_t t, Scratch& s,
+                     ThreadPool* pool) {
+  const int64_t d = c.hidden_size, f = c.intermediate_size;
+  kernels::rmsnorm(h, t, d, l.post_norm.data(), static_cast<float>(c.rms_norm_eps), s.xn.data());
+  s.gate_up.resize(static_cast<size_t>(t * 2 * f));
+  s.act.resize(static_cast<size_t>(t * f));
+  kernels::gemm(s.xn.data(), t, d, l.gate_up, s.gate_up.data(), 2 * f, pool);
+  kernels::swiglu(s.gate_up.data(), s.gate_up.data() + f, t, f, 2 * f, s.act.data());
+  kernels::gemm(s.act.data(), t, f, l.down, s.proj.data(), d, pool);
+  add_residual(h, s.proj.data(), t * d);
+}
+
+}  // namespace
+
+Model::~Model() = default;
+
+Result<std::unique_ptr<Model>> Model::from_weights(const ModelConfig& config,
+                                                   const TensorMap& weights) {
+  MILES_RETURN_IF_ERROR(config.validate(config.arch_name));
+  MILES_ASSIGN_OR_RETURN(ModelWeights w, load_model_weights(config, weights));
+  std::unique_ptr<Model> m(new Model());
+  m->config_ = config;
+  m->w_ = std::make_unique<ModelWeights>(std::move(w));
+  return m;
+}
+
+std::unique_ptr<SimpleKvCache> Model::make_kv_cache(int64_t block_tokens) const {
+  return std::make_unique<SimpleKvCache>(config_.num_layers, config_.kv_dim(), block_tokens,
+                                         config_.max_position_embeddings);
+}
+
+Status Model::check_batch(std::span<const int32_t> tokens, std::span<const SeqSpan> seqs,
+                          const ForwardOptions& options) const {
+  int64_t total = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const SeqSpan& q = seqs[s];
+    if (q.n_tokens <= 0 || q.start_pos < 0)
+      return Status::Error("sequence " + std::to_string(s) + " has " +
+                           std::to_string(q.n_tokens) + " tokens from position " +
+                           std::to_string(q.start_pos));
+    if (q.start_pos + q.n_tokens > config_.max_position_embeddings)
+      return Status::Error("sequence " + std::to_string(s) + " reaches position " +
+                           std::to_string(q.start_pos + q.n_tokens - 1) +
+                           ", past the model's context length of " +
+                           std::to_string(config_.max_position_embeddings));
+    total += q.n_tokens;
+  }
+  if (total != static_cast<int64_t>(tokens.size()))
+    return Status::Error("sequences cover " + std::to_string(total) + " tokens but the batch has " +
+                         std::to_string(tokens.size()));
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+      return Status::Error("token id " + std::to_string(tokens[i]) + " at batch index " +
+                           std::to_string(i) + " is outside the vocabulary [0, " +
+                           std::to_string(config_.vocab_size) + ")");
+  if (!options.forced_experts.empty()) {
+    const int64_t k = config_.moe.top_k, per_token = config_.num_moe_layers() * k;
+    if (per_token == 0 ||
+        static_cast<int64_t>(options.forced_experts.size()) != total * per_token)
+      return Status::Error("forced expert ids: expected " + std::to_string(total * per_token) +
+                           " ids ([tokens, moe layers, top_k]), got " +
+                           std::to_string(options.forced_experts.size()));
+    for (size_t i = 0; i < options.forced_experts.size(); ++i) {
+      const int32_t e = options.forced_experts[i];
+      if (e < 0 || e >= config_.moe.num_experts)
+        return Status::Error("forced expert id " + std::to_string(e) + " at index " +
+                             std::to_string(i) + " is outside [0, " +
+                             std::to_string(config_.moe.num_experts) + ")");
+      for (size_t j = i - i % k; j < i; ++j)
+        if (options.forced_experts[j] == e)
+          return Status::Error("forced expert id " + std::to_string(e) +
+                               " is repeated for one token (index " + std::to_string(i) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<const SeqSpan> seqs,
+                                     KvStore& kv, const ForwardOptions& options,
+                                     ThreadPool* pool) const {
+  MILES_RETURN_IF_ERROR(check_batch(tokens, seqs, options));
+  for (const SeqSpan& q : seqs) MILES_RETURN_IF_ERROR(kv.reserve(q.kv_slot, q.start_pos + q.n_tokens));
+  const ModelConfig& c = config_;
+  const int64_t t = tokens.size(), d = c.hidden_size;
+  const BatchPlan plan = plan_batch(seqs, t);
+
+  std::vector<float> h(static_cast<size_t>(t * d));
+  kernels::embedding(w_->embed.data(), d, tokens.data(), t, h.data());
+  Scratch s;
+  s.xn.resize(t * d);
+  s.qkv.resize(t * (c.q_dim() + 2 * c.kv_dim()));
+  s.attn.resize(t * c.q_dim());
+  s.proj.resize(t * d);
+
+  ForwardOutput out;
+  const int64_t n_moe = c.num_moe_layers(), k = c.moe.top_k;
+  if (options.return_experts && n_moe > 0) {
+    out.experts.assign(static_cast<size_t>(t * n_moe * k), -1);
+    out.expert_weights.assign(static_cast<size_t>(t * n_moe * k), 0.0f);
+  }
+  int64_t moe_index = 0;
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    attention_block(c, *w_, layer, seqs, plan, kv, h.data(), t, s, pool);
+    const LayerWeights& l = w_->layers[layer];
+    if (!l.moe) {
+      dense_mlp_block(c, l, h.data(), t, s, pool);
+      continue;
+    }
+    kernels::rmsnorm(h.data(), t, d, l.post_norm.data(), static_cast<float>(c.rms_norm_eps),
+                     s.xn.data());
+    const int64_t stride = n_moe * k;
+    std::span<const int32_t> forced;
+    if (!options.forced_experts.empty()) forced = options.forced_experts.subspan(moe_index * k);
+    int32_t* ids = out.experts.empty() ? nullptr : out.experts.data() + moe_index * k;
+    float* wts = out.expert_weights.empty() ? nullptr : out.expert_weights.data() + moe_index * k;
+    moe_block(c, l, s.xn.data(), t, forced, stride, s.proj.data(), ids, wts, stride, pool);
+    add_residual(h.data(), s.proj.data(), t * d);
+    ++moe_index;
+  }
+
+  // Final norm and LM head over the rows asked for.
+  std::vector<int64_t> rows;
+  if (options.all_logits) {
+    for (int64_t i = 0; i < t; ++i) rows.push_back(i);
+  } else {
+    for (size_t si = 0; si < seqs.size(); ++si) rows.push_back(plan.offset[si] + seqs[si].n_tokens - 1);
+  }
+  std::vector<float> sel(rows.size() * d);
+  for (size_t r = 0; r < rows.size(); ++r) std::copy_n(h.data() + rows[r] * d, d, sel.data() + r * d);
+  kernels::rmsnorm(sel.data(), rows.size(), d, w_->final_norm.data(),
+                   static_cast<float>(c.rms_norm_eps), sel.data());
+  out.rows = rows.size();
+  out.vocab = c.vocab_size;
+  out.logits.resize(static_cast<size_t>(out.rows * c.vocab_size));
+  kernels::gemm(sel.data(), out.rows, d, w_->lm_head, out.logits.data(), c.vocab_size, pool);
+  return out;
+}
+
+}  // namespace miles

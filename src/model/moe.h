@@ -1,0 +1,20 @@
+// The Qwen3-MoE sparse block: softmax router, top-k (or replayed ids), optional renormalisation,
+// SwiGLU experts, outputs combined in ascending expert id (the order HF's index_add_ loop uses).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "miles/model_config.h"
+#include "model/model_weights.h"
+
+namespace miles {
+class ThreadPool;
+
+// x: [T, hidden] normalised input; out: [T, hidden] block output (not yet added to the residual).
+// forced: [T, top_k] replayed ids for this layer or empty; ids_out / weights_out: [T, top_k] or null.
+void moe_block(const ModelConfig& config, const LayerWeights& layer, const float* x, int64_t t,
+               std::span<const int32_t> forced, int64_t forced_stride, float* out, int32_t* ids_out,
+               float* weights_out, int64_t out_stride, ThreadPool* pool);
+
+}  // namespace miles

@@ -1,0 +1,248 @@
+// Kernel tests: each kernel against a scalar reference of the numerics contract, every instruction set
+// bit-identical, and batch invariance: a row alone, inside a batch of 64 at any position, and under any
+// thread count gives identical bits.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "miles/kernels.h"
+#include "miles/thread_pool.h"
+
+namespace miles::kernels {
+namespace {
+
+std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * 4) == 0; }
+
+std::vector<Isa> available_isas() {
+  std::vector<Isa> out = {Isa::kScalar};
+  if (static_cast<int>(detect_isa()) >= static_cast<int>(Isa::kAvx2)) out.push_back(Isa::kAvx2);
+  if (detect_isa() == Isa::kAvx512) out.push_back(Isa::kAvx512);
+  return out;
+}
+
+TEST(Gemm, MatchesReferenceDotBitwiseOnEveryIsa) {
+  for (int64_t k : {1, 7, 64, 128, 129, 300, 1024}) {
+    for (int64_t n : {1, 31, 32, 33, 100}) {
+      const int64_t m = 13;
+      auto x = random_vec(m * k, 1 + k);
+      auto w = random_vec(n * k, 2 + n);
+      PackedMatrix pw = PackedMatrix::pack_f32(w.data(), n, k);
+      for (Isa isa : available_isas()) {
+        std::vector<float> y(m * n);
+        gemm(x.data(), m, k, pw, y.data(), n, nullptr, isa);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) {
+            const float ref = gemm_reference_dot(x.data() + i * k, w.data() + j * k, k);
+            ASSERT_EQ(std::memcmp(&ref, &y[i * n + j], 4), 0)
+                << "isa " << isa_name(isa) << " m=" << i << " n=" << j << " k=" << k;
+          }
+      }
+    }
+  }
+}
+
+TEST(Gemm, ReferenceIsCloseToDoubleDot) {
+  const int64_t k = 4096;
+  auto x = random_vec(k, 5), w = random_vec(k, 6);
+  double exact = 0;
+  for (int64_t i = 0; i < k; ++i) exact += static_cast<double>(x[i]) * w[i];
+  EXPECT_NEAR(gemm_reference_dot(x.data(), w.data(), k), exact, 1e-3);
+}
+
+TEST(Gemm, RowAloneEqualsRowInBatchOf64AnyThreadCount) {
+  const int64_t k = 576, n = 200, m = 64;
+  auto x = random_vec(m * k, 11);
+  auto w = random_vec(n * k, 12);
+  PackedMatrix pw = PackedMatrix::pack_f32(w.data(), n, k);
+  ThreadPool pool2(2), pool3(3);
+  for (Isa isa : available_isas()) {
+    std::vector<float> batch(m * n), batch3(m * n);
+    gemm(x.data(), m, k, pw, batch.data(), n, &pool2, isa);
+    gemm(x.data(), m, k, pw, batch3.data(), n, &pool3, isa);
+    ASSERT_TRUE(same_bits(batch.data(), batch3.data(), m * n));
+    for (int64_t row : {0, 1, 17, 47, 48, 63}) {
+      std::vector<float> alone(n);
+      gemm(x.data() + row * k, 1, k, pw, alone.data(), n, nullptr, isa);
+      ASSERT_TRUE(same_bits(alone.data(), batch.data() + row * n, n))
+          << "row " << row << " isa " << isa_name(isa);
+    }
+  }
+}
+
+TEST(Gemm, Bf16WeightsWidenExactly) {
+  const int64_t n = 40, k = 70;
+  auto w = random_vec(n * k, 3);
+  Tensor wb = Tensor::zeros(DType::kBF16, {n, k});
+  std::vector<float> widened(n * k);
+  for (int64_t i = 0; i < n * k; ++i) {
+    wb.mutable_data<uint16_t>()[i] = f32_to_bf16(w[i]);
+    widened[i] = bf16_to_f32(f32_to_bf16(w[i]));
+  }
+  PackedMatrix a = PackedMatrix::pack(wb), b = PackedMatrix::pack_f32(widened.data(), n, k);
+  for (int64_t r = 0; r < n; ++r) ASSERT_EQ(a.unpack_row(r), b.unpack_row(r));
+}
+
+TEST(Gemm, FusedRowsEqualSeparateMatrices) {
+  const int64_t k = 96;
+  auto wa = random_vec(40 * k, 21), wb = random_vec(24 * k, 22), x = random_vec(5 * k, 23);
+  Tensor ta = Tensor::from_f32({40, k}, wa), tb = Tensor::from_f32({24, k}, wb);
+  PackedMatrix fused = PackedMatrix::pack_rows({&ta, &tb});
+  PackedMatrix pa = PackedMatrix::pack(ta), pb = PackedMatrix::pack(tb);
+  std::vector<float> yf(5 * 64), ya(5 * 40), yb(5 * 24);
+  gemm(x.data(), 5, k, fused, yf.data(), 64, nullptr);
+  gemm(x.data(), 5, k, pa, ya.data(), 40, nullptr);
+  gemm(x.data(), 5, k, pb, yb.data(), 24, nullptr);
+  for (int r = 0; r < 5; ++r) {
+    ASSERT_TRUE(same_bits(yf.data() + r * 64, ya.data() + r * 40, 40));
+    ASSERT_TRUE(same_bits(yf.data() + r * 64 + 40, yb.data() + r * 24, 24));
+  }
+}
+
+TEST(RmsNorm, MatchesDoubleAndIsRowInvariant) {
+  const int64_t d = 300, m = 64;
+  auto x = random_vec(m * d, 31), w = random_vec(d, 32);
+  std::vector<float> y(m * d);
+  rmsnorm(x.data(), m, d, w.data(), 1e-6f, y.data());
+  for (int64_t r : {0, 9, 63}) {
+    std::vector<float> alone(d);
+    rmsnorm(x.data() + r * d, 1, d, w.data(), 1e-6f, alone.data());
+    ASSERT_TRUE(same_bits(alone.data(), y.data() + r * d, d));
+    double ss = 0;
+    for (int64_t i = 0; i < d; ++i) ss += double(x[r * d + i]) * x[r * d + i];
+    const double inv = 1.0 / std::sqrt(ss / d + 1e-6);
+    for (int64_t i = 0; i < d; ++i) EXPECT_NEAR(y[r * d + i], x[r * d + i] * inv * w[i], 1e-5);
+  }
+}
+
+TEST(Softmax, LogSoftmaxMatchesDoubleAndSumsToOne) {
+  auto x = random_vec(1000, 41, 3.0f);
+  std::vector<float> ls(1000), p = x;
+  log_softmax_row(x.data(), 1000, ls.data());
+  softmax_row(p.data(), 1000);
+  double mx = -1e30, s = 0, total = 0;
+  for (float v : x) mx = std::max<double>(mx, v);
+  for (float v : x) s += std::exp(double(v) - mx);
+  for (int i = 0; i < 1000; ++i) {
+    EXPECT_NEAR(ls[i], double(x[i]) - mx - std::log(s), 1e-5);
+    total += p[i];
+  }
+  EXPECT_NEAR(total, 1.0, 1e-5);
+  EXPECT_NEAR(logsumexp_row(x.data(), 1000), mx + std::log(s), 1e-5);
+}
+
+TEST(Swiglu, MatchesDefinition) {
+  auto g = random_vec(64, 51, 3.0f), u = random_vec(64, 52);
+  std::vector<float> o(64);
+  swiglu(g.data(), u.data(), 1, 64, 64, o.data());
+  for (int i = 0; i < 64; ++i) EXPECT_NEAR(o[i], g[i] / (1 + std::exp(-double(g[i]))) * u[i], 1e-6);
+}
+
+TEST(Rope, DefaultRotatesHalfSplitPairsAndLeavesPartialTail) {
+  RopeConfig cfg;
+  cfg.theta = 10000;
+  cfg.partial_rotary_factor = 0.5;
+  auto table = make_rope_table(cfg, 16);
+  ASSERT_TRUE(table.ok());
+  ASSERT_EQ(table->rotary_dim, 8);
+  auto x = random_vec(2 * 16, 61);
+  auto y = x;
+  int32_t pos[2] = {0, 5};
+  rope_apply(y.data(), 1, 2, 16, pos + 1, *table);
+  for (int h = 0; h < 2; ++h) {
+    for (int j = 0; j < 4; ++j) {
+      const double f = 1.0 / std::pow(10000.0, 2.0 * j / 8.0), a = 5 * f;
+      const double e0 = x[h * 16 + j] * std::cos(a) - x[h * 16 + j + 4] * std::sin(a);
+      const double e1 = x[h * 16 + j + 4] * std::cos(a) + x[h * 16 + j] * std::sin(a);
+      EXPECT_NEAR(y[h * 16 + j], e0, 1e-5);
+      EXPECT_NEAR(y[h * 16 + j + 4], e1, 1e-5);
+    }
+    for (int j = 8; j < 16; ++j) EXPECT_EQ(y[h * 16 + j], x[h * 16 + j]);
+  }
+  auto z = x;
+  rope_apply(z.data(), 1, 2, 16, pos, *table);  // position 0: identity
+  EXPECT_TRUE(same_bits(z.data(), x.data(), 32));
+}
+
+TEST(Rope, DynamicIsRefusedWithAReason) {
+  RopeConfig cfg;
+  cfg.type = RopeConfig::Type::kDynamic;
+  auto t = make_rope_table(cfg, 16);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.message().find("dynamic"), std::string::npos);
+}
+
+// Attention against a direct double-precision softmax, and invariance of a query's bits under how
+// many queries and keys are around it.
+TEST(Attention, MatchesDirectSoftmaxAndIsInvariant) {
+  const int64_t hd = 16, heads = 4, kvh = 2, len = 77, bt = 16;
+  auto q = random_vec(len * heads * hd, 71), k = random_vec(len * kvh * hd, 72),
+       v = random_vec(len * kvh * hd, 73);
+  std::vector<const float*> kb, vb;
+  for (int64_t b = 0; b * bt < len + bt; ++b) {
+    kb.push_back(k.data() + std::min(b * bt, len) * kvh * hd);
+    vb.push_back(v.data() + std::min(b * bt, len) * kvh * hd);
+  }
+  KvSpan span{kb, vb, bt};
+  std::vector<int32_t> pos(len);
+  for (int i = 0; i < len; ++i) pos[i] = i;
+  std::vector<float> out(len * heads * hd);
+  const float scale = 1.0f / 4.0f;
+  attention(q.data(), len, heads, kvh, hd, pos.data(), span, scale, out.data());
+  for (int64_t t : {0, 31, 32, 76}) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / 2;
+      std::vector<double> s(t + 1);
+      double mx = -1e30, den = 0;
+      for (int64_t j = 0; j <= t; ++j) {
+        double d = 0;
+        for (int64_t e = 0; e < hd; ++e) d += double(q[(t * heads + h) * hd + e]) * k[(j * kvh + g) * hd + e];
+        s[j] = d * scale;
+        mx = std::max(mx, s[j]);
+      }
+      for (auto& x : s) den += (x = std::exp(x - mx));
+      for (int64_t e = 0; e < hd; ++e) {
+        double o = 0;
+        for (int64_t j = 0; j <= t; ++j) o += s[j] / den * v[(j * kvh + g) * hd + e];
+        EXPECT_NEAR(out[(t * heads + h) * hd + e], o, 1e-5);
+      }
+    }
+    std::vector<float> alone(heads * hd);
+    attention(q.data() + t * heads * hd, 1, heads, kvh, hd, &pos[t], span, scale, alone.data());
+    ASSERT_TRUE(same_bits(alone.data(), out.data() + t * heads * hd, heads * hd));
+  }
+}
+
+TEST(TopK, DescendingWithLowerIndexOnTies) {
+  float x[6] = {0.5f, 2.0f, 2.0f, -1.0f, 3.0f, 0.5f};
+  int32_t idx[4];
+  float val[4];
+  topk(x, 6, 4, idx, val);
+  EXPECT_EQ(idx[0], 4);
+  EXPECT_EQ(idx[1], 1);
+  EXPECT_EQ(idx[2], 2);
+  EXPECT_EQ(idx[3], 0);
+  EXPECT_EQ(val[3], 0.5f);
+}
+
+TEST(Embedding, CopiesRows) {
+  auto table = random_vec(10 * 8, 81);
+  int32_t ids[3] = {9, 0, 9};
+  std::vector<float> out(24);
+  embedding(table.data(), 8, ids, 3, out.data());
+  EXPECT_TRUE(same_bits(out.data(), table.data() + 72, 8));
+  EXPECT_TRUE(same_bits(out.data() + 8, table.data(), 8));
+}
+
+}  // namespace
+}  // namespace miles::kernels
