@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "miles/model.h"
 #include "miles/thread_pool.h"
@@ -187,6 +188,43 @@ INSTANTIATE_TEST_SUITE_P(HfModels, Parity,
                                            "qwen3", "qwen3_bf16", "qwen3_moe", "qwen3_moe_nonorm"));
 
 INSTANTIATE_TEST_SUITE_P(HfMoeModels, Replay, ::testing::Values("qwen3_moe", "qwen3_moe_nonorm"));
+
+// 64 sequences of different lengths in one packed forward (2 threads) against each alone (1 thread):
+// identical logits and expert ids for every sequence, for a dense and an MoE model.
+TEST(BatchInvariance, SequenceAloneEqualsInsideBatchOf64) {
+  for (const char* name : {"qwen3", "qwen3_moe"}) {
+    auto model = Model::load(test::data_dir() + "/models/" + name);
+    ASSERT_TRUE(model.ok()) << model.message();
+    const Model& m = **model;
+    std::mt19937 rng(7);
+    std::vector<std::vector<int32_t>> seqs(64);
+    std::vector<int32_t> packed;
+    std::vector<SeqSpan> spans;
+    for (int i = 0; i < 64; ++i) {
+      const int len = 1 + static_cast<int>(rng() % 40);
+      for (int j = 0; j < len; ++j) seqs[i].push_back(static_cast<int32_t>(rng() % 1024));
+      spans.push_back({i, 0, len});
+      packed.insert(packed.end(), seqs[i].begin(), seqs[i].end());
+    }
+    ThreadPool pool(2);
+    auto kv = m.make_kv_cache(16);
+    ForwardOptions o;
+    o.return_experts = true;
+    auto batch = m.forward(packed, spans, *kv, o, &pool);
+    ASSERT_TRUE(batch.ok()) << batch.message();
+    const int64_t v = m.config().vocab_size, per_tok = m.config().num_moe_layers() * m.config().moe.top_k;
+    int64_t row = 0;
+    for (int i = 0; i < 64; ++i) {
+      ForwardOutput alone = run_one(m, seqs[i], nullptr);
+      ASSERT_EQ(std::memcmp(alone.logits.data(), batch->logits.data() + row * v, alone.logits.size() * 4), 0)
+          << name << " sequence " << i << " (length " << seqs[i].size() << ")";
+      if (per_tok > 0)
+        ASSERT_TRUE(std::equal(alone.experts.begin(), alone.experts.end(),
+                               batch->experts.begin() + row * per_tok));
+      row += seqs[i].size();
+    }
+  }
+}
 
 TEST(ModelErrors, BadBatchesAreRejected) {
   auto model = Model::load(test::data_dir() + "/models/qwen3_moe");

@@ -90,7 +90,11 @@ void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* 
   const TileKernel kern = tile_kernel(isa);
   const int64_t row_blocks = (m + kRowBlock - 1) / kRowBlock;
   const int64_t panels = w.num_panels();
-  parallel_for(pool, row_blocks * panels, [&](int64_t item) {
+  // Small products run on the calling thread: waking workers costs more than they save. (Threads never
+  // change results, so this is purely a speed choice.)
+  constexpr double kMinParallelFlops = 1 << 21;
+  ThreadPool* use = 2.0 * m * w.n() * w.k() >= kMinParallelFlops ? pool : nullptr;
+  parallel_for(use, row_blocks * panels, [&](int64_t item) {
     thread_local std::vector<float> parts;
     const int64_t rb = item / panels;
     const int64_t row0 = rb * kRowBlock;

@@ -11,6 +11,7 @@ namespace {
 template <int R>
 void half_tile(const float* x, int64_t lda, const float* b, int64_t kc, float* part) {
   __m256 acc0[R], acc1[R];
+  #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     acc0[r] = _mm256_setzero_ps();
     acc1[r] = _mm256_setzero_ps();
@@ -18,12 +19,14 @@ void half_tile(const float* x, int64_t lda, const float* b, int64_t kc, float* p
   for (int64_t k = 0; k < kc; ++k) {
     const __m256 b0 = _mm256_loadu_ps(b + k * 32);
     const __m256 b1 = _mm256_loadu_ps(b + k * 32 + 8);
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m256 a = _mm256_set1_ps(x[r * lda + k]);
       acc0[r] = _mm256_fmadd_ps(a, b0, acc0[r]);
       acc1[r] = _mm256_fmadd_ps(a, b1, acc1[r]);
     }
   }
+  #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     _mm256_storeu_ps(part + r * 32, acc0[r]);
     _mm256_storeu_ps(part + r * 32 + 8, acc1[r]);

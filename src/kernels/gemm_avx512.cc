@@ -12,6 +12,7 @@ template <int R>
 void tile(const float* x, int64_t lda, const float* b, int64_t kc, float* part) {
   static_assert(kPanel == 32);
   __m512 acc0[R], acc1[R];
+  #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     acc0[r] = _mm512_setzero_ps();
     acc1[r] = _mm512_setzero_ps();
@@ -19,12 +20,14 @@ void tile(const float* x, int64_t lda, const float* b, int64_t kc, float* part) 
   for (int64_t k = 0; k < kc; ++k) {
     const __m512 b0 = _mm512_loadu_ps(b + k * 32);
     const __m512 b1 = _mm512_loadu_ps(b + k * 32 + 16);
+    #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 a = _mm512_set1_ps(x[r * lda + k]);
       acc0[r] = _mm512_fmadd_ps(a, b0, acc0[r]);
       acc1[r] = _mm512_fmadd_ps(a, b1, acc1[r]);
     }
   }
+  #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     _mm512_storeu_ps(part + r * 32, acc0[r]);
     _mm512_storeu_ps(part + r * 32 + 16, acc1[r]);

@@ -84,7 +84,7 @@ void attention_block(const ModelConfig& c, const ModelWeights& w, int64_t layer,
     }
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  parallel_for(pool, t, [&](int64_t i) {
+  parallel_for(t >= 8 ? pool : nullptr, t, [&](int64_t i) {
     const int32_t si = plan.seq_of[i];
     std::vector<const float*> kc(kb[si].begin(), kb[si].end()), vc(vb[si].begin(), vb[si].end());
     kernels::KvSpan span{kc, vc, bt};

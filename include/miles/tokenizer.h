@@ -1,0 +1,66 @@
+// Tokenizer: text <-> token ids, one interface for every tokenizer format.
+//
+// Why: the rollout engine, the CLI and the trainer's data path must agree on the ids of a text and
+// on the bytes of a sequence of ids. They see only this interface; the format behind it (llama2.c's
+// tokenizer .bin today, Hugging Face tokenizer.json BPE and GGUF vocabularies later) is chosen
+// once, at load time, by load_tokenizer. Decoding is byte-exact: the strings returned hold raw
+// bytes (byte-fallback pieces become the byte they stand for), which need not be valid UTF-8 piece
+// by piece, only once concatenated.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "miles/status.h"
+
+namespace miles {
+
+// note: every id passed to decode / decode_piece / token_text must be in [0, vocab_size()) (callers
+// check ids that come from users); an id outside aborts with MILES_CHECK. prev_id may be -1 ("no
+// previous").
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // Ids of `text` (any bytes). add_special: prepend the BOS token (and whatever else the format's
+  // template adds; llama2.c adds only BOS, never EOS).
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_special) const = 0;
+  // The exact bytes of a sequence: the concatenation of decode_piece(ids[i-1], ids[i]) with -1
+  // before the first id. Control tokens (BOS, EOS) decode to nothing.
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
+  // The bytes printed when streaming `id` after `prev_id` (llama2.c: a piece that follows BOS loses
+  // its leading space, a `<0xNN>` piece becomes the raw byte NN, BOS and EOS print nothing).
+  virtual std::string decode_piece(int32_t prev_id, int32_t id) const = 0;
+
+  virtual int32_t vocab_size() const = 0;
+  virtual int32_t bos_id() const = 0;  // -1 when none
+  virtual int32_t eos_id() const = 0;  // -1 when none
+  // The vocabulary entry of `id` as stored (llama2.c: "\n<s>\n" for BOS, "<0x0A>" for a byte
+  // piece).
+  virtual std::string token_text(int32_t id) const = 0;
+};
+
+// A llama2.c tokenizer file (tokenizer.bin / tok512.bin, as written by llama2.c's tokenizer.py):
+// int32 max_token_length, then per id: float32 score, int32 len, len bytes. The file has no entry
+// count: `vocab_size` (from the model header) says how many entries it holds, and the file must end
+// right after them; vocab_size 0 reads entries until the end of the file. Ids 0, 1, 2 are <unk>,
+// BOS, EOS; ids 3..258 the byte-fallback pieces <0x00>..<0xFF>. Encoding is run.c's `encode`
+// exactly (see src/tokenizer/llama2c_tokenizer.cc); errors name the file and the entry.
+Result<std::unique_ptr<Tokenizer>> load_llama2c_tokenizer(const std::string& path,
+                                                          int32_t vocab_size);
+// The same, from the file's bytes already in memory; `source` names them in errors (tests,
+// fuzzers).
+Result<std::unique_ptr<Tokenizer>> parse_llama2c_tokenizer(std::string_view bytes,
+                                                           const std::string& source,
+                                                           int32_t vocab_size);
+
+// Any supported tokenizer, recognised from `path`. Today: llama2.c tokenizer files (vocab_size_hint
+// as load_llama2c_tokenizer's vocab_size, <= 0 when unknown). A directory, a tokenizer.json or a
+// GGUF file is recognised and refused with a "not supported yet" error.
+Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path, int32_t vocab_size_hint);
+
+}  // namespace miles

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Sets up, builds and runs the whole CPU test suite with ctest; then the fuzz targets (libFuzzer, ASan)
+# for a short time. Needs no Python: parity goldens are committed under tests/data.
+#
+#   scripts/test.sh                  everything
+#   MILES_SKIP_FUZZ=1 scripts/test.sh   without the fuzz run
+#   MILES_BUILD_DIR=dir              build directory (default build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+jobs="$(nproc)"
+build="${MILES_BUILD_DIR:-build}"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$build" -j "$jobs"
+ctest --test-dir "$build" --output-on-failure -j "$jobs" -LE fuzz
+
+if [ "${MILES_SKIP_FUZZ:-0}" != 1 ]; then
+  fuzz_build="${build}-fuzz"
+  CC=clang-14 CXX=clang++-14 cmake -S . -B "$fuzz_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DMILES_FUZZ=ON -DMILES_TESTS=OFF -DMILES_CUDA=OFF
+  cmake --build "$fuzz_build" -j "$jobs"
+  ctest --test-dir "$fuzz_build" --output-on-failure -L fuzz
+fi

@@ -1,0 +1,164 @@
+// `miles bench kernels`: GEMM GFLOP/s as a fraction of the FMA peak measured in the same run (one thread
+// and all threads), and the model's forward tokens/s (prefill and decode).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/model_files.h"
+#include "miles/kernels.h"
+#include "miles/model.h"
+#include "miles/thread_pool.h"
+
+namespace miles::kernels::detail {
+float fma_loop_avx512(int64_t iters);
+float fma_loop_avx2(int64_t iters);
+}  // namespace miles::kernels::detail
+
+namespace miles::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchOptions {
+  int threads = 0;
+  std::string model;
+  double min_seconds = 0.5;
+};
+
+// Seconds per call of fn, repeated until min_seconds have passed (after one warm-up call).
+template <typename Fn>
+double time_per_call(Fn fn, double min_seconds) {
+  fn();
+  int64_t calls = 0;
+  const auto t0 = Clock::now();
+  double elapsed = 0;
+  do {
+    fn();
+    ++calls;
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  } while (elapsed < min_seconds);
+  return elapsed / calls;
+}
+
+// GFLOP/s of independent fma chains on `threads` threads at once.
+double fma_peak_gflops(kernels::Isa isa, int threads, double min_seconds) {
+  const int64_t iters = 20'000'000;
+  const double flops_per_iter = isa == kernels::Isa::kAvx512 ? 16 * 16 * 2 : 12 * 8 * 2;
+  auto one = [&] {
+    volatile float sink = isa == kernels::Isa::kAvx512 ? kernels::detail::fma_loop_avx512(iters)
+                                                       : kernels::detail::fma_loop_avx2(iters);
+    (void)sink;
+  };
+  const double secs = time_per_call(
+      [&] {
+        std::vector<std::thread> ts;
+        for (int i = 1; i < threads; ++i) ts.emplace_back(one);
+        one();
+        for (auto& t : ts) t.join();
+      },
+      min_seconds);
+  return flops_per_iter * iters * threads / secs / 1e9;
+}
+
+void bench_gemm(const BenchOptions& o, int all_threads) {
+  const kernels::Isa isa = kernels::detect_isa();
+  if (isa == kernels::Isa::kScalar) {
+    std::printf("no AVX2/AVX-512: skipping the GEMM benchmark\n");
+    return;
+  }
+  const double peak1 = fma_peak_gflops(isa, 1, o.min_seconds);
+  const double peak_all = fma_peak_gflops(isa, all_threads, o.min_seconds);
+  std::printf("isa %s; FMA peak measured: %.1f GFLOP/s (1 thread), %.1f GFLOP/s (%d threads)\n",
+              kernels::isa_name(isa), peak1, peak_all, all_threads);
+  const int64_t n = 2048, k = 2048;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> w(n * k), x(512 * k), y(512 * n);
+  for (auto& v : w) v = dist(rng);
+  for (auto& v : x) v = dist(rng);
+  const kernels::PackedMatrix pw = kernels::PackedMatrix::pack_f32(w.data(), n, k);
+  std::printf("%-22s %8s %10s %8s\n", "gemm M x N x K", "threads", "GFLOP/s", "% peak");
+  for (int threads : {1, all_threads}) {
+    ThreadPool pool(threads);
+    const double peak = threads == 1 ? peak1 : peak_all;
+    for (int64_t m : {1, 8, 64, 512}) {
+      const double secs = time_per_call(
+          [&] { kernels::gemm(x.data(), m, k, pw, y.data(), n, &pool, isa); }, o.min_seconds);
+      const double gflops = 2.0 * m * n * k / secs / 1e9;
+      std::printf("%4lld x %lld x %lld %9d %10.1f %7.1f%%\n", static_cast<long long>(m),
+                  static_cast<long long>(n), static_cast<long long>(k), threads, gflops,
+                  100.0 * gflops / peak);
+    }
+    if (all_threads == 1) break;
+  }
+}
+
+std::string default_model() {
+  const char* shared = std::getenv("MILES_SHARED_DIR");
+  const std::string dir = shared ? shared : std::string(MILES_SOURCE_DIR) + "/../shared";
+  return dir + "/models/stories260K/stories260K.bin";
+}
+
+int bench_forward(const BenchOptions& o, int threads) {
+  const std::string path = o.model.empty() ? default_model() : o.model;
+  auto model = Model::load(path);
+  if (!model.ok()) return fail("bench kernels", model.message());
+  const Model& m = **model;
+  ThreadPool pool(threads);
+  const int64_t prompt = std::min<int64_t>(256, m.config().max_position_embeddings / 2);
+  const int64_t decode = std::min<int64_t>(64, m.config().max_position_embeddings - prompt);
+  std::vector<int32_t> ids(prompt);
+  for (int64_t i = 0; i < prompt; ++i) ids[i] = static_cast<int32_t>((i * 7919) % m.config().vocab_size);
+  ForwardOptions fo;
+  fo.all_logits = false;
+  double prefill_s = 0, decode_s = 0;
+  auto run = [&] {
+    auto kv = m.make_kv_cache();
+    SeqSpan s{0, 0, prompt};
+    auto t0 = Clock::now();
+    auto r = m.forward(ids, {&s, 1}, *kv, fo, &pool);
+    auto t1 = Clock::now();
+    for (int64_t i = 0; i < decode; ++i) {
+      SeqSpan d{0, prompt + i, 1};
+      int32_t tok = ids[i];
+      r = m.forward({&tok, 1}, {&d, 1}, *kv, fo, &pool);
+    }
+    auto t2 = Clock::now();
+    prefill_s = std::chrono::duration<double>(t1 - t0).count();
+    decode_s = std::chrono::duration<double>(t2 - t1).count();
+  };
+  run();
+  run();
+  std::printf("forward %s (%d threads): prefill %lld tokens %.0f tokens/s; decode %lld tokens %.0f "
+              "tokens/s\n",
+              std::filesystem::path(path).filename().c_str(), threads,
+              static_cast<long long>(prompt), prompt / prefill_s, static_cast<long long>(decode),
+              decode / decode_s);
+  return 0;
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks (ratios against measured limits)");
+  bench->require_subcommand(1);
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* k = bench->add_subcommand("kernels", "GEMM vs FMA peak, model forward tokens/s");
+  k->add_option("--threads", o->threads, "threads for the all-threads runs (0 = all cores)");
+  k->add_option("--model", o->model, "model for the forward benchmark (default: stories260K)");
+  k->add_option("--min-seconds", o->min_seconds, "time per measurement")->capture_default_str();
+  k->callback([o] {
+    const int all = o->threads > 0 ? o->threads
+                                   : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    bench_gemm(*o, all);
+    int rc = bench_forward(*o, 1);
+    if (rc == 0 && all > 1) rc = bench_forward(*o, all);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace miles::cli

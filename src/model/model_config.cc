@@ -1,0 +1,301 @@
+// HF config.json -> ModelConfig, and the cross-field checks every consumer relies on.
+//
+// Why: a config is user input. Each key is read with its type checked (null counts as absent, as
+// HF writes it), defaults follow transformers' for the architecture, and every error names the file
+// and the key, so that a wrong config never reaches the model as a silently wrong number.
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "miles/model_config.h"
+#include "nlohmann/json.hpp"
+
+namespace miles {
+namespace {
+
+using json = nlohmann::json;
+
+// A value for an error message: scalars as written, containers by kind (dump() of deeply nested
+// input would recurse without bound).
+std::string describe(const json& v) {
+  if (v.is_structured()) return std::string("an ") + v.type_name();
+  return v.dump();
+}
+
+// Typed access to the keys of one JSON object; `where` prefixes key names ("rope_scaling.").
+struct Reader {
+  const json& obj;
+  const std::string& source;
+  std::string where;
+
+  const json* find(const char* key) const {
+    auto it = obj.find(key);
+    return (it == obj.end() || it->is_null()) ? nullptr : &*it;
+  }
+  Status error(const char* key, const std::string& what) const {
+    return Status::Error(source + ": key '" + where + key + "' " + what);
+  }
+  Status read_int(const char* key, int64_t* out, bool required = false) const {
+    const json* v = find(key);
+    if (!v) return required ? error(key, "is required") : Status::Ok();
+    if (v->is_number_integer() && !v->is_number_unsigned()) {
+      *out = v->get<int64_t>();
+    } else if (v->is_number_unsigned() && v->get<uint64_t>() <= INT64_MAX) {
+      *out = static_cast<int64_t>(v->get<uint64_t>());
+    } else {
+      return error(key, "must be an integer, got " + describe(*v));
+    }
+    return Status::Ok();
+  }
+  Status read_double(const char* key, double* out) const {
+    const json* v = find(key);
+    if (!v) return Status::Ok();
+    if (!v->is_number()) return error(key, "must be a number, got " + describe(*v));
+    *out = v->get<double>();
+    return Status::Ok();
+  }
+  Status read_bool(const char* key, bool* out) const {
+    const json* v = find(key);
+    if (!v) return Status::Ok();
+    if (!v->is_boolean()) return error(key, "must be true or false, got " + describe(*v));
+    *out = v->get<bool>();
+    return Status::Ok();
+  }
+  // An integer or a list of integers (eos_token_id, mlp_only_layers).
+  Status read_int_list(const char* key, std::vector<int64_t>* out) const {
+    const json* v = find(key);
+    if (!v) return Status::Ok();
+    out->clear();
+    for (const json& e : v->is_array() ? *v : json::array({*v})) {
+      if (!e.is_number_integer() || (e.is_number_unsigned() && e.get<uint64_t>() > INT64_MAX))
+        return error(key, "must hold integers, got " + describe(*v));
+      out->push_back(e.get<int64_t>());
+    }
+    return Status::Ok();
+  }
+};
+
+Status parse_arch(const Reader& r, ModelConfig* c) {
+  std::string name;
+  if (const json* a = r.find("architectures")) {
+    if (!a->is_array() || a->empty() || !(*a)[0].is_string())
+      return r.error("architectures", "must be a non-empty list of strings, got " + describe(*a));
+    name = (*a)[0].get<std::string>();
+  } else if (const json* t = r.find("model_type")) {
+    if (!t->is_string()) return r.error("model_type", "must be a string, got " + describe(*t));
+    const std::string type = t->get<std::string>();
+    name = type == "llama"       ? "LlamaForCausalLM"
+           : type == "qwen3"     ? "Qwen3ForCausalLM"
+           : type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                                 : "";
+    if (name.empty()) return r.error("model_type", "has unsupported value '" + type + "'");
+  } else {
+    return r.error("architectures", "is required (or 'model_type')");
+  }
+  if (name == "LlamaForCausalLM") {
+    c->arch = Arch::kLlama;
+  } else if (name == "Qwen3ForCausalLM") {
+    c->arch = Arch::kQwen3;
+  } else if (name == "Qwen3MoeForCausalLM") {
+    c->arch = Arch::kQwen3Moe;
+  } else {
+    return r.error("architectures",
+                   "has unsupported value '" + name +
+                       "' (supported: LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)");
+  }
+  c->arch_name = name;
+  return Status::Ok();
+}
+
+// Fields shared by `rope_scaling` and `rope_parameters`.
+Status parse_rope_fields(const Reader& r, RopeConfig* rope) {
+  std::string type = "default";
+  const char* type_key = r.find("rope_type") ? "rope_type" : "type";
+  if (const json* t = r.find(type_key)) {
+    if (!t->is_string()) return r.error(type_key, "must be a string, got " + describe(*t));
+    type = t->get<std::string>();
+  }
+  using T = RopeConfig::Type;
+  if (type == "default") {
+    rope->type = T::kDefault;
+  } else if (type == "linear") {
+    rope->type = T::kLinear;
+  } else if (type == "dynamic") {
+    rope->type = T::kDynamic;
+  } else if (type == "llama3") {
+    rope->type = T::kLlama3;
+  } else if (type == "yarn") {
+    rope->type = T::kYarn;
+  } else {
+    return r.error(type_key, "has unsupported rope type '" + type +
+                                 "' (supported: default, linear, dynamic, llama3, yarn)");
+  }
+  if (rope->type != T::kDefault && !r.find("factor")) return r.error("factor", "is required");
+  if (rope->type == T::kLlama3) {
+    for (const char* key : {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+      if (!r.find(key)) return r.error(key, "is required for rope type llama3");
+  }
+  MILES_RETURN_IF_ERROR(r.read_double("rope_theta", &rope->theta));
+  MILES_RETURN_IF_ERROR(r.read_double("partial_rotary_factor", &rope->partial_rotary_factor));
+  MILES_RETURN_IF_ERROR(r.read_double("factor", &rope->factor));
+  MILES_RETURN_IF_ERROR(r.read_double("low_freq_factor", &rope->low_freq_factor));
+  MILES_RETURN_IF_ERROR(r.read_double("high_freq_factor", &rope->high_freq_factor));
+  MILES_RETURN_IF_ERROR(r.read_int("original_max_position_embeddings",
+                                   &rope->original_max_position_embeddings));
+  MILES_RETURN_IF_ERROR(r.read_double("beta_fast", &rope->beta_fast));
+  MILES_RETURN_IF_ERROR(r.read_double("beta_slow", &rope->beta_slow));
+  MILES_RETURN_IF_ERROR(r.read_double("attention_factor", &rope->attention_factor));
+  MILES_RETURN_IF_ERROR(r.read_double("mscale", &rope->mscale));
+  MILES_RETURN_IF_ERROR(r.read_double("mscale_all_dim", &rope->mscale_all_dim));
+  return r.read_bool("truncate", &rope->truncate);
+}
+
+// rope_theta + rope_scaling (transformers v4) or rope_parameters (v5); the latter wins.
+Status parse_rope(const Reader& r, RopeConfig* rope) {
+  MILES_RETURN_IF_ERROR(r.read_double("rope_theta", &rope->theta));
+  MILES_RETURN_IF_ERROR(r.read_double("partial_rotary_factor", &rope->partial_rotary_factor));
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    const json* v = r.find(key);
+    if (!v) continue;
+    if (!v->is_object()) return r.error(key, "must be an object or null, got " + describe(*v));
+    return parse_rope_fields(Reader{*v, r.source, std::string(key) + "."}, rope);
+  }
+  return Status::Ok();
+}
+
+Status parse_moe(const Reader& r, MoeConfig* moe) {
+  // transformers v5 writes num_experts as "num_local_experts".
+  const char* experts_key = r.find("num_experts") ? "num_experts" : "num_local_experts";
+  if (!r.find(experts_key)) return r.error("num_experts", "is required (or 'num_local_experts')");
+  MILES_RETURN_IF_ERROR(r.read_int(experts_key, &moe->num_experts, true));
+  MILES_RETURN_IF_ERROR(r.read_int("num_experts_per_tok", &moe->top_k, true));
+  MILES_RETURN_IF_ERROR(r.read_int("moe_intermediate_size", &moe->moe_intermediate_size, true));
+  MILES_RETURN_IF_ERROR(r.read_bool("norm_topk_prob", &moe->norm_topk_prob));
+  MILES_RETURN_IF_ERROR(r.read_int("decoder_sparse_step", &moe->decoder_sparse_step));
+  return r.read_int_list("mlp_only_layers", &moe->mlp_only_layers);
+}
+
+Status parse_fields(const Reader& r, ModelConfig* c) {
+  MILES_RETURN_IF_ERROR(parse_arch(r, c));
+  if (const json* w = r.find("use_sliding_window"); w && w->is_boolean() && w->get<bool>())
+    return r.error("use_sliding_window", "is true; sliding-window attention is not supported");
+  MILES_RETURN_IF_ERROR(r.read_int("vocab_size", &c->vocab_size, true));
+  MILES_RETURN_IF_ERROR(r.read_int("hidden_size", &c->hidden_size, true));
+  MILES_RETURN_IF_ERROR(r.read_int("intermediate_size", &c->intermediate_size, true));
+  MILES_RETURN_IF_ERROR(r.read_int("num_hidden_layers", &c->num_layers, true));
+  MILES_RETURN_IF_ERROR(r.read_int("num_attention_heads", &c->num_heads, true));
+  c->num_kv_heads = c->num_heads;
+  MILES_RETURN_IF_ERROR(r.read_int("num_key_value_heads", &c->num_kv_heads));
+  if (r.find("head_dim")) {
+    MILES_RETURN_IF_ERROR(r.read_int("head_dim", &c->head_dim));
+  } else if (c->num_heads > 0 && c->hidden_size % c->num_heads != 0) {
+    return r.error("num_attention_heads", "(" + std::to_string(c->num_heads) +
+                                              ") must divide hidden_size (" +
+                                              std::to_string(c->hidden_size) +
+                                              ") when head_dim is not given");
+  } else if (c->num_heads > 0) {
+    c->head_dim = c->hidden_size / c->num_heads;
+  }
+  c->max_position_embeddings = c->arch == Arch::kLlama ? 2048 : 32768;
+  MILES_RETURN_IF_ERROR(r.read_int("max_position_embeddings", &c->max_position_embeddings));
+  MILES_RETURN_IF_ERROR(r.read_double("rms_norm_eps", &c->rms_norm_eps));
+  MILES_RETURN_IF_ERROR(r.read_bool("tie_word_embeddings", &c->tie_word_embeddings));
+  MILES_RETURN_IF_ERROR(r.read_bool("attention_bias", &c->attention_bias));
+  MILES_RETURN_IF_ERROR(r.read_bool("mlp_bias", &c->mlp_bias));
+  MILES_RETURN_IF_ERROR(r.read_int("bos_token_id", &c->bos_token_id));
+  MILES_RETURN_IF_ERROR(r.read_int_list("eos_token_id", &c->eos_token_ids));
+  MILES_RETURN_IF_ERROR(parse_rope(r, &c->rope));
+  c->rope.max_position_embeddings = c->max_position_embeddings;
+  if (c->arch == Arch::kQwen3Moe) MILES_RETURN_IF_ERROR(parse_moe(r, &c->moe));
+  return Status::Ok();
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+bool ModelConfig::is_moe_layer(int64_t layer) const {
+  if (arch != Arch::kQwen3Moe || moe.num_experts <= 0 || moe.decoder_sparse_step <= 0) return false;
+  const auto& only = moe.mlp_only_layers;
+  if (std::find(only.begin(), only.end(), layer) != only.end()) return false;
+  return (layer + 1) % moe.decoder_sparse_step == 0;
+}
+
+int64_t ModelConfig::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_layers; ++l) n += is_moe_layer(l) ? 1 : 0;
+  return n;
+}
+
+int64_t ModelConfig::rotary_dim() const {
+  return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+}
+
+Status ModelConfig::validate(const std::string& source) const {
+  auto fail = [&](const std::string& key, const std::string& what) {
+    return Status::Error(source + ": key '" + key + "' " + what);
+  };
+  const std::pair<const char*, int64_t> positive[] = {
+      {"vocab_size", vocab_size},         {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size}, {"num_hidden_layers", num_layers},
+      {"num_attention_heads", num_heads}, {"num_key_value_heads", num_kv_heads},
+      {"head_dim", head_dim},             {"max_position_embeddings", max_position_embeddings}};
+  for (const auto& [key, v] : positive)  // the bound keeps products of sizes within int64
+    if (v <= 0 || v > INT32_MAX) return fail(key, "must be in [1, 2^31), got " + str(v));
+  if (num_heads % num_kv_heads != 0)
+    return fail("num_key_value_heads", "(" + str(num_kv_heads) +
+                                           ") must divide num_attention_heads (" +
+                                           str(num_heads) + ")");
+  if (!(rms_norm_eps > 0)) return fail("rms_norm_eps", "must be positive");
+  if (!(rope.theta > 0)) return fail("rope_theta", "must be positive");
+  if (!(rope.partial_rotary_factor > 0 && rope.partial_rotary_factor <= 1))
+    return fail("partial_rotary_factor", "must be in (0, 1]");
+  const int64_t rd = rotary_dim();
+  if (rd <= 0 || rd % 2 != 0)
+    return fail("partial_rotary_factor", "gives rotary_dim " + str(rd) + " (head_dim " +
+                                             str(head_dim) + "); it must be even and positive");
+  if (rope.type != RopeConfig::Type::kDefault && !(rope.factor > 0))
+    return fail("rope_scaling.factor", "must be positive");
+  if (rope.type == RopeConfig::Type::kLlama3 &&
+      (!(rope.high_freq_factor > rope.low_freq_factor) || rope.original_max_position_embeddings <= 0))
+    return fail("rope_scaling",
+                "llama3 needs high_freq_factor > low_freq_factor and a positive "
+                "original_max_position_embeddings");
+  if (arch != Arch::kQwen3Moe) return Status::Ok();
+  if (moe.num_experts <= 0) return fail("num_experts", "must be positive, got " + str(moe.num_experts));
+  if (moe.top_k <= 0 || moe.top_k > moe.num_experts)
+    return fail("num_experts_per_tok", "(" + str(moe.top_k) + ") must be in [1, num_experts = " +
+                                           str(moe.num_experts) + "]");
+  if (moe.moe_intermediate_size <= 0) return fail("moe_intermediate_size", "must be positive");
+  if (moe.decoder_sparse_step <= 0) return fail("decoder_sparse_step", "must be positive");
+  for (int64_t l : moe.mlp_only_layers)
+    if (l < 0 || l >= num_layers)
+      return fail("mlp_only_layers", "holds " + str(l) + ", not a layer in [0, " +
+                                         str(num_layers) + ")");
+  return Status::Ok();
+}
+
+Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    return Status::Error(source + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) return Status::Error(source + ": config must be a JSON object");
+  ModelConfig c;
+  MILES_RETURN_IF_ERROR(parse_fields(Reader{j, source, ""}, &c));
+  MILES_RETURN_IF_ERROR(c.validate(source));
+  return c;
+}
+
+Result<ModelConfig> load_model_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::Error(path + ": cannot open model config");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return Status::Error(path + ": read error");
+  return parse_model_config(text.str(), path);
+}
+
+}  // namespace miles

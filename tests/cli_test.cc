@@ -1,0 +1,107 @@
+// The `miles` program as a user runs it: generate reproduces llama2.c's reference text for stories260K,
+// score prints HF-matching logprobs and experts as JSON, and bad input exits 1 with a message.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "miles/checkpoint.h"
+#include "miles/kernels.h"
+#include "test_paths.h"
+
+namespace miles {
+namespace {
+
+struct CliRun {
+  int exit_code;
+  std::string out;  // stdout + stderr
+};
+
+CliRun run_miles(const std::string& args, bool with_stderr = true) {
+  const std::string cmd =
+      test::binary_dir() + "/bin/miles " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// ../shared/README.md: llama2.c's run.c, `-t 0 -n 60 -i "Once upon a time"`.
+constexpr const char* kReference =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
+    "One day, she saw a big, red ball. She wanted to play with it, but it was too high\n";
+
+TEST(Cli, GenerateGreedyStories260KReproducesLlama2cBothFormats) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = test::shared_dir() + "/models/stories260K/";
+  // -n 60 in run.c = 60 positions; the prompt holds 5 (BOS included), so 56 new tokens.
+  CliRun a = run_miles("generate --model " + dir + "stories260K.bin --prompt 'Once upon a time' "
+                    "--temperature 0 --max-new-tokens 56", false);
+  EXPECT_EQ(a.exit_code, 0);
+  EXPECT_EQ(a.out, kReference);
+  CliRun b = run_miles("generate --model " + dir + "checkpoint_v1.bin --tokenizer " + dir +
+                    "tok512.bin --prompt 'Once upon a time' --temperature 0 --max-new-tokens 56",
+                    false);
+  EXPECT_EQ(b.exit_code, 0);
+  EXPECT_EQ(b.out, kReference);
+}
+
+TEST(Cli, GenerateSamplingIsSeeded) {
+  MILES_REQUIRE_SHARED();
+  const std::string m = test::shared_dir() + "/models/stories260K/stories260K.bin";
+  const std::string args = "generate --model " + m + " --prompt 'Once upon a time' --max-new-tokens 40 ";
+  CliRun a = run_miles(args + "--seed 5", false), b = run_miles(args + "--seed 5 --threads 1", false);
+  CliRun c = run_miles(args + "--seed 6", false);
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, c.out);
+}
+
+TEST(Cli, ScoreMatchesHfGoldensAndPrintsExperts) {
+  auto golden = read_safetensors(test::data_dir() + "/goldens/qwen3_moe.safetensors");
+  ASSERT_TRUE(golden.ok()) << golden.message();
+  const Tensor* ids = golden->find("seq3.ids");
+  const std::vector<float> logits = golden->find("seq3.logits")->to_f32();
+  const Tensor* experts = golden->find("seq3.experts");
+  std::string id_text;
+  for (int64_t i = 0; i < ids->numel(); ++i) id_text += std::to_string(ids->data<int32_t>()[i]) + " ";
+  CliRun r = run_miles("score --model " + test::data_dir() + "/models/qwen3_moe --input-ids '" +
+                    id_text + "'", false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  const int64_t t = ids->numel(), v = 1024;
+  ASSERT_EQ(j["logprobs"].size(), static_cast<size_t>(t - 1));
+  std::vector<float> lp(v);
+  for (int64_t i = 0; i + 1 < t; ++i) {
+    kernels::log_softmax_row(logits.data() + i * v, v, lp.data());
+    EXPECT_NEAR(j["logprobs"][i].get<double>(), lp[ids->data<int32_t>()[i + 1]], 1e-4);
+  }
+  ASSERT_EQ(j["experts"].size(), static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t l = 0; l < 2; ++l)
+      for (int64_t k = 0; k < 2; ++k)
+        EXPECT_EQ(j["experts"][i][l][k].get<int>(), experts->data<int32_t>()[(i * 2 + l) * 2 + k]);
+}
+
+TEST(Cli, BadInputExitsOneWithAMessage) {
+  CliRun a = run_miles("score --model /no/such/model --input-ids '1 2'");
+  EXPECT_EQ(a.exit_code, 1);
+  EXPECT_NE(a.out.find("/no/such/model"), std::string::npos) << a.out;
+  CliRun b = run_miles("score --model " + test::data_dir() + "/models/llama --input-ids '1 x 2'");
+  EXPECT_EQ(b.exit_code, 1);
+  EXPECT_NE(b.out.find("'x'"), std::string::npos) << b.out;
+  CliRun c = run_miles("score --model " + test::data_dir() + "/models/llama --input-ids '1 99999'");
+  EXPECT_EQ(c.exit_code, 1);
+  EXPECT_NE(c.out.find("99999"), std::string::npos) << c.out;
+  CliRun d = run_miles("generate --model " + test::data_dir() + "/models/llama --prompt hi --top-p 2");
+  EXPECT_EQ(d.exit_code, 1);
+  EXPECT_NE(d.out.find("top_p"), std::string::npos) << d.out;
+}
+
+}  // namespace
+}  // namespace miles
