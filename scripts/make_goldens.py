@@ -329,6 +329,16 @@ def dir_size(path: Path) -> tuple[int, int]:
 
 
 def main() -> int:
+    import argparse
+    global DATA, MODELS, GOLDENS
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DATA,
+                        help="folder to write models/ and goldens/ into (default: tests/data); "
+                             "the live-reference test writes elsewhere and compares bytes")
+    args = parser.parse_args()
+    DATA = args.out
+    MODELS = DATA / "models"
+    GOLDENS = DATA / "goldens"
     torch.manual_seed(BASE_SEED)
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()

@@ -223,6 +223,35 @@ TEST(Attention, MatchesDirectSoftmaxAndIsInvariant) {
   }
 }
 
+// The row-wise kernels on a batch of 64 rows against each row alone.
+TEST(RowKernels, RowAloneEqualsRowInBatchOf64) {
+  const int64_t m = 64, d = 200, heads = 4, hd = 50;
+  auto x = random_vec(m * d, 91, 2.0f), u = random_vec(m * d, 92);
+  RopeConfig cfg;
+  auto table = make_rope_table(cfg, hd);
+  ASSERT_TRUE(table.ok());
+  std::vector<int32_t> pos(m);
+  for (int64_t i = 0; i < m; ++i) pos[i] = static_cast<int32_t>(i * 3);
+  std::vector<float> rope_b = x, sw_b(m * d), ls_b(m * d), sm_b = x;
+  rope_apply(rope_b.data(), m, heads, hd, pos.data(), *table);
+  swiglu(x.data(), u.data(), m, d, d, sw_b.data());
+  for (int64_t r = 0; r < m; ++r) {
+    log_softmax_row(x.data() + r * d, d, ls_b.data() + r * d);
+    softmax_row(sm_b.data() + r * d, d);
+  }
+  for (int64_t r : {0, 5, 63}) {
+    std::vector<float> row(x.begin() + r * d, x.begin() + (r + 1) * d), sw(d), ls(d), sm = row;
+    rope_apply(row.data(), 1, heads, hd, &pos[r], *table);
+    ASSERT_TRUE(same_bits(row.data(), rope_b.data() + r * d, d));
+    swiglu(x.data() + r * d, u.data() + r * d, 1, d, d, sw.data());
+    ASSERT_TRUE(same_bits(sw.data(), sw_b.data() + r * d, d));
+    log_softmax_row(x.data() + r * d, d, ls.data());
+    ASSERT_TRUE(same_bits(ls.data(), ls_b.data() + r * d, d));
+    softmax_row(sm.data(), d);
+    ASSERT_TRUE(same_bits(sm.data(), sm_b.data() + r * d, d));
+  }
+}
+
 TEST(TopK, DescendingWithLowerIndexOnTies) {
   float x[6] = {0.5f, 2.0f, 2.0f, -1.0f, 3.0f, 0.5f};
   int32_t idx[4];

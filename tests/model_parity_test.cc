@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <random>
 
+#include "miles/kernels.h"
 #include "miles/model.h"
 #include "miles/thread_pool.h"
 #include "test_paths.h"
@@ -162,6 +163,22 @@ TEST_P(Parity, PackedBatchAndDecodeAreBitIdenticalToAlone) {
 }
 
 // Routing replay with the router's own choices changes nothing; replaying other ids uses exactly them.
+// RoPE tables as transformers computes them (inv_freq and attention scaling stored with the goldens).
+TEST_P(Parity, RopeTableMatchesTransformers) {
+  const std::string name = GetParam();
+  auto cfg = load_model_config(test::data_dir() + "/models/" + name + "/config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.message();
+  auto table = kernels::make_rope_table(cfg->rope, cfg->head_dim);
+  ASSERT_TRUE(table.ok()) << table.message();
+  auto golden = read_safetensors(test::data_dir() + "/goldens/" + name + ".safetensors");
+  ASSERT_TRUE(golden.ok());
+  const std::vector<float> inv = golden->find("rope.inv_freq")->to_f32();
+  ASSERT_EQ(inv.size(), table->inv_freq.size());
+  for (size_t i = 0; i < inv.size(); ++i)
+    EXPECT_NEAR(table->inv_freq[i], inv[i], 2e-7 * std::fabs(inv[i])) << name << " inv_freq[" << i << "]";
+  EXPECT_NEAR(table->attention_scaling, golden->find("rope.attention_scaling")->to_f32()[0], 1e-7);
+}
+
 class Replay : public Parity {};
 TEST_P(Replay, OwnChoicesChangeNothingOtherIdsAreUsed) {
   const std::string name = GetParam();

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Live reference check (ctest label "reference"): regenerates the HF checkpoints and goldens with
+# torch + transformers into a temporary folder and requires them to equal the committed ones byte for
+# byte — so the goldens the default tests use are what transformers computes today. Skips (exit 77)
+# where the venv has no torch/transformers (scripts/setup.sh --reference installs them).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+py="${MILES_VENV:-/root/.venvs/miles-ref}/bin/python"
+if ! "$py" -c "import torch, transformers" 2>/dev/null; then
+  echo "skip: no torch/transformers in the venv (run scripts/setup.sh --reference)"
+  exit 77
+fi
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+"$py" "$root/scripts/make_goldens.py" --out "$out" >"$out/log.txt" 2>&1 || { cat "$out/log.txt"; exit 1; }
+status=0
+for f in "$root"/tests/data/goldens/*.safetensors "$root"/tests/data/models/*/*.safetensors \
+         "$root"/tests/data/models/*/config.json; do
+  rel="${f#"$root"/tests/data/}"
+  if ! cmp -s "$f" "$out/$rel"; then
+    echo "differs from live transformers: tests/data/$rel"
+    status=1
+  fi
+done
+[ "$status" = 0 ] && echo "all goldens equal a fresh transformers run"
+exit "$status"
