@@ -1,0 +1,137 @@
+// Engine: the rollout engine's core — continuous batching over a paged, prefix-shared KV cache, with
+// exact logprobs, routed experts and weight versions for every generated token.
+//
+// Why: rollout dominates an RL step; every number it returns must be what the trainer recomputes. The
+// engine runs the shared Model (or any ModelRunner) one iteration at a time: running decodes plus prefill
+// chunks under a token budget, packed into one batch-invariant forward. HTTP and gRPC servers sit on top
+// (rollout/server_*); tests drive step() directly as timelines.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "miles/model.h"
+#include "miles/sampler.h"
+#include "miles/status.h"
+#include "miles/tokenizer.h"
+
+namespace miles {
+
+class ThreadPool;
+
+// What the engine runs: the shared Model, or a fake one in scheduler tests.
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual Result<ForwardOutput> forward(std::span<const int32_t> tokens,
+                                        std::span<const SeqSpan> seqs, KvStore& kv,
+                                        const ForwardOptions& options) = 0;
+};
+// A runner over a loaded model and a thread pool (both outlive it).
+std::unique_ptr<ModelRunner> make_model_runner(std::shared_ptr<const Model> model, ThreadPool* pool);
+
+struct EngineOptions {
+  int64_t num_blocks = 4096;      // KV blocks in the pool
+  int64_t block_tokens = 16;      // positions per block
+  int64_t max_batch_tokens = 2048;  // token budget of one iteration (decodes + prefill chunks)
+  int64_t max_running = 256;      // requests decoding at once
+  bool enable_prefix_cache = true;
+};
+
+struct GenerateRequest {
+  std::vector<int32_t> input_ids;
+  SamplingParams sampling;
+  int64_t max_new_tokens = 128;
+  std::vector<int32_t> stop_token_ids;    // besides the tokenizer's EOS (unless ignore_eos)
+  std::vector<std::string> stop_strings;  // needs the engine's tokenizer
+  bool ignore_eos = false;
+  int32_t n = 1;  // samples of this prompt (a GRPO group): the prompt is prefilled once
+};
+
+enum class FinishReason { kNone, kStop, kLength, kAbort };
+const char* finish_reason_name(FinishReason r);
+
+struct TokenOutput {
+  int32_t id = -1;
+  float logprob = 0;      // under the distribution it was sampled from
+  float raw_logprob = 0;  // under the untempered, untruncated model
+  int64_t weight_version = 0;
+};
+
+// One sample's state as reported to its listener: new tokens since the last event, and when finished,
+// the whole record (routed experts: [prompt + output - 1, moe layers, top_k]).
+struct SampleEvent {
+  uint64_t request_id = 0;
+  int32_t sample_index = 0;
+  std::vector<TokenOutput> new_tokens;
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  std::string matched_stop;  // the stop string or token id that ended it
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt positions served from the prefix cache
+  std::vector<TokenOutput> output;     // when finished: every output token
+  std::vector<int32_t> routed_experts; // when finished, for MoE models
+};
+using SampleListener = std::function<void(const SampleEvent&)>;
+
+enum class PauseMode { kRetract, kInPlace, kAbort };
+
+struct EngineStats {
+  int64_t free_blocks = 0, total_blocks = 0, cached_blocks = 0;
+  int64_t waiting = 0, running = 0;
+  int64_t weight_version = 0;
+  bool paused = false;
+  uint64_t iterations = 0, generated_tokens = 0, prompt_tokens = 0, cached_prompt_tokens = 0;
+};
+
+// What one iteration ran (scheduler timelines in tests).
+struct IterationRecord {
+  struct Item {
+    uint64_t request_id;
+    int32_t sample_index;
+    int64_t start_pos;
+    int64_t n_tokens;
+    bool prefill;
+  };
+  std::vector<Item> items;
+};
+
+class Engine {
+ public:
+  // The tokenizer (optional) gives EOS and stop strings.
+  Engine(std::unique_ptr<ModelRunner> runner, EngineOptions options,
+         std::shared_ptr<const Tokenizer> tokenizer = nullptr);
+  ~Engine();
+
+  // Validates and queues a request; errors name the bad field. The listener is called from the thread
+  // that runs step().
+  Result<uint64_t> submit(GenerateRequest request, SampleListener listener);
+  // Finishes a request (all its samples) with kAbort and frees its blocks. False if unknown.
+  bool abort(uint64_t request_id);
+
+  // One scheduler iteration; false when there was nothing to run.
+  bool step();
+  bool idle() const;
+  const IterationRecord& last_iteration() const;
+
+  // Weight lifecycle.
+  void pause(PauseMode mode);
+  void resume();
+  Status flush_cache();  // refused while requests hold blocks
+  void update_weight_version(int64_t version);
+  // Swaps the runner's weights; only while paused (retract / abort) or idle.
+  Status update_weights(std::unique_ptr<ModelRunner> runner);
+  EngineStats stats() const;
+  const ModelConfig& config() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace miles

@@ -1,0 +1,174 @@
+// Engine: request admission and validation, the weight lifecycle, and reporting. The iteration itself
+// (batch formation, forward, sampling) is in engine_step.cc.
+#include "rollout/engine_impl.h"
+
+#include <algorithm>
+
+namespace miles {
+
+using rollout::Request;
+using rollout::Sample;
+using rollout::SampleState;
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+  }
+  return "?";
+}
+
+Engine::Engine(std::unique_ptr<ModelRunner> runner, EngineOptions options,
+               std::shared_ptr<const Tokenizer> tokenizer)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.runner = std::move(runner);
+  m.opt = options;
+  m.tok = std::move(tokenizer);
+  const ModelConfig& c = m.runner->config();
+  m.experts_per_pos = c.num_moe_layers() * c.moe.top_k;
+  m.pool = std::make_unique<rollout::BlockPool>(options.num_blocks, options.block_tokens,
+                                                c.num_layers, c.kv_dim(), m.experts_per_pos);
+  m.kv = std::make_unique<rollout::PagedKvCache>(*m.pool);
+  m.radix = std::make_unique<rollout::RadixCache>(*m.pool);
+}
+
+Engine::~Engine() = default;
+
+const ModelConfig& Engine::config() const { return impl_->runner->config(); }
+
+Status Engine::Impl::validate(const GenerateRequest& r) const {
+  const ModelConfig& c = runner->config();
+  if (r.input_ids.empty()) return Status::Error("input_ids: the prompt is empty");
+  for (size_t i = 0; i < r.input_ids.size(); ++i)
+    if (r.input_ids[i] < 0 || r.input_ids[i] >= c.vocab_size)
+      return Status::Error("input_ids[" + std::to_string(i) + "] = " +
+                           std::to_string(r.input_ids[i]) + " is outside the vocabulary [0, " +
+                           std::to_string(c.vocab_size) + ")");
+  const int64_t len = r.input_ids.size();
+  if (len >= c.max_position_embeddings)
+    return Status::Error("the prompt has " + std::to_string(len) +
+                         " tokens; the context length is " +
+                         std::to_string(c.max_position_embeddings) +
+                         " and at least one position must remain for generation");
+  if (r.max_new_tokens < 0 || r.max_new_tokens > c.max_position_embeddings)
+    return Status::Error("max_new_tokens = " + std::to_string(r.max_new_tokens) +
+                         " must be in [0, " + std::to_string(c.max_position_embeddings) + "]");
+  if (r.n < 1 || r.n > 1024) return Status::Error("n = " + std::to_string(r.n) + " must be in [1, 1024]");
+  MILES_RETURN_IF_ERROR(r.sampling.validate());
+  for (int32_t id : r.stop_token_ids)
+    if (id < 0 || id >= c.vocab_size)
+      return Status::Error("stop_token_ids: " + std::to_string(id) + " is outside the vocabulary");
+  for (const auto& s : r.stop_strings)
+    if (s.empty()) return Status::Error("stop: empty stop string");
+  if (!r.stop_strings.empty() && !tok)
+    return Status::Error("stop strings need a tokenizer; this engine has none");
+  const int64_t total = std::min<int64_t>(len + r.max_new_tokens, c.max_position_embeddings);
+  const int64_t blocks = (total + opt.block_tokens - 1) / opt.block_tokens;
+  if (blocks > opt.num_blocks)
+    return Status::Error("the request needs up to " + std::to_string(blocks) +
+                         " KV blocks; the cache has " + std::to_string(opt.num_blocks));
+  return Status::Ok();
+}
+
+Result<uint64_t> Engine::submit(GenerateRequest request, SampleListener listener) {
+  Impl& m = *impl_;
+  MILES_RETURN_IF_ERROR(m.validate(request));
+  auto r = std::make_unique<Request>();
+  r->id = m.next_request_id++;
+  r->listener = std::move(listener);
+  for (int32_t i = 0; i < request.n; ++i) {
+    auto s = std::make_unique<Sample>();
+    s->request_id = r->id;
+    s->index = i;
+    s->slot = m.next_slot++;
+    s->tokens = request.input_ids;
+    s->prompt_len = static_cast<int64_t>(request.input_ids.size());
+    s->sampling = request.sampling;
+    // Siblings draw different numbers from the same (seed, step) counter space.
+    s->sampling.seed = request.sampling.seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
+    s->state = i == 0 ? SampleState::kWaiting : SampleState::kForkWaiting;
+    if (i == 0) m.waiting.push_back(s.get());
+    r->samples.push_back(std::move(s));
+  }
+  r->req = std::move(request);
+  const uint64_t id = r->id;
+  m.requests.emplace(id, std::move(r));
+  return id;
+}
+
+bool Engine::abort(uint64_t request_id) {
+  Impl& m = *impl_;
+  auto it = m.requests.find(request_id);
+  if (it == m.requests.end()) return false;
+  for (auto& s : it->second->samples)
+    if (s->state != SampleState::kFinished) m.finish(*s, FinishReason::kAbort, "");
+  m.report_and_reap();
+  return true;
+}
+
+bool Engine::idle() const { return impl_->requests.empty(); }
+const IterationRecord& Engine::last_iteration() const { return impl_->last; }
+
+void Engine::pause(PauseMode mode) {
+  Impl& m = *impl_;
+  m.paused = true;
+  if (mode == PauseMode::kInPlace) return;
+  std::vector<Sample*> active;
+  for (auto& [id, r] : m.requests)
+    for (auto& s : r->samples)
+      if (s->state != SampleState::kFinished) active.push_back(s.get());
+  for (Sample* s : active) {
+    if (mode == PauseMode::kAbort) {
+      m.finish(*s, FinishReason::kAbort, "");
+    } else if (s->state != SampleState::kForkWaiting) {
+      m.retract(*s);
+    }
+  }
+  m.report_and_reap();
+}
+
+void Engine::resume() { impl_->paused = false; }
+
+Status Engine::flush_cache() {
+  Impl& m = *impl_;
+  for (auto& [id, r] : m.requests)
+    for (auto& s : r->samples)
+      if (m.kv->has(s->slot))
+        return Status::Error("flush_cache: request " + std::to_string(id) +
+                             " holds KV blocks; pause with retract or abort first");
+  m.radix->clear();
+  return Status::Ok();
+}
+
+void Engine::update_weight_version(int64_t version) { impl_->version = version; }
+
+Status Engine::update_weights(std::unique_ptr<ModelRunner> runner) {
+  Impl& m = *impl_;
+  if (!m.paused && !m.requests.empty())
+    return Status::Error("update_weights: the engine is generating; pause it first");
+  const ModelConfig& a = m.runner->config();
+  const ModelConfig& b = runner->config();
+  if (a.vocab_size != b.vocab_size || a.num_layers != b.num_layers || a.kv_dim() != b.kv_dim() ||
+      a.num_moe_layers() * a.moe.top_k != b.num_moe_layers() * b.moe.top_k)
+    return Status::Error("update_weights: the new weights have another architecture");
+  m.runner = std::move(runner);
+  return Status::Ok();
+}
+
+EngineStats Engine::stats() const {
+  const Impl& m = *impl_;
+  EngineStats s = m.counters;
+  s.free_blocks = m.pool->free_blocks();
+  s.total_blocks = m.pool->num_blocks();
+  s.cached_blocks = m.radix->num_nodes();
+  s.waiting = static_cast<int64_t>(m.waiting.size());
+  s.running = static_cast<int64_t>(m.running.size());
+  s.weight_version = m.version;
+  s.paused = m.paused;
+  return s;
+}
+
+}  // namespace miles

@@ -1,0 +1,55 @@
+// Engine::Impl: the engine's state and the phases of one iteration (private to rollout/).
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "miles/engine.h"
+#include "rollout/engine_state.h"
+
+namespace miles {
+
+struct Engine::Impl {
+  std::unique_ptr<ModelRunner> runner;
+  EngineOptions opt;
+  std::shared_ptr<const Tokenizer> tok;
+  std::unique_ptr<rollout::BlockPool> pool;
+  std::unique_ptr<rollout::PagedKvCache> kv;
+  std::unique_ptr<rollout::RadixCache> radix;
+  int64_t experts_per_pos = 0;
+
+  std::map<uint64_t, std::unique_ptr<rollout::Request>> requests;
+  std::deque<rollout::Sample*> waiting;   // samples needing prefill, FIFO
+  std::vector<rollout::Sample*> running;  // samples decoding
+  uint64_t next_request_id = 1;
+  int32_t next_slot = 1;
+  int64_t version = 0;
+  bool paused = false;
+  IterationRecord last;
+  EngineStats counters;
+
+  Status validate(const GenerateRequest& r) const;
+
+  // Phases of step() (engine_step.cc).
+  struct Item {
+    rollout::Sample* sample;
+    int64_t start, n;
+    bool prefill;
+  };
+  std::vector<Item> schedule();
+  bool ensure_blocks(rollout::Sample& s, int64_t positions);
+  void match_prefix(rollout::Sample& s);
+  void run_batch(const std::vector<Item>& items);
+  void complete_prefill(rollout::Sample& s, const float* logits);
+  void fork_sibling(rollout::Sample& leader, rollout::Sample& sib, const float* logits);
+  void sample_next(rollout::Sample& s, const float* logits);
+  void finish(rollout::Sample& s, FinishReason why, std::string matched);
+  void retract(rollout::Sample& s);
+  void release(rollout::Sample& s);
+  std::vector<int32_t> routed_experts(const rollout::Sample& s) const;
+  void report_and_reap();
+};
+
+}  // namespace miles
