@@ -27,7 +27,7 @@ apt_packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libgloo-dev libzstd-dev libxxhash-dev libcli11-dev
+  libgloo-dev libzstd-dev libxxhash-dev libcli11-dev libcpp-httplib-dev
   python3 python3-venv python3-pip
 )
 

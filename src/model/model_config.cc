@@ -3,11 +3,12 @@
 // Why: a config is user input. Each key is read with its type checked (null counts as absent, as
 // HF writes it), defaults follow transformers' for the architecture, and every error names the file
 // and the key, so that a wrong config never reaches the model as a silently wrong number.
+#include "miles/model_config.h"
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
 
-#include "miles/model_config.h"
 #include "nlohmann/json.hpp"
 
 namespace miles {
@@ -132,7 +133,8 @@ Status parse_rope_fields(const Reader& r, RopeConfig* rope) {
   }
   if (rope->type != T::kDefault && !r.find("factor")) return r.error("factor", "is required");
   if (rope->type == T::kLlama3) {
-    for (const char* key : {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+    for (const char* key :
+         {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
       if (!r.find(key)) return r.error(key, "is required for rope type llama3");
   }
   MILES_RETURN_IF_ERROR(r.read_double("rope_theta", &rope->theta));
@@ -140,8 +142,8 @@ Status parse_rope_fields(const Reader& r, RopeConfig* rope) {
   MILES_RETURN_IF_ERROR(r.read_double("factor", &rope->factor));
   MILES_RETURN_IF_ERROR(r.read_double("low_freq_factor", &rope->low_freq_factor));
   MILES_RETURN_IF_ERROR(r.read_double("high_freq_factor", &rope->high_freq_factor));
-  MILES_RETURN_IF_ERROR(r.read_int("original_max_position_embeddings",
-                                   &rope->original_max_position_embeddings));
+  MILES_RETURN_IF_ERROR(
+      r.read_int("original_max_position_embeddings", &rope->original_max_position_embeddings));
   MILES_RETURN_IF_ERROR(r.read_double("beta_fast", &rope->beta_fast));
   MILES_RETURN_IF_ERROR(r.read_double("beta_slow", &rope->beta_slow));
   MILES_RETURN_IF_ERROR(r.read_double("attention_factor", &rope->attention_factor));
@@ -189,10 +191,9 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   if (r.find("head_dim")) {
     MILES_RETURN_IF_ERROR(r.read_int("head_dim", &c->head_dim));
   } else if (c->num_heads > 0 && c->hidden_size % c->num_heads != 0) {
-    return r.error("num_attention_heads", "(" + std::to_string(c->num_heads) +
-                                              ") must divide hidden_size (" +
-                                              std::to_string(c->hidden_size) +
-                                              ") when head_dim is not given");
+    return r.error("num_attention_heads",
+                   "(" + std::to_string(c->num_heads) + ") must divide hidden_size (" +
+                       std::to_string(c->hidden_size) + ") when head_dim is not given");
   } else if (c->num_heads > 0) {
     c->head_dim = c->hidden_size / c->num_heads;
   }
@@ -236,16 +237,20 @@ Status ModelConfig::validate(const std::string& source) const {
     return Status::Error(source + ": key '" + key + "' " + what);
   };
   const std::pair<const char*, int64_t> positive[] = {
-      {"vocab_size", vocab_size},         {"hidden_size", hidden_size},
-      {"intermediate_size", intermediate_size}, {"num_hidden_layers", num_layers},
-      {"num_attention_heads", num_heads}, {"num_key_value_heads", num_kv_heads},
-      {"head_dim", head_dim},             {"max_position_embeddings", max_position_embeddings}};
+      {"vocab_size", vocab_size},
+      {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size},
+      {"num_hidden_layers", num_layers},
+      {"num_attention_heads", num_heads},
+      {"num_key_value_heads", num_kv_heads},
+      {"head_dim", head_dim},
+      {"max_position_embeddings", max_position_embeddings}};
   for (const auto& [key, v] : positive)  // the bound keeps products of sizes within int64
     if (v <= 0 || v > INT32_MAX) return fail(key, "must be in [1, 2^31), got " + str(v));
   if (num_heads % num_kv_heads != 0)
-    return fail("num_key_value_heads", "(" + str(num_kv_heads) +
-                                           ") must divide num_attention_heads (" +
-                                           str(num_heads) + ")");
+    return fail(
+        "num_key_value_heads",
+        "(" + str(num_kv_heads) + ") must divide num_attention_heads (" + str(num_heads) + ")");
   if (!(rms_norm_eps > 0)) return fail("rms_norm_eps", "must be positive");
   if (!(rope.theta > 0)) return fail("rope_theta", "must be positive");
   if (!(rope.partial_rotary_factor > 0 && rope.partial_rotary_factor <= 1))
@@ -256,13 +261,14 @@ Status ModelConfig::validate(const std::string& source) const {
                                              str(head_dim) + "); it must be even and positive");
   if (rope.type != RopeConfig::Type::kDefault && !(rope.factor > 0))
     return fail("rope_scaling.factor", "must be positive");
-  if (rope.type == RopeConfig::Type::kLlama3 &&
-      (!(rope.high_freq_factor > rope.low_freq_factor) || rope.original_max_position_embeddings <= 0))
+  if (rope.type == RopeConfig::Type::kLlama3 && (!(rope.high_freq_factor > rope.low_freq_factor) ||
+                                                 rope.original_max_position_embeddings <= 0))
     return fail("rope_scaling",
                 "llama3 needs high_freq_factor > low_freq_factor and a positive "
                 "original_max_position_embeddings");
   if (arch != Arch::kQwen3Moe) return Status::Ok();
-  if (moe.num_experts <= 0) return fail("num_experts", "must be positive, got " + str(moe.num_experts));
+  if (moe.num_experts <= 0)
+    return fail("num_experts", "must be positive, got " + str(moe.num_experts));
   if (moe.top_k <= 0 || moe.top_k > moe.num_experts)
     return fail("num_experts_per_tok", "(" + str(moe.top_k) + ") must be in [1, num_experts = " +
                                            str(moe.num_experts) + "]");
@@ -270,8 +276,8 @@ Status ModelConfig::validate(const std::string& source) const {
   if (moe.decoder_sparse_step <= 0) return fail("decoder_sparse_step", "must be positive");
   for (int64_t l : moe.mlp_only_layers)
     if (l < 0 || l >= num_layers)
-      return fail("mlp_only_layers", "holds " + str(l) + ", not a layer in [0, " +
-                                         str(num_layers) + ")");
+      return fail("mlp_only_layers",
+                  "holds " + str(l) + ", not a layer in [0, " + str(num_layers) + ")");
   return Status::Ok();
 }
 

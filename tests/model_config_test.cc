@@ -1,0 +1,243 @@
+// ModelConfig parsing: HF config.json spellings, defaults, RoPE variants, MoE layer rules, and
+// errors that name the file and the key.
+#include "miles/model_config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "test_paths.h"
+
+namespace miles {
+namespace {
+
+constexpr const char* kSrc = "/models/x/config.json";
+
+const char* kLlama = R"({
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+  "vocab_size": 512, "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 5,
+  "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 512,
+  "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "rope_scaling": null,
+  "bos_token_id": 1, "eos_token_id": 2, "head_dim": null})";
+
+const char* kQwen3Moe = R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 1000, "hidden_size": 64,
+  "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
+  "num_key_value_heads": 2, "head_dim": 32, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+  "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": true,
+  "decoder_sparse_step": 2, "mlp_only_layers": [3], "eos_token_id": [151645, 151643],
+  "use_sliding_window": false, "sliding_window": null})";
+
+// kLlama with `key` replaced (or added) by the JSON value `value`.
+std::string llama_with(const std::string& key, const std::string& value) {
+  std::string s = kLlama;
+  const std::string k = "\"" + key + "\": ";
+  auto pos = s.find(k);
+  if (pos == std::string::npos) return s.substr(0, s.size() - 1) + ", " + k + value + "}";
+  auto end = s.find_first_of(",}", pos + k.size());
+  if (s[pos + k.size()] == '[') end = s.find(']', pos) + 1;
+  return s.substr(0, pos + k.size()) + value + s.substr(end);
+}
+
+void expect_error(const std::string& text, const std::string& needle) {
+  auto r = parse_model_config(text, kSrc);
+  ASSERT_FALSE(r.ok()) << "expected an error mentioning " << needle;
+  EXPECT_NE(r.message().find(kSrc), std::string::npos) << r.message();
+  EXPECT_NE(r.message().find(needle), std::string::npos) << r.message();
+}
+
+TEST(ModelConfig, LlamaFieldsAndDefaults) {
+  auto r = parse_model_config(kLlama, kSrc);
+  ASSERT_TRUE(r.ok()) << r.message();
+  const ModelConfig& c = *r;
+  EXPECT_EQ(c.arch, Arch::kLlama);
+  EXPECT_EQ(c.arch_name, "LlamaForCausalLM");
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.intermediate_size, 172);
+  EXPECT_EQ(c.num_layers, 5);
+  EXPECT_EQ(c.num_heads, 8);
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 8);  // null -> hidden / heads
+  EXPECT_EQ(c.max_position_embeddings, 512);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.rope.type, RopeConfig::Type::kDefault);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 10000.0);
+  EXPECT_EQ(c.rotary_dim(), 8);
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{2});
+  EXPECT_EQ(c.num_moe_layers(), 0);
+  EXPECT_FALSE(c.is_moe_layer(1));
+  EXPECT_EQ(c.q_dim(), 64);
+  EXPECT_EQ(c.kv_dim(), 32);
+}
+
+TEST(ModelConfig, KvHeadsDefaultToHeadsAndModelTypeFallback) {
+  auto r = parse_model_config(R"({"model_type": "qwen3", "vocab_size": 10, "hidden_size": 32,
+      "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4})",
+                              kSrc);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r->arch, Arch::kQwen3);
+  EXPECT_EQ(r->arch_name, "Qwen3ForCausalLM");
+  EXPECT_EQ(r->num_kv_heads, 4);
+  EXPECT_EQ(r->head_dim, 8);
+  EXPECT_DOUBLE_EQ(r->rope.theta, 10000.0);
+  EXPECT_TRUE(r->eos_token_ids.empty());
+}
+
+TEST(ModelConfig, Qwen3MoeLayers) {
+  auto r = parse_model_config(kQwen3Moe, kSrc);
+  ASSERT_TRUE(r.ok()) << r.message();
+  const ModelConfig& c = *r;
+  EXPECT_EQ(c.arch, Arch::kQwen3Moe);
+  EXPECT_EQ(c.head_dim, 32);  // explicit, not hidden / heads
+  EXPECT_EQ(c.q_dim(), 128);
+  EXPECT_EQ(c.moe.num_experts, 8);
+  EXPECT_EQ(c.moe.top_k, 2);
+  EXPECT_EQ(c.moe.moe_intermediate_size, 32);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{151645, 151643}));
+  // step 2: layers 1, 3, 5 are sparse, except 3 (mlp_only_layers).
+  const bool expected[] = {false, true, false, false, false, true};
+  for (int l = 0; l < 6; ++l) EXPECT_EQ(c.is_moe_layer(l), expected[l]) << "layer " << l;
+  EXPECT_EQ(c.num_moe_layers(), 2);
+
+  std::string v5 = kQwen3Moe;  // transformers v5 spelling
+  v5.replace(v5.find("\"num_experts\""), 13, "\"num_local_experts\"");
+  auto r5 = parse_model_config(v5, kSrc);
+  ASSERT_TRUE(r5.ok()) << r5.message();
+  EXPECT_EQ(r5->moe.num_experts, 8);
+}
+
+TEST(ModelConfig, RopeScalingVariants) {
+  auto llama3 = parse_model_config(
+      llama_with("rope_scaling", R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})"),
+      kSrc);
+  ASSERT_TRUE(llama3.ok()) << llama3.message();
+  EXPECT_EQ(llama3->rope.type, RopeConfig::Type::kLlama3);
+  EXPECT_DOUBLE_EQ(llama3->rope.factor, 8.0);
+  EXPECT_EQ(llama3->rope.original_max_position_embeddings, 8192);
+
+  auto linear =
+      parse_model_config(llama_with("rope_scaling", R"({"type": "linear", "factor": 2})"), kSrc);
+  ASSERT_TRUE(linear.ok()) << linear.message();
+  EXPECT_EQ(linear->rope.type, RopeConfig::Type::kLinear);
+  EXPECT_DOUBLE_EQ(linear->rope.factor, 2.0);
+
+  auto dynamic =
+      parse_model_config(llama_with("rope_scaling", R"({"type": "dynamic", "factor": 2})"), kSrc);
+  ASSERT_TRUE(dynamic.ok()) << dynamic.message();
+  EXPECT_EQ(dynamic->rope.type, RopeConfig::Type::kDynamic);
+  EXPECT_EQ(dynamic->rope.max_position_embeddings, 512);
+
+  auto yarn = parse_model_config(
+      llama_with("rope_scaling", R"({"rope_type": "yarn", "factor": 4.0, "beta_fast": 16,
+          "beta_slow": 2, "attention_factor": 1.5, "mscale": 0.7, "mscale_all_dim": 0.5,
+          "truncate": false, "original_max_position_embeddings": 128})"),
+      kSrc);
+  ASSERT_TRUE(yarn.ok()) << yarn.message();
+  EXPECT_EQ(yarn->rope.type, RopeConfig::Type::kYarn);
+  EXPECT_DOUBLE_EQ(yarn->rope.beta_fast, 16);
+  EXPECT_DOUBLE_EQ(yarn->rope.beta_slow, 2);
+  EXPECT_DOUBLE_EQ(yarn->rope.attention_factor, 1.5);
+  EXPECT_DOUBLE_EQ(yarn->rope.mscale, 0.7);
+  EXPECT_DOUBLE_EQ(yarn->rope.mscale_all_dim, 0.5);
+  EXPECT_FALSE(yarn->rope.truncate);
+  EXPECT_EQ(yarn->rope.original_max_position_embeddings, 128);
+}
+
+TEST(ModelConfig, RopeParametersV5AndPartialRotary) {
+  auto r = parse_model_config(
+      llama_with("rope_parameters",
+                 R"({"rope_type": "linear", "rope_theta": 500000.0, "factor": 2.0,
+                     "partial_rotary_factor": 0.5})"),
+      kSrc);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r->rope.type, RopeConfig::Type::kLinear);
+  EXPECT_DOUBLE_EQ(r->rope.theta, 500000.0);
+  EXPECT_EQ(r->rotary_dim(), 4);
+
+  auto top = parse_model_config(llama_with("partial_rotary_factor", "0.5"), kSrc);
+  ASSERT_TRUE(top.ok()) << top.message();
+  EXPECT_EQ(top->rotary_dim(), 4);
+  expect_error(llama_with("partial_rotary_factor", "0.375"), "partial_rotary_factor");  // 3: odd
+  expect_error(llama_with("partial_rotary_factor", "1.5"), "partial_rotary_factor");
+}
+
+TEST(ModelConfig, Errors) {
+  expect_error(llama_with("architectures", R"(["GPT2LMHeadModel"])"), "GPT2LMHeadModel");
+  expect_error(llama_with("architectures", R"(["MistralForCausalLM"])"), "MistralForCausalLM");
+  expect_error("[1, 2]", "JSON object");
+  expect_error("{\"hidden_size\": ", "not valid JSON");
+  expect_error(llama_with("hidden_size", "\"64\""), "hidden_size");
+  expect_error(llama_with("hidden_size", "64.5"), "hidden_size");
+  expect_error(llama_with("hidden_size", "-64"), "hidden_size");
+  expect_error(llama_with("num_hidden_layers", "0"), "num_hidden_layers");
+  expect_error(llama_with("vocab_size", "1e30"), "vocab_size");
+  expect_error(llama_with("num_attention_heads", "7"), "num_attention_heads");  // 64 % 7
+  expect_error(llama_with("num_key_value_heads", "3"), "num_key_value_heads");
+  expect_error(llama_with("tie_word_embeddings", "1"), "tie_word_embeddings");
+  expect_error(llama_with("eos_token_id", "\"</s>\""), "eos_token_id");
+  expect_error(llama_with("rope_scaling", R"({"rope_type": "ntk-magic", "factor": 2})"),
+               "ntk-magic");
+  expect_error(llama_with("rope_scaling", R"({"rope_type": "linear"})"), "rope_scaling.factor");
+  expect_error(llama_with("rope_scaling", R"({"rope_type": "llama3", "factor": 8})"),
+               "low_freq_factor");
+  expect_error(llama_with("rope_scaling", "\"linear\""), "rope_scaling");
+  expect_error(llama_with("head_dim", "7"), "partial_rotary_factor");  // odd rotary_dim
+  expect_error(llama_with("use_sliding_window", "true"), "use_sliding_window");
+
+  std::string no_hidden = kLlama;
+  no_hidden.erase(no_hidden.find("\"hidden_size\": 64,"), 18);
+  expect_error(no_hidden, "hidden_size");
+  std::string moe = kQwen3Moe;
+  moe.replace(moe.find("\"num_experts_per_tok\": 2"), 24, "\"num_experts_per_tok\": 9");
+  expect_error(moe, "num_experts_per_tok");
+  moe = kQwen3Moe;
+  moe.replace(moe.find("\"mlp_only_layers\": [3]"), 22, "\"mlp_only_layers\": [6]");
+  expect_error(moe, "mlp_only_layers");
+}
+
+TEST(ModelConfig, LoadFromFileNamesPath) {
+  auto missing = load_model_config("/nonexistent/config.json");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("/nonexistent/config.json"), std::string::npos);
+}
+
+// Every tiny HF model generated under tests/data/models parses and validates.
+TEST(ModelConfig, TestDataModels) {
+  const std::filesystem::path root = test::data_dir() + "/models";
+  if (!std::filesystem::exists(root)) GTEST_SKIP() << root << " not present";
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(root)) {
+    const auto path = entry.path() / "config.json";
+    if (!std::filesystem::exists(path)) continue;
+    auto r = load_model_config(path.string());
+    EXPECT_TRUE(r.ok()) << r.message();
+    if (!r.ok()) continue;
+    const std::string name = entry.path().filename().string();
+    if (name == "qwen3_moe") {
+      EXPECT_EQ(r->arch, Arch::kQwen3Moe);
+      EXPECT_EQ(r->moe.num_experts, 8);
+      EXPECT_EQ(r->num_moe_layers(), r->num_layers);
+    }
+    if (name == "llama_rope_llama3") {
+      EXPECT_EQ(r->rope.type, RopeConfig::Type::kLlama3);
+      EXPECT_DOUBLE_EQ(r->rope.theta, 500000.0);
+    }
+    if (name == "llama_rope_yarn") {
+      EXPECT_EQ(r->rope.type, RopeConfig::Type::kYarn);
+    }
+    if (name == "llama_tied") {
+      EXPECT_TRUE(r->tie_word_embeddings);
+    }
+    ++n;
+  }
+  if (n == 0) GTEST_SKIP() << "no config.json under " << root;
+}
+
+}  // namespace
+}  // namespace miles
