@@ -1,0 +1,80 @@
+// EngineDriver: a command queue drained between engine iterations; the thread sleeps when idle.
+#include "rollout/engine_driver.h"
+
+#include <future>
+
+namespace miles::rollout {
+
+void RequestStream::push(const SampleEvent& e) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(e);
+    if (e.finished) ++finished_;
+  }
+  cv_.notify_all();
+}
+
+bool RequestStream::next(SampleEvent& out, int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return !events_.empty(); }))
+    return false;
+  out = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+int32_t RequestStream::samples_finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finished_;
+}
+
+EngineDriver::EngineDriver(std::unique_ptr<Engine> engine)
+    : engine_(std::move(engine)), thread_([this] { loop(); }) {}
+
+EngineDriver::~EngineDriver() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void EngineDriver::run_sync(const std::function<void(Engine&)>& fn) {
+  std::promise<void> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_.push_back([&](Engine& e) {
+      fn(e);
+      done.set_value();
+    });
+  }
+  cv_.notify_all();
+  done.get_future().wait();
+}
+
+Result<uint64_t> EngineDriver::submit(GenerateRequest request,
+                                      std::shared_ptr<RequestStream> stream) {
+  Result<uint64_t> out = Status::Error("not run");
+  run_sync([&](Engine& e) {
+    out = e.submit(std::move(request), [stream](const SampleEvent& ev) { stream->push(ev); });
+  });
+  return out;
+}
+
+void EngineDriver::loop() {
+  for (;;) {
+    std::deque<std::function<void(Engine&)>> batch;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      const bool busy = !engine_->idle() && !engine_->stats().paused;
+      if (!busy) cv_.wait(lock, [&] { return stop_ || !commands_.empty(); });
+      if (stop_) return;
+      batch.swap(commands_);
+    }
+    for (auto& fn : batch) fn(*engine_);
+    engine_->step();
+  }
+}
+
+}  // namespace miles::rollout

@@ -1,0 +1,60 @@
+// EngineDriver: runs an Engine on its own thread and lets any thread talk to it.
+//
+// Why: the Engine is single-threaded by design (one place where its state mutates). Servers call the
+// driver from many connection threads; the driver queues each call onto the engine thread, which
+// interleaves them with step(). Each request's events go to its RequestStream, which the connection
+// thread waits on.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "miles/engine.h"
+
+namespace miles::rollout {
+
+// The events of one request, filled by the engine thread, drained by a connection thread.
+class RequestStream {
+ public:
+  void push(const SampleEvent& e);
+  // Waits for the next event (or until `timeout_ms`); false on timeout.
+  bool next(SampleEvent& out, int timeout_ms);
+  int32_t samples_finished() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<SampleEvent> events_;
+  int32_t finished_ = 0;
+};
+
+class EngineDriver {
+ public:
+  explicit EngineDriver(std::unique_ptr<Engine> engine);
+  ~EngineDriver();  // stops the thread
+
+  Result<uint64_t> submit(GenerateRequest request, std::shared_ptr<RequestStream> stream);
+  // Runs fn on the engine thread between iterations and returns its result.
+  template <typename T>
+  T call(const std::function<T(Engine&)>& fn) {
+    T result{};
+    run_sync([&](Engine& e) { result = fn(e); });
+    return result;
+  }
+  void run_sync(const std::function<void(Engine&)>& fn);
+
+ private:
+  void loop();
+  std::unique_ptr<Engine> engine_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void(Engine&)>> commands_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace miles::rollout

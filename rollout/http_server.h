@@ -1,0 +1,79 @@
+// HttpServer: the engine over HTTP — SGLang-compatible native endpoints (/generate, /abort_request,
+// /pause_generation, /continue_generation, /flush_cache, /update_weights_from_disk, /get_model_info,
+// /health, /metrics) and the OpenAI-compatible /v1/completions and /v1/chat/completions.
+//
+// Why: RL frameworks and agents speak these APIs. Every handler validates its input and answers a 4xx
+// with a message on bad input; the engine keeps serving.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "miles/engine.h"
+#include "miles/tokenizer.h"
+#include "rollout/engine_driver.h"
+
+namespace httplib {
+class Server;
+struct Response;
+}
+
+namespace miles {
+class ThreadPool;
+class ChatTemplate;
+}
+
+namespace miles::rollout {
+
+struct OpenAiCall;
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 30000;       // 0: any free port (see HttpServer::port())
+  int http_threads = 512;  // connection handlers (streams hold one each)
+  std::string model_path;  // reported by /get_model_info
+  std::string served_model_name = "miles";
+};
+
+class HttpServer {
+ public:
+  HttpServer(EngineDriver& driver, const ModelConfig& config,
+             std::shared_ptr<const Tokenizer> tokenizer, std::shared_ptr<const ChatTemplate> chat,
+             ThreadPool* model_pool, ServerOptions options);
+  ~HttpServer();
+  // Binds and starts serving on a background thread; an error when the address is taken.
+  Status start();
+  void stop();
+  int port() const { return port_; }
+
+ private:
+  void routes();
+  void register_control_routes();  // http_control.cc
+  void register_openai_routes();   // http_openai.cc
+  void serve_openai(OpenAiCall call, bool chat, httplib::Response& res);
+  uint64_t register_rid(const std::string& rid, uint64_t id);
+  void forget_rid(const std::string& rid);
+
+  EngineDriver& driver_;
+  ModelConfig config_;
+  std::shared_ptr<const Tokenizer> tok_;
+  std::shared_ptr<const ChatTemplate> chat_;
+  ThreadPool* model_pool_;
+  ServerOptions opt_;
+  std::unique_ptr<httplib::Server> svr_;
+  std::thread thread_;
+  int port_ = 0;
+  int listen_fd_ = -1;
+  std::mutex rid_mu_;
+  std::map<std::string, uint64_t> rids_;
+  std::atomic<uint64_t> next_rid_{1};
+  std::atomic<uint64_t> http_requests_{0}, http_errors_{0};
+
+  friend struct Handlers;
+};
+
+}  // namespace miles::rollout

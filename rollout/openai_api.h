@@ -1,0 +1,39 @@
+// OpenAI-compatible request parsing and response shapes (/v1/completions, /v1/chat/completions).
+//
+// Why: agents and evaluation harnesses speak the OpenAI API. miles answers in its shapes and adds what
+// RL needs and OpenAI lacks: `token_ids` per choice and `prompt_token_ids`, so a client can keep the
+// exact token record (TITO) without re-tokenizing.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "miles/engine.h"
+
+namespace miles::rollout {
+
+struct OpenAiCall {
+  GenerateRequest request;
+  bool stream = false;
+  bool logprobs = false;
+  std::string model;
+  nlohmann::json messages;  // chat only
+  nlohmann::json tools;     // chat only (may be null)
+  nlohmann::json template_kwargs = nlohmann::json::object();  // chat only: e.g. enable_thinking
+};
+
+// Sampling fields shared by both endpoints; `max_tokens_key` is "max_tokens" (or
+// "max_completion_tokens" for chat, also accepted).
+Status parse_openai_sampling(const nlohmann::json& body, OpenAiCall& call);
+// A /v1/completions body: prompt is a string (needs a tokenizer) or a list of token ids.
+Result<OpenAiCall> parse_completion(const nlohmann::json& body, const Tokenizer* tok);
+// A /v1/chat/completions body (messages are rendered by the caller with the chat template).
+Result<OpenAiCall> parse_chat(const nlohmann::json& body);
+
+// The longest prefix of `text` that ends on a whole UTF-8 character (streaming deltas never split one).
+size_t utf8_complete_prefix(const std::string& text);
+// JSON text with invalid UTF-8 replaced (model output can end inside a character).
+std::string dump_json(const nlohmann::json& j);
+const char* openai_finish_reason(FinishReason r);
+
+}  // namespace miles::rollout
