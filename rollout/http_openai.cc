@@ -32,7 +32,8 @@ std::vector<int32_t> ids_of(const std::vector<TokenOutput>& out) {
 std::string final_text(const Tokenizer* tok, const GenerateRequest& req, const SampleEvent& fin,
                        const std::vector<TokenOutput>& out) {
   if (!tok) return "";
-  std::string text = tok->decode(ids_of(out));
+  const std::vector<int32_t> ids = ids_of(out);
+  std::string text = tok->decode(ids);
   if (fin.finish_reason == FinishReason::kStop)
     for (const auto& s : req.stop_strings)
       if (s == fin.matched_stop) {
@@ -42,7 +43,7 @@ std::string final_text(const Tokenizer* tok, const GenerateRequest& req, const S
   // A stop token (EOS, <|im_end|>) is not part of the visible text.
   if (fin.finish_reason == FinishReason::kStop && !out.empty() &&
       std::to_string(out.back().id) == fin.matched_stop)
-    text = tok->decode(std::vector<int32_t>(ids_of(out).begin(), ids_of(out).end() - 1));
+    text = tok->decode(std::span(ids).first(ids.size() - 1));
   return text;
 }
 

@@ -55,8 +55,8 @@ fi
 pip_install() {
   "$MILES_VENV/bin/python" -m pip install --disable-pip-version-check -q "$@"
 }
-light=(numpy safetensors jinja2 gguf)
-if ! "$MILES_VENV/bin/python" -c "import numpy, safetensors, jinja2, gguf" 2>/dev/null; then
+light=(numpy safetensors jinja2 gguf openai)
+if ! "$MILES_VENV/bin/python" -c "import numpy, safetensors, jinja2, gguf, openai" 2>/dev/null; then
   pip_install "${light[@]}"
 fi
 if [ "$want_reference" = 1 ]; then
