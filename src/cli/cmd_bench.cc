@@ -29,24 +29,24 @@ struct BenchOptions {
   double min_seconds = 0.5;
 };
 
-// Seconds per call of fn, repeated until min_seconds have passed (after one warm-up call).
+// Seconds per call of fn: the fastest of the calls made in min_seconds (after one warm-up call). The
+// minimum is the figure least disturbed by other work on the machine.
 template <typename Fn>
 double time_per_call(Fn fn, double min_seconds) {
   fn();
-  int64_t calls = 0;
+  double best = 1e30;
   const auto t0 = Clock::now();
-  double elapsed = 0;
   do {
+    const auto a = Clock::now();
     fn();
-    ++calls;
-    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-  } while (elapsed < min_seconds);
-  return elapsed / calls;
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - a).count());
+  } while (std::chrono::duration<double>(Clock::now() - t0).count() < min_seconds);
+  return best;
 }
 
 // GFLOP/s of independent fma chains on `threads` threads at once.
 double fma_peak_gflops(kernels::Isa isa, int threads, double min_seconds) {
-  const int64_t iters = 20'000'000;
+  const int64_t iters = 2'000'000;
   const double flops_per_iter = isa == kernels::Isa::kAvx512 ? 16 * 16 * 2 : 12 * 8 * 2;
   auto one = [&] {
     volatile float sink = isa == kernels::Isa::kAvx512 ? kernels::detail::fma_loop_avx512(iters)
@@ -85,7 +85,7 @@ void bench_gemm(const BenchOptions& o, int all_threads) {
   for (int threads : {1, all_threads}) {
     ThreadPool pool(threads);
     const double peak = threads == 1 ? peak1 : peak_all;
-    for (int64_t m : {1, 8, 64, 512}) {
+    for (int64_t m : {1, 8, 64, 96, 128, 256, 512}) {
       const double secs = time_per_call(
           [&] { kernels::gemm(x.data(), m, k, pw, y.data(), n, &pool, isa); }, o.min_seconds);
       const double gflops = 2.0 * m * n * k / secs / 1e9;
@@ -159,6 +159,7 @@ void register_bench(CLI::App& app) {
     if (rc == 0 && all > 1) rc = bench_forward(*o, all);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
+  register_bench_rollout(*bench);
 }
 
 }  // namespace miles::cli

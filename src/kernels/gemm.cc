@@ -13,12 +13,11 @@
 namespace miles::kernels {
 namespace detail {
 
-void chunk_tile_scalar(const float* x, int64_t lda, int rows, const float* b, int64_t kc,
-                       float* part) {
+void chunk_tile_scalar(const float* a_tile, int rows, const float* b, int64_t kc, float* part) {
   for (int r = 0; r < rows; ++r) {
     float acc[kPanel] = {};
     for (int64_t k = 0; k < kc; ++k) {
-      const float a = x[r * lda + k];
+      const float a = a_tile[k * kTileRowsScalar + r];
       for (int64_t j = 0; j < kPanel; ++j) acc[j] = std::fma(a, b[k * kPanel + j], acc[j]);
     }
     std::copy(acc, acc + kPanel, part + r * kPanel);
@@ -56,19 +55,37 @@ void tree_combine(float* p, int64_t stride, int64_t width, int64_t lo, int64_t h
   for (int64_t j = 0; j < width; ++j) a[j] = a[j] + b[j];
 }
 
-void gemm_item(const float* x, int64_t lda, int64_t row0, int64_t rows, const PackedMatrix& w,
+// x packed as tiles of kern.rows rows: tile t holds [K][kern.rows] (rows past M are zero).
+void pack_rows(const float* x, int64_t m, int64_t lda, int64_t k, int tile_rows, float* out) {
+  const int64_t tiles = (m + tile_rows - 1) / tile_rows;
+  for (int64_t t = 0; t < tiles; ++t) {
+    float* dst = out + t * k * tile_rows;
+    for (int r = 0; r < tile_rows; ++r) {
+      const int64_t row = t * tile_rows + r;
+      if (row < m) {
+        const float* src = x + row * lda;
+        for (int64_t kk = 0; kk < k; ++kk) dst[kk * tile_rows + r] = src[kk];
+      } else {
+        for (int64_t kk = 0; kk < k; ++kk) dst[kk * tile_rows + r] = 0.0f;
+      }
+    }
+  }
+}
+
+void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMatrix& w,
                int64_t panel, float* y, int64_t ldy, TileKernel kern, std::vector<float>& parts) {
   const int64_t k = w.k();
   const int64_t chunks = std::max<int64_t>(1, (k + kGemmChunk - 1) / kGemmChunk);
   const int64_t chunk_stride = rows * kPanel;  // parts: [chunks][rows][kPanel]
   parts.resize(static_cast<size_t>(chunks * chunk_stride));
   const float* b = w.panel(panel);
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t k0 = c * kGemmChunk;
-    const int64_t kc = std::min(kGemmChunk, k - k0);
-    for (int64_t r = 0; r < rows; r += kern.rows) {
-      const int tr = static_cast<int>(std::min<int64_t>(kern.rows, rows - r));
-      kern.fn(x + (row0 + r) * lda + k0, lda, tr, b + k0 * kPanel, kc,
+  for (int64_t r = 0; r < rows; r += kern.rows) {
+    const int tr = static_cast<int>(std::min<int64_t>(kern.rows, rows - r));
+    const float* a_tile = a_packed + ((row0 + r) / kern.rows) * k * kern.rows;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t k0 = c * kGemmChunk;
+      const int64_t kc = std::min(kGemmChunk, k - k0);
+      kern.fn(a_tile + k0 * kern.rows, tr, b + k0 * kPanel, kc,
               parts.data() + c * chunk_stride + r * kPanel);
     }
   }
@@ -90,6 +107,14 @@ void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* 
   const TileKernel kern = tile_kernel(isa);
   const int64_t row_blocks = (m + kRowBlock - 1) / kRowBlock;
   const int64_t panels = w.num_panels();
+  static_assert(kRowBlock % detail::kTileRowsAvx512 == 0 && kRowBlock % detail::kTileRowsAvx2 == 0 &&
+                kRowBlock % detail::kTileRowsScalar == 0);
+  // Packing only moves values: every output element keeps its fma chain.
+  thread_local std::vector<float> a_packed;
+  const int64_t tiles = (m + kern.rows - 1) / kern.rows;
+  a_packed.resize(static_cast<size_t>(tiles * w.k() * kern.rows));
+  pack_rows(x, m, lda, w.k(), kern.rows, a_packed.data());
+  const float* ap = a_packed.data();
   // Small products run on the calling thread: waking workers costs more than they save. (Threads never
   // change results, so this is purely a speed choice.)
   constexpr double kMinParallelFlops = 1 << 21;
@@ -98,7 +123,7 @@ void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* 
     thread_local std::vector<float> parts;
     const int64_t rb = item / panels;
     const int64_t row0 = rb * kRowBlock;
-    gemm_item(x, lda, row0, std::min(kRowBlock, m - row0), w, item % panels, y, ldy, kern, parts);
+    gemm_item(ap, row0, std::min(kRowBlock, m - row0), w, item % panels, y, ldy, kern, parts);
   });
 }
 

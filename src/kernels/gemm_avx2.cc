@@ -9,7 +9,7 @@ namespace miles::kernels::detail {
 namespace {
 
 template <int R>
-void half_tile(const float* x, int64_t lda, const float* b, int64_t kc, float* part) {
+void half_tile(const float* a, const float* b, int64_t kc, float* part) {
   __m256 acc0[R], acc1[R];
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
@@ -21,9 +21,9 @@ void half_tile(const float* x, int64_t lda, const float* b, int64_t kc, float* p
     const __m256 b1 = _mm256_loadu_ps(b + k * 32 + 8);
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m256 a = _mm256_set1_ps(x[r * lda + k]);
-      acc0[r] = _mm256_fmadd_ps(a, b0, acc0[r]);
-      acc1[r] = _mm256_fmadd_ps(a, b1, acc1[r]);
+      const __m256 av = _mm256_set1_ps(a[k * kTileRowsAvx2 + r]);
+      acc0[r] = _mm256_fmadd_ps(av, b0, acc0[r]);
+      acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
     }
   }
   #pragma GCC unroll 16
@@ -34,22 +34,21 @@ void half_tile(const float* x, int64_t lda, const float* b, int64_t kc, float* p
 }
 
 template <int R>
-void tile(const float* x, int64_t lda, const float* b, int64_t kc, float* part) {
-  half_tile<R>(x, lda, b, kc, part);
-  half_tile<R>(x, lda, b + 16, kc, part + 16);
+void tile(const float* a, const float* b, int64_t kc, float* part) {
+  half_tile<R>(a, b, kc, part);
+  half_tile<R>(a, b + 16, kc, part + 16);
 }
 
 }  // namespace
 
-void chunk_tile_avx2(const float* x, int64_t lda, int rows, const float* b, int64_t kc,
-                     float* part) {
+void chunk_tile_avx2(const float* a, int rows, const float* b, int64_t kc, float* part) {
   switch (rows) {
-    case 6: return tile<6>(x, lda, b, kc, part);
-    case 5: return tile<5>(x, lda, b, kc, part);
-    case 4: return tile<4>(x, lda, b, kc, part);
-    case 3: return tile<3>(x, lda, b, kc, part);
-    case 2: return tile<2>(x, lda, b, kc, part);
-    case 1: return tile<1>(x, lda, b, kc, part);
+    case 6: return tile<6>(a, b, kc, part);
+    case 5: return tile<5>(a, b, kc, part);
+    case 4: return tile<4>(a, b, kc, part);
+    case 3: return tile<3>(a, b, kc, part);
+    case 2: return tile<2>(a, b, kc, part);
+    case 1: return tile<1>(a, b, kc, part);
     default: break;
   }
 }
