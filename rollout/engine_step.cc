@@ -211,6 +211,7 @@ void Engine::Impl::release(Sample& s) {
 // Frees the sample's blocks (keeping whole ones in the prefix cache) and queues it to recompute its
 // prompt + output so far; its outputs and their versions stay as they were.
 void Engine::Impl::retract(Sample& s) {
+  ++counters.retractions;
   release(s);
   s.computed = 0;
   s.matched_prefix = false;

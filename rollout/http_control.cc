@@ -124,6 +124,7 @@ void HttpServer::register_control_routes() {
     metric("miles_prompt_tokens_total", "counter", "prompt tokens prefilled", st.prompt_tokens);
     metric("miles_cached_prompt_tokens_total", "counter", "prompt tokens served from the prefix cache",
            st.cached_prompt_tokens);
+    metric("miles_retractions_total", "counter", "samples retracted to be recomputed", st.retractions);
     metric("miles_http_requests_total", "counter", "HTTP requests handled", http_requests_.load());
     metric("miles_http_errors_total", "counter", "HTTP requests answered with an error", http_errors_.load());
     res.set_content(o.str(), "text/plain; version=0.0.4");

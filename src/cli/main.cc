@@ -9,6 +9,9 @@ int main(int argc, char** argv) {
   miles::cli::register_generate(app);
   miles::cli::register_score(app);
   miles::cli::register_bench(app);
+  miles::cli::register_serve(app);
+  miles::cli::register_convert(app);
+  miles::cli::register_tokenize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

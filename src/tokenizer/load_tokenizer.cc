@@ -2,9 +2,8 @@
 // reader.
 //
 // Why: callers (CLI, rollout engine) hold a path from a config, not a format. Recognition happens
-// once, here, so that adding the Hugging Face tokenizer.json and GGUF readers later changes no
-// caller. Formats recognised but not read yet are refused with an error that says so, instead of a
-// parse error from the llama2.c reader.
+// once, here: a directory means the tokenizer.json inside it, a .json file is a Hugging Face
+// tokenizer, the GGUF magic means GGUF metadata, anything else is a llama2.c tokenizer file.
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -34,25 +33,14 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path,
   std::error_code ec;
   if (!fs::exists(path, ec)) return Status::Error(path + ": no such tokenizer file or directory");
   if (fs::is_directory(path, ec)) {
-    if (fs::exists(fs::path(path) / "tokenizer.json", ec))
-      return Status::Error(
-          path +
-          ": Hugging Face tokenizer directories (tokenizer.json) are not supported "
-          "yet; pass a llama2.c tokenizer .bin file");
-    return Status::Error(
-        path +
-        ": is a directory without a supported tokenizer; pass a llama2.c tokenizer "
-        ".bin file (tokenizer.json directories are not supported yet)");
-  }
-  if (ends_with(path, ".json"))
-    return Status::Error(
-        path +
-        ": Hugging Face tokenizer.json files are not supported yet; pass a llama2.c "
-        "tokenizer .bin file");
-  if (starts_with_gguf_magic(path))
+    const fs::path json = fs::path(path) / "tokenizer.json";
+    if (fs::exists(json, ec)) return load_hf_tokenizer(json.string());
     return Status::Error(path +
-                         ": GGUF tokenizers are not supported yet; pass a llama2.c tokenizer "
-                         ".bin file");
+                         ": is a directory without tokenizer.json; pass a tokenizer.json, a GGUF "
+                         "file or a llama2.c tokenizer .bin file");
+  }
+  if (ends_with(path, ".json")) return load_hf_tokenizer(path);
+  if (starts_with_gguf_magic(path)) return load_gguf_tokenizer(path);
   return load_llama2c_tokenizer(path, vocab_size_hint < 0 ? 0 : vocab_size_hint);
 }
 

@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""Make the small GGUF fixtures under tests/data/gguf/ and their expected values.
+
+What it makes (deterministic: fixed seeds, CPU):
+  tests/data/gguf/types.gguf            one tensor per ggml type the C++ reader decodes (F32, F16, BF16,
+                                        Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; plus 3-D and 4-D F32 tensors for the
+                                        shape order) and one metadata key per GGUF value type, written by the
+                                        `gguf` package's GGUFWriter. F32/F16/BF16 hold random bit patterns
+                                        (with inf, quiet NaNs, subnormals, -0); Q8_0/Q4_0/Q4_1 are the
+                                        package's own quantisations of random normals (one all-zero row);
+                                        the package has no Q4_K/Q6_K quantiser, so those blocks are random
+                                        bytes with finite half-precision super-block scales.
+  tests/data/gguf/types_expected.safetensors
+                                        each tensor as the package's numpy dequantisers decode it (float32,
+                                        row-major: shape = reversed ggml ne), read back through GGUFReader.
+  tests/data/gguf/tiny_llama.gguf       a tiny random Llama (vocab 288, hidden 64, 2 layers, 4 heads, 2 KV
+                                        heads, untied output) written the way llama.cpp's converter does:
+                                        q/k rows permuted to interleaved rotary pairs, token_embd Q8_0,
+                                        matrices Q4_1, output F16, norms F32, and a byte-level BPE tokenizer
+                                        (3 control tokens, 256 byte tokens, 29 merges, pre "smollm", ChatML
+                                        template) in the metadata.
+  tests/data/gguf/tiny_llama_expected.safetensors
+                                        transformers' view of that file (AutoModelForCausalLM.from_pretrained
+                                        with gguf_file=, float32): `ids` (int32 [12]), `logits` (float32
+                                        [12, 288]), and layer 0's q_proj / k_proj as transformers un-permuted
+                                        them. Before saving, the script asserts that those equal the original
+                                        (unpermuted) weights after the same quantisation, i.e. that
+                                        transformers' reverse permutation undoes llama.cpp's.
+
+Rerun with:  /root/.venvs/miles-ref/bin/python scripts/make_gguf_fixtures.py
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "tests" / "data" / "gguf"
+SEED = 20250301
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+
+
+def quiet_nans(bits: np.ndarray, exp_mask: int, mant_mask: int) -> np.ndarray:
+    """16-bit patterns with every NaN made quiet (top mantissa bit set): signalling NaNs convert
+    differently on different hardware, and no real checkpoint has them."""
+    bits = bits.astype(np.uint16)
+    nan = ((bits & exp_mask) == exp_mask) & ((bits & mant_mask) != 0)
+    quiet = (mant_mask + 1) >> 1
+    return np.where(nan, bits | quiet, bits).astype(np.uint16)
+
+
+def random_k_blocks(rng: np.random.Generator, n_blocks: int, block_bytes: int, scale_at: list[int]) -> np.ndarray:
+    """Random bytes for k-quant blocks, with finite half scales at the given byte offsets."""
+    blocks = rng.integers(0, 256, size=(n_blocks, block_bytes), dtype=np.uint8)
+    for off in scale_at:
+        halves = (rng.standard_normal(n_blocks) * 0.05).astype(np.float16)
+        blocks[:, off : off + 2] = halves.view(np.uint8).reshape(n_blocks, 2)
+    return blocks
+
+
+def make_types(path: Path) -> None:
+    rng = np.random.default_rng(SEED)
+    w = gguf.GGUFWriter(str(path), "test")
+    # One key per value type (the C++ test checks these values).
+    w.add_uint8("test.u8", 200)
+    w.add_int8("test.i8", -100)
+    w.add_uint16("test.u16", 60000)
+    w.add_int16("test.i16", -30000)
+    w.add_uint32("test.u32", 4000000000)
+    w.add_int32("test.i32", -2000000000)
+    w.add_uint64("test.u64", 2**62 + 1)
+    w.add_int64("test.i64", -(2**62) - 1)
+    w.add_float32("test.f32", 0.1)
+    w.add_float64("test.f64", 0.1)
+    w.add_bool("test.bool", True)
+    w.add_string("test.string", "h\u00e9llo \u2713")
+    w.add_array("test.ints", [1, -2, 3])
+    w.add_array("test.strings", ["a", "", "\u00fc"])
+    w.add_array("test.floats", [0.5, -1.25])
+    w.add_array("test.bools", [True, False, True])
+
+    f32 = rng.standard_normal((3, 40)).astype(np.float32)
+    f32.reshape(-1)[:6] = [np.inf, -np.inf, np.nan, -0.0, 1e-40, -3e-39]
+    w.add_tensor("f32", f32)
+    f16 = quiet_nans(rng.integers(0, 1 << 16, size=(3, 40)), 0x7C00, 0x03FF)
+    f16.reshape(-1)[:6] = [0x7C00, 0xFC00, 0x7E00, 0x8000, 0x0001, 0x83FF]  # inf, -inf, NaN, -0, subnormals
+    w.add_tensor("f16", f16.view(np.float16))
+    bf16 = quiet_nans(rng.integers(0, 1 << 16, size=(3, 40)), 0x7F80, 0x007F)
+    bf16.reshape(-1)[:4] = [0x7F80, 0xFF80, 0x7FC0, 0x0001]
+    w.add_tensor("bf16", bf16.view(np.uint8).reshape(3, 80), raw_dtype=Q.BF16)
+    for name, qtype in (("q8_0", Q.Q8_0), ("q4_0", Q.Q4_0), ("q4_1", Q.Q4_1)):
+        x = rng.standard_normal((4, 64)).astype(np.float32)
+        x[3] = 0.0  # a zero block: d = 0
+        w.add_tensor(name, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
+    # Q4_K: half d, half dmin, 12 scale bytes, 128 quant bytes; Q6_K: ql, qh, scales, half d at 208.
+    w.add_tensor("q4_k", random_k_blocks(rng, 6, 144, [0, 2]).reshape(3, 288), raw_dtype=Q.Q4_K)
+    w.add_tensor("q6_k", random_k_blocks(rng, 6, 210, [208]).reshape(3, 420), raw_dtype=Q.Q6_K)
+    w.add_tensor("f32_3d", rng.standard_normal((2, 3, 8)).astype(np.float32))
+    w.add_tensor("f32_4d", rng.standard_normal((2, 1, 3, 4)).astype(np.float32))
+    write(w)
+
+    r = gguf.GGUFReader(str(path))
+    expected = {}
+    for t in r.tensors:
+        values = gguf.quants.dequantize(t.data, t.tensor_type)
+        shape = [int(n) for n in reversed(t.shape)]
+        expected[t.name] = np.ascontiguousarray(values.reshape(shape).astype(np.float32))
+    save_safetensors(OUT / "types_expected.safetensors", expected, versions())
+
+
+def save_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
+    """A byte-for-byte reproducible .safetensors file (the safetensors package orders __metadata__ at
+    random): u64 header size, JSON header with sorted keys padded to 8 bytes, tensors in name order."""
+    dtypes = {np.dtype(np.float32): "F32", np.dtype(np.int32): "I32"}
+    header: dict = {"__metadata__": dict(sorted(metadata.items()))}
+    blobs, offset = [], 0
+    for name in sorted(tensors):
+        arr = np.ascontiguousarray(tensors[name])
+        data = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": dtypes[arr.dtype], "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+    path.chmod(0o644)
+
+
+def versions() -> dict[str, str]:
+    return {"gguf": importlib.metadata.version("gguf"), "numpy": np.__version__}
+
+
+def write(w: gguf.GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# ---- tiny Llama -------------------------------------------------------------------------------
+
+VOCAB, HIDDEN, INTER, LAYERS, HEADS, KV_HEADS = 288, 64, 96, 2, 4, 2
+HEAD_DIM = HIDDEN // HEADS
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + list(
+        range(ord("\u00ae"), ord("\u00ff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
+    """3 control tokens, the 256 byte tokens, then 29 merged tokens with their merges."""
+    b2u = bytes_to_unicode()
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [b2u[b] for b in range(256)]
+    types = [3, 3, 3] + [1] * 256
+    words = ["the", "is", "of", "capital", "France", "Paris", "What"]
+    merges: list[str] = []
+    for word in words:
+        for spelled in (word, "\u0120" + word):  # Ġ: a leading space
+            parts = list(spelled)
+            while len(parts) > 1 and len(tokens) < VOCAB:
+                merged = parts[0] + parts[1]
+                if merged not in tokens:
+                    merges.append(parts[0] + " " + parts[1])
+                    tokens.append(merged)
+                    types.append(1)
+                parts = [merged] + parts[2:]
+    assert len(tokens) == VOCAB, len(tokens)
+    return tokens, types, merges
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf permutation: HF half-split rotary rows -> interleaved pairs."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def roundtrip(x: np.ndarray, qtype: Q) -> np.ndarray:
+    return gguf.quants.dequantize(gguf.quants.quantize(x, qtype), qtype).astype(np.float32)
+
+
+def make_tiny_llama(path: Path) -> None:
+    rng = np.random.default_rng(SEED + 1)
+
+    def linear(out_f: int, in_f: int) -> np.ndarray:
+        return (rng.standard_normal((out_f, in_f)) / np.sqrt(in_f)).astype(np.float32)
+
+    def norm() -> np.ndarray:
+        return (1 + 0.2 * rng.standard_normal(HIDDEN)).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny-llama")
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(INTER)
+    w.add_block_count(LAYERS)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_vocab_size(VOCAB)
+    tokens, types, merges = tiny_vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_pad_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    embed = rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32)
+    w.add_tensor("token_embd.weight", gguf.quants.quantize(embed, Q.Q8_0), raw_dtype=Q.Q8_0)
+    originals = {}
+    for l in range(LAYERS):
+        p = f"blk.{l}."
+        q, k = linear(HEADS * HEAD_DIM, HIDDEN), linear(KV_HEADS * HEAD_DIM, HIDDEN)
+        originals[l] = (q, k)
+        mats = {
+            "attn_q": permute(q, HEADS),
+            "attn_k": permute(k, KV_HEADS),
+            "attn_v": linear(KV_HEADS * HEAD_DIM, HIDDEN),
+            "attn_output": linear(HIDDEN, HEADS * HEAD_DIM),
+            "ffn_gate": linear(INTER, HIDDEN),
+            "ffn_up": linear(INTER, HIDDEN),
+            "ffn_down": linear(HIDDEN, INTER),
+        }
+        w.add_tensor(p + "attn_norm.weight", norm())
+        for name, m in mats.items():
+            w.add_tensor(p + name + ".weight", gguf.quants.quantize(m, Q.Q4_1), raw_dtype=Q.Q4_1)
+        w.add_tensor(p + "ffn_norm.weight", norm())
+    w.add_tensor("output_norm.weight", norm())
+    w.add_tensor("output.weight", (linear(VOCAB, HIDDEN) * 4).astype(np.float16))
+    write(w)
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model.eval()
+    sd = model.state_dict()
+    q_hf = sd["model.layers.0.self_attn.q_proj.weight"].numpy()
+    k_hf = sd["model.layers.0.self_attn.k_proj.weight"].numpy()
+    q0, k0 = originals[0]
+    # Rows are quantised independently, so un-permuting after quantising = quantising the original.
+    assert np.array_equal(q_hf, roundtrip(q0, Q.Q4_1)), "transformers did not undo llama.cpp's q permutation"
+    assert np.array_equal(k_hf, roundtrip(k0, Q.Q4_1)), "transformers did not undo llama.cpp's k permutation"
+    ids = np.array([1, 3, 200, 259, 275, 40, 41, 287, 2, 100, 7, 286], dtype=np.int32)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(ids.astype(np.int64))[None]).logits[0].numpy().astype(np.float32)
+    import transformers
+
+    save_safetensors(OUT / "tiny_llama_expected.safetensors",
+                     {"ids": ids, "logits": logits, "q_proj0": q_hf, "k_proj0": k_hf},
+                     {**versions(), "torch": torch.__version__, "transformers": transformers.__version__})
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    make_types(OUT / "types.gguf")
+    make_tiny_llama(OUT / "tiny_llama.gguf")
+    total = sum(f.stat().st_size for f in OUT.iterdir())
+    print(f"wrote {OUT} ({total} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

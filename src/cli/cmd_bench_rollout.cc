@@ -1,0 +1,275 @@
+// `miles bench rollout`: the rollout engine's throughput and latency under closed-loop load, and
+// what GRPO prefix sharing saves.
+//
+// Why: the engine is what an RL step waits on. This runs the real Engine in-process on its own
+// thread behind an EngineDriver, as `miles serve` does but without HTTP, so the numbers are the
+// engine's. For each concurrency c, c client threads send requests back to back (random prompts
+// from a fixed seed, temperature 1, EOS ignored) until N are done: output tokens/s (with its ratio
+// to c = 1), request latency and time to first token. Then groups of `--group` samples of one
+// prompt, sent as one request with n = group (prefill once, fork), as separate requests with the
+// prefix cache, and with the cache off (the baseline of the ratios): prompt positions computed and
+// wall time. Every measurement gets a fresh engine (an empty cache) after a warm-up request.
+// scripts/bench_llamacpp.py runs the same workload through llama.cpp and reads --json.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/bench_closed_loop.h"
+#include "cli/bench_grpo.h"
+#include "cli/bench_percentiles.h"
+#include "cli/commands.h"
+#include "cli/model_files.h"
+#include "miles/engine.h"
+#include "miles/kernels.h"
+#include "miles/thread_pool.h"
+
+namespace miles::cli {
+
+namespace {
+
+struct RolloutBenchOptions {
+  std::string model, tokenizer, json;
+  std::vector<int> concurrency{1, 8, 32, 64};
+  int64_t requests = 0;  // per concurrency level; 0: 2 x c, at least 8
+  int64_t prompt_tokens = 64, output_tokens = 32;
+  int threads = 0;  // 0: all cores
+  int group = 8, groups = 4;
+  int64_t num_blocks = 0;  // 0: enough for the largest level
+  int64_t max_batch_tokens = 2048;
+  uint64_t seed = 1234;
+};
+
+int64_t requests_at(const RolloutBenchOptions& o, int c) {
+  return o.requests > 0 ? o.requests : std::max<int64_t>(8, 2 * c);
+}
+
+Status validate(const RolloutBenchOptions& o, const ModelConfig& config) {
+  if (o.prompt_tokens < 1) return Status::Error("--prompt-tokens must be at least 1");
+  if (o.output_tokens < 1) return Status::Error("--output-tokens must be at least 1");
+  if (o.prompt_tokens + o.output_tokens > config.max_position_embeddings)
+    return Status::Error(
+        "--prompt-tokens + --output-tokens = " + std::to_string(o.prompt_tokens + o.output_tokens) +
+        " exceeds the model's context of " + std::to_string(config.max_position_embeddings));
+  if (o.concurrency.empty()) return Status::Error("--concurrency: give at least one level");
+  for (int c : o.concurrency)
+    if (c < 1 || c > 4096)
+      return Status::Error("--concurrency: " + std::to_string(c) + " is not in [1, 4096]");
+  if (o.requests < 0) return Status::Error("--requests must be >= 0");
+  if (o.group < 1 || o.group > 1024) return Status::Error("--group must be in [1, 1024]");
+  if (o.groups < 0) return Status::Error("--groups must be >= 0");
+  if (o.num_blocks < 0 || o.max_batch_tokens < 1)
+    return Status::Error("--num-blocks must be >= 0 and --max-batch-tokens >= 1");
+  return Status::Ok();
+}
+
+// The engine's shape: the KV pool holds every concurrent sample at full length, plus slack.
+EngineOptions engine_options(const RolloutBenchOptions& o, bool prefix_cache) {
+  EngineOptions e;
+  e.max_batch_tokens = o.max_batch_tokens;
+  e.enable_prefix_cache = prefix_cache;
+  const int max_c = *std::max_element(o.concurrency.begin(), o.concurrency.end());
+  const int64_t samples = std::max<int64_t>(max_c, static_cast<int64_t>(o.groups) * o.group);
+  const int64_t per_sample =
+      (o.prompt_tokens + o.output_tokens + e.block_tokens - 1) / e.block_tokens;
+  e.num_blocks = o.num_blocks > 0 ? o.num_blocks : samples * (per_sample + 1) + 16;
+  e.max_running = std::max<int64_t>(e.max_running, samples);
+  return e;
+}
+
+struct BenchContext {
+  std::shared_ptr<const Model> model;
+  std::shared_ptr<const Tokenizer> tokenizer;  // may be null
+  ThreadPool* pool = nullptr;
+  LoadSpec spec;
+};
+
+// A fresh engine on its own thread, warmed up by one short request, with an empty prefix cache.
+Result<std::unique_ptr<rollout::EngineDriver>> start_engine(const BenchContext& ctx,
+                                                            const EngineOptions& options) {
+  auto driver = std::make_unique<rollout::EngineDriver>(
+      std::make_unique<Engine>(make_model_runner(ctx.model, ctx.pool), options, ctx.tokenizer));
+  LoadSpec warm = ctx.spec;
+  warm.output_tokens = 2;
+  const LoadResult r = run_closed_loop(*driver, warm, 1, 1, /*first_index=*/1u << 30);
+  if (!r.status.ok()) return r.status.with_context("warm-up");
+  MILES_RETURN_IF_ERROR(driver->call<Status>([](Engine& e) { return e.flush_cache(); }));
+  return driver;
+}
+
+struct LevelRow {
+  int concurrency = 0;
+  int64_t requests = 0;
+  LoadResult load;
+  double tokens_per_s() const { return load.output_tokens / load.wall_s; }
+};
+
+Result<std::vector<LevelRow>> run_sweep(const RolloutBenchOptions& o, const BenchContext& ctx) {
+  std::printf(
+      "closed loop: c clients each send the next request when theirs finishes; cores = CPU "
+      "seconds / wall seconds (at most --threads)\n");
+  std::printf("%5s %8s %10s %7s %9s %9s %9s %9s %9s %6s\n", "c", "requests", "out tok/s", "x c=1",
+              "lat p50 s", "lat p90 s", "lat p99 s", "ttft p50", "ttft p99", "cores");
+  std::vector<LevelRow> rows;
+  for (int c : o.concurrency) {
+    MILES_ASSIGN_OR_RETURN(auto driver, start_engine(ctx, engine_options(o, true)));
+    LevelRow row{c, requests_at(o, c), {}};
+    row.load = run_closed_loop(*driver, ctx.spec, c, row.requests);
+    if (!row.load.status.ok())
+      return row.load.status.with_context("concurrency " + std::to_string(c));
+    const double base = rows.empty() ? row.tokens_per_s() : rows.front().tokens_per_s();
+    const auto& lat = row.load.latency_s;
+    const auto& ttft = row.load.ttft_s;
+    std::printf("%5d %8lld %10.1f %7.2f %9.3f %9.3f %9.3f %9.3f %9.3f %6.2f\n", c,
+                static_cast<long long>(row.requests), row.tokens_per_s(), row.tokens_per_s() / base,
+                percentile(lat, 0.5), percentile(lat, 0.9), percentile(lat, 0.99),
+                percentile(ttft, 0.5), percentile(ttft, 0.99), row.load.cpu_s / row.load.wall_s);
+    std::fflush(stdout);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+struct GrpoRow {
+  const char* name;
+  GrpoMode mode;
+  GrpoResult result;
+};
+
+Result<std::vector<GrpoRow>> run_grpo_table(const RolloutBenchOptions& o, const BenchContext& ctx) {
+  std::vector<GrpoRow> rows = {
+      {"(a) 1 request, n=group", GrpoMode::kForkN, {}},
+      {"(b) separate, cache, burst", GrpoMode::kSeparateBurst, {}},
+      {"(b') separate, cache, leader 1st", GrpoMode::kSeparateLeaderFirst, {}},
+      {"(c) separate, no cache", GrpoMode::kSeparateNoCache, {}},
+  };
+  for (GrpoRow& row : rows) {
+    const bool cache = row.mode != GrpoMode::kSeparateNoCache;
+    MILES_ASSIGN_OR_RETURN(auto driver, start_engine(ctx, engine_options(o, cache)));
+    row.result = run_grpo(*driver, ctx.spec, o.groups, o.group, row.mode, /*first_index=*/1u << 20);
+    if (!row.result.status.ok()) return row.result.status.with_context(row.name);
+  }
+  const GrpoResult& base = rows.back().result;
+  std::printf("\nGRPO prefix sharing: %d groups x %d samples of one prompt, all groups at once\n",
+              o.groups, o.group);
+  std::printf("%-33s %9s %9s %8s %10s %9s %9s %6s\n", "variant", "prefill", "cached", "wall s",
+              "out tok/s", "prefill/c", "wall/c", "cores");
+  for (const GrpoRow& row : rows) {
+    const GrpoResult& r = row.result;
+    std::printf("%-33s %9llu %9llu %8.2f %10.1f %9.3f %9.3f %6.2f\n", row.name,
+                static_cast<unsigned long long>(r.prefill_tokens),
+                static_cast<unsigned long long>(r.cached_tokens), r.wall_s,
+                r.output_tokens / r.wall_s,
+                static_cast<double>(r.prefill_tokens) / static_cast<double>(base.prefill_tokens),
+                r.wall_s / base.wall_s, r.cpu_s / r.wall_s);
+  }
+  return rows;
+}
+
+Status write_json(const std::string& path, const RolloutBenchOptions& o, int threads,
+                  const std::vector<LevelRow>& levels, const std::vector<GrpoRow>& grpo) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return Status::Error("--json: cannot write " + path);
+  std::fprintf(
+      f, "{\"model\": \"%s\", \"threads\": %d, \"prompt_tokens\": %lld, \"output_tokens\": %lld,\n",
+      o.model.c_str(), threads, static_cast<long long>(o.prompt_tokens),
+      static_cast<long long>(o.output_tokens));
+  std::fprintf(f, " \"levels\": [");
+  for (size_t i = 0; i < levels.size(); ++i) {
+    const LevelRow& r = levels[i];
+    std::fprintf(f,
+                 "%s\n  {\"concurrency\": %d, \"requests\": %lld, \"output_tokens_per_s\": %.3f, "
+                 "\"latency_p50_s\": %.4f, \"latency_p99_s\": %.4f, \"ttft_p50_s\": %.4f, "
+                 "\"ttft_p99_s\": %.4f, \"cores\": %.3f}",
+                 i ? "," : "", r.concurrency, static_cast<long long>(r.requests), r.tokens_per_s(),
+                 percentile(r.load.latency_s, 0.5), percentile(r.load.latency_s, 0.99),
+                 percentile(r.load.ttft_s, 0.5), percentile(r.load.ttft_s, 0.99),
+                 r.load.cpu_s / r.load.wall_s);
+  }
+  std::fprintf(f, "],\n \"grpo\": [");
+  for (size_t i = 0; i < grpo.size(); ++i) {
+    const GrpoResult& r = grpo[i].result;
+    std::fprintf(f,
+                 "%s\n  {\"variant\": \"%s\", \"prefill_tokens\": %llu, \"cached_tokens\": %llu, "
+                 "\"wall_s\": %.4f, \"cores\": %.3f}",
+                 i ? "," : "", grpo[i].name, static_cast<unsigned long long>(r.prefill_tokens),
+                 static_cast<unsigned long long>(r.cached_tokens), r.wall_s, r.cpu_s / r.wall_s);
+  }
+  std::fprintf(f, "]}\n");
+  return std::fclose(f) == 0 ? Status::Ok() : Status::Error("--json: error writing " + path);
+}
+
+int run_bench_rollout(const RolloutBenchOptions& o) {
+  auto model = Model::load(o.model);
+  if (!model.ok()) return fail("bench rollout", model.message());
+  BenchContext ctx;
+  ctx.model = std::shared_ptr<const Model>(std::move(model).value());
+  const ModelConfig& config = ctx.model->config();
+  if (Status s = validate(o, config); !s.ok()) return fail("bench rollout", s.message());
+  auto tok = find_tokenizer(o.model, o.tokenizer, static_cast<int32_t>(config.vocab_size));
+  if (tok.ok()) {
+    ctx.tokenizer = std::move(tok).value();
+  } else if (!o.tokenizer.empty()) {
+    return fail("bench rollout", tok.message());
+  }
+  ThreadPool pool(o.threads);
+  ctx.pool = &pool;
+  ctx.spec = {o.prompt_tokens, o.output_tokens, static_cast<int32_t>(config.vocab_size), o.seed};
+  std::printf(
+      "miles bench rollout: %s, %d threads (%s), prompt %lld + output %lld tokens, "
+      "temperature 1, ignore_eos\n",
+      std::filesystem::path(o.model).filename().c_str(), pool.num_threads(),
+      kernels::isa_name(kernels::detect_isa()), static_cast<long long>(o.prompt_tokens),
+      static_cast<long long>(o.output_tokens));
+  auto levels = run_sweep(o, ctx);
+  if (!levels.ok()) return fail("bench rollout", levels.message());
+  std::vector<GrpoRow> grpo;
+  if (o.groups > 0) {
+    auto rows = run_grpo_table(o, ctx);
+    if (!rows.ok()) return fail("bench rollout", rows.message());
+    grpo = std::move(rows).value();
+  }
+  if (!o.json.empty()) {
+    if (Status s = write_json(o.json, o, pool.num_threads(), *levels, grpo); !s.ok())
+      return fail("bench rollout", s.message());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_bench_rollout(CLI::App& bench) {
+  auto o = std::make_shared<RolloutBenchOptions>();
+  CLI::App* r =
+      bench.add_subcommand("rollout", "Engine throughput, latency and GRPO prefix sharing");
+  r->add_option("--model", o->model, "HF model directory or llama2.c checkpoint")->required();
+  r->add_option("--tokenizer", o->tokenizer,
+                "tokenizer (default: found beside the model, optional)");
+  r->add_option("--concurrency", o->concurrency, "client counts, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  r->add_option("--requests", o->requests, "requests per level (0: 2 x concurrency, at least 8)")
+      ->capture_default_str();
+  r->add_option("--prompt-tokens", o->prompt_tokens, "prompt length P (random ids)")
+      ->capture_default_str();
+  r->add_option("--output-tokens", o->output_tokens, "new tokens O per request")
+      ->capture_default_str();
+  r->add_option("--threads", o->threads, "compute threads (0 = all cores)")->capture_default_str();
+  r->add_option("--group", o->group, "GRPO group size")->capture_default_str();
+  r->add_option("--groups", o->groups, "GRPO groups sent at once (0: skip the GRPO comparison)")
+      ->capture_default_str();
+  r->add_option("--num-blocks", o->num_blocks, "KV blocks (0: enough for the largest level)")
+      ->capture_default_str();
+  r->add_option("--max-batch-tokens", o->max_batch_tokens, "token budget per iteration")
+      ->capture_default_str();
+  r->add_option("--seed", o->seed, "seed of prompts and sampling")->capture_default_str();
+  r->add_option("--json", o->json, "also write the results as JSON to this file");
+  r->callback([o] {
+    if (int rc = run_bench_rollout(*o); rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace miles::cli

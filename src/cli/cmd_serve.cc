@@ -1,0 +1,110 @@
+// `miles serve`: the rollout engine behind SGLang- and OpenAI-compatible HTTP endpoints.
+#include <csignal>
+#include <filesystem>
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/model_files.h"
+#include "miles/chat_template.h"
+#include "miles/engine.h"
+#include "miles/thread_pool.h"
+#include "rollout/grpc_server.h"
+#include "rollout/http_server.h"
+
+namespace miles::cli {
+
+namespace {
+
+struct ServeOptions {
+  std::string model, tokenizer, chat_template;
+  rollout::ServerOptions server;
+  EngineOptions engine;
+  int threads = 0;
+  int grpc_port = -1;  // -1: no gRPC server
+};
+
+int run_serve(ServeOptions o) {
+  // Block the stop signals before any thread starts, so that only sigwait below sees them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto model = Model::load(o.model);
+  if (!model.ok()) return fail("serve", model.message());
+  std::shared_ptr<const Model> shared(std::move(model).value());
+  std::shared_ptr<const Tokenizer> tok;
+  auto t = find_tokenizer(o.model, o.tokenizer, static_cast<int32_t>(shared->config().vocab_size));
+  if (t.ok()) {
+    tok = std::move(t).value();
+  } else if (!o.tokenizer.empty()) {
+    return fail("serve", t.message());
+  } else {
+    std::fprintf(stderr, "miles serve: no tokenizer (%s); only input_ids prompts\n", t.message().c_str());
+  }
+  std::shared_ptr<const ChatTemplate> chat;
+  const std::string chat_source =
+      !o.chat_template.empty() ? o.chat_template : o.model + "/tokenizer_config.json";
+  if (std::filesystem::exists(chat_source)) {
+    auto tmpl = ChatTemplate::from_tokenizer_config(chat_source);
+    if (tmpl.ok()) {
+      chat = std::make_shared<const ChatTemplate>(std::move(tmpl).value());
+    } else if (!o.chat_template.empty()) {
+      return fail("serve", tmpl.message());
+    } else {
+      std::fprintf(stderr, "miles serve: no chat template (%s)\n", tmpl.message().c_str());
+    }
+  }
+  ThreadPool pool(o.threads);
+  auto engine = std::make_unique<Engine>(make_model_runner(shared, &pool), o.engine, tok);
+  rollout::EngineDriver driver(std::move(engine));
+  o.server.model_path = o.model;
+  rollout::HttpServer server(driver, shared->config(), tok, chat, &pool, o.server);
+  if (Status s = server.start(); !s.ok()) return fail("serve", s.message());
+  std::fprintf(stderr, "miles serve: listening on http://%s:%d (model %s)\n", o.server.host.c_str(),
+               server.port(), o.model.c_str());
+  std::unique_ptr<rollout::GrpcServer> grpc;
+  if (o.grpc_port >= 0) {
+    grpc = std::make_unique<rollout::GrpcServer>(driver, shared->config(), tok, &pool, o.model);
+    if (Status s = grpc->start(o.server.host, o.grpc_port); !s.ok()) return fail("serve", s.message());
+    std::fprintf(stderr, "miles serve: gRPC on %s:%d\n", o.server.host.c_str(), grpc->port());
+  }
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::fprintf(stderr, "miles serve: stopping (signal %d)\n", sig);
+  if (grpc) grpc->stop();
+  server.stop();
+  return 0;
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* sub = app.add_subcommand("serve", "Serve the rollout engine over HTTP");
+  sub->add_option("--model", o->model, "HF model directory or llama2.c checkpoint")->required();
+  sub->add_option("--tokenizer", o->tokenizer, "tokenizer (default: found beside the model)");
+  sub->add_option("--chat-template", o->chat_template,
+                  "tokenizer_config.json holding chat_template (default: beside the model)");
+  sub->add_option("--host", o->server.host, "address to listen on")->capture_default_str();
+  sub->add_option("--port", o->server.port, "port (0: any free port)")->capture_default_str();
+  sub->add_option("--grpc-port", o->grpc_port, "also serve gRPC on this port (0: any; -1: off)")
+      ->capture_default_str();
+  sub->add_option("--http-threads", o->server.http_threads, "HTTP handler threads")->capture_default_str();
+  sub->add_option("--threads", o->threads, "compute threads (0 = all cores)")->capture_default_str();
+  sub->add_option("--num-blocks", o->engine.num_blocks, "KV cache blocks")->capture_default_str();
+  sub->add_option("--block-tokens", o->engine.block_tokens, "positions per KV block")->capture_default_str();
+  sub->add_option("--max-batch-tokens", o->engine.max_batch_tokens, "token budget per iteration")
+      ->capture_default_str();
+  sub->add_option("--max-running", o->engine.max_running, "samples decoding at once")->capture_default_str();
+  sub->add_flag("!--no-prefix-cache", o->engine.enable_prefix_cache, "disable the radix prefix cache");
+  sub->add_option("--served-model-name", o->server.served_model_name, "name in OpenAI responses")
+      ->capture_default_str();
+  sub->callback([o] {
+    if (int rc = run_serve(*o); rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace miles::cli

@@ -1,0 +1,239 @@
+// GGUF `<arch>.*` metadata -> GgufArch -> config.json / generation_config.json.
+//
+// Why: config.json must describe exactly the weights the conversion writes. llama.cpp's keys map
+// one to one onto HF's for the supported architectures (llama, qwen3); everything a plain HF config
+// of those classes cannot express (MoE, llama3 rope_freqs, partial rotary, unknown rope scaling) is
+// refused here with an error naming the file and the key, rather than converted into a model that
+// computes something else.
+#include "model/gguf_convert_arch.h"
+
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+#include "miles/convert.h"
+#include "nlohmann/json.hpp"
+
+namespace miles::gguf {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+Result<int64_t> int_or(const GgufFile& f, const std::string& key, int64_t fallback) {
+  if (!f.find(key)) return fallback;
+  return f.get_int(key);
+}
+
+Result<std::string> string_or(const GgufFile& f, const std::string& key, std::string fallback) {
+  if (!f.find(key)) return fallback;
+  return f.get_string(key);
+}
+
+Result<double> float_or(const GgufFile& f, const std::string& key, double fallback) {
+  if (!f.find(key)) return fallback;
+  return f.get_float(key);
+}
+
+Status key_error(const GgufFile& f, const std::string& key, const std::string& what) {
+  return Status::Error(f.path() + ": metadata key '" + key + "' " + what);
+}
+
+// Architecture-specific class names and conventions.
+Status set_family(const GgufFile& f, GgufArch* a) {
+  if (a->gguf_arch == "llama") {
+    a->hf_class = "LlamaForCausalLM";
+    a->model_type = "llama";
+    a->permuted_qk = true;  // convert_hf_to_gguf.py's LlamaModel permutes q/k
+  } else if (a->gguf_arch == "qwen3") {
+    a->hf_class = "Qwen3ForCausalLM";
+    a->model_type = "qwen3";
+    a->qk_norm = true;
+  } else {
+    return key_error(f, "general.architecture",
+                     "is '" + a->gguf_arch +
+                         "', which miles convert does not support (supported: llama, qwen3)");
+  }
+  return Status::Ok();
+}
+
+Status read_sizes(const GgufFile& f, GgufArch* a) {
+  const std::string p = a->gguf_arch + ".";
+  MILES_ASSIGN_OR_RETURN(a->layers, f.get_int(p + "block_count"));
+  MILES_ASSIGN_OR_RETURN(a->hidden, f.get_int(p + "embedding_length"));
+  MILES_ASSIGN_OR_RETURN(a->intermediate, f.get_int(p + "feed_forward_length"));
+  MILES_ASSIGN_OR_RETURN(a->heads, f.get_int(p + "attention.head_count"));
+  MILES_ASSIGN_OR_RETURN(a->kv_heads, int_or(f, p + "attention.head_count_kv", a->heads));
+  MILES_ASSIGN_OR_RETURN(a->context, int_or(f, p + "context_length", 2048));
+  MILES_ASSIGN_OR_RETURN(a->rms_eps, f.get_float(p + "attention.layer_norm_rms_epsilon"));
+  MILES_ASSIGN_OR_RETURN(a->rope_theta, float_or(f, p + "rope.freq_base", 10000.0));
+  const std::pair<const char*, int64_t> positive[] = {{"block_count", a->layers},
+                                                      {"embedding_length", a->hidden},
+                                                      {"feed_forward_length", a->intermediate},
+                                                      {"attention.head_count", a->heads},
+                                                      {"attention.head_count_kv", a->kv_heads},
+                                                      {"context_length", a->context}};
+  for (const auto& [key, v] : positive)
+    if (v <= 0 || v > INT32_MAX)
+      return key_error(f, p + key, "is " + std::to_string(v) + ", must be in [1, 2^31)");
+  if (a->heads % a->kv_heads != 0)
+    return key_error(f, p + "attention.head_count_kv",
+                     "(" + std::to_string(a->kv_heads) + ") must divide attention.head_count (" +
+                         std::to_string(a->heads) + ")");
+  if (!(a->rms_eps > 0)) return key_error(f, p + "attention.layer_norm_rms_epsilon", "must be > 0");
+  if (!(a->rope_theta > 0)) return key_error(f, p + "rope.freq_base", "must be > 0");
+  MILES_ASSIGN_OR_RETURN(const int64_t experts, int_or(f, p + "expert_count", 0));
+  if (experts > 0)
+    return key_error(f, p + "expert_count",
+                     "is " + std::to_string(experts) +
+                         "; mixture-of-experts GGUF models are not "
+                         "supported by miles convert");
+  return Status::Ok();
+}
+
+Status read_head_dim(const GgufFile& f, GgufArch* a) {
+  const std::string p = a->gguf_arch + ".";
+  const int64_t even_split = a->hidden % a->heads == 0 ? a->hidden / a->heads : 0;
+  MILES_ASSIGN_OR_RETURN(a->head_dim, int_or(f, p + "attention.key_length", even_split));
+  if (a->head_dim <= 0 || a->head_dim % 2 != 0 || a->head_dim > 65536)
+    return key_error(f, p + "attention.key_length",
+                     "gives head_dim " + std::to_string(a->head_dim) +
+                         " (needs a positive even number; without the key, embedding_length / "
+                         "attention.head_count)");
+  MILES_ASSIGN_OR_RETURN(const int64_t v_dim, int_or(f, p + "attention.value_length", a->head_dim));
+  if (v_dim != a->head_dim)
+    return key_error(f, p + "attention.value_length",
+                     "(" + std::to_string(v_dim) + ") differs from the key length (" +
+                         std::to_string(a->head_dim) + "); not supported");
+  MILES_ASSIGN_OR_RETURN(const int64_t rot, int_or(f, p + "rope.dimension_count", a->head_dim));
+  if (rot != a->head_dim)
+    return key_error(f, p + "rope.dimension_count",
+                     "is " + std::to_string(rot) + " but head_dim is " +
+                         std::to_string(a->head_dim) + "; partial rotary is not supported");
+  return Status::Ok();
+}
+
+Status read_rope_scaling(const GgufFile& f, GgufArch* a) {
+  const std::string p = a->gguf_arch + ".rope.scaling.";
+  if (f.find_tensor("rope_freqs.weight"))
+    return Status::Error(f.path() +
+                         ": tensor 'rope_freqs.weight' (llama3-style per-frequency "
+                         "RoPE factors) is not supported by miles convert");
+  MILES_ASSIGN_OR_RETURN(const std::string type, string_or(f, p + "type", "none"));
+  if (type == "none") return Status::Ok();
+  if (type != "linear" && type != "yarn")
+    return key_error(f, p + "type", "is '" + type + "' (supported: none, linear, yarn)");
+  a->rope_scaling = type;
+  MILES_ASSIGN_OR_RETURN(a->rope_factor, f.get_float(p + "factor"));
+  if (!(a->rope_factor > 0)) return key_error(f, p + "factor", "must be > 0");
+  if (type == "yarn") {
+    MILES_ASSIGN_OR_RETURN(a->rope_original_context, f.get_int(p + "original_context_length"));
+  }
+  return Status::Ok();
+}
+
+Status read_embedding(const GgufFile& f, GgufArch* a) {
+  const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
+  if (!emb) return Status::Error(f.path() + ": tensor 'token_embd.weight' is missing");
+  if (emb->ne.size() != 2 || emb->ne[0] != a->hidden || emb->ne[1] <= 0 || emb->ne[1] > INT32_MAX)
+    return Status::Error(f.path() + ": tensor 'token_embd.weight' must be [vocab, " +
+                         std::to_string(a->hidden) + "] (ggml ne [" + std::to_string(a->hidden) +
+                         ", vocab])");
+  a->vocab = emb->ne[1];
+  a->tied = f.find_tensor("output.weight") == nullptr;
+  if (f.find("tokenizer.ggml.tokens")) {
+    MILES_ASSIGN_OR_RETURN(const auto tokens, f.get_strings("tokenizer.ggml.tokens"));
+    if (static_cast<int64_t>(tokens.size()) > a->vocab)
+      return key_error(f, "tokenizer.ggml.tokens",
+                       "has " + std::to_string(tokens.size()) +
+                           " tokens but token_embd.weight only " + std::to_string(a->vocab) +
+                           " rows");
+  }
+  return Status::Ok();
+}
+
+Status read_special_ids(const GgufFile& f, GgufArch* a) {
+  const std::pair<const char*, int64_t*> ids[] = {{"tokenizer.ggml.bos_token_id", &a->bos},
+                                                  {"tokenizer.ggml.eos_token_id", &a->eos},
+                                                  {"tokenizer.ggml.padding_token_id", &a->pad}};
+  for (const auto& [key, out] : ids) {
+    MILES_ASSIGN_OR_RETURN(*out, int_or(f, key, -1));
+    if (*out < -1 || *out >= a->vocab)
+      return key_error(f, key, "is " + std::to_string(*out) + ", outside the vocabulary");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+double shortest_f32(double v) {
+  const float fv = static_cast<float>(v);
+  if (static_cast<double>(fv) != v || !std::isfinite(fv)) return v;
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), fv);
+  *r.ptr = '\0';
+  return std::strtod(buf, nullptr);
+}
+
+Result<GgufArch> read_gguf_arch(const GgufFile& f) {
+  GgufArch a;
+  MILES_ASSIGN_OR_RETURN(a.gguf_arch, f.get_string("general.architecture"));
+  MILES_RETURN_IF_ERROR(set_family(f, &a));
+  MILES_RETURN_IF_ERROR(read_sizes(f, &a));
+  MILES_RETURN_IF_ERROR(read_head_dim(f, &a));
+  MILES_RETURN_IF_ERROR(read_rope_scaling(f, &a));
+  MILES_RETURN_IF_ERROR(read_embedding(f, &a));
+  MILES_RETURN_IF_ERROR(read_special_ids(f, &a));
+  return a;
+}
+
+}  // namespace miles::gguf
+
+namespace miles {
+
+Result<std::string> gguf_config_json(const GgufFile& f) {
+  MILES_ASSIGN_OR_RETURN(const gguf::GgufArch a, gguf::read_gguf_arch(f));
+  nlohmann::ordered_json j;
+  j["architectures"] = {a.hf_class};
+  j["model_type"] = a.model_type;
+  j["vocab_size"] = a.vocab;
+  j["hidden_size"] = a.hidden;
+  j["intermediate_size"] = a.intermediate;
+  j["num_hidden_layers"] = a.layers;
+  j["num_attention_heads"] = a.heads;
+  j["num_key_value_heads"] = a.kv_heads;
+  j["head_dim"] = a.head_dim;
+  j["max_position_embeddings"] = a.context;
+  j["rms_norm_eps"] = gguf::shortest_f32(a.rms_eps);
+  j["rope_theta"] = gguf::shortest_f32(a.rope_theta);
+  if (a.rope_scaling.empty()) {
+    j["rope_scaling"] = nullptr;
+  } else {
+    j["rope_scaling"] = {{"rope_type", a.rope_scaling},
+                         {"factor", gguf::shortest_f32(a.rope_factor)}};
+    if (a.rope_scaling == "yarn")
+      j["rope_scaling"]["original_max_position_embeddings"] = a.rope_original_context;
+  }
+  j["tie_word_embeddings"] = a.tied;
+  j["hidden_act"] = "silu";
+  j["attention_bias"] = false;
+  if (a.model_type == "llama") j["mlp_bias"] = false;
+  if (a.model_type == "qwen3") j["use_sliding_window"] = false;
+  if (a.bos >= 0) j["bos_token_id"] = a.bos;
+  if (a.eos >= 0) j["eos_token_id"] = a.eos;
+  if (a.pad >= 0) j["pad_token_id"] = a.pad;
+  j["torch_dtype"] = "float32";
+  j["use_cache"] = true;
+  j["converted_from"] = "gguf";
+  return j.dump(2) + "\n";
+}
+
+Result<std::string> gguf_generation_config_json(const GgufFile& f) {
+  MILES_ASSIGN_OR_RETURN(const gguf::GgufArch a, gguf::read_gguf_arch(f));
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  if (a.bos >= 0) j["bos_token_id"] = a.bos;
+  if (a.eos >= 0) j["eos_token_id"] = a.eos;
+  if (a.pad >= 0) j["pad_token_id"] = a.pad;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace miles

@@ -1,0 +1,46 @@
+// The architecture facts of a GGUF model that both config.json and the tensor conversion need.
+//
+// Why: llama.cpp spells hyper-parameters as `<arch>.<name>` keys and renames/permutes tensors per
+// architecture. Reading them once into this struct keeps config.json and the weights consistent
+// (the head counts that un-permute q/k are the ones written to config.json).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "miles/gguf.h"
+#include "miles/status.h"
+
+namespace miles::gguf {
+
+struct GgufArch {
+  std::string gguf_arch;     // general.architecture: "llama", "qwen3"
+  std::string hf_class;      // "LlamaForCausalLM"
+  std::string model_type;    // "llama"
+  bool permuted_qk = false;  // llama.cpp permuted q/k rows to interleaved rotary pairs
+  bool qk_norm = false;      // per-head q_norm / k_norm (qwen3)
+  int64_t vocab = 0;         // rows of token_embd.weight
+  int64_t hidden = 0;
+  int64_t intermediate = 0;
+  int64_t layers = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t context = 0;
+  double rms_eps = 0;
+  double rope_theta = 10000.0;
+  std::string rope_scaling;  // "" (none), "linear" or "yarn"
+  double rope_factor = 1.0;
+  int64_t rope_original_context = 0;  // yarn
+  bool tied = false;                  // no output.weight
+  int64_t bos = -1, eos = -1, pad = -1;
+};
+
+Result<GgufArch> read_gguf_arch(const GgufFile& f);
+
+// The float32 number nearest to `v` written with the fewest decimal digits (metadata floats are
+// f32: 1e-5 is stored as 9.99999974738e-06, which config.json should spell 1e-05).
+double shortest_f32(double v);
+
+}  // namespace miles::gguf

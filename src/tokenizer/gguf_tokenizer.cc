@@ -1,0 +1,179 @@
+// Tokenizers from GGUF metadata (tokenizer.ggml.*), configured as llama.cpp configures them.
+//
+// Why llama.cpp's reading: a GGUF names its pre-tokenizer (tokenizer.ggml.pre) instead of spelling
+// it out, and the meaning of each name is llama.cpp's: "gpt-2" the GPT-2 regex, "qwen2" the Qwen2
+// regex, "smollm" every digit alone then the GPT-2 regex, "llama-bpe" the Llama-3 regex with
+// ignore_merges. There is no normalizer (llama.cpp applies none to BPE vocabularies), and added
+// tokens are the entries typed control, user-defined or unknown, matched longest first. Errors
+// name the file and the key.
+#include "miles/gguf.h"
+#include "miles/tokenizer.h"
+#include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/byte_level.h"
+#include "tokenizer/spm_tokenizer.h"
+
+namespace miles {
+namespace {
+
+using tokenizer::PreTokenizerStep;
+
+constexpr int64_t kMaxVocab = 1 << 22;
+
+Status key_error(const GgufFile& f, const std::string& key, const std::string& message) {
+  return Status::Error(f.path() + ": " + key + ": " + message);
+}
+
+// An optional integer key: fallback when absent.
+Result<int64_t> optional_int(const GgufFile& f, const std::string& key, int64_t fallback) {
+  if (!f.find(key)) return fallback;
+  return f.get_int(key);
+}
+Result<bool> optional_bool(const GgufFile& f, const std::string& key, bool fallback) {
+  if (!f.find(key)) return fallback;
+  return f.get_bool(key);
+}
+
+Result<int32_t> token_id_key(const GgufFile& f, const std::string& key, int64_t vocab) {
+  MILES_ASSIGN_OR_RETURN(const int64_t id, optional_int(f, key, -1));
+  if (id < -1 || id >= vocab)
+    return key_error(
+        f, key,
+        std::to_string(id) + " is not a token id (vocabulary of " + std::to_string(vocab) + ")");
+  return static_cast<int32_t>(id);
+}
+
+Result<std::vector<PreTokenizerStep>> pre_tokenizer_for(const GgufFile& f, const std::string& pre,
+                                                        bool* ignore_merges) {
+  auto split = [](tokenizer::SplitPattern p) {
+    PreTokenizerStep s;
+    s.kind = PreTokenizerStep::Kind::kSplitRegex;
+    s.pattern = p;
+    return s;
+  };
+  if (pre == "gpt-2") return std::vector<PreTokenizerStep>{split(tokenizer::SplitPattern::kGpt2)};
+  if (pre == "qwen2") return std::vector<PreTokenizerStep>{split(tokenizer::SplitPattern::kQwen2)};
+  if (pre == "llama-bpe" || pre == "llama3") {
+    *ignore_merges = true;
+    return std::vector<PreTokenizerStep>{split(tokenizer::SplitPattern::kLlama3)};
+  }
+  if (pre == "smollm") {
+    PreTokenizerStep digits;
+    digits.kind = PreTokenizerStep::Kind::kDigits;
+    digits.individual_digits = true;
+    return std::vector<PreTokenizerStep>{digits, split(tokenizer::SplitPattern::kGpt2)};
+  }
+  return key_error(f, "tokenizer.ggml.pre",
+                   "\"" + pre + "\" is not supported (gpt-2, qwen2, smollm, llama-bpe)");
+}
+
+Result<std::vector<int32_t>> token_types(const GgufFile& f, size_t n) {
+  std::vector<int32_t> types(n, tokenizer::kTokenNormal);
+  if (!f.find("tokenizer.ggml.token_type")) return types;
+  MILES_ASSIGN_OR_RETURN(const auto raw, f.get_ints("tokenizer.ggml.token_type"));
+  if (raw.size() != n)
+    return key_error(f, "tokenizer.ggml.token_type",
+                     std::to_string(raw.size()) + " entries for " + std::to_string(n) + " tokens");
+  for (size_t i = 0; i < n; ++i) types[i] = static_cast<int32_t>(raw[i]);
+  return types;
+}
+
+Result<std::unique_ptr<Tokenizer>> gpt2_tokenizer(const GgufFile& f,
+                                                  std::vector<std::string> tokens,
+                                                  std::vector<int32_t> types) {
+  tokenizer::BpeTokenizerSpec spec;
+  const auto n = static_cast<int64_t>(tokens.size());
+  MILES_ASSIGN_OR_RETURN(const std::string pre, f.get_string("tokenizer.ggml.pre"));
+  MILES_ASSIGN_OR_RETURN(spec.pre_tokenizer,
+                         pre_tokenizer_for(f, pre, &spec.options.ignore_merges));
+  spec.options.byte_level = true;
+  std::unordered_map<std::string, int32_t> lookup;  // as stored; later ids win (llama.cpp)
+  for (int32_t id = 0; id < n; ++id) lookup[tokens[id]] = id;
+  MILES_ASSIGN_OR_RETURN(const auto merges, f.get_strings("tokenizer.ggml.merges"));
+  spec.merges.reserve(merges.size());
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const std::string& m = merges[r];
+    const size_t sp = m.find(' ', 1);
+    const std::string key = "tokenizer.ggml.merges[" + std::to_string(r) + "]";
+    if (sp == std::string::npos) return key_error(f, key, "\"" + m + "\" has no space");
+    const std::string parts[3] = {m.substr(0, sp), m.substr(sp + 1),
+                                  m.substr(0, sp) + m.substr(sp + 1)};
+    int32_t ids[3];
+    for (int k = 0; k < 3; ++k) {
+      auto it = lookup.find(parts[k]);
+      if (it == lookup.end())
+        return key_error(f, key, "token \"" + parts[k] + "\" is not in tokenizer.ggml.tokens");
+      ids[k] = it->second;
+    }
+    spec.merges.push_back({ids[0], ids[1], ids[2]});
+  }
+  spec.token_text = tokens;
+  spec.token_bytes.resize(tokens.size());
+  for (const auto& [text, id] : lookup) {
+    std::string bytes;
+    if (tokenizer::byte_level_decode(text, &bytes)) spec.model_vocab.emplace_back(bytes, id);
+  }
+  for (int32_t id = 0; id < n; ++id) {
+    const int32_t t = types[id];
+    std::string bytes;
+    const bool normal = t == tokenizer::kTokenNormal;
+    spec.token_bytes[id] =
+        normal && tokenizer::byte_level_decode(tokens[id], &bytes) ? bytes : tokens[id];
+    if (t == tokenizer::kTokenControl || t == tokenizer::kTokenUserDefined ||
+        t == tokenizer::kTokenUnknown)
+      spec.added_tokens.push_back({tokens[id], id, t != tokenizer::kTokenUserDefined});
+  }
+  spec.added_strategy = tokenizer::AddedTokenMatcher::Strategy::kLongestFirst;
+  MILES_ASSIGN_OR_RETURN(spec.bos_id, token_id_key(f, "tokenizer.ggml.bos_token_id", n));
+  MILES_ASSIGN_OR_RETURN(spec.eos_id, token_id_key(f, "tokenizer.ggml.eos_token_id", n));
+  MILES_ASSIGN_OR_RETURN(const bool add_bos,
+                         optional_bool(f, "tokenizer.ggml.add_bos_token", pre == "llama-bpe"));
+  MILES_ASSIGN_OR_RETURN(const bool add_eos,
+                         optional_bool(f, "tokenizer.ggml.add_eos_token", false));
+  if (add_bos && spec.bos_id >= 0) spec.prefix.push_back(spec.bos_id);
+  if (add_eos && spec.eos_id >= 0) spec.suffix.push_back(spec.eos_id);
+  return tokenizer::make_bpe_tokenizer(std::move(spec));
+}
+
+Result<std::unique_ptr<Tokenizer>> llama_tokenizer(const GgufFile& f,
+                                                   std::vector<std::string> tokens,
+                                                   std::vector<int32_t> types) {
+  tokenizer::SpmSpec spec;
+  const auto n = static_cast<int64_t>(tokens.size());
+  MILES_ASSIGN_OR_RETURN(const auto scores, f.get_floats("tokenizer.ggml.scores"));
+  if (static_cast<int64_t>(scores.size()) != n)
+    return key_error(
+        f, "tokenizer.ggml.scores",
+        std::to_string(scores.size()) + " entries for " + std::to_string(n) + " tokens");
+  spec.scores.assign(scores.begin(), scores.end());
+  spec.pieces = std::move(tokens);
+  spec.types = std::move(types);
+  MILES_ASSIGN_OR_RETURN(spec.bos_id, token_id_key(f, "tokenizer.ggml.bos_token_id", n));
+  MILES_ASSIGN_OR_RETURN(spec.eos_id, token_id_key(f, "tokenizer.ggml.eos_token_id", n));
+  MILES_ASSIGN_OR_RETURN(spec.unk_id, token_id_key(f, "tokenizer.ggml.unknown_token_id", n));
+  MILES_ASSIGN_OR_RETURN(spec.add_bos, optional_bool(f, "tokenizer.ggml.add_bos_token", true));
+  MILES_ASSIGN_OR_RETURN(spec.add_eos, optional_bool(f, "tokenizer.ggml.add_eos_token", false));
+  MILES_ASSIGN_OR_RETURN(spec.add_space_prefix,
+                         optional_bool(f, "tokenizer.ggml.add_space_prefix", true));
+  return tokenizer::make_spm_tokenizer(std::move(spec));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Tokenizer>> gguf_tokenizer(const GgufFile& f) {
+  MILES_ASSIGN_OR_RETURN(const std::string model, f.get_string("tokenizer.ggml.model"));
+  MILES_ASSIGN_OR_RETURN(auto tokens, f.get_strings("tokenizer.ggml.tokens"));
+  if (tokens.empty() || static_cast<int64_t>(tokens.size()) > kMaxVocab)
+    return key_error(f, "tokenizer.ggml.tokens",
+                     std::to_string(tokens.size()) + " tokens (expected 1 to 2^22)");
+  MILES_ASSIGN_OR_RETURN(auto types, token_types(f, tokens.size()));
+  if (model == "gpt2") return gpt2_tokenizer(f, std::move(tokens), std::move(types));
+  if (model == "llama") return llama_tokenizer(f, std::move(tokens), std::move(types));
+  return key_error(f, "tokenizer.ggml.model", "\"" + model + "\" is not supported (gpt2, llama)");
+}
+
+Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const std::string& path) {
+  MILES_ASSIGN_OR_RETURN(const GgufFile f, GgufFile::open(path));
+  return gguf_tokenizer(f);
+}
+
+}  // namespace miles

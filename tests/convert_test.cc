@@ -1,0 +1,477 @@
+// GGUF -> HF conversion: config.json fields, tensor names and the q/k un-permutation (checked
+// against transformers' own GGUF loader through tests/data/gguf/tiny_llama*, made by
+// scripts/make_gguf_fixtures.py), logits of the converted model against transformers', the atomic
+// directory write, tokenizer.json from real llama.cpp vocabularies (../shared), and the errors.
+#include "miles/convert.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "gguf_builder.h"
+#include "miles/checkpoint.h"
+#include "miles/model.h"
+#include "miles/thread_pool.h"
+#include "nlohmann/json.hpp"
+#include "test_paths.h"
+
+namespace miles {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using test::GgufBuilder;
+
+std::string fixture(const std::string& name) { return test::data_dir() + "/gguf/" + name; }
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A fresh, empty scratch directory for one test.
+fs::path scratch(const std::string& name) {
+  const fs::path d = fs::path(test::binary_dir()) / "convert_test_tmp" / name;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+TensorMap to_map(std::vector<std::pair<std::string, Tensor>> tensors) {
+  TensorMap m;
+  for (auto& [name, t] : tensors) m.insert(name, std::move(t), "converted");
+  return m;
+}
+
+float max_abs_diff(const std::vector<float>& a, const float* b) {
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+std::vector<float> logits_of(const Model& m, const std::vector<int32_t>& ids) {
+  ThreadPool pool(2);
+  auto kv = m.make_kv_cache();
+  SeqSpan s{0, 0, static_cast<int64_t>(ids.size())};
+  auto out = m.forward(ids, {&s, 1}, *kv, ForwardOptions{}, &pool);
+  EXPECT_TRUE(out.ok()) << out.message();
+  return out.ok() ? out->logits : std::vector<float>{};
+}
+
+struct TinyExpected {
+  std::vector<int32_t> ids;
+  TensorMap map;
+};
+
+TinyExpected tiny_expected() {
+  auto m = read_safetensors(fixture("tiny_llama_expected.safetensors"));
+  EXPECT_TRUE(m.ok()) << m.message();
+  TinyExpected e;
+  if (!m.ok()) return e;
+  const Tensor* ids = m->find("ids");
+  e.ids.assign(ids->data<int32_t>(), ids->data<int32_t>() + ids->numel());
+  e.map = std::move(*m);
+  return e;
+}
+
+// ---- the tiny Llama written like llama.cpp's converter -----------------------------------------
+
+TEST(Convert, TinyLlamaConfig) {
+  auto f = GgufFile::open(fixture("tiny_llama.gguf"));
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto text = gguf_config_json(*f);
+  ASSERT_TRUE(text.ok()) << text.message();
+  const json j = json::parse(*text);
+  EXPECT_EQ(j["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(j["rms_norm_eps"].dump(), "1e-05");  // the f32 1e-5, spelled shortest
+  EXPECT_EQ(j["rope_theta"], 10000.0);
+  EXPECT_TRUE(j["rope_scaling"].is_null());
+  auto c = parse_model_config(*text, "config.json");
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_EQ(c->arch, Arch::kLlama);
+  EXPECT_EQ(c->vocab_size, 288);
+  EXPECT_EQ(c->hidden_size, 64);
+  EXPECT_EQ(c->intermediate_size, 96);
+  EXPECT_EQ(c->num_layers, 2);
+  EXPECT_EQ(c->num_heads, 4);
+  EXPECT_EQ(c->num_kv_heads, 2);
+  EXPECT_EQ(c->head_dim, 16);
+  EXPECT_EQ(c->max_position_embeddings, 256);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_EQ(c->bos_token_id, 1);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int64_t>{2}));
+  auto g = gguf_generation_config_json(*f);
+  ASSERT_TRUE(g.ok()) << g.message();
+  EXPECT_EQ(json::parse(*g)["eos_token_id"], 2);
+}
+
+// transformers un-permutes q/k itself; our rows must be exactly its rows.
+TEST(Convert, TinyLlamaTensorsMatchTransformers) {
+  auto f = GgufFile::open(fixture("tiny_llama.gguf"));
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto tensors = gguf_hf_tensors(*f);
+  ASSERT_TRUE(tensors.ok()) << tensors.message();
+  EXPECT_EQ(tensors->size(), 3u + 2u * 9u);
+  const TensorMap m = to_map(std::move(*tensors));
+  const TinyExpected e = tiny_expected();
+  for (const auto& [ours, theirs] :
+       {std::pair<std::string, std::string>{"model.layers.0.self_attn.q_proj.weight", "q_proj0"},
+        {"model.layers.0.self_attn.k_proj.weight", "k_proj0"}}) {
+    const Tensor* a = m.find(ours);
+    const Tensor* b = e.map.find(theirs);
+    ASSERT_NE(a, nullptr) << ours;
+    ASSERT_NE(b, nullptr) << theirs;
+    ASSERT_EQ(a->shape(), b->shape());
+    EXPECT_EQ(std::memcmp(a->raw(), b->raw(), static_cast<size_t>(a->nbytes())), 0) << ours;
+  }
+  EXPECT_TRUE(m.contains("lm_head.weight"));
+  EXPECT_TRUE(m.contains("model.layers.1.post_attention_layernorm.weight"));
+}
+
+TEST(Convert, TinyLlamaLogitsMatchTransformers) {
+  auto f = GgufFile::open(fixture("tiny_llama.gguf"));
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto cfg = parse_model_config(*gguf_config_json(*f), "config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.message();
+  auto model = Model::from_weights(*cfg, to_map(*gguf_hf_tensors(*f)));
+  ASSERT_TRUE(model.ok()) << model.message();
+  const TinyExpected e = tiny_expected();
+  const std::vector<float> got = logits_of(**model, e.ids);
+  const Tensor* want = e.map.find("logits");
+  ASSERT_EQ(static_cast<int64_t>(got.size()), want->numel());
+  EXPECT_LE(max_abs_diff(got, want->data<float>()), 1e-4f);
+}
+
+TEST(Convert, WritesAnHfDirectoryThatLoads) {
+  const fs::path dir = scratch("writes");
+  const fs::path out = dir / "tiny";
+  auto s = convert_gguf(fixture("tiny_llama.gguf"), out.string());
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(s->architecture, "LlamaForCausalLM");
+  EXPECT_EQ(s->tensors, 21);
+  for (const char* name : {"config.json", "generation_config.json", "model.safetensors",
+                           "tokenizer.json", "tokenizer_config.json"})
+    EXPECT_TRUE(fs::exists(out / name)) << name;
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1)
+      << "temporary directories left behind";
+  auto model = Model::load(out.string());
+  ASSERT_TRUE(model.ok()) << model.message();
+  const TinyExpected e = tiny_expected();
+  EXPECT_LE(max_abs_diff(logits_of(**model, e.ids), e.map.find("logits")->data<float>()), 1e-4f);
+  auto meta = read_safetensors_metadata((out / "model.safetensors").string());
+  ASSERT_TRUE(meta.ok()) << meta.message();
+  EXPECT_EQ(meta->at("format"), "pt");
+
+  const json tok = json::parse(read_text(out / "tokenizer.json"));
+  EXPECT_EQ(tok["model"]["type"], "BPE");
+  EXPECT_EQ(tok["model"]["vocab"].size(), 288u);
+  EXPECT_EQ(tok["model"]["vocab"]["\xc4\xa0"
+                                  "the"],
+            263);  // "Ġthe"
+  EXPECT_EQ(tok["model"]["merges"].size(), 29u);
+  EXPECT_EQ(tok["model"]["merges"][0], json::array({"t", "h"}));
+  ASSERT_EQ(tok["added_tokens"].size(), 3u);
+  EXPECT_EQ(tok["added_tokens"][1]["content"], "<|im_start|>");
+  EXPECT_EQ(tok["added_tokens"][1]["special"], true);
+  EXPECT_EQ(tok["pre_tokenizer"]["pretokenizers"][0]["type"], "Digits");
+  EXPECT_EQ(tok["pre_tokenizer"]["pretokenizers"][1]["type"], "ByteLevel");
+  EXPECT_TRUE(tok["post_processor"].is_null());  // add_bos_token is false
+  EXPECT_EQ(tok["decoder"]["type"], "ByteLevel");
+  const json tc = json::parse(read_text(out / "tokenizer_config.json"));
+  EXPECT_EQ(tc["bos_token"], "<|im_start|>");
+  EXPECT_EQ(tc["eos_token"], "<|im_end|>");
+  EXPECT_EQ(tc["add_bos_token"], false);
+  EXPECT_NE(tc["chat_template"].get<std::string>().find("<|im_start|>assistant"),
+            std::string::npos);
+}
+
+TEST(Convert, ExistingDirectoryNeedsOverwrite) {
+  const fs::path dir = scratch("existing");
+  const fs::path out = dir / "m";
+  fs::create_directories(out);
+  std::ofstream(out / "keep.txt") << "x";
+  auto s = convert_gguf(fixture("tiny_llama.gguf"), out.string());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("already exists (pass --force"), std::string::npos) << s.message();
+  EXPECT_TRUE(fs::exists(out / "keep.txt"));
+  s = convert_gguf(fixture("tiny_llama.gguf"), out.string() + "/",
+                   ConvertOptions{.overwrite = true});
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_FALSE(fs::exists(out / "keep.txt"));
+  EXPECT_TRUE(fs::exists(out / "model.safetensors"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1);
+}
+
+TEST(Convert, FailedConversionLeavesNothing) {
+  const fs::path dir = scratch("failed");
+  // A valid GGUF of an unsupported architecture, and a truncated copy of the tiny Llama.
+  const auto gpt2 = GgufBuilder().kv_str("general.architecture", "gpt2").build();
+  std::ofstream(dir / "gpt2.gguf", std::ios::binary)
+      .write(reinterpret_cast<const char*>(gpt2.data()), static_cast<std::streamsize>(gpt2.size()));
+  const std::string whole = read_text(fixture("tiny_llama.gguf"));
+  std::ofstream(dir / "cut.gguf", std::ios::binary) << whole.substr(0, whole.size() - 100);
+  auto s = convert_gguf((dir / "gpt2.gguf").string(), (dir / "out").string());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("'general.architecture' is 'gpt2', which miles convert does not "
+                             "support (supported: llama, qwen3)"),
+            std::string::npos)
+      << s.message();
+  s = convert_gguf((dir / "cut.gguf").string(), (dir / "out").string());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cut.gguf: tensor 'output.weight'"), std::string::npos) << s.message();
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 2)
+      << "only the two inputs may remain";
+}
+
+// ---- synthetic models from the builder ----------------------------------------------------------
+
+// A one-layer model with hidden 8, 2 heads of 4, 1 KV head, intermediate 8, vocab 5; tensor values
+// encode their row index (row r of a matrix is all r + 1000 * tensor number) so permutations show.
+struct TinyMeta {
+  uint32_t feed_forward_length = 8;  // what the metadata says (the tensors are always 8)
+  uint32_t head_count_kv = 1;
+};
+
+GgufBuilder tiny_model(const std::string& arch, bool with_output, bool qk_norm = false,
+                       TinyMeta meta = {}) {
+  GgufBuilder b;
+  b.kv_str("general.architecture", arch)
+      .kv_u32(arch + ".block_count", 1)
+      .kv_u32(arch + ".embedding_length", 8)
+      .kv_u32(arch + ".feed_forward_length", meta.feed_forward_length)
+      .kv_u32(arch + ".attention.head_count", 2)
+      .kv_u32(arch + ".attention.head_count_kv", meta.head_count_kv)
+      .kv_u32(arch + ".context_length", 64)
+      .kv_f32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f);
+  int n = 0;
+  auto mat = [&](const std::string& name, uint64_t rows, uint64_t cols) {
+    std::vector<float> v(rows * cols);
+    for (uint64_t r = 0; r < rows; ++r)
+      for (uint64_t c = 0; c < cols; ++c) v[r * cols + c] = static_cast<float>(1000 * n + r);
+    ++n;
+    b.tensor_f32(name, {cols, rows}, v);
+  };
+  auto vec = [&](const std::string& name, uint64_t len) {
+    b.tensor_f32(name, {len}, std::vector<float>(len, 1.0f));
+  };
+  mat("token_embd.weight", 5, 8);
+  vec("blk.0.attn_norm.weight", 8);
+  mat("blk.0.attn_q.weight", 8, 8);
+  mat("blk.0.attn_k.weight", 4, 8);
+  mat("blk.0.attn_v.weight", 4, 8);
+  mat("blk.0.attn_output.weight", 8, 8);
+  vec("blk.0.ffn_norm.weight", 8);
+  mat("blk.0.ffn_gate.weight", 8, 8);
+  mat("blk.0.ffn_up.weight", 8, 8);
+  mat("blk.0.ffn_down.weight", 8, 8);
+  if (qk_norm) {
+    vec("blk.0.attn_q_norm.weight", 4);
+    vec("blk.0.attn_k_norm.weight", 4);
+  }
+  vec("output_norm.weight", 8);
+  if (with_output) mat("output.weight", 5, 8);
+  return b;
+}
+
+Result<GgufFile> parse(const std::vector<uint8_t>& bytes) {
+  auto owner = std::make_shared<std::vector<uint8_t>>(bytes);
+  return GgufFile::parse(owner->data(), owner->size(), "m.gguf", owner);
+}
+
+// The first element of each row of a converted matrix.
+std::vector<float> row_heads(const TensorMap& m, const std::string& name) {
+  const Tensor* t = m.find(name);
+  EXPECT_NE(t, nullptr) << name;
+  std::vector<float> out;
+  if (!t) return out;
+  for (int64_t r = 0; r < t->dim(0); ++r) out.push_back(t->data<float>()[r * t->dim(1)]);
+  return out;
+}
+
+TEST(Convert, LlamaQkRowsAreUnpermutedPerHead) {
+  auto f = parse(tiny_model("llama", true).build());
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto t = gguf_hf_tensors(*f);
+  ASSERT_TRUE(t.ok()) << t.message();
+  const TensorMap m = to_map(std::move(*t));
+  // head_dim 4: HF row h*4 + j*2 + i comes from GGUF row h*4 + 2i + j: order 0 2 1 3 per head.
+  EXPECT_EQ(row_heads(m, "model.layers.0.self_attn.q_proj.weight"),
+            (std::vector<float>{1000, 1002, 1001, 1003, 1004, 1006, 1005, 1007}));
+  EXPECT_EQ(row_heads(m, "model.layers.0.self_attn.k_proj.weight"),
+            (std::vector<float>{2000, 2002, 2001, 2003}));
+  EXPECT_EQ(row_heads(m, "model.layers.0.self_attn.v_proj.weight"),
+            (std::vector<float>{3000, 3001, 3002, 3003}));
+  EXPECT_TRUE(m.contains("lm_head.weight"));
+}
+
+TEST(Convert, Qwen3KeepsRowOrderAndMapsQkNorms) {
+  auto b = tiny_model("qwen3", false, true);
+  b.kv_u32("qwen3.attention.key_length", 4).kv_u32("qwen3.attention.value_length", 4);
+  auto f = parse(b.build());
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto cfg_text = gguf_config_json(*f);
+  ASSERT_TRUE(cfg_text.ok()) << cfg_text.message();
+  auto cfg = parse_model_config(*cfg_text, "config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.message();
+  EXPECT_EQ(cfg->arch, Arch::kQwen3);
+  EXPECT_TRUE(cfg->tie_word_embeddings);
+  auto t = gguf_hf_tensors(*f);
+  ASSERT_TRUE(t.ok()) << t.message();
+  const TensorMap m = to_map(std::move(*t));
+  EXPECT_EQ(row_heads(m, "model.layers.0.self_attn.q_proj.weight"),
+            (std::vector<float>{1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007}));
+  EXPECT_TRUE(m.contains("model.layers.0.self_attn.q_norm.weight"));
+  EXPECT_FALSE(m.contains("lm_head.weight"));
+  auto model = Model::from_weights(*cfg, m);
+  EXPECT_TRUE(model.ok()) << model.message();
+}
+
+TEST(Convert, TiedEmbeddingsWhenThereIsNoOutput) {
+  auto f = parse(tiny_model("llama", false).build());
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto cfg = parse_model_config(*gguf_config_json(*f), "config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.message();
+  EXPECT_TRUE(cfg->tie_word_embeddings);
+  const TensorMap m = to_map(*gguf_hf_tensors(*f));
+  EXPECT_FALSE(m.contains("lm_head.weight"));
+  EXPECT_TRUE(Model::from_weights(*cfg, m).ok());
+}
+
+// Each broken model: the error names the file and the key or tensor.
+TEST(Convert, Errors) {
+  auto expect_error = [](GgufBuilder b, const std::string& what) {
+    auto f = parse(b.build());
+    ASSERT_TRUE(f.ok()) << f.message();
+    auto cfg = gguf_config_json(*f);
+    auto t = cfg.ok() ? gguf_hf_tensors(*f).status() : cfg.status();
+    ASSERT_FALSE(t.ok()) << what;
+    EXPECT_NE(t.message().find("m.gguf: "), std::string::npos) << t.message();
+    EXPECT_NE(t.message().find(what), std::string::npos) << t.message();
+  };
+  expect_error(tiny_model("llama", true).kv_u32("llama.expert_count", 8), "mixture-of-experts");
+  expect_error(tiny_model("llama", true).kv_u32("llama.rope.dimension_count", 2), "partial rotary");
+  expect_error(tiny_model("llama", true).tensor_f32("rope_freqs.weight", {2}, {1, 1}),
+               "'rope_freqs.weight'");
+  expect_error(tiny_model("llama", true).kv_str("llama.rope.scaling.type", "longrope"),
+               "'llama.rope.scaling.type' is 'longrope'");
+  expect_error(tiny_model("llama", true).tensor_f32("blk.0.attn_rot.weight", {2}, {1, 1}),
+               "tensor 'blk.0.attn_rot.weight' has no Hugging Face counterpart");
+  expect_error(tiny_model("llama", true)
+                   .tensor_f32("blk.1.attn_norm.weight", {8}, std::vector<float>(8, 1.f)),
+               "tensor 'blk.1.attn_norm.weight' has a layer number outside [0, 1)");
+  expect_error(tiny_model("llama", true).tensor_f32("blk.0.attn_q_norm.weight", {4}, {1, 1, 1, 1}),
+               "'blk.0.attn_q_norm.weight' has no Hugging Face counterpart in LlamaForCausalLM");
+  expect_error(tiny_model("llama", true, false, {.head_count_kv = 3}),
+               "must divide attention.head_count");
+  // A missing tensor, and a wrong shape.
+  expect_error(tiny_model("qwen3", true), "tensor 'blk.0.attn_q_norm.weight' is missing");
+  expect_error(
+      tiny_model("llama", true, false, {.feed_forward_length = 16}),
+      "tensor 'blk.0.ffn_gate.weight' has shape [8, 8] but LlamaForCausalLM needs [16, 8]");
+}
+
+// ---- tokenizer.json from real llama.cpp vocabularies
+// ---------------------------------------------
+
+TEST(ConvertTokenizer, Qwen2VocabMatchesTheHfQwen3Tokenizer) {
+  MILES_REQUIRE_SHARED();
+  auto f = GgufFile::open(test::shared_dir() + "/tokenizers/llama.cpp-vocab/ggml-vocab-qwen2.gguf");
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto files = gguf_tokenizer_files(*f);
+  ASSERT_TRUE(files.ok()) << files.message();
+  const json ours = json::parse(files->tokenizer_json);
+  const json hf = json::parse(read_text(test::shared_dir() + "/tokenizers/qwen3/tokenizer.json"));
+  // Every HF vocabulary entry and merge, the same; the GGUF also lists the added tokens and
+  // padding.
+  int64_t same = 0;
+  for (const auto& [token, id] : hf["model"]["vocab"].items()) {
+    ASSERT_TRUE(ours["model"]["vocab"].contains(token)) << token;
+    ASSERT_EQ(ours["model"]["vocab"][token], id) << token;
+    ++same;
+  }
+  EXPECT_EQ(same, 151643);
+  EXPECT_EQ(ours["model"]["merges"], hf["model"]["merges"]);
+  EXPECT_EQ(ours["pre_tokenizer"]["pretokenizers"][0]["pattern"],
+            hf["pre_tokenizer"]["pretokenizers"][0]["pattern"]);
+  bool im_start = false;
+  for (const json& t : ours["added_tokens"])
+    if (t["content"] == "<|im_start|>") im_start = t["id"] == 151644 && t["special"] == true;
+  EXPECT_TRUE(im_start);
+}
+
+TEST(ConvertTokenizer, Gpt2VocabUsesPlainByteLevel) {
+  MILES_REQUIRE_SHARED();
+  auto f = GgufFile::open(test::shared_dir() + "/tokenizers/llama.cpp-vocab/ggml-vocab-gpt-2.gguf");
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto files = gguf_tokenizer_files(*f);
+  ASSERT_TRUE(files.ok()) << files.message();
+  const json ours = json::parse(files->tokenizer_json);
+  EXPECT_EQ(ours["pre_tokenizer"]["type"], "ByteLevel");
+  EXPECT_EQ(ours["model"]["vocab"].size(), 50257u);
+  EXPECT_EQ(ours["model"]["vocab"]["\xc4\xa0"
+                                   "the"],
+            262);
+}
+
+TEST(ConvertTokenizer, SentencePieceIsRefused) {
+  MILES_REQUIRE_SHARED();
+  auto f =
+      GgufFile::open(test::shared_dir() + "/tokenizers/llama.cpp-vocab/ggml-vocab-llama-spm.gguf");
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto files = gguf_tokenizer_files(*f);
+  ASSERT_FALSE(files.ok());
+  EXPECT_NE(files.message().find("'tokenizer.ggml.model' is 'llama'"), std::string::npos)
+      << files.message();
+}
+
+TEST(ConvertTokenizer, BadMetadataIsNamed) {
+  auto expect_error = [](GgufBuilder b, const std::string& what) {
+    auto f = parse(b.build());
+    ASSERT_TRUE(f.ok()) << f.message();
+    auto t = gguf_tokenizer_files(*f);
+    ASSERT_FALSE(t.ok()) << what;
+    EXPECT_NE(t.message().find(what), std::string::npos) << t.message();
+  };
+  auto base = [] {
+    GgufBuilder b;
+    b.kv_str("tokenizer.ggml.model", "gpt2").kv_strs("tokenizer.ggml.tokens", {"a", "b", "ab"});
+    return b;
+  };
+  expect_error(base().kv_strs("tokenizer.ggml.merges", {"a c"}),
+               "'tokenizer.ggml.merges' entry 0 ('a c') uses 'c'");
+  expect_error(base().kv_strs("tokenizer.ggml.merges", {"ab"}), "not two tokens joined by a space");
+  expect_error(base().kv_strs("tokenizer.ggml.merges", {"a b"}).kv_str("tokenizer.ggml.pre", "x"),
+               "'tokenizer.ggml.pre' is 'x'");
+  expect_error(
+      base().kv_strs("tokenizer.ggml.merges", {"a b"}).kv_i32s("tokenizer.ggml.token_type", {1, 1}),
+      "'tokenizer.ggml.token_type' has 2 entries for 3 tokens");
+  expect_error(
+      base().kv_strs("tokenizer.ggml.merges", {"a b"}).kv_u32("tokenizer.ggml.eos_token_id", 3),
+      "'tokenizer.ggml.eos_token_id' is 3, outside the 3-token list");
+  expect_error(base(), "'tokenizer.ggml.merges' is missing");
+}
+
+TEST(ConvertTokenizer, RespellsTokensOutsideTheByteAlphabetAndAddsBos) {
+  GgufBuilder b;
+  b.kv_str("tokenizer.ggml.model", "gpt2")
+      .kv_strs("tokenizer.ggml.tokens", {"<s>", "a b", "x"})
+      .kv_i32s("tokenizer.ggml.token_type", {3, 1, 1})
+      .kv_strs("tokenizer.ggml.merges", {})
+      .kv_u32("tokenizer.ggml.bos_token_id", 0)
+      .kv_bool("tokenizer.ggml.add_bos_token", true);
+  auto f = parse(b.build());
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto files = gguf_tokenizer_files(*f);
+  ASSERT_TRUE(files.ok()) << files.message();
+  const json tok = json::parse(files->tokenizer_json);
+  EXPECT_EQ(tok["model"]["vocab"]["a\xc4\xa0"
+                                  "b"],
+            1);  // the space spelled as Ġ
+  EXPECT_EQ(tok["post_processor"]["single"][0]["SpecialToken"]["id"], "<s>");
+  EXPECT_EQ(json::parse(files->tokenizer_config_json)["add_bos_token"], true);
+}
+
+}  // namespace
+}  // namespace miles

