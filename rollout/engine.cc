@@ -145,9 +145,25 @@ Status Engine::flush_cache() {
 
 void Engine::update_weight_version(int64_t version) { impl_->version = version; }
 
+Status Engine::begin_weight_update() {
+  Impl& m = *impl_;
+  if (m.updating) return Status::Error("begin_weight_update: an update is already in progress");
+  if (!m.paused && !m.requests.empty())
+    return Status::Error("begin_weight_update: the engine is generating; pause it first");
+  m.updating = true;
+  return Status::Ok();
+}
+
+Status Engine::end_weight_update() {
+  Impl& m = *impl_;
+  if (!m.updating) return Status::Error("end_weight_update: no update in progress");
+  m.updating = false;
+  return Status::Ok();
+}
+
 Status Engine::update_weights(std::unique_ptr<ModelRunner> runner) {
   Impl& m = *impl_;
-  if (!m.paused && !m.requests.empty())
+  if (!m.updating && !m.paused && !m.requests.empty())
     return Status::Error("update_weights: the engine is generating; pause it first");
   const ModelConfig& a = m.runner->config();
   const ModelConfig& b = runner->config();
@@ -167,7 +183,8 @@ EngineStats Engine::stats() const {
   s.waiting = static_cast<int64_t>(m.waiting.size());
   s.running = static_cast<int64_t>(m.running.size());
   s.weight_version = m.version;
-  s.paused = m.paused;
+  s.paused = m.paused || m.updating;
+  s.updating_weights = m.updating;
   return s;
 }
 

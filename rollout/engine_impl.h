@@ -27,6 +27,7 @@ struct Engine::Impl {
   int32_t next_slot = 1;
   int64_t version = 0;
   bool paused = false;
+  bool updating = false;  // between begin_weight_update and end_weight_update
   IterationRecord last;
   EngineStats counters;
 

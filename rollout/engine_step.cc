@@ -15,7 +15,7 @@ using rollout::SampleState;
 bool Engine::step() {
   Impl& m = *impl_;
   m.last.items.clear();
-  if (m.paused) return false;
+  if (m.paused || m.updating) return false;
   const std::vector<Impl::Item> items = m.schedule();
   if (items.empty()) return false;
   for (const auto& it : items)

@@ -122,6 +122,13 @@ class RolloutService final : public pb::RolloutEngine::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status BeginWeightUpdate(grpc::ServerContext*, const pb::Empty*, pb::StatusResponse* out) override {
+    return bracket(true, out);
+  }
+  grpc::Status EndWeightUpdate(grpc::ServerContext*, const pb::Empty*, pb::StatusResponse* out) override {
+    return bracket(false, out);
+  }
+
   grpc::Status UpdateWeightsFromDisk(grpc::ServerContext*, const pb::UpdateWeightsFromDiskRequest* in,
                                      pb::StatusResponse* out) override {
     auto model = Model::load(in->model_path());
@@ -180,6 +187,13 @@ class RolloutService final : public pb::RolloutEngine::Service {
   }
 
  private:
+  grpc::Status bracket(bool begin, pb::StatusResponse* out) {
+    Status st;
+    driver_.run_sync([&](Engine& e) { st = begin ? e.begin_weight_update() : e.end_weight_update(); });
+    if (!st.ok()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, st.message());
+    out->set_success(true);
+    return grpc::Status::OK;
+  }
   static grpc::Status invalid(const std::string& m) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, m);
   }

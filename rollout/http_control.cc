@@ -51,6 +51,18 @@ void HttpServer::register_control_routes() {
   s.Post("/flush_cache", flush);
   s.Get("/flush_cache", flush);
 
+  auto bracket = [this](bool begin) {
+    return [this, begin](const httplib::Request&, httplib::Response& res) {
+      ++http_requests_;
+      Status st;
+      driver_.run_sync([&](Engine& e) { st = begin ? e.begin_weight_update() : e.end_weight_update(); });
+      if (!st.ok()) return reply_error(res, 400, st.message(), http_errors_);
+      res.set_content(json{{"success", true}}.dump(), "application/json");
+    };
+  };
+  s.Post("/begin_weight_update", bracket(true));
+  s.Post("/end_weight_update", bracket(false));
+
   s.Post("/update_weight_version", [this](const httplib::Request& req, httplib::Response& res) {
     ++http_requests_;
     auto body = parse_json_body(req.body);

@@ -257,3 +257,32 @@ TEST(Engine, InvalidRequestsAreRejectedWithTheField) {
 
 }  // namespace
 }  // namespace miles
+
+namespace miles {
+namespace {
+
+TEST(Engine, WeightUpdateBracketHoldsIterationsUntilItEnds) {
+  auto model = load("qwen3_moe");
+  Engine e(make_model_runner(model, nullptr), EngineOptions{.num_blocks = 64, .block_tokens = 8});
+  Collected c;
+  auto id = e.submit(make_request({1, 2, 3, 4}, 5, 6), c.listener());
+  ASSERT_TRUE(e.step());
+  EXPECT_FALSE(e.begin_weight_update().ok());  // generating: pause first
+  e.pause(PauseMode::kInPlace);
+  ASSERT_TRUE(e.begin_weight_update().ok());
+  EXPECT_FALSE(e.begin_weight_update().ok());
+  e.resume();
+  EXPECT_FALSE(e.step());  // still inside the bracket
+  ASSERT_TRUE(e.update_weights(make_model_runner(model, nullptr)).ok());
+  e.update_weight_version(2);
+  ASSERT_TRUE(e.end_weight_update().ok());
+  EXPECT_FALSE(e.end_weight_update().ok());
+  run_until_idle(e);
+  const SampleEvent& fin = c.finals.at({*id, 0});
+  ASSERT_EQ(fin.output.size(), 6u);
+  EXPECT_EQ(fin.output.front().weight_version, 0);  // sampled before the update (in-place pause)
+  EXPECT_EQ(fin.output.back().weight_version, 2);
+}
+
+}  // namespace
+}  // namespace miles

@@ -127,6 +127,10 @@ TEST(GrpcServer, LifecycleRpcs) {
   }
   {
     grpc::ClientContext c;
+    ASSERT_TRUE(s.stub->BeginWeightUpdate(&c, pb::Empty(), &r).ok());
+  }
+  {
+    grpc::ClientContext c;
     pb::UpdateWeightsFromDiskRequest u;
     u.set_model_path("/no/such/model");
     auto st = s.stub->UpdateWeightsFromDisk(&c, u, &r);
@@ -139,6 +143,15 @@ TEST(GrpcServer, LifecycleRpcs) {
     u.set_set_weight_version(true);
     u.set_weight_version(3);
     ASSERT_TRUE(s.stub->UpdateWeightsFromDisk(&c, u, &r).ok());
+  }
+  {
+    grpc::ClientContext c;
+    ASSERT_TRUE(s.stub->EndWeightUpdate(&c, pb::Empty(), &r).ok());
+  }
+  {
+    grpc::ClientContext c;
+    EXPECT_EQ(s.stub->EndWeightUpdate(&c, pb::Empty(), &r).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
   }
   {
     grpc::ClientContext c;

@@ -86,6 +86,7 @@ struct EngineStats {
   int64_t waiting = 0, running = 0;
   int64_t weight_version = 0;
   bool paused = false;
+  bool updating_weights = false;
   uint64_t iterations = 0, generated_tokens = 0, prompt_tokens = 0, cached_prompt_tokens = 0;
   uint64_t retractions = 0;  // samples whose KV was dropped to be recomputed (memory or pause)
 };
@@ -125,7 +126,11 @@ class Engine {
   void resume();
   Status flush_cache();  // refused while requests hold blocks
   void update_weight_version(int64_t version);
-  // Swaps the runner's weights; only while paused (retract / abort) or idle.
+  // Brackets a weight update: refused unless paused or idle; until end_weight_update() the engine runs
+  // no iteration (resume() waits for the end), so no token can mix old and new weights.
+  Status begin_weight_update();
+  Status end_weight_update();
+  // Swaps the runner's weights; only inside begin/end, or while paused or idle.
   Status update_weights(std::unique_ptr<ModelRunner> runner);
   EngineStats stats() const;
   const ModelConfig& config() const;
