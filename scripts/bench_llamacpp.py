@@ -221,6 +221,7 @@ def llama_batched(llama_cpp, gguf: Path, a, concurrency: int, requests: int, kv_
     cp.n_batch = max(cp.n_batch, concurrency + a.prompt_tokens)
     cp.n_threads = cp.n_threads_batch = a.threads
     cp.type_k = cp.type_v = kv_type
+    cp.kv_unified = a.kv_unified
     ctx = L.llama_init_from_model(model, cp)
     if not ctx:
         die("llama_init_from_model failed")
@@ -277,6 +278,34 @@ def llama_batched(llama_cpp, gguf: Path, a, concurrency: int, requests: int, kv_
             "ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99), "requests": requests}
 
 
+# ---- the machine -------------------------------------------------------------------------------------
+
+
+def cpu_idle_fraction(window_s: float) -> float:
+    """Share of all CPUs' time that was idle over the next window_s seconds (/proc/stat)."""
+
+    def sample():
+        f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+        return f[3] + f[4], sum(f)  # idle + iowait, total
+
+    i0, t0 = sample()
+    time.sleep(window_s)
+    i1, t1 = sample()
+    return (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_for_quiet(min_idle: float, timeout_s: float) -> float:
+    """Waits until the CPUs are at least min_idle idle over 5 s (others share this machine); returns the
+    idle share last seen, whether or not it got there within timeout_s."""
+    deadline = time.time() + timeout_s
+    idle = cpu_idle_fraction(5)
+    while idle < min_idle and time.time() < deadline:
+        say(f"  waiting for a quiet machine: CPUs {idle:.0%} idle over 5 s (want {min_idle:.0%})")
+        time.sleep(25)
+        idle = cpu_idle_fraction(5)
+    return idle
+
+
 # ---- 4. miles ------------------------------------------------------------------------------------------
 
 
@@ -310,8 +339,13 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--repeats", type=int, default=3, help="alternating llama.cpp / miles rounds (medians)")
+    ap.add_argument("--min-idle", type=float, default=0.9,
+                    help="before each round, wait until the CPUs are this idle over 5 s")
+    ap.add_argument("--quiet-timeout", type=float, default=900, help="longest wait for that, seconds")
     ap.add_argument("--hl-requests", type=int, default=4, help="requests through Llama.generate")
     ap.add_argument("--kv-type", choices=["f32", "f16"], default="f32")
+    ap.add_argument("--kv-unified", action="store_true",
+                    help="one KV buffer for all sequences (llama.cpp's default: one per sequence)")
     ap.add_argument("--miles-bin", type=Path, default=ROOT / "build/bin/miles")
     ap.add_argument("--skip-miles", action="store_true", help="measure llama.cpp only")
     a = ap.parse_args()
@@ -334,9 +368,9 @@ def main() -> None:
         f"{a.kv_type}; {a.repeats} rounds")
     hl, ll, ours, loads = [], {1: [], 32: []}, {1: [], 32: []}, []
     for r in range(a.repeats):
-        loads.append(os.getloadavg()[0])
+        loads.append(wait_for_quiet(a.min_idle, a.quiet_timeout))
         hl.append(llama_highlevel_c1(llama_cpp, gguf, a, kv_type))
-        say(f"  round {r + 1}: load {loads[-1]:.2f}; Llama.generate c=1: {hl[-1]['tokens_per_s']:.1f} tok/s")
+        say(f"  round {r + 1}: CPUs {loads[-1]:.0%} idle before; Llama.generate c=1: {hl[-1]['tokens_per_s']:.1f} tok/s")
         for c in (1, 32):
             ll[c].append(llama_batched(llama_cpp, gguf, a, c, preset["requests"][c], kv_type))
             x = ll[c][-1]
@@ -350,14 +384,14 @@ def main() -> None:
 
     print()
     print(f"## {a.preset}: prompt {a.prompt_tokens} + output {a.output_tokens} tokens, {a.threads} threads, "
-          f"float32 weights, llama.cpp KV {a.kv_type}")
+          f"float32 weights, llama.cpp KV {a.kv_type}{' unified' if a.kv_unified else ''}")
     print()
     for line in checks:
         print(f"- {line}")
     print(f"- requests per measurement: c=1 {preset['requests'][1]}, c=32 {preset['requests'][32]} (same for "
           f"both); llama.cpp greedy, miles temperature 1; EOS ignored by both")
-    print(f"- {a.repeats} alternating rounds (llama.cpp, then miles); tok/s as median [min-max]; 1-minute "
-          f"load average at the start of each round: {', '.join(f'{x:.2f}' for x in loads)}")
+    print(f"- {a.repeats} alternating rounds (llama.cpp, then miles); tok/s as median [min-max]; CPUs idle "
+          f"over the 5 s before each round: {', '.join(f'{x:.0%}' for x in loads)}")
     print()
     print("| c | miles tok/s | llama.cpp batched tok/s | miles / batched | llama.cpp one at a time tok/s "
           "| miles / one at a time |")

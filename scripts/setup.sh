@@ -60,8 +60,8 @@ if ! "$MILES_VENV/bin/python" -c "import numpy, safetensors, jinja2, gguf, opena
   pip_install "${light[@]}"
 fi
 if [ "$want_reference" = 1 ]; then
-  if ! "$MILES_VENV/bin/python" -c "import torch, transformers, tokenizers" 2>/dev/null; then
-    pip_install torch transformers tokenizers
+  if ! "$MILES_VENV/bin/python" -c "import torch, transformers, tokenizers, accelerate" 2>/dev/null; then
+    pip_install torch transformers tokenizers accelerate
   fi
 fi
 echo "setup.sh: done (venv: $MILES_VENV)"

@@ -103,41 +103,50 @@ std::string default_model() {
   return dir + "/models/stories260K/stories260K.bin";
 }
 
+// Prefill of one sequence, then decode steps of `batch` sequences at once (each step one token per
+// sequence, all packed in one forward), as the rollout engine runs them.
 int bench_forward(const BenchOptions& o, int threads) {
   const std::string path = o.model.empty() ? default_model() : o.model;
   auto model = Model::load(path);
   if (!model.ok()) return fail("bench kernels", model.message());
   const Model& m = **model;
   ThreadPool pool(threads);
-  const int64_t prompt = std::min<int64_t>(256, m.config().max_position_embeddings / 2);
-  const int64_t decode = std::min<int64_t>(64, m.config().max_position_embeddings - prompt);
+  const int64_t prompt = std::min<int64_t>(128, m.config().max_position_embeddings / 2);
+  const int64_t decode = std::min<int64_t>(32, m.config().max_position_embeddings - prompt);
   std::vector<int32_t> ids(prompt);
   for (int64_t i = 0; i < prompt; ++i) ids[i] = static_cast<int32_t>((i * 7919) % m.config().vocab_size);
   ForwardOptions fo;
   fo.all_logits = false;
-  double prefill_s = 0, decode_s = 0;
-  auto run = [&] {
-    auto kv = m.make_kv_cache();
-    SeqSpan s{0, 0, prompt};
-    auto t0 = Clock::now();
-    auto r = m.forward(ids, {&s, 1}, *kv, fo, &pool);
-    auto t1 = Clock::now();
-    for (int64_t i = 0; i < decode; ++i) {
-      SeqSpan d{0, prompt + i, 1};
-      int32_t tok = ids[i];
-      r = m.forward({&tok, 1}, {&d, 1}, *kv, fo, &pool);
+  const std::string name = std::filesystem::path(path).filename().string();
+  for (int64_t batch : {int64_t{1}, int64_t{32}}) {
+    double prefill_s = 1e30, decode_s = 1e30;
+    for (int rep = 0; rep < (batch == 1 ? 2 : 1); ++rep) {
+      auto kv = m.make_kv_cache();
+      auto t0 = Clock::now();
+      for (int64_t b = 0; b < batch; ++b) {
+        SeqSpan s{static_cast<int32_t>(b), 0, prompt};
+        auto r = m.forward(ids, {&s, 1}, *kv, fo, &pool);
+        if (!r.ok()) return fail("bench kernels", r.message());
+        if (b == 0) prefill_s = std::min(prefill_s, std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      auto t1 = Clock::now();
+      for (int64_t i = 0; i < decode; ++i) {
+        std::vector<int32_t> toks(batch, ids[i]);
+        std::vector<SeqSpan> spans;
+        for (int64_t b = 0; b < batch; ++b) spans.push_back({static_cast<int32_t>(b), prompt + i, 1});
+        auto r = m.forward(toks, spans, *kv, fo, &pool);
+        if (!r.ok()) return fail("bench kernels", r.message());
+      }
+      decode_s = std::min(decode_s, std::chrono::duration<double>(Clock::now() - t1).count());
     }
-    auto t2 = Clock::now();
-    prefill_s = std::chrono::duration<double>(t1 - t0).count();
-    decode_s = std::chrono::duration<double>(t2 - t1).count();
-  };
-  run();
-  run();
-  std::printf("forward %s (%d threads): prefill %lld tokens %.0f tokens/s; decode %lld tokens %.0f "
-              "tokens/s\n",
-              std::filesystem::path(path).filename().c_str(), threads,
-              static_cast<long long>(prompt), prompt / prefill_s, static_cast<long long>(decode),
-              decode / decode_s);
+    if (batch == 1)
+      std::printf("forward %s (%d threads): prefill %lld tokens: %.0f tokens/s\n", name.c_str(), threads,
+                  static_cast<long long>(prompt), prompt / prefill_s);
+    std::printf("forward %s (%d threads): decode batch %lld: %.1f tokens/s (%lld steps after a %lld-token "
+                "prompt)\n",
+                name.c_str(), threads, static_cast<long long>(batch), batch * decode / decode_s,
+                static_cast<long long>(decode), static_cast<long long>(prompt));
+  }
   return 0;
 }
 

@@ -4,6 +4,13 @@
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("fma") || !__builtin_cpu_supports("avx")) {
+    std::fprintf(stderr, "miles: this CPU lacks FMA3/AVX, which this build requires (x86-64 from 2013 on)\n");
+    return 1;
+  }
+#endif
   CLI::App app{"miles: RL post-training for LLMs (rollout and trainer computing the same numbers)"};
   app.require_subcommand(1);
   miles::cli::register_generate(app);
