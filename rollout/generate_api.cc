@@ -126,6 +126,14 @@ Result<GenerateCall> parse_generate(const json& body, const Tokenizer* tok) {
   MILES_RETURN_IF_ERROR(read(body, "return_routed_experts", c.return_routed_experts, "request"));
   MILES_RETURN_IF_ERROR(read(body, "stream", c.stream, "request"));
   MILES_RETURN_IF_ERROR(read(body, "rid", c.rid, "request"));
+  // Accepted for compatibility only at their "off" values: input-token and top-k logprobs are not
+  // computed yet, and silently ignoring a request for them would hand back less than was asked.
+  int64_t start_len = -1, top_n = 0;
+  MILES_RETURN_IF_ERROR(read(body, "logprob_start_len", start_len, "request"));
+  MILES_RETURN_IF_ERROR(read(body, "top_logprobs_num", top_n, "request"));
+  if (start_len != -1)
+    return Status::Error("logprob_start_len (input-token logprobs) is not supported; use miles score");
+  if (top_n != 0) return Status::Error("top_logprobs_num is not supported");
   if (auto it = body.find("sampling_params"); it != body.end() && it->is_object())
     MILES_RETURN_IF_ERROR(read(*it, "no_stop_trim", c.no_stop_trim, "sampling_params"));
   return c;

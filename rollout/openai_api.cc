@@ -60,6 +60,9 @@ Status parse_openai_sampling(const json& body, OpenAiCall& c) {
     MILES_RETURN_IF_ERROR(get_number(body, k, v));
     if (v != 0) return Status::Error(std::string(k) + " is not supported (only 0)");
   }
+  if (body.contains("top_logprobs") && body["top_logprobs"].is_number_integer() &&
+      body["top_logprobs"].get<int64_t>() > 0)
+    return Status::Error("top_logprobs is not supported");
   if (body.contains("logit_bias") && !body["logit_bias"].is_null() && !body["logit_bias"].empty())
     return Status::Error("logit_bias is not supported");
   if (body.contains("stream") && !body["stream"].is_null()) {

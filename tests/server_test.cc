@@ -150,6 +150,7 @@ TEST(Server, BadRequestsGet4xxAndTheServerStaysUp) {
   expect_400(R"({"text": "hello"})", "tokenizer");
   expect_400(R"({"input_ids": [1], "text": "x"})", "exactly one");
   expect_400(R"([1, 2, 3])", "JSON object");
+  expect_400(R"({"input_ids": [1], "logprob_start_len": 0})", "logprob_start_len");
   auto r = c.Post("/pause_generation", R"({"mode": "sideways"})", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
@@ -158,7 +159,7 @@ TEST(Server, BadRequestsGet4xxAndTheServerStaysUp) {
   EXPECT_EQ(h->status, 200);
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
-  EXPECT_NE(m->body.find("miles_http_errors_total 11"), std::string::npos) << m->body;
+  EXPECT_NE(m->body.find("miles_http_errors_total 12"), std::string::npos) << m->body;
 }
 
 TEST(Server, ClientDisconnectMidStreamFreesItsBlocks) {
