@@ -90,6 +90,7 @@ int run_generate(const GenerateOptions& o) {
     if (span.start_pos >= context) break;
   }
   std::fputs("\n", stdout);
+  std::fflush(stdout);  // the answer first, then the timing line on stderr
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::fprintf(stderr, "miles generate: %lld tokens in %.3f s (%.1f tokens/s, %d threads)\n",
                static_cast<long long>(generated), secs, generated / std::max(secs, 1e-9),
