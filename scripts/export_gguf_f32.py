@@ -267,7 +267,8 @@ def main() -> None:
     w.write_tensors_to_file()
     w.close()
     tmp.replace(a.out)
-    print(f"export_gguf_f32.py: wrote {a.out} ({len(tensors)} tensors, {params / 1e6:.2f} M float32 parameters)")
+    print(f"export_gguf_f32.py: wrote {a.out} ({len(tensors)} tensors, "
+          f"{params / 1e6:.2f} M float32 parameters)")
 
 
 if __name__ == "__main__":

@@ -111,8 +111,10 @@ Result<std::vector<LevelRow>> run_sweep(const RolloutBenchOptions& o, const Benc
   std::printf(
       "closed loop: c clients each send the next request when theirs finishes; cores = CPU "
       "seconds / wall seconds (at most --threads)\n");
-  std::printf("%5s %8s %10s %7s %9s %9s %9s %9s %9s %6s\n", "c", "requests", "out tok/s", "x c=1",
-              "lat p50 s", "lat p90 s", "lat p99 s", "ttft p50", "ttft p99", "cores");
+  const std::string vs_first = "x c=" + std::to_string(o.concurrency.front());
+  std::printf("%5s %8s %10s %7s %9s %9s %9s %9s %9s %6s\n", "c", "requests", "out tok/s",
+              vs_first.c_str(), "lat p50 s", "lat p90 s", "lat p99 s", "ttft p50", "ttft p99",
+              "cores");
   std::vector<LevelRow> rows;
   for (int c : o.concurrency) {
     MILES_ASSIGN_OR_RETURN(auto driver, start_engine(ctx, engine_options(o, true)));
