@@ -23,6 +23,20 @@ bool RequestStream::next(SampleEvent& out, int timeout_ms) {
   return true;
 }
 
+std::vector<SampleEvent> RequestStream::wait_finished(int32_t n) {
+  std::vector<SampleEvent> finals(static_cast<size_t>(n));
+  int32_t done = 0;
+  SampleEvent ev;
+  while (done < n) {
+    if (!next(ev, 1000)) continue;
+    if (ev.finished) {
+      finals[ev.sample_index] = std::move(ev);
+      ++done;
+    }
+  }
+  return finals;
+}
+
 int32_t RequestStream::samples_finished() const {
   std::lock_guard<std::mutex> lock(mu_);
   return finished_;

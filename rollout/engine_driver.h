@@ -24,6 +24,9 @@ class RequestStream {
   // Waits for the next event (or until `timeout_ms`); false on timeout.
   bool next(SampleEvent& out, int timeout_ms);
   int32_t samples_finished() const;
+  // Blocks until the final events of samples 0..n-1 arrived; returns them by sample index (each final
+  // event carries the sample's whole output).
+  std::vector<SampleEvent> wait_finished(int32_t n);
 
  private:
   mutable std::mutex mu_;

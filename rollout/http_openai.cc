@@ -79,30 +79,19 @@ void HttpServer::serve_openai(OpenAiCall call, bool chat, httplib::Response& res
   if (!engine_id.ok()) return reply_error(res, 400, engine_id.message(), http_errors_);
   const char* object = chat ? "chat.completion" : "text_completion";
   if (!call.stream) {
-    std::vector<SampleEvent> finals(n);
-    std::vector<std::vector<TokenOutput>> outs(n);
-    int32_t done = 0;
-    SampleEvent ev;
-    while (done < n) {
-      if (!stream->next(ev, 1000)) continue;
-      outs[ev.sample_index].insert(outs[ev.sample_index].end(), ev.new_tokens.begin(), ev.new_tokens.end());
-      if (ev.finished) {
-        finals[ev.sample_index] = ev;
-        ++done;
-      }
-    }
+    const std::vector<SampleEvent> finals = stream->wait_finished(n);
     json choices = json::array();
     int64_t completion_tokens = 0;
     for (int32_t i = 0; i < n; ++i) {
-      const std::string text = final_text(tok_.get(), call.request, finals[i], outs[i]);
+      const std::string text = final_text(tok_.get(), call.request, finals[i], finals[i].output);
       json choice = {{"index", i},
                      {"finish_reason", openai_finish_reason(finals[i].finish_reason)},
-                     {"token_ids", ids_of(outs[i])},
-                     {"logprobs", call.logprobs ? logprobs_json(tok_.get(), outs[i], chat) : json()}};
+                     {"token_ids", ids_of(finals[i].output)},
+                     {"logprobs", call.logprobs ? logprobs_json(tok_.get(), finals[i].output, chat) : json()}};
       if (chat) choice["message"] = assistant_message(text);
       else choice["text"] = text;
       choices.push_back(choice);
-      completion_tokens += static_cast<int64_t>(outs[i].size());
+      completion_tokens += static_cast<int64_t>(finals[i].output.size());
     }
     json body = {{"id", id}, {"object", object}, {"created", created}, {"model", model},
                  {"choices", choices}, {"prompt_token_ids", prompt_ids},

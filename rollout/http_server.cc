@@ -73,28 +73,6 @@ void HttpServer::forget_rid(const std::string& rid) {
   rids_.erase(rid);
 }
 
-namespace {
-
-// Waits for all samples of a request; false if the engine stopped answering (never expected).
-void collect_finals(RequestStream& stream, int32_t n, std::vector<SampleEvent>& finals,
-                    std::vector<std::vector<TokenOutput>>& outputs) {
-  finals.resize(n);
-  outputs.resize(n);
-  int32_t done = 0;
-  SampleEvent ev;
-  while (done < n) {
-    if (!stream.next(ev, 1000)) continue;
-    auto& out = outputs[ev.sample_index];
-    out.insert(out.end(), ev.new_tokens.begin(), ev.new_tokens.end());
-    if (ev.finished) {
-      finals[ev.sample_index] = std::move(ev);
-      ++done;
-    }
-  }
-}
-
-}  // namespace
-
 void HttpServer::routes() {
   httplib::Server& s = *svr_;
   const int64_t experts_per_token = config_.num_moe_layers() * config_.moe.top_k;
@@ -114,9 +92,7 @@ void HttpServer::routes() {
     register_rid(call->rid, *id);
     const int32_t n = call->request.n;
     if (!call->stream) {
-      std::vector<SampleEvent> finals;
-      std::vector<std::vector<TokenOutput>> outputs;
-      collect_finals(*stream, n, finals, outputs);
+      const std::vector<SampleEvent> finals = stream->wait_finished(n);
       forget_rid(call->rid);
       json out = json::array();
       for (int32_t i = 0; i < n; ++i)

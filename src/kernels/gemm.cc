@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/gemm_tile.h"
+#include "kernels/reduce.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
 
@@ -128,16 +129,7 @@ void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* 
 }
 
 float gemm_reference_dot(const float* x, const float* w_row, int64_t k) {
-  const int64_t chunks = std::max<int64_t>(1, (k + kGemmChunk - 1) / kGemmChunk);
-  std::vector<float> parts(static_cast<size_t>(chunks), 0.0f);
-  for (int64_t c = 0; c < chunks; ++c) {
-    float acc = 0.0f;
-    for (int64_t kk = c * kGemmChunk; kk < std::min(k, (c + 1) * kGemmChunk); ++kk)
-      acc = std::fma(x[kk], w_row[kk], acc);
-    parts[c] = acc;
-  }
-  tree_combine(parts.data(), 1, 1, 0, chunks);
-  return parts[0];
+  return detail::dot(x, w_row, k);  // the same chunk-and-tree rule as every row reduction
 }
 
 }  // namespace miles::kernels
