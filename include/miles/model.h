@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,7 +20,24 @@
 namespace miles {
 
 class ThreadPool;
+class FlatTensors;
 struct ModelWeights;
+struct BackwardWeights;
+
+// The activations a training forward keeps (ForwardOptions::tape) for Model::backward. Opaque.
+class ForwardTape {
+ public:
+  ForwardTape();
+  ~ForwardTape();
+  ForwardTape(const ForwardTape&) = delete;
+  ForwardTape& operator=(const ForwardTape&) = delete;
+  struct Impl;
+  Impl& impl() { return *impl_; }
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
 
 // One sequence's slice of a packed batch: tokens [offset, offset + n_tokens) of the batch sit at positions
 // start_pos .. start_pos + n_tokens - 1 of KV slot kv_slot (earlier positions are already in the cache).
@@ -37,6 +55,9 @@ struct ForwardOptions {
   // Routing replay: use these expert ids ([T, num_moe_layers, top_k]) instead of the router's top-k;
   // gate weights still come from the router's probabilities at those ids.
   std::span<const int32_t> forced_experts;
+  // Training: keep the activations backward needs here. Needs all_logits and sequences that start
+  // at position 0 (whole sequences, no cached prefix).
+  ForwardTape* tape = nullptr;
 };
 
 struct ForwardOutput {
@@ -65,12 +86,21 @@ class Model {
                                 KvStore& kv, const ForwardOptions& options,
                                 ThreadPool* pool) const;
 
+  // Gradients of a scalar loss with respect to every parameter, from the tape of a forward and
+  // d loss / d logits ([T, vocab], the forward's rows). `grads` must have this model's layout
+  // (ParamLayout::for_model); every tensor in it is overwritten.
+  Status backward(const ForwardTape& tape, std::span<const float> dlogits, FlatTensors& grads,
+                  ThreadPool* pool) const;
+
  private:
   Model() = default;
   Status check_batch(std::span<const int32_t> tokens, std::span<const SeqSpan> seqs,
                      const ForwardOptions& options) const;
+  const BackwardWeights& backward_weights() const;
   ModelConfig config_;
   std::unique_ptr<ModelWeights> w_;
+  mutable std::once_flag backward_once_;
+  mutable std::unique_ptr<BackwardWeights> bw_;  // transposed packs, built on first backward
 };
 
 }  // namespace miles

@@ -73,4 +73,30 @@ std::vector<float> PackedMatrix::unpack_row(int64_t row) const {
   return out;
 }
 
+PackedMatrix PackedMatrix::transposed() const {
+  PackedMatrix t;
+  t.n_ = k_;
+  t.k_ = n_;
+  t.data_.assign(static_cast<size_t>(t.num_panels() * t.k_ * kPanel), 0.0f);
+  for (int64_t n = 0; n < n_; ++n) {
+    const float* src = panel(n / kPanel) + (n % kPanel);
+    for (int64_t kk = 0; kk < k_; ++kk)
+      t.data_[(kk / kPanel) * t.k_ * kPanel + n * kPanel + kk % kPanel] = src[kk * kPanel];
+  }
+  return t;
+}
+
+PackedMatrix PackedMatrix::pack_transposed(const float* a, int64_t rows, int64_t cols, int64_t lda) {
+  PackedMatrix t;
+  t.n_ = cols;
+  t.k_ = rows;
+  t.data_.assign(static_cast<size_t>(t.num_panels() * t.k_ * kPanel), 0.0f);
+  for (int64_t p = 0; p < t.num_panels(); ++p) {
+    const int64_t c0 = p * kPanel, width = std::min(kPanel, cols - c0);
+    float* dst = t.data_.data() + p * rows * kPanel;
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(a + r * lda + c0, width, dst + r * kPanel);
+  }
+  return t;
+}
+
 }  // namespace miles::kernels

@@ -1,5 +1,5 @@
-// Model::forward over a packed batch: embed → (attention block, MLP or MoE block) per layer → final norm
-// → LM head. Each phase works on whole rows with batch-invariant kernels.
+// Model::forward over a packed batch: embed → (attention block, MLP or MoE block) per layer → final
+// norm → LM head. Each phase works on whole rows with batch-invariant kernels.
 #include "miles/model.h"
 
 #include <cmath>
@@ -7,6 +7,8 @@
 
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
+#include "model/backward_weights.h"
+#include "model/forward_tape.h"
 #include "model/model_weights.h"
 #include "model/moe.h"
 
@@ -53,13 +55,18 @@ void add_residual(float* h, const float* y, int64_t n) {
 // Self-attention of one layer, output added into h.
 void attention_block(const ModelConfig& c, const ModelWeights& w, int64_t layer,
                      std::span<const SeqSpan> seqs, const BatchPlan& plan, KvStore& kv, float* h,
-                     int64_t t, Scratch& s, ThreadPool* pool) {
+                     int64_t t, Scratch& s, LayerTape* tape, ThreadPool* pool) {
   const LayerWeights& l = w.layers[layer];
   const int64_t d = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
   const int64_t ld = qd + 2 * kvd;
   kernels::rmsnorm(h, t, d, l.input_norm.data(), static_cast<float>(c.rms_norm_eps), s.xn.data());
   kernels::gemm(s.xn.data(), t, d, l.qkv, s.qkv.data(), ld, pool);
   add_bias(s.qkv.data(), t, ld, ld, l.qkv_bias);
+  if (tape) {
+    tape->h_in.assign(h, h + t * d);
+    tape->xn1.assign(s.xn.begin(), s.xn.begin() + t * d);
+    tape->qkv_raw.assign(s.qkv.begin(), s.qkv.begin() + t * ld);
+  }
   for (int64_t i = 0; i < t; ++i) {
     float* q = s.qkv.data() + i * ld;
     float* k = q + qd;
@@ -71,6 +78,7 @@ void attention_block(const ModelConfig& c, const ModelWeights& w, int64_t layer,
     kernels::rope_apply(q, 1, c.num_heads, hd, &plan.positions[i], w.rope);
     kernels::rope_apply(k, 1, c.num_kv_heads, hd, &plan.positions[i], w.rope);
   }
+  if (tape) tape->qkv.assign(s.qkv.begin(), s.qkv.begin() + t * ld);
   // Keys and values into the cache, then each sequence's block list.
   const int64_t bt = kv.block_tokens();
   std::vector<std::vector<float*>> kb(seqs.size()), vb(seqs.size());
@@ -91,24 +99,44 @@ void attention_block(const ModelConfig& c, const ModelWeights& w, int64_t layer,
     kernels::attention(s.qkv.data() + i * ld, 1, c.num_heads, c.num_kv_heads, hd,
                        &plan.positions[i], span, scale, s.attn.data() + i * qd);
   });
+  if (tape) tape->attn.assign(s.attn.begin(), s.attn.begin() + t * qd);
   kernels::gemm(s.attn.data(), t, qd, l.o, s.proj.data(), d, pool);
   add_bias(s.proj.data(), t, d, d, l.o_bias);
   add_residual(h, s.proj.data(), t * d);
 }
 
 void dense_mlp_block(const ModelConfig& c, const LayerWeights& l, float* h, int64_t t, Scratch& s,
-                     ThreadPool* pool) {
+                     LayerTape* tape, ThreadPool* pool) {
   const int64_t d = c.hidden_size, f = c.intermediate_size;
   kernels::rmsnorm(h, t, d, l.post_norm.data(), static_cast<float>(c.rms_norm_eps), s.xn.data());
   s.gate_up.resize(static_cast<size_t>(t * 2 * f));
   s.act.resize(static_cast<size_t>(t * f));
   kernels::gemm(s.xn.data(), t, d, l.gate_up, s.gate_up.data(), 2 * f, pool);
   kernels::swiglu(s.gate_up.data(), s.gate_up.data() + f, t, f, 2 * f, s.act.data());
+  if (tape) {
+    tape->h_mid.assign(h, h + t * d);
+    tape->xn2.assign(s.xn.begin(), s.xn.begin() + t * d);
+    tape->gate_up = s.gate_up;
+    tape->act = s.act;
+  }
   kernels::gemm(s.act.data(), t, f, l.down, s.proj.data(), d, pool);
   add_residual(h, s.proj.data(), t * d);
 }
 
+Status check_tape_batch(std::span<const SeqSpan> seqs, const ForwardOptions& options) {
+  if (!options.all_logits) return Status::Error("a training forward (tape) needs all_logits");
+  for (size_t s = 0; s < seqs.size(); ++s)
+    if (seqs[s].start_pos != 0)
+      return Status::Error("a training forward (tape) needs whole sequences; sequence " +
+                           std::to_string(s) + " starts at position " +
+                           std::to_string(seqs[s].start_pos));
+  return Status::Ok();
+}
+
 }  // namespace
+
+ForwardTape::ForwardTape() : impl_(std::make_unique<Impl>()) {}
+ForwardTape::~ForwardTape() = default;
 
 Model::~Model() = default;
 
@@ -133,9 +161,8 @@ Status Model::check_batch(std::span<const int32_t> tokens, std::span<const SeqSp
   for (size_t s = 0; s < seqs.size(); ++s) {
     const SeqSpan& q = seqs[s];
     if (q.n_tokens <= 0 || q.start_pos < 0)
-      return Status::Error("sequence " + std::to_string(s) + " has " +
-                           std::to_string(q.n_tokens) + " tokens from position " +
-                           std::to_string(q.start_pos));
+      return Status::Error("sequence " + std::to_string(s) + " has " + std::to_string(q.n_tokens) +
+                           " tokens from position " + std::to_string(q.start_pos));
     if (q.start_pos + q.n_tokens > config_.max_position_embeddings)
       return Status::Error("sequence " + std::to_string(s) + " reaches position " +
                            std::to_string(q.start_pos + q.n_tokens - 1) +
@@ -153,8 +180,7 @@ Status Model::check_batch(std::span<const int32_t> tokens, std::span<const SeqSp
                            std::to_string(config_.vocab_size) + ")");
   if (!options.forced_experts.empty()) {
     const int64_t k = config_.moe.top_k, per_token = config_.num_moe_layers() * k;
-    if (per_token == 0 ||
-        static_cast<int64_t>(options.forced_experts.size()) != total * per_token)
+    if (per_token == 0 || static_cast<int64_t>(options.forced_experts.size()) != total * per_token)
       return Status::Error("forced expert ids: expected " + std::to_string(total * per_token) +
                            " ids ([tokens, moe layers, top_k]), got " +
                            std::to_string(options.forced_experts.size()));
@@ -177,7 +203,9 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
                                      KvStore& kv, const ForwardOptions& options,
                                      ThreadPool* pool) const {
   MILES_RETURN_IF_ERROR(check_batch(tokens, seqs, options));
-  for (const SeqSpan& q : seqs) MILES_RETURN_IF_ERROR(kv.reserve(q.kv_slot, q.start_pos + q.n_tokens));
+  if (options.tape) MILES_RETURN_IF_ERROR(check_tape_batch(seqs, options));
+  for (const SeqSpan& q : seqs)
+    MILES_RETURN_IF_ERROR(kv.reserve(q.kv_slot, q.start_pos + q.n_tokens));
   const ModelConfig& c = config_;
   const int64_t t = tokens.size(), d = c.hidden_size;
   const BatchPlan plan = plan_batch(seqs, t);
@@ -196,22 +224,36 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     out.experts.assign(static_cast<size_t>(t * n_moe * k), -1);
     out.expert_weights.assign(static_cast<size_t>(t * n_moe * k), 0.0f);
   }
+  ForwardTape::Impl* tape = options.tape ? &options.tape->impl() : nullptr;
+  if (tape) {
+    tape->tokens.assign(tokens.begin(), tokens.end());
+    tape->seqs.assign(seqs.begin(), seqs.end());
+    tape->offset = plan.offset;
+    tape->positions = plan.positions;
+    tape->layers.assign(static_cast<size_t>(c.num_layers), LayerTape{});
+  }
   int64_t moe_index = 0;
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
-    attention_block(c, *w_, layer, seqs, plan, kv, h.data(), t, s, pool);
+    LayerTape* lt = tape ? &tape->layers[layer] : nullptr;
+    attention_block(c, *w_, layer, seqs, plan, kv, h.data(), t, s, lt, pool);
     const LayerWeights& l = w_->layers[layer];
     if (!l.moe) {
-      dense_mlp_block(c, l, h.data(), t, s, pool);
+      dense_mlp_block(c, l, h.data(), t, s, lt, pool);
       continue;
     }
     kernels::rmsnorm(h.data(), t, d, l.post_norm.data(), static_cast<float>(c.rms_norm_eps),
                      s.xn.data());
+    if (lt) {
+      lt->h_mid.assign(h.begin(), h.end());
+      lt->xn2.assign(s.xn.begin(), s.xn.begin() + t * d);
+    }
     const int64_t stride = n_moe * k;
     std::span<const int32_t> forced;
     if (!options.forced_experts.empty()) forced = options.forced_experts.subspan(moe_index * k);
     int32_t* ids = out.experts.empty() ? nullptr : out.experts.data() + moe_index * k;
     float* wts = out.expert_weights.empty() ? nullptr : out.expert_weights.data() + moe_index * k;
-    moe_block(c, l, s.xn.data(), t, forced, stride, s.proj.data(), ids, wts, stride, pool);
+    moe_block(c, l, s.xn.data(), t, forced, stride, s.proj.data(), ids, wts, stride,
+              lt ? &lt->moe : nullptr, pool);
     add_residual(h.data(), s.proj.data(), t * d);
     ++moe_index;
   }
@@ -221,12 +263,16 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
   if (options.all_logits) {
     for (int64_t i = 0; i < t; ++i) rows.push_back(i);
   } else {
-    for (size_t si = 0; si < seqs.size(); ++si) rows.push_back(plan.offset[si] + seqs[si].n_tokens - 1);
+    for (size_t si = 0; si < seqs.size(); ++si)
+      rows.push_back(plan.offset[si] + seqs[si].n_tokens - 1);
   }
   std::vector<float> sel(rows.size() * d);
-  for (size_t r = 0; r < rows.size(); ++r) std::copy_n(h.data() + rows[r] * d, d, sel.data() + r * d);
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::copy_n(h.data() + rows[r] * d, d, sel.data() + r * d);
+  if (tape) tape->h_final = sel;
   kernels::rmsnorm(sel.data(), rows.size(), d, w_->final_norm.data(),
                    static_cast<float>(c.rms_norm_eps), sel.data());
+  if (tape) tape->normed = sel;
   out.rows = rows.size();
   out.vocab = c.vocab_size;
   out.logits.resize(static_cast<size_t>(out.rows * c.vocab_size));

@@ -1,6 +1,7 @@
-// Qwen3-MoE block. Routing is per token (a pure function of the token's row), experts run as GEMMs over
-// the rows routed to them (batch-invariant kernels), and each token's expert outputs are summed in
-// ascending expert id — so a token's result does not depend on which other tokens share its experts.
+// Qwen3-MoE block. Routing is per token (a pure function of the token's row), experts run as GEMMs
+// over the rows routed to them (batch-invariant kernels), and each token's expert outputs are
+// summed in ascending expert id — so a token's result does not depend on which other tokens share
+// its experts.
 #include "model/moe.h"
 
 #include <algorithm>
@@ -9,14 +10,16 @@
 
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
+#include "model/forward_tape.h"
 
 namespace miles {
 
 namespace {
 
 struct Routing {
-  std::vector<int32_t> ids;     // [T, k]
-  std::vector<float> weights;   // [T, k]
+  std::vector<int32_t> ids;    // [T, k]
+  std::vector<float> weights;  // [T, k]
+  std::vector<float> probs;    // [T, experts] router softmax
 };
 
 Routing route(const ModelConfig& c, const LayerWeights& l, const float* x, int64_t t,
@@ -24,7 +27,7 @@ Routing route(const ModelConfig& c, const LayerWeights& l, const float* x, int64
   const int64_t e = c.moe.num_experts, k = c.moe.top_k;
   std::vector<float> probs(static_cast<size_t>(t * e));
   kernels::gemm(x, t, c.hidden_size, l.router, probs.data(), e, pool);
-  Routing r{std::vector<int32_t>(t * k), std::vector<float>(t * k)};
+  Routing r{std::vector<int32_t>(t * k), std::vector<float>(t * k), {}};
   for (int64_t i = 0; i < t; ++i) {
     float* p = probs.data() + i * e;
     kernels::softmax_row(p, e);
@@ -44,18 +47,24 @@ Routing route(const ModelConfig& c, const LayerWeights& l, const float* x, int64
       for (int64_t j = 0; j < k; ++j) w[j] = w[j] / sum;
     }
   }
+  r.probs = std::move(probs);
   return r;
 }
 
 // Runs expert `ex` on the given rows of x; results into y_rows[slot] ([T * k, hidden]).
 void run_expert(const ModelConfig& c, const ExpertWeights& ex, const float* x,
-                const std::vector<int64_t>& slots, int64_t k, float* y_slots, ThreadPool* pool) {
+                const std::vector<int64_t>& slots, int64_t k, float* y_slots, ExpertTape* tape,
+                ThreadPool* pool) {
   const int64_t d = c.hidden_size, f = c.moe.moe_intermediate_size, n = slots.size();
   std::vector<float> xs(n * d), gu(n * 2 * f), act(n * f), ys(n * d);
-  for (int64_t r = 0; r < n; ++r)
-    std::copy_n(x + (slots[r] / k) * d, d, xs.data() + r * d);
+  for (int64_t r = 0; r < n; ++r) std::copy_n(x + (slots[r] / k) * d, d, xs.data() + r * d);
   kernels::gemm(xs.data(), n, d, ex.gate_up, gu.data(), 2 * f, pool);
   kernels::swiglu(gu.data(), gu.data() + f, n, f, 2 * f, act.data());
+  if (tape) {
+    tape->slots = slots;
+    tape->gate_up = gu;
+    tape->act = act;
+  }
   kernels::gemm(act.data(), n, f, ex.down, ys.data(), d, pool);
   for (int64_t r = 0; r < n; ++r) std::copy_n(ys.data() + r * d, d, y_slots + slots[r] * d);
 }
@@ -64,15 +73,18 @@ void run_expert(const ModelConfig& c, const ExpertWeights& ex, const float* x,
 
 void moe_block(const ModelConfig& c, const LayerWeights& l, const float* x, int64_t t,
                std::span<const int32_t> forced, int64_t forced_stride, float* out, int32_t* ids_out,
-               float* weights_out, int64_t out_stride, ThreadPool* pool) {
+               float* weights_out, int64_t out_stride, MoeTape* tape, ThreadPool* pool) {
   const int64_t e = c.moe.num_experts, k = c.moe.top_k, d = c.hidden_size;
   const Routing r = route(c, l, x, t, forced, forced_stride, pool);
   // slots of each expert: slot = token * k + j.
   std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(e));
   for (int64_t s = 0; s < t * k; ++s) by_expert[r.ids[s]].push_back(s);
   std::vector<float> y(static_cast<size_t>(t * k * d));
+  if (tape) tape->experts.assign(static_cast<size_t>(e), ExpertTape{});
   for (int64_t ex = 0; ex < e; ++ex)
-    if (!by_expert[ex].empty()) run_expert(c, l.experts[ex], x, by_expert[ex], k, y.data(), pool);
+    if (!by_expert[ex].empty())
+      run_expert(c, l.experts[ex], x, by_expert[ex], k, y.data(),
+                 tape ? &tape->experts[ex] : nullptr, pool);
   for (int64_t i = 0; i < t; ++i) {
     std::vector<int64_t> order(static_cast<size_t>(k));
     std::iota(order.begin(), order.end(), 0);
@@ -87,6 +99,12 @@ void moe_block(const ModelConfig& c, const LayerWeights& l, const float* x, int6
     }
     if (ids_out) std::copy_n(r.ids.data() + i * k, k, ids_out + i * out_stride);
     if (weights_out) std::copy_n(r.weights.data() + i * k, k, weights_out + i * out_stride);
+  }
+  if (tape) {
+    tape->probs = r.probs;
+    tape->ids = r.ids;
+    tape->weights = r.weights;
+    tape->y = std::move(y);
   }
 }
 

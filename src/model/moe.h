@@ -10,11 +10,13 @@
 
 namespace miles {
 class ThreadPool;
+struct MoeTape;
 
 // x: [T, hidden] normalised input; out: [T, hidden] block output (not yet added to the residual).
+// tape: training activations or null.
 // forced: [T, top_k] replayed ids for this layer or empty; ids_out / weights_out: [T, top_k] or null.
 void moe_block(const ModelConfig& config, const LayerWeights& layer, const float* x, int64_t t,
                std::span<const int32_t> forced, int64_t forced_stride, float* out, int32_t* ids_out,
-               float* weights_out, int64_t out_stride, ThreadPool* pool);
+               float* weights_out, int64_t out_stride, MoeTape* tape, ThreadPool* pool);
 
 }  // namespace miles

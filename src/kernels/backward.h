@@ -1,0 +1,40 @@
+// Backward of the shared model's kernels (kernels.h), for the trainer.
+//
+// Why: the learner needs d loss / d input and d loss / d weight of every forward kernel. Each
+// function here is the exact derivative of its forward in float32, reduced in a fixed order
+// (ascending rows, ascending positions), so gradients are deterministic whatever the thread count.
+// They are checked against torch autograd (tests/model_grad_test.cc).
+#pragma once
+
+#include <cstdint>
+
+#include "miles/kernels.h"
+
+namespace miles::kernels {
+
+// y = rmsnorm(x) * w (rows of d). dx[M, D] = d y / d x · dy; dw[D] += Σ_rows dy * x̂ (ascending
+// rows). dx may alias dy.
+void rmsnorm_backward(const float* x, const float* dy, int64_t m, int64_t d, const float* weight,
+                      float eps, float* dx, float* dw);
+
+// Inverse rotation of rope_apply: d x = Rᵀ d y, in place on dx[T, H, head_dim].
+void rope_backward(float* dx, int64_t t, int64_t heads, int64_t head_dim, const int32_t* positions,
+                   const RopeTable& table);
+
+// a = silu(g) * u. d_gate / d_up rows with stride ld_out (written), da rows of f.
+void swiglu_backward(const float* gate, const float* up, const float* da, int64_t m, int64_t f,
+                     int64_t ld_in, float* d_gate, float* d_up, int64_t ld_out);
+
+// Causal self-attention of one sequence from position 0: q[T, H, hd], k/v[T, KVH, hd] (rows with
+// strides ldq, ldkv), out = softmax(q kᵀ · scale) v. Given d_out[T, H, hd], writes dq (stride ldq)
+// and dk, dv (stride ldkv), overwriting them. Probabilities are recomputed (two-pass softmax).
+void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
+                        const float* d_out, int64_t t, int64_t heads, int64_t kv_heads,
+                        int64_t head_dim, float scale, float* dq, float* dk, float* dv);
+
+// dW[N, K] = dYᵀ · X summed over the M rows with the GEMM's chunk-and-tree rule over rows:
+// dy[M, N] (stride ldy), x[M, K] (stride ldx), dw[N, K] overwritten.
+void gemm_weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx, int64_t m,
+                      int64_t n, int64_t k, float* dw, ThreadPool* pool);
+
+}  // namespace miles::kernels

@@ -1,0 +1,113 @@
+// The canonical parameter list of the shared model and flat float32 buffers over it.
+#include "miles/flat_params.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "miles/check.h"
+
+namespace miles {
+
+void ParamLayout::add(std::string name, std::vector<int64_t> shape) {
+  ParamSpec s;
+  s.name = std::move(name);
+  s.shape = std::move(shape);
+  s.numel = 1;
+  for (int64_t d : s.shape) s.numel *= d;
+  s.offset = total_;
+  total_ += s.numel;
+  index_[s.name] = specs_.size();
+  specs_.push_back(std::move(s));
+}
+
+std::shared_ptr<const ParamLayout> ParamLayout::for_model(const ModelConfig& c,
+                                                          const TensorMap* weights) {
+  auto l = std::make_shared<ParamLayout>();
+  const int64_t d = c.hidden_size, q = c.q_dim(), kv = c.kv_dim();
+  l->add("model.embed_tokens.weight", {c.vocab_size, d});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    l->add(p + "input_layernorm.weight", {d});
+    l->add(p + "self_attn.q_proj.weight", {q, d});
+    l->add(p + "self_attn.k_proj.weight", {kv, d});
+    l->add(p + "self_attn.v_proj.weight", {kv, d});
+    if (c.attention_bias) {
+      l->add(p + "self_attn.q_proj.bias", {q});
+      l->add(p + "self_attn.k_proj.bias", {kv});
+      l->add(p + "self_attn.v_proj.bias", {kv});
+    }
+    l->add(p + "self_attn.o_proj.weight", {d, q});
+    if (c.attention_bias && (!weights || weights->contains(p + "self_attn.o_proj.bias")))
+      l->add(p + "self_attn.o_proj.bias", {d});
+    if (c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe) {
+      l->add(p + "self_attn.q_norm.weight", {c.head_dim});
+      l->add(p + "self_attn.k_norm.weight", {c.head_dim});
+    }
+    l->add(p + "post_attention_layernorm.weight", {d});
+    if (!c.is_moe_layer(i)) {
+      l->add(p + "mlp.gate_proj.weight", {c.intermediate_size, d});
+      l->add(p + "mlp.up_proj.weight", {c.intermediate_size, d});
+      l->add(p + "mlp.down_proj.weight", {d, c.intermediate_size});
+      continue;
+    }
+    const int64_t f = c.moe.moe_intermediate_size;
+    l->add(p + "mlp.gate.weight", {c.moe.num_experts, d});
+    for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+      const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+      l->add(x + "gate_proj.weight", {f, d});
+      l->add(x + "up_proj.weight", {f, d});
+      l->add(x + "down_proj.weight", {d, f});
+    }
+  }
+  l->add("model.norm.weight", {d});
+  if (!c.tie_word_embeddings) l->add("lm_head.weight", {c.vocab_size, d});
+  return l;
+}
+
+const ParamSpec* ParamLayout::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &specs_[it->second];
+}
+
+const ParamSpec& ParamLayout::at(const std::string& name) const {
+  const ParamSpec* s = find(name);
+  if (s == nullptr) std::fprintf(stderr, "no parameter named %s\n", name.c_str());
+  MILES_CHECK(s != nullptr, "ParamLayout::at: unknown parameter name");
+  return *s;
+}
+
+FlatTensors::FlatTensors(std::shared_ptr<const ParamLayout> layout)
+    : layout_(std::move(layout)), data_(static_cast<size_t>(layout_->total()), 0.0f) {}
+
+Result<FlatTensors> FlatTensors::from_tensor_map(std::shared_ptr<const ParamLayout> layout,
+                                                 const TensorMap& weights) {
+  FlatTensors f(std::move(layout));
+  for (const ParamSpec& s : f.layout().specs()) {
+    MILES_ASSIGN_OR_RETURN(Tensor t, weights.get(s.name, s.shape));
+    const std::vector<float> v = t.to_f32();
+    std::copy(v.begin(), v.end(), f.data_.begin() + s.offset);
+  }
+  return f;
+}
+
+std::span<float> FlatTensors::get(const std::string& name) {
+  const ParamSpec& s = layout_->at(name);
+  return std::span<float>(data_).subspan(s.offset, s.numel);
+}
+
+std::span<const float> FlatTensors::get(const std::string& name) const {
+  const ParamSpec& s = layout_->at(name);
+  return std::span<const float>(data_).subspan(s.offset, s.numel);
+}
+
+void FlatTensors::zero() { std::fill(data_.begin(), data_.end(), 0.0f); }
+
+TensorMap FlatTensors::as_tensor_map() const {
+  TensorMap m;
+  for (const ParamSpec& s : layout_->specs())
+    m.insert(s.name, Tensor::view(DType::kF32, s.shape, data_.data() + s.offset, nullptr),
+             "trainer parameters");
+  return m;
+}
+
+}  // namespace miles

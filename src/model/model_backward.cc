@@ -1,0 +1,313 @@
+// Model::backward: gradients of every parameter from a forward's tape and d loss / d logits.
+//
+// Phases mirror the forward in reverse: LM head → final norm → per layer (MLP or MoE, then
+// attention) → embedding. Weight gradients are GEMMs over the batch's tokens with the
+// chunk-and-tree rule; vector gradients (norms, biases) and scatter-adds run in ascending token
+// order, so the result depends only on the batch's content, never on the thread count.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "kernels/backward.h"
+#include "kernels/reduce.h"
+#include "miles/flat_params.h"
+#include "miles/kernels.h"
+#include "miles/model.h"
+#include "miles/thread_pool.h"
+#include "model/backward_weights.h"
+#include "model/forward_tape.h"
+#include "model/model_weights.h"
+
+namespace miles {
+
+namespace {
+
+using kernels::gemm;
+using kernels::gemm_weight_grad;
+
+void add_into(float* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = dst[i] + src[i];
+}
+
+// Column sums of rows [M, N] (stride ld) into out[N], ascending rows.
+void column_sums(const float* x, int64_t m, int64_t n, int64_t ld, float* out) {
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) out[j] = out[j] + x[r * ld + j];
+}
+
+// Copies a [rows, cols] block of a stacked gradient into named tensors split by rows.
+void split_rows(const float* src, int64_t cols, FlatTensors& g,
+                const std::vector<std::pair<std::string, int64_t>>& parts) {
+  int64_t row = 0;
+  for (const auto& [name, rows] : parts) {
+    std::span<float> dst = g.get(name);
+    std::copy_n(src + row * cols, rows * cols, dst.data());
+    row += rows;
+  }
+}
+
+class Backward {
+ public:
+  Backward(const ModelConfig& c, const ModelWeights& w, const BackwardWeights& bw,
+           const ForwardTape::Impl& tape, FlatTensors& g, ThreadPool* pool)
+      : c_(c), w_(w), bw_(bw), tape_(tape), g_(g), pool_(pool), t_(tape.tokens.size()) {}
+
+  void run(std::span<const float> dlogits) {
+    g_.zero();
+    std::vector<float> dh = head(dlogits);
+    for (int64_t layer = c_.num_layers - 1; layer >= 0; --layer) {
+      const std::string p = "model.layers." + std::to_string(layer) + ".";
+      if (w_.layers[layer].moe) {
+        moe(layer, p, dh);
+      } else {
+        mlp(layer, p, dh);
+      }
+      attention(layer, p, dh);
+    }
+    embedding(dh);
+  }
+
+ private:
+  float eps() const { return static_cast<float>(c_.rms_norm_eps); }
+
+  // logits = norm(h) · headᵀ. Returns d h_final.
+  std::vector<float> head(std::span<const float> dlogits) {
+    const int64_t d = c_.hidden_size, v = c_.vocab_size;
+    std::vector<float> dnormed(static_cast<size_t>(t_ * d));
+    gemm(dlogits.data(), t_, v, bw_.lm_head_t, dnormed.data(), d, pool_);
+    // The tied head's gradient lands in the embedding; the embedding's own scatter adds to it.
+    const std::string head_name =
+        c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    gemm_weight_grad(dlogits.data(), v, tape_.normed.data(), d, t_, v, d, g_.get(head_name).data(),
+                     pool_);
+    std::vector<float> dh(static_cast<size_t>(t_ * d));
+    kernels::rmsnorm_backward(tape_.h_final.data(), dnormed.data(), t_, d, w_.final_norm.data(),
+                              eps(), dh.data(), g_.get("model.norm.weight").data());
+    return dh;
+  }
+
+  // h_out = h_mid + down(swiglu(gate_up(norm(h_mid)))); dh: d h_out in, d h_mid out.
+  void mlp(int64_t layer, const std::string& p, std::vector<float>& dh) {
+    const LayerTape& lt = tape_.layers[layer];
+    const LayerWeightsT& wt = bw_.layers[layer];
+    const int64_t d = c_.hidden_size, f = c_.intermediate_size;
+    std::vector<float> dact(static_cast<size_t>(t_ * f)), dgu(static_cast<size_t>(t_ * 2 * f));
+    gemm(dh.data(), t_, d, wt.down_t, dact.data(), f, pool_);
+    gemm_weight_grad(dh.data(), d, lt.act.data(), f, t_, d, f,
+                     g_.get(p + "mlp.down_proj.weight").data(), pool_);
+    kernels::swiglu_backward(lt.gate_up.data(), lt.gate_up.data() + f, dact.data(), t_, f, 2 * f,
+                             dgu.data(), dgu.data() + f, 2 * f);
+    std::vector<float> dw(static_cast<size_t>(2 * f * d));
+    gemm_weight_grad(dgu.data(), 2 * f, lt.xn2.data(), d, t_, 2 * f, d, dw.data(), pool_);
+    split_rows(dw.data(), d, g_, {{p + "mlp.gate_proj.weight", f}, {p + "mlp.up_proj.weight", f}});
+    std::vector<float> dxn(static_cast<size_t>(t_ * d));
+    gemm(dgu.data(), t_, 2 * f, wt.gate_up_t, dxn.data(), d, pool_);
+    post_norm(layer, p, dxn, dh);
+  }
+
+  // d h_mid = d h_out + norm_backward(d xn2).
+  void post_norm(int64_t layer, const std::string& p, std::vector<float>& dxn,
+                 std::vector<float>& dh) {
+    const LayerTape& lt = tape_.layers[layer];
+    kernels::rmsnorm_backward(lt.h_mid.data(), dxn.data(), t_, c_.hidden_size,
+                              w_.layers[layer].post_norm.data(), eps(), dxn.data(),
+                              g_.get(p + "post_attention_layernorm.weight").data());
+    add_into(dh.data(), dxn.data(), t_ * c_.hidden_size);
+  }
+
+  void moe(int64_t layer, const std::string& p, std::vector<float>& dh) {
+    const LayerTape& lt = tape_.layers[layer];
+    const MoeTape& mt = lt.moe;
+    const LayerWeightsT& wt = bw_.layers[layer];
+    const int64_t d = c_.hidden_size, f = c_.moe.moe_intermediate_size, k = c_.moe.top_k;
+    const int64_t e = c_.moe.num_experts;
+    // out_t = Σ_j w_tj y_tj: d w_tj = dh_t · y_tj; d y_tj = w_tj dh_t.
+    std::vector<float> dw(static_cast<size_t>(t_ * k));
+    for (int64_t s = 0; s < t_ * k; ++s)
+      dw[s] = kernels::detail::dot(dh.data() + (s / k) * d, mt.y.data() + s * d, d);
+    std::vector<float> dxn(static_cast<size_t>(t_ * d), 0.0f);
+    for (int64_t ex = 0; ex < e; ++ex) {
+      const ExpertTape& et = mt.experts[ex];
+      const std::string xp = p + "mlp.experts." + std::to_string(ex) + ".";
+      if (et.slots.empty()) continue;  // its gradients stay zero
+      const int64_t n = et.slots.size();
+      std::vector<float> dy(static_cast<size_t>(n * d)), xs(static_cast<size_t>(n * d));
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t s = et.slots[r], tok = s / k;
+        const float wgt = mt.weights[s];
+        for (int64_t i = 0; i < d; ++i) dy[r * d + i] = dh[tok * d + i] * wgt;
+        std::copy_n(lt.xn2.data() + tok * d, d, xs.data() + r * d);
+      }
+      std::vector<float> dact(static_cast<size_t>(n * f)), dgu(static_cast<size_t>(n * 2 * f));
+      gemm(dy.data(), n, d, wt.experts[ex].down_t, dact.data(), f, pool_);
+      gemm_weight_grad(dy.data(), d, et.act.data(), f, n, d, f,
+                       g_.get(xp + "down_proj.weight").data(), pool_);
+      kernels::swiglu_backward(et.gate_up.data(), et.gate_up.data() + f, dact.data(), n, f, 2 * f,
+                               dgu.data(), dgu.data() + f, 2 * f);
+      std::vector<float> dwm(static_cast<size_t>(2 * f * d));
+      gemm_weight_grad(dgu.data(), 2 * f, xs.data(), d, n, 2 * f, d, dwm.data(), pool_);
+      split_rows(dwm.data(), d, g_, {{xp + "gate_proj.weight", f}, {xp + "up_proj.weight", f}});
+      std::vector<float> dxs(static_cast<size_t>(n * d));
+      gemm(dgu.data(), n, 2 * f, wt.experts[ex].gate_up_t, dxs.data(), d, pool_);
+      for (int64_t r = 0; r < n; ++r)
+        add_into(dxn.data() + (et.slots[r] / k) * d, dxs.data() + r * d, d);
+    }
+    // Gate weights: w = p[ids] (/ Σ p[ids] when renormalised); router softmax backward.
+    std::vector<float> dz(static_cast<size_t>(t_ * e), 0.0f);
+    for (int64_t i = 0; i < t_; ++i) {
+      const float* prob = mt.probs.data() + i * e;
+      const int32_t* ids = mt.ids.data() + i * k;
+      const float* w = mt.weights.data() + i * k;
+      const float* g = dw.data() + i * k;
+      float* dzi = dz.data() + i * e;
+      std::vector<float> dp(static_cast<size_t>(e), 0.0f);
+      if (c_.moe.norm_topk_prob) {
+        float sum = 0.0f, gw = 0.0f;
+        for (int64_t j = 0; j < k; ++j) sum = sum + prob[ids[j]];
+        for (int64_t j = 0; j < k; ++j) gw = std::fma(g[j], w[j], gw);
+        for (int64_t j = 0; j < k; ++j) dp[ids[j]] = (g[j] - gw) / sum;
+      } else {
+        for (int64_t j = 0; j < k; ++j) dp[ids[j]] = g[j];
+      }
+      float pd = 0.0f;
+      for (int64_t x = 0; x < e; ++x) pd = std::fma(prob[x], dp[x], pd);
+      for (int64_t x = 0; x < e; ++x) dzi[x] = prob[x] * (dp[x] - pd);
+    }
+    gemm_weight_grad(dz.data(), e, lt.xn2.data(), d, t_, e, d, g_.get(p + "mlp.gate.weight").data(),
+                     pool_);
+    std::vector<float> dxr(static_cast<size_t>(t_ * d));
+    gemm(dz.data(), t_, e, wt.router_t, dxr.data(), d, pool_);
+    add_into(dxn.data(), dxr.data(), t_ * d);
+    post_norm(layer, p, dxn, dh);
+  }
+
+  // h_mid = h_in + o(attn(rope(norm_qk(qkv(norm(h_in)))))); dh: d h_mid in, d h_in out.
+  void attention(int64_t layer, const std::string& p, std::vector<float>& dh) {
+    const LayerTape& lt = tape_.layers[layer];
+    const LayerWeights& l = w_.layers[layer];
+    const LayerWeightsT& wt = bw_.layers[layer];
+    const int64_t d = c_.hidden_size, qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim;
+    const int64_t ld = qd + 2 * kvd;
+    // o_proj
+    std::vector<float> dattn(static_cast<size_t>(t_ * qd));
+    gemm(dh.data(), t_, d, wt.o_t, dattn.data(), qd, pool_);
+    gemm_weight_grad(dh.data(), d, lt.attn.data(), qd, t_, d, qd,
+                     g_.get(p + "self_attn.o_proj.weight").data(), pool_);
+    if (!l.o_bias.empty())
+      column_sums(dh.data(), t_, d, d, g_.get(p + "self_attn.o_proj.bias").data());
+    // attention per sequence, then RoPE and q/k norm backward per token
+    std::vector<float> dqkv(static_cast<size_t>(t_ * ld));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    parallel_for(pool_, tape_.seqs.size(), [&](int64_t s) {
+      const int64_t off = tape_.offset[s], n = tape_.seqs[s].n_tokens;
+      const float* q = lt.qkv.data() + off * ld;
+      float* dq = dqkv.data() + off * ld;
+      kernels::attention_backward(q, q + qd, q + qd + kvd, ld, ld, dattn.data() + off * qd, n,
+                                  c_.num_heads, c_.num_kv_heads, hd, scale, dq, dq + qd,
+                                  dq + qd + kvd);
+    });
+    std::vector<float> dnorm_q, dnorm_k;
+    if (!l.q_norm.empty()) {
+      dnorm_q.assign(static_cast<size_t>(hd), 0.0f);
+      dnorm_k.assign(static_cast<size_t>(hd), 0.0f);
+    }
+    for (int64_t i = 0; i < t_; ++i) {
+      float* dq = dqkv.data() + i * ld;
+      float* dk = dq + qd;
+      kernels::rope_backward(dq, 1, c_.num_heads, hd, &tape_.positions[i], w_.rope);
+      kernels::rope_backward(dk, 1, c_.num_kv_heads, hd, &tape_.positions[i], w_.rope);
+      if (!l.q_norm.empty()) {
+        const float* raw = lt.qkv_raw.data() + i * ld;
+        kernels::rmsnorm_backward(raw, dq, c_.num_heads, hd, l.q_norm.data(), eps(), dq,
+                                  dnorm_q.data());
+        kernels::rmsnorm_backward(raw + qd, dk, c_.num_kv_heads, hd, l.k_norm.data(), eps(), dk,
+                                  dnorm_k.data());
+      }
+    }
+    if (!l.q_norm.empty()) {
+      std::copy(dnorm_q.begin(), dnorm_q.end(), g_.get(p + "self_attn.q_norm.weight").begin());
+      std::copy(dnorm_k.begin(), dnorm_k.end(), g_.get(p + "self_attn.k_norm.weight").begin());
+    }
+    if (!l.qkv_bias.empty()) {
+      std::vector<float> db(static_cast<size_t>(ld), 0.0f);
+      column_sums(dqkv.data(), t_, ld, ld, db.data());
+      split_rows(db.data(), 1, g_,
+                 {{p + "self_attn.q_proj.bias", qd},
+                  {p + "self_attn.k_proj.bias", kvd},
+                  {p + "self_attn.v_proj.bias", kvd}});
+    }
+    std::vector<float> dw(static_cast<size_t>(ld * d));
+    gemm_weight_grad(dqkv.data(), ld, lt.xn1.data(), d, t_, ld, d, dw.data(), pool_);
+    split_rows(dw.data(), d, g_,
+               {{p + "self_attn.q_proj.weight", qd},
+                {p + "self_attn.k_proj.weight", kvd},
+                {p + "self_attn.v_proj.weight", kvd}});
+    std::vector<float> dxn(static_cast<size_t>(t_ * d));
+    gemm(dqkv.data(), t_, ld, wt.qkv_t, dxn.data(), d, pool_);
+    kernels::rmsnorm_backward(lt.h_in.data(), dxn.data(), t_, d, l.input_norm.data(), eps(),
+                              dxn.data(), g_.get(p + "input_layernorm.weight").data());
+    add_into(dh.data(), dxn.data(), t_ * d);
+  }
+
+  void embedding(const std::vector<float>& dh) {
+    const int64_t d = c_.hidden_size;
+    float* de = g_.get("model.embed_tokens.weight").data();
+    for (int64_t i = 0; i < t_; ++i) add_into(de + tape_.tokens[i] * d, dh.data() + i * d, d);
+  }
+
+  const ModelConfig& c_;
+  const ModelWeights& w_;
+  const BackwardWeights& bw_;
+  const ForwardTape::Impl& tape_;
+  FlatTensors& g_;
+  ThreadPool* pool_;
+  const int64_t t_;
+};
+
+}  // namespace
+
+const BackwardWeights& Model::backward_weights() const {
+  std::call_once(backward_once_, [&] {
+    auto bw = std::make_unique<BackwardWeights>();
+    bw->layers.resize(w_->layers.size());
+    for (size_t i = 0; i < w_->layers.size(); ++i) {
+      const LayerWeights& l = w_->layers[i];
+      LayerWeightsT& t = bw->layers[i];
+      t.qkv_t = l.qkv.transposed();
+      t.o_t = l.o.transposed();
+      if (!l.moe) {
+        t.gate_up_t = l.gate_up.transposed();
+        t.down_t = l.down.transposed();
+        continue;
+      }
+      t.router_t = l.router.transposed();
+      t.experts.resize(l.experts.size());
+      for (size_t e = 0; e < l.experts.size(); ++e) {
+        t.experts[e].gate_up_t = l.experts[e].gate_up.transposed();
+        t.experts[e].down_t = l.experts[e].down.transposed();
+      }
+    }
+    bw->lm_head_t = w_->lm_head.transposed();
+    bw_ = std::move(bw);
+  });
+  return *bw_;
+}
+
+Status Model::backward(const ForwardTape& tape, std::span<const float> dlogits, FlatTensors& grads,
+                       ThreadPool* pool) const {
+  const ForwardTape::Impl& t = tape.impl();
+  const int64_t n = t.tokens.size();
+  if (t.layers.size() != static_cast<size_t>(config_.num_layers) || n == 0)
+    return Status::Error("backward needs the tape of a training forward of this model");
+  if (static_cast<int64_t>(dlogits.size()) != n * config_.vocab_size)
+    return Status::Error(
+        "backward: d logits has " + std::to_string(dlogits.size()) +
+        " values, expected tokens × vocab = " + std::to_string(n * config_.vocab_size));
+  if (grads.layout().total() != ParamLayout::for_model(config_)->total())
+    return Status::Error("backward: the gradient buffer's layout does not match this model");
+  Backward(config_, *w_, backward_weights(), t, grads, pool).run(dlogits);
+  return Status::Ok();
+}
+
+}  // namespace miles
