@@ -1,0 +1,123 @@
+// AdamW, clipping and the LR schedule against torch: 10 optimizer steps on tiny Llama and Qwen3-MoE
+// checkpoints (scripts/make_grad_goldens.py: torch.optim.AdamW, clip_grad_norm_, warm-up + cosine),
+// comparing every step's loss, pre-clip grad norm and lr, and every final parameter.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "grad_case.h"
+#include "miles/optimizer.h"
+
+namespace miles {
+namespace {
+
+class AdamWParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AdamWParity, TenStepsMatchTorch) {
+  test::Case c = test::load_case(GetParam());
+  auto ref =
+      read_safetensors(test::data_dir() + "/grad_goldens/adamw_" + GetParam() + ".safetensors");
+  ASSERT_TRUE(ref.ok()) << ref.message();
+  auto layout = ParamLayout::for_model(c.config, &c.weights);
+  auto params = FlatTensors::from_tensor_map(layout, c.weights);
+  ASSERT_TRUE(params.ok()) << params.message();
+  const std::vector<float> initial(params->all().begin(), params->all().end());
+  AdamWConfig ac;
+  ac.beta1 = 0.9;
+  ac.beta2 = 0.95;
+  ac.eps = 1e-8;
+  ac.weight_decay = 0.1;
+  ac.clip_grad_norm = 1.0;
+  LrSchedule sched;
+  sched.lr = 1e-3;
+  sched.min_lr = 1e-4;
+  sched.warmup_steps = 3;
+  sched.total_steps = 10;
+  sched.decay = LrSchedule::Decay::kCosine;
+  AdamW opt(layout, ac);
+  const float* want_loss = ref->find("step.loss")->data<float>();
+  const float* want_norm = ref->find("step.grad_norm")->data<float>();
+  const float* want_lr = ref->find("step.lr")->data<float>();
+  for (int k = 0; k < 10; ++k) {
+    const TensorMap view = params->as_tensor_map();
+    auto model = Model::from_weights(c.config, view);
+    ASSERT_TRUE(model.ok()) << model.message();
+    test::GradRun r = test::run_grad(c, nullptr, model->get(), &c.weights);
+    const double norm = clip_grad_norm(r.grads, ac.clip_grad_norm);
+    const double lr = sched.at(k);
+    EXPECT_NEAR(r.loss, want_loss[k], 1e-4 * std::max(1.0, std::fabs(double(want_loss[k])))) << k;
+    EXPECT_NEAR(norm, want_norm[k], 1e-4 * want_norm[k]) << k;
+    EXPECT_NEAR(lr, want_lr[k], 1e-9) << k;
+    opt.step(*params, r.grads, lr);
+  }
+  // Every parameter after 10 steps, and its change from the start, per tensor.
+  double worst_param = 0, worst_delta = 0;
+  std::string worst_name;
+  for (const ParamSpec& s : layout->specs()) {
+    const Tensor* want = ref->find("final." + s.name);
+    ASSERT_NE(want, nullptr) << s.name;
+    const std::vector<float> w = want->to_f32();
+    double dp = 0, np = 0, dd = 0, nd = 0;
+    for (int64_t i = 0; i < s.numel; ++i) {
+      const double got = params->all()[s.offset + i], init = initial[s.offset + i];
+      dp += (got - w[i]) * (got - w[i]);
+      np += double(w[i]) * w[i];
+      nd += (w[i] - init) * (w[i] - init);
+    }
+    dd = dp;
+    const double rel_p = std::sqrt(dp / np), rel_d = std::sqrt(dd / nd);
+    EXPECT_LE(rel_p, 1e-4) << s.name;
+    EXPECT_LE(rel_d, 1e-3) << s.name;
+    worst_param = std::max(worst_param, rel_p);
+    if (rel_d > worst_delta) {
+      worst_delta = rel_d;
+      worst_name = s.name;
+    }
+  }
+  std::printf(
+      "%s after 10 AdamW steps: worst relative error of a parameter %.2e, of its change %.2e "
+      "(%s)\n",
+      GetParam().c_str(), worst_param, worst_delta, worst_name.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, AdamWParity, ::testing::Values("llama", "qwen3_moe"));
+
+TEST(LrSchedule, WarmupConstantAndCosine) {
+  LrSchedule s;
+  s.lr = 1.0;
+  s.warmup_steps = 4;
+  EXPECT_DOUBLE_EQ(s.at(0), 0.25);
+  EXPECT_DOUBLE_EQ(s.at(3), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(100), 1.0);
+  s.decay = LrSchedule::Decay::kCosine;
+  s.total_steps = 8;
+  s.min_lr = 0.5;
+  EXPECT_DOUBLE_EQ(s.at(4), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(6), 0.75);
+  EXPECT_DOUBLE_EQ(s.at(8), 0.5);
+  EXPECT_DOUBLE_EQ(s.at(50), 0.5);
+  EXPECT_TRUE(s.validate().ok());
+  s.total_steps = 2;
+  EXPECT_FALSE(s.validate().ok());
+  LrSchedule bad;
+  bad.lr = -1;
+  EXPECT_NE(bad.validate().message().find("lr"), std::string::npos);
+  AdamWConfig ac;
+  ac.beta2 = 1.0;
+  EXPECT_NE(ac.validate().message().find("beta2"), std::string::npos);
+}
+
+TEST(AdamW, StepIsDeterministicAndClipScalesOnlyAboveTheLimit) {
+  test::Case c = test::load_case("llama");
+  test::GradRun a = test::run_grad(c, nullptr);
+  FlatTensors g2 = a.grads;
+  const double n = global_grad_norm(a.grads);
+  EXPECT_EQ(clip_grad_norm(g2, 1e9), n);
+  EXPECT_EQ(0, std::memcmp(g2.all().data(), a.grads.all().data(), g2.all().size() * 4));
+  clip_grad_norm(g2, n / 2);
+  EXPECT_NEAR(global_grad_norm(g2), n / 2, 1e-5 * n);
+}
+
+}  // namespace
+}  // namespace miles

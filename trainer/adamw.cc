@@ -1,0 +1,70 @@
+// AdamW, the global gradient norm and clipping (optimizer.h).
+#include <cmath>
+
+#include "miles/optimizer.h"
+
+namespace miles {
+
+Status AdamWConfig::validate() const {
+  if (!(beta1 >= 0 && beta1 < 1)) return Status::Error("optimizer.beta1 must be in [0, 1)");
+  if (!(beta2 >= 0 && beta2 < 1)) return Status::Error("optimizer.beta2 must be in [0, 1)");
+  if (!(eps > 0)) return Status::Error("optimizer.eps must be > 0");
+  if (!(weight_decay >= 0)) return Status::Error("optimizer.weight_decay must be >= 0");
+  if (!std::isfinite(clip_grad_norm))
+    return Status::Error("optimizer.clip_grad_norm must be finite");
+  return Status::Ok();
+}
+
+double global_grad_norm(const FlatTensors& grads) {
+  double total = 0.0;
+  for (const ParamSpec& s : grads.layout().specs()) {
+    const float* g = grads.all().data() + s.offset;
+    double sq = 0.0;
+    for (int64_t i = 0; i < s.numel; ++i) sq += static_cast<double>(g[i]) * g[i];
+    total += sq;
+  }
+  return std::sqrt(total);
+}
+
+double clip_grad_norm(FlatTensors& grads, double max_norm) {
+  const double norm = global_grad_norm(grads);
+  if (max_norm <= 0) return norm;
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    const float c = static_cast<float>(coef);
+    for (float& g : grads.all()) g = g * c;
+  }
+  return norm;
+}
+
+AdamW::AdamW(std::shared_ptr<const ParamLayout> layout, AdamWConfig config)
+    : config_(config), m_(layout), v_(layout) {}
+
+void AdamW::step(FlatTensors& params, const FlatTensors& grads, double lr) {
+  ++step_;
+  const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(step_));
+  const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(step_));
+  const float step_size = static_cast<float>(lr / bc1);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  const float eps = static_cast<float>(config_.eps);
+  const float one_minus_b1 = static_cast<float>(1.0 - config_.beta1);
+  const float b2 = static_cast<float>(config_.beta2),
+              one_minus_b2 = static_cast<float>(1.0 - config_.beta2);
+  for (const ParamSpec& s : params.layout().specs()) {
+    const double wd = s.shape.size() >= 2 ? config_.weight_decay : 0.0;
+    const float decay = static_cast<float>(1.0 - lr * wd);
+    float* p = params.all().data() + s.offset;
+    const float* g = grads.all().data() + s.offset;
+    float* m = m_.all().data() + s.offset;
+    float* v = v_.all().data() + s.offset;
+    for (int64_t i = 0; i < s.numel; ++i) {
+      if (wd != 0.0) p[i] = p[i] * decay;
+      m[i] = m[i] + one_minus_b1 * (g[i] - m[i]);
+      v[i] = v[i] * b2 + one_minus_b2 * (g[i] * g[i]);
+      const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+      p[i] = p[i] - step_size * (m[i] / denom);
+    }
+  }
+}
+
+}  // namespace miles
