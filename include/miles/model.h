@@ -1,8 +1,8 @@
 // Model: the one implementation of Llama, Qwen3 and Qwen3-MoE that rollout and trainer share.
 //
 // Why: true on-policy RL needs the engine and the learner to compute the same bits. Both call this
-// forward over a packed batch of variable-length sequences; every kernel underneath is batch-invariant
-// (kernels.h), so a sequence's logits do not depend on what else is in the batch.
+// forward over a packed batch of variable-length sequences; every kernel underneath is
+// batch-invariant (kernels.h), so a sequence's logits do not depend on what else is in the batch.
 #pragma once
 
 #include <cstdint>
@@ -39,8 +39,9 @@ class ForwardTape {
   std::unique_ptr<Impl> impl_;
 };
 
-// One sequence's slice of a packed batch: tokens [offset, offset + n_tokens) of the batch sit at positions
-// start_pos .. start_pos + n_tokens - 1 of KV slot kv_slot (earlier positions are already in the cache).
+// One sequence's slice of a packed batch: tokens [offset, offset + n_tokens) of the batch sit at
+// positions start_pos .. start_pos + n_tokens - 1 of KV slot kv_slot (earlier positions are already
+// in the cache).
 struct SeqSpan {
   int32_t kv_slot = 0;
   int64_t start_pos = 0;
@@ -52,8 +53,8 @@ struct ForwardOptions {
   bool all_logits = true;
   // Record the top-k expert ids (and their gate weights) of every token and MoE layer.
   bool return_experts = false;
-  // Routing replay: use these expert ids ([T, num_moe_layers, top_k]) instead of the router's top-k;
-  // gate weights still come from the router's probabilities at those ids.
+  // Routing replay: use these expert ids ([T, num_moe_layers, top_k]) instead of the router's
+  // top-k; gate weights still come from the router's probabilities at those ids.
   std::span<const int32_t> forced_experts;
   // Training: keep the activations backward needs here. Needs all_logits and sequences that start
   // at position 0 (whole sequences, no cached prefix).
@@ -61,12 +62,20 @@ struct ForwardOptions {
 };
 
 struct ForwardOutput {
-  int64_t rows = 0;                  // T, or the number of sequences
+  int64_t rows = 0;  // T, or the number of sequences
   int64_t vocab = 0;
-  std::vector<float> logits;         // [rows, vocab]
-  std::vector<int32_t> experts;      // [T, num_moe_layers, top_k] when asked
-  std::vector<float> expert_weights; // [T, num_moe_layers, top_k] when asked
+  std::vector<float> logits;          // [rows, vocab]
+  std::vector<int32_t> experts;       // [T, num_moe_layers, top_k] when asked
+  std::vector<float> expert_weights;  // [T, num_moe_layers, top_k] when asked
 };
+
+// A checkpoint's config and weights: an HF directory (config.json + safetensors) or a llama2.c
+// file.
+struct ModelFiles {
+  ModelConfig config;
+  TensorMap weights;
+};
+Result<ModelFiles> load_model_files(const std::string& path);
 
 class Model {
  public:
@@ -81,10 +90,10 @@ class Model {
   // A KV store sized for this model.
   std::unique_ptr<SimpleKvCache> make_kv_cache(int64_t block_tokens = 16) const;
 
-  // Runs the packed batch `tokens` split into `seqs` (in order), writing their keys/values into `kv`.
+  // Runs the packed batch `tokens` split into `seqs` (in order), writing their keys/values into
+  // `kv`.
   Result<ForwardOutput> forward(std::span<const int32_t> tokens, std::span<const SeqSpan> seqs,
-                                KvStore& kv, const ForwardOptions& options,
-                                ThreadPool* pool) const;
+                                KvStore& kv, const ForwardOptions& options, ThreadPool* pool) const;
 
   // Gradients of a scalar loss with respect to every parameter, from the tape of a forward and
   // d loss / d logits ([T, vocab], the forward's rows). `grads` must have this model's layout
