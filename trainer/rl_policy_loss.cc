@@ -152,7 +152,7 @@ Result<LossResult> policy_loss(const LossConfig& config, const TokenBatch& b) {
         dlogp[t] += config.kl_coef * w * dkl;
       }
       if (!b.entropy.empty()) res.entropy_loss += w * b.entropy[t];
-      res.dentropy[t] = static_cast<float>(-config.entropy_coef * w);
+      if (config.entropy_coef != 0) res.dentropy[t] = static_cast<float>(-config.entropy_coef * w);
       ++masked;
       clipped += sur.clipped ? 1 : 0;
       dual += sur.dual ? 1 : 0;
