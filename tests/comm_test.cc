@@ -239,6 +239,7 @@ TEST(ConnectGloo, NoStoreIsAnErrorNamingTheAddress) {
   o.timeout = milliseconds(300);
   auto comm = connect_gloo(o);
   ASSERT_FALSE(comm.ok());
+  std::printf("  %s\n", comm.message().c_str());
   EXPECT_NE(comm.message().find(address), std::string::npos) << comm.message();
   EXPECT_NE(comm.message().find("rank 0 of 2"), std::string::npos) << comm.message();
 
@@ -534,6 +535,7 @@ TEST(GlooCommunicator, PeerThatNeverJoinsIsAnErrorNamingIt) {
     ASSERT_TRUE(results[r].exited) << results[r].describe();
     auto f = results[r].fields();
     EXPECT_EQ(f["ok"], "0");
+    std::printf("  rank %d: %s\n", r, f["message"].c_str());
     EXPECT_NE(f["message"].find("rank(s) 2 "), std::string::npos) << f["message"];
     EXPECT_NE(f["message"].find(store.address()), std::string::npos) << f["message"];
     EXPECT_NE(f["message"].find("did not join within 1500 ms"), std::string::npos) << f["message"];
@@ -579,6 +581,7 @@ TEST(GlooCommunicator, DeadOrSilentPeerIsAnErrorWithinTheTimeout) {
   auto f = results[0].fields();
   EXPECT_EQ(f.count("error"), 0u) << f["error"];
   EXPECT_EQ(f["recv_ok"], "0");
+  std::printf("  %s\n  %s\n", f["recv_message"].c_str(), f["after_message"].c_str());
   EXPECT_NE(f["recv_message"].find("recv from rank 1 (tag 9)"), std::string::npos)
       << f["recv_message"];
   EXPECT_NE(f["recv_message"].find("group world (rank 0 of 2)"), std::string::npos)
@@ -615,10 +618,46 @@ TEST(GlooCommunicator, PeerThatDiesMidCollectiveIsAnError) {
     ASSERT_TRUE(results[r].exited) << "rank " << r << ": " << results[r].describe();
     auto f = results[r].fields();
     EXPECT_EQ(f["ok"], "0") << "rank " << r;
+    std::printf("  rank %d: %s\n", r, f["message"].c_str());
     EXPECT_NE(f["message"].find("gloo allgather in group world"), std::string::npos)
         << f["message"];
     EXPECT_LT(std::stoi(f["ms"]), kTimeout.count() + 5000);
   }
+}
+
+// A peer that dies in the middle of a large transfer: the sender gets an error (gloo writes with
+// writev, so without connect_gloo ignoring SIGPIPE the sender would be killed instead).
+TEST(GlooCommunicator, PeerThatDiesMidTransferIsAnErrorNotASignal) {
+  StoreProcess store;
+  ASSERT_TRUE(store.ok());
+  constexpr milliseconds kTimeout{2000};
+  auto results = run_processes(
+      2,
+      [&](int rank) -> std::string {
+        CommOptions o = options_for(rank, 2, store.address(), "midtransfer");
+        o.timeout = kTimeout;
+        auto comm = connect_gloo(o);
+        if (!comm.ok()) return "error=" + comm.message();
+        std::vector<float> big(size_t{64} << 20, 1.0f);  // 256 MiB: the transfer takes a while
+        CHILD_CHECK((*comm)->barrier());
+        if (rank == 1) {
+          std::thread killer([] {
+            std::this_thread::sleep_for(milliseconds(20));
+            _exit(0);
+          });
+          killer.detach();
+          (void)(*comm)->recv(big, 0, 5);
+          _exit(0);
+        }
+        Status s = (*comm)->send(big, 1, 5);
+        return std::string("ok=") + (s.ok() ? "1" : "0") + "\nmessage=" + s.message() + "\n";
+      },
+      kRunDeadline);
+  ASSERT_TRUE(results[0].exited) << results[0].describe();
+  auto f = results[0].fields();
+  EXPECT_EQ(f["ok"], "0");
+  EXPECT_NE(f["message"].find("gloo send to rank 1 (tag 5)"), std::string::npos) << f["message"];
+  std::printf("  %s\n", f["message"].c_str());
 }
 
 }  // namespace

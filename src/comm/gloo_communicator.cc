@@ -21,6 +21,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cstring>
@@ -269,6 +270,19 @@ Result<std::unique_ptr<Communicator>> GlooCommunicator::new_group(std::span<cons
       new GlooCommunicator(shared_, std::move(ctx), std::move(world), group_name, prefix));
 }
 
+// gloo writes to its sockets with writev, so a write to a peer that just died raises SIGPIPE, whose
+// default action kills the process. Make it an EPIPE error instead (as Python does at start-up),
+// unless the program installed its own handler.
+void ignore_sigpipe_if_default() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, nullptr);
+  }
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Communicator>> connect_gloo(const CommOptions& options) {
@@ -279,6 +293,7 @@ Result<std::unique_ptr<Communicator>> connect_gloo(const CommOptions& options) {
   }
   if (options.timeout.count() <= 0) return Status::Error(where + ": timeout must be positive");
   if (options.store_address.empty()) return Status::Error(where + ": no store address");
+  ignore_sigpipe_if_default();
   auto shared = std::make_shared<GlooShared>();
   shared->timeout = options.timeout;
   if (options.host_store && options.rank == 0) {
