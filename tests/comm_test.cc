@@ -660,5 +660,25 @@ TEST(GlooCommunicator, PeerThatDiesMidTransferIsAnErrorNotASignal) {
   std::printf("  %s\n", f["message"].c_str());
 }
 
+// The NCCL back-end cannot run here (no GPU on the development machine): check only that asking for
+// it without a GPU, or in a build without CUDA, is an error and not a crash. Run in a child so that
+// the CUDA runtime never initializes in the test process (which forks later tests' ranks).
+TEST(ConnectNccl, WithoutAGpuIsAnError) {
+  StoreProcess store;
+  ASSERT_TRUE(store.ok());
+  auto results = run_processes(
+      1,
+      [&](int rank) -> std::string {
+        auto comm = connect_nccl(options_for(0, 1, store.address(), "nccl"));
+        return std::string("ok=") + (comm.ok() ? "1" : "0") + "\nmessage=" + comm.message() + "\n";
+      },
+      kRunDeadline);
+  ASSERT_TRUE(results[0].exited) << results[0].describe();
+  auto f = results[0].fields();
+  if (f["ok"] == "1") GTEST_SKIP() << "a GPU is visible: connect_nccl succeeded";
+  std::printf("  %s\n", f["message"].c_str());
+  EXPECT_NE(f["message"].find("connect_nccl (rank 0"), std::string::npos) << f["message"];
+}
+
 }  // namespace
 }  // namespace miles

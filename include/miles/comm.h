@@ -117,12 +117,24 @@ struct CommOptions {
   std::chrono::milliseconds timeout{60'000};
   // Store key namespace: several jobs (or several worlds of one test) can share a store.
   std::string prefix = "miles";
+  // NCCL only: the CUDA device of this rank; -1 picks rank % (number of visible devices).
+  int device = -1;
 };
 
 // The CPU back-end: Gloo's TCP transport, rendezvous through the TcpStore. Blocks until all
 // world_size ranks have joined; an error names the ranks that did not show up within the timeout
 // and the store.
 Result<std::unique_ptr<Communicator>> connect_gloo(const CommOptions& options);
+
+// The GPU back-end (built when MILES_HAVE_CUDA; otherwise it returns an error saying so). Same
+// interface, but every data pointer / span is CUDA device memory on CommOptions::device. Operations
+// are enqueued on the communicator's own stream and waited for (polling, bounded by the timeout; on
+// timeout the NCCL communicator is aborted) before they return. The NCCL unique id travels through
+// the TcpStore. The deterministic sum and the max stage the gathered partials through host memory
+// and apply the same halving_tree_sum as the CPU back-end, so CPU and GPU results agree bit for bit
+// (a device-side tree is a later optimisation). send / recv ignore `tag`: NCCL orders messages
+// between a pair by issue order.
+Result<std::unique_ptr<Communicator>> connect_nccl(const CommOptions& options);
 
 // This rank's tensor-, data- and pipeline-parallel groups (group rank = coordinate in that
 // dimension).

@@ -110,4 +110,11 @@ Result<ParallelGroups> make_parallel_groups(Communicator& world, const ParallelL
   return g;
 }
 
+#if !defined(MILES_HAVE_CUDA)
+Result<std::unique_ptr<Communicator>> connect_nccl(const CommOptions& options) {
+  return Status::Error("connect_nccl (rank " + std::to_string(options.rank) +
+                       "): miles was built without CUDA / NCCL (MILES_HAVE_CUDA is off)");
+}
+#endif
+
 }  // namespace miles

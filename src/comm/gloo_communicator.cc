@@ -29,6 +29,7 @@
 
 #include "miles/comm.h"
 #include "miles/tcp_store.h"
+#include "rendezvous.h"
 #include "socket_io.h"
 
 namespace miles {
@@ -36,12 +37,6 @@ namespace miles {
 namespace {
 
 constexpr uint8_t kSendRecvSlotPrefix = 0x40;  // above gloo's collective prefixes (0x01..0x08)
-
-std::string ranks_text(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-  return s;
-}
 
 // gloo's Store interface over a TcpStoreClient; errors become gloo::IoException, which
 // connectFullMesh lets through to our catch.
@@ -209,27 +204,10 @@ Result<std::shared_ptr<gloo::Context>> GlooCommunicator::join(GlooShared& shared
                                                               const std::string& name) {
   TcpStoreClient& store = *shared.store;
   const int size = static_cast<int>(world_ranks.size());
+  MILES_RETURN_IF_ERROR(
+      comm::detail::join_members(store, prefix, rank, world_ranks, name, shared.timeout));
   const std::string where = "joining group " + name + " as rank " + std::to_string(rank) + " of " +
-                            std::to_string(size) + " (store " + store.address() + ", prefix \"" +
-                            prefix + "\")";
-  const auto joined_key = [&](int r) { return prefix + "/joined/" + std::to_string(r); };
-  MILES_RETURN_IF_ERROR(store.set(joined_key(rank), "1").with_context(where));
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(joined_key(r));
-  if (Status s = store.wait(keys, shared.timeout); !s.ok()) {
-    std::vector<int> missing, missing_world;
-    for (int r = 0; r < size; ++r) {
-      auto present = store.check({joined_key(r)});
-      if (present.ok() && !*present) {
-        missing.push_back(r);
-        missing_world.push_back(world_ranks[r]);
-      }
-    }
-    if (missing.empty()) return s.with_context(where);
-    return Status::Error(where + ": rank(s) " + ranks_text(missing) + " (world rank(s) " +
-                         ranks_text(missing_world) + ") did not join within " +
-                         std::to_string(shared.timeout.count()) + " ms");
-  }
+                            std::to_string(size) + " (store " + store.address() + ")";
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
   ctx->setTimeout(shared.timeout);
   try {
@@ -260,9 +238,10 @@ Result<std::unique_ptr<Communicator>> GlooCommunicator::new_group(std::span<cons
     world.push_back(world_ranks_[r]);
   }
   if (my_index < 0) {
-    return Status::Error(context(op) + ": this rank is not in [" + ranks_text(members) + "]");
+    return Status::Error(context(op) + ": this rank is not in [" +
+                         comm::detail::ranks_text(members) + "]");
   }
-  const std::string group_name = std::string(label) + "[" + ranks_text(world) + "]";
+  const std::string group_name = std::string(label) + "[" + comm::detail::ranks_text(world) + "]";
   const int n = group_creations_[group_name]++;
   const std::string prefix = prefix_ + "/group/" + group_name + "#" + std::to_string(n);
   MILES_ASSIGN_OR_RETURN(auto ctx, join(*shared_, prefix, my_index, world, group_name));
