@@ -12,5 +12,6 @@ void register_bench_rollout(CLI::App& bench);  // under `miles bench`
 void register_serve(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_tokenize(CLI::App& app);
+void register_sft(CLI::App& app, int argc, char** argv);  // sft and train-worker
 
 }  // namespace miles::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   miles::cli::register_serve(app);
   miles::cli::register_convert(app);
   miles::cli::register_tokenize(app);
+  miles::cli::register_sft(app, argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

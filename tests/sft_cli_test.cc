@@ -1,0 +1,147 @@
+// `miles sft` as a user runs it: one JSON line per step; data-parallel layouts over real processes
+// (Gloo on loopback) give the single-process loss and grad norm bit for bit; YAML configs; bad
+// data, layouts and configs exit 1 with a message naming the file and line.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "test_paths.h"
+
+namespace miles {
+namespace {
+
+struct CliRun {
+  int exit_code;
+  std::string out;
+};
+
+CliRun run_miles(const std::string& args, bool with_stderr = true) {
+  const std::string cmd =
+      test::binary_dir() + "/bin/miles " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::vector<nlohmann::json> steps_of(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("step")) v.push_back(j);
+  }
+  return v;
+}
+
+std::string stories() { return test::shared_dir() + "/models/stories260K/stories260K.bin"; }
+std::string data(const std::string& f) { return test::data_dir() + "/sft/" + f; }
+
+TEST(SftCli, PrintsOneLinePerStepAndLearns) {
+  MILES_REQUIRE_SHARED();
+  CliRun r = run_miles("sft --model " + stories() + " --data " + data("stories.jsonl") +
+                           " --steps 8 --lr 2e-3 --batch-size 4",
+                       false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto s = steps_of(r.out);
+  ASSERT_EQ(s.size(), 8u) << r.out;
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(s[i]["step"], i + 1);
+    for (const char* k : {"loss", "grad_norm", "lr", "tokens"}) EXPECT_TRUE(s[i].contains(k)) << k;
+  }
+  EXPECT_LT(s[7]["loss"].get<double>(), 0.5 * s[0]["loss"].get<double>());
+}
+
+TEST(SftCli, DataParallelLayoutsGiveTheSingleProcessLossAndGradNormBitForBit) {
+  MILES_REQUIRE_SHARED();
+  const std::string job = "sft --model " + stories() + " --data " + data("ids.jsonl") +
+                          " --steps 3 --lr 1e-3 --batch-size 8 --micro-batch-size 2 --threads 1 ";
+  CliRun one = run_miles(job + "--layout dp=1", false);
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  const auto ref = steps_of(one.out);
+  ASSERT_EQ(ref.size(), 3u);
+  for (const char* layout : {"dp=2", "dp=4,pp=1,tp=1"}) {
+    CliRun r = run_miles(job + "--layout " + layout, false);
+    ASSERT_EQ(r.exit_code, 0) << layout << ": " << r.out;
+    const auto got = steps_of(r.out);
+    ASSERT_EQ(got.size(), 3u) << layout << ": only rank 0 prints";
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(got[i]["loss"].get<double>(), ref[i]["loss"].get<double>())
+          << layout << " step " << i;
+      EXPECT_EQ(got[i]["grad_norm"].get<double>(), ref[i]["grad_norm"].get<double>()) << layout;
+    }
+  }
+}
+
+TEST(SftCli, YamlConfigAndFlagsThatOverrideIt) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = test::binary_dir() + "/sft_cli_tmp";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/job.yaml");
+    f << "model: " << stories() << "\ndata: " << data("ids.jsonl") << "\nsteps: 2\nlr: 1e-3\n"
+      << "batch_size: 4\nlayout: dp=1\n";
+  }
+  CliRun r = run_miles("sft --config " + dir + "/job.yaml --steps 3", false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(steps_of(r.out).size(), 3u);
+  {
+    std::ofstream f(dir + "/bad.yaml");
+    f << "model: " << stories() << "\ndata: " << data("ids.jsonl") << "\nlearning_rate: 1\n";
+  }
+  CliRun b = run_miles("sft --config " + dir + "/bad.yaml");
+  EXPECT_EQ(b.exit_code, 1);
+  EXPECT_NE(b.out.find("bad.yaml:3"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("learning_rate"), std::string::npos) << b.out;
+}
+
+TEST(SftCli, BadInputExitsOneWithAReason) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = test::binary_dir() + "/sft_cli_tmp";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/bad.jsonl");
+    f << "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1, 99999]}\n";
+  }
+  const std::string base = "sft --model " + stories() + " ";
+  struct Case {
+    std::string args, needle;
+  } cases[] = {
+      {"--data " + dir + "/bad.jsonl", "bad.jsonl:2"},
+      {"--data " + dir + "/missing.jsonl", "cannot open"},
+      {"--data " + data("ids.jsonl") + " --layout dp=2,pp=2", "pipeline"},
+      {"--data " + data("ids.jsonl") + " --layout dp=0", "dp"},
+      {"--data " + data("ids.jsonl") + " --batch-size 6 --layout dp=4", "split evenly"},
+      {"--data " + data("ids.jsonl") + " --decay linear", "--decay"},
+      {"", "--data"},
+  };
+  for (const Case& c : cases) {
+    CliRun r = run_miles(base + c.args);
+    EXPECT_EQ(r.exit_code, 1) << c.args << ": " << r.out;
+    EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.args << ": " << r.out;
+  }
+}
+
+TEST(SftCli, AWorkerWhosePeerNeverComesFailsWithinItsTimeout) {
+  MILES_REQUIRE_SHARED();
+  // A store with nobody else: rank 0 of 2 waits for rank 1, then reports it by number.
+  CliRun r = run_miles(
+      "train-worker --rank 0 --world-size 2 --store 127.0.0.1:1 --comm-timeout 2 "
+      "--model " +
+      stories() + " --data " + data("ids.jsonl") + " --layout dp=2");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("rank 0"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace miles
