@@ -103,8 +103,8 @@ TEST(ModelConfigJson, RoundTripsOptionalFieldsAwayFromDefaults) {
   c.moe.decoder_sparse_step = 2;
   c.moe.mlp_only_layers = {0};
   expect_round_trip(c, "qwen3_moe, every optional field set");
-  for (auto type : {RopeConfig::Type::kLinear, RopeConfig::Type::kDynamic,
-                    RopeConfig::Type::kLlama3}) {
+  for (auto type :
+       {RopeConfig::Type::kLinear, RopeConfig::Type::kDynamic, RopeConfig::Type::kLlama3}) {
     ModelConfig d = *base;
     d.rope.type = type;
     d.rope.factor = 8;

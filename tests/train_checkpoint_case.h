@@ -112,8 +112,8 @@ class TempDir {
     std::string name = std::string(info->test_suite_name()) + "_" + info->name();
     for (char& ch : name)
       if (ch == '/') ch = '_';
-    path_ = (fs::temp_directory_path() /
-             ("miles_ckpt_" + std::to_string(::getpid()) + "_" + name)).string();
+    path_ = (fs::temp_directory_path() / ("miles_ckpt_" + std::to_string(::getpid()) + "_" + name))
+                .string();
     fs::remove_all(path_);
     fs::create_directories(path_);
   }

@@ -1,8 +1,6 @@
 // Trainer checkpoints that are damaged, incomplete or foreign are refused with an error naming the
 // file and the tensor or key, leaving the trainer untouched; latest_checkpoint ignores leftovers of
 // crashed saves; an existing checkpoint is only replaced when asked.
-#include "miles/train_checkpoint.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -10,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "miles/train_checkpoint.h"
 #include "train_checkpoint_case.h"
 
 namespace miles {
@@ -145,7 +144,8 @@ TEST_F(Damaged, UnexpectedTensor) {
 }
 
 TEST_F(Damaged, LayoutRecordedForAnotherModel) {
-  rewrite_state("\"shape\": [\n        1024,\n        64", "\"shape\": [\n        1000,\n        64");
+  rewrite_state("\"shape\": [\n        1024,\n        64",
+                "\"shape\": [\n        1000,\n        64");
   const std::string e = load_error();
   EXPECT_NE(e.find("trainer_state.json: key 'tensors[0]' is 'model.embed_tokens.weight' "
                    "[1000,64], the trainer's model has 'model.embed_tokens.weight' [1024,64]"),
@@ -204,9 +204,9 @@ TEST_F(Damaged, ExistingCheckpointIsNotOverwrittenUnlessAsked) {
   EXPECT_EQ(loaded->step, 77);
   EXPECT_EQ(again->steps_done(), 0);
   EXPECT_EQ(hashes(*again), before_);
-  EXPECT_EQ(std::distance(fs::directory_iterator(fs::path(dir_).parent_path()),
-                          fs::directory_iterator()),
-            1)
+  EXPECT_EQ(
+      std::distance(fs::directory_iterator(fs::path(dir_).parent_path()), fs::directory_iterator()),
+      1)
       << "no .tmp-* or .old-* left next to the checkpoint";
 }
 

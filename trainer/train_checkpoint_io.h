@@ -1,4 +1,5 @@
-// Private to the trainer's checkpoints: durable small-file IO and the names of a checkpoint's files.
+// Private to the trainer's checkpoints: durable small-file IO and the names of a checkpoint's
+// files.
 //
 // Why: save and load agree on file names in one place, and every byte a checkpoint holds is
 // fsynced before the directory that holds it is renamed into place.

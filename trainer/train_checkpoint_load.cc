@@ -136,8 +136,7 @@ Result<TrainState> read_train_state(const json& j, const StateReader& r) {
   MILES_ASSIGN_OR_RETURN(const json* ts, r.at(j, "train_state", "train_state"));
   TrainState s;
   MILES_RETURN_IF_ERROR(r.get(*ts, "step", "train_state.step", &s.step));
-  MILES_RETURN_IF_ERROR(r.get(*ts, "data_position", "train_state.data_position",
-                              &s.data_position));
+  MILES_RETURN_IF_ERROR(r.get(*ts, "data_position", "train_state.data_position", &s.data_position));
   MILES_ASSIGN_OR_RETURN(const json* rng, r.at(*ts, "rng", "train_state.rng"));
   MILES_RETURN_IF_ERROR(r.get(*rng, "seed", "train_state.rng.seed", &s.rng_seed));
   MILES_RETURN_IF_ERROR(r.get(*rng, "counter", "train_state.rng.counter", &s.rng_counter));
@@ -164,7 +163,8 @@ Result<TrainState> load_checkpoint(const std::string& dir, Trainer& trainer) {
   std::string format;
   int64_t version = 0, steps = 0;
   MILES_RETURN_IF_ERROR(r.get(j, "format", "format", &format));
-  if (format != ckpt::kFormat) return r.error("format", "is '" + format + "', not " + ckpt::kFormat);
+  if (format != ckpt::kFormat)
+    return r.error("format", "is '" + format + "', not " + ckpt::kFormat);
   MILES_RETURN_IF_ERROR(r.get(j, "format_version", "format_version", &version));
   if (version != kTrainCheckpointFormatVersion)
     return r.error("format_version", "is " + std::to_string(version) + "; this build reads " +
@@ -186,8 +186,7 @@ Result<TrainState> load_checkpoint(const std::string& dir, Trainer& trainer) {
   const std::string opt_path = dir + "/" + ckpt::kOptimizerFile;
   MILES_ASSIGN_OR_RETURN(const TensorMap opt_file, read_safetensors(opt_path));
   MILES_RETURN_IF_ERROR(copy_verified(opt_file, opt_path, ckpt::kExpAvg, rec.exp_avg_sha, m));
-  MILES_RETURN_IF_ERROR(
-      copy_verified(opt_file, opt_path, ckpt::kExpAvgSq, rec.exp_avg_sq_sha, v));
+  MILES_RETURN_IF_ERROR(copy_verified(opt_file, opt_path, ckpt::kExpAvgSq, rec.exp_avg_sq_sha, v));
   MILES_RETURN_IF_ERROR(
       check_no_extra(opt_file, opt_path, {ckpt::kExpAvg, ckpt::kExpAvgSq}, *layout));
 

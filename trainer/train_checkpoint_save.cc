@@ -20,38 +20,46 @@ namespace {
 namespace fs = std::filesystem;
 using ordered_json = nlohmann::ordered_json;
 
-const char* const kTokenizerFiles[] = {
-    "tokenizer.json",   "tokenizer_config.json", "special_tokens_map.json",
-    "tokenizer.model",  "vocab.json",            "merges.txt",
-    "added_tokens.json", "chat_template.jinja",  "generation_config.json"};
+const char* const kTokenizerFiles[] = {"tokenizer.json",
+                                       "tokenizer_config.json",
+                                       "special_tokens_map.json",
+                                       "tokenizer.model",
+                                       "vocab.json",
+                                       "merges.txt",
+                                       "added_tokens.json",
+                                       "chat_template.jinja",
+                                       "generation_config.json"};
 
 std::vector<std::pair<std::string, Tensor>> views(const FlatTensors& t, const std::string& prefix) {
   std::vector<std::pair<std::string, Tensor>> out;
   for (const ParamSpec& s : t.layout().specs())
-    out.emplace_back(prefix + s.name, Tensor::view(DType::kF32, s.shape, t.get(s.name).data(),
-                                                   nullptr));
+    out.emplace_back(prefix + s.name,
+                     Tensor::view(DType::kF32, s.shape, t.get(s.name).data(), nullptr));
   return out;
 }
 
-ordered_json state_json(const Trainer& trainer, const TrainState& state, const ordered_json& extra) {
+ordered_json state_json(const Trainer& trainer, const TrainState& state,
+                        const ordered_json& extra) {
   const AdamW& opt = trainer.optimizer();
   const AdamWConfig& oc = opt.config();
   const LrSchedule& lr = trainer.config().lr;
   ordered_json j;
   j["format"] = ckpt::kFormat;
   j["format_version"] = kTrainCheckpointFormatVersion;
-  j["optimizer"] = {{"name", "adamw"},           {"steps", opt.steps()},
-                    {"beta1", oc.beta1},         {"beta2", oc.beta2},
-                    {"eps", oc.eps},             {"weight_decay", oc.weight_decay},
+  j["optimizer"] = {{"name", "adamw"},
+                    {"steps", opt.steps()},
+                    {"beta1", oc.beta1},
+                    {"beta2", oc.beta2},
+                    {"eps", oc.eps},
+                    {"weight_decay", oc.weight_decay},
                     {"clip_grad_norm", oc.clip_grad_norm}};
-  j["lr_schedule"] = {
-      {"position", opt.steps()},
-      {"next_lr", lr.at(opt.steps())},
-      {"lr", lr.lr},
-      {"min_lr", lr.min_lr},
-      {"warmup_steps", lr.warmup_steps},
-      {"total_steps", lr.total_steps},
-      {"decay", lr.decay == LrSchedule::Decay::kCosine ? "cosine" : "constant"}};
+  j["lr_schedule"] = {{"position", opt.steps()},
+                      {"next_lr", lr.at(opt.steps())},
+                      {"lr", lr.lr},
+                      {"min_lr", lr.min_lr},
+                      {"warmup_steps", lr.warmup_steps},
+                      {"total_steps", lr.total_steps},
+                      {"decay", lr.decay == LrSchedule::Decay::kCosine ? "cosine" : "constant"}};
   j["train_state"] = {{"step", state.step},
                       {"data_position", state.data_position},
                       {"rng", {{"seed", state.rng_seed}, {"counter", state.rng_counter}}},
@@ -72,10 +80,10 @@ ordered_json state_json(const Trainer& trainer, const TrainState& state, const o
 Status write_contents(const std::string& tmp, const Trainer& trainer, const TrainState& state,
                       const ordered_json& extra, const SaveOptions& options) {
   const std::map<std::string, std::string> pt{{"format", "pt"}};
-  MILES_RETURN_IF_ERROR(write_safetensors(tmp + "/" + ckpt::kModelFile,
-                                          views(trainer.params(), ""), pt));
-  std::vector<std::pair<std::string, Tensor>> moments = views(trainer.optimizer().exp_avg(),
-                                                              ckpt::kExpAvg);
+  MILES_RETURN_IF_ERROR(
+      write_safetensors(tmp + "/" + ckpt::kModelFile, views(trainer.params(), ""), pt));
+  std::vector<std::pair<std::string, Tensor>> moments =
+      views(trainer.optimizer().exp_avg(), ckpt::kExpAvg);
   for (auto& v : views(trainer.optimizer().exp_avg_sq(), ckpt::kExpAvgSq))
     moments.push_back(std::move(v));
   MILES_RETURN_IF_ERROR(write_safetensors(tmp + "/" + ckpt::kOptimizerFile, moments, pt));
@@ -134,9 +142,10 @@ Status save_checkpoint(const std::string& dir_in, const Trainer& trainer, const 
     }
   }
   if (fs::exists(target) && !options.overwrite)
-    return Status::Error(dir + (fs::exists(target / ckpt::kStateFile)
-                                    ? ": a checkpoint already exists there"
-                                    : ": already exists and is not a checkpoint") +
+    return Status::Error(dir +
+                         (fs::exists(target / ckpt::kStateFile)
+                              ? ": a checkpoint already exists there"
+                              : ": already exists and is not a checkpoint") +
                          " (SaveOptions::overwrite replaces it)");
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::error_code ec;

@@ -6,9 +6,8 @@
 // (rope_scaling -> rope_parameters, num_experts -> num_local_experts); v5's `dtype` is written too.
 // A field that config.json does not pin down by default is written whenever it differs from the
 // parser's default, so parse_model_config(model_config_to_hf_json(c)) gives back every field of c.
-#include "nlohmann/json.hpp"
-
 #include "miles/model_config.h"
+#include "nlohmann/json.hpp"
 
 namespace miles {
 namespace {
