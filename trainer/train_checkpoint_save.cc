@@ -3,10 +3,13 @@
 // Why: the files are written into `dir.tmp-<pid>`, each fsynced, trainer_state.json last; the
 // directory is fsynced, renamed to `dir`, and the parent fsynced. A crash at any point leaves
 // either no `dir` or a complete one (plus a `.tmp-*` leftover that latest_checkpoint ignores and
-// the next save with the same pid removes).
+// the next save with the same pid removes). Replacing a checkpoint (SaveOptions::overwrite) moves
+// the old one to `dir.old-<pid>` for the instant between the two renames.
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <regex>
 
@@ -110,10 +113,14 @@ Status publish(const std::string& tmp, const std::string& dir, const std::string
     old = dir + ".old-" + std::to_string(::getpid());
     fs::remove_all(old, ec);
     if (std::rename(dir.c_str(), old.c_str()) != 0)
-      return Status::Error(dir + ": cannot move the old checkpoint aside");
+      return Status::Error(dir + ": cannot move the old checkpoint aside: " + std::strerror(errno));
   }
-  if (std::rename(tmp.c_str(), dir.c_str()) != 0)
-    return Status::Error(dir + ": cannot rename " + tmp + " into place");
+  if (std::rename(tmp.c_str(), dir.c_str()) != 0) {
+    const Status s =
+        Status::Error(dir + ": cannot rename " + tmp + " into place: " + std::strerror(errno));
+    if (!old.empty()) std::rename(old.c_str(), dir.c_str());  // put the old checkpoint back
+    return s;
+  }
   MILES_RETURN_IF_ERROR(ckpt::sync_dir(parent));
   if (!old.empty()) fs::remove_all(old, ec);
   return Status::Ok();

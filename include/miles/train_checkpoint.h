@@ -15,6 +15,8 @@
 //                          train_state (TrainState), and per tensor in layout order
 //                          {name, shape, sha256, exp_avg_sha256, exp_avg_sq_sha256}
 //   tokenizer files        copied from SaveOptions::tokenizer_dir when given
+// The optimizer hyper-parameters and lr schedule shape are recorded for inspection only: a resumed
+// trainer uses its own TrainerConfig; the schedule position is the restored optimizer step count.
 // It is written as `dir.tmp-<pid>` (every file and the directory fsynced), then renamed to `dir`
 // and the parent directory fsynced: `dir` exists only once it is complete.
 #pragma once
