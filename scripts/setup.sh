@@ -28,6 +28,7 @@ apt_packages=(
   libspdlog-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libzstd-dev libxxhash-dev libcli11-dev libcpp-httplib-dev
+  libssl-dev
   python3 python3-venv python3-pip unzip curl
 )
 

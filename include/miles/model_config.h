@@ -76,5 +76,9 @@ struct ModelConfig {
 // Parses the text of an HF config.json; `source` names the file in errors.
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source);
 Result<ModelConfig> load_model_config(const std::string& path);
+// An HF config.json (LlamaForCausalLM / Qwen3ForCausalLM / Qwen3MoeForCausalLM, transformers v4
+// spellings that v5 also reads, torch_dtype float32) from which parse_model_config gives back every
+// field of `config`.
+std::string model_config_to_hf_json(const ModelConfig& config);
 
 }  // namespace miles

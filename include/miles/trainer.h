@@ -99,6 +99,7 @@ class Trainer {
   const FlatTensors& params() const { return params_; }
   FlatTensors& mutable_params() { return params_; }
   AdamW& optimizer() { return *opt_; }
+  const AdamW& optimizer() const { return *opt_; }
   int64_t steps_done() const { return opt_->steps(); }
   // The current weights as a Model (rebuilt after every step).
   const Model& model() const { return *model_; }

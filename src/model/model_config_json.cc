@@ -1,0 +1,127 @@
+// ModelConfig -> HF config.json, the inverse of parse_model_config.
+//
+// Why: a trainer checkpoint must be a Hugging Face model directory, also for models that did not
+// come with a config.json (llama2.c files). We write the transformers v4 spellings (`rope_theta` +
+// `rope_scaling`, `num_experts`, `torch_dtype`), which v4 reads natively and v5 converts on load
+// (rope_scaling -> rope_parameters, num_experts -> num_local_experts); v5's `dtype` is written too.
+// A field that config.json does not pin down by default is written whenever it differs from the
+// parser's default, so parse_model_config(model_config_to_hf_json(c)) gives back every field of c.
+#include "miles/model_config.h"
+#include "nlohmann/json.hpp"
+
+namespace miles {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+const char* model_type_of(Arch arch) {
+  switch (arch) {
+    case Arch::kLlama:
+      return "llama";
+    case Arch::kQwen3:
+      return "qwen3";
+    case Arch::kQwen3Moe:
+      return "qwen3_moe";
+  }
+  return "llama";
+}
+
+const char* default_arch_name(Arch arch) {
+  switch (arch) {
+    case Arch::kLlama:
+      return "LlamaForCausalLM";
+    case Arch::kQwen3:
+      return "Qwen3ForCausalLM";
+    case Arch::kQwen3Moe:
+      return "Qwen3MoeForCausalLM";
+  }
+  return "LlamaForCausalLM";
+}
+
+const char* rope_type_name(RopeConfig::Type t) {
+  using T = RopeConfig::Type;
+  switch (t) {
+    case T::kDefault:
+      return "default";
+    case T::kLinear:
+      return "linear";
+    case T::kDynamic:
+      return "dynamic";
+    case T::kLlama3:
+      return "llama3";
+    case T::kYarn:
+      return "yarn";
+  }
+  return "default";
+}
+
+// `rope_scaling` (null for plain RoPE with every optional field at its default).
+ordered_json rope_scaling_json(const RopeConfig& r) {
+  using T = RopeConfig::Type;
+  const RopeConfig d;  // the parser's defaults
+  ordered_json s = ordered_json::object();
+  s["rope_type"] = rope_type_name(r.type);
+  // Required by the parser (and by transformers) for their types; otherwise only when not default.
+  if (r.type != T::kDefault || r.factor != d.factor) s["factor"] = r.factor;
+  const bool llama3 = r.type == T::kLlama3;
+  if (llama3 || r.low_freq_factor != d.low_freq_factor) s["low_freq_factor"] = r.low_freq_factor;
+  if (llama3 || r.high_freq_factor != d.high_freq_factor)
+    s["high_freq_factor"] = r.high_freq_factor;
+  if (llama3 || r.original_max_position_embeddings != d.original_max_position_embeddings)
+    s["original_max_position_embeddings"] = r.original_max_position_embeddings;
+  if (r.beta_fast != d.beta_fast) s["beta_fast"] = r.beta_fast;
+  if (r.beta_slow != d.beta_slow) s["beta_slow"] = r.beta_slow;
+  if (r.attention_factor != d.attention_factor) s["attention_factor"] = r.attention_factor;
+  if (r.mscale != d.mscale) s["mscale"] = r.mscale;
+  if (r.mscale_all_dim != d.mscale_all_dim) s["mscale_all_dim"] = r.mscale_all_dim;
+  if (r.truncate != d.truncate) s["truncate"] = r.truncate;
+  if (r.type == T::kDefault && s.size() == 1) return nullptr;
+  return s;
+}
+
+}  // namespace
+
+std::string model_config_to_hf_json(const ModelConfig& c) {
+  ordered_json j = ordered_json::object();
+  j["architectures"] = {c.arch_name.empty() ? default_arch_name(c.arch) : c.arch_name};
+  j["model_type"] = model_type_of(c.arch);
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_attention_heads"] = c.num_heads;
+  j["num_key_value_heads"] = c.num_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["attention_bias"] = c.attention_bias;
+  j["attention_dropout"] = 0.0;
+  j["mlp_bias"] = c.mlp_bias;
+  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  if (c.eos_token_ids.size() == 1) {
+    j["eos_token_id"] = c.eos_token_ids[0];
+  } else if (!c.eos_token_ids.empty()) {
+    j["eos_token_id"] = c.eos_token_ids;
+  }
+  j["rope_theta"] = c.rope.theta;
+  if (c.rope.partial_rotary_factor != RopeConfig{}.partial_rotary_factor)
+    j["partial_rotary_factor"] = c.rope.partial_rotary_factor;
+  j["rope_scaling"] = rope_scaling_json(c.rope);
+  if (c.arch != Arch::kLlama) j["use_sliding_window"] = false;
+  if (c.arch == Arch::kQwen3Moe) {
+    j["num_experts"] = c.moe.num_experts;
+    j["num_experts_per_tok"] = c.moe.top_k;
+    j["moe_intermediate_size"] = c.moe.moe_intermediate_size;
+    j["norm_topk_prob"] = c.moe.norm_topk_prob;
+    j["decoder_sparse_step"] = c.moe.decoder_sparse_step;
+    j["mlp_only_layers"] = c.moe.mlp_only_layers;
+  }
+  j["torch_dtype"] = "float32";
+  j["dtype"] = "float32";
+  j["use_cache"] = true;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace miles
