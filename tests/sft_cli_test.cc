@@ -145,3 +145,42 @@ TEST(SftCli, AWorkerWhosePeerNeverComesFailsWithinItsTimeout) {
 
 }  // namespace
 }  // namespace miles
+
+namespace miles {
+namespace {
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+TEST(SftCli, ResumedRunContinuesBitIdentically) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = test::binary_dir() + "/sft_cli_resume";
+  std::filesystem::remove_all(dir);
+  const std::string job = "sft --model " + stories() + " --data " + data("ids.jsonl") +
+                          " --lr 1e-3 --warmup-steps 2 --batch-size 4 --micro-batch-size 2 ";
+  CliRun straight = run_miles(job + "--steps 4 --save-every 2 --save-dir " + dir + "/a", false);
+  ASSERT_EQ(straight.exit_code, 0) << straight.out;
+  CliRun first = run_miles(job + "--steps 2 --save-dir " + dir + "/b", false);
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  CliRun resumed =
+      run_miles(job + "--steps 4 --resume --layout dp=2 --save-dir " + dir + "/b", false);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  const auto a = steps_of(straight.out), b = steps_of(resumed.out);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 2u) << "the resumed run starts at step 3";
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(b[i]["step"], a[i + 2]["step"]);
+    EXPECT_EQ(b[i]["loss"].get<double>(), a[i + 2]["loss"].get<double>());
+    EXPECT_EQ(b[i]["grad_norm"].get<double>(), a[i + 2]["grad_norm"].get<double>());
+  }
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    const std::string x = file_bytes(dir + "/a/step_00000004/" + f);
+    ASSERT_FALSE(x.empty()) << f;
+    EXPECT_TRUE(x == file_bytes(dir + "/b/step_00000004/" + f)) << f << " differs after resume";
+  }
+}
+
+}  // namespace
+}  // namespace miles

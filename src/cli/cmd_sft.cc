@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "miles/sft_data.h"
 #include "miles/tcp_store.h"
 #include "miles/thread_pool.h"
+#include "miles/train_checkpoint.h"
 #include "miles/trainer.h"
 
 namespace miles::cli {
@@ -29,6 +31,9 @@ struct SftOptions {
   double lr = 1e-4, min_lr = 0.0, weight_decay = 0.0, clip_grad_norm = 1.0;
   int threads = 0;
   double comm_timeout_s = 60;
+  std::string save_dir;
+  int64_t save_every = 0;
+  bool resume = false;
   // world (train-worker)
   int rank = 0, world_size = 1;
   std::string store;
@@ -130,7 +135,35 @@ Status run_rank(const SftOptions& o) {
   ThreadPool pool(o.threads > 0 ? o.threads : std::max(1, hw / o.world_size));
   MILES_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                          Trainer::create(files.config, files.weights, tc, &pool));
-  for (int64_t step = 0; step < o.steps; ++step) {
+  int64_t first = 0;
+  if (o.resume) {
+    if (o.save_dir.empty()) return Status::Error("--resume needs --save-dir");
+    auto latest = latest_checkpoint(o.save_dir);
+    if (latest.ok()) {
+      MILES_ASSIGN_OR_RETURN(TrainState st, load_checkpoint(*latest, *trainer));
+      first = st.step;
+      if (o.rank == 0)
+        std::fprintf(stderr, "miles sft: resumed from %s (step %ld)\n", latest->c_str(),
+                     static_cast<long>(first));
+    } else if (o.rank == 0) {
+      std::fprintf(stderr, "miles sft: nothing to resume in %s (%s); starting fresh\n",
+                   o.save_dir.c_str(), latest.message().c_str());
+    }
+  }
+  auto save = [&](int64_t done) -> Status {
+    if (o.save_dir.empty() || o.rank != 0) return Status::Ok();
+    TrainState st;
+    st.step = done;
+    st.data_position = done * o.batch_size;
+    const std::string dir = o.save_dir + "/" + checkpoint_dir_name(done);
+    std::error_code ec;
+    std::filesystem::create_directories(o.save_dir, ec);
+    SaveOptions so;
+    if (std::filesystem::is_directory(o.model)) so.tokenizer_dir = o.model;
+    so.overwrite = true;
+    return save_checkpoint(dir, *trainer, st, so);
+  };
+  for (int64_t step = first; step < o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<TrainSample> batch = sft_batch(data, step, o.batch_size);
     double tokens = 0;
@@ -150,6 +183,9 @@ Status run_rank(const SftOptions& o) {
       std::printf("%s\n", j.dump().c_str());
       std::fflush(stdout);
     }
+    const int64_t done = step + 1;
+    if ((o.save_every > 0 && done % o.save_every == 0) || (done == o.steps && !o.save_dir.empty()))
+      MILES_RETURN_IF_ERROR(save(done));
   }
   if (world) MILES_RETURN_IF_ERROR(world->barrier());
   return Status::Ok();
@@ -187,6 +223,9 @@ void add_job_options(CLI::App* sub, SftOptions* o) {
   sub->add_option("--max-len", o->max_len, "tokens kept per sample");
   sub->add_option("--layout", o->layout, "dp=A,pp=B,tp=C");
   sub->add_option("--threads", o->threads, "threads per rank (default: cores / ranks)");
+  sub->add_option("--save-dir", o->save_dir, "checkpoints go to DIR/step_XXXXXXXX (HF loadable)");
+  sub->add_option("--save-every", o->save_every, "checkpoint every N steps (and at the end)");
+  sub->add_flag("--resume", o->resume, "continue from the latest checkpoint in --save-dir");
   sub->add_option("--comm-timeout", o->comm_timeout_s,
                   "seconds to wait for a peer (join, collective)");
 }
