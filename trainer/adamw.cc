@@ -40,7 +40,8 @@ double clip_grad_norm(FlatTensors& grads, double max_norm) {
 AdamW::AdamW(std::shared_ptr<const ParamLayout> layout, AdamWConfig config)
     : config_(config), m_(layout), v_(layout) {}
 
-void AdamW::step(FlatTensors& params, const FlatTensors& grads, double lr) {
+void AdamW::step(FlatTensors& params, const FlatTensors& grads, double lr,
+                 const std::vector<bool>* only) {
   ++step_;
   const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(step_));
   const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(step_));
@@ -50,7 +51,10 @@ void AdamW::step(FlatTensors& params, const FlatTensors& grads, double lr) {
   const float one_minus_b1 = static_cast<float>(1.0 - config_.beta1);
   const float b2 = static_cast<float>(config_.beta2),
               one_minus_b2 = static_cast<float>(1.0 - config_.beta2);
-  for (const ParamSpec& s : params.layout().specs()) {
+  const std::vector<ParamSpec>& specs = params.layout().specs();
+  for (size_t ti = 0; ti < specs.size(); ++ti) {
+    if (only && !(*only)[ti]) continue;
+    const ParamSpec& s = specs[ti];
     const double wd = s.shape.size() >= 2 ? config_.weight_decay : 0.0;
     const float decay = static_cast<float>(1.0 - lr * wd);
     float* p = params.all().data() + s.offset;

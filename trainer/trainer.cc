@@ -1,68 +1,33 @@
-// Trainer::step: micro-batches → forward + backward each → tree-ordered gradient sum →
-// (data-parallel tree sum) → clip → AdamW → rebuilt model. See trainer.h for the contract.
+// Trainer::step: micro-batches (one process, or a pipeline schedule) → tree-ordered gradient sum →
+// data-parallel tree sum → stage exchange (tied embedding, losses, grad norm) → clip → AdamW →
+// rebuilt model. See trainer.h for the contract.
 #include "miles/trainer.h"
 
 #include <algorithm>
+#include <cmath>
+#include <tuple>
 
 #include "miles/comm.h"
 #include "miles/logprob.h"
 #include "miles/thread_pool.h"
+#include "trainer/trainer_internal.h"
 
 namespace miles {
 
-struct Trainer::MicroResult {
-  FlatTensors grads;
-  double loss = 0;
-  int64_t tokens = 0;
-  std::map<std::string, double> sums;
-};
-
-namespace {
-
-// A micro-batch packed for the model: each sample's tokens [0, T − 1) as one sequence.
-struct Packed {
-  std::vector<int32_t> tokens;
-  std::vector<SeqSpan> seqs;
-  std::vector<int32_t> forced;   // (Σ (T − 1), moe_layers, top_k) or empty
-  std::vector<int64_t> rows;     // logits rows of the response tokens, in order
-  std::vector<int32_t> targets;  // the response tokens
-  std::vector<int64_t> samples;  // batch indices
-  std::vector<int64_t> offsets;  // (S + 1) into rows
-};
-
-Packed pack(std::span<const TrainSample> batch, int64_t first, int64_t count, bool replay) {
-  Packed p;
-  p.offsets.push_back(0);
-  for (int64_t s = first; s < first + count; ++s) {
-    const TrainSample& x = batch[s];
-    const int64_t t = x.tokens.size(), r = x.response_length, base = p.tokens.size();
-    p.seqs.push_back({static_cast<int32_t>(s - first), 0, t - 1});
-    p.tokens.insert(p.tokens.end(), x.tokens.begin(), x.tokens.end() - 1);
-    if (replay) p.forced.insert(p.forced.end(), x.routed_experts.begin(), x.routed_experts.end());
-    for (int64_t j = t - r; j < t; ++j) {
-      p.rows.push_back(base + j - 1);
-      p.targets.push_back(x.tokens[j]);
-    }
-    p.samples.push_back(s);
-    p.offsets.push_back(p.rows.size());
-  }
-  return p;
-}
-
-// Halving-tree midpoint, as kernels.h's reductions.
-int64_t tree_mid(int64_t lo, int64_t hi) { return lo + (hi - lo + 1) / 2; }
-
-void add_sums(std::map<std::string, double>& into, const std::map<std::string, double>& from) {
-  for (const auto& [k, v] : from) into[k] += v;
-}
-
-}  // namespace
+using trainer_detail::pack;
+using trainer_detail::Packed;
 
 Status TrainerConfig::validate() const {
   MILES_RETURN_IF_ERROR(optimizer.validate());
   MILES_RETURN_IF_ERROR(lr.validate());
   if (micro_batch_size < 1) return Status::Error("trainer.micro_batch_size must be >= 1");
   return Status::Ok();
+}
+
+std::pair<int64_t, int64_t> stage_layers(int64_t num_layers, int stage, int num_stages) {
+  const int64_t base = num_layers / num_stages, extra = num_layers % num_stages;
+  const int64_t begin = stage * base + std::min<int64_t>(stage, extra);
+  return {begin, begin + base + (stage < extra ? 1 : 0)};
 }
 
 Trainer::~Trainer() = default;
@@ -78,8 +43,36 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig& config,
   t->layout_ = ParamLayout::for_model(config, &weights);
   MILES_ASSIGN_OR_RETURN(t->params_, FlatTensors::from_tensor_map(t->layout_, weights));
   t->opt_ = std::make_unique<AdamW>(t->layout_, tc.optimizer);
+  MILES_RETURN_IF_ERROR(t->set_pipeline_stage(0, 1));
   MILES_RETURN_IF_ERROR(t->reload_model());
   return t;
+}
+
+Status Trainer::set_pipeline_stage(int stage, int num_stages) {
+  const int64_t layers = config_.num_layers;
+  if (num_stages < 1 || stage < 0 || stage >= num_stages)
+    return Status::Error("pipeline stage " + std::to_string(stage) + " of " +
+                         std::to_string(num_stages) + " is out of range");
+  if (num_stages > layers)
+    return Status::Error("pp=" + std::to_string(num_stages) + " exceeds the model's " +
+                         std::to_string(layers) + " layers");
+  stage_.stage = stage;
+  stage_.num_stages = num_stages;
+  std::tie(stage_.layer_begin, stage_.layer_end) = stage_layers(layers, stage, num_stages);
+  const std::vector<ParamSpec>& specs = layout_->specs();
+  owned_.assign(specs.size(), false);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::string& n = specs[i].name;
+    if (n.rfind("model.layers.", 0) == 0) {
+      const int64_t layer = std::stoll(n.substr(13));
+      owned_[i] = layer >= stage_.layer_begin && layer < stage_.layer_end;
+    } else if (n == "model.embed_tokens.weight") {
+      owned_[i] = stage_.first() || (stage_.last() && config_.tie_word_embeddings);
+    } else {  // model.norm.weight, lm_head.weight
+      owned_[i] = stage_.last();
+    }
+  }
+  return Status::Ok();
 }
 
 Status Trainer::reload_model() {
@@ -122,6 +115,13 @@ Status Trainer::check_batch(std::span<const TrainSample> batch) const {
   return Status::Ok();
 }
 
+Trainer::MicroResult Trainer::empty_result() const {
+  MicroResult r{FlatTensors(layout_), {}, 0, 0, {}};
+  if (config_.tie_word_embeddings)
+    r.tied_head.assign(static_cast<size_t>(config_.vocab_size * config_.hidden_size), 0.0f);
+  return r;
+}
+
 Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> batch, int64_t first,
                                                  int64_t count, const TokenObjective& objective) {
   const bool replay =
@@ -133,53 +133,114 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   opt.tape = &tape;
   opt.forced_experts = p.forced;
   MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(p.tokens, p.seqs, *kv, opt, pool_));
-  const int64_t v = config_.vocab_size, n = p.rows.size();
-  std::vector<float> sel(static_cast<size_t>(n * v));
-  for (int64_t i = 0; i < n; ++i)
-    std::copy_n(out.logits.data() + p.rows[i] * v, v, sel.data() + i * v);
-  std::vector<float> logp(n), entropy(tc_.need_entropy ? n : 0);
-  token_logprobs(sel.data(), n, v, p.targets.data(), logp.data(),
-                 tc_.need_entropy ? entropy.data() : nullptr);
-  MILES_ASSIGN_OR_RETURN(TokenLoss loss, objective(TokenView{p.samples, p.offsets, logp, entropy}));
-  if (static_cast<int64_t>(loss.dlogp.size()) != n ||
-      (!loss.dentropy.empty() && static_cast<int64_t>(loss.dentropy.size()) != n))
-    return Status::Error("objective returned gradients for the wrong number of tokens");
-  if (!loss.dentropy.empty() && !tc_.need_entropy)
-    return Status::Error("objective uses entropy but trainer.need_entropy is off");
-  std::vector<float> dsel(static_cast<size_t>(n * v));
-  token_logprobs_backward(sel.data(), n, v, p.targets.data(), loss.dlogp.data(),
-                          loss.dentropy.empty() ? nullptr : loss.dentropy.data(), dsel.data());
-  sel.clear();
-  std::vector<float> dlogits(out.logits.size(), 0.0f);
-  for (int64_t i = 0; i < n; ++i)
-    std::copy_n(dsel.data() + i * v, v, dlogits.data() + p.rows[i] * v);
-  MicroResult r{FlatTensors(layout_), loss.loss, n, loss.sums};
-  MILES_RETURN_IF_ERROR(model_->backward(tape, dlogits, r.grads, pool_));
+  MILES_ASSIGN_OR_RETURN(
+      trainer_detail::HeadResult head,
+      trainer_detail::loss_head(p, out.logits, config_.vocab_size, tc_.need_entropy, objective));
+  MicroResult r = empty_result();
+  r.loss = head.loss.loss;
+  r.tokens = p.rows.size();
+  r.sums = std::move(head.loss.sums);
+  BackwardIo io;
+  io.tied_head_grad = r.tied_head;
+  MILES_RETURN_IF_ERROR(model_->backward(tape, head.dlogits, r.grads, pool_, io));
   return r;
 }
 
-Result<Trainer::MicroResult> Trainer::accumulate(std::span<const TrainSample> batch, int64_t lo,
-                                                 int64_t hi, const TokenObjective& objective) {
-  const int64_t mbs = tc_.micro_batch_size;
-  if (hi - lo == 1) return micro_step(batch, lo * mbs, mbs, objective);
-  const int64_t mid = tree_mid(lo, hi);
-  MILES_ASSIGN_OR_RETURN(MicroResult a, accumulate(batch, lo, mid, objective));
-  MILES_ASSIGN_OR_RETURN(MicroResult b, accumulate(batch, mid, hi, objective));
-  std::span<float> ga = a.grads.all();
-  std::span<const float> gb = std::as_const(b.grads).all();
-  for (size_t i = 0; i < ga.size(); ++i) ga[i] = ga[i] + gb[i];
-  a.loss += b.loss;
-  a.tokens += b.tokens;
-  add_sums(a.sums, b.sums);
-  return a;
+// After the data-parallel sum: the last stage's loss and metrics to every stage, the tied
+// embedding's two shares (stage 0's scatter, the last stage's head) to both owners.
+Status Trainer::reduce_across_stages(MicroResult& acc, Communicator* pp) {
+  const bool tied = config_.tie_word_embeddings;
+  if (pp && pp->size() > 1) {
+    const int last = pp->size() - 1;
+    std::string blob;
+    // Scalars: loss, tokens, then the metric sums as (name, value) pairs, from the last stage.
+    std::vector<double> scalars;
+    std::vector<std::string> names;
+    uint64_t count = 0;
+    if (stage_.last()) {
+      scalars = {acc.loss, static_cast<double>(acc.tokens)};
+      for (const auto& [k, v] : acc.sums) {
+        names.push_back(k);
+        scalars.push_back(v);
+      }
+      for (const std::string& n : names) blob += n + '\n';
+      count = scalars.size();
+    }
+    uint64_t sizes[2] = {count, blob.size()};
+    MILES_RETURN_IF_ERROR(pp->broadcast(sizes, sizeof(sizes), last));
+    scalars.resize(sizes[0]);
+    blob.resize(sizes[1]);
+    MILES_RETURN_IF_ERROR(pp->broadcast(scalars.data(), scalars.size() * sizeof(double), last));
+    if (!blob.empty()) MILES_RETURN_IF_ERROR(pp->broadcast(blob.data(), blob.size(), last));
+    if (!stage_.last()) {
+      acc.loss = scalars[0];
+      acc.tokens = static_cast<int64_t>(scalars[1]);
+      acc.sums.clear();
+      size_t pos = 0;
+      for (size_t i = 2; i < scalars.size(); ++i) {
+        const size_t nl = blob.find('\n', pos);
+        acc.sums[blob.substr(pos, nl - pos)] = scalars[i];
+        pos = nl + 1;
+      }
+    }
+    if (tied) {  // stage 0 has the scatter share, the last stage the head share
+      std::span<float> embed = acc.grads.get("model.embed_tokens.weight");
+      const size_t bytes = embed.size() * sizeof(float);
+      if (stage_.first()) {
+        MILES_RETURN_IF_ERROR(pp->send(embed.data(), bytes, last, 0x7fff0001u));
+        MILES_RETURN_IF_ERROR(pp->recv(acc.tied_head.data(), bytes, last, 0x7fff0002u));
+      } else if (stage_.last()) {
+        std::vector<float> scatter(embed.size());
+        MILES_RETURN_IF_ERROR(pp->recv(scatter.data(), bytes, 0, 0x7fff0001u));
+        MILES_RETURN_IF_ERROR(pp->send(acc.tied_head.data(), bytes, 0, 0x7fff0002u));
+        std::copy(scatter.begin(), scatter.end(), embed.begin());
+      }
+    }
+  }
+  if (tied && (stage_.first() || stage_.last())) {  // embedding = scatter share + head share
+    std::span<float> embed = acc.grads.get("model.embed_tokens.weight");
+    for (size_t i = 0; i < embed.size(); ++i) embed[i] = embed[i] + acc.tied_head[i];
+  }
+  return Status::Ok();
+}
+
+// √(Σ per-tensor Σg²), each tensor's sum taken from its owning stage, summed in layout order: the
+// single-process global_grad_norm whatever the stage split.
+double Trainer::owned_grad_norm(const MicroResult& acc, Communicator* pp) {
+  const std::vector<ParamSpec>& specs = layout_->specs();
+  std::vector<double> sq(specs.size(), 0.0);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const bool report = owned_[i] && !(specs[i].name == "model.embed_tokens.weight" &&
+                                       !stage_.first());  // a tied embedding counts once
+    if (!report) continue;
+    const float* g = acc.grads.all().data() + specs[i].offset;
+    for (int64_t k = 0; k < specs[i].numel; ++k) sq[i] += static_cast<double>(g[k]) * g[k];
+  }
+  if (pp && pp->size() > 1) {
+    std::vector<double> all(sq.size() * pp->size());
+    if (!pp->allgather(sq.data(), sq.size() * sizeof(double), all.data()).ok()) return -1;
+    for (size_t i = 0; i < sq.size(); ++i) {
+      sq[i] = 0;
+      for (int r = 0; r < pp->size(); ++r) sq[i] += all[r * sq.size() + i];  // one owner ≠ 0
+    }
+  }
+  double total = 0;
+  for (double v : sq) total += v;
+  return std::sqrt(total);
 }
 
 Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
-                                 const TokenObjective& objective, Communicator* dp) {
+                                 const TokenObjective& objective, const TrainerComms& comms) {
   MILES_RETURN_IF_ERROR(check_batch(batch));
+  Communicator* dp = comms.dp && comms.dp->size() > 1 ? comms.dp : nullptr;
+  Communicator* pp = comms.pp && comms.pp->size() > 1 ? comms.pp : nullptr;
+  if ((pp ? pp->size() : 1) != stage_.num_stages)
+    return Status::Error("the pipeline group has " + std::to_string(pp ? pp->size() : 1) +
+                         " ranks but this trainer is one of " + std::to_string(stage_.num_stages) +
+                         " stages");
   const int64_t micro = batch.size() / tc_.micro_batch_size;
   int64_t lo = 0, hi = micro;
-  if (dp && dp->size() > 1) {
+  if (dp) {
     const int64_t n = dp->size();
     if (micro % n != 0)
       return Status::Error(std::to_string(micro) + " micro-batches do not split evenly over " +
@@ -187,9 +248,22 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
     lo = dp->rank() * (micro / n);
     hi = lo + micro / n;
   }
-  MILES_ASSIGN_OR_RETURN(MicroResult acc, accumulate(batch, lo, hi, objective));
-  if (dp && dp->size() > 1) {
+  const int64_t mbs = tc_.micro_batch_size;
+  Result<MicroResult> summed = Status::Error("unset");
+  if (pp) {
+    PipelineRun run(*this, batch, objective, lo, hi, *pp);
+    summed = trainer_detail::tree_sum(lo, hi, [&](int64_t) { return run.next(); });
+    MILES_RETURN_IF_ERROR(run.finish());
+  } else {
+    summed = trainer_detail::tree_sum(
+        lo, hi, [&](int64_t mb) { return micro_step(batch, mb * mbs, mbs, objective); });
+  }
+  if (!summed.ok()) return summed.status();
+  MicroResult acc = std::move(summed).value();
+  if (dp) {
     MILES_RETURN_IF_ERROR(dp->all_reduce_sum_deterministic(acc.grads.all()));
+    if (!acc.tied_head.empty())
+      MILES_RETURN_IF_ERROR(dp->all_reduce_sum_deterministic(std::span<float>(acc.tied_head)));
     std::vector<double> scalars{acc.loss, static_cast<double>(acc.tokens)};
     for (const auto& [k, v] : acc.sums) scalars.push_back(v);
     MILES_RETURN_IF_ERROR(dp->all_reduce_sum_deterministic(std::span<double>(scalars)));
@@ -198,10 +272,17 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
     size_t i = 2;
     for (auto& [k, v] : acc.sums) v = scalars[i++];
   }
+  MILES_RETURN_IF_ERROR(reduce_across_stages(acc, pp));
   StepResult r;
-  r.grad_norm = clip_grad_norm(acc.grads, tc_.optimizer.clip_grad_norm);
+  r.grad_norm = owned_grad_norm(acc, pp);
+  if (r.grad_norm < 0) return Status::Error("pipeline group: gathering the gradient norm failed");
+  const double max_norm = tc_.optimizer.clip_grad_norm;
+  if (max_norm > 0 && max_norm / (r.grad_norm + 1e-6) < 1.0) {
+    const float c = static_cast<float>(max_norm / (r.grad_norm + 1e-6));
+    for (float& g : acc.grads.all()) g = g * c;
+  }
   r.lr = tc_.lr.at(opt_->steps());
-  opt_->step(params_, acc.grads, r.lr);
+  opt_->step(params_, acc.grads, r.lr, &owned_);
   MILES_RETURN_IF_ERROR(reload_model());
   r.step = opt_->steps();
   r.loss = acc.loss;
@@ -210,8 +291,34 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
   return r;
 }
 
+Status Trainer::gather_pipeline_state(Communicator& pp) {
+  if (pp.size() != stage_.num_stages)
+    return Status::Error("gather_pipeline_state: the group does not match the stage count");
+  if (pp.size() == 1) return Status::Ok();
+  const std::vector<ParamSpec>& specs = layout_->specs();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    // The owner: the stage holding the layer, stage 0 for the embedding, the last for the head.
+    int owner = pp.size() - 1;
+    const std::string& n = specs[i].name;
+    if (n == "model.embed_tokens.weight") owner = 0;
+    if (n.rfind("model.layers.", 0) == 0) {
+      const int64_t layer = std::stoll(n.substr(13));
+      for (int s = 0; s < pp.size(); ++s) {
+        const auto [b, e] = stage_layers(config_.num_layers, s, pp.size());
+        if (layer >= b && layer < e) owner = s;
+      }
+    }
+    for (FlatTensors* f : {&params_, &opt_->exp_avg(), &opt_->exp_avg_sq()}) {
+      std::span<float> v = f->all().subspan(specs[i].offset, specs[i].numel);
+      MILES_RETURN_IF_ERROR(pp.broadcast(v.data(), v.size_bytes(), owner));
+    }
+  }
+  return reload_model();
+}
+
 Result<std::vector<ScoredSample>> Trainer::score(std::span<const TrainSample> batch, bool replay) {
   MILES_RETURN_IF_ERROR(check_batch(batch));
+  if (stage_.num_stages > 1) return Status::Error("score() needs a single-stage trainer");
   std::vector<ScoredSample> out(batch.size());
   const int64_t v = config_.vocab_size, per_token = config_.num_moe_layers() * config_.moe.top_k;
   for (size_t s = 0; s < batch.size(); ++s) {
@@ -233,29 +340,6 @@ Result<std::vector<ScoredSample>> Trainer::score(std::span<const TrainSample> ba
     out[s].experts = std::move(f.experts);
   }
   return out;
-}
-
-TokenObjective sft_objective(std::span<const TrainSample> batch, double total_tokens) {
-  return [batch, total_tokens](const TokenView& v) -> Result<TokenLoss> {
-    TokenLoss l;
-    l.dlogp.assign(v.logp.size(), 0.0f);
-    const float g = static_cast<float>(-1.0 / total_tokens);
-    double nll = 0, count = 0;
-    for (size_t s = 0; s < v.samples.size(); ++s) {
-      const std::vector<float>& mask = batch[v.samples[s]].loss_mask;
-      for (int64_t i = v.offsets[s]; i < v.offsets[s + 1]; ++i) {
-        const float m = mask[i - v.offsets[s]];
-        if (m == 0.0f) continue;
-        nll -= static_cast<double>(v.logp[i]) * m;
-        count += m;
-        l.dlogp[i] = g * m;
-      }
-    }
-    l.loss = nll / total_tokens;
-    l.sums["nll_sum"] = nll;
-    l.sums["loss_tokens"] = count;
-    return l;
-  };
 }
 
 }  // namespace miles

@@ -38,6 +38,13 @@
 
 namespace miles {
 
+// A send in flight (Communicator::isend): the buffer must stay alive and unchanged until wait().
+class PendingSend {
+ public:
+  virtual ~PendingSend() = default;
+  virtual Status wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -60,6 +67,11 @@ class Communicator {
   // and receiver must agree on `bytes` and `tag`; tags keep unrelated messages between one pair
   // apart.
   virtual Status send(const void* data, size_t bytes, int dst, uint32_t tag) = 0;
+  // A send that returns at once; the transfer completes while the caller goes on (e.g. a pipeline
+  // stage receiving a gradient while its activation is still on the way). The default sends
+  // synchronously and returns a completed handle.
+  virtual Result<std::unique_ptr<PendingSend>> isend(const void* data, size_t bytes, int dst,
+                                                     uint32_t tag);
   virtual Status recv(void* data, size_t bytes, int src, uint32_t tag) = 0;
 
   // A communicator over `ranks` (this group's numbering, distinct; the new group rank of ranks[i]

@@ -56,6 +56,13 @@ struct ForwardOptions {
   // Routing replay: use these expert ids ([T, num_moe_layers, top_k]) instead of the router's
   // top-k; gate weights still come from the router's probabilities at those ids.
   std::span<const int32_t> forced_experts;
+  // Pipeline stages: run layers [layer_begin, layer_end) only (layer_end < 0: through the last
+  // layer). layer_begin > 0: input_hidden ([T, hidden], the previous stage's output) replaces the
+  // embedding of `tokens` (still given: they define the batch); layer_end < num_layers: the result
+  // is ForwardOutput::hidden and there are no logits.
+  int64_t layer_begin = 0;
+  int64_t layer_end = -1;
+  std::span<const float> input_hidden;
   // Training: keep the activations backward needs here. Needs all_logits and sequences that start
   // at position 0 (whole sequences, no cached prefix).
   ForwardTape* tape = nullptr;
@@ -67,6 +74,17 @@ struct ForwardOutput {
   std::vector<float> logits;          // [rows, vocab]
   std::vector<int32_t> experts;       // [T, num_moe_layers, top_k] when asked
   std::vector<float> expert_weights;  // [T, num_moe_layers, top_k] when asked
+  std::vector<float> hidden;          // [T, hidden] when the forward stops before the head
+};
+
+// Extra inputs and outputs of a pipeline stage's or a tied model's backward.
+struct BackwardIo {
+  // Stages that start after layer 0: receives d loss / d input_hidden ([T, hidden]); the embedding
+  // gets no gradient from this stage.
+  std::vector<float>* d_input = nullptr;
+  // Tied embeddings: the LM head's share of the embedding gradient ([vocab, hidden]) goes here
+  // instead of being added into grads (the trainer sums the two shares in a fixed order).
+  std::span<float> tied_head_grad;
 };
 
 // A checkpoint's config and weights: an HF directory (config.json + safetensors) or a llama2.c
@@ -96,10 +114,11 @@ class Model {
                                 KvStore& kv, const ForwardOptions& options, ThreadPool* pool) const;
 
   // Gradients of a scalar loss with respect to every parameter, from the tape of a forward and
-  // d loss / d logits ([T, vocab], the forward's rows). `grads` must have this model's layout
-  // (ParamLayout::for_model); every tensor in it is overwritten.
-  Status backward(const ForwardTape& tape, std::span<const float> dlogits, FlatTensors& grads,
-                  ThreadPool* pool) const;
+  // d loss / d output: d logits ([T, vocab]), or d hidden ([T, hidden]) when the forward stopped
+  // before the head. `grads` must have this model's layout (ParamLayout::for_model); every tensor
+  // in it is overwritten (those of layers outside the tape's range with zeros).
+  Status backward(const ForwardTape& tape, std::span<const float> d_output, FlatTensors& grads,
+                  ThreadPool* pool, const BackwardIo& io = {}) const;
 
  private:
   Model() = default;

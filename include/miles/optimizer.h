@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "miles/flat_params.h"
 #include "miles/status.h"
@@ -50,7 +51,9 @@ class AdamW {
   // One update of params from grads at learning rate lr (torch.optim.AdamW's single-tensor formula:
   // p ← p(1 − lr·wd); m ← lerp(m, g, 1 − β1); v ← β2 v + (1 − β2) g²;
   // p ← p − lr / (1 − β1^t) · m / (√v / √(1 − β2^t) + eps)).
-  void step(FlatTensors& params, const FlatTensors& grads, double lr);
+  // `only` (optional, per tensor in layout order): update just those tensors (a pipeline stage's).
+  void step(FlatTensors& params, const FlatTensors& grads, double lr,
+            const std::vector<bool>* only = nullptr);
   int64_t steps() const { return step_; }
   const AdamWConfig& config() const { return config_; }
   // State for checkpoints.

@@ -77,6 +77,26 @@ struct ScoredSample {
   std::vector<int32_t> experts;  // (T − 1, moe_layers, top_k) for MoE models
 };
 
+// The process groups of a parallel trainer rank (comm.h); null members mean size 1.
+struct TrainerComms {
+  Communicator* dp = nullptr;  // same stage, other data shards: gradients summed in tree order
+  Communicator* pp = nullptr;  // same data shard, other stages: activations and gradients flow
+};
+
+// This rank's pipeline stage: a contiguous range of layers (stage 0 also owns the embedding, the
+// last stage the final norm and LM head, both the embedding when it is tied to the head).
+struct PipelineStage {
+  int stage = 0;
+  int num_stages = 1;
+  int64_t layer_begin = 0, layer_end = 0;
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == num_stages - 1; }
+};
+
+// Layers [begin, end) of pipeline stage `stage` of `num_stages`: as even as possible, earlier
+// stages taking the remainder.
+std::pair<int64_t, int64_t> stage_layers(int64_t num_layers, int stage, int num_stages);
+
 class Trainer {
  public:
   // Starts from `weights` (HF names; copied into float32 master weights).
@@ -85,14 +105,27 @@ class Trainer {
                                                  ThreadPool* pool);
   ~Trainer();
 
-  // One optimizer step over `batch` (its size a multiple of micro_batch_size). `dp` (optional) is
-  // the data-parallel group: this rank computes its contiguous block of micro-batches and the
-  // gradients are summed across the group in tree order.
+  // Makes this trainer stage `stage` of `num_stages` (layers split as evenly as possible, earlier
+  // stages taking the remainder). It then computes and updates only the tensors it owns.
+  Status set_pipeline_stage(int stage, int num_stages);
+  const PipelineStage& stage() const { return stage_; }
+  // Whether this stage computes and updates the tensor (layout order).
+  bool owns(size_t tensor_index) const { return owned_[tensor_index]; }
+
+  // One optimizer step over `batch` (its size a multiple of micro_batch_size). With comms.dp this
+  // rank computes its contiguous block of micro-batches and gradients are summed over the group in
+  // tree order; with comms.pp the micro-batches flow through the stages in a 1F1B schedule. Every
+  // layout gives the single-process loss, grad norm and weights bit for bit when the data-parallel
+  // size is a power of two dividing the micro-batch count (the tree's subtrees line up).
   Result<StepResult> step(std::span<const TrainSample> batch, const TokenObjective& objective,
-                          Communicator* dp = nullptr);
+                          const TrainerComms& comms = {});
   // Log-probs (and entropies, experts) of each sample's response under the current weights, no
-  // gradient. replay: use the samples' routed experts.
+  // gradient. replay: use the samples' routed experts. Single-stage trainers only.
   Result<std::vector<ScoredSample>> score(std::span<const TrainSample> batch, bool replay);
+  // Pipeline stages hold current values only for the tensors they own; this broadcasts every
+  // tensor (weights and optimizer moments) from its owner so that every stage has all of them
+  // (before a checkpoint or an export). Call on every stage.
+  Status gather_pipeline_state(Communicator& pp);
 
   const ModelConfig& model_config() const { return config_; }
   const TrainerConfig& config() const { return tc_; }
@@ -106,14 +139,17 @@ class Trainer {
   // Replaces the weights (checkpoint resume) and rebuilds the model.
   Status reload_model();
 
+  struct MicroResult;  // one micro-batch's (or a subtree's) gradients, loss and metric sums
+
  private:
+  friend class PipelineRun;
   Trainer() = default;
   Status check_batch(std::span<const TrainSample> batch) const;
-  struct MicroResult;
   Result<MicroResult> micro_step(std::span<const TrainSample> batch, int64_t first, int64_t count,
                                  const TokenObjective& objective);
-  Result<MicroResult> accumulate(std::span<const TrainSample> batch, int64_t lo, int64_t hi,
-                                 const TokenObjective& objective);
+  MicroResult empty_result() const;
+  Status reduce_across_stages(MicroResult& acc, Communicator* pp);
+  double owned_grad_norm(const MicroResult& acc, Communicator* pp);
 
   ModelConfig config_;
   TrainerConfig tc_;
@@ -122,6 +158,8 @@ class Trainer {
   FlatTensors params_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<Model> model_;
+  PipelineStage stage_;
+  std::vector<bool> owned_;  // (tensors) this stage computes and updates them
 };
 
 // SFT: token-mean negative log-likelihood over the step's loss-masked tokens, `total_tokens` of

@@ -96,10 +96,10 @@ Result<TrainerConfig> trainer_config(const SftOptions& o) {
 Status run_rank(const SftOptions& o) {
   MILES_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::parse(o.layout));
   MILES_RETURN_IF_ERROR(layout.check_world_size(o.world_size));
-  if (layout.pp() > 1 || layout.tp() > 1)
-    return Status::Error("--layout " + o.layout +
-                         ": the trainer runs data parallelism only so far; pipeline and tensor "
-                         "parallelism are not built yet");
+  if (layout.tp() > 1)
+    return Status::Error(
+        "--layout " + o.layout +
+        ": tensor parallelism is not built yet (data and pipeline parallelism are)");
   if (o.steps < 1) return Status::Error("--steps must be >= 1");
   if (o.batch_size < 1 || o.batch_size % o.micro_batch_size != 0)
     return Status::Error("--batch-size must be a positive multiple of --micro-batch-size");
@@ -135,6 +135,9 @@ Status run_rank(const SftOptions& o) {
   ThreadPool pool(o.threads > 0 ? o.threads : std::max(1, hw / o.world_size));
   MILES_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
                          Trainer::create(files.config, files.weights, tc, &pool));
+  if (layout.pp() > 1)
+    MILES_RETURN_IF_ERROR(trainer->set_pipeline_stage(groups.coord.pp, layout.pp()));
+  const TrainerComms comms{groups.dp.get(), groups.pp.get()};
   int64_t first = 0;
   if (o.resume) {
     if (o.save_dir.empty()) return Status::Error("--resume needs --save-dir");
@@ -151,7 +154,9 @@ Status run_rank(const SftOptions& o) {
     }
   }
   auto save = [&](int64_t done) -> Status {
-    if (o.save_dir.empty() || o.rank != 0) return Status::Ok();
+    if (o.save_dir.empty()) return Status::Ok();
+    if (comms.pp) MILES_RETURN_IF_ERROR(trainer->gather_pipeline_state(*comms.pp));
+    if (o.rank != 0) return Status::Ok();
     TrainState st;
     st.step = done;
     st.data_position = done * o.batch_size;
@@ -168,7 +173,7 @@ Status run_rank(const SftOptions& o) {
     const std::vector<TrainSample> batch = sft_batch(data, step, o.batch_size);
     double tokens = 0;
     for (const TrainSample& s : batch) tokens += s.response_length;
-    auto r = trainer->step(batch, sft_objective(batch, tokens), groups.dp.get());
+    auto r = trainer->step(batch, sft_objective(batch, tokens), comms);
     if (!r.ok()) return r.status().with_context("step " + std::to_string(step + 1));
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -117,4 +117,17 @@ Result<std::unique_ptr<Communicator>> connect_nccl(const CommOptions& options) {
 }
 #endif
 
+namespace {
+class DoneSend final : public PendingSend {
+ public:
+  Status wait() override { return Status::Ok(); }
+};
+}  // namespace
+
+Result<std::unique_ptr<PendingSend>> Communicator::isend(const void* data, size_t bytes, int dst,
+                                                         uint32_t tag) {
+  MILES_RETURN_IF_ERROR(send(data, bytes, dst, tag));
+  return std::unique_ptr<PendingSend>(std::make_unique<DoneSend>());
+}
+
 }  // namespace miles

@@ -79,6 +79,21 @@ struct GlooShared {
   std::chrono::milliseconds timeout{60'000};
 };
 
+class GlooCommunicator;
+
+class GlooPendingSend final : public PendingSend {
+ public:
+  GlooPendingSend(GlooCommunicator* comm, std::unique_ptr<gloo::transport::UnboundBuffer> buf,
+                  std::string op)
+      : comm_(comm), buf_(std::move(buf)), op_(std::move(op)) {}
+  Status wait() override;
+
+ private:
+  GlooCommunicator* comm_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
+  std::string op_;
+};
+
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<GlooShared> shared, std::shared_ptr<gloo::Context> ctx,
@@ -140,6 +155,27 @@ class GlooCommunicator final : public Communicator {
                      buf->send(dst, gloo::Slot::build(kSendRecvSlotPrefix, tag));
                      if (!buf->waitSend(shared_->timeout)) throw gloo::IoException("send aborted");
                    });
+  }
+
+  Result<std::unique_ptr<PendingSend>> isend(const void* data, size_t bytes, int dst,
+                                             uint32_t tag) override {
+    if (dst < 0 || dst >= size() || dst == rank()) return bad_rank("send", "destination", dst);
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf;
+    const std::string op =
+        "send to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) + ")";
+    MILES_RETURN_IF_ERROR(guarded(op, [&] {
+      buf = ctx_->createUnboundBuffer(const_cast<void*>(data), bytes);
+      buf->send(dst, gloo::Slot::build(kSendRecvSlotPrefix, tag));
+    }));
+    return std::unique_ptr<PendingSend>(
+        std::make_unique<GlooPendingSend>(this, std::move(buf), op));
+  }
+
+  // Completes an isend (GlooPendingSend::wait).
+  Status wait_send(gloo::transport::UnboundBuffer& buf, const std::string& op) {
+    return guarded(op, [&] {
+      if (!buf.waitSend(shared_->timeout)) throw gloo::IoException("send aborted");
+    });
   }
 
   Status recv(void* data, size_t bytes, int src, uint32_t tag) override {
@@ -217,6 +253,13 @@ Result<std::shared_ptr<gloo::Context>> GlooCommunicator::join(GlooShared& shared
     return Status::Error(where + ": connecting the gloo mesh: " + e.what());
   }
   return std::shared_ptr<gloo::Context>(std::move(ctx));
+}
+
+Status GlooPendingSend::wait() {
+  if (!buf_) return Status::Ok();
+  Status s = comm_->wait_send(*buf_, op_);
+  buf_.reset();
+  return s;
 }
 
 Result<std::unique_ptr<Communicator>> GlooCommunicator::new_group(std::span<const int> ranks,

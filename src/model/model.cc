@@ -210,8 +210,21 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
   const int64_t t = tokens.size(), d = c.hidden_size;
   const BatchPlan plan = plan_batch(seqs, t);
 
+  const int64_t begin = options.layer_begin;
+  const int64_t end = options.layer_end < 0 ? c.num_layers : options.layer_end;
+  if (begin < 0 || begin >= end || end > c.num_layers)
+    return Status::Error("layer range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                         ") is not inside the model's " + std::to_string(c.num_layers) + " layers");
   std::vector<float> h(static_cast<size_t>(t * d));
-  kernels::embedding(w_->embed.data(), d, tokens.data(), t, h.data());
+  if (begin == 0) {
+    kernels::embedding(w_->embed.data(), d, tokens.data(), t, h.data());
+  } else {
+    if (static_cast<int64_t>(options.input_hidden.size()) != t * d)
+      return Status::Error("a stage starting at layer " + std::to_string(begin) +
+                           " needs input_hidden of tokens × hidden = " + std::to_string(t * d) +
+                           " values, got " + std::to_string(options.input_hidden.size()));
+    std::copy(options.input_hidden.begin(), options.input_hidden.end(), h.begin());
+  }
   Scratch s;
   s.xn.resize(t * d);
   s.qkv.resize(t * (c.q_dim() + 2 * c.kv_dim()));
@@ -231,9 +244,12 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     tape->offset = plan.offset;
     tape->positions = plan.positions;
     tape->layers.assign(static_cast<size_t>(c.num_layers), LayerTape{});
+    tape->layer_begin = begin;
+    tape->layer_end = end;
   }
   int64_t moe_index = 0;
-  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+  for (int64_t layer = 0; layer < begin; ++layer) moe_index += c.is_moe_layer(layer) ? 1 : 0;
+  for (int64_t layer = begin; layer < end; ++layer) {
     LayerTape* lt = tape ? &tape->layers[layer] : nullptr;
     attention_block(c, *w_, layer, seqs, plan, kv, h.data(), t, s, lt, pool);
     const LayerWeights& l = w_->layers[layer];
@@ -258,6 +274,10 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     ++moe_index;
   }
 
+  if (end < c.num_layers) {
+    out.hidden = std::move(h);
+    return out;
+  }
   // Final norm and LM head over the rows asked for.
   std::vector<int64_t> rows;
   if (options.all_logits) {

@@ -50,13 +50,15 @@ void split_rows(const float* src, int64_t cols, FlatTensors& g,
 class Backward {
  public:
   Backward(const ModelConfig& c, const ModelWeights& w, const BackwardWeights& bw,
-           const ForwardTape::Impl& tape, FlatTensors& g, ThreadPool* pool)
-      : c_(c), w_(w), bw_(bw), tape_(tape), g_(g), pool_(pool), t_(tape.tokens.size()) {}
+           const ForwardTape::Impl& tape, FlatTensors& g, ThreadPool* pool, const BackwardIo& io)
+      : c_(c), w_(w), bw_(bw), tape_(tape), g_(g), pool_(pool), io_(io), t_(tape.tokens.size()) {}
 
-  void run(std::span<const float> dlogits) {
+  void run(std::span<const float> d_output) {
     g_.zero();
-    std::vector<float> dh = head(dlogits);
-    for (int64_t layer = c_.num_layers - 1; layer >= 0; --layer) {
+    std::vector<float> dh = tape_.layer_end == c_.num_layers
+                                ? head(d_output)
+                                : std::vector<float>(d_output.begin(), d_output.end());
+    for (int64_t layer = tape_.layer_end - 1; layer >= tape_.layer_begin; --layer) {
       const std::string p = "model.layers." + std::to_string(layer) + ".";
       if (w_.layers[layer].moe) {
         moe(layer, p, dh);
@@ -65,7 +67,11 @@ class Backward {
       }
       attention(layer, p, dh);
     }
-    embedding(dh);
+    if (tape_.layer_begin == 0) {
+      embedding(dh);
+    } else if (io_.d_input) {
+      *io_.d_input = std::move(dh);
+    }
   }
 
  private:
@@ -76,11 +82,17 @@ class Backward {
     const int64_t d = c_.hidden_size, v = c_.vocab_size;
     std::vector<float> dnormed(static_cast<size_t>(t_ * d));
     gemm(dlogits.data(), t_, v, bw_.lm_head_t, dnormed.data(), d, pool_);
-    // The tied head's gradient lands in the embedding; the embedding's own scatter adds to it.
-    const std::string head_name =
-        c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-    gemm_weight_grad(dlogits.data(), v, tape_.normed.data(), d, t_, v, d, g_.get(head_name).data(),
-                     pool_);
+    // Tied: the head's gradient lands in io.tied_head_grad when given, else in the embedding's (the
+    // embedding's own scatter then adds to it).
+    float* head_grad = nullptr;
+    if (!c_.tie_word_embeddings) {
+      head_grad = g_.get("lm_head.weight").data();
+    } else if (!io_.tied_head_grad.empty()) {
+      head_grad = io_.tied_head_grad.data();
+    } else {
+      head_grad = g_.get("model.embed_tokens.weight").data();
+    }
+    gemm_weight_grad(dlogits.data(), v, tape_.normed.data(), d, t_, v, d, head_grad, pool_);
     std::vector<float> dh(static_cast<size_t>(t_ * d));
     kernels::rmsnorm_backward(tape_.h_final.data(), dnormed.data(), t_, d, w_.final_norm.data(),
                               eps(), dh.data(), g_.get("model.norm.weight").data());
@@ -262,6 +274,7 @@ class Backward {
   const ForwardTape::Impl& tape_;
   FlatTensors& g_;
   ThreadPool* pool_;
+  const BackwardIo& io_;
   const int64_t t_;
 };
 
@@ -294,19 +307,25 @@ const BackwardWeights& Model::backward_weights() const {
   return *bw_;
 }
 
-Status Model::backward(const ForwardTape& tape, std::span<const float> dlogits, FlatTensors& grads,
-                       ThreadPool* pool) const {
+Status Model::backward(const ForwardTape& tape, std::span<const float> d_output, FlatTensors& grads,
+                       ThreadPool* pool, const BackwardIo& io) const {
   const ForwardTape::Impl& t = tape.impl();
   const int64_t n = t.tokens.size();
   if (t.layers.size() != static_cast<size_t>(config_.num_layers) || n == 0)
     return Status::Error("backward needs the tape of a training forward of this model");
-  if (static_cast<int64_t>(dlogits.size()) != n * config_.vocab_size)
-    return Status::Error(
-        "backward: d logits has " + std::to_string(dlogits.size()) +
-        " values, expected tokens × vocab = " + std::to_string(n * config_.vocab_size));
+  const bool head = t.layer_end == config_.num_layers;
+  const int64_t want = n * (head ? config_.vocab_size : config_.hidden_size);
+  if (static_cast<int64_t>(d_output.size()) != want)
+    return Status::Error(std::string("backward: d ") + (head ? "logits" : "hidden") + " has " +
+                         std::to_string(d_output.size()) + " values, expected " +
+                         std::to_string(want));
+  if (!io.tied_head_grad.empty() &&
+      (!config_.tie_word_embeddings ||
+       static_cast<int64_t>(io.tied_head_grad.size()) != config_.vocab_size * config_.hidden_size))
+    return Status::Error("backward: tied_head_grad needs a tied model and vocab × hidden values");
   if (grads.layout().total() != ParamLayout::for_model(config_)->total())
     return Status::Error("backward: the gradient buffer's layout does not match this model");
-  Backward(config_, *w_, backward_weights(), t, grads, pool).run(dlogits);
+  Backward(config_, *w_, backward_weights(), t, grads, pool, io).run(d_output);
   return Status::Ok();
 }
 

@@ -1,0 +1,138 @@
+// PipelineRun: one stage's 1F1B schedule over its micro-batches (trainer_internal.h).
+#include <algorithm>
+
+#include "miles/comm.h"
+#include "trainer/trainer_internal.h"
+
+namespace miles {
+
+using trainer_detail::Packed;
+
+// What a micro-batch keeps between its forward and its backward on this stage.
+struct PipelineRun::InFlight {
+  Packed packed;
+  ForwardTape tape;
+  std::vector<float> dlogits;  // last stage
+  TokenLoss loss;              // last stage
+};
+
+namespace {
+uint32_t forward_tag(int64_t mb) { return static_cast<uint32_t>(2 * mb); }
+uint32_t backward_tag(int64_t mb) { return static_cast<uint32_t>(2 * mb + 1); }
+}  // namespace
+
+PipelineRun::PipelineRun(Trainer& trainer, std::span<const TrainSample> batch,
+                         const TokenObjective& objective, int64_t lo, int64_t hi, Communicator& pp)
+    : t_(trainer), batch_(batch), objective_(objective), pp_(pp) {
+  const int64_t m = hi - lo;
+  const int64_t warmup = std::min<int64_t>(t_.stage_.num_stages - t_.stage_.stage - 1, m);
+  for (int64_t i = 0; i < warmup; ++i) actions_.push_back({'F', lo + i});
+  for (int64_t j = 0; j < m - warmup; ++j) {
+    actions_.push_back({'F', lo + warmup + j});
+    actions_.push_back({'B', lo + j});
+  }
+  for (int64_t j = m - warmup; j < m; ++j) actions_.push_back({'B', lo + j});
+}
+
+PipelineRun::~PipelineRun() { (void)finish(); }
+
+Status PipelineRun::forward(int64_t mb) {
+  const PipelineStage& st = t_.stage_;
+  const int64_t mbs = t_.tc_.micro_batch_size, d = t_.config_.hidden_size;
+  auto f = std::make_unique<InFlight>();
+  const bool replay = t_.tc_.replay_experts && t_.config_.num_moe_layers() > 0 &&
+                      !batch_[mb * mbs].routed_experts.empty();
+  f->packed = trainer_detail::pack(batch_, mb * mbs, mbs, replay);
+  const int64_t t = f->packed.tokens.size();
+  std::vector<float> input;
+  ForwardOptions opt;
+  opt.tape = &f->tape;
+  opt.forced_experts = f->packed.forced;
+  opt.layer_begin = st.layer_begin;
+  opt.layer_end = st.layer_end;
+  if (!st.first()) {
+    input.resize(static_cast<size_t>(t * d));
+    MILES_RETURN_IF_ERROR(
+        pp_.recv(input.data(), input.size() * sizeof(float), st.stage - 1, forward_tag(mb)));
+    opt.input_hidden = input;
+  }
+  auto kv = t_.model_->make_kv_cache();
+  MILES_ASSIGN_OR_RETURN(ForwardOutput out,
+                         t_.model_->forward(f->packed.tokens, f->packed.seqs, *kv, opt, t_.pool_));
+  if (st.last()) {
+    MILES_ASSIGN_OR_RETURN(trainer_detail::HeadResult head,
+                           trainer_detail::loss_head(f->packed, out.logits, t_.config_.vocab_size,
+                                                     t_.tc_.need_entropy, objective_));
+    f->dlogits = std::move(head.dlogits);
+    f->loss = std::move(head.loss);
+  } else {
+    send_buffers_.push_back(std::move(out.hidden));
+    const std::vector<float>& h = send_buffers_.back();
+    MILES_ASSIGN_OR_RETURN(
+        auto pending, pp_.isend(h.data(), h.size() * sizeof(float), st.stage + 1, forward_tag(mb)));
+    sends_.push_back(std::move(pending));
+  }
+  live_[mb] = std::move(f);
+  return Status::Ok();
+}
+
+Result<Trainer::MicroResult> PipelineRun::backward(int64_t mb) {
+  const PipelineStage& st = t_.stage_;
+  auto it = live_.find(mb);
+  MILES_CHECK(it != live_.end(), "pipeline backward before its forward");
+  std::unique_ptr<InFlight> f = std::move(it->second);
+  live_.erase(it);
+  const int64_t t = f->packed.tokens.size(), d = t_.config_.hidden_size;
+  std::vector<float> d_out;
+  if (st.last()) {
+    d_out = std::move(f->dlogits);
+  } else {
+    d_out.resize(static_cast<size_t>(t * d));
+    MILES_RETURN_IF_ERROR(
+        pp_.recv(d_out.data(), d_out.size() * sizeof(float), st.stage + 1, backward_tag(mb)));
+  }
+  Trainer::MicroResult r = t_.empty_result();
+  std::vector<float> d_in;
+  BackwardIo io;
+  if (!st.first()) io.d_input = &d_in;
+  if (st.last()) {
+    io.tied_head_grad = r.tied_head;
+    r.loss = f->loss.loss;
+    r.tokens = f->packed.rows.size();
+    r.sums = std::move(f->loss.sums);
+  }
+  MILES_RETURN_IF_ERROR(t_.model_->backward(f->tape, d_out, r.grads, t_.pool_, io));
+  if (!st.first()) {
+    send_buffers_.push_back(std::move(d_in));
+    const std::vector<float>& g = send_buffers_.back();
+    MILES_ASSIGN_OR_RETURN(auto pending, pp_.isend(g.data(), g.size() * sizeof(float), st.stage - 1,
+                                                   backward_tag(mb)));
+    sends_.push_back(std::move(pending));
+  }
+  return r;
+}
+
+Result<Trainer::MicroResult> PipelineRun::next() {
+  while (cursor_ < actions_.size()) {
+    const auto [kind, mb] = actions_[cursor_++];
+    if (kind == 'F') {
+      MILES_RETURN_IF_ERROR(forward(mb));
+    } else {
+      return backward(mb);
+    }
+  }
+  return Status::Error("pipeline schedule: no backward left");
+}
+
+Status PipelineRun::finish() {
+  Status first;
+  for (auto& s : sends_) {
+    Status st = s->wait();
+    if (first.ok() && !st.ok()) first = st;
+  }
+  sends_.clear();
+  send_buffers_.clear();
+  return first;
+}
+
+}  // namespace miles

@@ -1,0 +1,85 @@
+// Pieces shared by Trainer::step and the pipeline schedule: a micro-batch's result, packing samples
+// for the model, and the halving tree over micro-batch index.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "miles/comm.h"
+#include "miles/trainer.h"
+
+namespace miles {
+
+struct Trainer::MicroResult {
+  FlatTensors grads;
+  std::vector<float> tied_head;  // (vocab, hidden) the tied LM head's share of the embedding grad
+  double loss = 0;
+  int64_t tokens = 0;
+  std::map<std::string, double> sums;
+};
+
+namespace trainer_detail {
+
+// A micro-batch packed for the model: each sample's tokens [0, T − 1) as one sequence.
+struct Packed {
+  std::vector<int32_t> tokens;
+  std::vector<SeqSpan> seqs;
+  std::vector<int32_t> forced;   // (Σ (T − 1), moe_layers, top_k) or empty
+  std::vector<int64_t> rows;     // logits rows of the response tokens, in order
+  std::vector<int32_t> targets;  // the response tokens
+  std::vector<int64_t> samples;  // batch indices
+  std::vector<int64_t> offsets;  // (S + 1) into rows
+};
+
+Packed pack(std::span<const TrainSample> batch, int64_t first, int64_t count, bool replay);
+
+// Σ leaf(i) for i in [lo, hi) by the halving tree (kernels.h's shape), leaves evaluated in
+// ascending order: a + b adds gradients, tied shares, losses and metric sums.
+using Leaf = std::function<Result<Trainer::MicroResult>(int64_t)>;
+Result<Trainer::MicroResult> tree_sum(int64_t lo, int64_t hi, const Leaf& leaf);
+
+// The last stage's loss head: response-row logits → logp / entropy → objective → d logits of
+// every row ([T, vocab], zeros off the response rows).
+struct HeadResult {
+  TokenLoss loss;
+  std::vector<float> dlogits;
+};
+Result<HeadResult> loss_head(const Packed& p, const std::vector<float>& logits, int64_t vocab,
+                             bool need_entropy, const TokenObjective& objective);
+
+}  // namespace trainer_detail
+
+// The 1F1B schedule of one pipeline stage over micro-batches [lo, hi) (picotron's three phases:
+// warm-up forwards, steady one-forward-one-backward, cool-down backwards). next() runs the schedule
+// until the next micro-batch's backward is done and returns its gradients, so micro-batches reach
+// the tree in ascending order as in a single process. Activations go forward and gradients back
+// with non-blocking sends and blocking receives (tags 2i and 2i + 1), which cannot deadlock.
+class PipelineRun {
+ public:
+  PipelineRun(Trainer& trainer, std::span<const TrainSample> batch, const TokenObjective& objective,
+              int64_t lo, int64_t hi, Communicator& pp);
+  ~PipelineRun();
+  Result<Trainer::MicroResult> next();
+  Status finish();  // waits for the sends still in flight
+
+ private:
+  struct InFlight;
+  Status forward(int64_t mb);
+  Result<Trainer::MicroResult> backward(int64_t mb);
+
+  Trainer& t_;
+  std::span<const TrainSample> batch_;
+  const TokenObjective& objective_;
+  Communicator& pp_;
+  std::vector<std::pair<char, int64_t>> actions_;  // ('F' | 'B', micro-batch)
+  size_t cursor_ = 0;
+  std::map<int64_t, std::unique_ptr<InFlight>> live_;
+  std::vector<std::unique_ptr<PendingSend>> sends_;
+  std::vector<std::vector<float>> send_buffers_;
+};
+
+}  // namespace miles
