@@ -50,6 +50,7 @@ Status PipelineRun::forward(int64_t mb) {
   opt.forced_experts = f->packed.forced;
   opt.layer_begin = st.layer_begin;
   opt.layer_end = st.layer_end;
+  opt.tp = t_.tp();
   if (!st.first()) {
     input.resize(static_cast<size_t>(t * d));
     MILES_RETURN_IF_ERROR(
@@ -60,9 +61,10 @@ Status PipelineRun::forward(int64_t mb) {
   MILES_ASSIGN_OR_RETURN(ForwardOutput out,
                          t_.model_->forward(f->packed.tokens, f->packed.seqs, *kv, opt, t_.pool_));
   if (st.last()) {
-    MILES_ASSIGN_OR_RETURN(trainer_detail::HeadResult head,
-                           trainer_detail::loss_head(f->packed, out.logits, t_.config_.vocab_size,
-                                                     t_.tc_.need_entropy, objective_));
+    MILES_ASSIGN_OR_RETURN(
+        trainer_detail::HeadResult head,
+        trainer_detail::loss_head(f->packed, out.logits, t_.local_config_.vocab_size,
+                                  t_.tc_.need_entropy, objective_, t_.tp()));
     f->dlogits = std::move(head.dlogits);
     f->loss = std::move(head.loss);
   } else {
@@ -95,6 +97,7 @@ Result<Trainer::MicroResult> PipelineRun::backward(int64_t mb) {
   std::vector<float> d_in;
   BackwardIo io;
   if (!st.first()) io.d_input = &d_in;
+  io.tp = t_.tp();
   if (st.last()) {
     io.tied_head_grad = r.tied_head;
     r.loss = f->loss.loss;

@@ -10,6 +10,7 @@
 #include "miles/comm.h"
 #include "miles/logprob.h"
 #include "miles/thread_pool.h"
+#include "trainer/tensor_parallel.h"
 #include "trainer/trainer_internal.h"
 
 namespace miles {
@@ -38,9 +39,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig& config,
   MILES_RETURN_IF_ERROR(tc.validate());
   std::unique_ptr<Trainer> t(new Trainer());
   t->config_ = config;
+  t->local_config_ = config;
   t->tc_ = tc;
   t->pool_ = pool;
   t->layout_ = ParamLayout::for_model(config, &weights);
+  t->full_layout_ = t->layout_;
   MILES_ASSIGN_OR_RETURN(t->params_, FlatTensors::from_tensor_map(t->layout_, weights));
   t->opt_ = std::make_unique<AdamW>(t->layout_, tc.optimizer);
   MILES_RETURN_IF_ERROR(t->set_pipeline_stage(0, 1));
@@ -77,7 +80,7 @@ Status Trainer::set_pipeline_stage(int stage, int num_stages) {
 
 Status Trainer::reload_model() {
   const TensorMap view = params_.as_tensor_map();
-  MILES_ASSIGN_OR_RETURN(model_, Model::from_weights(config_, view));
+  MILES_ASSIGN_OR_RETURN(model_, Model::from_weights(local_config_, view));
   return Status::Ok();
 }
 
@@ -118,7 +121,7 @@ Status Trainer::check_batch(std::span<const TrainSample> batch) const {
 Trainer::MicroResult Trainer::empty_result() const {
   MicroResult r{FlatTensors(layout_), {}, 0, 0, {}};
   if (config_.tie_word_embeddings)
-    r.tied_head.assign(static_cast<size_t>(config_.vocab_size * config_.hidden_size), 0.0f);
+    r.tied_head.assign(static_cast<size_t>(local_config_.vocab_size * config_.hidden_size), 0.0f);
   return r;
 }
 
@@ -132,16 +135,18 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   ForwardOptions opt;
   opt.tape = &tape;
   opt.forced_experts = p.forced;
+  opt.tp = tp();
   MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(p.tokens, p.seqs, *kv, opt, pool_));
-  MILES_ASSIGN_OR_RETURN(
-      trainer_detail::HeadResult head,
-      trainer_detail::loss_head(p, out.logits, config_.vocab_size, tc_.need_entropy, objective));
+  MILES_ASSIGN_OR_RETURN(trainer_detail::HeadResult head,
+                         trainer_detail::loss_head(p, out.logits, local_config_.vocab_size,
+                                                   tc_.need_entropy, objective, tp()));
   MicroResult r = empty_result();
   r.loss = head.loss.loss;
   r.tokens = p.rows.size();
   r.sums = std::move(head.loss.sums);
   BackwardIo io;
   io.tied_head_grad = r.tied_head;
+  io.tp = tp();
   MILES_RETURN_IF_ERROR(model_->backward(tape, head.dlogits, r.grads, pool_, io));
   return r;
 }
@@ -215,6 +220,13 @@ double Trainer::owned_grad_norm(const MicroResult& acc, Communicator* pp) {
     if (!report) continue;
     const float* g = acc.grads.all().data() + specs[i].offset;
     for (int64_t k = 0; k < specs[i].numel; ++k) sq[i] += static_cast<double>(g[k]) * g[k];
+  }
+  if (tp_.comm && tp_.comm->size() > 1) {  // shards add up; a replicated tensor counts once
+    if (tp_.comm->rank() != 0)
+      for (size_t i = 0; i < specs.size(); ++i)
+        if (tensor_parallel::split_of(specs[i].name) == tensor_parallel::Split::kReplicated)
+          sq[i] = 0;
+    if (!tp_.comm->all_reduce_sum_deterministic(std::span<double>(sq)).ok()) return -1;
   }
   if (pp && pp->size() > 1) {
     std::vector<double> all(sq.size() * pp->size());
@@ -291,6 +303,56 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
   return r;
 }
 
+Status Trainer::shard_for_tensor_parallel(Communicator& tp) {
+  if (tp_.comm) return Status::Error("the trainer is already sharded");
+  if (tp.size() == 1) return Status::Ok();
+  MILES_ASSIGN_OR_RETURN(ModelConfig local, tensor_parallel::local_config(config_, tp.size()));
+  const TensorMap full_view = params_.as_tensor_map();
+  auto layout = ParamLayout::for_model(local, &full_view);
+  FlatTensors p(layout), m(layout), v(layout);
+  tensor_parallel::slice(params_, p, tp.rank(), tp.size());
+  tensor_parallel::slice(opt_->exp_avg(), m, tp.rank(), tp.size());
+  tensor_parallel::slice(opt_->exp_avg_sq(), v, tp.rank(), tp.size());
+  const int64_t steps = opt_->steps();
+  local_config_ = local;
+  layout_ = layout;
+  params_ = std::move(p);
+  opt_ = std::make_unique<AdamW>(layout_, tc_.optimizer);
+  opt_->exp_avg() = std::move(m);
+  opt_->exp_avg_sq() = std::move(v);
+  opt_->set_steps(steps);
+  tp_ = TensorParallel{&tp, tp.rank() * local.vocab_size, config_.vocab_size};
+  MILES_RETURN_IF_ERROR(set_pipeline_stage(stage_.stage, stage_.num_stages));
+  return reload_model();
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::gather_tensor_parallel(Communicator& tp) const {
+  std::unique_ptr<Trainer> full(new Trainer());
+  full->config_ = config_;
+  full->local_config_ = config_;
+  full->tc_ = tc_;
+  full->pool_ = pool_;
+  full->layout_ = full_layout_;
+  full->full_layout_ = full_layout_;
+  full->params_ = FlatTensors(full_layout_);
+  full->opt_ = std::make_unique<AdamW>(full_layout_, tc_.optimizer);
+  full->opt_->set_steps(opt_->steps());
+  const int n = tp.size();
+  const FlatTensors* mine[3] = {&params_, &opt_->exp_avg(), &opt_->exp_avg_sq()};
+  FlatTensors* out[3] = {&full->params_, &full->opt_->exp_avg(), &full->opt_->exp_avg_sq()};
+  for (const ParamSpec& s : full_layout_->specs()) {
+    for (int k = 0; k < 3; ++k) {
+      std::span<const float> local = mine[k]->get(s.name);
+      std::vector<float> all(local.size() * n);
+      MILES_RETURN_IF_ERROR(tp.allgather(local.data(), local.size_bytes(), all.data()));
+      tensor_parallel::assemble(s.name, s.shape, all, n, out[k]->get(s.name));
+    }
+  }
+  MILES_RETURN_IF_ERROR(full->set_pipeline_stage(stage_.stage, stage_.num_stages));
+  MILES_RETURN_IF_ERROR(full->reload_model());
+  return full;
+}
+
 Status Trainer::gather_pipeline_state(Communicator& pp) {
   if (pp.size() != stage_.num_stages)
     return Status::Error("gather_pipeline_state: the group does not match the stage count");
@@ -318,7 +380,8 @@ Status Trainer::gather_pipeline_state(Communicator& pp) {
 
 Result<std::vector<ScoredSample>> Trainer::score(std::span<const TrainSample> batch, bool replay) {
   MILES_RETURN_IF_ERROR(check_batch(batch));
-  if (stage_.num_stages > 1) return Status::Error("score() needs a single-stage trainer");
+  if (stage_.num_stages > 1 || tp())
+    return Status::Error("score() needs a single-stage trainer without tensor parallelism");
   std::vector<ScoredSample> out(batch.size());
   const int64_t v = config_.vocab_size, per_token = config_.num_moe_layers() * config_.moe.top_k;
   for (size_t s = 0; s < batch.size(); ++s) {

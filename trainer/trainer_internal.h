@@ -48,8 +48,10 @@ struct HeadResult {
   TokenLoss loss;
   std::vector<float> dlogits;
 };
+// With tensor parallelism the logits are this rank's vocabulary columns (vocab = local size).
 Result<HeadResult> loss_head(const Packed& p, const std::vector<float>& logits, int64_t vocab,
-                             bool need_entropy, const TokenObjective& objective);
+                             bool need_entropy, const TokenObjective& objective,
+                             const TensorParallel* tp);
 
 }  // namespace trainer_detail
 

@@ -44,13 +44,20 @@ Result<Trainer::MicroResult> tree_sum(int64_t lo, int64_t hi, const Leaf& leaf) 
 }
 
 Result<HeadResult> loss_head(const Packed& p, const std::vector<float>& logits, int64_t v,
-                             bool need_entropy, const TokenObjective& objective) {
+                             bool need_entropy, const TokenObjective& objective,
+                             const TensorParallel* tp) {
   const int64_t n = p.rows.size();
   std::vector<float> sel(static_cast<size_t>(n * v));
   for (int64_t i = 0; i < n; ++i) std::copy_n(logits.data() + p.rows[i] * v, v, sel.data() + i * v);
   std::vector<float> logp(n), entropy(need_entropy ? n : 0);
-  token_logprobs(sel.data(), n, v, p.targets.data(), logp.data(),
-                 need_entropy ? entropy.data() : nullptr);
+  if (tp) {
+    MILES_RETURN_IF_ERROR(token_logprobs_vocab_parallel(sel.data(), n, v, tp->vocab_begin,
+                                                        p.targets.data(), *tp->comm, logp.data(),
+                                                        need_entropy ? entropy.data() : nullptr));
+  } else {
+    token_logprobs(sel.data(), n, v, p.targets.data(), logp.data(),
+                   need_entropy ? entropy.data() : nullptr);
+  }
   HeadResult h;
   MILES_ASSIGN_OR_RETURN(h.loss, objective(TokenView{p.samples, p.offsets, logp, entropy}));
   if (static_cast<int64_t>(h.loss.dlogp.size()) != n ||
@@ -59,8 +66,15 @@ Result<HeadResult> loss_head(const Packed& p, const std::vector<float>& logits, 
   if (!h.loss.dentropy.empty() && !need_entropy)
     return Status::Error("objective uses entropy but trainer.need_entropy is off");
   std::vector<float> dsel(static_cast<size_t>(n * v));
-  token_logprobs_backward(sel.data(), n, v, p.targets.data(), h.loss.dlogp.data(),
-                          h.loss.dentropy.empty() ? nullptr : h.loss.dentropy.data(), dsel.data());
+  const float* dent = h.loss.dentropy.empty() ? nullptr : h.loss.dentropy.data();
+  if (tp) {
+    MILES_RETURN_IF_ERROR(
+        token_logprobs_backward_vocab_parallel(sel.data(), n, v, tp->vocab_begin, p.targets.data(),
+                                               *tp->comm, h.loss.dlogp.data(), dent, dsel.data()));
+  } else {
+    token_logprobs_backward(sel.data(), n, v, p.targets.data(), h.loss.dlogp.data(), dent,
+                            dsel.data());
+  }
   h.dlogits.assign(logits.size(), 0.0f);
   for (int64_t i = 0; i < n; ++i)
     std::copy_n(dsel.data() + i * v, v, h.dlogits.data() + p.rows[i] * v);

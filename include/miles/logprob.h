@@ -7,7 +7,11 @@
 
 #include <cstdint>
 
+#include "miles/status.h"
+
 namespace miles {
+
+class Communicator;
 
 // For each row r of logits [rows, vocab]: logp[r] = log_softmax(logits[r])[targets[r]] and, when
 // entropy is not null, entropy[r] = −Σ_v p_v log p_v (chunked fixed-order sum).
@@ -19,5 +23,19 @@ void token_logprobs(const float* logits, int64_t rows, int64_t vocab, const int3
 void token_logprobs_backward(const float* logits, int64_t rows, int64_t vocab,
                              const int32_t* targets, const float* dlogp, const float* dentropy,
                              float* dlogits);
+
+// Vocabulary-parallel versions: each rank of `comm` holds logits [rows, vocab_local] for the
+// vocabulary ids [vocab_begin, vocab_begin + vocab_local). The same formulas, with the row max
+// combined exactly and the sums of exponentials / entropy terms combined in tree order over ranks:
+// when vocab_local is a multiple of 128 and the group a power of two, the results are the
+// single-process bits. Every rank gets every row's logp and entropy.
+Status token_logprobs_vocab_parallel(const float* logits, int64_t rows, int64_t vocab_local,
+                                     int64_t vocab_begin, const int32_t* targets,
+                                     Communicator& comm, float* logp, float* entropy);
+Status token_logprobs_backward_vocab_parallel(const float* logits, int64_t rows,
+                                              int64_t vocab_local, int64_t vocab_begin,
+                                              const int32_t* targets, Communicator& comm,
+                                              const float* dlogp, const float* dentropy,
+                                              float* dlogits);
 
 }  // namespace miles

@@ -21,6 +21,18 @@ namespace miles {
 
 class ThreadPool;
 class FlatTensors;
+class Communicator;
+
+// Tensor parallelism of a Model built from one rank's shard (a local config with heads, KV heads,
+// intermediate sizes and vocabulary divided by the group size): attention heads and MLP columns are
+// split, the embedding and LM head are vocabulary-parallel. The forward all-reduces (tree order)
+// the row-parallel outputs (o_proj, down_proj, MoE) and the embedding; logits stay local
+// ([rows, vocab / size], vocabulary rows [vocab_begin, vocab_begin + vocab / size)).
+struct TensorParallel {
+  Communicator* comm = nullptr;
+  int64_t vocab_begin = 0;
+  int64_t full_vocab = 0;  // token ids are checked against it
+};
 struct ModelWeights;
 struct BackwardWeights;
 
@@ -63,6 +75,8 @@ struct ForwardOptions {
   int64_t layer_begin = 0;
   int64_t layer_end = -1;
   std::span<const float> input_hidden;
+  // Tensor parallelism (this model holds one rank's shard), or null.
+  const TensorParallel* tp = nullptr;
   // Training: keep the activations backward needs here. Needs all_logits and sequences that start
   // at position 0 (whole sequences, no cached prefix).
   ForwardTape* tape = nullptr;
@@ -85,6 +99,8 @@ struct BackwardIo {
   // Tied embeddings: the LM head's share of the embedding gradient ([vocab, hidden]) goes here
   // instead of being added into grads (the trainer sums the two shares in a fixed order).
   std::span<float> tied_head_grad;
+  // The forward's tensor parallelism: column-parallel input gradients are all-reduced.
+  const TensorParallel* tp = nullptr;
 };
 
 // A checkpoint's config and weights: an HF directory (config.json + safetensors) or a llama2.c

@@ -122,6 +122,15 @@ class Trainer {
   // Log-probs (and entropies, experts) of each sample's response under the current weights, no
   // gradient. replay: use the samples' routed experts. Single-stage trainers only.
   Result<std::vector<ScoredSample>> score(std::span<const TrainSample> batch, bool replay);
+  // Tensor parallelism: keeps only this rank's shard of every tensor (tensor_parallel.h: heads, MLP
+  // columns and vocabulary rows split over `tp`); weights and optimizer state are sliced from the
+  // full ones, so call it after create() and any checkpoint load. The group must outlive the
+  // trainer.
+  Status shard_for_tensor_parallel(Communicator& tp);
+  // The full trainer state assembled from the shards of every rank of `tp` (for checkpoints and
+  // exports). Call on every rank of the group.
+  Result<std::unique_ptr<Trainer>> gather_tensor_parallel(Communicator& tp) const;
+
   // Pipeline stages hold current values only for the tensors they own; this broadcasts every
   // tensor (weights and optimizer moments) from its owner so that every stage has all of them
   // (before a checkpoint or an export). Call on every stage.
@@ -151,7 +160,12 @@ class Trainer {
   Status reduce_across_stages(MicroResult& acc, Communicator* pp);
   double owned_grad_norm(const MicroResult& acc, Communicator* pp);
 
-  ModelConfig config_;
+  const TensorParallel* tp() const { return tp_.comm ? &tp_ : nullptr; }
+
+  ModelConfig config_;        // the whole model
+  ModelConfig local_config_;  // this rank's shard (== config_ without tensor parallelism)
+  TensorParallel tp_;
+  std::shared_ptr<const ParamLayout> full_layout_;
   TrainerConfig tc_;
   ThreadPool* pool_ = nullptr;
   std::shared_ptr<const ParamLayout> layout_;

@@ -96,10 +96,6 @@ Result<TrainerConfig> trainer_config(const SftOptions& o) {
 Status run_rank(const SftOptions& o) {
   MILES_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::parse(o.layout));
   MILES_RETURN_IF_ERROR(layout.check_world_size(o.world_size));
-  if (layout.tp() > 1)
-    return Status::Error(
-        "--layout " + o.layout +
-        ": tensor parallelism is not built yet (data and pipeline parallelism are)");
   if (o.steps < 1) return Status::Error("--steps must be >= 1");
   if (o.batch_size < 1 || o.batch_size % o.micro_batch_size != 0)
     return Status::Error("--batch-size must be a positive multiple of --micro-batch-size");
@@ -156,6 +152,10 @@ Status run_rank(const SftOptions& o) {
   auto save = [&](int64_t done) -> Status {
     if (o.save_dir.empty()) return Status::Ok();
     if (comms.pp) MILES_RETURN_IF_ERROR(trainer->gather_pipeline_state(*comms.pp));
+    std::unique_ptr<Trainer> gathered;
+    if (layout.tp() > 1) {
+      MILES_ASSIGN_OR_RETURN(gathered, trainer->gather_tensor_parallel(*groups.tp));
+    }
     if (o.rank != 0) return Status::Ok();
     TrainState st;
     st.step = done;
@@ -166,8 +166,9 @@ Status run_rank(const SftOptions& o) {
     SaveOptions so;
     if (std::filesystem::is_directory(o.model)) so.tokenizer_dir = o.model;
     so.overwrite = true;
-    return save_checkpoint(dir, *trainer, st, so);
+    return save_checkpoint(dir, gathered ? *gathered : *trainer, st, so);
   };
+  if (layout.tp() > 1) MILES_RETURN_IF_ERROR(trainer->shard_for_tensor_parallel(*groups.tp));
   for (int64_t step = first; step < o.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<TrainSample> batch = sft_batch(data, step, o.batch_size);

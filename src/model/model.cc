@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "miles/comm.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
 #include "model/backward_weights.h"
@@ -48,14 +49,21 @@ void add_bias(float* y, int64_t rows, int64_t n, int64_t ld, const std::vector<f
     for (int64_t j = 0; j < n; ++j) y[r * ld + j] = y[r * ld + j] + bias[j];
 }
 
+// Tensor parallelism: the sum over the group of each rank's partial (tree order), in place.
+Status tp_all_reduce(const TensorParallel* tp, float* x, int64_t n) {
+  if (!tp || !tp->comm || tp->comm->size() == 1) return Status::Ok();
+  return tp->comm->all_reduce_sum_deterministic(std::span<float>(x, static_cast<size_t>(n)));
+}
+
 void add_residual(float* h, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) h[i] = h[i] + y[i];
 }
 
 // Self-attention of one layer, output added into h.
-void attention_block(const ModelConfig& c, const ModelWeights& w, int64_t layer,
-                     std::span<const SeqSpan> seqs, const BatchPlan& plan, KvStore& kv, float* h,
-                     int64_t t, Scratch& s, LayerTape* tape, ThreadPool* pool) {
+Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t layer,
+                       std::span<const SeqSpan> seqs, const BatchPlan& plan, KvStore& kv, float* h,
+                       int64_t t, Scratch& s, LayerTape* tape, const TensorParallel* tp,
+                       ThreadPool* pool) {
   const LayerWeights& l = w.layers[layer];
   const int64_t d = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
   const int64_t ld = qd + 2 * kvd;
@@ -101,12 +109,14 @@ void attention_block(const ModelConfig& c, const ModelWeights& w, int64_t layer,
   });
   if (tape) tape->attn.assign(s.attn.begin(), s.attn.begin() + t * qd);
   kernels::gemm(s.attn.data(), t, qd, l.o, s.proj.data(), d, pool);
+  MILES_RETURN_IF_ERROR(tp_all_reduce(tp, s.proj.data(), t * d));
   add_bias(s.proj.data(), t, d, d, l.o_bias);
   add_residual(h, s.proj.data(), t * d);
+  return Status::Ok();
 }
 
-void dense_mlp_block(const ModelConfig& c, const LayerWeights& l, float* h, int64_t t, Scratch& s,
-                     LayerTape* tape, ThreadPool* pool) {
+Status dense_mlp_block(const ModelConfig& c, const LayerWeights& l, float* h, int64_t t, Scratch& s,
+                       LayerTape* tape, const TensorParallel* tp, ThreadPool* pool) {
   const int64_t d = c.hidden_size, f = c.intermediate_size;
   kernels::rmsnorm(h, t, d, l.post_norm.data(), static_cast<float>(c.rms_norm_eps), s.xn.data());
   s.gate_up.resize(static_cast<size_t>(t * 2 * f));
@@ -120,7 +130,9 @@ void dense_mlp_block(const ModelConfig& c, const LayerWeights& l, float* h, int6
     tape->act = s.act;
   }
   kernels::gemm(s.act.data(), t, f, l.down, s.proj.data(), d, pool);
+  MILES_RETURN_IF_ERROR(tp_all_reduce(tp, s.proj.data(), t * d));
   add_residual(h, s.proj.data(), t * d);
+  return Status::Ok();
 }
 
 Status check_tape_batch(std::span<const SeqSpan> seqs, const ForwardOptions& options) {
@@ -157,6 +169,7 @@ std::unique_ptr<SimpleKvCache> Model::make_kv_cache(int64_t block_tokens) const 
 
 Status Model::check_batch(std::span<const int32_t> tokens, std::span<const SeqSpan> seqs,
                           const ForwardOptions& options) const {
+  const int64_t vocab = options.tp ? options.tp->full_vocab : config_.vocab_size;
   int64_t total = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
     const SeqSpan& q = seqs[s];
@@ -174,10 +187,10 @@ Status Model::check_batch(std::span<const int32_t> tokens, std::span<const SeqSp
     return Status::Error("sequences cover " + std::to_string(total) + " tokens but the batch has " +
                          std::to_string(tokens.size()));
   for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+    if (tokens[i] < 0 || tokens[i] >= vocab)
       return Status::Error("token id " + std::to_string(tokens[i]) + " at batch index " +
                            std::to_string(i) + " is outside the vocabulary [0, " +
-                           std::to_string(config_.vocab_size) + ")");
+                           std::to_string(vocab) + ")");
   if (!options.forced_experts.empty()) {
     const int64_t k = config_.moe.top_k, per_token = config_.num_moe_layers() * k;
     if (per_token == 0 || static_cast<int64_t>(options.forced_experts.size()) != total * per_token)
@@ -217,7 +230,16 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
                          ") is not inside the model's " + std::to_string(c.num_layers) + " layers");
   std::vector<float> h(static_cast<size_t>(t * d));
   if (begin == 0) {
-    kernels::embedding(w_->embed.data(), d, tokens.data(), t, h.data());
+    if (options.tp) {  // vocabulary-parallel: this rank's rows, zeros elsewhere, summed exactly
+      const int64_t vb = options.tp->vocab_begin, vl = c.vocab_size;
+      for (int64_t i = 0; i < t; ++i) {
+        const int64_t id = tokens[i] - vb;
+        if (id >= 0 && id < vl) std::copy_n(w_->embed.data() + id * d, d, h.data() + i * d);
+      }
+      MILES_RETURN_IF_ERROR(tp_all_reduce(options.tp, h.data(), t * d));
+    } else {
+      kernels::embedding(w_->embed.data(), d, tokens.data(), t, h.data());
+    }
   } else {
     if (static_cast<int64_t>(options.input_hidden.size()) != t * d)
       return Status::Error("a stage starting at layer " + std::to_string(begin) +
@@ -251,10 +273,11 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
   for (int64_t layer = 0; layer < begin; ++layer) moe_index += c.is_moe_layer(layer) ? 1 : 0;
   for (int64_t layer = begin; layer < end; ++layer) {
     LayerTape* lt = tape ? &tape->layers[layer] : nullptr;
-    attention_block(c, *w_, layer, seqs, plan, kv, h.data(), t, s, lt, pool);
+    MILES_RETURN_IF_ERROR(
+        attention_block(c, *w_, layer, seqs, plan, kv, h.data(), t, s, lt, options.tp, pool));
     const LayerWeights& l = w_->layers[layer];
     if (!l.moe) {
-      dense_mlp_block(c, l, h.data(), t, s, lt, pool);
+      MILES_RETURN_IF_ERROR(dense_mlp_block(c, l, h.data(), t, s, lt, options.tp, pool));
       continue;
     }
     kernels::rmsnorm(h.data(), t, d, l.post_norm.data(), static_cast<float>(c.rms_norm_eps),
@@ -270,6 +293,7 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     float* wts = out.expert_weights.empty() ? nullptr : out.expert_weights.data() + moe_index * k;
     moe_block(c, l, s.xn.data(), t, forced, stride, s.proj.data(), ids, wts, stride,
               lt ? &lt->moe : nullptr, pool);
+    MILES_RETURN_IF_ERROR(tp_all_reduce(options.tp, s.proj.data(), t * d));
     add_residual(h.data(), s.proj.data(), t * d);
     ++moe_index;
   }

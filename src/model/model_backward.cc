@@ -11,6 +11,7 @@
 
 #include "kernels/backward.h"
 #include "kernels/reduce.h"
+#include "miles/comm.h"
 #include "miles/flat_params.h"
 #include "miles/kernels.h"
 #include "miles/model.h"
@@ -53,6 +54,8 @@ class Backward {
            const ForwardTape::Impl& tape, FlatTensors& g, ThreadPool* pool, const BackwardIo& io)
       : c_(c), w_(w), bw_(bw), tape_(tape), g_(g), pool_(pool), io_(io), t_(tape.tokens.size()) {}
 
+  Status status() const { return err_; }
+
   void run(std::span<const float> d_output) {
     g_.zero();
     std::vector<float> dh = tape_.layer_end == c_.num_layers
@@ -77,11 +80,18 @@ class Backward {
  private:
   float eps() const { return static_cast<float>(c_.rms_norm_eps); }
 
+  // Tensor parallelism: sums a partial over the group (tree order); the first error sticks.
+  void reduce(float* x, int64_t n) {
+    if (!io_.tp || !io_.tp->comm || io_.tp->comm->size() == 1 || !err_.ok()) return;
+    err_ = io_.tp->comm->all_reduce_sum_deterministic(std::span<float>(x, static_cast<size_t>(n)));
+  }
+
   // logits = norm(h) · headᵀ. Returns d h_final.
   std::vector<float> head(std::span<const float> dlogits) {
     const int64_t d = c_.hidden_size, v = c_.vocab_size;
     std::vector<float> dnormed(static_cast<size_t>(t_ * d));
     gemm(dlogits.data(), t_, v, bw_.lm_head_t, dnormed.data(), d, pool_);
+    reduce(dnormed.data(), t_ * d);  // vocabulary-parallel head
     // Tied: the head's gradient lands in io.tied_head_grad when given, else in the embedding's (the
     // embedding's own scatter then adds to it).
     float* head_grad = nullptr;
@@ -115,6 +125,7 @@ class Backward {
     split_rows(dw.data(), d, g_, {{p + "mlp.gate_proj.weight", f}, {p + "mlp.up_proj.weight", f}});
     std::vector<float> dxn(static_cast<size_t>(t_ * d));
     gemm(dgu.data(), t_, 2 * f, wt.gate_up_t, dxn.data(), d, pool_);
+    reduce(dxn.data(), t_ * d);  // column-parallel input gradient
     post_norm(layer, p, dxn, dh);
   }
 
@@ -138,6 +149,7 @@ class Backward {
     std::vector<float> dw(static_cast<size_t>(t_ * k));
     for (int64_t s = 0; s < t_ * k; ++s)
       dw[s] = kernels::detail::dot(dh.data() + (s / k) * d, mt.y.data() + s * d, d);
+    reduce(dw.data(), t_ * k);  // expert outputs are partial sums under tensor parallelism
     std::vector<float> dxn(static_cast<size_t>(t_ * d), 0.0f);
     for (int64_t ex = 0; ex < e; ++ex) {
       const ExpertTape& et = mt.experts[ex];
@@ -165,6 +177,7 @@ class Backward {
       for (int64_t r = 0; r < n; ++r)
         add_into(dxn.data() + (et.slots[r] / k) * d, dxs.data() + r * d, d);
     }
+    reduce(dxn.data(), t_ * d);
     // Gate weights: w = p[ids] (/ Σ p[ids] when renormalised); router softmax backward.
     std::vector<float> dz(static_cast<size_t>(t_ * e), 0.0f);
     for (int64_t i = 0; i < t_; ++i) {
@@ -238,6 +251,8 @@ class Backward {
       }
     }
     if (!l.q_norm.empty()) {
+      reduce(dnorm_q.data(), hd);  // heads are split; the norm weights are shared
+      reduce(dnorm_k.data(), hd);
       std::copy(dnorm_q.begin(), dnorm_q.end(), g_.get(p + "self_attn.q_norm.weight").begin());
       std::copy(dnorm_k.begin(), dnorm_k.end(), g_.get(p + "self_attn.k_norm.weight").begin());
     }
@@ -257,6 +272,7 @@ class Backward {
                 {p + "self_attn.v_proj.weight", kvd}});
     std::vector<float> dxn(static_cast<size_t>(t_ * d));
     gemm(dqkv.data(), t_, ld, wt.qkv_t, dxn.data(), d, pool_);
+    reduce(dxn.data(), t_ * d);  // column-parallel input gradient
     kernels::rmsnorm_backward(lt.h_in.data(), dxn.data(), t_, d, l.input_norm.data(), eps(),
                               dxn.data(), g_.get(p + "input_layernorm.weight").data());
     add_into(dh.data(), dxn.data(), t_ * d);
@@ -265,7 +281,11 @@ class Backward {
   void embedding(const std::vector<float>& dh) {
     const int64_t d = c_.hidden_size;
     float* de = g_.get("model.embed_tokens.weight").data();
-    for (int64_t i = 0; i < t_; ++i) add_into(de + tape_.tokens[i] * d, dh.data() + i * d, d);
+    const int64_t vb = io_.tp ? io_.tp->vocab_begin : 0, vl = c_.vocab_size;
+    for (int64_t i = 0; i < t_; ++i) {
+      const int64_t row = tape_.tokens[i] - vb;  // vocabulary-parallel: this rank's rows only
+      if (row >= 0 && row < vl) add_into(de + row * d, dh.data() + i * d, d);
+    }
   }
 
   const ModelConfig& c_;
@@ -276,6 +296,7 @@ class Backward {
   ThreadPool* pool_;
   const BackwardIo& io_;
   const int64_t t_;
+  Status err_;
 };
 
 }  // namespace
@@ -325,8 +346,9 @@ Status Model::backward(const ForwardTape& tape, std::span<const float> d_output,
     return Status::Error("backward: tied_head_grad needs a tied model and vocab × hidden values");
   if (grads.layout().total() != ParamLayout::for_model(config_)->total())
     return Status::Error("backward: the gradient buffer's layout does not match this model");
-  Backward(config_, *w_, backward_weights(), t, grads, pool, io).run(d_output);
-  return Status::Ok();
+  Backward b(config_, *w_, backward_weights(), t, grads, pool, io);
+  b.run(d_output);
+  return b.status();
 }
 
 }  // namespace miles

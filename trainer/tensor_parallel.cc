@@ -1,0 +1,89 @@
+// Slicing parameters into tensor-parallel shards and assembling them back (tensor_parallel.h).
+#include "trainer/tensor_parallel.h"
+
+#include <algorithm>
+
+namespace miles::tensor_parallel {
+
+namespace {
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+}  // namespace
+
+Split split_of(const std::string& n) {
+  if (n == "model.embed_tokens.weight" || n == "lm_head.weight") return Split::kRows;
+  for (const char* s : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias",
+                        "k_proj.bias", "v_proj.bias", "gate_proj.weight", "up_proj.weight"})
+    if (ends_with(n, s)) return Split::kRows;
+  if (ends_with(n, "o_proj.weight") || ends_with(n, "down_proj.weight")) return Split::kCols;
+  return Split::kReplicated;
+}
+
+Result<ModelConfig> local_config(const ModelConfig& full, int size) {
+  auto need = [&](int64_t v, const char* what) -> Status {
+    if (v % size != 0)
+      return Status::Error(std::string(what) + " = " + std::to_string(v) +
+                           " does not split over tp=" + std::to_string(size));
+    return Status::Ok();
+  };
+  MILES_RETURN_IF_ERROR(need(full.num_heads, "num_attention_heads"));
+  MILES_RETURN_IF_ERROR(need(full.num_kv_heads, "num_key_value_heads"));
+  MILES_RETURN_IF_ERROR(need(full.vocab_size, "vocab_size"));
+  MILES_RETURN_IF_ERROR(need(full.intermediate_size, "intermediate_size"));
+  if (full.moe.num_experts > 0)
+    MILES_RETURN_IF_ERROR(need(full.moe.moe_intermediate_size, "moe_intermediate_size"));
+  ModelConfig c = full;
+  c.num_heads /= size;
+  c.num_kv_heads /= size;
+  c.vocab_size /= size;
+  c.intermediate_size /= size;
+  c.moe.moe_intermediate_size /= size;
+  return c;
+}
+
+void slice(const FlatTensors& full, FlatTensors& local, int rank, int size) {
+  for (const ParamSpec& l : local.layout().specs()) {
+    const ParamSpec& f = full.layout().at(l.name);
+    std::span<const float> src = full.get(l.name);
+    std::span<float> dst = local.get(l.name);
+    switch (split_of(l.name)) {
+      case Split::kReplicated:
+        std::copy(src.begin(), src.end(), dst.begin());
+        break;
+      case Split::kRows:  // contiguous block of rows (or of a bias vector)
+        std::copy_n(src.begin() + rank * l.numel, l.numel, dst.begin());
+        break;
+      case Split::kCols: {
+        const int64_t rows = f.shape[0], cols = f.shape[1], lc = cols / size;
+        for (int64_t r = 0; r < rows; ++r)
+          std::copy_n(src.begin() + r * cols + rank * lc, lc, dst.begin() + r * lc);
+        break;
+      }
+    }
+  }
+}
+
+void assemble(const std::string& name, const std::vector<int64_t>& shape,
+              std::span<const float> gathered, int size, std::span<float> out) {
+  const int64_t per_rank = gathered.size() / size;
+  switch (split_of(name)) {
+    case Split::kReplicated:
+      std::copy_n(gathered.begin(), per_rank, out.begin());  // rank 0's copy
+      break;
+    case Split::kRows:
+      std::copy(gathered.begin(), gathered.end(), out.begin());
+      break;
+    case Split::kCols: {
+      const int64_t rows = shape[0], cols = shape[1], lc = cols / size;
+      for (int k = 0; k < size; ++k)
+        for (int64_t r = 0; r < rows; ++r)
+          std::copy_n(gathered.begin() + k * per_rank + r * lc, lc,
+                      out.begin() + r * cols + k * lc);
+      break;
+    }
+  }
+}
+
+}  // namespace miles::tensor_parallel

@@ -1,0 +1,29 @@
+// Tensor-parallel sharding of the trainer's parameters (Megatron's layout): q/k/v, gate/up rows and
+// the vocabulary rows of the embedding and LM head are split across ranks (column-parallel in
+// Megatron's terms), o_proj and down_proj columns (row-parallel); norms, biases of row-parallel
+// layers and the MoE router are replicated.
+#pragma once
+
+#include <string>
+
+#include "miles/flat_params.h"
+#include "miles/model_config.h"
+#include "miles/status.h"
+
+namespace miles::tensor_parallel {
+
+enum class Split { kReplicated, kRows, kCols };
+Split split_of(const std::string& name);
+
+// The config of one rank's shard: heads, KV heads, intermediate sizes and vocabulary divided by
+// `size`; errors name what does not divide.
+Result<ModelConfig> local_config(const ModelConfig& full, int size);
+
+// Copies rank `rank`'s slice of every tensor of `full` into `local` (same names, shard shapes).
+void slice(const FlatTensors& full, FlatTensors& local, int rank, int size);
+// Writes the full tensor `name` from the `size` shards gathered in rank order (`gathered`: each
+// rank's local tensor, concatenated).
+void assemble(const std::string& name, const std::vector<int64_t>& full_shape,
+              std::span<const float> gathered, int size, std::span<float> out);
+
+}  // namespace miles::tensor_parallel
