@@ -110,6 +110,9 @@ def torch_bench(a, hf_dir: Path, ids: list[list[int]]) -> dict:
     import torch
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, attn_implementation="eager")
     model.train()
@@ -260,7 +263,7 @@ def main() -> None:
         else:
             fwd, bwd, opt = b["forward"], b["backward"], b["optimizer"]
         print(f"| {name} | {tps:.1f} | {best:.1f} | {a.batch * (a.seq_len - 1) / tps:.3f} | {g:.2f} | "
-              f"{100 * g / peak:.1f} % | {fwd:.3f} | {bwd:.3f} | {opt:.3f} |")
+              f"{100 * g / peak:.1f} % | {fwd:.4g} | {bwd:.4g} | {opt:.4g} |")
     print()
     print(f"**miles / torch = {m / t:.2f}** (tokens/s, medians; aim >= 1.5)")
     if "breakdown_s" in o0:
