@@ -90,8 +90,9 @@ Status validate(const TrainBenchOptions& o, const ModelConfig& c) {
   if (o.batch < 1) return Status::Error("--batch must be at least 1");
   if (o.seq_len < 2) return Status::Error("--seq-len must be at least 2");
   if (o.seq_len - 1 > c.max_position_embeddings)
-    return Status::Error("--seq-len " + std::to_string(o.seq_len) + " exceeds the model's context of " +
-                         std::to_string(c.max_position_embeddings) + " (+1)");
+    return Status::Error("--seq-len " + std::to_string(o.seq_len) + ": its " +
+                         std::to_string(o.seq_len - 1) + " input tokens exceed the model's context of " +
+                         std::to_string(c.max_position_embeddings));
   if (o.steps < 1) return Status::Error("--steps must be at least 1");
   if (o.warmup < 0) return Status::Error("--warmup must be >= 0");
   if (o.micro_batch_size < 1 || o.batch % o.micro_batch_size != 0)
