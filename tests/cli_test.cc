@@ -1,5 +1,6 @@
 // The `miles` program as a user runs it: generate reproduces llama2.c's reference text for stories260K,
-// score prints HF-matching logprobs and experts as JSON, and bad input exits 1 with a message.
+// score prints HF-matching logprobs and experts as JSON, bad input exits 1 with a message, and
+// `bench train` runs a step.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -101,6 +102,16 @@ TEST(Cli, BadInputExitsOneWithAMessage) {
   CliRun d = run_miles("generate --model " + test::data_dir() + "/models/llama --prompt hi --top-p 2");
   EXPECT_EQ(d.exit_code, 1);
   EXPECT_NE(d.out.find("top_p"), std::string::npos) << d.out;
+}
+
+TEST(Cli, BenchTrainRunsAStepAndReportsTokensPerSecond) {
+  MILES_REQUIRE_SHARED();
+  const std::string m = test::shared_dir() + "/models/stories260K/stories260K.bin";
+  CliRun r = run_miles("bench train --model " + m +
+                       " --steps 1 --warmup 0 --batch 1 --seq-len 16 --threads 1 --peak-seconds 0.05");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("MFU"), std::string::npos) << r.out;
 }
 
 }  // namespace

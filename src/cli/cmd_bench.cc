@@ -6,6 +6,7 @@
 #include <random>
 #include <thread>
 
+#include "cli/bench_peak.h"
 #include "cli/commands.h"
 #include "cli/model_files.h"
 #include "miles/kernels.h"
@@ -44,7 +45,9 @@ double time_per_call(Fn fn, double min_seconds) {
   return best;
 }
 
-// GFLOP/s of independent fma chains on `threads` threads at once.
+}  // namespace
+
+// GFLOP/s of independent fma chains on `threads` threads at once (bench_peak.h).
 double fma_peak_gflops(kernels::Isa isa, int threads, double min_seconds) {
   const int64_t iters = 2'000'000;
   const double flops_per_iter = isa == kernels::Isa::kAvx512 ? 16 * 16 * 2 : 12 * 8 * 2;
@@ -63,6 +66,8 @@ double fma_peak_gflops(kernels::Isa isa, int threads, double min_seconds) {
       min_seconds);
   return flops_per_iter * iters * threads / secs / 1e9;
 }
+
+namespace {
 
 void bench_gemm(const BenchOptions& o, int all_threads) {
   const kernels::Isa isa = kernels::detect_isa();
@@ -169,6 +174,7 @@ void register_bench(CLI::App& app) {
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
   register_bench_rollout(*bench);
+  register_bench_train(*bench);
 }
 
 }  // namespace miles::cli
