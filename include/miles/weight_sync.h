@@ -1,0 +1,67 @@
+// Weight sync: moving a new weight version from the trainer to every rollout engine, completely and
+// exactly, over a TransferPlan (transfer_plan.h).
+//
+// Why: a half-applied update silently poisons every later sample. A version travels as the plan's
+// buckets, each carrying an xxh3-128 of every tensor's bytes; a receiver stages the whole version,
+// verifies every checksum, and only then swaps it into its engine inside begin / end_weight_update
+// — so an engine serves v − 1 until it holds all of v, and reports the error when a transfer is
+// cut.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "miles/checkpoint.h"
+#include "miles/status.h"
+#include "miles/transfer_plan.h"
+
+namespace miles {
+
+class Communicator;
+class Engine;
+class ThreadPool;
+
+// xxh3-128 of bytes, as 32 hex digits.
+std::string xxh3_128_hex(const void* data, size_t size);
+
+// One version as received: float32 tensors by name (owning), and each tensor's checksum.
+struct WeightSet {
+  int64_t version = -1;
+  std::map<std::string, std::vector<float>> tensors;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  std::map<std::string, std::string> checksums;  // xxh3-128 hex of the float32 bytes
+  TensorMap view() const;                        // views for Model::from_weights
+};
+
+// The sender's access to the full (gathered) tensors of its stage, by name.
+using TensorSource = std::function<std::span<const float>(const std::string& name)>;
+
+// Broadcast transport: for each bucket, its sender (a trainer stage leader) broadcasts a header
+// (version, bucket index, checksums) and the bucket's bytes to every member of `group` — the stage
+// leaders and every engine rank, formed through the controller's rendezvous. Every member calls the
+// same function with the same plan; ranks are group ranks (`sender_group_rank` maps a bucket's
+// world sender to its rank in the group).
+struct BroadcastOptions {
+  std::function<int(int world_rank)> sender_group_rank = [](int r) { return r; };
+};
+// On a sender: source gives its stage's tensors (others are never asked for). On a receiver: source
+// is null and the version is staged into `out`. Every member returns an error if any bucket fails.
+Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t version,
+                         const TensorSource& source, WeightSet* out,
+                         const BroadcastOptions& options = {});
+
+// Verifies every checksum of a staged version and that it holds every tensor of the plan; then
+// pauses nothing itself: call between Engine::begin_weight_update and end (apply_to_engine does).
+Status verify_weight_set(const WeightSet& set, const TransferPlan& plan);
+
+// The engine side of an update: verify, build the model, then begin → update_weights →
+// update_weight_version → end. On any error the engine keeps its current weights and version.
+Status apply_to_engine(Engine& engine, const ModelConfig& config, const WeightSet& set,
+                       const TransferPlan& plan, ThreadPool* pool);
+
+}  // namespace miles

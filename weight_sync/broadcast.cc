@@ -1,0 +1,70 @@
+// The broadcast transport: per bucket, a header (version, per-tensor checksums) then the bytes,
+// from the bucket's stage leader to every member of the group (weight_sync.h).
+#include <cstring>
+
+#include "miles/comm.h"
+#include "miles/weight_sync.h"
+
+namespace miles {
+
+namespace {
+constexpr size_t kHex = 32;  // xxh3-128 as hex
+}
+
+Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t version,
+                         const TensorSource& source, WeightSet* out,
+                         const BroadcastOptions& options) {
+  if (out) {
+    out->version = version;
+    out->tensors.clear();
+    out->checksums.clear();
+    out->shapes.clear();
+  }
+  std::vector<char> header, data;
+  for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
+    const Bucket& b = plan.buckets[bi];
+    const int root = options.sender_group_rank(b.sender);
+    const std::string at =
+        "weight version " + std::to_string(version) + ", bucket " + std::to_string(bi) + ": ";
+    if (root < 0 || root >= group.size())
+      return Status::Error(at + "sender world rank " + std::to_string(b.sender) +
+                           " is not in the group");
+    const bool sending = group.rank() == root;
+    header.assign(sizeof(int64_t) + kHex * b.tensors.size(), 0);
+    data.assign(static_cast<size_t>(b.bytes), 0);
+    if (sending) {
+      if (!source) return Status::Error(at + "this rank sends it but has no tensor source");
+      std::memcpy(header.data(), &version, sizeof(version));
+      for (size_t i = 0; i < b.tensors.size(); ++i) {
+        const PlannedTensor& t = b.tensors[i];
+        std::span<const float> v = source(t.name);
+        if (static_cast<int64_t>(v.size_bytes()) != t.bytes)
+          return Status::Error(at + "the source's " + t.name + " has " +
+                               std::to_string(v.size_bytes()) + " bytes, the plan " +
+                               std::to_string(t.bytes));
+        std::memcpy(data.data() + t.offset, v.data(), t.bytes);
+        const std::string sum = xxh3_128_hex(v.data(), t.bytes);
+        std::memcpy(header.data() + sizeof(int64_t) + i * kHex, sum.data(), kHex);
+      }
+    }
+    Status s = group.broadcast(header.data(), header.size(), root);
+    if (s.ok() && !data.empty()) s = group.broadcast(data.data(), data.size(), root);
+    if (!s.ok()) return s.with_context(at.substr(0, at.size() - 2));
+    int64_t got_version = 0;
+    std::memcpy(&got_version, header.data(), sizeof(got_version));
+    if (got_version != version)
+      return Status::Error(at + "the sender sent version " + std::to_string(got_version));
+    if (!out || sending) continue;
+    for (size_t i = 0; i < b.tensors.size(); ++i) {
+      const PlannedTensor& t = b.tensors[i];
+      std::vector<float>& dst = out->tensors[t.name];
+      dst.resize(static_cast<size_t>(t.bytes / sizeof(float)));
+      std::memcpy(dst.data(), data.data() + t.offset, t.bytes);
+      out->shapes[t.name] = t.shape;
+      out->checksums[t.name] = std::string(header.data() + sizeof(int64_t) + i * kHex, kHex);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace miles

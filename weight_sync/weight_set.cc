@@ -1,0 +1,61 @@
+// WeightSet, checksums, verification and the engine-side swap (weight_sync.h).
+#include <xxhash.h>
+
+#include <cstdio>
+
+#include "miles/engine.h"
+#include "miles/weight_sync.h"
+
+namespace miles {
+
+std::string xxh3_128_hex(const void* data, size_t size) {
+  const XXH128_hash_t h = XXH3_128bits(data, size);
+  char buf[33];
+  std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  return buf;
+}
+
+TensorMap WeightSet::view() const {
+  TensorMap m;
+  for (const auto& [name, values] : tensors)
+    m.insert(name, Tensor::view(DType::kF32, shapes.at(name), values.data(), nullptr),
+             "weight version " + std::to_string(version));
+  return m;
+}
+
+Status verify_weight_set(const WeightSet& set, const TransferPlan& plan) {
+  const std::string at = "weight version " + std::to_string(set.version) + ": ";
+  for (const Bucket& b : plan.buckets)
+    for (const PlannedTensor& t : b.tensors) {
+      auto it = set.tensors.find(t.name);
+      if (it == set.tensors.end()) return Status::Error(at + "tensor " + t.name + " never arrived");
+      if (static_cast<int64_t>(it->second.size() * sizeof(float)) != t.bytes)
+        return Status::Error(at + "tensor " + t.name + " has the wrong size");
+      auto sum = set.checksums.find(t.name);
+      if (sum == set.checksums.end()) return Status::Error(at + "no checksum for " + t.name);
+      const std::string got = xxh3_128_hex(it->second.data(), t.bytes);
+      if (got != sum->second)
+        return Status::Error(at + "checksum mismatch for " + t.name + " (got " + got +
+                             ", the sender's " + sum->second + ")");
+    }
+  if (set.tensors.size() != plan.tensor_names().size())
+    return Status::Error(at + "holds tensors outside the plan");
+  return Status::Ok();
+}
+
+Status apply_to_engine(Engine& engine, const ModelConfig& config, const WeightSet& set,
+                       const TransferPlan& plan, ThreadPool* pool) {
+  MILES_RETURN_IF_ERROR(verify_weight_set(set, plan));
+  const TensorMap view = set.view();
+  MILES_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::from_weights(config, view));
+  MILES_RETURN_IF_ERROR(engine.begin_weight_update());
+  Status s = engine.update_weights(
+      make_model_runner(std::shared_ptr<const Model>(std::move(model)), pool));
+  if (s.ok()) engine.update_weight_version(set.version);
+  Status end = engine.end_weight_update();
+  MILES_RETURN_IF_ERROR(s);
+  return end;
+}
+
+}  // namespace miles
