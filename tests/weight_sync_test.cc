@@ -147,6 +147,90 @@ TEST(WeightSync, ASenderKilledMidTransferLeavesEnginesOnTheOldVersion) {
   }
 }
 
+// P2P: trainer ranks in a tp / pp layout send their own shards to two engines, which assemble them.
+std::string run_p2p_rank(int rank, const std::string& store, const std::string& spec) {
+  const ParallelLayout layout = *ParallelLayout::parse(spec);
+  const int trainers = layout.world_size();
+  auto files = load_model_files(test::data_dir() + "/models/qwen3_moe");
+  if (!files.ok()) return "status=" + files.message();
+  const auto full_layout = ParamLayout::for_model(files->config, &files->weights);
+  auto plan = make_transfer_plan(files->config, *full_layout, layout, {.bucket_bytes = 30000});
+  if (!plan.ok()) return "status=" + plan.message();
+  const P2pRoles roles{layout, 2};
+  ThreadPool pool(1);
+  CommOptions co;
+  co.rank = rank;
+  co.world_size = trainers + 2;
+  co.store_address = store;
+  co.timeout = std::chrono::milliseconds(10000);
+  auto world = connect_gloo(co);
+  if (!world.ok()) return "status=" + world.message();
+  if (rank >= trainers) {
+    auto e = engine_on(files->config, files->weights, &pool);
+    const std::string before = generate(*e);
+    WeightSet set;
+    Status st = p2p_receive_weights(**world, *plan, 1, roles, &set);
+    if (st.ok()) st = apply_to_engine(*e, files->config, set, *plan, &pool);
+    return "status=" + std::string(st.ok() ? "ok" : st.message()) + "\nbefore=" + before +
+           "\ntokens=" + generate(*e);
+  }
+  std::vector<int> members;
+  for (int r = 0; r < trainers; ++r) members.push_back(r);
+  auto tworld = (*world)->new_group(members, "trainer");
+  if (!tworld.ok()) return "status=" + tworld.message();
+  auto groups = make_parallel_groups(**tworld, layout);
+  if (!groups.ok()) return "status=" + groups.message();
+  TrainerConfig tc;
+  tc.lr.lr = 1e-2;
+  auto tr = Trainer::create(files->config, files->weights, tc, &pool);
+  if (!tr.ok()) return "status=" + tr.message();
+  if (layout.pp() > 1 && !(*tr)->set_pipeline_stage(groups->coord.pp, layout.pp()).ok())
+    return "status=stage";
+  if (layout.tp() > 1 && !(*tr)->shard_for_tensor_parallel(*groups->tp).ok()) return "status=shard";
+  TrainSample x;
+  x.tokens = {1, 17, 300, 42, 7, 99, 512, 3};
+  x.response_length = 7;
+  x.loss_mask.assign(7, 1.0f);
+  std::vector<TrainSample> batch{x, x};
+  auto r = (*tr)->step(batch, sft_objective(batch, 14), {groups->dp.get(), groups->pp.get()});
+  if (!r.ok()) return "status=" + r.message();
+  Status st = p2p_send_weights(
+      **world, *plan, 1, [&](const std::string& n) { return (*tr)->params().get(n); }, roles);
+  if (!st.ok()) return "status=" + st.message();
+  // The reference: the whole model gathered on every trainer rank, generating on an engine.
+  if (groups->pp && !(*tr)->gather_pipeline_state(*groups->pp).ok()) return "status=gather pp";
+  std::unique_ptr<Trainer> full;
+  if (layout.tp() > 1) {
+    auto g = (*tr)->gather_tensor_parallel(*groups->tp);
+    if (!g.ok()) return "status=" + g.message();
+    full = std::move(*g);
+  }
+  const TensorMap view = (full ? *full : **tr).params().as_tensor_map();
+  auto e = engine_on(files->config, view, &pool);
+  return "status=ok\ntokens=" + generate(*e);
+}
+
+TEST(WeightSync, P2pShardsFromEveryTrainerRankAssembleOnTheEngines) {
+  for (const char* spec : {"tp=2", "pp=2,tp=2", "dp=2"}) {
+    StoreProcess store;
+    ASSERT_TRUE(store.ok());
+    const std::string addr = store.address();
+    const int trainers = ParallelLayout::parse(spec)->world_size();
+    auto results = run_processes(
+        trainers + 2, [&](int rank) { return run_p2p_rank(rank, addr, spec); },
+        std::chrono::seconds(90));
+    const auto ref = results[0].fields();
+    ASSERT_EQ(ref.at("status"), "ok") << spec << ": " << results[0].describe();
+    for (int e = trainers; e < trainers + 2; ++e) {
+      const auto f = results[e].fields();
+      ASSERT_EQ(f.at("status"), "ok") << spec << ": " << results[e].describe();
+      EXPECT_EQ(f.at("tokens"), ref.at("tokens")) << spec << " engine " << e;
+      EXPECT_NE(f.at("tokens"), f.at("before"))
+          << "the update changed nothing: the test cannot tell";
+    }
+  }
+}
+
 TEST(WeightSync, AFlippedByteIsCaughtBeforeTheSwap) {
   SyncSetup s = setup(40000);
   ThreadPool pool(1);

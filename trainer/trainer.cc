@@ -10,7 +10,7 @@
 #include "miles/comm.h"
 #include "miles/logprob.h"
 #include "miles/thread_pool.h"
-#include "trainer/tensor_parallel.h"
+#include "miles/tensor_parallel.h"
 #include "trainer/trainer_internal.h"
 
 namespace miles {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "miles/checkpoint.h"
+#include "miles/parallel_layout.h"
 #include "miles/status.h"
 #include "miles/transfer_plan.h"
 
@@ -54,6 +55,23 @@ struct BroadcastOptions {
 Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t version,
                          const TensorSource& source, WeightSet* out,
                          const BroadcastOptions& options = {});
+
+// P2P transport: every trainer rank of data-parallel replica 0 sends its own tensor-parallel shards
+// straight to every engine, bucket by bucket following the plan (no gather on the trainer side);
+// engines verify each shard's xxh3-128 and assemble the full tensors. World ranks: the trainer's
+// [0, trainer.world_size()) in its layout's order, then the engines.
+struct P2pRoles {
+  ParallelLayout trainer;
+  int num_engines = 1;
+  int engine_rank(int e) const { return trainer.world_size() + e; }
+};
+// On a trainer rank: `local_shards` gives this rank's piece of a tensor of its stage (the whole
+// tensor without tensor parallelism). Ranks with dp > 0 return at once.
+Status p2p_send_weights(Communicator& world, const TransferPlan& plan, int64_t version,
+                        const TensorSource& local_shards, const P2pRoles& roles);
+// On an engine rank: stages the full version into `out` (checksums of the assembled tensors).
+Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_t version,
+                           const P2pRoles& roles, WeightSet* out);
 
 // Verifies every checksum of a staged version and that it holds every tensor of the plan; then
 // pauses nothing itself: call between Engine::begin_weight_update and end (apply_to_engine does).

@@ -4,7 +4,9 @@
 // layers and the MoE router are replicated.
 #pragma once
 
+#include <span>
 #include <string>
+#include <vector>
 
 #include "miles/flat_params.h"
 #include "miles/model_config.h"

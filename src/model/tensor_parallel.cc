@@ -1,5 +1,5 @@
 // Slicing parameters into tensor-parallel shards and assembling them back (tensor_parallel.h).
-#include "trainer/tensor_parallel.h"
+#include "miles/tensor_parallel.h"
 
 #include <algorithm>
 
