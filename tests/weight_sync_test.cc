@@ -243,6 +243,10 @@ TEST(WeightSync, AFlippedByteIsCaughtBeforeTheSwap) {
     set.checksums[p.name] = xxh3_128_hex(set.tensors[p.name].data(), p.numel * 4);
   }
   EXPECT_TRUE(verify_weight_set(set, s.plan).ok());
+  TensorSource trainer = [&](const std::string& n) {
+    return std::span<const float>(set.tensors.at(n));
+  };
+  EXPECT_TRUE(check_weights(set.checksums, s.plan, trainer).ok());
   auto e = engine_on(s.files.config, s.files.weights, &pool);
   const std::string before = generate(*e);
   uint32_t bits;
@@ -250,6 +254,9 @@ TEST(WeightSync, AFlippedByteIsCaughtBeforeTheSwap) {
   std::memcpy(&bits, &x, 4);
   bits ^= 1u << 3;
   std::memcpy(&x, &bits, 4);
+  EXPECT_NE(check_weights(set.checksums, s.plan, trainer).message().find("1 of 21 tensors differ"),
+            std::string::npos)
+      << check_weights(set.checksums, s.plan, trainer).message();
   Status st = apply_to_engine(*e, s.files.config, set, s.plan, &pool);
   EXPECT_NE(st.message().find("checksum mismatch for model.layers.1.mlp.down_proj.weight"),
             std::string::npos)

@@ -44,6 +44,26 @@ Status verify_weight_set(const WeightSet& set, const TransferPlan& plan) {
   return Status::Ok();
 }
 
+Status check_weights(const std::map<std::string, std::string>& engine_checksums,
+                     const TransferPlan& plan, const TensorSource& trainer) {
+  std::vector<std::string> bad;
+  size_t total = 0;
+  for (const Bucket& b : plan.buckets)
+    for (const PlannedTensor& t : b.tensors) {
+      ++total;
+      std::span<const float> v = trainer(t.name);
+      auto it = engine_checksums.find(t.name);
+      if (it == engine_checksums.end() || it->second != xxh3_128_hex(v.data(), v.size_bytes()))
+        bad.push_back(t.name);
+    }
+  if (bad.empty()) return Status::Ok();
+  std::string names;
+  for (size_t i = 0; i < bad.size() && i < 5; ++i) names += (i ? ", " : "") + bad[i];
+  return Status::Error("check_weights: " + std::to_string(bad.size()) + " of " +
+                       std::to_string(total) + " tensors differ from the trainer's (" + names +
+                       (bad.size() > 5 ? ", …" : "") + ")");
+}
+
 Status apply_to_engine(Engine& engine, const ModelConfig& config, const WeightSet& set,
                        const TransferPlan& plan, ThreadPool* pool) {
   MILES_RETURN_IF_ERROR(verify_weight_set(set, plan));

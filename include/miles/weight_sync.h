@@ -77,6 +77,12 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
 // pauses nothing itself: call between Engine::begin_weight_update and end (apply_to_engine does).
 Status verify_weight_set(const WeightSet& set, const TransferPlan& plan);
 
+// check_weights: compares the checksums an engine holds for its current version with the
+// trainer's tensors (xxh3-128 of each). OK when every tensor of the plan matches; else an error
+// naming the first differing tensors (at most 5) and how many differ.
+Status check_weights(const std::map<std::string, std::string>& engine_checksums,
+                     const TransferPlan& plan, const TensorSource& trainer);
+
 // The engine side of an update: verify, build the model, then begin → update_weights →
 // update_weight_version → end. On any error the engine keeps its current weights and version.
 Status apply_to_engine(Engine& engine, const ModelConfig& config, const WeightSet& set,
