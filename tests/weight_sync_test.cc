@@ -103,7 +103,7 @@ std::string run_rank(int rank, const std::string& store, int64_t bucket_bytes, i
   }
   auto e = engine_on(s.files.config, s.files.weights, &pool);
   const std::string before = generate(*e);
-  WeightSet set;
+  ReceivedWeights set;
   Status st = broadcast_weights(**comm, s.plan, 1, nullptr, &set);
   if (st.ok()) st = apply_to_engine(*e, s.files.config, set, s.plan, &pool);
   return "status=" + std::string(st.ok() ? "ok" : st.message()) + "\nbefore=" + before +
@@ -168,7 +168,7 @@ std::string run_p2p_rank(int rank, const std::string& store, const std::string& 
   if (rank >= trainers) {
     auto e = engine_on(files->config, files->weights, &pool);
     const std::string before = generate(*e);
-    WeightSet set;
+    ReceivedWeights set;
     Status st = p2p_receive_weights(**world, *plan, 1, roles, &set);
     if (st.ok()) st = apply_to_engine(*e, files->config, set, *plan, &pool);
     return "status=" + std::string(st.ok() ? "ok" : st.message()) + "\nbefore=" + before +
@@ -234,7 +234,7 @@ TEST(WeightSync, P2pShardsFromEveryTrainerRankAssembleOnTheEngines) {
 TEST(WeightSync, AFlippedByteIsCaughtBeforeTheSwap) {
   SyncSetup s = setup(40000);
   ThreadPool pool(1);
-  WeightSet set;
+  ReceivedWeights set;
   set.version = 3;
   const auto layout = ParamLayout::for_model(s.files.config, &s.files.weights);
   for (const ParamSpec& p : layout->specs()) {
@@ -242,7 +242,7 @@ TEST(WeightSync, AFlippedByteIsCaughtBeforeTheSwap) {
     set.shapes[p.name] = p.shape;
     set.checksums[p.name] = xxh3_128_hex(set.tensors[p.name].data(), p.numel * 4);
   }
-  EXPECT_TRUE(verify_weight_set(set, s.plan).ok());
+  EXPECT_TRUE(verify_received_weights(set, s.plan).ok());
   TensorSource trainer = [&](const std::string& n) {
     return std::span<const float>(set.tensors.at(n));
   };
@@ -265,9 +265,9 @@ TEST(WeightSync, AFlippedByteIsCaughtBeforeTheSwap) {
   EXPECT_EQ(generate(*e), before);
   bits ^= 1u << 3;  // restore, then lose a tensor instead
   std::memcpy(&x, &bits, 4);
-  EXPECT_TRUE(verify_weight_set(set, s.plan).ok());
+  EXPECT_TRUE(verify_received_weights(set, s.plan).ok());
   set.tensors.erase("model.norm.weight");
-  EXPECT_NE(verify_weight_set(set, s.plan).message().find("never arrived"), std::string::npos);
+  EXPECT_NE(verify_received_weights(set, s.plan).message().find("never arrived"), std::string::npos);
 }
 
 }  // namespace

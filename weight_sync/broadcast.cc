@@ -12,7 +12,7 @@ constexpr size_t kHex = 32;  // xxh3-128 as hex
 }
 
 Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t version,
-                         const TensorSource& source, WeightSet* out,
+                         const TensorSource& source, ReceivedWeights* out,
                          const BroadcastOptions& options) {
   if (out) {
     out->version = version;

@@ -79,7 +79,7 @@ Status p2p_send_weights(Communicator& world, const TransferPlan& plan, int64_t v
 }
 
 Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_t version,
-                           const P2pRoles& roles, WeightSet* out) {
+                           const P2pRoles& roles, ReceivedWeights* out) {
   out->version = version;
   out->tensors.clear();
   out->shapes.clear();

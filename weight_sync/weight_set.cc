@@ -1,4 +1,4 @@
-// WeightSet, checksums, verification and the engine-side swap (weight_sync.h).
+// ReceivedWeights, checksums, verification and the engine-side swap (weight_sync.h).
 #include <xxhash.h>
 
 #include <cstdio>
@@ -16,7 +16,7 @@ std::string xxh3_128_hex(const void* data, size_t size) {
   return buf;
 }
 
-TensorMap WeightSet::view() const {
+TensorMap ReceivedWeights::view() const {
   TensorMap m;
   for (const auto& [name, values] : tensors)
     m.insert(name, Tensor::view(DType::kF32, shapes.at(name), values.data(), nullptr),
@@ -24,7 +24,7 @@ TensorMap WeightSet::view() const {
   return m;
 }
 
-Status verify_weight_set(const WeightSet& set, const TransferPlan& plan) {
+Status verify_received_weights(const ReceivedWeights& set, const TransferPlan& plan) {
   const std::string at = "weight version " + std::to_string(set.version) + ": ";
   for (const Bucket& b : plan.buckets)
     for (const PlannedTensor& t : b.tensors) {
@@ -64,9 +64,9 @@ Status check_weights(const std::map<std::string, std::string>& engine_checksums,
                        (bad.size() > 5 ? ", …" : "") + ")");
 }
 
-Status apply_to_engine(Engine& engine, const ModelConfig& config, const WeightSet& set,
+Status apply_to_engine(Engine& engine, const ModelConfig& config, const ReceivedWeights& set,
                        const TransferPlan& plan, ThreadPool* pool) {
-  MILES_RETURN_IF_ERROR(verify_weight_set(set, plan));
+  MILES_RETURN_IF_ERROR(verify_received_weights(set, plan));
   const TensorMap view = set.view();
   MILES_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::from_weights(config, view));
   MILES_RETURN_IF_ERROR(engine.begin_weight_update());

@@ -31,7 +31,7 @@ class ThreadPool;
 std::string xxh3_128_hex(const void* data, size_t size);
 
 // One version as received: float32 tensors by name (owning), and each tensor's checksum.
-struct WeightSet {
+struct ReceivedWeights {
   int64_t version = -1;
   std::map<std::string, std::vector<float>> tensors;
   std::map<std::string, std::vector<int64_t>> shapes;
@@ -53,7 +53,7 @@ struct BroadcastOptions {
 // On a sender: source gives its stage's tensors (others are never asked for). On a receiver: source
 // is null and the version is staged into `out`. Every member returns an error if any bucket fails.
 Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t version,
-                         const TensorSource& source, WeightSet* out,
+                         const TensorSource& source, ReceivedWeights* out,
                          const BroadcastOptions& options = {});
 
 // P2P transport: every trainer rank of data-parallel replica 0 sends its own tensor-parallel shards
@@ -71,11 +71,11 @@ Status p2p_send_weights(Communicator& world, const TransferPlan& plan, int64_t v
                         const TensorSource& local_shards, const P2pRoles& roles);
 // On an engine rank: stages the full version into `out` (checksums of the assembled tensors).
 Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_t version,
-                           const P2pRoles& roles, WeightSet* out);
+                           const P2pRoles& roles, ReceivedWeights* out);
 
 // Verifies every checksum of a staged version and that it holds every tensor of the plan; then
 // pauses nothing itself: call between Engine::begin_weight_update and end (apply_to_engine does).
-Status verify_weight_set(const WeightSet& set, const TransferPlan& plan);
+Status verify_received_weights(const ReceivedWeights& set, const TransferPlan& plan);
 
 // check_weights: compares the checksums an engine holds for its current version with the
 // trainer's tensors (xxh3-128 of each). OK when every tensor of the plan matches; else an error
@@ -85,7 +85,7 @@ Status check_weights(const std::map<std::string, std::string>& engine_checksums,
 
 // The engine side of an update: verify, build the model, then begin → update_weights →
 // update_weight_version → end. On any error the engine keeps its current weights and version.
-Status apply_to_engine(Engine& engine, const ModelConfig& config, const WeightSet& set,
+Status apply_to_engine(Engine& engine, const ModelConfig& config, const ReceivedWeights& set,
                        const TransferPlan& plan, ThreadPool* pool);
 
 }  // namespace miles
