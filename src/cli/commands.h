@@ -10,6 +10,7 @@ void register_score(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_bench_rollout(CLI::App& bench);  // under `miles bench`
 void register_bench_train(CLI::App& bench);    // under `miles bench`
+void register_bench_sync(CLI::App& bench);     // under `miles bench`
 void register_serve(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_tokenize(CLI::App& app);
