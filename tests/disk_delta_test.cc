@@ -281,7 +281,8 @@ class Corruption : public ::testing::Test {
   }
   // A tensor that version v stores (not unchanged).
   nlohmann::json stored_tensor(int64_t v) const {
-    for (const auto& t : manifest(v)["tensors"])
+    const nlohmann::json m = manifest(v);
+    for (const auto& t : m["tensors"])
       if (t["encoding"] != "unchanged") return t;
     return {};
   }
@@ -344,6 +345,15 @@ TEST_F(Corruption, MissingVersionInChain) {
   EXPECT_NE(l.message().find("version 2 (base of version 3) is missing"), std::string::npos) << l.message();
 }
 
+TEST_F(Corruption, XorOntoTheWrongBaseIsCaught) {
+  // The caller claims its version-1 weights are version 2: xor lands on the wrong base.
+  Status s = DiskDeltaReader(tmp_.path()).advance(current_, 2, 3);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("version 3"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("checksum mismatch"), std::string::npos) << s.message();
+  expect_same(current_, sets_[0], "weights after a failed advance");
+}
+
 TEST_F(Corruption, LeftoverTmpDirectoryIsIgnored) {
   fs::create_directory(tmp_.sub("weight_v000004.tmp-999-0"));
   std::ofstream(tmp_.sub("weight_v000004.tmp-999-0/manifest.json")) << "garbage";
@@ -361,7 +371,7 @@ TEST_F(Corruption, ReusedOrOlderVersionIsRefused) {
   auto r = again.publish(3, w);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.message().find("version 3 is already published"), std::string::npos) << r.message();
-  r = again.publish(2, w);
+  r = again.publish(0, w);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.message().find("older than the latest published"), std::string::npos) << r.message();
   EXPECT_EQ(*DiskDeltaReader(tmp_.path()).versions(), (std::vector<int64_t>{1, 2, 3}));
