@@ -1,0 +1,110 @@
+// Disk-delta weight transport: versioned weight sets on a shared filesystem, each update storing
+// only what changed since the last published version.
+//
+// Why: engines that share no fabric with the trainer (another cluster, a laptop, a late joiner)
+// still need every weight version, bit for bit. The trainer keeps a snapshot of the last published
+// weights; each publish writes a directory `weight_v{N:06d}/` holding a manifest (version,
+// base_version, per-tensor encoding, sizes and the xxh3-128 of each tensor's FINAL bytes) and one
+// file of zstd frames, one per stored tensor. The directory appears atomically (temporary
+// directory, fsync of files and directory, rename, fsync of the parent), so a reader never sees a
+// half-written version. Every `full_every`-th publish is a full version from which a reader can
+// join late; the others are deltas (`xor` against the base: apply exactly once to the right base;
+// `overwrite`: idempotent). Readers apply the chain in order, verify every checksum after every
+// step, and on any error leave the caller's weights untouched (design contracts §3, disk-delta).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "miles/checkpoint.h"
+#include "miles/status.h"
+
+namespace miles {
+
+// One named tensor of raw bytes (row-major). dtype is the safetensors spelling ("F32", "BF16",
+// ...); the transport never interprets the values, only checks bytes == numel * size for known
+// dtypes.
+struct NamedTensor {
+  std::string name;            // HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::string dtype = "F32";   // safetensors spelling
+  std::vector<int64_t> shape;  // outermost first
+  std::vector<uint8_t> bytes;  // [numel * dtype size]
+};
+// An ordered weight set; names are unique.
+using WeightSet = std::vector<NamedTensor>;
+
+// Copies of every tensor of `map`, in its (sorted) name order.
+WeightSet weight_set_from_tensor_map(const TensorMap& map);
+// Views of `set` (the map keeps a shared copy alive); errors name a tensor of unknown dtype.
+Result<TensorMap> tensor_map_from_weight_set(WeightSet set);
+
+// How a delta stores a changed tensor.
+enum class DeltaEncoding {
+  kXor,        // new ^ base: mostly zero bytes when few values change; needs the exact base
+  kOverwrite,  // the new bytes: idempotent, larger
+};
+
+struct DiskDeltaOptions {
+  int full_every = 10;  // publish k (0-based, per writer) is full when k % full_every == 0
+  DeltaEncoding encoding = DeltaEncoding::kXor;
+  int zstd_level = 1;
+  bool write_latest = true;  // keep a LATEST file with the newest version (informative only)
+  // Test hook: called with the temporary directory after every file is written and fsynced, just
+  // before the rename that publishes it.
+  std::function<void(const std::string& tmp_dir)> before_rename;
+};
+
+struct PublishStats {
+  int64_t version = 0;
+  std::optional<int64_t> base_version;  // none for a full version
+  int64_t tensors = 0;
+  int64_t tensors_stored = 0;  // full / xor / overwrite (not unchanged)
+  int64_t raw_bytes = 0;       // bytes of the whole weight set
+  int64_t bytes_written = 0;   // data file + manifest
+  double seconds = 0;
+};
+
+// The trainer side. Not thread-safe; one writer per directory.
+class DiskDeltaWriter {
+ public:
+  explicit DiskDeltaWriter(std::string dir, DiskDeltaOptions options = {});
+  // Publishes `tensors` as `version`; the directory is created when missing. Versions must
+  // increase beyond every version already in the directory. On error nothing is published and the
+  // snapshot stays at the last published version.
+  Result<PublishStats> publish(int64_t version, const WeightSet& tensors);
+  std::optional<int64_t> last_published() const { return last_version_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  DiskDeltaOptions options_;
+  WeightSet snapshot_;  // the last published weights
+  std::optional<int64_t> last_version_;
+  int64_t publishes_ = 0;
+};
+
+// The engine side. Stateless: every call reads the directory.
+class DiskDeltaReader {
+ public:
+  explicit DiskDeltaReader(std::string dir) : dir_(std::move(dir)) {}
+  // Published versions, ascending (temporary `.tmp-*` directories are ignored).
+  Result<std::vector<int64_t>> versions() const;
+  // The newest version / the newest full version; an error when there is none.
+  Result<int64_t> latest_version() const;
+  Result<int64_t> latest_full_version() const;
+  // The weights of `target` from scratch: its full base, then every delta in order.
+  Result<WeightSet> load(int64_t target) const;
+  // Moves `current` (the weights of `current_version`) to `target` by applying the chain of deltas
+  // (or from a newer full version). Every tensor's checksum is verified after every step. On error
+  // `current` is left untouched; the message names the version, file and tensor.
+  Status advance(WeightSet& current, int64_t current_version, int64_t target) const;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
+
+}  // namespace miles

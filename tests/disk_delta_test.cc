@@ -1,0 +1,484 @@
+// Disk-delta transport: round trips over a chain of versions (stepwise and late-joining readers end
+// bit-identical to the writer), a real checkpoint through AdamW steps whose received weights give
+// the same logits bit for bit, corruption of every kind reported by name with the reader's weights
+// untouched, a writer process SIGKILLed before its rename, and publish bandwidth on 64 MB.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "miles/disk_delta.h"
+#include "miles/flat_params.h"
+#include "miles/model.h"
+#include "miles/optimizer.h"
+#include "test_paths.h"
+#include "weight_sync/disk_delta_format.h"
+
+namespace miles {
+namespace {
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "miles_disk_delta_XXXXXX").string();
+    MILES_CHECK(::mkdtemp(t.data()) != nullptr, "mkdtemp");
+    path_ = t;
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const std::string& path() const { return path_; }
+  std::string sub(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+NamedTensor random_tensor(std::mt19937& rng, std::string name, std::vector<int64_t> shape) {
+  std::normal_distribution<float> nd(0.f, 0.02f);
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  NamedTensor t{std::move(name), "F32", std::move(shape), std::vector<uint8_t>(n * 4)};
+  std::memcpy(t.bytes.data(), v.data(), n * 4);
+  return t;
+}
+
+// `count` float tensors of `rows` x 256 (rows * 1 KiB each).
+WeightSet synthetic_set(std::mt19937& rng, int count, int64_t rows) {
+  WeightSet s;
+  for (int i = 0; i < count; ++i)
+    s.push_back(random_tensor(rng, "model.layers." + std::to_string(i) + ".mlp.weight", {rows, 256}));
+  return s;
+}
+
+// Like an optimizer step on a few tensors: `fraction` of the values of each chosen tensor move a
+// little.
+void perturb(WeightSet& s, std::mt19937& rng, int tensors, double fraction) {
+  std::uniform_int_distribution<size_t> pick(0, s.size() - 1);
+  std::normal_distribution<float> step(0.f, 1e-4f);
+  for (int k = 0; k < tensors; ++k) {
+    NamedTensor& t = s[pick(rng)];
+    float* v = reinterpret_cast<float*>(t.bytes.data());
+    const size_t n = t.bytes.size() / 4;
+    std::uniform_int_distribution<size_t> at(0, n - 1);
+    for (size_t j = 0; j < std::max<size_t>(1, n * fraction); ++j) v[at(rng)] += step(rng);
+  }
+}
+
+void expect_same(const WeightSet& a, const WeightSet& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].name, b[i].name) << what;
+    EXPECT_EQ(a[i].dtype, b[i].dtype) << what;
+    EXPECT_EQ(a[i].shape, b[i].shape) << what;
+    EXPECT_TRUE(a[i].bytes == b[i].bytes) << what << ": tensor " << a[i].name << " differs";
+  }
+}
+
+int64_t dir_bytes(const std::string& dir) {
+  int64_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) n += static_cast<int64_t>(e.file_size());
+  return n;
+}
+
+void check_chain(DeltaEncoding enc, int full_every) {
+  TempDir tmp;
+  std::mt19937 rng(7);
+  WeightSet w = synthetic_set(rng, 16, 128);  // 16 x 128 KiB = 2 MiB
+  DiskDeltaOptions options;
+  options.full_every = full_every;
+  options.encoding = enc;
+  DiskDeltaWriter writer(tmp.path(), options);
+  DiskDeltaReader reader(tmp.path());
+  const std::vector<int64_t> versions = {1, 2, 4, 5, 9};  // gaps are fine; order is what counts
+  std::vector<WeightSet> want;
+  WeightSet stepper;
+  int64_t stepper_version = -1;
+  int64_t full_bytes = 0, delta_bytes = 0, deltas = 0;
+  for (size_t k = 0; k < versions.size(); ++k) {
+    if (k > 0) perturb(w, rng, 3, 0.01);
+    auto st = writer.publish(versions[k], w);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(st->base_version.has_value(), k % full_every != 0) << versions[k];
+    const int64_t on_disk = dir_bytes(tmp.sub(disk_delta::version_dir_name(versions[k])));
+    if (st->base_version) {
+      delta_bytes += on_disk;
+      ++deltas;
+      EXPECT_LE(st->tensors_stored, 3);
+    } else {
+      full_bytes = on_disk;
+    }
+    want.push_back(w);
+    // A reader stepping along: from nothing (load), then advance by one version each time.
+    if (stepper_version < 0) {
+      auto l = reader.load(versions[k]);
+      ASSERT_TRUE(l.ok()) << l.message();
+      stepper = std::move(*l);
+    } else {
+      Status s = reader.advance(stepper, stepper_version, versions[k]);
+      ASSERT_TRUE(s.ok()) << s.message();
+    }
+    stepper_version = versions[k];
+    expect_same(stepper, w, "stepping reader at version " + std::to_string(versions[k]));
+  }
+  // Late joiners: from the latest full version, and from scratch at every version.
+  auto latest = reader.latest_version();
+  auto full = reader.latest_full_version();
+  ASSERT_TRUE(latest.ok() && full.ok());
+  EXPECT_EQ(*latest, 9);
+  EXPECT_EQ(*full, full_every == 10 ? 1 : 9);
+  auto late = reader.load(*full);
+  ASSERT_TRUE(late.ok()) << late.message();
+  ASSERT_TRUE(reader.advance(*late, *full, *latest).ok());
+  expect_same(*late, want.back(), "late joiner");
+  for (size_t k = 0; k < versions.size(); ++k) {
+    auto l = reader.load(versions[k]);
+    ASSERT_TRUE(l.ok()) << l.message();
+    expect_same(*l, want[k], "load(" + std::to_string(versions[k]) + ")");
+  }
+  if (deltas > 0) {
+    const double ratio = double(delta_bytes) / deltas / full_bytes;
+    std::printf("[%s, full_every %d] full version %lld bytes, mean delta %lld bytes (3 of 16 tensors, 1%% "
+                "of values): delta/full = %.4f\n",
+                enc == DeltaEncoding::kXor ? "xor" : "overwrite", full_every, (long long)full_bytes,
+                (long long)(delta_bytes / deltas), ratio);
+    if (enc == DeltaEncoding::kXor) {
+      EXPECT_LT(ratio, 0.1);
+    }
+  }
+}
+
+TEST(DiskDelta, RoundTripXor) { check_chain(DeltaEncoding::kXor, 10); }
+TEST(DiskDelta, RoundTripOverwrite) { check_chain(DeltaEncoding::kOverwrite, 10); }
+TEST(DiskDelta, RoundTripFullEveryTwo) { check_chain(DeltaEncoding::kXor, 2); }
+
+TEST(DiskDelta, ManifestNamesEveryField) {
+  TempDir tmp;
+  std::mt19937 rng(1);
+  WeightSet w = synthetic_set(rng, 3, 4);
+  DiskDeltaWriter writer(tmp.path());
+  ASSERT_TRUE(writer.publish(1, w).ok());
+  perturb(w, rng, 1, 0.5);
+  ASSERT_TRUE(writer.publish(2, w).ok());
+  std::ifstream f(tmp.sub("weight_v000002/manifest.json"));
+  nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["version"], 2);
+  EXPECT_EQ(j["base_version"], 1);
+  EXPECT_EQ(j["checksum"], "xxh3-128");
+  int stored = 0;
+  for (const auto& t : j["tensors"]) {
+    stored += t["encoding"] == "xor";
+    EXPECT_TRUE(t["encoding"] == "xor" || t["encoding"] == "unchanged") << t.dump();
+    EXPECT_EQ(t["xxh3_128"].get<std::string>().size(), 32u);
+  }
+  EXPECT_EQ(stored, 1);
+  std::ifstream latest(tmp.sub("LATEST"));
+  int64_t v = 0;
+  latest >> v;
+  EXPECT_EQ(v, 2);
+  // The hex is the canonical form: high 64 bits first (xxhsum -H2).
+  const std::string abc = "abc";
+  const XXH128_hash_t h = XXH3_128bits(abc.data(), abc.size());
+  char want[33];
+  std::snprintf(want, sizeof want, "%016llx%016llx", (unsigned long long)h.high64,
+                (unsigned long long)h.low64);
+  EXPECT_EQ(disk_delta::xxh3_128_hex({reinterpret_cast<const uint8_t*>(abc.data()), 3}), want);
+}
+
+// ---- a real checkpoint through AdamW steps ------------------------------------------------------
+
+std::vector<float> logits_of(const Model& model) {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 12; ++i) tokens.push_back(static_cast<int32_t>((i * 37 + 5) % model.config().vocab_size));
+  auto kv = model.make_kv_cache();
+  SeqSpan s{0, 0, static_cast<int64_t>(tokens.size())};
+  auto out = model.forward(tokens, {&s, 1}, *kv, ForwardOptions{}, nullptr);
+  MILES_CHECK(out.ok(), "forward of the test tokens failed");
+  return out->logits;
+}
+
+TEST(DiskDelta, RealCheckpointThroughAdamWGivesIdenticalLogits) {
+  const std::string dir = test::data_dir() + "/models/llama";
+  auto cfg = load_model_config(dir + "/config.json");
+  auto hf = read_hf_weights(dir);
+  ASSERT_TRUE(cfg.ok() && hf.ok()) << cfg.message() << hf.message();
+  auto layout = ParamLayout::for_model(*cfg, &*hf);
+  auto params = FlatTensors::from_tensor_map(layout, *hf);
+  ASSERT_TRUE(params.ok()) << params.message();
+  AdamWConfig ac;
+  ac.weight_decay = 0.1;
+  AdamW opt(layout, ac);
+  FlatTensors grads(layout);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 1.f);
+
+  TempDir tmp;
+  DiskDeltaWriter writer(tmp.path());
+  DiskDeltaReader reader(tmp.path());
+  WeightSet engine;  // what an engine holds, advanced version by version
+  int64_t full_bytes = 0;
+  for (int64_t v = 0; v < 4; ++v) {
+    if (v > 0) {  // one AdamW step on random gradients of the first few tensors
+      grads.zero();
+      for (size_t i = 0; i < 3; ++i)
+        for (float& g : grads.get(layout->specs()[i].name)) g = nd(rng);
+      opt.step(*params, grads, 1e-3);
+    }
+    const WeightSet sent = weight_set_from_tensor_map(params->as_tensor_map());
+    auto st = writer.publish(v, sent);
+    ASSERT_TRUE(st.ok()) << st.message();
+    if (v == 0) {
+      full_bytes = st->bytes_written;
+      engine = std::move(*reader.load(0));
+    } else {
+      ASSERT_TRUE(reader.advance(engine, v - 1, v).ok());
+      std::printf("llama version %lld: %lld of %lld tensors stored, %lld bytes, delta/full = %.3f\n",
+                  (long long)v, (long long)st->tensors_stored, (long long)st->tensors,
+                  (long long)st->bytes_written, double(st->bytes_written) / full_bytes);
+    }
+    expect_same(engine, sent, "engine at version " + std::to_string(v));
+    // The engine's model, built from the received bytes, gives the trainer model's logits.
+    auto received = tensor_map_from_weight_set(engine);
+    ASSERT_TRUE(received.ok()) << received.message();
+    auto got = Model::from_weights(*cfg, *received);
+    auto src = Model::from_weights(*cfg, params->as_tensor_map());
+    ASSERT_TRUE(got.ok() && src.ok()) << got.message() << src.message();
+    const std::vector<float> a = logits_of(**got), b = logits_of(**src);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "logits differ at version " << v;
+  }
+}
+
+// ---- corruption: every error names what is wrong; the reader's weights stay at the old version ----
+
+class Corruption : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::mt19937 rng(11);
+    WeightSet w = synthetic_set(rng, 6, 32);
+    DiskDeltaWriter writer(tmp_.path());
+    for (int64_t v = 1; v <= 3; ++v) {
+      if (v > 1) perturb(w, rng, 2, 0.05);
+      ASSERT_TRUE(writer.publish(v, w).ok());
+      sets_.push_back(w);
+    }
+    current_ = sets_[0];
+  }
+  std::string vdir(int64_t v) const { return tmp_.sub(disk_delta::version_dir_name(v)); }
+  nlohmann::json manifest(int64_t v) const {
+    std::ifstream f(vdir(v) + "/manifest.json");
+    return nlohmann::json::parse(f);
+  }
+  // A tensor that version v stores (not unchanged).
+  nlohmann::json stored_tensor(int64_t v) const {
+    const nlohmann::json m = manifest(v);
+    for (const auto& t : m["tensors"])
+      if (t["encoding"] != "unchanged") return t;
+    return {};
+  }
+  void flip_byte(const std::string& path, uint64_t at) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
+    char c;
+    f.get(c);
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  // advance(1 -> 3) fails with a message holding every piece of `want`; the weights stay at 1.
+  void expect_advance_fails(const std::vector<std::string>& want) {
+    DiskDeltaReader reader(tmp_.path());
+    Status s = reader.advance(current_, 1, 3);
+    ASSERT_FALSE(s.ok());
+    std::printf("  error: %s\n", s.message().c_str());
+    for (const auto& w : want) EXPECT_NE(s.message().find(w), std::string::npos) << s.message();
+    expect_same(current_, sets_[0], "weights after a failed advance");
+  }
+  TempDir tmp_;
+  std::vector<WeightSet> sets_;
+  WeightSet current_;
+};
+
+TEST_F(Corruption, TruncatedDataFile) {
+  const auto t = stored_tensor(2);
+  const std::string data = vdir(2) + "/tensors.zst";
+  fs::resize_file(data, t["offset"].get<uint64_t>() + 3);
+  expect_advance_fails({"weight_v000002/tensors.zst", "truncated", t["name"].get<std::string>()});
+}
+
+TEST_F(Corruption, FlippedByteInCompressedFrame) {
+  const auto t = stored_tensor(3);
+  flip_byte(vdir(3) + "/tensors.zst",
+            t["offset"].get<uint64_t>() + t["compressed_bytes"].get<uint64_t>() / 2);
+  expect_advance_fails({"version 3", t["name"].get<std::string>()});
+}
+
+TEST_F(Corruption, FlippedByteInManifestChecksum) {
+  nlohmann::json m = manifest(3);
+  const std::string name = m["tensors"][4]["name"];  // any tensor: unchanged ones are verified too
+  std::string h = m["tensors"][4]["xxh3_128"];
+  h[7] = h[7] == '0' ? '1' : '0';
+  m["tensors"][4]["xxh3_128"] = h;
+  std::ofstream(vdir(3) + "/manifest.json") << m.dump(1);
+  expect_advance_fails({"version 3", "checksum mismatch", name});
+}
+
+TEST_F(Corruption, ManifestGarbage) {
+  std::ofstream(vdir(2) + "/manifest.json") << "{\"format\": \"miles-disk-delta\", \"tens";
+  expect_advance_fails({"weight_v000002/manifest.json", "not a JSON object"});
+}
+
+TEST_F(Corruption, MissingVersionInChain) {
+  fs::remove_all(vdir(2));
+  expect_advance_fails({"version 2 (base of version 3) is missing"});
+  auto l = DiskDeltaReader(tmp_.path()).load(3);
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.message().find("version 2 (base of version 3) is missing"), std::string::npos) << l.message();
+}
+
+TEST_F(Corruption, XorOntoTheWrongBaseIsCaught) {
+  // The caller claims its version-1 weights are version 2: xor lands on the wrong base.
+  Status s = DiskDeltaReader(tmp_.path()).advance(current_, 2, 3);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("version 3"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("checksum mismatch"), std::string::npos) << s.message();
+  expect_same(current_, sets_[0], "weights after a failed advance");
+}
+
+TEST_F(Corruption, LeftoverTmpDirectoryIsIgnored) {
+  fs::create_directory(tmp_.sub("weight_v000004.tmp-999-0"));
+  std::ofstream(tmp_.sub("weight_v000004.tmp-999-0/manifest.json")) << "garbage";
+  DiskDeltaReader reader(tmp_.path());
+  EXPECT_EQ(*reader.versions(), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(*reader.latest_version(), 3);
+  ASSERT_TRUE(reader.advance(current_, 1, 3).ok());
+  expect_same(current_, sets_[2], "after advance");
+}
+
+TEST_F(Corruption, ReusedOrOlderVersionIsRefused) {
+  std::mt19937 rng(2);
+  WeightSet w = synthetic_set(rng, 6, 32);
+  DiskDeltaWriter again(tmp_.path());  // a restarted trainer
+  auto r = again.publish(3, w);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("version 3 is already published"), std::string::npos) << r.message();
+  r = again.publish(0, w);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("older than the latest published"), std::string::npos) << r.message();
+  EXPECT_EQ(*DiskDeltaReader(tmp_.path()).versions(), (std::vector<int64_t>{1, 2, 3}));
+  auto ok = again.publish(4, w);  // the restarted writer has no snapshot: a full version
+  ASSERT_TRUE(ok.ok()) << ok.message();
+  EXPECT_FALSE(ok->base_version.has_value());
+}
+
+// ---- a writer process killed in the middle of a publish ---------------------------------------
+
+TEST(DiskDelta, WriterKilledBeforeRenameNeverShows) {
+  TempDir tmp;
+  std::mt19937 rng(5);
+  WeightSet w = synthetic_set(rng, 8, 64);
+  {
+    DiskDeltaWriter writer(tmp.path());
+    ASSERT_TRUE(writer.publish(1, w).ok());
+  }
+  const WeightSet v1 = w;
+  perturb(w, rng, 8, 0.5);
+  int pipe_fd[2];
+  ASSERT_EQ(::pipe(pipe_fd), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the writer: files written and fsynced, then it stops before the rename
+    ::close(pipe_fd[0]);
+    DiskDeltaOptions o;
+    o.before_rename = [&](const std::string& tmp_dir) {
+      const char ok = 1;
+      (void)!::write(pipe_fd[1], &ok, 1);
+      for (;;) ::pause();
+    };
+    DiskDeltaWriter writer(tmp.path(), o);
+    (void)writer.publish(2, w);
+    ::_exit(3);
+  }
+  ::close(pipe_fd[1]);
+  char c = 0;
+  ASSERT_EQ(::read(pipe_fd[0], &c, 1), 1);
+  ::close(pipe_fd[0]);
+  DiskDeltaReader reader(tmp.path());
+  EXPECT_EQ(*reader.latest_version(), 1);  // paused before the rename: not visible
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(child, &wstatus, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL);
+  int leftovers = 0;
+  for (const auto& e : fs::directory_iterator(tmp.path()))
+    leftovers += e.path().filename().string().starts_with("weight_v000002.tmp-");
+  EXPECT_EQ(leftovers, 1);  // its complete files are there, under the temporary name
+  EXPECT_EQ(*reader.versions(), (std::vector<int64_t>{1}));
+  auto l = reader.load(1);
+  ASSERT_TRUE(l.ok()) << l.message();
+  expect_same(*l, v1, "version 1 after the writer died");
+  // A new writer publishes version 2 beside the leftover.
+  DiskDeltaWriter writer(tmp.path());
+  ASSERT_TRUE(writer.publish(2, w).ok());
+  auto l2 = reader.load(2);
+  ASSERT_TRUE(l2.ok()) << l2.message();
+  expect_same(*l2, w, "version 2");
+}
+
+// ---- bandwidth on 64 MB ----------------------------------------------------------------------
+
+TEST(DiskDelta, PublishBandwidth64MB) {
+  TempDir tmp;
+  std::mt19937 rng(9);
+  WeightSet w = synthetic_set(rng, 16, 4096);  // 16 x 4 MiB
+  const double mb = 64.0;
+  auto raw_write = [&] {  // baseline: the same bytes written raw and fsynced, one file
+    std::vector<uint8_t> all;
+    for (const auto& t : w) all.insert(all.end(), t.bytes.begin(), t.bytes.end());
+    const auto t0 = std::chrono::steady_clock::now();
+    MILES_CHECK(disk_delta::write_file_synced(tmp.sub("raw.bin"), all).ok(), "raw write");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    fs::remove(tmp.sub("raw.bin"));
+    return s;
+  };
+  const double raw_s = raw_write();
+  std::printf("baseline: raw write + fsync of 64 MiB: %.3f s, %.0f MB/s\n", raw_s, mb / raw_s);
+  DiskDeltaOptions options;
+  options.full_every = 100;
+  DiskDeltaWriter writer(tmp.path(), options);
+  DiskDeltaReader reader(tmp.path());
+  auto report = [&](const char* what, const PublishStats& st) {
+    std::printf("%-36s %.3f s, %9lld bytes written (%.3f of raw), %6.0f MB/s of weights, %.2fx the raw write\n",
+                what, st.seconds, (long long)st.bytes_written, st.bytes_written / (mb * 1048576),
+                mb / st.seconds, st.seconds / raw_s);
+  };
+  auto full = writer.publish(1, w);
+  ASSERT_TRUE(full.ok()) << full.message();
+  report("full (zstd 1):", *full);
+  perturb(w, rng, 4, 0.01);
+  auto sparse = writer.publish(2, w);
+  ASSERT_TRUE(sparse.ok());
+  report("delta, 4 tensors x 1% values (xor):", *sparse);
+  perturb(w, rng, 64, 1.0);  // every value of (almost) every tensor moves: a dense AdamW step
+  auto dense = writer.publish(3, w);
+  ASSERT_TRUE(dense.ok());
+  report("delta, dense step (xor):", *dense);
+  WeightSet engine = std::move(*reader.load(1));
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(reader.advance(engine, 1, 3).ok());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("reader: apply 2 deltas + verify: %.3f s, %.0f MB/s of weights per version\n", s, 2 * mb / s);
+  expect_same(engine, w, "engine after the bandwidth run");
+}
+
+}  // namespace
+}  // namespace miles

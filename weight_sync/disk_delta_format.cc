@@ -1,0 +1,287 @@
+// The disk-delta on-disk format: manifest JSON, directory names, checksums, zstd frames, synced IO.
+#include "weight_sync/disk_delta_format.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+namespace miles::disk_delta {
+namespace {
+
+Status errno_error(const std::string& what, const std::string& path) {
+  return Status::Error(what + " " + path + ": " + std::strerror(errno));
+}
+
+bool is_hex32(const std::string& s) {
+  if (s.size() != 32) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+// Typed field access; the error names the source and the field path.
+template <typename T>
+Result<T> field(const nlohmann::json& j, const char* key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key)) return Status::Error(where + ": missing field '" + key + "'");
+  const auto& v = j.at(key);
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) return Status::Error(where + ": field '" + key + "' is not a string");
+  } else if constexpr (std::is_unsigned_v<T>) {
+    if (!v.is_number_unsigned()) return Status::Error(where + ": field '" + key + "' is not an unsigned integer");
+  } else {
+    if (!v.is_number_integer()) return Status::Error(where + ": field '" + key + "' is not an integer");
+  }
+  return v.get<T>();
+}
+
+Result<ManifestTensor> tensor_from_json(const nlohmann::json& j, const std::string& where) {
+  ManifestTensor t;
+  MILES_ASSIGN_OR_RETURN(t.name, field<std::string>(j, "name", where));
+  const std::string at = where + " tensor '" + t.name + "'";
+  MILES_ASSIGN_OR_RETURN(t.dtype, field<std::string>(j, "dtype", at));
+  if (!j.contains("shape") || !j["shape"].is_array()) return Status::Error(at + ": 'shape' is not an array");
+  for (const auto& d : j["shape"]) {
+    if (!d.is_number_unsigned()) return Status::Error(at + ": 'shape' has a non-natural dimension");
+    t.shape.push_back(d.get<int64_t>());
+  }
+  MILES_ASSIGN_OR_RETURN(std::string enc, field<std::string>(j, "encoding", at));
+  const auto e = encoding_from_name(enc);
+  if (!e) return Status::Error(at + ": unknown encoding '" + enc + "'");
+  t.encoding = *e;
+  MILES_ASSIGN_OR_RETURN(t.nbytes, field<uint64_t>(j, "nbytes", at));
+  MILES_ASSIGN_OR_RETURN(t.offset, field<uint64_t>(j, "offset", at));
+  MILES_ASSIGN_OR_RETURN(t.compressed_bytes, field<uint64_t>(j, "compressed_bytes", at));
+  MILES_ASSIGN_OR_RETURN(t.xxh3_128, field<std::string>(j, "xxh3_128", at));
+  if (!is_hex32(t.xxh3_128)) return Status::Error(at + ": 'xxh3_128' is not 32 lowercase hex digits");
+  const int es = dtype_bytes(t.dtype);
+  if (es > 0 && numel_of(t.shape) * es != t.nbytes)
+    return Status::Error(at + ": nbytes " + std::to_string(t.nbytes) + " does not match dtype and shape");
+  if ((t.encoding == TensorEncoding::kUnchanged) != (t.compressed_bytes == 0))
+    return Status::Error(at + ": compressed_bytes must be 0 exactly when unchanged");
+  return t;
+}
+
+}  // namespace
+
+std::string_view encoding_name(TensorEncoding e) {
+  switch (e) {
+    case TensorEncoding::kFull: return "full";
+    case TensorEncoding::kXor: return "xor";
+    case TensorEncoding::kOverwrite: return "overwrite";
+    case TensorEncoding::kUnchanged: return "unchanged";
+  }
+  return "?";
+}
+
+std::optional<TensorEncoding> encoding_from_name(std::string_view name) {
+  for (auto e : {TensorEncoding::kFull, TensorEncoding::kXor, TensorEncoding::kOverwrite,
+                 TensorEncoding::kUnchanged})
+    if (encoding_name(e) == name) return e;
+  return std::nullopt;
+}
+
+std::string manifest_to_json(const Manifest& m) {
+  nlohmann::json j;
+  j["format"] = kFormat;
+  j["format_version"] = kFormatVersion;
+  j["version"] = m.version;
+  j["base_version"] = m.base_version ? nlohmann::json(*m.base_version) : nlohmann::json(nullptr);
+  j["data_file"] = kDataFile;
+  j["data_bytes"] = m.data_bytes;
+  j["checksum"] = "xxh3-128";
+  nlohmann::json ts = nlohmann::json::array();
+  for (const ManifestTensor& t : m.tensors) {
+    ts.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape},
+                  {"encoding", std::string(encoding_name(t.encoding))}, {"nbytes", t.nbytes},
+                  {"offset", t.offset}, {"compressed_bytes", t.compressed_bytes},
+                  {"xxh3_128", t.xxh3_128}});
+  }
+  j["tensors"] = std::move(ts);
+  return j.dump(1) + "\n";
+}
+
+Result<Manifest> manifest_from_json(const std::string& text, const std::string& source) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::Error(source + ": not a JSON object");
+  MILES_ASSIGN_OR_RETURN(std::string format, field<std::string>(j, "format", source));
+  MILES_ASSIGN_OR_RETURN(int64_t fv, field<int64_t>(j, "format_version", source));
+  if (format != kFormat || fv != kFormatVersion)
+    return Status::Error(source + ": format '" + format + "' version " + std::to_string(fv) +
+                         " is not " + kFormat + " version " + std::to_string(kFormatVersion));
+  Manifest m;
+  MILES_ASSIGN_OR_RETURN(m.version, field<int64_t>(j, "version", source));
+  if (!j.contains("base_version")) return Status::Error(source + ": missing field 'base_version'");
+  if (!j["base_version"].is_null()) {
+    MILES_ASSIGN_OR_RETURN(int64_t b, field<int64_t>(j, "base_version", source));
+    if (b >= m.version) return Status::Error(source + ": base_version is not older than version");
+    m.base_version = b;
+  }
+  MILES_ASSIGN_OR_RETURN(std::string data_file, field<std::string>(j, "data_file", source));
+  if (data_file != kDataFile) return Status::Error(source + ": unexpected data_file '" + data_file + "'");
+  MILES_ASSIGN_OR_RETURN(m.data_bytes, field<uint64_t>(j, "data_bytes", source));
+  MILES_ASSIGN_OR_RETURN(std::string checksum, field<std::string>(j, "checksum", source));
+  if (checksum != "xxh3-128") return Status::Error(source + ": unknown checksum '" + checksum + "'");
+  if (!j.contains("tensors") || !j["tensors"].is_array())
+    return Status::Error(source + ": 'tensors' is not an array");
+  uint64_t end = 0;
+  for (const auto& tj : j["tensors"]) {
+    MILES_ASSIGN_OR_RETURN(ManifestTensor t, tensor_from_json(tj, source));
+    if (m.is_full() && t.encoding != TensorEncoding::kFull)
+      return Status::Error(source + ": tensor '" + t.name + "' of a full version is not 'full'");
+    if (!m.is_full() && t.encoding == TensorEncoding::kFull)
+      return Status::Error(source + ": tensor '" + t.name + "' of a delta is 'full'");
+    if (t.compressed_bytes > 0) {
+      if (t.offset != end) return Status::Error(source + ": tensor '" + t.name + "' offset is not contiguous");
+      end += t.compressed_bytes;
+    }
+    m.tensors.push_back(std::move(t));
+  }
+  if (end != m.data_bytes) return Status::Error(source + ": frames do not add up to data_bytes");
+  return m;
+}
+
+std::string version_dir_name(int64_t version) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "weight_v%06lld", static_cast<long long>(version));
+  return buf;
+}
+
+std::optional<int64_t> parse_version_dir_name(std::string_view name) {
+  constexpr std::string_view kPrefix = "weight_v";
+  if (name.substr(0, kPrefix.size()) != kPrefix) return std::nullopt;
+  const std::string_view digits = name.substr(kPrefix.size());
+  if (digits.size() < 6 || digits.size() > 18) return std::nullopt;
+  int64_t v = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    v = v * 10 + (c - '0');
+  }
+  if (version_dir_name(v) != name) return std::nullopt;  // one spelling per version
+  return v;
+}
+
+Result<std::vector<int64_t>> list_versions(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec), end;
+  if (ec) return Status::Error("cannot list " + dir + ": " + ec.message());
+  std::vector<int64_t> out;
+  for (; it != end; it.increment(ec)) {
+    if (ec) return Status::Error("cannot list " + dir + ": " + ec.message());
+    if (!it->is_directory(ec)) continue;
+    if (auto v = parse_version_dir_name(it->path().filename().string())) out.push_back(*v);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string xxh3_128_hex(std::span<const uint8_t> bytes) {
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, XXH3_128bits(bytes.data(), bytes.size()));
+  static const char* kHex = "0123456789abcdef";
+  std::string s(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    s[2 * i] = kHex[c.digest[i] >> 4];
+    s[2 * i + 1] = kHex[c.digest[i] & 15];
+  }
+  return s;
+}
+
+int dtype_bytes(std::string_view d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "BF16" || d == "F16" || d == "I16" || d == "U16") return 2;
+  if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+  return 0;
+}
+
+uint64_t numel_of(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+Result<size_t> zstd_compress_append(std::span<const uint8_t> in, int level, std::vector<uint8_t>& out) {
+  const size_t at = out.size();
+  out.resize(at + ZSTD_compressBound(in.size()));
+  const size_t n = ZSTD_compress(out.data() + at, out.size() - at, in.data(), in.size(), level);
+  if (ZSTD_isError(n)) {
+    out.resize(at);
+    return Status::Error(std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
+  }
+  out.resize(at + n);
+  return n;
+}
+
+Status zstd_decompress_exact(std::span<const uint8_t> frame, std::span<uint8_t> out) {
+  const unsigned long long content = ZSTD_getFrameContentSize(frame.data(), frame.size());
+  if (content == ZSTD_CONTENTSIZE_ERROR) return Status::Error("not a zstd frame");
+  if (content != ZSTD_CONTENTSIZE_UNKNOWN && content != out.size())
+    return Status::Error("zstd frame holds " + std::to_string(content) + " bytes, expected " +
+                         std::to_string(out.size()));
+  const size_t n = ZSTD_decompress(out.data(), out.size(), frame.data(), frame.size());
+  if (ZSTD_isError(n)) return Status::Error(std::string("corrupt zstd frame: ") + ZSTD_getErrorName(n));
+  if (n != out.size())
+    return Status::Error("zstd frame decoded to " + std::to_string(n) + " bytes, expected " +
+                         std::to_string(out.size()));
+  return Status::Ok();
+}
+
+Status write_file_synced(const std::string& path, std::span<const uint8_t> bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return errno_error("cannot create", path);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      Status s = errno_error("write failed", path);
+      ::close(fd);
+      return s;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    Status s = errno_error("fsync failed", path);
+    ::close(fd);
+    return s;
+  }
+  if (::close(fd) != 0) return errno_error("close failed", path);
+  return Status::Ok();
+}
+
+Status fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return errno_error("cannot open directory to fsync", dir);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  return rc == 0 ? Status::Ok() : errno_error("fsync of directory failed", dir);
+}
+
+Result<std::vector<uint8_t>> read_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno_error("cannot open", path);
+  std::vector<uint8_t> out;
+  uint8_t buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      Status s = errno_error("read failed", path);
+      ::close(fd);
+      return s;
+    }
+    if (n == 0) break;
+    out.insert(out.end(), buf, buf + n);
+  }
+  ::close(fd);
+  return out;
+}
+
+}  // namespace miles::disk_delta

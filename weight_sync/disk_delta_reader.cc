@@ -1,0 +1,169 @@
+// DiskDeltaReader: resolves the chain of versions that leads to a target and applies it, verifying
+// every tensor's checksum after every step.
+//
+// Phases: resolve the chain (walk base_version links back from the target until the caller's
+// version or a full version; a missing link is an error) → apply each version in order to a
+// working copy (read and size-check the data file, check names / dtypes / shapes against the base,
+// decode each frame, xor or overwrite) → verify every tensor's xxh3-128 → swap into the caller's
+// set. Nothing the caller holds changes unless every step succeeded.
+#include <algorithm>
+#include <filesystem>
+
+#include "miles/disk_delta.h"
+#include "weight_sync/disk_delta_format.h"
+
+namespace miles {
+namespace dd = disk_delta;
+namespace {
+
+std::string version_path(const std::string& dir, int64_t v) {
+  return dir + "/" + dd::version_dir_name(v);
+}
+
+Result<dd::Manifest> read_manifest(const std::string& dir, int64_t version, const std::string& role) {
+  const std::string vdir = version_path(dir, version);
+  std::error_code ec;
+  if (!std::filesystem::is_directory(vdir, ec))
+    return Status::Error("version " + std::to_string(version) + role + " is missing: no " + vdir);
+  const std::string path = vdir + "/" + dd::kManifestFile;
+  MILES_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, dd::read_file(path));
+  MILES_ASSIGN_OR_RETURN(dd::Manifest m,
+                         dd::manifest_from_json(std::string(bytes.begin(), bytes.end()), path));
+  if (m.version != version)
+    return Status::Error(path + ": names version " + std::to_string(m.version) + ", expected " +
+                         std::to_string(version));
+  return m;
+}
+
+// The manifests from the start of the chain to `target`, oldest first. The chain starts at a full
+// version, or at the version right after `from` when its base is `from`.
+Result<std::vector<dd::Manifest>> resolve_chain(const std::string& dir, int64_t target,
+                                                std::optional<int64_t> from) {
+  std::vector<dd::Manifest> chain;
+  MILES_ASSIGN_OR_RETURN(dd::Manifest m, read_manifest(dir, target, ""));
+  for (;;) {
+    const int64_t v = m.version;
+    const std::optional<int64_t> base = m.base_version;
+    chain.push_back(std::move(m));
+    if (!base || (from && *base == *from)) break;
+    if (from && *base < *from)
+      return Status::Error("version " + std::to_string(v) + " is based on version " +
+                           std::to_string(*base) + ", older than the current version " +
+                           std::to_string(*from) + ": no chain from " + std::to_string(*from) +
+                           " to " + std::to_string(target));
+    MILES_ASSIGN_OR_RETURN(m, read_manifest(dir, *base, " (base of version " + std::to_string(v) + ")"));
+  }
+  std::reverse(chain.begin(), chain.end());
+  return chain;
+}
+
+// The data file of a version, checked against the manifest's size; a short file names the first
+// tensor whose frame it cuts.
+Result<std::vector<uint8_t>> read_data(const std::string& vdir, const dd::Manifest& m) {
+  const std::string path = vdir + "/" + dd::kDataFile;
+  MILES_ASSIGN_OR_RETURN(std::vector<uint8_t> data, dd::read_file(path));
+  if (data.size() == m.data_bytes) return data;
+  std::string first;
+  for (const auto& t : m.tensors)
+    if (t.compressed_bytes > 0 && t.offset + t.compressed_bytes > data.size()) {
+      first = ", cutting tensor '" + t.name + "'";
+      break;
+    }
+  return Status::Error(path + " has " + std::to_string(data.size()) + " bytes, the manifest expects " +
+                       std::to_string(m.data_bytes) + (data.size() < m.data_bytes ? " (truncated" + first + ")" : ""));
+}
+
+Status check_layout(const WeightSet& set, const dd::Manifest& m, const std::string& where) {
+  if (set.size() != m.tensors.size())
+    return Status::Error(where + ": " + std::to_string(m.tensors.size()) + " tensors, the base has " +
+                         std::to_string(set.size()));
+  for (size_t i = 0; i < set.size(); ++i) {
+    const dd::ManifestTensor& t = m.tensors[i];
+    if (set[i].name != t.name || set[i].dtype != t.dtype || set[i].shape != t.shape ||
+        set[i].bytes.size() != t.nbytes)
+      return Status::Error(where + ": tensor " + std::to_string(i) + " '" + t.name +
+                           "' does not match the base's '" + set[i].name + "' (name, dtype or shape)");
+  }
+  return Status::Ok();
+}
+
+// Applies one version to `set` (replacing it for a full version), then verifies every checksum.
+Status apply_version(const std::string& dir, const dd::Manifest& m, WeightSet& set) {
+  const std::string vdir = version_path(dir, m.version);
+  const std::string where = "version " + std::to_string(m.version) + " (" + vdir + ")";
+  MILES_ASSIGN_OR_RETURN(std::vector<uint8_t> data, read_data(vdir, m));
+  if (m.is_full()) {
+    set.clear();
+    for (const auto& t : m.tensors) set.push_back(NamedTensor{t.name, t.dtype, t.shape, {}});
+  } else {
+    MILES_RETURN_IF_ERROR(check_layout(set, m, where));
+  }
+  std::vector<uint8_t> decoded;
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const dd::ManifestTensor& t = m.tensors[i];
+    if (t.encoding == dd::TensorEncoding::kUnchanged) continue;
+    const std::span<const uint8_t> frame(data.data() + t.offset, t.compressed_bytes);
+    std::vector<uint8_t>& out = set[i].bytes;
+    if (t.encoding == dd::TensorEncoding::kXor) {
+      decoded.resize(t.nbytes);
+      MILES_RETURN_IF_ERROR(dd::zstd_decompress_exact(frame, decoded).with_context(
+          where + ", " + dd::kDataFile + ", tensor '" + t.name + "'"));
+      for (size_t k = 0; k < decoded.size(); ++k) out[k] ^= decoded[k];
+    } else {
+      out.resize(t.nbytes);
+      MILES_RETURN_IF_ERROR(dd::zstd_decompress_exact(frame, out).with_context(
+          where + ", " + dd::kDataFile + ", tensor '" + t.name + "'"));
+    }
+  }
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const std::string got = dd::xxh3_128_hex(set[i].bytes);
+    if (got != m.tensors[i].xxh3_128)
+      return Status::Error(where + ": checksum mismatch for tensor '" + m.tensors[i].name +
+                           "' (" + std::string(dd::encoding_name(m.tensors[i].encoding)) +
+                           "): manifest says " + m.tensors[i].xxh3_128 + ", the applied bytes hash to " + got);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<int64_t>> DiskDeltaReader::versions() const { return dd::list_versions(dir_); }
+
+Result<int64_t> DiskDeltaReader::latest_version() const {
+  MILES_ASSIGN_OR_RETURN(std::vector<int64_t> vs, versions());
+  if (vs.empty()) return Status::Error("no published weight version in " + dir_);
+  return vs.back();
+}
+
+Result<int64_t> DiskDeltaReader::latest_full_version() const {
+  MILES_ASSIGN_OR_RETURN(std::vector<int64_t> vs, versions());
+  for (auto it = vs.rbegin(); it != vs.rend(); ++it) {
+    MILES_ASSIGN_OR_RETURN(dd::Manifest m, read_manifest(dir_, *it, ""));
+    if (m.is_full()) return *it;
+  }
+  return Status::Error("no full weight version in " + dir_);
+}
+
+Result<WeightSet> DiskDeltaReader::load(int64_t target) const {
+  MILES_ASSIGN_OR_RETURN(std::vector<dd::Manifest> chain, resolve_chain(dir_, target, std::nullopt));
+  WeightSet set;
+  for (const dd::Manifest& m : chain)
+    MILES_RETURN_IF_ERROR(apply_version(dir_, m, set).with_context("loading version " + std::to_string(target)));
+  return set;
+}
+
+Status DiskDeltaReader::advance(WeightSet& current, int64_t current_version, int64_t target) const {
+  const std::string ctx = "advancing from version " + std::to_string(current_version) + " to " +
+                          std::to_string(target) + " in " + dir_;
+  if (target == current_version) return Status::Ok();
+  if (target < current_version) return Status::Error(ctx + ": the target is older");
+  auto chain = resolve_chain(dir_, target, current_version);
+  if (!chain.ok()) return chain.status().with_context(ctx);
+  // A chain that starts at a full version does not need the current weights.
+  WeightSet work = chain->front().is_full() ? WeightSet{} : current;
+  for (const dd::Manifest& m : *chain) MILES_RETURN_IF_ERROR(apply_version(dir_, m, work).with_context(ctx));
+  current.swap(work);
+  return Status::Ok();
+}
+
+}  // namespace miles
