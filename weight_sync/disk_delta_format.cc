@@ -1,6 +1,8 @@
 // The disk-delta on-disk format: manifest JSON, directory names, checksums, zstd frames, synced IO.
 #include "weight_sync/disk_delta_format.h"
 
+#include "miles/weight_sync.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -182,15 +184,7 @@ Result<std::vector<int64_t>> list_versions(const std::string& dir) {
 }
 
 std::string xxh3_128_hex(std::span<const uint8_t> bytes) {
-  XXH128_canonical_t c;
-  XXH128_canonicalFromHash(&c, XXH3_128bits(bytes.data(), bytes.size()));
-  static const char* kHex = "0123456789abcdef";
-  std::string s(32, '0');
-  for (int i = 0; i < 16; ++i) {
-    s[2 * i] = kHex[c.digest[i] >> 4];
-    s[2 * i + 1] = kHex[c.digest[i] & 15];
-  }
-  return s;
+  return miles::xxh3_128_hex(bytes.data(), bytes.size());  // weight_sync.h: one definition
 }
 
 int dtype_bytes(std::string_view d) {
