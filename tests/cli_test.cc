@@ -1,6 +1,6 @@
-// The `miles` program as a user runs it: generate reproduces llama2.c's reference text for stories260K,
-// score prints HF-matching logprobs and experts as JSON, bad input exits 1 with a message, and
-// `bench train` runs a step.
+// The `miles` program as a user runs it: generate reproduces llama2.c's reference text for
+// stories260K, score prints HF-matching logprobs and experts as JSON, bad input exits 1 with a
+// message, and `bench train` runs a step.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -42,13 +42,16 @@ TEST(Cli, GenerateGreedyStories260KReproducesLlama2cBothFormats) {
   MILES_REQUIRE_SHARED();
   const std::string dir = test::shared_dir() + "/models/stories260K/";
   // -n 60 in run.c = 60 positions; the prompt holds 5 (BOS included), so 56 new tokens.
-  CliRun a = run_miles("generate --model " + dir + "stories260K.bin --prompt 'Once upon a time' "
-                    "--temperature 0 --max-new-tokens 56", false);
+  CliRun a = run_miles("generate --model " + dir +
+                           "stories260K.bin --prompt 'Once upon a time' "
+                           "--temperature 0 --max-new-tokens 56",
+                       false);
   EXPECT_EQ(a.exit_code, 0);
   EXPECT_EQ(a.out, kReference);
-  CliRun b = run_miles("generate --model " + dir + "checkpoint_v1.bin --tokenizer " + dir +
+  CliRun b =
+      run_miles("generate --model " + dir + "checkpoint_v1.bin --tokenizer " + dir +
                     "tok512.bin --prompt 'Once upon a time' --temperature 0 --max-new-tokens 56",
-                    false);
+                false);
   EXPECT_EQ(b.exit_code, 0);
   EXPECT_EQ(b.out, kReference);
 }
@@ -56,8 +59,10 @@ TEST(Cli, GenerateGreedyStories260KReproducesLlama2cBothFormats) {
 TEST(Cli, GenerateSamplingIsSeeded) {
   MILES_REQUIRE_SHARED();
   const std::string m = test::shared_dir() + "/models/stories260K/stories260K.bin";
-  const std::string args = "generate --model " + m + " --prompt 'Once upon a time' --max-new-tokens 40 ";
-  CliRun a = run_miles(args + "--seed 5", false), b = run_miles(args + "--seed 5 --threads 1", false);
+  const std::string args =
+      "generate --model " + m + " --prompt 'Once upon a time' --max-new-tokens 40 ";
+  CliRun a = run_miles(args + "--seed 5", false),
+         b = run_miles(args + "--seed 5 --threads 1", false);
   CliRun c = run_miles(args + "--seed 6", false);
   EXPECT_EQ(a.out, b.out);
   EXPECT_NE(a.out, c.out);
@@ -70,9 +75,11 @@ TEST(Cli, ScoreMatchesHfGoldensAndPrintsExperts) {
   const std::vector<float> logits = golden->find("seq3.logits")->to_f32();
   const Tensor* experts = golden->find("seq3.experts");
   std::string id_text;
-  for (int64_t i = 0; i < ids->numel(); ++i) id_text += std::to_string(ids->data<int32_t>()[i]) + " ";
-  CliRun r = run_miles("score --model " + test::data_dir() + "/models/qwen3_moe --input-ids '" +
-                    id_text + "'", false);
+  for (int64_t i = 0; i < ids->numel(); ++i)
+    id_text += std::to_string(ids->data<int32_t>()[i]) + " ";
+  CliRun r = run_miles(
+      "score --model " + test::data_dir() + "/models/qwen3_moe --input-ids '" + id_text + "'",
+      false);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   const int64_t t = ids->numel(), v = 1024;
@@ -99,7 +106,8 @@ TEST(Cli, BadInputExitsOneWithAMessage) {
   CliRun c = run_miles("score --model " + test::data_dir() + "/models/llama --input-ids '1 99999'");
   EXPECT_EQ(c.exit_code, 1);
   EXPECT_NE(c.out.find("99999"), std::string::npos) << c.out;
-  CliRun d = run_miles("generate --model " + test::data_dir() + "/models/llama --prompt hi --top-p 2");
+  CliRun d =
+      run_miles("generate --model " + test::data_dir() + "/models/llama --prompt hi --top-p 2");
   EXPECT_EQ(d.exit_code, 1);
   EXPECT_NE(d.out.find("top_p"), std::string::npos) << d.out;
 }
@@ -107,11 +115,21 @@ TEST(Cli, BadInputExitsOneWithAMessage) {
 TEST(Cli, BenchTrainRunsAStepAndReportsTokensPerSecond) {
   MILES_REQUIRE_SHARED();
   const std::string m = test::shared_dir() + "/models/stories260K/stories260K.bin";
-  CliRun r = run_miles("bench train --model " + m +
-                       " --steps 1 --warmup 0 --batch 1 --seq-len 16 --threads 1 --peak-seconds 0.05");
+  CliRun r =
+      run_miles("bench train --model " + m +
+                " --steps 1 --warmup 0 --batch 1 --seq-len 16 --threads 1 --peak-seconds 0.05");
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("MFU"), std::string::npos) << r.out;
+}
+
+TEST(Cli, BenchSyncMeasuresEveryTransportBetweenProcesses) {
+  MILES_REQUIRE_SHARED();
+  const std::string m = test::shared_dir() + "/models/stories260K/stories260K.bin";
+  CliRun r = run_miles("bench sync --model " + m + " --repeats 1 --engines 2");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  for (const char* t : {"| broadcast |", "| p2p |", "| disk-delta |", "memcpy", "of full"})
+    EXPECT_NE(r.out.find(t), std::string::npos) << t << " missing in:\n" << r.out;
 }
 
 }  // namespace

@@ -2,20 +2,25 @@
 // processes on this machine (one sender, `--engines` receivers that verify every checksum), as a
 // fraction of the memcpy bandwidth measured in the same run. The workers are `miles bench
 // sync-worker` processes meeting through a TCP store hosted here.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/model_files.h"
 #include "cli/worker_launch.h"
 #include "miles/comm.h"
+#include "miles/disk_delta.h"
 #include "miles/model.h"
+#include "miles/rl_objective.h"
 #include "miles/tcp_store.h"
+#include "miles/trainer.h"
 #include "miles/weight_sync.h"
 
 namespace miles::cli {
@@ -25,7 +30,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct SyncOptions {
-  std::string model, transports = "broadcast,p2p", out, role, store, transport;
+  std::string model, transports = "broadcast,p2p,disk-delta", out, role, store, transport;
   int64_t synthetic_mb = 0, bucket_mb = 512;
   int engines = 1, repeats = 3, rank = 0;
 };
@@ -81,6 +86,91 @@ double memcpy_gbps() {
   return a.size() / best / 1e9;
 }
 
+// Disk write bandwidth: 256 MB written and fsynced into `dir`, best of 3.
+double disk_write_mbps(const std::string& dir) {
+  std::vector<char> buf(256 << 20, 7);
+  double best = 1e30;
+  const std::string path = dir + "/bandwidth.bin";
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = Clock::now();
+    FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) return 0;
+    std::fwrite(buf.data(), 1, buf.size(), f);
+    std::fflush(f);
+    fsync(fileno(f));
+    std::fclose(f);
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::remove(path.c_str());
+  return buf.size() / best / 1e6;
+}
+
+WeightSet weight_set_of(const FlatTensors& values) {
+  return weight_set_from_tensor_map(values.as_tensor_map());
+}
+
+// disk-delta: publish a full version, then the delta after one real RL optimizer step (PPO-clip
+// GRPO loss on random rollouts of the model itself; a synthetic model gets a dense perturbation of
+// the same lr instead), and read both back with every checksum verified.
+int run_disk_delta(const SyncOptions& o, Weights& w) {
+  const std::string dir = "/tmp/miles-bench-sync-delta-" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const double disk = disk_write_mbps(dir);
+  DiskDeltaWriter writer(dir + "/versions");
+  auto full = writer.publish(1, weight_set_of(w.values));
+  if (!full.ok()) return fail("bench sync", full.message());
+  if (o.synthetic_mb > 0) {
+    std::mt19937 rng(2);
+    for (float& x : w.values.all()) x = x + (static_cast<float>(rng() % 3) - 1.0f) * 1e-6f;
+  } else {
+    TrainerConfig tc;
+    tc.lr.lr = 1e-6;
+    auto tr = Trainer::create(w.config, w.values.as_tensor_map(), tc, nullptr);
+    if (!tr.ok()) return fail("bench sync", tr.message());
+    std::mt19937 rng(3);
+    std::vector<TrainSample> batch(4);
+    std::vector<RlSampleData> data(4);
+    for (int i = 0; i < 4; ++i) {
+      for (int j = 0; j < 48; ++j) batch[i].tokens.push_back(rng() % w.config.vocab_size);
+      batch[i].response_length = 32;
+      batch[i].loss_mask.assign(32, 1.0f);
+    }
+    auto scored = (*tr)->score(batch, false);
+    if (!scored.ok()) return fail("bench sync", scored.message());
+    for (int i = 0; i < 4; ++i) {
+      data[i].old_logp = (*scored)[i].logp;
+      data[i].advantages.assign(32, i % 2 ? 1.0f : -1.0f);
+    }
+    auto obj = rl_objective(batch, data, rl::LossConfig{});
+    if (!obj.ok() || !(*tr)->step(batch, *obj).ok()) return fail("bench sync", "RL step failed");
+    std::copy((*tr)->params().all().begin(), (*tr)->params().all().end(), w.values.all().begin());
+  }
+  auto delta = writer.publish(2, weight_set_of(w.values));
+  if (!delta.ok()) return fail("bench sync", delta.message());
+  DiskDeltaReader reader(dir + "/versions");
+  const auto t0 = Clock::now();
+  auto loaded = reader.load(2);
+  const double read_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!loaded.ok()) return fail("bench sync", loaded.message());
+  const std::string name =
+      o.synthetic_mb > 0 ? "synthetic " + std::to_string(o.synthetic_mb) + " MB" : o.model;
+  std::printf("disk write + fsync (256 MB, best of 3): %.0f MB/s\n", disk);
+  std::printf(
+      "| disk-delta | %s | full v1: %.1f MB written in %.3f s = %.0f MB/s of weights (%.2f of "
+      "disk) "
+      "| delta v2 after one %s step: %.1f MB (%.3f of full), %lld of %lld tensors, %.3f s "
+      "| reader load(v2) with checks: %.3f s |\n",
+      name.c_str(), full->bytes_written / 1e6, full->seconds, full->raw_bytes / full->seconds / 1e6,
+      full->raw_bytes / full->seconds / 1e6 / disk,
+      o.synthetic_mb > 0 ? "dense synthetic" : "RL (PPO, lr 1e-6)", delta->bytes_written / 1e6,
+      static_cast<double>(delta->bytes_written) / full->bytes_written,
+      static_cast<long long>(delta->tensors_stored), static_cast<long long>(delta->tensors),
+      delta->seconds, read_s);
+  std::filesystem::remove_all(dir);
+  return 0;
+}
+
 // One process of the measurement: rank 0 sends, the others receive (and verify) each repeat.
 Status run_worker(const SyncOptions& o) {
   MILES_ASSIGN_OR_RETURN(Weights w, load_weights(o));
@@ -102,8 +192,8 @@ Status run_worker(const SyncOptions& o) {
     const auto t0 = Clock::now();
     ReceivedWeights got;
     if (o.transport == "broadcast") {
-      MILES_RETURN_IF_ERROR(
-          broadcast_weights(*comm, plan, r + 1, o.rank == 0 ? source : nullptr, o.rank ? &got : nullptr));
+      MILES_RETURN_IF_ERROR(broadcast_weights(*comm, plan, r + 1, o.rank == 0 ? source : nullptr,
+                                              o.rank ? &got : nullptr));
     } else if (o.transport == "p2p") {
       if (o.rank == 0) {
         MILES_RETURN_IF_ERROR(p2p_send_weights(*comm, plan, r + 1, source, roles));
@@ -118,7 +208,8 @@ Status run_worker(const SyncOptions& o) {
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }
   if (o.rank == 0) {
-    nlohmann::json j{{"seconds", best}, {"bytes", plan.total_bytes}, {"buckets", plan.buckets.size()}};
+    nlohmann::json j{
+        {"seconds", best}, {"bytes", plan.total_bytes}, {"buckets", plan.buckets.size()}};
     std::ofstream(o.out) << j.dump();
   }
   return Status::Ok();
@@ -133,15 +224,34 @@ int run_bench(const SyncOptions& o) {
   for (size_t pos = 0, next; (next = list.find(',', pos)) != std::string::npos; pos = next + 1) {
     const std::string t = list.substr(pos, next - pos);
     if (t.empty()) continue;
+    if (t == "disk-delta") {
+      auto w = load_weights(o);
+      if (!w.ok()) return fail("bench sync", w.message());
+      if (int rc = run_disk_delta(o, *w); rc != 0) return rc;
+      continue;
+    }
     auto store = TcpStoreServer::start({});
     if (!store.ok()) return fail("bench sync", store.message());
     const std::string out = "/tmp/miles-bench-sync-" + std::to_string(getpid()) + ".json";
     std::vector<std::vector<std::string>> argvs;
     for (int r = 0; r <= o.engines; ++r) {
-      std::vector<std::string> a{self_executable(), "bench", "sync-worker", "--rank", std::to_string(r),
-                                 "--engines", std::to_string(o.engines), "--store", (*store)->address(),
-                                 "--transport", t, "--repeats", std::to_string(o.repeats),
-                                 "--bucket-mb", std::to_string(o.bucket_mb), "--out", out};
+      std::vector<std::string> a{self_executable(),
+                                 "bench",
+                                 "sync-worker",
+                                 "--rank",
+                                 std::to_string(r),
+                                 "--engines",
+                                 std::to_string(o.engines),
+                                 "--store",
+                                 (*store)->address(),
+                                 "--transport",
+                                 t,
+                                 "--repeats",
+                                 std::to_string(o.repeats),
+                                 "--bucket-mb",
+                                 std::to_string(o.bucket_mb),
+                                 "--out",
+                                 out};
       if (o.synthetic_mb > 0) {
         a.insert(a.end(), {"--synthetic-mb", std::to_string(o.synthetic_mb)});
       } else {
@@ -149,7 +259,8 @@ int run_bench(const SyncOptions& o) {
       }
       argvs.push_back(std::move(a));
     }
-    if (Status s = run_local_workers(o.engines + 1, argvs); !s.ok()) return fail("bench sync", s.message());
+    if (Status s = run_local_workers(o.engines + 1, argvs); !s.ok())
+      return fail("bench sync", s.message());
     std::ifstream in(out);
     nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
     std::remove(out.c_str());
@@ -159,16 +270,18 @@ int run_bench(const SyncOptions& o) {
     std::printf("| %s | %s | %.1f | %lld | %d | %.4f | %.2f | %.2f |\n", t.c_str(),
                 o.synthetic_mb > 0 ? ("synthetic " + std::to_string(o.synthetic_mb) + " MB").c_str()
                                    : o.model.c_str(),
-                bytes / (1 << 20), static_cast<long long>(j["buckets"].get<int64_t>()), o.engines, secs,
-                gbps, gbps / copy);
+                bytes / (1 << 20), static_cast<long long>(j["buckets"].get<int64_t>()), o.engines,
+                secs, gbps, gbps / copy);
   }
-  std::printf("GB/s counts the bytes delivered to all engines; each receiver verifies every xxh3-128.\n");
+  std::printf(
+      "GB/s counts the bytes delivered to all engines; each receiver verifies every xxh3-128.\n");
   return 0;
 }
 
 void add_common(CLI::App* s, SyncOptions* o) {
   s->add_option("--model", o->model, "HF directory or llama2.c checkpoint");
-  s->add_option("--synthetic-mb", o->synthetic_mb, "a random Llama-shaped model of about N MB instead");
+  s->add_option("--synthetic-mb", o->synthetic_mb,
+                "a random Llama-shaped model of about N MB instead");
   s->add_option("--engines", o->engines, "receiving processes");
   s->add_option("--repeats", o->repeats, "transfers; the fastest counts");
   s->add_option("--bucket-mb", o->bucket_mb, "bucket size");
@@ -180,13 +293,15 @@ void register_bench_sync(CLI::App& bench) {
   auto o = std::make_shared<SyncOptions>();
   CLI::App* s = bench.add_subcommand("sync", "Weight transfer time and bandwidth per transport");
   add_common(s, o.get());
-  s->add_option("--transport", o->transports, "comma-separated: broadcast,p2p");
+  s->add_option("--transport", o->transports, "comma-separated: broadcast,p2p,disk-delta");
   s->callback([o] {
-    if (o->model.empty() && o->synthetic_mb <= 0) std::exit(fail("bench sync", "--model or --synthetic-mb"));
+    if (o->model.empty() && o->synthetic_mb <= 0)
+      std::exit(fail("bench sync", "--model or --synthetic-mb"));
     if (int rc = run_bench(*o); rc != 0) std::exit(rc);
   });
   auto w = std::make_shared<SyncOptions>();
-  CLI::App* wk = bench.add_subcommand("sync-worker", "one process of `miles bench sync` (internal)");
+  CLI::App* wk =
+      bench.add_subcommand("sync-worker", "one process of `miles bench sync` (internal)");
   add_common(wk, w.get());
   wk->add_option("--rank", w->rank);
   wk->add_option("--store", w->store);
