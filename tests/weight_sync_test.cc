@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "miles/comm.h"
 #include "miles/engine.h"
@@ -96,16 +97,16 @@ std::string run_rank(int rank, const std::string& store, int64_t bucket_bytes, i
       if (die_at_bucket >= 0 && static_cast<int>(bucket_of[name]) == die_at_bucket) _exit(9);
       return (*tr)->params().get(name);
     };
-    Status st = broadcast_weights(**comm, s.plan, 1, source, nullptr);
+    Status st = make_broadcast_sender(**comm, s.plan)->send(1, source);
     const TensorMap view = (*tr)->params().as_tensor_map();
     auto e = engine_on(s.files.config, view, &pool);
     return "status=" + std::string(st.ok() ? "ok" : st.message()) + "\ntokens=" + generate(*e);
   }
   auto e = engine_on(s.files.config, s.files.weights, &pool);
   const std::string before = generate(*e);
-  ReceivedWeights set;
-  Status st = broadcast_weights(**comm, s.plan, 1, nullptr, &set);
-  if (st.ok()) st = apply_to_engine(*e, s.files.config, set, s.plan, &pool);
+  auto set = make_broadcast_receiver(**comm, s.plan)->receive(1);
+  Status st = set.status();
+  if (st.ok()) st = apply_to_engine(*e, s.files.config, *set, s.plan, &pool);
   return "status=" + std::string(st.ok() ? "ok" : st.message()) + "\nbefore=" + before +
          "\ntokens=" + generate(*e) + "\nversion=" + std::to_string(e->stats().weight_version);
 }
@@ -231,6 +232,46 @@ TEST(WeightSync, P2pShardsFromEveryTrainerRankAssembleOnTheEngines) {
   }
 }
 
+// The one interface over disk-delta: a trainer publishes three optimizer steps; an engine following
+// every version and one joining at the last both serve exactly the trainer's weights.
+TEST(WeightSync, DiskDeltaThroughTheSenderReceiverInterface) {
+  SyncSetup s = setup(40000);
+  ThreadPool pool(1);
+  const std::string dir = test::binary_dir() + "/weight_sync_delta";
+  std::filesystem::remove_all(dir);
+  TrainerConfig tc;
+  tc.lr.lr = 1e-2;
+  auto tr = Trainer::create(s.files.config, s.files.weights, tc, &pool);
+  ASSERT_TRUE(tr.ok());
+  auto sender = make_disk_delta_sender(dir, s.plan);
+  auto follower = make_disk_delta_receiver(dir, s.plan);
+  auto engine = engine_on(s.files.config, s.files.weights, &pool);
+  TrainSample x;
+  x.tokens = {1, 17, 300, 42, 7, 99, 512, 3};
+  x.response_length = 7;
+  x.loss_mask.assign(7, 1.0f);
+  std::vector<TrainSample> batch{x};
+  const TensorSource source = [&](const std::string& n) { return (*tr)->params().get(n); };
+  std::string prev = generate(*engine);
+  for (int64_t v = 1; v <= 3; ++v) {
+    ASSERT_TRUE((*tr)->step(batch, sft_objective(batch, 7)).ok());
+    ASSERT_TRUE(sender->send(v, source).ok());
+    auto got = follower->receive(v);
+    ASSERT_TRUE(got.ok()) << got.message();
+    ASSERT_TRUE(check_weights(got->checksums, s.plan, source).ok());
+    ASSERT_TRUE(apply_to_engine(*engine, s.files.config, *got, s.plan, &pool).ok());
+    const TensorMap view = (*tr)->params().as_tensor_map();
+    auto reference = engine_on(s.files.config, view, &pool);
+    const std::string now = generate(*engine);
+    EXPECT_EQ(now, generate(*reference)) << "version " << v;
+    EXPECT_EQ(engine->stats().weight_version, v);
+    prev = now;
+  }
+  auto late = make_disk_delta_receiver(dir, s.plan)->receive(3);
+  ASSERT_TRUE(late.ok()) << late.message();
+  EXPECT_TRUE(check_weights(late->checksums, s.plan, source).ok());
+}
+
 TEST(WeightSync, AFlippedByteIsCaughtBeforeTheSwap) {
   SyncSetup s = setup(40000);
   ThreadPool pool(1);
@@ -267,7 +308,8 @@ TEST(WeightSync, AFlippedByteIsCaughtBeforeTheSwap) {
   std::memcpy(&x, &bits, 4);
   EXPECT_TRUE(verify_received_weights(set, s.plan).ok());
   set.tensors.erase("model.norm.weight");
-  EXPECT_NE(verify_received_weights(set, s.plan).message().find("never arrived"), std::string::npos);
+  EXPECT_NE(verify_received_weights(set, s.plan).message().find("never arrived"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -73,6 +73,36 @@ Status p2p_send_weights(Communicator& world, const TransferPlan& plan, int64_t v
 Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_t version,
                            const P2pRoles& roles, ReceivedWeights* out);
 
+// ---- One interface over the transports ------------------------------------------------------
+// A trainer rank holds a WeightSender, every engine a WeightReceiver, both made once for a plan.
+// After each optimizer step the trainer calls send(v) and each engine receive(v) → apply_to_engine.
+class WeightSender {
+ public:
+  virtual ~WeightSender() = default;
+  // Publishes `version` of the tensors `source` gives (the rank's own share, per transport).
+  virtual Status send(int64_t version, const TensorSource& source) = 0;
+};
+
+class WeightReceiver {
+ public:
+  virtual ~WeightReceiver() = default;
+  // Stages `version` completely, every checksum verified; an error leaves nothing applied.
+  virtual Result<ReceivedWeights> receive(int64_t version) = 0;
+};
+
+std::unique_ptr<WeightSender> make_broadcast_sender(Communicator& group, TransferPlan plan,
+                                                    BroadcastOptions options = {});
+std::unique_ptr<WeightReceiver> make_broadcast_receiver(Communicator& group, TransferPlan plan,
+                                                        BroadcastOptions options = {});
+std::unique_ptr<WeightSender> make_p2p_sender(Communicator& world, TransferPlan plan,
+                                              P2pRoles roles);
+std::unique_ptr<WeightReceiver> make_p2p_receiver(Communicator& world, TransferPlan plan,
+                                                  P2pRoles roles);
+// Disk-delta (disk_delta.h) under `dir`: the sender publishes the plan's tensors (full or delta);
+// the receiver advances its copy along the chain (or loads from the latest full version first).
+std::unique_ptr<WeightSender> make_disk_delta_sender(const std::string& dir, TransferPlan plan);
+std::unique_ptr<WeightReceiver> make_disk_delta_receiver(const std::string& dir, TransferPlan plan);
+
 // Verifies every checksum of a staged version and that it holds every tensor of the plan; then
 // pauses nothing itself: call between Engine::begin_weight_update and end (apply_to_engine does).
 Status verify_received_weights(const ReceivedWeights& set, const TransferPlan& plan);
