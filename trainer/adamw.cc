@@ -1,7 +1,11 @@
 // AdamW, the global gradient norm and clipping (optimizer.h).
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "miles/optimizer.h"
+#include "miles/thread_pool.h"
 
 namespace miles {
 
@@ -41,7 +45,7 @@ AdamW::AdamW(std::shared_ptr<const ParamLayout> layout, AdamWConfig config)
     : config_(config), m_(layout), v_(layout) {}
 
 void AdamW::step(FlatTensors& params, const FlatTensors& grads, double lr,
-                 const std::vector<bool>* only) {
+                 const std::vector<bool>* only, ThreadPool* pool) {
   ++step_;
   const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(step_));
   const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(step_));
@@ -52,23 +56,31 @@ void AdamW::step(FlatTensors& params, const FlatTensors& grads, double lr,
   const float b2 = static_cast<float>(config_.beta2),
               one_minus_b2 = static_cast<float>(1.0 - config_.beta2);
   const std::vector<ParamSpec>& specs = params.layout().specs();
+  // Element-wise: work items are slices of kSlice elements of one tensor (disjoint writes).
+  constexpr int64_t kSlice = int64_t{1} << 16;
+  std::vector<std::pair<size_t, int64_t>> items;  // (tensor, first element)
   for (size_t ti = 0; ti < specs.size(); ++ti) {
     if (only && !(*only)[ti]) continue;
+    for (int64_t b = 0; b < specs[ti].numel; b += kSlice) items.emplace_back(ti, b);
+  }
+  parallel_for(pool, items.size(), [&](int64_t item) {
+    const auto [ti, begin] = items[item];
     const ParamSpec& s = specs[ti];
+    const int64_t end = std::min(s.numel, begin + kSlice);
     const double wd = s.shape.size() >= 2 ? config_.weight_decay : 0.0;
     const float decay = static_cast<float>(1.0 - lr * wd);
     float* p = params.all().data() + s.offset;
     const float* g = grads.all().data() + s.offset;
     float* m = m_.all().data() + s.offset;
     float* v = v_.all().data() + s.offset;
-    for (int64_t i = 0; i < s.numel; ++i) {
+    for (int64_t i = begin; i < end; ++i) {
       if (wd != 0.0) p[i] = p[i] * decay;
       m[i] = m[i] + one_minus_b1 * (g[i] - m[i]);
       v[i] = v[i] * b2 + one_minus_b2 * (g[i] * g[i]);
       const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
       p[i] = p[i] - step_size * (m[i] / denom);
     }
-  }
+  });
 }
 
 }  // namespace miles

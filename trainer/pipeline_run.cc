@@ -64,7 +64,7 @@ Status PipelineRun::forward(int64_t mb) {
     MILES_ASSIGN_OR_RETURN(
         trainer_detail::HeadResult head,
         trainer_detail::loss_head(f->packed, out.logits, t_.local_config_.vocab_size,
-                                  t_.tc_.need_entropy, objective_, t_.tp()));
+                                  t_.tc_.need_entropy, objective_, t_.tp(), t_.pool_));
     f->dlogits = std::move(head.dlogits);
     f->loss = std::move(head.loss);
   } else {

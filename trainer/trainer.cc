@@ -118,13 +118,6 @@ Status Trainer::check_batch(std::span<const TrainSample> batch) const {
   return Status::Ok();
 }
 
-Trainer::MicroResult Trainer::empty_result() const {
-  MicroResult r{FlatTensors(layout_), {}, 0, 0, {}};
-  if (config_.tie_word_embeddings)
-    r.tied_head.assign(static_cast<size_t>(local_config_.vocab_size * config_.hidden_size), 0.0f);
-  return r;
-}
-
 Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> batch, int64_t first,
                                                  int64_t count, const TokenObjective& objective) {
   const bool replay =
@@ -139,7 +132,7 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(p.tokens, p.seqs, *kv, opt, pool_));
   MILES_ASSIGN_OR_RETURN(trainer_detail::HeadResult head,
                          trainer_detail::loss_head(p, out.logits, local_config_.vocab_size,
-                                                   tc_.need_entropy, objective, tp()));
+                                                   tc_.need_entropy, objective, tp(), pool_));
   MicroResult r = empty_result();
   r.loss = head.loss.loss;
   r.tokens = p.rows.size();
@@ -214,13 +207,15 @@ Status Trainer::reduce_across_stages(MicroResult& acc, Communicator* pp) {
 double Trainer::owned_grad_norm(const MicroResult& acc, Communicator* pp) {
   const std::vector<ParamSpec>& specs = layout_->specs();
   std::vector<double> sq(specs.size(), 0.0);
-  for (size_t i = 0; i < specs.size(); ++i) {
+  parallel_for(pool_, specs.size(), [&](int64_t i) {  // one tensor per work item, ascending inside
     const bool report = owned_[i] && !(specs[i].name == "model.embed_tokens.weight" &&
                                        !stage_.first());  // a tied embedding counts once
-    if (!report) continue;
+    if (!report) return;
     const float* g = acc.grads.all().data() + specs[i].offset;
-    for (int64_t k = 0; k < specs[i].numel; ++k) sq[i] += static_cast<double>(g[k]) * g[k];
-  }
+    double s = 0;
+    for (int64_t k = 0; k < specs[i].numel; ++k) s += static_cast<double>(g[k]) * g[k];
+    sq[i] = s;
+  });
   if (tp_.comm && tp_.comm->size() > 1) {  // shards add up; a replicated tensor counts once
     if (tp_.comm->rank() != 0)
       for (size_t i = 0; i < specs.size(); ++i)
@@ -262,13 +257,16 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
   }
   const int64_t mbs = tc_.micro_batch_size;
   Result<MicroResult> summed = Status::Error("unset");
+  const trainer_detail::Recycle recycle_fn = [this](MicroResult&& r) { recycle(std::move(r)); };
   if (pp) {
     PipelineRun run(*this, batch, objective, lo, hi, *pp);
-    summed = trainer_detail::tree_sum(lo, hi, [&](int64_t) { return run.next(); });
+    summed = trainer_detail::tree_sum(
+        lo, hi, [&](int64_t) { return run.next(); }, pool_, recycle_fn);
     MILES_RETURN_IF_ERROR(run.finish());
   } else {
     summed = trainer_detail::tree_sum(
-        lo, hi, [&](int64_t mb) { return micro_step(batch, mb * mbs, mbs, objective); });
+        lo, hi, [&](int64_t mb) { return micro_step(batch, mb * mbs, mbs, objective); }, pool_,
+        recycle_fn);
   }
   if (!summed.ok()) return summed.status();
   MicroResult acc = std::move(summed).value();
@@ -294,12 +292,13 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
     for (float& g : acc.grads.all()) g = g * c;
   }
   r.lr = tc_.lr.at(opt_->steps());
-  opt_->step(params_, acc.grads, r.lr, &owned_);
+  opt_->step(params_, acc.grads, r.lr, &owned_, pool_);
   MILES_RETURN_IF_ERROR(reload_model());
   r.step = opt_->steps();
   r.loss = acc.loss;
   r.tokens = acc.tokens;
   r.sums = std::move(acc.sums);
+  recycle(std::move(acc));
   return r;
 }
 

@@ -39,11 +39,15 @@ Packed pack(std::span<const TrainSample> batch, int64_t first, int64_t count, bo
 
 // Σ leaf(i) for i in [lo, hi) by the halving tree (kernels.h's shape), leaves evaluated in
 // ascending order: a + b adds gradients, tied shares, losses and metric sums.
+// The sums run element-wise across the pool (disjoint slices); each consumed right operand goes to
+// `recycle` (when set) so that its buffers serve a later micro-batch.
 using Leaf = std::function<Result<Trainer::MicroResult>(int64_t)>;
-Result<Trainer::MicroResult> tree_sum(int64_t lo, int64_t hi, const Leaf& leaf);
+using Recycle = std::function<void(Trainer::MicroResult&&)>;
+Result<Trainer::MicroResult> tree_sum(int64_t lo, int64_t hi, const Leaf& leaf, ThreadPool* pool,
+                                      const Recycle& recycle);
 
 // The last stage's loss head: response-row logits → logp / entropy → objective → d logits of
-// every row ([T, vocab], zeros off the response rows).
+// every row ([T, vocab], zeros off the response rows). Rows run in parallel on the pool.
 struct HeadResult {
   TokenLoss loss;
   std::vector<float> dlogits;
@@ -51,7 +55,7 @@ struct HeadResult {
 // With tensor parallelism the logits are this rank's vocabulary columns (vocab = local size).
 Result<HeadResult> loss_head(const Packed& p, const std::vector<float>& logits, int64_t vocab,
                              bool need_entropy, const TokenObjective& objective,
-                             const TensorParallel* tp);
+                             const TensorParallel* tp, ThreadPool* pool);
 
 }  // namespace trainer_detail
 

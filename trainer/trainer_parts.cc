@@ -1,8 +1,9 @@
-// Packing samples for the model, the halving-tree sum over micro-batches, the loss head, and the
-// SFT objective (trainer_internal.h, trainer.h).
+// Packing samples for the model, the halving-tree sum over micro-batches, the loss head, reused
+// micro-batch buffers and the SFT objective (trainer_internal.h, trainer.h).
 #include <algorithm>
 
 #include "miles/logprob.h"
+#include "miles/thread_pool.h"
 #include "trainer/trainer_internal.h"
 
 namespace miles {
@@ -28,35 +29,70 @@ Packed pack(std::span<const TrainSample> batch, int64_t first, int64_t count, bo
   return p;
 }
 
-Result<Trainer::MicroResult> tree_sum(int64_t lo, int64_t hi, const Leaf& leaf) {
+void add_parallel(std::span<float> a, std::span<const float> b, ThreadPool* pool) {
+  constexpr int64_t kSlice = int64_t{1} << 20;
+  const int64_t n = a.size();
+  parallel_for(pool, (n + kSlice - 1) / kSlice, [&](int64_t s) {
+    for (int64_t i = s * kSlice; i < std::min(n, (s + 1) * kSlice); ++i) a[i] = a[i] + b[i];
+  });
+}
+
+Result<Trainer::MicroResult> tree_sum(int64_t lo, int64_t hi, const Leaf& leaf, ThreadPool* pool,
+                                      const Recycle& recycle) {
   if (hi - lo == 1) return leaf(lo);
   const int64_t mid = lo + (hi - lo + 1) / 2;  // kernels.h's split
-  MILES_ASSIGN_OR_RETURN(Trainer::MicroResult a, tree_sum(lo, mid, leaf));
-  MILES_ASSIGN_OR_RETURN(Trainer::MicroResult b, tree_sum(mid, hi, leaf));
-  std::span<float> ga = a.grads.all();
-  std::span<const float> gb = std::as_const(b.grads).all();
-  for (size_t i = 0; i < ga.size(); ++i) ga[i] = ga[i] + gb[i];
-  for (size_t i = 0; i < a.tied_head.size(); ++i) a.tied_head[i] = a.tied_head[i] + b.tied_head[i];
+  MILES_ASSIGN_OR_RETURN(Trainer::MicroResult a, tree_sum(lo, mid, leaf, pool, recycle));
+  MILES_ASSIGN_OR_RETURN(Trainer::MicroResult b, tree_sum(mid, hi, leaf, pool, recycle));
+  add_parallel(a.grads.all(), std::as_const(b.grads).all(), pool);
+  add_parallel(a.tied_head, b.tied_head, pool);
   a.loss += b.loss;
   a.tokens += b.tokens;
   for (const auto& [k, v] : b.sums) a.sums[k] += v;
+  if (recycle) recycle(std::move(b));
   return a;
 }
 
+namespace {
+
+// Runs fn(first row, count) over the maximal runs of consecutive logits rows, runs split into
+// pieces of kHeadRows across the pool. The row kernels are row-independent, so any split gives the
+// same bits.
+constexpr int64_t kHeadRows = 8;
+void for_row_runs(const Packed& p, ThreadPool* pool,
+                  const std::function<void(int64_t, int64_t)>& fn) {
+  std::vector<std::pair<int64_t, int64_t>> pieces;  // (index into rows, count)
+  const int64_t n = p.rows.size();
+  for (int64_t i = 0; i < n;) {
+    int64_t j = i + 1;
+    while (j < n && j - i < kHeadRows && p.rows[j] == p.rows[j - 1] + 1) ++j;
+    pieces.emplace_back(i, j - i);
+    i = j;
+  }
+  parallel_for(pool, pieces.size(), [&](int64_t k) { fn(pieces[k].first, pieces[k].second); });
+}
+
+}  // namespace
+
 Result<HeadResult> loss_head(const Packed& p, const std::vector<float>& logits, int64_t v,
                              bool need_entropy, const TokenObjective& objective,
-                             const TensorParallel* tp) {
+                             const TensorParallel* tp, ThreadPool* pool) {
   const int64_t n = p.rows.size();
-  std::vector<float> sel(static_cast<size_t>(n * v));
-  for (int64_t i = 0; i < n; ++i) std::copy_n(logits.data() + p.rows[i] * v, v, sel.data() + i * v);
+  std::vector<float> sel;  // the response rows' logits, gathered for the vocabulary-parallel path
+  if (tp) {
+    sel.resize(static_cast<size_t>(n * v));
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(logits.data() + p.rows[i] * v, v, sel.data() + i * v);
+  }
   std::vector<float> logp(n), entropy(need_entropy ? n : 0);
   if (tp) {
     MILES_RETURN_IF_ERROR(token_logprobs_vocab_parallel(sel.data(), n, v, tp->vocab_begin,
                                                         p.targets.data(), *tp->comm, logp.data(),
                                                         need_entropy ? entropy.data() : nullptr));
   } else {
-    token_logprobs(sel.data(), n, v, p.targets.data(), logp.data(),
-                   need_entropy ? entropy.data() : nullptr);
+    for_row_runs(p, pool, [&](int64_t i, int64_t count) {
+      token_logprobs(logits.data() + p.rows[i] * v, count, v, p.targets.data() + i, logp.data() + i,
+                     need_entropy ? entropy.data() + i : nullptr);
+    });
   }
   HeadResult h;
   MILES_ASSIGN_OR_RETURN(h.loss, objective(TokenView{p.samples, p.offsets, logp, entropy}));
@@ -65,23 +101,57 @@ Result<HeadResult> loss_head(const Packed& p, const std::vector<float>& logits, 
     return Status::Error("objective returned gradients for the wrong number of tokens");
   if (!h.loss.dentropy.empty() && !need_entropy)
     return Status::Error("objective uses entropy but trainer.need_entropy is off");
-  std::vector<float> dsel(static_cast<size_t>(n * v));
   const float* dent = h.loss.dentropy.empty() ? nullptr : h.loss.dentropy.data();
+  h.dlogits.assign(logits.size(), 0.0f);
   if (tp) {
+    std::vector<float> dsel(static_cast<size_t>(n * v));
     MILES_RETURN_IF_ERROR(
         token_logprobs_backward_vocab_parallel(sel.data(), n, v, tp->vocab_begin, p.targets.data(),
                                                *tp->comm, h.loss.dlogp.data(), dent, dsel.data()));
-  } else {
-    token_logprobs_backward(sel.data(), n, v, p.targets.data(), h.loss.dlogp.data(), dent,
-                            dsel.data());
+    for (int64_t i = 0; i < n; ++i)
+      std::copy_n(dsel.data() + i * v, v, h.dlogits.data() + p.rows[i] * v);
+  } else {  // written in place: each response row of d logits by its own row kernel
+    for_row_runs(p, pool, [&](int64_t i, int64_t count) {
+      token_logprobs_backward(logits.data() + p.rows[i] * v, count, v, p.targets.data() + i,
+                              h.loss.dlogp.data() + i, dent ? dent + i : nullptr,
+                              h.dlogits.data() + p.rows[i] * v);
+    });
   }
-  h.dlogits.assign(logits.size(), 0.0f);
-  for (int64_t i = 0; i < n; ++i)
-    std::copy_n(dsel.data() + i * v, v, h.dlogits.data() + p.rows[i] * v);
   return h;
 }
 
 }  // namespace trainer_detail
+
+Trainer::MicroResult Trainer::empty_result() {
+  // Buffers of consumed micro-batches are reused (no fresh allocation, no page faults): the
+  // backward zero-fills the gradients itself, and the last stage's head overwrites the tied share.
+  MicroResult r;
+  if (!spare_grads_.empty() && spare_grads_.back().layout_ptr() == layout_) {
+    r.grads = std::move(spare_grads_.back());
+    spare_grads_.pop_back();
+  } else {
+    spare_grads_.clear();
+    r.grads = FlatTensors(layout_);
+  }
+  if (config_.tie_word_embeddings) {
+    const size_t n = static_cast<size_t>(local_config_.vocab_size * config_.hidden_size);
+    if (!spare_tied_.empty() && spare_tied_.back().size() == n) {
+      r.tied_head = std::move(spare_tied_.back());
+      spare_tied_.pop_back();
+      if (!stage_.last()) std::fill(r.tied_head.begin(), r.tied_head.end(), 0.0f);
+    } else {
+      spare_tied_.clear();
+      r.tied_head.assign(n, 0.0f);
+    }
+  }
+  return r;
+}
+
+void Trainer::recycle(MicroResult&& r) {
+  if (r.grads.all().empty()) return;
+  spare_grads_.push_back(std::move(r.grads));
+  if (!r.tied_head.empty()) spare_tied_.push_back(std::move(r.tied_head));
+}
 
 TokenObjective sft_objective(std::span<const TrainSample> batch, double total_tokens) {
   return [batch, total_tokens](const TokenView& v) -> Result<TokenLoss> {

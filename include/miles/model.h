@@ -140,7 +140,7 @@ class Model {
   Model() = default;
   Status check_batch(std::span<const int32_t> tokens, std::span<const SeqSpan> seqs,
                      const ForwardOptions& options) const;
-  const BackwardWeights& backward_weights() const;
+  const BackwardWeights& backward_weights(ThreadPool* pool = nullptr) const;
   ModelConfig config_;
   std::unique_ptr<ModelWeights> w_;
   mutable std::once_flag backward_once_;

@@ -14,6 +14,8 @@
 
 namespace miles {
 
+class ThreadPool;
+
 struct AdamWConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;
@@ -52,8 +54,9 @@ class AdamW {
   // p ← p(1 − lr·wd); m ← lerp(m, g, 1 − β1); v ← β2 v + (1 − β2) g²;
   // p ← p − lr / (1 − β1^t) · m / (√v / √(1 − β2^t) + eps)).
   // `only` (optional, per tensor in layout order): update just those tensors (a pipeline stage's).
+  // Element-wise, so slices run across `pool` (optional) with identical results.
   void step(FlatTensors& params, const FlatTensors& grads, double lr,
-            const std::vector<bool>* only = nullptr);
+            const std::vector<bool>* only = nullptr, ThreadPool* pool = nullptr);
   int64_t steps() const { return step_; }
   const AdamWConfig& config() const { return config_; }
   // State for checkpoints.

@@ -156,7 +156,8 @@ class Trainer {
   Status check_batch(std::span<const TrainSample> batch) const;
   Result<MicroResult> micro_step(std::span<const TrainSample> batch, int64_t first, int64_t count,
                                  const TokenObjective& objective);
-  MicroResult empty_result() const;
+  MicroResult empty_result();     // gradient buffers, reused from spare_* when possible
+  void recycle(MicroResult&& r);  // keeps r's buffers for a later micro-batch
   Status reduce_across_stages(MicroResult& acc, Communicator* pp);
   double owned_grad_norm(const MicroResult& acc, Communicator* pp);
 
@@ -173,7 +174,9 @@ class Trainer {
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<Model> model_;
   PipelineStage stage_;
-  std::vector<bool> owned_;  // (tensors) this stage computes and updates them
+  std::vector<bool> owned_;                     // (tensors) this stage computes and updates them
+  std::vector<FlatTensors> spare_grads_;        // consumed micro-batch gradient buffers
+  std::vector<std::vector<float>> spare_tied_;  // and their tied-head shares
 };
 
 // SFT: token-mean negative log-likelihood over the step's loss-masked tokens, `total_tokens` of

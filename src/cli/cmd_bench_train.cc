@@ -204,7 +204,7 @@ Result<Breakdown> measure_breakdown(Trainer& tr, std::span<const TrainSample> ba
   }
   auto t0 = Clock::now();
   clip_grad_norm(acc, tr.config().optimizer.clip_grad_norm);
-  tr.optimizer().step(tr.mutable_params(), acc, lr);
+  tr.optimizer().step(tr.mutable_params(), acc, lr, nullptr, pool);  // as Trainer::step
   b.optimizer = seconds_since(t0);
   t0 = Clock::now();
   MILES_RETURN_IF_ERROR(tr.reload_model());

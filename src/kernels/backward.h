@@ -13,9 +13,9 @@
 namespace miles::kernels {
 
 // y = rmsnorm(x) * w (rows of d). dx[M, D] = d y / d x · dy; dw[D] += Σ_rows dy * x̂ (ascending
-// rows). dx may alias dy.
+// rows). dx may alias dy. Rows run across the pool; dw keeps its ascending-row order.
 void rmsnorm_backward(const float* x, const float* dy, int64_t m, int64_t d, const float* weight,
-                      float eps, float* dx, float* dw);
+                      float eps, float* dx, float* dw, ThreadPool* pool = nullptr);
 
 // Inverse rotation of rope_apply: d x = Rᵀ d y, in place on dx[T, H, head_dim].
 void rope_backward(float* dx, int64_t t, int64_t heads, int64_t head_dim, const int32_t* positions,
@@ -31,6 +31,12 @@ void swiglu_backward(const float* gate, const float* up, const float* da, int64_
 void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
                         const float* d_out, int64_t t, int64_t heads, int64_t kv_heads,
                         int64_t head_dim, float scale, float* dq, float* dk, float* dv);
+// The part of attention_backward for kv head `kh`: its dk / dv columns and the dq of its query
+// heads, bit-identical to the whole (the backward runs one work item per (sequence, kv head)).
+void attention_backward_kv_head(const float* q, const float* k, const float* v, int64_t ldq,
+                                int64_t ldkv, const float* d_out, int64_t t, int64_t heads,
+                                int64_t kv_heads, int64_t head_dim, float scale, int64_t kh,
+                                float* dq, float* dk, float* dv);
 
 // dW[N, K] = dYᵀ · X summed over the M rows with the GEMM's chunk-and-tree rule over rows:
 // dy[M, N] (stride ldy), x[M, K] (stride ldx), dw[N, K] overwritten.

@@ -1,4 +1,5 @@
-// PackedMatrix: W [N, K] rearranged into k-major panels of kPanel output columns for the micro-kernels.
+// PackedMatrix: W [N, K] rearranged into k-major panels of kPanel output columns for the
+// micro-kernels.
 #include <algorithm>
 
 #include "miles/kernels.h"
@@ -6,7 +7,8 @@
 namespace miles::kernels {
 
 namespace {
-// Copies rows [row0, row0 + rows) of a row-major [rows, k] source into the packed layout at row `dst_row`.
+// Copies rows [row0, row0 + rows) of a row-major [rows, k] source into the packed layout at row
+// `dst_row`.
 template <typename Load>
 void scatter_rows(std::vector<float>& data, int64_t k, int64_t dst_row, int64_t rows, Load load) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -78,15 +80,23 @@ PackedMatrix PackedMatrix::transposed() const {
   t.n_ = k_;
   t.k_ = n_;
   t.data_.assign(static_cast<size_t>(t.num_panels() * t.k_ * kPanel), 0.0f);
-  for (int64_t n = 0; n < n_; ++n) {
-    const float* src = panel(n / kPanel) + (n % kPanel);
-    for (int64_t kk = 0; kk < k_; ++kk)
-      t.data_[(kk / kPanel) * t.k_ * kPanel + n * kPanel + kk % kPanel] = src[kk * kPanel];
+  // kPanel × kPanel tiles: input panel ip holds columns n = ip·kPanel + a, output panel op holds
+  // rows kk = op·kPanel + b; element (n, kk) goes to t's panel op, row n, lane b.
+  for (int64_t ip = 0; ip < num_panels(); ++ip) {
+    const int64_t nw = std::min(kPanel, n_ - ip * kPanel);
+    const float* src = panel(ip);
+    for (int64_t op = 0; op < t.num_panels(); ++op) {
+      const int64_t kw = std::min(kPanel, k_ - op * kPanel);
+      float* dst = t.data_.data() + op * t.k_ * kPanel + ip * kPanel * kPanel;
+      for (int64_t a = 0; a < nw; ++a)
+        for (int64_t b = 0; b < kw; ++b) dst[a * kPanel + b] = src[(op * kPanel + b) * kPanel + a];
+    }
   }
   return t;
 }
 
-PackedMatrix PackedMatrix::pack_transposed(const float* a, int64_t rows, int64_t cols, int64_t lda) {
+PackedMatrix PackedMatrix::pack_transposed(const float* a, int64_t rows, int64_t cols,
+                                           int64_t lda) {
   PackedMatrix t;
   t.n_ = cols;
   t.k_ = rows;

@@ -27,8 +27,19 @@ namespace {
 using kernels::gemm;
 using kernels::gemm_weight_grad;
 
+constexpr int64_t kRopeRows = 16;  // tokens per RoPE-backward work item
+
 void add_into(float* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = dst[i] + src[i];
+}
+
+// Zero-fills x in slices across the pool (disjoint writes).
+void zero_parallel(std::span<float> x, ThreadPool* pool) {
+  constexpr int64_t kSlice = int64_t{1} << 20;
+  const int64_t n = x.size();
+  parallel_for(pool, (n + kSlice - 1) / kSlice, [&](int64_t b) {
+    std::fill(x.data() + b * kSlice, x.data() + std::min(n, (b + 1) * kSlice), 0.0f);
+  });
 }
 
 // Column sums of rows [M, N] (stride ld) into out[N], ascending rows.
@@ -57,7 +68,7 @@ class Backward {
   Status status() const { return err_; }
 
   void run(std::span<const float> d_output) {
-    g_.zero();
+    zero_parallel(g_.all(), pool_);
     std::vector<float> dh = tape_.layer_end == c_.num_layers
                                 ? head(d_output)
                                 : std::vector<float>(d_output.begin(), d_output.end());
@@ -105,7 +116,7 @@ class Backward {
     gemm_weight_grad(dlogits.data(), v, tape_.normed.data(), d, t_, v, d, head_grad, pool_);
     std::vector<float> dh(static_cast<size_t>(t_ * d));
     kernels::rmsnorm_backward(tape_.h_final.data(), dnormed.data(), t_, d, w_.final_norm.data(),
-                              eps(), dh.data(), g_.get("model.norm.weight").data());
+                              eps(), dh.data(), g_.get("model.norm.weight").data(), pool_);
     return dh;
   }
 
@@ -135,7 +146,7 @@ class Backward {
     const LayerTape& lt = tape_.layers[layer];
     kernels::rmsnorm_backward(lt.h_mid.data(), dxn.data(), t_, c_.hidden_size,
                               w_.layers[layer].post_norm.data(), eps(), dxn.data(),
-                              g_.get(p + "post_attention_layernorm.weight").data());
+                              g_.get(p + "post_attention_layernorm.weight").data(), pool_);
     add_into(dh.data(), dxn.data(), t_ * c_.hidden_size);
   }
 
@@ -224,31 +235,38 @@ class Backward {
     // attention per sequence, then RoPE and q/k norm backward per token
     std::vector<float> dqkv(static_cast<size_t>(t_ * ld));
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    parallel_for(pool_, tape_.seqs.size(), [&](int64_t s) {
+    // One work item per (sequence, kv head): it owns that head's dK / dV rows and its query
+    // heads' dQ, and keeps the (head, query, key) order of every sum.
+    const int64_t kvh = c_.num_kv_heads;
+    parallel_for(pool_, tape_.seqs.size() * kvh, [&](int64_t item) {
+      const int64_t s = item / kvh, kh = item % kvh;
       const int64_t off = tape_.offset[s], n = tape_.seqs[s].n_tokens;
       const float* q = lt.qkv.data() + off * ld;
       float* dq = dqkv.data() + off * ld;
-      kernels::attention_backward(q, q + qd, q + qd + kvd, ld, ld, dattn.data() + off * qd, n,
-                                  c_.num_heads, c_.num_kv_heads, hd, scale, dq, dq + qd,
-                                  dq + qd + kvd);
+      kernels::attention_backward_kv_head(q, q + qd, q + qd + kvd, ld, ld, dattn.data() + off * qd,
+                                          n, c_.num_heads, kvh, hd, scale, kh, dq, dq + qd,
+                                          dq + qd + kvd);
     });
     std::vector<float> dnorm_q, dnorm_k;
     if (!l.q_norm.empty()) {
       dnorm_q.assign(static_cast<size_t>(hd), 0.0f);
       dnorm_k.assign(static_cast<size_t>(hd), 0.0f);
     }
-    for (int64_t i = 0; i < t_; ++i) {
-      float* dq = dqkv.data() + i * ld;
-      float* dk = dq + qd;
-      kernels::rope_backward(dq, 1, c_.num_heads, hd, &tape_.positions[i], w_.rope);
-      kernels::rope_backward(dk, 1, c_.num_kv_heads, hd, &tape_.positions[i], w_.rope);
-      if (!l.q_norm.empty()) {
-        const float* raw = lt.qkv_raw.data() + i * ld;
-        kernels::rmsnorm_backward(raw, dq, c_.num_heads, hd, l.q_norm.data(), eps(), dq,
-                                  dnorm_q.data());
-        kernels::rmsnorm_backward(raw + qd, dk, c_.num_kv_heads, hd, l.k_norm.data(), eps(), dk,
-                                  dnorm_k.data());
+    // RoPE per token (disjoint rows, in parallel), then the q/k norms in ascending token order.
+    parallel_for(pool_, (t_ + kRopeRows - 1) / kRopeRows, [&](int64_t b) {
+      for (int64_t i = b * kRopeRows; i < std::min(t_, (b + 1) * kRopeRows); ++i) {
+        float* dq = dqkv.data() + i * ld;
+        kernels::rope_backward(dq, 1, c_.num_heads, hd, &tape_.positions[i], w_.rope);
+        kernels::rope_backward(dq + qd, 1, c_.num_kv_heads, hd, &tape_.positions[i], w_.rope);
       }
+    });
+    for (int64_t i = 0; i < t_ && !l.q_norm.empty(); ++i) {
+      float* dq = dqkv.data() + i * ld;
+      const float* raw = lt.qkv_raw.data() + i * ld;
+      kernels::rmsnorm_backward(raw, dq, c_.num_heads, hd, l.q_norm.data(), eps(), dq,
+                                dnorm_q.data());
+      kernels::rmsnorm_backward(raw + qd, dq + qd, c_.num_kv_heads, hd, l.k_norm.data(), eps(),
+                                dq + qd, dnorm_k.data());
     }
     if (!l.q_norm.empty()) {
       reduce(dnorm_q.data(), hd);  // heads are split; the norm weights are shared
@@ -274,7 +292,7 @@ class Backward {
     gemm(dqkv.data(), t_, ld, wt.qkv_t, dxn.data(), d, pool_);
     reduce(dxn.data(), t_ * d);  // column-parallel input gradient
     kernels::rmsnorm_backward(lt.h_in.data(), dxn.data(), t_, d, l.input_norm.data(), eps(),
-                              dxn.data(), g_.get(p + "input_layernorm.weight").data());
+                              dxn.data(), g_.get(p + "input_layernorm.weight").data(), pool_);
     add_into(dh.data(), dxn.data(), t_ * d);
   }
 
@@ -301,33 +319,6 @@ class Backward {
 
 }  // namespace
 
-const BackwardWeights& Model::backward_weights() const {
-  std::call_once(backward_once_, [&] {
-    auto bw = std::make_unique<BackwardWeights>();
-    bw->layers.resize(w_->layers.size());
-    for (size_t i = 0; i < w_->layers.size(); ++i) {
-      const LayerWeights& l = w_->layers[i];
-      LayerWeightsT& t = bw->layers[i];
-      t.qkv_t = l.qkv.transposed();
-      t.o_t = l.o.transposed();
-      if (!l.moe) {
-        t.gate_up_t = l.gate_up.transposed();
-        t.down_t = l.down.transposed();
-        continue;
-      }
-      t.router_t = l.router.transposed();
-      t.experts.resize(l.experts.size());
-      for (size_t e = 0; e < l.experts.size(); ++e) {
-        t.experts[e].gate_up_t = l.experts[e].gate_up.transposed();
-        t.experts[e].down_t = l.experts[e].down.transposed();
-      }
-    }
-    bw->lm_head_t = w_->lm_head.transposed();
-    bw_ = std::move(bw);
-  });
-  return *bw_;
-}
-
 Status Model::backward(const ForwardTape& tape, std::span<const float> d_output, FlatTensors& grads,
                        ThreadPool* pool, const BackwardIo& io) const {
   const ForwardTape::Impl& t = tape.impl();
@@ -346,7 +337,7 @@ Status Model::backward(const ForwardTape& tape, std::span<const float> d_output,
     return Status::Error("backward: tied_head_grad needs a tied model and vocab × hidden values");
   if (grads.layout().total() != ParamLayout::for_model(config_)->total())
     return Status::Error("backward: the gradient buffer's layout does not match this model");
-  Backward b(config_, *w_, backward_weights(), t, grads, pool, io);
+  Backward b(config_, *w_, backward_weights(pool), t, grads, pool, io);
   b.run(d_output);
   return b.status();
 }

@@ -1,0 +1,151 @@
+// Backward of causal attention (backward.h), one (sequence, kv head) at a time.
+//
+// Each score p_ij = q_i · k_j is the contract's dot (one fma chain over the head dimension from 0,
+// ascending, for head_dim <= kGemmChunk). Here eight or 32 keys' chains run side by side in SIMD
+// lanes over a transposed copy of K (and V for d_out · v_j): every lane performs exactly the chain
+// of kernels::detail::dot, so the bits are those of the scalar pair-by-pair code. The updates of
+// dq, dk and dv are element-wise fma over the head dimension, in the original ascending (head,
+// query, key) order.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/backward.h"
+#include "kernels/reduce.h"
+
+#if defined(__AVX__) && defined(__FMA__)
+#include <immintrin.h>
+#define MILES_ATTN_BWD_AVX 1
+#endif
+
+namespace miles::kernels {
+
+namespace {
+
+// out[j] = detail::dot(x, column j of kt) for j in [0, n); kt is [hd][ldt] with ldt a multiple of 8
+// and columns past n readable (zero padding). hd <= kGemmChunk: one fma chain from 0.
+void dots_transposed(const float* x, const float* kt, int64_t ldt, int64_t hd, int64_t n,
+                     float* out) {
+  int64_t j = 0;
+#ifdef MILES_ATTN_BWD_AVX
+  for (; j + 32 <= n; j += 32) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t e = 0; e < hd; ++e) {
+      const __m256 xe = _mm256_set1_ps(x[e]);
+      const float* r = kt + e * ldt + j;
+      a0 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r), a0);
+      a1 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r + 8), a1);
+      a2 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r + 16), a2);
+      a3 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r + 24), a3);
+    }
+    _mm256_storeu_ps(out + j, a0);
+    _mm256_storeu_ps(out + j + 8, a1);
+    _mm256_storeu_ps(out + j + 16, a2);
+    _mm256_storeu_ps(out + j + 24, a3);
+  }
+  for (; j < n; j += 8) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t e = 0; e < hd; ++e)
+      a = _mm256_fmadd_ps(_mm256_set1_ps(x[e]), _mm256_loadu_ps(kt + e * ldt + j), a);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, a);
+    std::copy_n(lanes, std::min<int64_t>(8, n - j), out + j);
+  }
+#else
+  for (; j < n; ++j) {
+    float acc = 0.0f;
+    for (int64_t e = 0; e < hd; ++e) acc = std::fma(x[e], kt[e * ldt + j], acc);
+    out[j] = acc;
+  }
+#endif
+}
+
+// y[e] = fma(a, x[e], y[e]) for e in [0, n): element-wise, so any vector width gives the same bits.
+inline void fma_row(float a, const float* x, float* y, int64_t n) {
+  int64_t e = 0;
+#ifdef MILES_ATTN_BWD_AVX
+  const __m256 av = _mm256_set1_ps(a);
+  for (; e + 8 <= n; e += 8)
+    _mm256_storeu_ps(y + e, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + e), _mm256_loadu_ps(y + e)));
+#endif
+  for (; e < n; ++e) y[e] = std::fma(a, x[e], y[e]);
+}
+
+// [t][hd] rows (stride ld) → [hd][ldt], zero-padded columns.
+void transpose_rows(const float* src, int64_t ld, int64_t t, int64_t hd, int64_t ldt,
+                    std::vector<float>& dst) {
+  dst.assign(static_cast<size_t>(hd * ldt), 0.0f);
+  for (int64_t j = 0; j < t; ++j)
+    for (int64_t e = 0; e < hd; ++e) dst[e * ldt + j] = src[j * ld + e];
+}
+
+}  // namespace
+
+void attention_backward_kv_head(const float* q, const float* k, const float* v, int64_t ldq,
+                                int64_t ldkv, const float* d_out, int64_t t, int64_t heads,
+                                int64_t kv_heads, int64_t head_dim, float scale, int64_t kh,
+                                float* dq, float* dk, float* dv) {
+  MILES_CHECK(heads % kv_heads == 0);
+  const int64_t group = heads / kv_heads, hd = head_dim;
+  for (int64_t i = 0; i < t; ++i) {
+    std::fill(dk + i * ldkv + kh * hd, dk + i * ldkv + (kh + 1) * hd, 0.0f);
+    std::fill(dv + i * ldkv + kh * hd, dv + i * ldkv + (kh + 1) * hd, 0.0f);
+  }
+  const bool simd = hd <= kGemmChunk;  // one chain per dot; longer heads take the scalar dot
+  const int64_t ldt = (t + 7) / 8 * 8;
+  std::vector<float> kt, vt;
+  if (simd) {
+    transpose_rows(k + kh * hd, ldkv, t, hd, ldt, kt);
+    transpose_rows(v + kh * hd, ldkv, t, hd, ldt, vt);
+  }
+  std::vector<float> p(static_cast<size_t>(ldt)), dp(static_cast<size_t>(ldt));
+  for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+    for (int64_t i = 0; i < t; ++i) {
+      const float* qi = q + i * ldq + h * hd;
+      const float* doi = d_out + (i * heads + h) * hd;
+      if (simd) {
+        dots_transposed(qi, kt.data(), ldt, hd, i + 1, p.data());
+        dots_transposed(doi, vt.data(), ldt, hd, i + 1, dp.data());
+      } else {
+        for (int64_t j = 0; j <= i; ++j) {
+          p[j] = detail::dot(qi, k + j * ldkv + kh * hd, hd);
+          dp[j] = detail::dot(doi, v + j * ldkv + kh * hd, hd);
+        }
+      }
+      float mx = -INFINITY;
+      for (int64_t j = 0; j <= i; ++j) {
+        p[j] = p[j] * scale;
+        mx = std::max(mx, p[j]);
+      }
+      float sum = 0.0f;
+      for (int64_t j = 0; j <= i; ++j) {
+        p[j] = std::exp(p[j] - mx);
+        sum = sum + p[j];
+      }
+      // D = Σ p·dp, with dp_j = d_out · v_j.
+      float dsum = 0.0f;
+      for (int64_t j = 0; j <= i; ++j) {
+        p[j] = p[j] / sum;
+        dsum = std::fma(p[j], dp[j], dsum);
+      }
+      float* dqi = dq + i * ldq + h * hd;
+      std::fill(dqi, dqi + hd, 0.0f);
+      for (int64_t j = 0; j <= i; ++j) {
+        const float ds = p[j] * (dp[j] - dsum) * scale;
+        fma_row(ds, k + j * ldkv + kh * hd, dqi, hd);
+        fma_row(ds, qi, dk + j * ldkv + kh * hd, hd);
+        fma_row(p[j], doi, dv + j * ldkv + kh * hd, hd);
+      }
+    }
+  }
+}
+
+void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
+                        const float* d_out, int64_t t, int64_t heads, int64_t kv_heads,
+                        int64_t head_dim, float scale, float* dq, float* dk, float* dv) {
+  for (int64_t kh = 0; kh < kv_heads; ++kh)
+    attention_backward_kv_head(q, k, v, ldq, ldkv, d_out, t, heads, kv_heads, head_dim, scale, kh,
+                               dq, dk, dv);
+}
+
+}  // namespace miles::kernels
