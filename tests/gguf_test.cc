@@ -134,6 +134,17 @@ TEST(Gguf, ShapesAreReversedGgmlNe) {
   EXPECT_EQ(f->find_tensor("nope"), nullptr);
 }
 
+// Fuzzer find: a zero dimension first in ggml order and two huge ones after it. The element count
+// is 0 (the reader multiplies in file order); the reversed shape must not overflow on the way.
+TEST(Gguf, EmptyTensorWithHugeOtherDimsDequantisesToNothing) {
+  const auto b = GgufBuilder().tensor("e", {0, 8029744612286621044ull, 2}, 0, {}).build();
+  auto f = GgufFile::parse(b.data(), b.size(), "zero.gguf", nullptr);
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto t = f->dequantize(*f->find_tensor("e"));
+  ASSERT_TRUE(t.ok()) << t.message();
+  EXPECT_EQ(t->numel(), 0);
+}
+
 // ---- well-formed files from the builder ---------------------------------------------------------
 
 TEST(Gguf, Version2ParsesLikeVersion3) {

@@ -6,8 +6,14 @@
 namespace miles {
 
 int64_t Tensor::numel() const {
+  // A zero dimension anywhere makes it empty, whatever the others (whose product alone may not fit:
+  // readers check the product in file order, which reaches the zero first).
+  for (int64_t d : shape_)
+    if (d == 0) return 0;
   int64_t n = 1;
-  for (int64_t d : shape_) n *= d;
+  for (int64_t d : shape_) {
+    MILES_CHECK(!__builtin_mul_overflow(n, d, &n), "tensor element count overflows int64");
+  }
   return n;
 }
 
