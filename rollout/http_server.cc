@@ -159,6 +159,7 @@ void HttpServer::routes() {
 
   register_control_routes();
   register_openai_routes();
+  if (opt_.extra_routes) opt_.extra_routes(*svr_, driver_);
 }
 
 }  // namespace miles::rollout

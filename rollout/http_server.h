@@ -1,12 +1,14 @@
 // HttpServer: the engine over HTTP — SGLang-compatible native endpoints (/generate, /abort_request,
-// /pause_generation, /continue_generation, /flush_cache, /update_weights_from_disk, /get_model_info,
-// /health, /metrics) and the OpenAI-compatible /v1/completions and /v1/chat/completions.
+// /pause_generation, /continue_generation, /flush_cache, /update_weights_from_disk,
+// /get_model_info, /health, /metrics) and the OpenAI-compatible /v1/completions and
+// /v1/chat/completions.
 //
-// Why: RL frameworks and agents speak these APIs. Every handler validates its input and answers a 4xx
-// with a message on bad input; the engine keeps serving.
+// Why: RL frameworks and agents speak these APIs. Every handler validates its input and answers a
+// 4xx with a message on bad input; the engine keeps serving.
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,12 +22,12 @@
 namespace httplib {
 class Server;
 struct Response;
-}
+}  // namespace httplib
 
 namespace miles {
 class ThreadPool;
 class ChatTemplate;
-}
+}  // namespace miles
 
 namespace miles::rollout {
 
@@ -33,10 +35,13 @@ struct OpenAiCall;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 30000;       // 0: any free port (see HttpServer::port())
+  int port = 30000;        // 0: any free port (see HttpServer::port())
   int http_threads = 512;  // connection handlers (streams hold one each)
   std::string model_path;  // reported by /get_model_info
   std::string served_model_name = "miles";
+  // More routes, registered after the built-in ones (e.g. weight_sync/serve_routes.h: receiving new
+  // weight versions and reporting checksums), so that rollout/ depends on nothing above it.
+  std::function<void(httplib::Server&, EngineDriver&)> extra_routes;
 };
 
 class HttpServer {

@@ -1,7 +1,7 @@
 // `miles serve`: the rollout engine behind SGLang- and OpenAI-compatible HTTP endpoints.
 #include <csignal>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "cli/commands.h"
@@ -11,6 +11,7 @@
 #include "miles/thread_pool.h"
 #include "rollout/grpc_server.h"
 #include "rollout/http_server.h"
+#include "weight_sync/serve_routes.h"
 
 namespace miles::cli {
 
@@ -42,7 +43,8 @@ int run_serve(ServeOptions o) {
   } else if (!o.tokenizer.empty()) {
     return fail("serve", t.message());
   } else {
-    std::fprintf(stderr, "miles serve: no tokenizer (%s); only input_ids prompts\n", t.message().c_str());
+    std::fprintf(stderr, "miles serve: no tokenizer (%s); only input_ids prompts\n",
+                 t.message().c_str());
   }
   std::shared_ptr<const ChatTemplate> chat;
   const std::string chat_source =
@@ -61,6 +63,10 @@ int run_serve(ServeOptions o) {
   auto engine = std::make_unique<Engine>(make_model_runner(shared, &pool), o.engine, tok);
   rollout::EngineDriver driver(std::move(engine));
   o.server.model_path = o.model;
+  std::shared_ptr<WeightSyncRoutes> weight_sync;  // /update_weights_from_disk_delta, checksums
+  o.server.extra_routes = [&](httplib::Server& s, rollout::EngineDriver& d) {
+    weight_sync = register_weight_sync_routes(s, d, shared->config(), o.model, &pool);
+  };
   rollout::HttpServer server(driver, shared->config(), tok, chat, &pool, o.server);
   if (Status s = server.start(); !s.ok()) return fail("serve", s.message());
   std::fprintf(stderr, "miles serve: listening on http://%s:%d (model %s)\n", o.server.host.c_str(),
@@ -68,7 +74,8 @@ int run_serve(ServeOptions o) {
   std::unique_ptr<rollout::GrpcServer> grpc;
   if (o.grpc_port >= 0) {
     grpc = std::make_unique<rollout::GrpcServer>(driver, shared->config(), tok, &pool, o.model);
-    if (Status s = grpc->start(o.server.host, o.grpc_port); !s.ok()) return fail("serve", s.message());
+    if (Status s = grpc->start(o.server.host, o.grpc_port); !s.ok())
+      return fail("serve", s.message());
     std::fprintf(stderr, "miles serve: gRPC on %s:%d\n", o.server.host.c_str(), grpc->port());
   }
   int sig = 0;
@@ -92,14 +99,19 @@ void register_serve(CLI::App& app) {
   sub->add_option("--port", o->server.port, "port (0: any free port)")->capture_default_str();
   sub->add_option("--grpc-port", o->grpc_port, "also serve gRPC on this port (0: any; -1: off)")
       ->capture_default_str();
-  sub->add_option("--http-threads", o->server.http_threads, "HTTP handler threads")->capture_default_str();
-  sub->add_option("--threads", o->threads, "compute threads (0 = all cores)")->capture_default_str();
+  sub->add_option("--http-threads", o->server.http_threads, "HTTP handler threads")
+      ->capture_default_str();
+  sub->add_option("--threads", o->threads, "compute threads (0 = all cores)")
+      ->capture_default_str();
   sub->add_option("--num-blocks", o->engine.num_blocks, "KV cache blocks")->capture_default_str();
-  sub->add_option("--block-tokens", o->engine.block_tokens, "positions per KV block")->capture_default_str();
+  sub->add_option("--block-tokens", o->engine.block_tokens, "positions per KV block")
+      ->capture_default_str();
   sub->add_option("--max-batch-tokens", o->engine.max_batch_tokens, "token budget per iteration")
       ->capture_default_str();
-  sub->add_option("--max-running", o->engine.max_running, "samples decoding at once")->capture_default_str();
-  sub->add_flag("!--no-prefix-cache", o->engine.enable_prefix_cache, "disable the radix prefix cache");
+  sub->add_option("--max-running", o->engine.max_running, "samples decoding at once")
+      ->capture_default_str();
+  sub->add_flag("!--no-prefix-cache", o->engine.enable_prefix_cache,
+                "disable the radix prefix cache");
   sub->add_option("--served-model-name", o->server.served_model_name, "name in OpenAI responses")
       ->capture_default_str();
   sub->callback([o] {

@@ -1,0 +1,34 @@
+// Weight-sync endpoints of `miles serve` (registered through ServerOptions::extra_routes):
+//   POST /update_weights_from_disk_delta {"dir": DIR, "weight_version": N}
+//        advances the engine to version N of the disk-delta chain in DIR
+//        (weight_sync/disk_delta_*): the whole version is staged and every checksum verified before
+//        the swap (begin → update → version → end); refused with 409 while the engine is generating
+//        (pause it first); on any error the engine keeps serving its current version.
+//   GET  /weight_checksums  → {"weight_version": v, "checksums": {name: xxh3-128 hex}}
+//   POST /check_weights {"checksums": {name: hex}} → {"success": bool, "message": …}: the trainer's
+//        checksums against the engine's current weights (check_weights in weight_sync.h).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "miles/model_config.h"
+#include "rollout/engine_driver.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace miles {
+class ThreadPool;
+
+struct WeightSyncRoutes;  // state shared by the handlers (current checksums, delta receivers)
+
+// `model_path` is where the served weights came from (their checksums are computed on first use).
+std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(httplib::Server& server,
+                                                              rollout::EngineDriver& driver,
+                                                              const ModelConfig& config,
+                                                              const std::string& model_path,
+                                                              ThreadPool* pool);
+
+}  // namespace miles
