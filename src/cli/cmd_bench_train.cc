@@ -8,8 +8,9 @@
 // scripts/bench_train_torch.py can feed the very same ids to PyTorch and compare.
 //
 // Token ids: a splitmix64 stream seeded with --seed, drawn sample by sample, position by position;
-// id = next() mod vocab, except position 0, which is the model's BOS id when it has one. Every token
-// after the first is trained (response_length = seq_len − 1, loss mask 1): the SFT token-mean NLL.
+// id = next() mod vocab, except position 0, which is the model's BOS id when it has one. Every
+// token after the first is trained (response_length = seq_len − 1, loss mask 1): the SFT token-mean
+// NLL.
 //
 // Hidden --export-hf DIR writes the loaded model (e.g. a llama2.c file) as an HF Llama directory
 // (config.json + model.safetensors) so that transformers trains the same weights.
@@ -90,9 +91,9 @@ Status validate(const TrainBenchOptions& o, const ModelConfig& c) {
   if (o.batch < 1) return Status::Error("--batch must be at least 1");
   if (o.seq_len < 2) return Status::Error("--seq-len must be at least 2");
   if (o.seq_len - 1 > c.max_position_embeddings)
-    return Status::Error("--seq-len " + std::to_string(o.seq_len) + ": its " +
-                         std::to_string(o.seq_len - 1) + " input tokens exceed the model's context of " +
-                         std::to_string(c.max_position_embeddings));
+    return Status::Error(
+        "--seq-len " + std::to_string(o.seq_len) + ": its " + std::to_string(o.seq_len - 1) +
+        " input tokens exceed the model's context of " + std::to_string(c.max_position_embeddings));
   if (o.steps < 1) return Status::Error("--steps must be at least 1");
   if (o.warmup < 0) return Status::Error("--warmup must be >= 0");
   if (o.micro_batch_size < 1 || o.batch % o.micro_batch_size != 0)
@@ -131,9 +132,7 @@ FlopModel flop_model(const ModelConfig& c, const FlatTensors& params, int64_t se
 struct Breakdown {
   double forward = 0, loss_head = 0, backward = 0, backward_packs = 0, grad_sum = 0, optimizer = 0,
          rebuild = 0;
-  double total() const {
-    return forward + loss_head + backward + grad_sum + optimizer + rebuild;
-  }
+  double total() const { return forward + loss_head + backward + grad_sum + optimizer + rebuild; }
 };
 
 // One step through the public pieces Trainer::step is made of, timing each: the forward with its
@@ -212,37 +211,14 @@ Result<Breakdown> measure_breakdown(Trainer& tr, std::span<const TrainSample> ba
   return b;
 }
 
-// config.json of an HF LlamaForCausalLM with this config's fields.
+// config.json (model_config_to_hf_json) + model.safetensors: the same weights for the torch side.
 Status export_hf(const ModelFiles& files, const std::string& dir) {
-  const ModelConfig& c = files.config;
-  if (c.arch != Arch::kLlama || c.rope.type != RopeConfig::Type::kDefault ||
-      c.rope.partial_rotary_factor != 1.0)
-    return Status::Error("--export-hf writes Llama models with default RoPE only; this is " +
-                         c.arch_name);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::Error("--export-hf: cannot create " + dir + ": " + ec.message());
-  nlohmann::ordered_json j;
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
-  j["vocab_size"] = c.vocab_size;
-  j["hidden_size"] = c.hidden_size;
-  j["intermediate_size"] = c.intermediate_size;
-  j["num_hidden_layers"] = c.num_layers;
-  j["num_attention_heads"] = c.num_heads;
-  j["num_key_value_heads"] = c.num_kv_heads;
-  j["head_dim"] = c.head_dim;
-  j["max_position_embeddings"] = c.max_position_embeddings;
-  j["rms_norm_eps"] = c.rms_norm_eps;
-  j["rope_theta"] = c.rope.theta;
-  j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["hidden_act"] = "silu";
-  j["attention_bias"] = c.attention_bias;
-  j["mlp_bias"] = c.mlp_bias;
-  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
-  if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids.front();
-  j["torch_dtype"] = "float32";
-  std::ofstream(dir + "/config.json") << j.dump(2) << "\n";
+  std::ofstream config(dir + "/config.json");
+  config << model_config_to_hf_json(files.config);
+  if (!config.flush()) return Status::Error("--export-hf: cannot write " + dir + "/config.json");
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const std::string& name : files.weights.names())
     tensors.emplace_back(name, *files.weights.find(name));
@@ -377,9 +353,9 @@ int run_bench_train(const TrainBenchOptions& o) {
     j["mfu"] = mfu;
     j["initial_loss"] = initial_loss;
     if (!o.no_breakdown)
-      j["breakdown_s"] = {{"forward", b.forward},         {"loss_head", b.loss_head},
-                          {"backward", b.backward},       {"backward_packs", b.backward_packs},
-                          {"grad_sum", b.grad_sum},       {"optimizer", b.optimizer},
+      j["breakdown_s"] = {{"forward", b.forward},   {"loss_head", b.loss_head},
+                          {"backward", b.backward}, {"backward_packs", b.backward_packs},
+                          {"grad_sum", b.grad_sum}, {"optimizer", b.optimizer},
                           {"rebuild", b.rebuild}};
     std::vector<std::vector<int32_t>> ids;
     for (const TrainSample& s : batch) ids.push_back(s.tokens);
