@@ -49,26 +49,6 @@ void rmsnorm_backward(const float* x, const float* dy, int64_t m, int64_t d, con
   });
 }
 
-void rope_backward(float* dx, int64_t t, int64_t heads, int64_t head_dim, const int32_t* positions,
-                   const RopeTable& table) {
-  const int64_t half = table.rotary_dim / 2;
-  const float s = table.attention_scaling;
-  for (int64_t i = 0; i < t; ++i) {
-    const float pos = static_cast<float>(positions[i]);
-    for (int64_t j = 0; j < half; ++j) {
-      const float angle = pos * table.inv_freq[j];
-      const float c = std::cos(angle) * s;
-      const float sn = std::sin(angle) * s;
-      for (int64_t h = 0; h < heads; ++h) {
-        float* v = dx + (i * heads + h) * head_dim;
-        const float a = v[j], b = v[j + half];
-        v[j] = a * c + b * sn;
-        v[j + half] = b * c - a * sn;
-      }
-    }
-  }
-}
-
 void swiglu_backward(const float* gate, const float* up, const float* da, int64_t m, int64_t f,
                      int64_t ld_in, float* d_gate, float* d_up, int64_t ld_out) {
   for (int64_t r = 0; r < m; ++r) {

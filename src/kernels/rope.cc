@@ -1,9 +1,11 @@
-// Rotary position embedding: the inverse-frequency table of each HF rope type, and its application to
-// half-split pairs (i, i + rotary_dim / 2) as HF's rotate_half. Float32 throughout, as torch computes it.
+// Rotary position embedding: the inverse-frequency table of each HF rope type, and its application
+// to half-split pairs (i, i + rotary_dim / 2) as HF's rotate_half. Float32 throughout, as torch
+// computes it.
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 
+#include "kernels/backward.h"
 #include "miles/kernels.h"
 
 namespace miles::kernels {
@@ -87,7 +89,8 @@ Result<RopeTable> make_rope_table(const RopeConfig& rope, int64_t head_dim) {
   t.rotary_dim = static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
   if (t.rotary_dim <= 0 || t.rotary_dim % 2 != 0 || t.rotary_dim > head_dim)
     return Status::Error("rotary dimension " + std::to_string(t.rotary_dim) + " (head_dim " +
-                         std::to_string(head_dim) + " × partial_rotary_factor) must be even and in "
+                         std::to_string(head_dim) +
+                         " × partial_rotary_factor) must be even and in "
                          "(0, head_dim]");
   const float base = static_cast<float>(rope.theta);
   t.inv_freq = default_inv_freq(base, t.rotary_dim);
@@ -111,8 +114,11 @@ Result<RopeTable> make_rope_table(const RopeConfig& rope, int64_t head_dim) {
   return t;
 }
 
-void rope_apply(float* x, int64_t t, int64_t heads, int64_t head_dim, const int32_t* positions,
-                const RopeTable& table) {
+namespace {
+// Rotates pairs (i, i + rotary_dim / 2) of every head by +angle, or by −angle for the backward (Rᵀ
+// is the rotation by −angle: sin negated, which is exact).
+void rotate(float* x, int64_t t, int64_t heads, int64_t head_dim, const int32_t* positions,
+            const RopeTable& table, bool inverse) {
   const int64_t half = table.rotary_dim / 2;
   const float s = table.attention_scaling;
   for (int64_t i = 0; i < t; ++i) {
@@ -120,7 +126,7 @@ void rope_apply(float* x, int64_t t, int64_t heads, int64_t head_dim, const int3
     for (int64_t j = 0; j < half; ++j) {
       const float angle = pos * table.inv_freq[j];
       const float c = std::cos(angle) * s;
-      const float sn = std::sin(angle) * s;
+      const float sn = inverse ? -(std::sin(angle) * s) : std::sin(angle) * s;
       for (int64_t h = 0; h < heads; ++h) {
         float* v = x + (i * heads + h) * head_dim;
         const float a = v[j], b = v[j + half];
@@ -129,6 +135,17 @@ void rope_apply(float* x, int64_t t, int64_t heads, int64_t head_dim, const int3
       }
     }
   }
+}
+}  // namespace
+
+void rope_apply(float* x, int64_t t, int64_t heads, int64_t head_dim, const int32_t* positions,
+                const RopeTable& table) {
+  rotate(x, t, heads, head_dim, positions, table, false);
+}
+
+void rope_backward(float* dx, int64_t t, int64_t heads, int64_t head_dim, const int32_t* positions,
+                   const RopeTable& table) {
+  rotate(dx, t, heads, head_dim, positions, table, true);
 }
 
 }  // namespace miles::kernels
