@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_run.h"
 #include "miles/checkpoint.h"
 #include "miles/kernels.h"
 #include "test_paths.h"
@@ -16,22 +17,9 @@
 namespace miles {
 namespace {
 
-struct CliRun {
-  int exit_code;
-  std::string out;  // stdout + stderr
-};
-
-CliRun run_miles(const std::string& args, bool with_stderr = true) {
-  const std::string cmd =
-      test::binary_dir() + "/bin/miles " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using test::CliRun;
+using test::miles_binary;
+using test::run_miles;
 
 // ../shared/README.md: llama2.c's run.c, `-t 0 -n 60 -i "Once upon a time"`.
 constexpr const char* kReference =

@@ -10,28 +10,15 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_run.h"
 #include "test_paths.h"
 
 namespace miles {
 namespace {
 
-struct CliRun {
-  int exit_code;
-  std::string out;
-};
-
-std::string miles_binary() { return test::binary_dir() + "/bin/miles"; }
-
-CliRun run_miles(const std::string& args, bool with_stderr = true) {
-  const std::string cmd = miles_binary() + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using test::CliRun;
+using test::miles_binary;
+using test::run_miles;
 
 // Single-quoted for the shell.
 std::string quote(const std::string& s) {

@@ -1,0 +1,33 @@
+// Running the `miles` program from a test: exit code and output (stdout, and stderr unless asked
+// not).
+#pragma once
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include "test_paths.h"
+
+namespace miles::test {
+
+struct CliRun {
+  int exit_code;
+  std::string out;
+};
+
+inline std::string miles_binary() { return binary_dir() + "/bin/miles"; }
+
+inline CliRun run_miles(const std::string& args, bool with_stderr = true) {
+  const std::string cmd = miles_binary() + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+}  // namespace miles::test
