@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "miles/durable_file.h"
 #include "miles/status.h"
 
 namespace miles::ckpt {
@@ -19,12 +20,10 @@ inline constexpr const char* kStateFile = "trainer_state.json";  // written last
 inline constexpr const char* kExpAvg = "exp_avg.";
 inline constexpr const char* kExpAvgSq = "exp_avg_sq.";
 
-// Writes `text` to `path` (created or truncated) and fsyncs it.
-Status write_file_synced(const std::string& path, const std::string& text);
-// Copies `from` to `to` and fsyncs the copy.
-Status copy_file_synced(const std::string& from, const std::string& to);
-// fsyncs the directory `dir` itself (its entries: created, renamed files).
-Status sync_dir(const std::string& dir);
+// Durable writes, copies and directory fsyncs: miles/durable_file.h.
+using ::miles::copy_file_synced;
+using ::miles::sync_dir;
+using ::miles::write_file_synced;
 // The whole file; the error names it.
 Result<std::string> read_file(const std::string& path);
 

@@ -1,8 +1,6 @@
 // The disk-delta on-disk format: manifest JSON, directory names, checksums, zstd frames, synced IO.
 #include "weight_sync/disk_delta_format.h"
 
-#include "miles/weight_sync.h"
-
 #include <fcntl.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -14,12 +12,11 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "miles/durable_file.h"
+#include "miles/weight_sync.h"
+
 namespace miles::disk_delta {
 namespace {
-
-Status errno_error(const std::string& what, const std::string& path) {
-  return Status::Error(what + " " + path + ": " + std::strerror(errno));
-}
 
 bool is_hex32(const std::string& s) {
   if (s.size() != 32) return false;
@@ -31,14 +28,17 @@ bool is_hex32(const std::string& s) {
 // Typed field access; the error names the source and the field path.
 template <typename T>
 Result<T> field(const nlohmann::json& j, const char* key, const std::string& where) {
-  if (!j.is_object() || !j.contains(key)) return Status::Error(where + ": missing field '" + key + "'");
+  if (!j.is_object() || !j.contains(key))
+    return Status::Error(where + ": missing field '" + key + "'");
   const auto& v = j.at(key);
   if constexpr (std::is_same_v<T, std::string>) {
     if (!v.is_string()) return Status::Error(where + ": field '" + key + "' is not a string");
   } else if constexpr (std::is_unsigned_v<T>) {
-    if (!v.is_number_unsigned()) return Status::Error(where + ": field '" + key + "' is not an unsigned integer");
+    if (!v.is_number_unsigned())
+      return Status::Error(where + ": field '" + key + "' is not an unsigned integer");
   } else {
-    if (!v.is_number_integer()) return Status::Error(where + ": field '" + key + "' is not an integer");
+    if (!v.is_number_integer())
+      return Status::Error(where + ": field '" + key + "' is not an integer");
   }
   return v.get<T>();
 }
@@ -48,7 +48,8 @@ Result<ManifestTensor> tensor_from_json(const nlohmann::json& j, const std::stri
   MILES_ASSIGN_OR_RETURN(t.name, field<std::string>(j, "name", where));
   const std::string at = where + " tensor '" + t.name + "'";
   MILES_ASSIGN_OR_RETURN(t.dtype, field<std::string>(j, "dtype", at));
-  if (!j.contains("shape") || !j["shape"].is_array()) return Status::Error(at + ": 'shape' is not an array");
+  if (!j.contains("shape") || !j["shape"].is_array())
+    return Status::Error(at + ": 'shape' is not an array");
   for (const auto& d : j["shape"]) {
     if (!d.is_number_unsigned()) return Status::Error(at + ": 'shape' has a non-natural dimension");
     t.shape.push_back(d.get<int64_t>());
@@ -61,10 +62,12 @@ Result<ManifestTensor> tensor_from_json(const nlohmann::json& j, const std::stri
   MILES_ASSIGN_OR_RETURN(t.offset, field<uint64_t>(j, "offset", at));
   MILES_ASSIGN_OR_RETURN(t.compressed_bytes, field<uint64_t>(j, "compressed_bytes", at));
   MILES_ASSIGN_OR_RETURN(t.xxh3_128, field<std::string>(j, "xxh3_128", at));
-  if (!is_hex32(t.xxh3_128)) return Status::Error(at + ": 'xxh3_128' is not 32 lowercase hex digits");
+  if (!is_hex32(t.xxh3_128))
+    return Status::Error(at + ": 'xxh3_128' is not 32 lowercase hex digits");
   const int es = dtype_bytes(t.dtype);
   if (es > 0 && numel_of(t.shape) * es != t.nbytes)
-    return Status::Error(at + ": nbytes " + std::to_string(t.nbytes) + " does not match dtype and shape");
+    return Status::Error(at + ": nbytes " + std::to_string(t.nbytes) +
+                         " does not match dtype and shape");
   if ((t.encoding == TensorEncoding::kUnchanged) != (t.compressed_bytes == 0))
     return Status::Error(at + ": compressed_bytes must be 0 exactly when unchanged");
   return t;
@@ -74,10 +77,14 @@ Result<ManifestTensor> tensor_from_json(const nlohmann::json& j, const std::stri
 
 std::string_view encoding_name(TensorEncoding e) {
   switch (e) {
-    case TensorEncoding::kFull: return "full";
-    case TensorEncoding::kXor: return "xor";
-    case TensorEncoding::kOverwrite: return "overwrite";
-    case TensorEncoding::kUnchanged: return "unchanged";
+    case TensorEncoding::kFull:
+      return "full";
+    case TensorEncoding::kXor:
+      return "xor";
+    case TensorEncoding::kOverwrite:
+      return "overwrite";
+    case TensorEncoding::kUnchanged:
+      return "unchanged";
   }
   return "?";
 }
@@ -100,9 +107,13 @@ std::string manifest_to_json(const Manifest& m) {
   j["checksum"] = "xxh3-128";
   nlohmann::json ts = nlohmann::json::array();
   for (const ManifestTensor& t : m.tensors) {
-    ts.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape},
-                  {"encoding", std::string(encoding_name(t.encoding))}, {"nbytes", t.nbytes},
-                  {"offset", t.offset}, {"compressed_bytes", t.compressed_bytes},
+    ts.push_back({{"name", t.name},
+                  {"dtype", t.dtype},
+                  {"shape", t.shape},
+                  {"encoding", std::string(encoding_name(t.encoding))},
+                  {"nbytes", t.nbytes},
+                  {"offset", t.offset},
+                  {"compressed_bytes", t.compressed_bytes},
                   {"xxh3_128", t.xxh3_128}});
   }
   j["tensors"] = std::move(ts);
@@ -126,10 +137,12 @@ Result<Manifest> manifest_from_json(const std::string& text, const std::string& 
     m.base_version = b;
   }
   MILES_ASSIGN_OR_RETURN(std::string data_file, field<std::string>(j, "data_file", source));
-  if (data_file != kDataFile) return Status::Error(source + ": unexpected data_file '" + data_file + "'");
+  if (data_file != kDataFile)
+    return Status::Error(source + ": unexpected data_file '" + data_file + "'");
   MILES_ASSIGN_OR_RETURN(m.data_bytes, field<uint64_t>(j, "data_bytes", source));
   MILES_ASSIGN_OR_RETURN(std::string checksum, field<std::string>(j, "checksum", source));
-  if (checksum != "xxh3-128") return Status::Error(source + ": unknown checksum '" + checksum + "'");
+  if (checksum != "xxh3-128")
+    return Status::Error(source + ": unknown checksum '" + checksum + "'");
   if (!j.contains("tensors") || !j["tensors"].is_array())
     return Status::Error(source + ": 'tensors' is not an array");
   uint64_t end = 0;
@@ -140,7 +153,8 @@ Result<Manifest> manifest_from_json(const std::string& text, const std::string& 
     if (!m.is_full() && t.encoding == TensorEncoding::kFull)
       return Status::Error(source + ": tensor '" + t.name + "' of a delta is 'full'");
     if (t.compressed_bytes > 0) {
-      if (t.offset != end) return Status::Error(source + ": tensor '" + t.name + "' offset is not contiguous");
+      if (t.offset != end)
+        return Status::Error(source + ": tensor '" + t.name + "' offset is not contiguous");
       end += t.compressed_bytes;
     }
     m.tensors.push_back(std::move(t));
@@ -201,7 +215,8 @@ uint64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
-Result<size_t> zstd_compress_append(std::span<const uint8_t> in, int level, std::vector<uint8_t>& out) {
+Result<size_t> zstd_compress_append(std::span<const uint8_t> in, int level,
+                                    std::vector<uint8_t>& out) {
   const size_t at = out.size();
   out.resize(at + ZSTD_compressBound(in.size()));
   const size_t n = ZSTD_compress(out.data() + at, out.size() - at, in.data(), in.size(), level);
@@ -220,7 +235,8 @@ Status zstd_decompress_exact(std::span<const uint8_t> frame, std::span<uint8_t> 
     return Status::Error("zstd frame holds " + std::to_string(content) + " bytes, expected " +
                          std::to_string(out.size()));
   const size_t n = ZSTD_decompress(out.data(), out.size(), frame.data(), frame.size());
-  if (ZSTD_isError(n)) return Status::Error(std::string("corrupt zstd frame: ") + ZSTD_getErrorName(n));
+  if (ZSTD_isError(n))
+    return Status::Error(std::string("corrupt zstd frame: ") + ZSTD_getErrorName(n));
   if (n != out.size())
     return Status::Error("zstd frame decoded to " + std::to_string(n) + " bytes, expected " +
                          std::to_string(out.size()));
@@ -228,54 +244,11 @@ Status zstd_decompress_exact(std::span<const uint8_t> frame, std::span<uint8_t> 
 }
 
 Status write_file_synced(const std::string& path, std::span<const uint8_t> bytes) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return errno_error("cannot create", path);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      Status s = errno_error("write failed", path);
-      ::close(fd);
-      return s;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    Status s = errno_error("fsync failed", path);
-    ::close(fd);
-    return s;
-  }
-  if (::close(fd) != 0) return errno_error("close failed", path);
-  return Status::Ok();
+  return ::miles::write_file_synced(path, bytes.data(), bytes.size());
 }
 
-Status fsync_dir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return errno_error("cannot open directory to fsync", dir);
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  return rc == 0 ? Status::Ok() : errno_error("fsync of directory failed", dir);
-}
+Status fsync_dir(const std::string& dir) { return sync_dir(dir); }
 
-Result<std::vector<uint8_t>> read_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_error("cannot open", path);
-  std::vector<uint8_t> out;
-  uint8_t buf[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      Status s = errno_error("read failed", path);
-      ::close(fd);
-      return s;
-    }
-    if (n == 0) break;
-    out.insert(out.end(), buf, buf + n);
-  }
-  ::close(fd);
-  return out;
-}
+Result<std::vector<uint8_t>> read_file(const std::string& path) { return read_file_bytes(path); }
 
 }  // namespace miles::disk_delta

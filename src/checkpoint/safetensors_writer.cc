@@ -14,14 +14,11 @@
 #include <set>
 
 #include "miles/checkpoint.h"
+#include "miles/durable_file.h"
 #include "nlohmann/json.hpp"
 
 namespace miles {
 namespace {
-
-Status errno_error(const std::string& what, const std::string& path) {
-  return Status::Error(path + ": " + what + ": " + std::strerror(errno));
-}
 
 Result<std::string> make_header(const std::vector<std::pair<std::string, Tensor>>& tensors,
                                 const std::map<std::string, std::string>& metadata,
@@ -45,18 +42,6 @@ Result<std::string> make_header(const std::vector<std::pair<std::string, Tensor>
   return text;
 }
 
-Status write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return errno_error("write failed", path);
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return Status::Ok();
-}
-
 Status write_file(int fd, const std::string& header,
                   const std::vector<std::pair<std::string, Tensor>>& tensors,
                   const std::string& path) {
@@ -73,12 +58,7 @@ Status write_file(int fd, const std::string& header,
 
 Status sync_directory(const std::string& path) {
   std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return errno_error("cannot open directory to fsync", dir);
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  return rc == 0 ? Status::Ok() : errno_error("fsync of directory failed", dir);
+  return sync_dir(dir.empty() ? "." : dir);
 }
 
 }  // namespace
