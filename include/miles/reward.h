@@ -1,0 +1,82 @@
+// Rewards of the RL loop: built-in verifiers, a remote reward service over HTTP, and external
+// commands speaking JSON lines; a weighted sum of any of them scores each sample.
+//
+// Why: the controller turns finished samples into scalars for the advantage estimator. A reward that
+// fails (a service down, a command that crashes, a label of the wrong type) must not stop a run: the
+// failure is recorded on that sample (RewardResult::error, score 0) and counted in the metrics.
+//
+// Built-in kinds (RewardSpec::kind):
+//   exact_match  1 if the response (trimmed; the text after the last `answer_prefix` when set)
+//                equals the label (a string), else 0.
+//   numeric      1 if the last number in the response (or after `answer_prefix`) is within
+//                `tolerance` (absolute) of the label (a number or a numeric string), else 0.
+//   regex        1 if `pattern` (ECMAScript) matches somewhere in the response, else 0; with
+//                `pattern` empty the label is the pattern.
+//   keyword      1 if the response contains the keyword (the label, or `keywords` when given: the
+//                fraction of them found), case-insensitive unless `case_sensitive`.
+//   length       a penalty: 0 while the response has at most `max_tokens` tokens, then
+//                −(tokens − max_tokens) / max_tokens, floored at −1; `require_finish` adds −1 to a
+//                response that was truncated (finish_reason "length").
+//   http         POST `url` with {"prompt", "response", "label", "finish_reason",
+//                "response_tokens"}; the reply {"score": x} (or a bare number) is the score.
+//   command      `command` (run through /bin/sh once per scorer, kept alive) reads one such JSON
+//                object per line on stdin and writes one {"score": x} per line on stdout, in order.
+// The sample's reward is Σ weight_i · score_i over the specs; RewardResult::parts names each.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "miles/status.h"
+
+namespace miles {
+
+struct RewardSpec {
+  std::string kind;          // exact_match | numeric | regex | keyword | length | http | command
+  std::string name;          // metrics name (default: kind, made unique by index)
+  double weight = 1.0;
+  std::string answer_prefix;     // exact_match / numeric: score the text after its last occurrence
+  double tolerance = 1e-6;       // numeric
+  std::string pattern;           // regex
+  std::vector<std::string> keywords;  // keyword (empty: the label)
+  bool case_sensitive = false;   // keyword / exact_match
+  int64_t max_tokens = 0;        // length: > 0
+  bool require_finish = false;   // length
+  std::string url;               // http
+  std::string command;           // command
+  double timeout_s = 30;         // http / command: per sample
+  Status validate() const;       // names the bad field
+};
+
+// What a reward sees of one finished sample.
+struct RewardInput {
+  std::string prompt;          // the prompt text (decoded)
+  std::string response;        // the response text (decoded from the generated ids)
+  nlohmann::json label;        // the data row's label (any JSON), null when absent
+  std::string finish_reason;   // stop | length | abort
+  int64_t response_tokens = 0;
+};
+
+struct RewardResult {
+  double score = 0;                      // Σ weight · part (failed parts count 0)
+  std::map<std::string, double> parts;   // unweighted score of each spec, by name
+  std::string error;                     // non-empty when any part failed: "name: message; ..."
+};
+
+// One configured reward (the sum of its specs). Thread-compatible: score() may be called from one
+// thread at a time; it scores the batch in order (http requests may run concurrently inside).
+class RewardModel {
+ public:
+  static Result<std::unique_ptr<RewardModel>> create(std::vector<RewardSpec> specs);
+  virtual ~RewardModel() = default;
+  // One result per input, in order. Never fails as a whole: errors land on the samples.
+  virtual std::vector<RewardResult> score(std::span<const RewardInput> inputs) = 0;
+  virtual const std::vector<RewardSpec>& specs() const = 0;
+};
+
+}  // namespace miles

@@ -1,0 +1,163 @@
+// The job file of `miles run`: typed sections, validated before anything starts.
+//
+// Why: an RL job has a dozen coupled knobs (batch sizes, parallel layout, staleness, rewards); a
+// typo or an inconsistent value must stop the run at load time with the YAML line at fault and a
+// hint, not after an hour of rollouts. Every key has a type and a default; unknown keys, wrong
+// types and values that break an invariant (contracts.md §1: rollout_batch_size ×
+// n_samples_per_prompt = global_batch_size × num_steps_per_rollout) are errors that name
+// `file:line: section.key` and what would be accepted ("did you mean ...?" for unknown keys).
+//
+// Command-line overrides `section.key=value` (value parsed as YAML: numbers, booleans, strings,
+// flow lists `[a, b]`) are applied after the file and reported as `override section.key`.
+// String values expand `${VAR}` and `${VAR:-default}` from the environment (so a config can say
+// `${MILES_SHARED_DIR:-../shared}/models/...`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "miles/reward.h"
+#include "miles/status.h"
+
+namespace miles {
+
+struct ModelSection {
+  std::string path;       // HF directory or llama2.c checkpoint (required)
+  std::string tokenizer;  // default: found beside the model
+  std::string reference;  // reference model for KL (default: the initial policy, `path`)
+};
+
+struct RolloutSection {
+  int64_t num_rollouts = 10;           // rollout steps of the run (required > 0)
+  int64_t rollout_batch_size = 8;      // prompts per rollout step
+  int64_t n_samples_per_prompt = 8;    // samples per prompt (a group)
+  int64_t over_sampling_batch_size = 0;  // prompts asked per step (0: rollout_batch_size; else >=)
+  bool filter_zero_variance = false;   // drop groups whose rewards are all equal
+  int64_t max_new_tokens = 64;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  std::vector<std::string> stop;       // stop strings
+  uint64_t seed = 1;                   // sample seeds derive from (seed, rollout step, prompt, n)
+  // Engines: `num_engines` started by the controller (`miles serve` processes on this machine),
+  // plus any listed in `engines` ("host:http_port/grpc_port") or registering themselves with
+  // `miles serve --controller HOST:PORT`.
+  int64_t num_engines = 1;
+  std::vector<std::string> engines;
+  int64_t engine_threads = 1;          // compute threads of each started engine
+  int64_t engine_num_blocks = 4096;
+  int64_t engine_max_batch_tokens = 2048;
+  int64_t engine_max_running = 256;
+  double health_check_interval_s = 1.0;
+  double engine_start_timeout_s = 60;
+  int64_t max_engine_restarts = 3;     // per engine, over the run
+};
+
+struct TrainerSection {
+  int64_t global_batch_size = 64;      // samples per optimizer step
+  int64_t num_steps_per_rollout = 1;
+  int64_t micro_batch_size = 1;
+  double lr = 1e-6;
+  double min_lr = 0;
+  int64_t warmup_steps = 0;
+  std::string decay = "constant";      // constant | cosine
+  double weight_decay = 0;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double clip_grad_norm = 1.0;
+  int64_t threads = 1;                 // compute threads of the trainer
+};
+
+struct ParallelSection {
+  int64_t dp = 1, pp = 1, tp = 1;      // trainer layout
+};
+
+struct AlgorithmSection {
+  std::string advantage = "grpo";      // grpo | dr_grpo | reinforce_pp | reinforce_pp_baseline
+  bool std_normalize = true;
+  std::string policy_loss = "ppo";     // ppo | gspo
+  double eps_clip = 0.2;               // ε_low
+  double eps_clip_high = 0.2;          // ε_high (DAPO clip-higher)
+  double dual_clip_c = 0;              // 0 = off, else > 1
+  std::string kl_estimator = "none";   // none | k1 | k2 | k3
+  double kl_coef = 0;
+  double entropy_coef = 0;
+  std::string loss_reduction = "token_mean";  // token_mean | sample_mean | constant
+  double constant_normaliser = 0;      // loss_reduction constant: > 0
+  std::string correction = "none";     // none | tis | mis_token | mis_sequence
+  double tis_c = 2.0, mis_low = 0.5, mis_high = 2.0;
+  std::string old_logp = "rollout";    // rollout (the engine's raw logprobs) | recompute
+};
+
+struct DataSection {
+  std::string path;                    // JSONL, one prompt per line (required)
+  std::string prompt_key = "prompt";   // a string, or chat messages with apply_chat_template
+  std::string label_key = "label";     // any JSON, passed to the rewards
+  bool apply_chat_template = false;
+  bool shuffle = true;                 // reshuffled every epoch with `seed`
+  uint64_t seed = 1;
+};
+
+struct WeightSyncSection {
+  std::string transport = "disk_delta";  // disk_delta (the engines read RUN_DIR/weights)
+  std::string dir;                     // default RUN_DIR/weights
+  int64_t full_every = 10;
+  std::string encoding = "xor";        // xor | overwrite
+  bool check_checksums = true;         // compare engine and trainer checksums after every update
+};
+
+struct AsyncSection {
+  std::string mode = "sync";           // sync | one_step_off | async
+  int64_t max_weight_staleness = 1;    // versions, per sample (async)
+  std::string stale_policy = "drop";   // drop | retry
+  int64_t update_weights_interval = 1; // optimizer steps between syncs (async)
+  int64_t buffer_groups = 0;           // async buffer bound (0: 2 × over_sampling_batch_size)
+  std::string pause_mode = "retract";  // retract | in_place | abort: in-flight work at a sync
+};
+
+struct CheckpointSection {
+  std::string dir;                     // default RUN_DIR/checkpoints
+  int64_t save_every = 0;              // rollout steps; 0 = only at the end when save_final
+  bool save_final = false;
+  bool resume = false;                 // continue from the newest checkpoint in dir
+};
+
+struct LoggingSection {
+  std::string run_dir = "runs/default";  // metrics.jsonl, weights, checkpoints, engine logs
+  std::string progress = "auto";       // auto (a bar on a terminal) | bar | lines | none
+};
+
+struct ControllerSection {
+  std::string host = "127.0.0.1";      // gRPC controller service (status, engine registration)
+  int64_t port = 0;                    // 0: any free port (written to RUN_DIR/controller.json)
+};
+
+struct RunConfig {
+  std::string source;                  // the file it was read from
+  ModelSection model;
+  RolloutSection rollout;
+  TrainerSection trainer;
+  ParallelSection parallel;
+  AlgorithmSection algorithm;
+  DataSection data;
+  std::vector<RewardSpec> rewards;     // YAML list under `rewards:` (at least one)
+  WeightSyncSection weight_sync;
+  AsyncSection async;
+  CheckpointSection checkpoint;
+  LoggingSection logging;
+  ControllerSection controller;
+};
+
+// Reads `path`, applies `overrides` ("section.key=value"), validates. Errors name the file, line
+// and key.
+Result<RunConfig> load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+// The same from YAML text (`source_name` stands for the file in messages).
+Result<RunConfig> parse_run_config(const std::string& yaml_text, const std::string& source_name,
+                                   const std::vector<std::string>& overrides);
+// Cross-field checks (batch invariant, layout divisibility, staleness ≥ 0, ...); parse_run_config
+// calls it. Messages name the keys involved and the values.
+Status validate_run_config(const RunConfig& config);
+// The resolved config as YAML (written to RUN_DIR/config.yaml so a run records what it ran).
+std::string run_config_to_yaml(const RunConfig& config);
+
+}  // namespace miles
