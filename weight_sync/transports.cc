@@ -71,7 +71,8 @@ class P2pReceiver final : public WeightReceiver {
 
 class DiskDeltaSender final : public WeightSender {
  public:
-  DiskDeltaSender(const std::string& dir, TransferPlan p) : writer_(dir), plan_(std::move(p)) {}
+  DiskDeltaSender(const std::string& dir, TransferPlan p, DiskDeltaOptions o)
+      : writer_(dir, std::move(o)), plan_(std::move(p)) {}
   Status send(int64_t v, const TensorSource& src) override {
     WeightSet set;
     for (const Bucket& b : plan_.buckets)
@@ -139,8 +140,9 @@ std::unique_ptr<WeightSender> make_p2p_sender(Communicator& w, TransferPlan p, P
 std::unique_ptr<WeightReceiver> make_p2p_receiver(Communicator& w, TransferPlan p, P2pRoles r) {
   return std::make_unique<P2pReceiver>(w, std::move(p), r);
 }
-std::unique_ptr<WeightSender> make_disk_delta_sender(const std::string& dir, TransferPlan p) {
-  return std::make_unique<DiskDeltaSender>(dir, std::move(p));
+std::unique_ptr<WeightSender> make_disk_delta_sender(const std::string& dir, TransferPlan p,
+                                                    DiskDeltaOptions options) {
+  return std::make_unique<DiskDeltaSender>(dir, std::move(p), std::move(options));
 }
 std::unique_ptr<WeightReceiver> make_disk_delta_receiver(const std::string& dir, TransferPlan p) {
   return std::make_unique<DiskDeltaReceiver>(dir, std::move(p));

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "miles/checkpoint.h"
+#include "miles/disk_delta.h"
 #include "miles/parallel_layout.h"
 #include "miles/status.h"
 #include "miles/transfer_plan.h"
@@ -100,7 +101,8 @@ std::unique_ptr<WeightReceiver> make_p2p_receiver(Communicator& world, TransferP
                                                   P2pRoles roles);
 // Disk-delta (disk_delta.h) under `dir`: the sender publishes the plan's tensors (full or delta);
 // the receiver advances its copy along the chain (or loads from the latest full version first).
-std::unique_ptr<WeightSender> make_disk_delta_sender(const std::string& dir, TransferPlan plan);
+std::unique_ptr<WeightSender> make_disk_delta_sender(const std::string& dir, TransferPlan plan,
+                                                    DiskDeltaOptions options = {});
 std::unique_ptr<WeightReceiver> make_disk_delta_receiver(const std::string& dir, TransferPlan plan);
 
 // Verifies every checksum of a staged version and that it holds every tensor of the plan; then

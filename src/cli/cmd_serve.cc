@@ -1,4 +1,6 @@
 // `miles serve`: the rollout engine behind SGLang- and OpenAI-compatible HTTP endpoints.
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -6,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "cli/model_files.h"
+#include "controller/controller_service.h"
 #include "miles/chat_template.h"
 #include "miles/engine.h"
 #include "miles/thread_pool.h"
@@ -23,6 +26,9 @@ struct ServeOptions {
   EngineOptions engine;
   int threads = 0;
   int grpc_port = -1;  // -1: no gRPC server
+  std::string controller;      // HOST:PORT of a `miles run` controller to register with
+  int64_t engine_id = -1;      // given by the controller that started this engine
+  std::string advertise_host;  // the host the controller should call (default: --host)
 };
 
 int run_serve(ServeOptions o) {
@@ -72,11 +78,29 @@ int run_serve(ServeOptions o) {
   std::fprintf(stderr, "miles serve: listening on http://%s:%d (model %s)\n", o.server.host.c_str(),
                server.port(), o.model.c_str());
   std::unique_ptr<rollout::GrpcServer> grpc;
+  if (!o.controller.empty() && o.grpc_port < 0) o.grpc_port = 0;  // the controller generates over gRPC
   if (o.grpc_port >= 0) {
     grpc = std::make_unique<rollout::GrpcServer>(driver, shared->config(), tok, &pool, o.model);
     if (Status s = grpc->start(o.server.host, o.grpc_port); !s.ok())
       return fail("serve", s.message());
     std::fprintf(stderr, "miles serve: gRPC on %s:%d\n", o.server.host.c_str(), grpc->port());
+  }
+  if (!o.controller.empty()) {
+    controller::EngineRegistration reg;
+    reg.host = o.advertise_host.empty() && o.server.host != "0.0.0.0" ? o.server.host
+                                                                       : o.advertise_host;
+    reg.http_port = server.port();
+    reg.grpc_port = grpc->port();
+    reg.engine_id = o.engine_id;
+    reg.pid = getpid();
+    auto id = controller::register_with_controller(o.controller, reg, 120);
+    if (!id.ok()) {
+      grpc->stop();
+      server.stop();
+      return fail("serve", id.message());
+    }
+    std::fprintf(stderr, "miles serve: registered with the controller at %s as engine %lld\n",
+                 o.controller.c_str(), static_cast<long long>(*id));
   }
   int sig = 0;
   sigwait(&stop_signals, &sig);
@@ -99,6 +123,11 @@ void register_serve(CLI::App& app) {
   sub->add_option("--port", o->server.port, "port (0: any free port)")->capture_default_str();
   sub->add_option("--grpc-port", o->grpc_port, "also serve gRPC on this port (0: any; -1: off)")
       ->capture_default_str();
+  sub->add_option("--controller", o->controller,
+                  "register with the `miles run` controller at HOST:PORT once listening");
+  sub->add_option("--engine-id", o->engine_id, "the id a controller gave this engine (internal)");
+  sub->add_option("--advertise-host", o->advertise_host,
+                  "the host the controller should call (default: --host, or the peer address)");
   sub->add_option("--http-threads", o->server.http_threads, "HTTP handler threads")
       ->capture_default_str();
   sub->add_option("--threads", o->threads, "compute threads (0 = all cores)")

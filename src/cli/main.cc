@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   miles::cli::register_score(app);
   miles::cli::register_bench(app);
   miles::cli::register_serve(app);
+  miles::cli::register_run(app);
   miles::cli::register_convert(app);
   miles::cli::register_tokenize(app);
   miles::cli::register_sft(app, argc, argv);

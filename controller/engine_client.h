@@ -1,0 +1,84 @@
+// EngineClient: the controller's connection to one rollout engine (`miles serve`): generation over
+// gRPC (rollout.proto, one streaming call per group), control and weight updates over HTTP.
+//
+// Why: the RL loop sees an engine as "give me n samples of this prompt" plus the weight lifecycle;
+// the wire formats stay here. Every call has a deadline, so a dead engine turns into an error, never
+// a hang; generate() calls in flight can be cancelled from another thread (the engine pool does it
+// when a health check fails) and then return an error the caller re-dispatches.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "miles/engine.h"
+#include "miles/status.h"
+
+namespace grpc {
+class Channel;
+class ClientContext;
+}  // namespace grpc
+
+namespace miles::controller {
+
+struct EngineAddress {
+  std::string host = "127.0.0.1";
+  int http_port = 0;
+  int grpc_port = 0;
+  std::string http() const { return host + ":" + std::to_string(http_port); }
+};
+
+// One prompt, n samples (a GRPO group).
+struct GroupRequest {
+  std::vector<int32_t> input_ids;
+  int32_t n = 1;
+  int64_t max_new_tokens = 64;
+  double temperature = 1.0, top_p = 1.0;
+  int64_t top_k = 0;
+  uint64_t seed = 0;  // sample i draws with seed + i · golden ratio (engine.cc)
+  std::vector<std::string> stop;
+  bool return_routed_experts = false;
+};
+
+struct GeneratedSample {
+  int32_t index = 0;                    // within the group
+  std::vector<TokenOutput> tokens;      // id, logprobs, weight version of each output token
+  std::string finish_reason;            // stop | length | abort
+  int64_t prompt_tokens = 0;
+  std::vector<int32_t> routed_experts;  // (prompt + output − 1, moe layers, top_k) for MoE models
+};
+
+class EngineClient {
+ public:
+  explicit EngineClient(EngineAddress address);
+  ~EngineClient();
+  const EngineAddress& address() const { return address_; }
+
+  // Blocks until every sample of the group finished (an engine paused with kAbort finishes them as
+  // "abort"). Errors: the engine is unreachable or died, the call was cancelled (cancel_all), or
+  // the group is incomplete.
+  Result<std::vector<GeneratedSample>> generate(const GroupRequest& request);
+  // Cancels every generate() in flight on this client (their requests are aborted engine-side).
+  void cancel_all();
+  int64_t in_flight() const;
+
+  Status health(double timeout_s) const;  // gRPC Health
+  Status pause(PauseMode mode) const;
+  Status resume() const;
+  // POST /update_weights_from_disk_delta: the engine advances to `version` of the chain in `dir`.
+  Status update_weights_from_disk_delta(const std::string& dir, int64_t version) const;
+  // GET /weight_checksums: the engine's version and the xxh3-128 of each of its tensors.
+  Result<std::pair<int64_t, std::map<std::string, std::string>>> weight_checksums() const;
+
+ private:
+  EngineAddress address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  mutable std::mutex mu_;
+  std::set<grpc::ClientContext*> calls_;  // generate() calls in flight
+};
+
+}  // namespace miles::controller

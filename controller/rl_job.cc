@@ -1,0 +1,179 @@
+// RlJob setup and teardown (rl_job_internal.h): run directory, trainer (and resume), rewards,
+// prompts, weight publisher, controller service, engines.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "controller/rl_job_internal.h"
+#include "miles/model.h"
+#include "miles/train_checkpoint.h"
+
+namespace miles::controller {
+
+namespace fs = std::filesystem;
+
+RlJob::~RlJob() {
+  if (engines_) engines_->stop();
+  if (service_) service_->stop();
+}
+
+void RlJob::log_line(const std::string& line) {
+  if (metrics_) {
+    metrics_->message("miles run: " + line);
+  } else {
+    std::fprintf(stderr, "miles run: %s\n", line.c_str());
+  }
+}
+
+bool RlJob::should_stop() const { return service_ && service_->stop_requested(); }
+
+Status RlJob::make_run_dir() {
+  std::error_code ec;
+  fs::create_directories(cfg_.logging.run_dir, ec);
+  if (ec) return Status::Error("logging.run_dir " + cfg_.logging.run_dir + ": " + ec.message());
+  std::ofstream(cfg_.logging.run_dir + "/config.yaml") << run_config_to_yaml(cfg_);
+  return Status::Ok();
+}
+
+Status RlJob::setup_trainer() {
+  MILES_ASSIGN_OR_RETURN(ModelFiles files, load_model_files(cfg_.model.path));
+  const TrainerSection& t = cfg_.trainer;
+  TrainerConfig tc;
+  tc.optimizer.beta1 = t.beta1;
+  tc.optimizer.beta2 = t.beta2;
+  tc.optimizer.eps = t.eps;
+  tc.optimizer.weight_decay = t.weight_decay;
+  tc.optimizer.clip_grad_norm = t.clip_grad_norm;
+  tc.lr.lr = t.lr;
+  tc.lr.min_lr = t.min_lr;
+  tc.lr.warmup_steps = t.warmup_steps;
+  tc.lr.total_steps = cfg_.rollout.num_rollouts * t.num_steps_per_rollout;
+  tc.lr.decay = t.decay == "cosine" ? LrSchedule::Decay::kCosine : LrSchedule::Decay::kConstant;
+  tc.micro_batch_size = t.micro_batch_size;
+  tc.need_entropy = cfg_.algorithm.entropy_coef != 0;
+  tc.replay_experts = true;
+  pool_ = std::make_unique<ThreadPool>(static_cast<int>(t.threads));
+  MILES_ASSIGN_OR_RETURN(trainer_, Trainer::create(files.config, files.weights, tc, pool_.get()));
+  if (cfg_.algorithm.kl_coef > 0) {
+    std::string ref = cfg_.model.reference.empty() ? cfg_.model.path : cfg_.model.reference;
+    MILES_ASSIGN_OR_RETURN(ModelFiles rf, load_model_files(ref));
+    MILES_ASSIGN_OR_RETURN(reference_, Trainer::create(rf.config, rf.weights, tc, pool_.get()));
+  }
+  return Status::Ok();
+}
+
+Status RlJob::resume_if_asked() {
+  if (!cfg_.checkpoint.resume) return Status::Ok();
+  auto latest = latest_checkpoint(cfg_.checkpoint.dir);
+  if (!latest.ok()) {
+    log_line("checkpoint.resume: no checkpoint in " + cfg_.checkpoint.dir + "; starting fresh");
+    return Status::Ok();
+  }
+  MILES_ASSIGN_OR_RETURN(TrainState st, load_checkpoint(*latest, *trainer_));
+  rollout_step_ = st.step;
+  next_position_ = st.data_position;
+  log_line("resumed from " + *latest + " (rollout step " + std::to_string(rollout_step_) +
+           ", weight version " + std::to_string(trainer_->steps_done()) + ")");
+  return Status::Ok();
+}
+
+Status RlJob::setup_engines() {
+  EnginePoolOptions po;
+  po.launch.model = cfg_.model.path;
+  po.launch.tokenizer = cfg_.model.tokenizer;
+  po.launch.threads = cfg_.rollout.engine_threads;
+  po.launch.num_blocks = cfg_.rollout.engine_num_blocks;
+  po.launch.max_batch_tokens = cfg_.rollout.engine_max_batch_tokens;
+  po.launch.max_running = cfg_.rollout.engine_max_running;
+  po.launch.log_dir = cfg_.logging.run_dir + "/engines";
+  po.health_interval_s = cfg_.rollout.health_check_interval_s;
+  po.start_timeout_s = cfg_.rollout.engine_start_timeout_s;
+  po.max_restarts = cfg_.rollout.max_engine_restarts;
+  WeightPublisher* pub = publisher_.get();
+  po.prepare = [pub](EngineClient& e) { return pub->bring(e, nullptr); };
+  po.log = [this](const std::string& s) { log_line(s); };
+  engines_ = std::make_unique<EnginePool>(std::move(po));
+
+  service_ = std::make_unique<ControllerService>(*engines_, [this](v1::ControllerStatus* s) {
+    s->set_rollout_step(rollout_step_);
+    s->set_num_rollouts(cfg_.rollout.num_rollouts);
+    s->set_weight_version(publisher_->current());
+    s->set_mode(cfg_.async.mode);
+    s->set_last_reward_mean(last_reward_.load());
+    s->set_run_dir(cfg_.logging.run_dir);
+  });
+  MILES_RETURN_IF_ERROR(service_->start(cfg_.controller.host,
+                                        static_cast<int>(cfg_.controller.port)));
+  const std::string address = cfg_.controller.host + ":" + std::to_string(service_->port());
+  nlohmann::json cj = {{"address", address}, {"pid", static_cast<int64_t>(getpid())}};
+  std::ofstream(cfg_.logging.run_dir + "/controller.json") << cj.dump() << "\n";
+  log_line("controller listening on " + address);
+  engines_->set_controller_address(address);
+
+  for (const std::string& e : cfg_.rollout.engines) {
+    // "host:http_port/grpc_port"
+    const size_t colon = e.rfind(':'), slash = e.find('/', colon == std::string::npos ? 0 : colon);
+    if (colon == std::string::npos || slash == std::string::npos)
+      return Status::Error("rollout.engines: '" + e + "' is not host:http_port/grpc_port");
+    EngineAddress a;
+    a.host = e.substr(0, colon);
+    a.http_port = std::atoi(e.substr(colon + 1, slash - colon - 1).c_str());
+    a.grpc_port = std::atoi(e.substr(slash + 1).c_str());
+    if (a.http_port <= 0 || a.grpc_port <= 0)
+      return Status::Error("rollout.engines: '" + e + "' is not host:http_port/grpc_port");
+    MILES_RETURN_IF_ERROR(engines_->attach(a));
+  }
+  if (cfg_.rollout.num_engines > 0)
+    MILES_RETURN_IF_ERROR(engines_->start_local(cfg_.rollout.num_engines));
+  const int64_t want = cfg_.rollout.num_engines + static_cast<int64_t>(cfg_.rollout.engines.size());
+  return engines_->wait_ready(std::max<int64_t>(want, 1), cfg_.rollout.engine_start_timeout_s);
+}
+
+Status RlJob::setup() {
+  MILES_RETURN_IF_ERROR(make_run_dir());
+  std::vector<RewardSpec> specs = cfg_.rewards;
+  for (const RewardSpec& s : specs) MILES_RETURN_IF_ERROR(s.validate());
+  MILES_ASSIGN_OR_RETURN(rewards_, RewardModel::create(specs));
+  MILES_ASSIGN_OR_RETURN(PromptData d, PromptData::load(cfg_.data, *res_.tokenizer,
+                                                        res_.chat.get()));
+  data_ = std::make_unique<PromptData>(std::move(d));
+  MILES_RETURN_IF_ERROR(setup_trainer());
+  MILES_RETURN_IF_ERROR(resume_if_asked());
+  MILES_ASSIGN_OR_RETURN(publisher_, WeightPublisher::create(cfg_.weight_sync, *trainer_));
+  const int64_t version = trainer_->steps_done();
+  MILES_RETURN_IF_ERROR(publisher_->drop_newer_than(version));
+  MILES_RETURN_IF_ERROR(publisher_->publish(version, *trainer_));
+  MILES_ASSIGN_OR_RETURN(metrics_, MetricsLog::open(cfg_.logging.run_dir + "/metrics.jsonl",
+                                                    cfg_.logging.progress,
+                                                    cfg_.rollout.num_rollouts,
+                                                    cfg_.checkpoint.resume ? rollout_step_ : -1));
+  MILES_RETURN_IF_ERROR(setup_engines());
+  runner_ = std::make_unique<GroupRunner>(*engines_, *rewards_, *res_.tokenizer, cfg_.rollout,
+                                          trainer_->model_config().num_moe_layers() > 0);
+  return Status::Ok();
+}
+
+Result<RunSummary> RlJob::run() {
+  last_step_end_ = Clock::now();
+  Status s = cfg_.async.mode == "sync"           ? run_sync()
+             : cfg_.async.mode == "one_step_off" ? run_one_step_off()
+                                                 : run_async();
+  if (!s.ok()) return s;
+  RunSummary sum;
+  sum.rollout_steps = rollout_step_;
+  const size_t n = reward_means_.size(), k = std::min<size_t>(5, n);
+  for (size_t i = 0; i < k; ++i) {
+    sum.first_reward_mean += reward_means_[i] / k;
+    sum.last_reward_mean += reward_means_[n - k + i] / k;
+  }
+  return sum;
+}
+
+Result<RunSummary> run_rl_job(const RunConfig& config, const RunResources& resources) {
+  RlJob job(config, resources);
+  MILES_RETURN_IF_ERROR(job.setup());
+  return job.run();
+}
+
+}  // namespace miles::controller

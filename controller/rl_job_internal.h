@@ -1,0 +1,94 @@
+// The RlJob class behind run_rl_job (rl_job.h): setup (rl_job.cc), the three schedules
+// (rl_schedules.cc), one training step with its metrics (rl_step.cc).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "controller/controller_service.h"
+#include "controller/engine_pool.h"
+#include "controller/group_batch.h"
+#include "controller/group_runner.h"
+#include "controller/metrics_log.h"
+#include "controller/prompt_data.h"
+#include "controller/rl_job.h"
+#include "controller/weight_publisher.h"
+#include "miles/reward.h"
+#include "miles/thread_pool.h"
+#include "miles/trainer.h"
+
+namespace miles::controller {
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// What a schedule hands to train_step besides the groups.
+struct StepTiming {
+  double generate_s = 0, idle_s = 0;
+  int64_t launched = 0, filtered = 0, cancelled = 0, stale_dropped = 0, stale_retried = 0;
+  bool filled_with_filtered = false;
+};
+
+// Whether a step publishes and syncs its weights, pausing the engines how, after what.
+struct SyncPlan {
+  bool sync = true;
+  const PauseMode* pause = nullptr;       // async: engines keep generating through the update
+  std::function<Status()> before_sync;    // one-step-off: wait for the next batch first
+};
+
+class RlJob {
+ public:
+  RlJob(const RunConfig& config, const RunResources& resources) : cfg_(config), res_(resources) {}
+  ~RlJob();
+  Status setup();
+  Result<RunSummary> run();
+
+ private:
+  // setup phases (rl_job.cc)
+  Status make_run_dir();
+  Status setup_trainer();
+  Status resume_if_asked();
+  Status setup_engines();
+  // schedules (rl_schedules.cc)
+  Status run_sync();
+  Status run_one_step_off();
+  Status run_async();
+  std::unique_ptr<GroupBatch> launch_batch();
+  // one step (rl_step.cc): train on the groups, publish, sync (when `sync`), log, checkpoint
+  Status train_step(std::vector<RolloutGroup> groups, StepTiming& timing, const SyncPlan& plan);
+  Status sync_engines(const PauseMode* pause);
+  Status checkpoint_if_due(bool final_step);
+  void log_line(const std::string& line);
+  bool should_stop() const;
+
+  RunConfig cfg_;
+  RunResources res_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<Trainer> reference_;  // frozen initial policy for the KL term
+  std::unique_ptr<RewardModel> rewards_;
+  std::unique_ptr<PromptData> data_;
+  std::unique_ptr<WeightPublisher> publisher_;
+  std::unique_ptr<EnginePool> engines_;
+  std::unique_ptr<ControllerService> service_;
+  std::unique_ptr<GroupRunner> runner_;
+  std::unique_ptr<MetricsLog> metrics_;
+
+  int64_t rollout_step_ = 0;   // rollout steps done
+  int64_t next_position_ = 0;     // next prompt stream position to launch
+  int64_t trained_position_ = 0;  // stream position after the last trained batch (checkpoints)
+  Clock::time_point last_step_end_;
+  std::vector<double> reward_means_;  // of this process's steps
+  std::atomic<double> last_reward_{0};
+};
+
+}  // namespace miles::controller

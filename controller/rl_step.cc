@@ -1,0 +1,195 @@
+// RlJob::train_step (rl_job_internal.h): one rollout step's training, weight publish and sync,
+// metrics line, checkpoint.
+#include <cmath>
+#include <mutex>
+
+#include "controller/rl_job_internal.h"
+#include "controller/train_batch.h"
+#include "miles/rl_objective.h"
+#include "miles/train_checkpoint.h"
+
+namespace miles::controller {
+
+using nlohmann::json;
+
+namespace {
+
+// |trainer logp − engine logp| over every response token of the first optimizer step: with the
+// weights that generated the samples (sync) this is the train–rollout mismatch, exactly 0 when
+// both sides compute the same bits.
+struct Mismatch {
+  std::mutex mu;
+  double sum = 0, max = 0;
+  int64_t count = 0, nonzero = 0;
+};
+
+TokenObjective with_mismatch(TokenObjective base, std::span<const RlSampleData> data,
+                             Mismatch* m) {
+  return [base = std::move(base), data, m](const TokenView& v) -> Result<TokenLoss> {
+    std::lock_guard<std::mutex> lock(m->mu);
+    for (size_t s = 0; s < v.samples.size(); ++s) {
+      const std::vector<float>& r = data[v.samples[s]].rollout_logp;
+      for (int64_t j = v.offsets[s]; j < v.offsets[s + 1]; ++j) {
+        const double d = std::fabs(static_cast<double>(v.logp[j]) - r[j - v.offsets[s]]);
+        m->sum += d;
+        m->max = std::max(m->max, d);
+        m->nonzero += d != 0;
+        ++m->count;
+      }
+    }
+    return base(v);
+  };
+}
+
+}  // namespace
+
+Status RlJob::sync_engines(const PauseMode* pause) {
+  WeightPublisher* pub = publisher_.get();
+  return engines_->update_all([pub, pause](EngineClient& e) { return pub->bring(e, pause); });
+}
+
+Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
+                         const SyncPlan& plan) {
+  const auto t_train = Clock::now();
+  const int64_t version_before = trainer_->steps_done();
+  MILES_ASSIGN_OR_RETURN(TrainBatch b, make_train_batch(groups, cfg_.algorithm));
+  if (cfg_.algorithm.old_logp == "recompute" || reference_) {
+    if (cfg_.algorithm.old_logp == "recompute") {
+      MILES_ASSIGN_OR_RETURN(auto scored, trainer_->score(b.samples, /*replay=*/true));
+      for (size_t i = 0; i < b.data.size(); ++i) b.data[i].old_logp = scored[i].logp;
+    }
+    if (reference_) {
+      MILES_ASSIGN_OR_RETURN(auto ref, reference_->score(b.samples, /*replay=*/true));
+      for (size_t i = 0; i < b.data.size(); ++i) b.data[i].ref_logp = ref[i].logp;
+    }
+  }
+  MILES_ASSIGN_OR_RETURN(rl::LossConfig lc, loss_config(cfg_.algorithm));
+  const int64_t gbs = cfg_.trainer.global_batch_size;
+  std::map<std::string, double> sums;
+  StepResult last;
+  double loss_sum = 0, grad_norm_max = 0;
+  Mismatch mismatch;
+  for (int64_t k = 0; k < cfg_.trainer.num_steps_per_rollout; ++k) {
+    std::span<const TrainSample> samples(b.samples.data() + k * gbs, gbs);
+    std::span<const RlSampleData> data(b.data.data() + k * gbs, gbs);
+    MILES_ASSIGN_OR_RETURN(TokenObjective obj, rl_objective(samples, data, lc));
+    if (k == 0) obj = with_mismatch(std::move(obj), data, &mismatch);
+    MILES_ASSIGN_OR_RETURN(last, trainer_->step(samples, obj));
+    for (const auto& [name, v] : last.sums) sums[name] += v;
+    loss_sum += last.loss;
+    grad_norm_max = std::max(grad_norm_max, last.grad_norm);
+  }
+  const double train_s = seconds_since(t_train);
+
+  if (plan.before_sync) MILES_RETURN_IF_ERROR(plan.before_sync());
+  const auto t_sync = Clock::now();
+  if (plan.sync) {
+    MILES_RETURN_IF_ERROR(publisher_->publish(trainer_->steps_done(), *trainer_));
+    MILES_RETURN_IF_ERROR(sync_engines(plan.pause));
+  }
+  const double sync_s = seconds_since(t_sync);
+  ++rollout_step_;
+
+  // ---- metrics
+  double rsum = 0, rsq = 0, len_sum = 0, len_max = 0, truncated = 0, errors = 0;
+  double stale_sum = 0, stale_max = 0;
+  std::map<std::string, double> parts;
+  int64_t samples = 0, tokens = 0, continuations = 0;
+  for (const RolloutGroup& g : groups) {
+    continuations += g.continuations;
+    for (const RolloutSample& s : g.samples) {
+      ++samples;
+      rsum += s.reward.score;
+      rsq += s.reward.score * s.reward.score;
+      const double len = static_cast<double>(s.tokens.size());
+      len_sum += len;
+      tokens += static_cast<int64_t>(len);
+      len_max = std::max(len_max, len);
+      truncated += s.finish_reason == "length";
+      errors += !s.reward.error.empty();
+      for (const auto& [name, v] : s.reward.parts) parts[name] += v;
+      const double stale = static_cast<double>(version_before - s.min_version());
+      stale_sum += stale;
+      stale_max = std::max(stale_max, stale);
+    }
+  }
+  const double n = std::max<int64_t>(samples, 1);
+  const double mean = rsum / n;
+  const double var = std::max(0.0, rsq / n - mean * mean);
+  const double step_s = seconds_since(last_step_end_);
+  last_step_end_ = Clock::now();
+  const PoolCounters pc = engines_->counters();
+  json m = {{"step", rollout_step_},
+            {"weight_version", trainer_->steps_done()},
+            {"mode", cfg_.async.mode},
+            {"samples", samples},
+            {"groups", static_cast<int64_t>(groups.size())},
+            {"reward_mean", mean},
+            {"reward_std", std::sqrt(var)},
+            {"reward_errors", errors},
+            {"response_length_mean", len_sum / n},
+            {"response_length_max", len_max},
+            {"truncated_frac", truncated / n},
+            {"staleness_mean", stale_sum / n},
+            {"staleness_max", stale_max},
+            {"groups_launched", timing.launched},
+            {"groups_filtered", timing.filtered},
+            {"groups_cancelled", timing.cancelled},
+            {"groups_stale_dropped", timing.stale_dropped},
+            {"groups_stale_retried", timing.stale_retried},
+            {"filled_with_filtered", timing.filled_with_filtered},
+            {"continued_samples", continuations},
+            {"loss", loss_sum / cfg_.trainer.num_steps_per_rollout},
+            {"grad_norm", grad_norm_max},
+            {"lr", last.lr},
+            {"logp_abs_diff_mean", mismatch.count ? mismatch.sum / mismatch.count : 0.0},
+            {"logp_abs_diff_max", mismatch.max},
+            {"logp_diff_nonzero_frac",
+             mismatch.count ? static_cast<double>(mismatch.nonzero) / mismatch.count : 0.0},
+            {"time_step_s", step_s},
+            {"time_generate_s", timing.generate_s},
+            {"time_train_s", train_s},
+            {"time_sync_s", sync_s},
+            {"time_idle_s", timing.idle_s},
+            {"rollout_tokens_per_s", timing.generate_s > 0 ? tokens / timing.generate_s : 0.0},
+            {"train_tokens_per_s", train_s > 0 ? tokens / train_s : 0.0},
+            {"samples_per_s", step_s > 0 ? samples / step_s : 0.0},
+            {"engine_failures", pc.failures},
+            {"engine_restarts", pc.restarts},
+            {"groups_redispatched", pc.redispatched}};
+  for (const auto& [name, v] : parts) m["reward_" + name + "_mean"] = v / n;
+  for (const auto& [name, v] : rl_step_metrics(sums)) m[name] = v;
+  MILES_RETURN_IF_ERROR(metrics_->write(m));
+  reward_means_.push_back(mean);
+  last_reward_ = mean;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "step %lld/%lld  reward %.3f ± %.3f  len %.1f  loss %.4f  |Δlogp| max %.2g  "
+                "stale %.1f  %.2fs (gen %.2f train %.2f sync %.2f idle %.2f)",
+                static_cast<long long>(rollout_step_),
+                static_cast<long long>(cfg_.rollout.num_rollouts), mean, std::sqrt(var),
+                len_sum / n, loss_sum / cfg_.trainer.num_steps_per_rollout, mismatch.max,
+                stale_sum / n, step_s, timing.generate_s, train_s, sync_s, timing.idle_s);
+  metrics_->show(rollout_step_, line);
+  return checkpoint_if_due(rollout_step_ == cfg_.rollout.num_rollouts || should_stop());
+}
+
+Status RlJob::checkpoint_if_due(bool final_step) {
+  const CheckpointSection& c = cfg_.checkpoint;
+  const bool due = (c.save_every > 0 && rollout_step_ % c.save_every == 0) ||
+                   (final_step && (c.save_final || c.save_every > 0));
+  if (!due) return Status::Ok();
+  TrainState st;
+  st.step = rollout_step_;
+  st.data_position = trained_position_;
+  st.rng_seed = cfg_.rollout.seed;
+  st.extra_json = json{{"weight_version", trainer_->steps_done()}}.dump();
+  SaveOptions so;
+  so.overwrite = true;
+  const std::string dir = c.dir + "/" + checkpoint_dir_name(rollout_step_);
+  MILES_RETURN_IF_ERROR(save_checkpoint(dir, *trainer_, st, so));
+  log_line("checkpoint " + dir);
+  return Status::Ok();
+}
+
+}  // namespace miles::controller

@@ -1,0 +1,136 @@
+// WeightPublisher (weight_publisher.h).
+#include "controller/weight_publisher.h"
+
+#include <filesystem>
+
+#include "miles/disk_delta.h"
+#include "miles/flat_params.h"
+#include "miles/trainer.h"
+
+namespace miles::controller {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+TensorSource source_of(const Trainer& trainer) {
+  return [&trainer](const std::string& name) { return trainer.params().get(name); };
+}
+
+std::map<std::string, std::string> checksums_of(const Trainer& trainer, const TransferPlan& plan) {
+  std::map<std::string, std::string> out;
+  for (const Bucket& b : plan.buckets)
+    for (const PlannedTensor& t : b.tensors) {
+      std::span<const float> v = trainer.params().get(t.name);
+      out[t.name] = xxh3_128_hex(v.data(), v.size_bytes());
+    }
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(const WeightSyncSection& cfg,
+                                                                 const Trainer& trainer) {
+  if (cfg.transport != "disk_delta")
+    return Status::Error("weight_sync.transport: '" + cfg.transport +
+                         "' is not available to `miles run` (known: disk_delta)");
+  auto p = std::unique_ptr<WeightPublisher>(new WeightPublisher());
+  p->cfg_ = cfg;
+  MILES_ASSIGN_OR_RETURN(p->plan_, make_transfer_plan(trainer.model_config(),
+                                                     trainer.params().layout(), ParallelLayout{}));
+  DiskDeltaOptions o;
+  o.full_every = static_cast<int>(cfg.full_every);
+  o.encoding = cfg.encoding == "overwrite" ? DeltaEncoding::kOverwrite : DeltaEncoding::kXor;
+  std::error_code ec;
+  fs::create_directories(cfg.dir, ec);
+  if (ec) return Status::Error("weight_sync.dir " + cfg.dir + ": " + ec.message());
+  p->sender_ = make_disk_delta_sender(cfg.dir, p->plan_, o);
+  return p;
+}
+
+Status WeightPublisher::publish(int64_t version, const Trainer& trainer) {
+  auto sums = checksums_of(trainer, plan_);
+  DiskDeltaReader reader(cfg_.dir);
+  auto existing = reader.versions();
+  bool adopt = false;
+  if (existing.ok() && !existing->empty() && existing->back() == version) {
+    // A resumed run: the version was published before the checkpoint; it must be these weights.
+    MILES_ASSIGN_OR_RETURN(WeightSet ws, reader.load(version));
+    for (const NamedTensor& t : ws) {
+      auto it = sums.find(t.name);
+      if (it == sums.end() || it->second != xxh3_128_hex(t.bytes.data(), t.bytes.size()))
+        return Status::Error("weight_sync.dir " + cfg_.dir + " holds version " +
+                             std::to_string(version) + " with other weights than the trainer's (" +
+                             t.name + "); remove the directory or resume from its run");
+    }
+    adopt = true;
+  }
+  if (!adopt) MILES_RETURN_IF_ERROR(sender_->send(version, source_of(trainer)));
+  std::lock_guard<std::mutex> lock(mu_);
+  current_ = version;
+  checksums_ = std::move(sums);
+  return Status::Ok();
+}
+
+int64_t WeightPublisher::current() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return current_;
+}
+
+Status WeightPublisher::bring(EngineClient& engine, const PauseMode* pause) const {
+  int64_t v;
+  std::map<std::string, std::string> expected;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    v = current_;
+    if (cfg_.check_checksums) expected = checksums_;
+  }
+  if (pause) MILES_RETURN_IF_ERROR(engine.pause(*pause));
+  MILES_ASSIGN_OR_RETURN(auto held, engine.weight_checksums());
+  if (held.first != v) {
+    Status s = engine.update_weights_from_disk_delta(cfg_.dir, v);
+    if (!s.ok()) {
+      if (pause) (void)engine.resume();
+      return s;
+    }
+    if (cfg_.check_checksums) {
+      MILES_ASSIGN_OR_RETURN(held, engine.weight_checksums());
+    }
+  }
+  if (cfg_.check_checksums) {
+    int64_t bad = 0;
+    std::string first;
+    for (const auto& [name, sum] : expected) {
+      auto it = held.second.find(name);
+      if (it == held.second.end() || it->second != sum) {
+        if (!bad++) first = name;
+      }
+    }
+    if (held.first != v || bad > 0) {
+      if (pause) (void)engine.resume();
+      return Status::Error("engine " + engine.address().http() + " holds version " +
+                           std::to_string(held.first) + ", not " + std::to_string(v) + " (" +
+                           std::to_string(bad) + " tensors differ" +
+                           (first.empty() ? "" : ", e.g. " + first) + ")");
+    }
+  }
+  if (pause) MILES_RETURN_IF_ERROR(engine.resume());
+  return Status::Ok();
+}
+
+Status WeightPublisher::drop_newer_than(int64_t version) const {
+  DiskDeltaReader reader(cfg_.dir);
+  auto versions = reader.versions();
+  if (!versions.ok()) return Status::Ok();  // nothing published yet
+  for (int64_t v : *versions) {
+    if (v <= version) continue;
+    char name[32];
+    std::snprintf(name, sizeof name, "weight_v%06lld", static_cast<long long>(v));
+    std::error_code ec;
+    fs::remove_all(fs::path(cfg_.dir) / name, ec);
+    if (ec) return Status::Error("cannot remove " + cfg_.dir + "/" + name + ": " + ec.message());
+  }
+  return Status::Ok();
+}
+
+}  // namespace miles::controller
