@@ -1,0 +1,286 @@
+// Value checks of a typed RunConfig: enumerations, ranges, required keys, and the invariants that
+// tie sections together (the batch invariant, layout divisibility, KL and staleness settings).
+//
+// Why: these are the mistakes that otherwise surface an hour into a run (or never, as a silently
+// wrong objective). Each error names the keys and values involved and, when the parser saw the key,
+// where it came from (`job.yaml:12` or `override section.key=value`). All errors are reported at
+// once, one per line. Reward entries are checked by RewardSpec::validate (the controller calls it).
+#include <initializer_list>
+#include <string>
+
+#include "controller/run_config_internal.h"
+
+namespace miles::run_config_internal {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+std::string str(double v) { return format_number(v); }
+
+class Checker {
+ public:
+  Checker(const RunConfig& config, const Origins& origins) : config_(config), origins_(origins) {}
+
+  // Records "<origin of the first key that has one>: <message>"; without any, the source file.
+  void fail(std::initializer_list<std::string_view> keys, const std::string& message) {
+    std::string where = config_.source;
+    for (std::string_view key : keys) {
+      auto it = origins_.find(std::string(key));
+      if (it != origins_.end()) {
+        where = it->second;
+        break;
+      }
+    }
+    errors_.push_back(where.empty() ? message : where + ": " + message);
+  }
+  void fail(std::string_view key, const std::string& message) {
+    fail({key}, std::string(key) + ": " + message);
+  }
+
+  void one_of(std::string_view key, const std::string& value,
+              std::initializer_list<std::string_view> accepted) {
+    std::string list;
+    for (std::string_view a : accepted) {
+      if (a == value) return;
+      list += (list.empty() ? "" : " | ") + std::string(a);
+    }
+    std::string near = nearest(value, {accepted.begin(), accepted.end()});
+    fail(key, "expected one of " + list + ", got " + double_quoted(value) +
+                  (near.empty() ? "" : " (did you mean " + near + "?)"));
+  }
+  template <typename T>
+  void at_least(std::string_view key, T value, T min) {
+    if (!(value >= min)) fail(key, "must be >= " + str(min) + ", got " + str(value));
+  }
+  template <typename T>
+  void positive(std::string_view key, T value) {
+    if (!(value > 0)) fail(key, "must be > 0, got " + str(value));
+  }
+  void required(std::string_view key, const std::string& value, std::string_view what) {
+    if (value.empty()) fail(key, "required (" + std::string(what) + ")");
+  }
+
+  Status status() const {
+    if (errors_.empty()) return Status::Ok();
+    std::string message;
+    for (const std::string& e : errors_) message += (message.empty() ? "" : "\n") + e;
+    return Status::Error(message);
+  }
+
+ private:
+  const RunConfig& config_;
+  const Origins& origins_;
+  std::vector<std::string> errors_;
+};
+
+// "host:http_port/grpc_port" with both ports in 1..65535.
+bool valid_engine_address(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  const size_t slash = address.rfind('/');
+  if (colon == std::string::npos || colon == 0 || slash == std::string::npos || slash < colon) {
+    return false;
+  }
+  for (std::string port :
+       {address.substr(colon + 1, slash - colon - 1), address.substr(slash + 1)}) {
+    if (port.empty() || port.size() > 5 ||
+        port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) < 1 ||
+        std::stoi(port) > 65535) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void check_batches(const RunConfig& c, Checker& check) {
+  const auto& r = c.rollout;
+  const auto& t = c.trainer;
+  if (r.rollout_batch_size < 1 || r.n_samples_per_prompt < 1 || t.global_batch_size < 1 ||
+      t.num_steps_per_rollout < 1) {
+    return;  // reported by the range checks
+  }
+  int64_t produced = 0, consumed = 0;
+  if (__builtin_mul_overflow(r.rollout_batch_size, r.n_samples_per_prompt, &produced) ||
+      __builtin_mul_overflow(t.global_batch_size, t.num_steps_per_rollout, &consumed)) {
+    check.fail({"rollout.rollout_batch_size", "trainer.global_batch_size"},
+               "batch sizes: the products overflow 64 bits");
+    return;
+  }
+  if (produced != consumed) {
+    std::string fix =
+        produced % t.num_steps_per_rollout == 0
+            ? "trainer.global_batch_size: " + str(produced / t.num_steps_per_rollout)
+            : "trainer.num_steps_per_rollout: 1 and trainer.global_batch_size: " + str(produced);
+    check.fail({"trainer.global_batch_size", "trainer.num_steps_per_rollout",
+                "rollout.rollout_batch_size", "rollout.n_samples_per_prompt"},
+               "batch sizes: rollout.rollout_batch_size × rollout.n_samples_per_prompt = " +
+                   str(r.rollout_batch_size) + " × " + str(r.n_samples_per_prompt) + " = " +
+                   str(produced) +
+                   " samples per rollout step, but trainer.global_batch_size × "
+                   "trainer.num_steps_per_rollout = " +
+                   str(t.global_batch_size) + " × " + str(t.num_steps_per_rollout) + " = " +
+                   str(consumed) + " (did you mean " + fix + "?)");
+  }
+  if (t.micro_batch_size >= 1 && c.parallel.dp >= 1 &&
+      t.global_batch_size % (t.micro_batch_size * c.parallel.dp) != 0) {
+    check.fail({"trainer.global_batch_size", "trainer.micro_batch_size", "parallel.dp"},
+               "trainer.global_batch_size: " + str(t.global_batch_size) +
+                   " is not divisible by trainer.micro_batch_size × parallel.dp = " +
+                   str(t.micro_batch_size) + " × " + str(c.parallel.dp) + " = " +
+                   str(t.micro_batch_size * c.parallel.dp));
+  }
+  if (r.over_sampling_batch_size != 0 && r.over_sampling_batch_size < r.rollout_batch_size) {
+    check.fail("rollout.over_sampling_batch_size",
+               "must be 0 (as many as rollout.rollout_batch_size) or >= "
+               "rollout.rollout_batch_size (" +
+                   str(r.rollout_batch_size) + "), got " + str(r.over_sampling_batch_size));
+  }
+}
+
+void check_rollout(const RunConfig& c, Checker& check) {
+  const auto& r = c.rollout;
+  check.positive("rollout.num_rollouts", r.num_rollouts);
+  check.positive("rollout.rollout_batch_size", r.rollout_batch_size);
+  check.positive("rollout.n_samples_per_prompt", r.n_samples_per_prompt);
+  check.at_least<int64_t>("rollout.over_sampling_batch_size", r.over_sampling_batch_size, 0);
+  check.positive("rollout.max_new_tokens", r.max_new_tokens);
+  check.at_least("rollout.temperature", r.temperature, 0.0);
+  if (!(r.top_p > 0 && r.top_p <= 1)) {
+    check.fail("rollout.top_p", "must be in (0, 1], got " + str(r.top_p));
+  }
+  check.at_least<int64_t>("rollout.top_k", r.top_k, 0);
+  check.at_least<int64_t>("rollout.num_engines", r.num_engines, 0);
+  if (r.num_engines == 0 && r.engines.empty() && c.controller.port == 0) {
+    check.fail({"rollout.num_engines", "rollout.engines", "controller.port"},
+               "rollout.num_engines: 0 engines to start, none in rollout.engines, and "
+               "controller.port is 0 so none can register (start some, list some, or set "
+               "controller.port)");
+  }
+  for (size_t i = 0; i < r.engines.size(); ++i) {
+    if (!valid_engine_address(r.engines[i])) {
+      check.fail({"rollout.engines"}, "rollout.engines[" + std::to_string(i) +
+                                          "]: expected \"host:http_port/grpc_port\", got " +
+                                          double_quoted(r.engines[i]));
+    }
+  }
+  check.positive("rollout.engine_threads", r.engine_threads);
+  check.positive("rollout.engine_num_blocks", r.engine_num_blocks);
+  check.positive("rollout.engine_max_batch_tokens", r.engine_max_batch_tokens);
+  check.positive("rollout.engine_max_running", r.engine_max_running);
+  check.positive("rollout.health_check_interval_s", r.health_check_interval_s);
+  check.positive("rollout.engine_start_timeout_s", r.engine_start_timeout_s);
+  check.at_least<int64_t>("rollout.max_engine_restarts", r.max_engine_restarts, 0);
+}
+
+void check_trainer(const RunConfig& c, Checker& check) {
+  const auto& t = c.trainer;
+  check.positive("trainer.global_batch_size", t.global_batch_size);
+  check.positive("trainer.num_steps_per_rollout", t.num_steps_per_rollout);
+  check.positive("trainer.micro_batch_size", t.micro_batch_size);
+  check.positive("trainer.lr", t.lr);
+  check.at_least("trainer.min_lr", t.min_lr, 0.0);
+  if (t.lr > 0 && t.min_lr > t.lr) {
+    check.fail("trainer.min_lr", "must be <= trainer.lr (" + str(t.lr) + "), got " + str(t.min_lr));
+  }
+  check.at_least<int64_t>("trainer.warmup_steps", t.warmup_steps, 0);
+  check.one_of("trainer.decay", t.decay, {"constant", "cosine"});
+  check.at_least("trainer.weight_decay", t.weight_decay, 0.0);
+  for (auto [key, beta] : {std::pair{"trainer.beta1", t.beta1}, {"trainer.beta2", t.beta2}}) {
+    if (!(beta >= 0 && beta < 1)) check.fail(key, "must be in [0, 1), got " + str(beta));
+  }
+  check.positive("trainer.eps", t.eps);
+  check.at_least("trainer.clip_grad_norm", t.clip_grad_norm, 0.0);
+  check.positive("trainer.threads", t.threads);
+  check.positive("parallel.dp", c.parallel.dp);
+  check.positive("parallel.pp", c.parallel.pp);
+  check.positive("parallel.tp", c.parallel.tp);
+}
+
+void check_algorithm(const RunConfig& c, Checker& check) {
+  const auto& a = c.algorithm;
+  check.one_of("algorithm.advantage", a.advantage,
+               {"grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline"});
+  check.one_of("algorithm.policy_loss", a.policy_loss, {"ppo", "gspo"});
+  check.at_least("algorithm.eps_clip", a.eps_clip, 0.0);
+  check.at_least("algorithm.eps_clip_high", a.eps_clip_high, 0.0);
+  if (!(a.dual_clip_c == 0 || a.dual_clip_c > 1)) {
+    check.fail("algorithm.dual_clip_c", "must be 0 (off) or > 1, got " + str(a.dual_clip_c));
+  }
+  check.one_of("algorithm.kl_estimator", a.kl_estimator, {"none", "k1", "k2", "k3"});
+  check.at_least("algorithm.kl_coef", a.kl_coef, 0.0);
+  if (a.kl_coef > 0 && a.kl_estimator == "none") {
+    check.fail({"algorithm.kl_coef", "algorithm.kl_estimator"},
+               "algorithm.kl_coef: " + str(a.kl_coef) +
+                   " needs algorithm.kl_estimator k1, k2 or k3 (it is none)");
+  } else if (a.kl_coef == 0 && a.kl_estimator != "none") {
+    check.fail({"algorithm.kl_estimator", "algorithm.kl_coef"},
+               "algorithm.kl_estimator: " + a.kl_estimator +
+                   " needs algorithm.kl_coef > 0 (it is 0; or set kl_estimator: none)");
+  }
+  check.one_of("algorithm.loss_reduction", a.loss_reduction,
+               {"token_mean", "sample_mean", "constant"});
+  check.at_least("algorithm.constant_normaliser", a.constant_normaliser, 0.0);
+  if (a.loss_reduction == "constant" && !(a.constant_normaliser > 0)) {
+    check.fail({"algorithm.constant_normaliser", "algorithm.loss_reduction"},
+               "algorithm.constant_normaliser: must be > 0 with algorithm.loss_reduction "
+               "constant, got " +
+                   str(a.constant_normaliser));
+  }
+  check.one_of("algorithm.correction", a.correction, {"none", "tis", "mis_token", "mis_sequence"});
+  check.positive("algorithm.tis_c", a.tis_c);
+  check.at_least("algorithm.mis_low", a.mis_low, 0.0);
+  if (a.mis_low > a.mis_high) {
+    check.fail({"algorithm.mis_low", "algorithm.mis_high"},
+               "algorithm.mis_low: must be <= algorithm.mis_high (" + str(a.mis_high) + "), got " +
+                   str(a.mis_low));
+  }
+  check.one_of("algorithm.old_logp", a.old_logp, {"rollout", "recompute"});
+}
+
+void check_required(const RunConfig& c, Checker& check) {
+  check.required("model.path", c.model.path, "the HF model directory or llama2.c checkpoint");
+  check.required("data.path", c.data.path, "the JSONL prompt file");
+  check.required("data.prompt_key", c.data.prompt_key, "the prompt's field in each JSONL row");
+  if (c.rewards.empty()) {
+    check.fail({"rewards"},
+               "rewards: at least one reward is required (e.g. rewards: [{kind: exact_match}])");
+  }
+}
+
+void check_services(const RunConfig& c, Checker& check) {
+  check.one_of("weight_sync.transport", c.weight_sync.transport, {"disk_delta"});
+  check.positive("weight_sync.full_every", c.weight_sync.full_every);
+  check.one_of("weight_sync.encoding", c.weight_sync.encoding, {"xor", "overwrite"});
+  const auto& y = c.async;
+  check.one_of("async.mode", y.mode, {"sync", "one_step_off", "async"});
+  check.at_least<int64_t>("async.max_weight_staleness", y.max_weight_staleness, 0);
+  if (y.mode == "one_step_off" && y.max_weight_staleness == 0) {
+    check.fail({"async.max_weight_staleness", "async.mode"},
+               "async.max_weight_staleness: must be >= 1 with async.mode one_step_off, got 0");
+  }
+  check.one_of("async.stale_policy", y.stale_policy, {"drop", "retry"});
+  check.positive("async.update_weights_interval", y.update_weights_interval);
+  check.at_least<int64_t>("async.buffer_groups", y.buffer_groups, 0);
+  check.one_of("async.pause_mode", y.pause_mode, {"retract", "in_place", "abort"});
+  check.at_least<int64_t>("checkpoint.save_every", c.checkpoint.save_every, 0);
+  check.required("logging.run_dir", c.logging.run_dir, "where the run writes everything");
+  check.one_of("logging.progress", c.logging.progress, {"auto", "bar", "lines", "none"});
+  check.required("controller.host", c.controller.host, "the controller service's address");
+  if (c.controller.port < 0 || c.controller.port > 65535) {
+    check.fail("controller.port",
+               "must be in 0..65535 (0: any free port), got " + str(c.controller.port));
+  }
+}
+
+}  // namespace
+
+Status validate_with_origins(const RunConfig& config, const Origins& origins) {
+  Checker check(config, origins);
+  check_required(config, check);
+  check_rollout(config, check);
+  check_trainer(config, check);
+  check_batches(config, check);
+  check_algorithm(config, check);
+  check_services(config, check);
+  return check.status();
+}
+
+}  // namespace miles::run_config_internal

@@ -1,0 +1,160 @@
+// Job-config value checks (validate_run_config and the parser's use of it): required keys, the
+// batch invariant with its suggested fix, layout divisibility, ranges, enumerations and the
+// settings that only make sense together. Each message names the keys, the values and the line.
+#include <gtest/gtest.h>
+
+#include <utility>
+
+#include "miles/run_config.h"
+
+namespace miles {
+namespace {
+
+// model.path, data.path and one reward: valid on its own (lines 1-3).
+constexpr char kBase[] =
+    "model: {path: m}\ndata: {path: d.jsonl}\nrewards: [{kind: exact_match}]\n";
+
+std::string error_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  auto c = parse_run_config(yaml, "job.yaml", overrides);
+  return c.ok() ? "(no error)" : c.message();
+}
+std::string error_with(const std::string& more, const std::vector<std::string>& overrides = {}) {
+  return error_of(std::string(kBase) + more, overrides);
+}
+
+TEST(RunConfigValidate, RequiredKeys) {
+  EXPECT_EQ(error_of(""),
+            "job.yaml: model.path: required (the HF model directory or llama2.c checkpoint)\n"
+            "job.yaml: data.path: required (the JSONL prompt file)\n"
+            "job.yaml: rewards: at least one reward is required (e.g. rewards: [{kind: "
+            "exact_match}])");
+  EXPECT_EQ(error_of("model:\n  path: \"\"\ndata: {path: d}\nrewards: []\n"),
+            "job.yaml:2: model.path: required (the HF model directory or llama2.c checkpoint)\n"
+            "job.yaml:4: rewards: at least one reward is required (e.g. rewards: [{kind: "
+            "exact_match}])");
+}
+
+TEST(RunConfigValidate, BatchInvariantShowsTheProductsAndAFix) {
+  EXPECT_EQ(error_with("rollout:\n  rollout_batch_size: 8\ntrainer:\n  global_batch_size: 32\n"),
+            "job.yaml:7: batch sizes: rollout.rollout_batch_size × rollout.n_samples_per_prompt = "
+            "8 × 8 = 64 samples per rollout step, but trainer.global_batch_size × "
+            "trainer.num_steps_per_rollout = 32 × 1 = 32 (did you mean "
+            "trainer.global_batch_size: 64?)");
+  EXPECT_EQ(error_with("rollout:\n  n_samples_per_prompt: 4\n"),
+            "job.yaml:5: batch sizes: rollout.rollout_batch_size × rollout.n_samples_per_prompt = "
+            "8 × 4 = 32 samples per rollout step, but trainer.global_batch_size × "
+            "trainer.num_steps_per_rollout = 64 × 1 = 64 (did you mean "
+            "trainer.global_batch_size: 32?)");
+  EXPECT_EQ(error_with("", {"trainer.num_steps_per_rollout=3"}),
+            "override trainer.num_steps_per_rollout=3: batch sizes: rollout.rollout_batch_size × "
+            "rollout.n_samples_per_prompt = 8 × 8 = 64 samples per rollout step, but "
+            "trainer.global_batch_size × trainer.num_steps_per_rollout = 64 × 3 = 192 (did you "
+            "mean trainer.num_steps_per_rollout: 1 and trainer.global_batch_size: 64?)");
+  EXPECT_EQ(error_with("", {"trainer.global_batch_size=32", "trainer.num_steps_per_rollout=2"}),
+            "(no error)");
+}
+
+TEST(RunConfigValidate, GlobalBatchDividesIntoMicroBatchesPerRank) {
+  EXPECT_EQ(error_with("trainer:\n  micro_batch_size: 3\n"),
+            "job.yaml:5: trainer.global_batch_size: 64 is not divisible by "
+            "trainer.micro_batch_size × parallel.dp = 3 × 1 = 3");
+  EXPECT_EQ(error_with("", {"parallel.dp=3"}),
+            "override parallel.dp=3: trainer.global_batch_size: 64 is not divisible by "
+            "trainer.micro_batch_size × parallel.dp = 1 × 3 = 3");
+  EXPECT_EQ(error_with("", {"parallel.dp=4", "trainer.micro_batch_size=2"}), "(no error)");
+}
+
+TEST(RunConfigValidate, RangesAndCombinations) {
+  // One flow-map line (line 4) after the base, and the message it must give.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"rollout: {num_rollouts: 0}", "rollout.num_rollouts: must be > 0, got 0"},
+      {"rollout: {over_sampling_batch_size: 4}",
+       "rollout.over_sampling_batch_size: must be 0 (as many as rollout.rollout_batch_size) or "
+       ">= rollout.rollout_batch_size (8), got 4"},
+      {"rollout: {max_new_tokens: 0}", "rollout.max_new_tokens: must be > 0, got 0"},
+      {"rollout: {temperature: -0.5}", "rollout.temperature: must be >= 0, got -0.5"},
+      {"rollout: {top_p: 0}", "rollout.top_p: must be in (0, 1], got 0"},
+      {"rollout: {top_p: 1.5}", "rollout.top_p: must be in (0, 1], got 1.5"},
+      {"rollout: {top_k: -1}", "rollout.top_k: must be >= 0, got -1"},
+      {"rollout: {num_engines: 0}",
+       "rollout.num_engines: 0 engines to start, none in rollout.engines, and controller.port is "
+       "0 so none can register (start some, list some, or set controller.port)"},
+      {"rollout: {num_engines: 0, engines: [localhost]}",
+       "rollout.engines[0]: expected \"host:http_port/grpc_port\", got \"localhost\""},
+      {"trainer: {lr: 0}", "trainer.lr: must be > 0, got 0"},
+      {"trainer: {min_lr: 1e-5}", "trainer.min_lr: must be <= trainer.lr (1e-06), got 1e-05"},
+      {"trainer: {beta2: 1}", "trainer.beta2: must be in [0, 1), got 1"},
+      {"parallel: {tp: 0}", "parallel.tp: must be > 0, got 0"},
+      {"parallel: {pp: -2}", "parallel.pp: must be > 0, got -2"},
+      {"algorithm: {eps_clip: -0.1}", "algorithm.eps_clip: must be >= 0, got -0.1"},
+      {"algorithm: {dual_clip_c: 0.5}", "algorithm.dual_clip_c: must be 0 (off) or > 1, got 0.5"},
+      {"algorithm: {kl_coef: 0.1}",
+       "algorithm.kl_coef: 0.1 needs algorithm.kl_estimator k1, k2 or k3 (it is none)"},
+      {"algorithm: {kl_estimator: k2}",
+       "algorithm.kl_estimator: k2 needs algorithm.kl_coef > 0 (it is 0; or set kl_estimator: "
+       "none)"},
+      {"algorithm: {loss_reduction: constant}",
+       "algorithm.constant_normaliser: must be > 0 with algorithm.loss_reduction constant, got 0"},
+      {"algorithm: {mis_low: 3}", "algorithm.mis_low: must be <= algorithm.mis_high (2), got 3"},
+      {"async: {mode: one_step_off, max_weight_staleness: 0}",
+       "async.max_weight_staleness: must be >= 1 with async.mode one_step_off, got 0"},
+      {"async: {max_weight_staleness: -1}", "async.max_weight_staleness: must be >= 0, got -1"},
+      {"async: {update_weights_interval: 0}", "async.update_weights_interval: must be > 0, got 0"},
+      {"controller: {port: 70000}",
+       "controller.port: must be in 0..65535 (0: any free port), got 70000"},
+  };
+  for (const auto& [line, message] : cases) {
+    EXPECT_EQ(error_with(line + "\n"), "job.yaml:4: " + message) << line;
+  }
+  EXPECT_EQ(error_with("rollout: {num_engines: 0}\ncontroller: {port: 7000}\n"), "(no error)");
+  EXPECT_EQ(error_with("rollout: {num_engines: 0, engines: [\"h:1/2\"]}\n"), "(no error)");
+  EXPECT_EQ(error_with("algorithm: {kl_estimator: k1, kl_coef: 0.1, loss_reduction: constant, "
+                       "constant_normaliser: 256, dual_clip_c: 3}\n"),
+            "(no error)");
+}
+
+TEST(RunConfigValidate, EnumerationsListWhatIsAccepted) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"trainer: {decay: linear}", "trainer.decay: expected one of constant | cosine"},
+      {"algorithm: {advantage: ppo}",
+       "algorithm.advantage: expected one of grpo | dr_grpo | reinforce_pp | "
+       "reinforce_pp_baseline"},
+      {"algorithm: {policy_loss: x}", "algorithm.policy_loss: expected one of ppo | gspo"},
+      {"algorithm: {kl_estimator: k4}",
+       "algorithm.kl_estimator: expected one of none | k1 | k2 | k3"},
+      {"algorithm: {loss_reduction: x}",
+       "algorithm.loss_reduction: expected one of token_mean | sample_mean | constant"},
+      {"algorithm: {correction: x}",
+       "algorithm.correction: expected one of none | tis | mis_token | mis_sequence"},
+      {"algorithm: {old_logp: x}", "algorithm.old_logp: expected one of rollout | recompute"},
+      {"weight_sync: {transport: nccl}", "weight_sync.transport: expected one of disk_delta"},
+      {"weight_sync: {encoding: x}", "weight_sync.encoding: expected one of xor | overwrite"},
+      {"async: {mode: x}", "async.mode: expected one of sync | one_step_off | async"},
+      {"async: {stale_policy: x}", "async.stale_policy: expected one of drop | retry"},
+      {"async: {pause_mode: x}", "async.pause_mode: expected one of retract | in_place | abort"},
+      {"logging: {progress: x}", "logging.progress: expected one of auto | bar | lines | none"},
+  };
+  for (const auto& [line, message] : cases) {
+    std::string error = error_with(line + "\n");
+    EXPECT_TRUE(error.starts_with("job.yaml:4: " + message + ", got \"")) << error;
+  }
+  EXPECT_EQ(error_with("async:\n  mode: one_step_of\n"),
+            "job.yaml:5: async.mode: expected one of sync | one_step_off | async, got "
+            "\"one_step_of\" (did you mean one_step_off?)");
+}
+
+TEST(RunConfigValidate, PlainStructWithoutLines) {
+  RunConfig c;
+  c.model.path = "m";
+  c.data.path = "d";
+  c.rewards.emplace_back().kind = "exact_match";
+  EXPECT_TRUE(validate_run_config(c).ok()) << validate_run_config(c).message();
+  c.parallel.dp = 0;
+  c.source = "";
+  EXPECT_EQ(validate_run_config(c).message(), "parallel.dp: must be > 0, got 0");
+  c.source = "job.yaml";
+  EXPECT_EQ(validate_run_config(c).message(), "job.yaml: parallel.dp: must be > 0, got 0");
+}
+
+}  // namespace
+}  // namespace miles
