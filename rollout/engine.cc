@@ -171,6 +171,10 @@ Status Engine::update_weights(std::unique_ptr<ModelRunner> runner) {
       a.num_moe_layers() * a.moe.top_k != b.num_moe_layers() * b.moe.top_k)
     return Status::Error("update_weights: the new weights have another architecture");
   m.runner = std::move(runner);
+  // Cached prefixes hold KV of the old weights: drop them (blocks still used by paused in-place
+  // samples stay theirs), and never cache KV that began before this point.
+  m.radix->clear();
+  ++m.weights_epoch;
   return Status::Ok();
 }
 

@@ -26,6 +26,9 @@ struct Engine::Impl {
   uint64_t next_request_id = 1;
   int32_t next_slot = 1;
   int64_t version = 0;
+  // Bumped by every update_weights: KV computed under an older epoch never enters the prefix cache
+  // (a sample kept across an in-place update finishes on its old KV, but nobody reuses it).
+  int64_t weights_epoch = 0;
   bool paused = false;
   bool updating = false;  // between begin_weight_update and end_weight_update
   IterationRecord last;

@@ -33,6 +33,7 @@ struct Sample {
   int64_t computed = 0;          // positions whose KV is cached
   int64_t cached_tokens = 0;     // prompt positions that came from the prefix cache
   bool matched_prefix = false;   // prefix lookup done
+  int64_t kv_epoch = 0;          // Engine weights_epoch when its KV started (at the lookup)
   SamplingParams sampling;       // seed derived per sample
   std::vector<TokenOutput> output;
   std::vector<TokenOutput> pending;  // not yet reported

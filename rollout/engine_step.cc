@@ -36,6 +36,7 @@ bool Engine::Impl::ensure_blocks(Sample& s, int64_t positions) {
 
 void Engine::Impl::match_prefix(Sample& s) {
   s.matched_prefix = true;
+  s.kv_epoch = weights_epoch;
   if (!opt.enable_prefix_cache) return;
   // Keep at least the last token to compute: its logits start the generation.
   const int64_t max_blocks = (static_cast<int64_t>(s.tokens.size()) - 1) / opt.block_tokens;
@@ -120,7 +121,8 @@ void Engine::Impl::complete_prefill(Sample& s, const float* logits) {
   running.push_back(&s);
   s.state = SampleState::kRunning;
   counters.cached_prompt_tokens += s.cached_tokens;
-  if (opt.enable_prefix_cache) radix->insert(s.tokens, kv->table(s.slot));
+  if (opt.enable_prefix_cache && s.kv_epoch == weights_epoch)
+    radix->insert(s.tokens, kv->table(s.slot));
   sample_next(s, logits);
   if (s.index != 0 || s.output.size() > 1) return;
   rollout::Request& r = *requests.at(s.request_id);
@@ -136,6 +138,7 @@ void Engine::Impl::fork_sibling(Sample& leader, Sample& sib, const float* logits
   const std::vector<int32_t>& lt = kv->table(leader.slot);
   const int64_t full = prompt / bt, tail = prompt % bt;
   sib.matched_prefix = true;
+  sib.kv_epoch = leader.kv_epoch;
   if (tail != 0 && pool->free_blocks() == 0) radix->evict(1);
   if (tail != 0 && pool->free_blocks() == 0) {
     sib.state = SampleState::kWaiting;  // no room to copy: prefill it (prefix hits) later
@@ -201,7 +204,7 @@ void Engine::Impl::finish(Sample& s, FinishReason why, std::string matched) {
 
 void Engine::Impl::release(Sample& s) {
   if (!kv->has(s.slot)) return;
-  if (opt.enable_prefix_cache && s.finish != FinishReason::kAbort) {
+  if (opt.enable_prefix_cache && s.finish != FinishReason::kAbort && s.kv_epoch == weights_epoch) {
     const std::vector<int32_t>& t = kv->table(s.slot);
     radix->insert(std::span(s.tokens).first(std::min<size_t>(s.computed, s.tokens.size())), t);
   }

@@ -9,6 +9,7 @@
 #include <set>
 #include <random>
 
+#include "miles/disk_delta.h"
 #include "miles/engine.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
@@ -282,6 +283,73 @@ TEST(Engine, WeightUpdateBracketHoldsIterationsUntilItEnds) {
   ASSERT_EQ(fin.output.size(), 6u);
   EXPECT_EQ(fin.output.front().weight_version, 0);  // sampled before the update (in-place pause)
   EXPECT_EQ(fin.output.back().weight_version, 2);
+}
+
+}  // namespace
+}  // namespace miles
+
+namespace miles {
+namespace {
+
+// The same architecture with other weights: every float of model.norm.weight scaled.
+std::shared_ptr<const Model> perturbed(const std::string& name) {
+  auto files = load_model_files(test::data_dir() + "/models/" + name);
+  EXPECT_TRUE(files.ok()) << files.message();
+  WeightSet ws = weight_set_from_tensor_map(files->weights);
+  for (NamedTensor& t : ws) {
+    if (t.name != "model.norm.weight") continue;
+    EXPECT_EQ(t.dtype, "F32");
+    auto* f = reinterpret_cast<float*>(t.bytes.data());
+    for (size_t i = 0; i < t.bytes.size() / 4; ++i) f[i] *= 1.5f;
+  }
+  auto map = tensor_map_from_weight_set(std::move(ws));
+  EXPECT_TRUE(map.ok()) << map.message();
+  auto m = Model::from_weights(files->config, *map);
+  EXPECT_TRUE(m.ok()) << m.message();
+  return std::shared_ptr<const Model>(std::move(m).value());
+}
+
+// A weight update must drop the prefix cache: KV computed with the old weights, reused under the
+// new ones, would give logprobs no trainer can reproduce (found by `miles run`: the mismatch
+// appeared when prompts repeated in the second epoch). A sample kept across an in-place update
+// finishes on its old KV, which is never cached either.
+TEST(Engine, WeightUpdateDropsThePrefixCacheAndNeverCachesOldKv) {
+  auto model = load("qwen3_moe");
+  auto next = perturbed("qwen3_moe");
+  ThreadPool pool(2);
+  std::mt19937 rng(5);
+  auto prompt = random_ids(rng, 37);
+  SampleEvent fresh;
+  {
+    Engine e(make_model_runner(next, &pool), EngineOptions{.num_blocks = 256, .block_tokens = 8});
+    Collected c;
+    auto id = e.submit(make_request(prompt, 7), c.listener());
+    run_until_idle(e);
+    fresh = c.finals.at({*id, 0});
+  }
+  Engine e(make_model_runner(model, &pool), EngineOptions{.num_blocks = 256, .block_tokens = 8});
+  Collected c;
+  auto first = e.submit(make_request(prompt, 7), c.listener());
+  run_until_idle(e);
+  EXPECT_FALSE(same_outputs(c.finals.at({*first, 0}), fresh));  // the weights do differ
+  // In flight across an in-place update: it finishes on the old KV.
+  auto kept = e.submit(make_request(prompt, 8, 30), c.listener());
+  for (int i = 0; i < 3; ++i) e.step();
+  e.pause(PauseMode::kInPlace);
+  ASSERT_TRUE(e.update_weights(make_model_runner(next, &pool)).ok());
+  e.resume();
+  run_until_idle(e);
+  EXPECT_EQ(c.finals.at({*kept, 0}).output.size(), 30u);
+  auto again = e.submit(make_request(prompt, 7), c.listener());
+  run_until_idle(e);
+  const SampleEvent& got = c.finals.at({*again, 0});
+  EXPECT_EQ(got.cached_tokens, 0);
+  EXPECT_TRUE(same_outputs(got, fresh));
+  // Now computed under the new weights: cached and reused, same bits.
+  auto third = e.submit(make_request(prompt, 7), c.listener());
+  run_until_idle(e);
+  EXPECT_EQ(c.finals.at({*third, 0}).cached_tokens, 32);
+  EXPECT_TRUE(same_outputs(c.finals.at({*third, 0}), fresh));
 }
 
 }  // namespace
