@@ -74,7 +74,7 @@ Status EnginePool::wait_ready(int64_t n, double timeout_s) {
     int64_t ready = 0;
     for (const auto& e : engines_) ready += e->state == State::kReady;
     if (ready >= n) return Status::Ok();
-    if (!any_recoverable()) {
+    if (!engines_.empty() && !any_recoverable()) {  // none yet: wait for registrations
       std::string why;
       for (const auto& e : engines_)
         if (!e->error.empty()) why += "; engine " + std::to_string(e->id) + ": " + e->error;

@@ -1,0 +1,251 @@
+// `miles run` end to end, with real engine processes: the CI quickstart learns and its trainer and
+// engine logprobs agree exactly; a resumed run continues bit for bit; an engine killed mid-run is
+// restarted, brought to the current weights, and the run's numbers do not change (no sample lost
+// or duplicated); one-step-off samples are exactly one version stale; async runs keep the
+// staleness bound through partial rollouts; engines can register themselves; bad configs fail
+// with the line.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli_run.h"
+#include "miles/v1/controller.grpc.pb.h"
+#include "test_paths.h"
+
+namespace miles {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string temp_dir(const std::string& name) {
+  const std::string d = (fs::temp_directory_path() / ("miles_rl_" + name + "_" +
+                                                       std::to_string(getpid())))
+                            .string();
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// `miles run ARGS` from the source directory (configs use paths relative to it).
+test::CliRun run(const std::string& args) {
+  return test::run_miles("run " + args);
+}
+std::string cd_source() { return "cd '" + test::source_dir() + "' && "; }
+test::CliRun run_here(const std::string& args) {
+  const std::string cmd = cd_source() + test::miles_binary() + " run " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::vector<json> metrics(const std::string& run_dir) {
+  std::vector<json> out;
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line));
+  return out;
+}
+
+// The fields that depend only on the data, the seeds and the arithmetic (not on timing).
+json numbers(const json& m) {
+  json out;
+  for (const char* k : {"step", "weight_version", "samples", "reward_mean", "reward_std",
+                        "response_length_mean", "loss", "grad_norm", "lr", "ppo_kl", "clipfrac",
+                        "logp_abs_diff_max", "staleness_max"})
+    out[k] = m.at(k);
+  return out;
+}
+
+double mean_reward(const std::vector<json>& m, size_t first, size_t count) {
+  double s = 0;
+  for (size_t i = first; i < first + count; ++i) s += m[i]["reward_mean"].get<double>();
+  return s / count;
+}
+
+const char* kCi = "configs/quickstart_ci.yaml";
+
+TEST(RlRun, QuickstartCiRewardRisesAndLogprobsAgreeExactly) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = temp_dir("ci");
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto m = metrics(dir);
+  ASSERT_EQ(m.size(), 8u);
+  for (const json& s : m) {
+    EXPECT_EQ(s["samples"], 32);
+    EXPECT_EQ(s["logp_abs_diff_max"], 0.0) << s.dump();  // true on-policy: same bits
+    EXPECT_EQ(s["ppo_kl"], 0.0);
+    EXPECT_EQ(s["clipfrac"], 0.0);
+    EXPECT_EQ(s["staleness_max"], 0.0);
+    EXPECT_EQ(s["reward_errors"], 0.0);
+  }
+  const double first = mean_reward(m, 0, 3), last = mean_reward(m, 5, 3);
+  EXPECT_GT(last, first + 0.3) << "reward did not rise: " << first << " -> " << last;
+  EXPECT_NE(r.out.find("reward mean of the first 5 steps"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(dir + "/config.yaml"));
+}
+
+TEST(RlRun, ResumedRunContinuesBitForBit) {
+  MILES_REQUIRE_SHARED();
+  const std::string a = temp_dir("straight"), b = temp_dir("resumed");
+  auto ra = run_here(std::string(kCi) + " --run-dir " + a + " rollout.num_rollouts=4");
+  ASSERT_EQ(ra.exit_code, 0) << ra.out;
+  auto rb = run_here(std::string(kCi) + " --run-dir " + b +
+                     " rollout.num_rollouts=2 checkpoint.save_every=2");
+  ASSERT_EQ(rb.exit_code, 0) << rb.out;
+  ASSERT_TRUE(fs::exists(b + "/checkpoints/step_00000002/trainer_state.json"));
+  auto rc = run_here(std::string(kCi) + " --run-dir " + b +
+                     " rollout.num_rollouts=4 checkpoint.save_every=2 --resume");
+  ASSERT_EQ(rc.exit_code, 0) << rc.out;
+  EXPECT_NE(rc.out.find("resumed from"), std::string::npos) << rc.out;
+  auto ma = metrics(a), mb = metrics(b);
+  ASSERT_EQ(ma.size(), 4u);
+  ASSERT_EQ(mb.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(numbers(ma[i]), numbers(mb[i])) << "step " << i + 1;
+}
+
+// The controller's GetStatus over gRPC (its address is in RUN_DIR/controller.json).
+bool engine_pids(const std::string& run_dir, std::vector<int64_t>* pids) {
+  std::ifstream in(run_dir + "/controller.json");
+  if (!in) return false;
+  json c = json::parse(in, nullptr, false);
+  if (c.is_discarded()) return false;
+  auto stub = v1::Controller::NewStub(
+      grpc::CreateChannel(c["address"].get<std::string>(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ControllerStatus st;
+  if (!stub->GetStatus(&ctx, v1::ControllerStatusRequest(), &st).ok()) return false;
+  pids->clear();
+  for (const auto& e : st.engines())
+    if (e.state() == "ready" && e.pid() > 0) pids->push_back(e.pid());
+  return !pids->empty();
+}
+
+TEST(RlRun, KilledEngineIsRestartedWithCurrentWeightsAndNothingChanges) {
+  MILES_REQUIRE_SHARED();
+  const std::string ref = temp_dir("ref"), dir = temp_dir("kill");
+  auto rr = run_here(std::string(kCi) + " --run-dir " + ref + " rollout.num_rollouts=6");
+  ASSERT_EQ(rr.exit_code, 0) << rr.out;
+  // Two engines; engine 0 is killed (SIGKILL) once step 2 is logged.
+  std::thread killer([&] {
+    for (int i = 0; i < 1200; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+      if (metrics(dir).size() < 2) continue;
+      std::vector<int64_t> pids;
+      if (!engine_pids(dir, &pids)) continue;
+      kill(static_cast<pid_t>(pids.front()), SIGKILL);
+      return;
+    }
+  });
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir +
+                    " rollout.num_rollouts=6 rollout.num_engines=2 rollout.max_new_tokens=32"
+                    " rollout.health_check_interval_s=0.2");
+  killer.join();
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("dead"), std::string::npos) << r.out;
+  auto m = metrics(dir), mr = metrics(ref);
+  ASSERT_EQ(m.size(), 6u);
+  ASSERT_EQ(mr.size(), 6u);
+  EXPECT_GE(m.back()["engine_restarts"].get<int64_t>(), 1) << m.back().dump();
+  // Same samples, same training: the restarted engine served the current weights, no group was
+  // lost or counted twice, and two engines give what one gave.
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << "step " << i + 1;
+}
+
+TEST(RlRun, OneStepOffSamplesAreExactlyOneVersionStale) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = temp_dir("off");
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir +
+                    " rollout.num_rollouts=5 async.mode=one_step_off");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto m = metrics(dir);
+  ASSERT_EQ(m.size(), 5u);
+  EXPECT_EQ(m[0]["staleness_max"], 0.0);  // step 1 trains on version-0 samples at version 0
+  for (size_t i = 1; i < m.size(); ++i) {
+    EXPECT_EQ(m[i]["staleness_max"], 1.0) << m[i].dump();
+    EXPECT_EQ(m[i]["staleness_mean"], 1.0) << m[i].dump();
+  }
+}
+
+TEST(RlRun, AsyncKeepsTheStalenessBoundThroughPartialRollouts) {
+  MILES_REQUIRE_SHARED();
+  for (const char* mode : {"retract", "in_place", "abort"}) {
+    const std::string dir = temp_dir(std::string("async_") + mode);
+    auto r = run_here(std::string(kCi) + " --run-dir " + dir +
+                      " rollout.num_rollouts=5 async.mode=async async.max_weight_staleness=1"
+                      " async.buffer_groups=8 async.pause_mode=" + mode);
+    ASSERT_EQ(r.exit_code, 0) << mode << "\n" << r.out;
+    auto m = metrics(dir);
+    ASSERT_EQ(m.size(), 5u) << mode;
+    for (const json& s : m) {
+      EXPECT_EQ(s["samples"], 32) << mode;
+      EXPECT_LE(s["staleness_max"].get<double>(), 1.0) << mode << " " << s.dump();
+    }
+  }
+}
+
+TEST(RlRun, EngineStartedElsewhereRegistersItself) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = temp_dir("register");
+  // A free port for the controller: bind, read, release.
+  int port = 0;
+  {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+      port = ntohs(a.sin_port);
+    close(fd);
+  }
+  ASSERT_GT(port, 0);
+  const std::string engine_log = dir + "/engine.log";
+  const std::string serve = test::miles_binary() + " serve --model " + test::shared_dir() +
+                            "/models/stories260K/stories260K.bin --threads 1 --port 0 "
+                            "--controller 127.0.0.1:" + std::to_string(port) + " > " +
+                            engine_log + " 2>&1 & echo $!";
+  FILE* p = popen(serve.c_str(), "r");
+  char buf[64] = {0};
+  ASSERT_TRUE(fgets(buf, sizeof buf, p));
+  pclose(p);
+  const pid_t engine = static_cast<pid_t>(std::atol(buf));
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir +
+                    " rollout.num_rollouts=2 rollout.num_engines=0 controller.port=" +
+                    std::to_string(port));
+  kill(engine, SIGTERM);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("engine 0 registered"), std::string::npos) << r.out;
+  EXPECT_EQ(metrics(dir).size(), 2u);
+}
+
+TEST(RlRun, BadConfigFailsBeforeAnythingStartsWithTheLine) {
+  const std::string dir = temp_dir("bad");
+  std::ofstream(dir + "/job.yaml") << "model:\n  path: m.bin\nrollout:\n  n_samples_per_promt: 4\n";
+  auto r = run("'" + dir + "/job.yaml'");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("job.yaml:4: rollout.n_samples_per_promt: unknown key (did you mean "
+                       "n_samples_per_prompt?)"),
+            std::string::npos)
+      << r.out;
+}
+
+}  // namespace
+}  // namespace miles
