@@ -249,3 +249,31 @@ TEST(RlRun, BadConfigFailsBeforeAnythingStartsWithTheLine) {
 
 }  // namespace
 }  // namespace miles
+
+namespace miles {
+namespace {
+
+TEST(RlRun, BenchStepRunsTheThreeSchedulesOnOneJob) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = temp_dir("bench");
+  const std::string cmd = cd_source() + test::miles_binary() +
+                          " bench step configs/quickstart_ci.yaml --steps 3 --run-dir " + dir +
+                          " --out " + dir + "/bench.json 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  std::ifstream in(dir + "/bench.json");
+  json j = json::parse(in);
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_EQ(j[0]["mode"], "sync");
+  EXPECT_EQ(j[0]["step_vs_sync"], 1.0);
+  EXPECT_EQ(j[1]["mode"], "one_step_off");
+  EXPECT_EQ(j[2]["mode"], "async");
+  for (const json& m : j) EXPECT_GT(m["step_s"].get<double>(), 0) << m.dump();
+}
+
+}  // namespace
+}  // namespace miles

@@ -176,6 +176,7 @@ void register_bench(CLI::App& app) {
   register_bench_rollout(*bench);
   register_bench_train(*bench);
   register_bench_sync(*bench);
+  register_bench_step(*bench);
 }
 
 }  // namespace miles::cli

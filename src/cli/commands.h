@@ -11,6 +11,7 @@ void register_bench(CLI::App& app);
 void register_bench_rollout(CLI::App& bench);  // under `miles bench`
 void register_bench_train(CLI::App& bench);    // under `miles bench`
 void register_bench_sync(CLI::App& bench);     // under `miles bench`
+void register_bench_step(CLI::App& bench);     // under `miles bench`
 void register_serve(CLI::App& app);
 void register_run(CLI::App& app);
 void register_convert(CLI::App& app);
