@@ -15,6 +15,8 @@ namespace fs = std::filesystem;
 
 RlJob::~RlJob() {
   if (engines_) engines_->stop();
+  group_.reset();  // before the workers: their store and processes go last
+  workers_.reset();
   if (service_) service_->stop();
 }
 
@@ -37,44 +39,40 @@ Status RlJob::make_run_dir() {
 }
 
 Status RlJob::setup_trainer() {
-  MILES_ASSIGN_OR_RETURN(ModelFiles files, load_model_files(cfg_.model.path));
-  const TrainerSection& t = cfg_.trainer;
-  TrainerConfig tc;
-  tc.optimizer.beta1 = t.beta1;
-  tc.optimizer.beta2 = t.beta2;
-  tc.optimizer.eps = t.eps;
-  tc.optimizer.weight_decay = t.weight_decay;
-  tc.optimizer.clip_grad_norm = t.clip_grad_norm;
-  tc.lr.lr = t.lr;
-  tc.lr.min_lr = t.min_lr;
-  tc.lr.warmup_steps = t.warmup_steps;
-  tc.lr.total_steps = cfg_.rollout.num_rollouts * t.num_steps_per_rollout;
-  tc.lr.decay = t.decay == "cosine" ? LrSchedule::Decay::kCosine : LrSchedule::Decay::kConstant;
-  tc.micro_batch_size = t.micro_batch_size;
-  tc.need_entropy = cfg_.algorithm.entropy_coef != 0;
-  tc.replay_experts = true;
-  pool_ = std::make_unique<ThreadPool>(static_cast<int>(t.threads));
-  MILES_ASSIGN_OR_RETURN(trainer_, Trainer::create(files.config, files.weights, tc, pool_.get()));
+  const int64_t world = cfg_.parallel.dp * cfg_.parallel.pp * cfg_.parallel.tp;
+  if (world > 1) {
+    if (cfg_.algorithm.old_logp == "recompute" && (cfg_.parallel.pp > 1 || cfg_.parallel.tp > 1))
+      return Status::Error(
+          "algorithm.old_logp recompute needs parallel.pp = parallel.tp = 1 (use rollout)");
+    MILES_ASSIGN_OR_RETURN(workers_,
+                           TrainerWorkers::start(cfg_, cfg_.logging.run_dir + "/config.yaml"));
+    log_line("trainer group: " + std::to_string(world) + " ranks (dp " +
+             std::to_string(cfg_.parallel.dp) + ", pp " + std::to_string(cfg_.parallel.pp) +
+             ", tp " + std::to_string(cfg_.parallel.tp) + "), rendezvous at " +
+             workers_->store_address());
+  }
+  TrainState st;
+  MILES_ASSIGN_OR_RETURN(group_, TrainerRank::create(cfg_, 0, static_cast<int>(world),
+                                                     workers_ ? workers_->store_address() : "",
+                                                     &st));
+  if (cfg_.checkpoint.resume) {
+    if (st.step == 0) {
+      log_line("checkpoint.resume: no checkpoint in " + cfg_.checkpoint.dir + "; starting fresh");
+    } else {
+      rollout_step_ = st.step;
+      next_position_ = trained_position_ = st.data_position;
+      log_line("resumed from " + cfg_.checkpoint.dir + "/" + checkpoint_dir_name(st.step) +
+               " (rollout step " + std::to_string(rollout_step_) + ", weight version " +
+               std::to_string(group_->trainer().steps_done()) + ")");
+    }
+  }
   if (cfg_.algorithm.kl_coef > 0) {
     std::string ref = cfg_.model.reference.empty() ? cfg_.model.path : cfg_.model.reference;
     MILES_ASSIGN_OR_RETURN(ModelFiles rf, load_model_files(ref));
-    MILES_ASSIGN_OR_RETURN(reference_, Trainer::create(rf.config, rf.weights, tc, pool_.get()));
+    pool_ = std::make_unique<ThreadPool>(static_cast<int>(cfg_.trainer.threads));
+    MILES_ASSIGN_OR_RETURN(reference_, Trainer::create(rf.config, rf.weights,
+                                                       group_->trainer().config(), pool_.get()));
   }
-  return Status::Ok();
-}
-
-Status RlJob::resume_if_asked() {
-  if (!cfg_.checkpoint.resume) return Status::Ok();
-  auto latest = latest_checkpoint(cfg_.checkpoint.dir);
-  if (!latest.ok()) {
-    log_line("checkpoint.resume: no checkpoint in " + cfg_.checkpoint.dir + "; starting fresh");
-    return Status::Ok();
-  }
-  MILES_ASSIGN_OR_RETURN(TrainState st, load_checkpoint(*latest, *trainer_));
-  rollout_step_ = st.step;
-  next_position_ = st.data_position;
-  log_line("resumed from " + *latest + " (rollout step " + std::to_string(rollout_step_) +
-           ", weight version " + std::to_string(trainer_->steps_done()) + ")");
   return Status::Ok();
 }
 
@@ -139,18 +137,18 @@ Status RlJob::setup() {
                                                         res_.chat.get()));
   data_ = std::make_unique<PromptData>(std::move(d));
   MILES_RETURN_IF_ERROR(setup_trainer());
-  MILES_RETURN_IF_ERROR(resume_if_asked());
-  MILES_ASSIGN_OR_RETURN(publisher_, WeightPublisher::create(cfg_.weight_sync, *trainer_));
-  const int64_t version = trainer_->steps_done();
+  MILES_ASSIGN_OR_RETURN(const Trainer* full, group_->full());
+  MILES_ASSIGN_OR_RETURN(publisher_, WeightPublisher::create(cfg_.weight_sync, *full));
+  const int64_t version = full->steps_done();
   MILES_RETURN_IF_ERROR(publisher_->drop_newer_than(version));
-  MILES_RETURN_IF_ERROR(publisher_->publish(version, *trainer_));
+  MILES_RETURN_IF_ERROR(publisher_->publish(version, *full));
   MILES_ASSIGN_OR_RETURN(metrics_, MetricsLog::open(cfg_.logging.run_dir + "/metrics.jsonl",
                                                     cfg_.logging.progress,
                                                     cfg_.rollout.num_rollouts,
                                                     cfg_.checkpoint.resume ? rollout_step_ : -1));
   MILES_RETURN_IF_ERROR(setup_engines());
   runner_ = std::make_unique<GroupRunner>(*engines_, *rewards_, *res_.tokenizer, cfg_.rollout,
-                                          trainer_->model_config().num_moe_layers() > 0);
+                                          full->model_config().num_moe_layers() > 0);
   return Status::Ok();
 }
 
@@ -160,6 +158,7 @@ Result<RunSummary> RlJob::run() {
              : cfg_.async.mode == "one_step_off" ? run_one_step_off()
                                                  : run_async();
   if (!s.ok()) return s;
+  MILES_RETURN_IF_ERROR(group_->stop());
   RunSummary sum;
   sum.rollout_steps = rollout_step_;
   const size_t n = reward_means_.size(), k = std::min<size_t>(5, n);

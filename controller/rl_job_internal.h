@@ -19,6 +19,7 @@
 #include "controller/metrics_log.h"
 #include "controller/prompt_data.h"
 #include "controller/rl_job.h"
+#include "controller/trainer_group.h"
 #include "controller/weight_publisher.h"
 #include "miles/reward.h"
 #include "miles/thread_pool.h"
@@ -56,7 +57,6 @@ class RlJob {
   // setup phases (rl_job.cc)
   Status make_run_dir();
   Status setup_trainer();
-  Status resume_if_asked();
   Status setup_engines();
   // schedules (rl_schedules.cc)
   Status run_sync();
@@ -72,8 +72,9 @@ class RlJob {
 
   RunConfig cfg_;
   RunResources res_;
-  std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<ThreadPool> pool_;                // the reference model's
+  std::unique_ptr<TrainerWorkers> workers_;         // ranks 1.. of the trainer group
+  std::unique_ptr<TrainerRank> group_;              // rank 0: this process
   std::unique_ptr<Trainer> reference_;  // frozen initial policy for the KL term
   std::unique_ptr<RewardModel> rewards_;
   std::unique_ptr<PromptData> data_;

@@ -12,36 +12,6 @@ namespace miles::controller {
 
 using nlohmann::json;
 
-namespace {
-
-// |trainer logp − engine logp| over every response token of the first optimizer step: with the
-// weights that generated the samples (sync) this is the train–rollout mismatch, exactly 0 when
-// both sides compute the same bits.
-struct Mismatch {
-  std::mutex mu;
-  double sum = 0, max = 0;
-  int64_t count = 0, nonzero = 0;
-};
-
-TokenObjective with_mismatch(TokenObjective base, std::span<const RlSampleData> data,
-                             Mismatch* m) {
-  return [base = std::move(base), data, m](const TokenView& v) -> Result<TokenLoss> {
-    std::lock_guard<std::mutex> lock(m->mu);
-    for (size_t s = 0; s < v.samples.size(); ++s) {
-      const std::vector<float>& r = data[v.samples[s]].rollout_logp;
-      for (int64_t j = v.offsets[s]; j < v.offsets[s + 1]; ++j) {
-        const double d = std::fabs(static_cast<double>(v.logp[j]) - r[j - v.offsets[s]]);
-        m->sum += d;
-        m->max = std::max(m->max, d);
-        m->nonzero += d != 0;
-        ++m->count;
-      }
-    }
-    return base(v);
-  };
-}
-
-}  // namespace
 
 Status RlJob::sync_engines(const PauseMode* pause) {
   WeightPublisher* pub = publisher_.get();
@@ -51,40 +21,30 @@ Status RlJob::sync_engines(const PauseMode* pause) {
 Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
                          const SyncPlan& plan) {
   const auto t_train = Clock::now();
-  const int64_t version_before = trainer_->steps_done();
+  Trainer& local = group_->trainer();
+  const int64_t version_before = local.steps_done();
   MILES_ASSIGN_OR_RETURN(TrainBatch b, make_train_batch(groups, cfg_.algorithm));
-  if (cfg_.algorithm.old_logp == "recompute" || reference_) {
-    if (cfg_.algorithm.old_logp == "recompute") {
-      MILES_ASSIGN_OR_RETURN(auto scored, trainer_->score(b.samples, /*replay=*/true));
-      for (size_t i = 0; i < b.data.size(); ++i) b.data[i].old_logp = scored[i].logp;
-    }
-    if (reference_) {
-      MILES_ASSIGN_OR_RETURN(auto ref, reference_->score(b.samples, /*replay=*/true));
-      for (size_t i = 0; i < b.data.size(); ++i) b.data[i].ref_logp = ref[i].logp;
-    }
+  if (cfg_.algorithm.old_logp == "recompute") {
+    MILES_ASSIGN_OR_RETURN(auto scored, local.score(b.samples, /*replay=*/true));
+    for (size_t i = 0; i < b.data.size(); ++i) b.data[i].old_logp = scored[i].logp;
   }
-  MILES_ASSIGN_OR_RETURN(rl::LossConfig lc, loss_config(cfg_.algorithm));
-  const int64_t gbs = cfg_.trainer.global_batch_size;
-  std::map<std::string, double> sums;
-  StepResult last;
-  double loss_sum = 0, grad_norm_max = 0;
-  Mismatch mismatch;
-  for (int64_t k = 0; k < cfg_.trainer.num_steps_per_rollout; ++k) {
-    std::span<const TrainSample> samples(b.samples.data() + k * gbs, gbs);
-    std::span<const RlSampleData> data(b.data.data() + k * gbs, gbs);
-    MILES_ASSIGN_OR_RETURN(TokenObjective obj, rl_objective(samples, data, lc));
-    if (k == 0) obj = with_mismatch(std::move(obj), data, &mismatch);
-    MILES_ASSIGN_OR_RETURN(last, trainer_->step(samples, obj));
-    for (const auto& [name, v] : last.sums) sums[name] += v;
-    loss_sum += last.loss;
-    grad_norm_max = std::max(grad_norm_max, last.grad_norm);
+  if (reference_) {
+    MILES_ASSIGN_OR_RETURN(auto ref, reference_->score(b.samples, /*replay=*/true));
+    for (size_t i = 0; i < b.data.size(); ++i) b.data[i].ref_logp = ref[i].logp;
   }
+  MILES_ASSIGN_OR_RETURN(TrainOutcome trained, group_->train(b.samples, b.data));
+  std::map<std::string, double>& sums = trained.sums;
+  const double mm_tokens = sums["mismatch_tokens"];
+  const double mm_mean = mm_tokens > 0 ? sums["mismatch_abs_sum"] / mm_tokens : 0.0;
+  const double mm_nonzero = mm_tokens > 0 ? sums["mismatch_nonzero"] / mm_tokens : 0.0;
+  for (const char* k : {"mismatch_tokens", "mismatch_abs_sum", "mismatch_nonzero"}) sums.erase(k);
   const double train_s = seconds_since(t_train);
 
   if (plan.before_sync) MILES_RETURN_IF_ERROR(plan.before_sync());
   const auto t_sync = Clock::now();
   if (plan.sync) {
-    MILES_RETURN_IF_ERROR(publisher_->publish(trainer_->steps_done(), *trainer_));
+    MILES_ASSIGN_OR_RETURN(const Trainer* full, group_->full());
+    MILES_RETURN_IF_ERROR(publisher_->publish(full->steps_done(), *full));
     MILES_RETURN_IF_ERROR(sync_engines(plan.pause));
   }
   const double sync_s = seconds_since(t_sync);
@@ -120,7 +80,7 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
   last_step_end_ = Clock::now();
   const PoolCounters pc = engines_->counters();
   json m = {{"step", rollout_step_},
-            {"weight_version", trainer_->steps_done()},
+            {"weight_version", local.steps_done()},
             {"mode", cfg_.async.mode},
             {"samples", samples},
             {"groups", static_cast<int64_t>(groups.size())},
@@ -139,13 +99,12 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
             {"groups_stale_retried", timing.stale_retried},
             {"filled_with_filtered", timing.filled_with_filtered},
             {"continued_samples", continuations},
-            {"loss", loss_sum / cfg_.trainer.num_steps_per_rollout},
-            {"grad_norm", grad_norm_max},
-            {"lr", last.lr},
-            {"logp_abs_diff_mean", mismatch.count ? mismatch.sum / mismatch.count : 0.0},
-            {"logp_abs_diff_max", mismatch.max},
-            {"logp_diff_nonzero_frac",
-             mismatch.count ? static_cast<double>(mismatch.nonzero) / mismatch.count : 0.0},
+            {"loss", trained.loss},
+            {"grad_norm", trained.grad_norm},
+            {"lr", trained.lr},
+            {"logp_abs_diff_mean", mm_mean},
+            {"logp_abs_diff_max", trained.mismatch_max},
+            {"logp_diff_nonzero_frac", mm_nonzero},
             {"time_step_s", step_s},
             {"time_generate_s", timing.generate_s},
             {"time_train_s", train_s},
@@ -168,7 +127,7 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
                 "stale %.1f  %.2fs (gen %.2f train %.2f sync %.2f idle %.2f)",
                 static_cast<long long>(rollout_step_),
                 static_cast<long long>(cfg_.rollout.num_rollouts), mean, std::sqrt(var),
-                len_sum / n, loss_sum / cfg_.trainer.num_steps_per_rollout, mismatch.max,
+                len_sum / n, trained.loss, trained.mismatch_max,
                 stale_sum / n, step_s, timing.generate_s, train_s, sync_s, timing.idle_s);
   metrics_->show(rollout_step_, line);
   return checkpoint_if_due(rollout_step_ == cfg_.rollout.num_rollouts || should_stop());
@@ -183,11 +142,12 @@ Status RlJob::checkpoint_if_due(bool final_step) {
   st.step = rollout_step_;
   st.data_position = trained_position_;
   st.rng_seed = cfg_.rollout.seed;
-  st.extra_json = json{{"weight_version", trainer_->steps_done()}}.dump();
+  MILES_ASSIGN_OR_RETURN(const Trainer* full, group_->full());
+  st.extra_json = json{{"weight_version", full->steps_done()}}.dump();
   SaveOptions so;
   so.overwrite = true;
   const std::string dir = c.dir + "/" + checkpoint_dir_name(rollout_step_);
-  MILES_RETURN_IF_ERROR(save_checkpoint(dir, *trainer_, st, so));
+  MILES_RETURN_IF_ERROR(save_checkpoint(dir, *full, st, so));
   log_line("checkpoint " + dir);
   return Status::Ok();
 }

@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/model_files.h"
 #include "controller/rl_job.h"
+#include "controller/trainer_group.h"
 #include "miles/model.h"
 #include "miles/run_config.h"
 
@@ -56,9 +57,38 @@ int run_run(const RunOptions& o) {
   return 0;
 }
 
+struct WorkerOptions {
+  std::string config, store;
+  int rank = 0, world_size = 1;
+};
+
+// One rank (> 0) of the trainer group of a `miles run` controller (trainer_group.h).
+int run_rl_worker(const WorkerOptions& o) {
+  auto cfg = load_run_config(o.config, {});
+  if (!cfg.ok()) return fail("rl-worker", cfg.message());
+  TrainState resumed;
+  auto rank = controller::TrainerRank::create(*cfg, o.rank, o.world_size, o.store, &resumed);
+  if (!rank.ok()) return fail("rl-worker", rank.message());
+  if (Status s = (*rank)->follow(); !s.ok()) return fail("rl-worker", s.message());
+  return 0;
+}
+
 }  // namespace
 
 void register_run(CLI::App& app) {
+  auto w = std::make_shared<WorkerOptions>();
+  CLI::App* worker = app.add_subcommand(
+      "rl-worker", "One rank of a `miles run` trainer group (started by the controller)");
+  worker->group("");  // internal
+  worker->add_option("--config", w->config, "the run's resolved config.yaml")->required();
+  worker->add_option("--store", w->store, "the controller's rendezvous store HOST:PORT")
+      ->required();
+  worker->add_option("--rank", w->rank, "this rank (> 0)")->required();
+  worker->add_option("--world-size", w->world_size, "dp × pp × tp")->required();
+  worker->callback([w] {
+    if (int rc = run_rl_worker(*w); rc != 0) throw CLI::RuntimeError(rc);
+  });
+
   auto o = std::make_shared<RunOptions>();
   CLI::App* sub = app.add_subcommand("run", "Run an RL job from a YAML config");
   sub->add_option("config", o->config, "job file (configs/*.yaml)")->required();

@@ -1,0 +1,89 @@
+// TrainerRank: one rank of the RL trainer group of `miles run` — the controller is rank 0, the
+// other ranks are `miles rl-worker` processes it starts — all running this same code.
+//
+// Why: the trainer's layouts (parallel.dp × pp × tp) train one rollout batch across processes.
+// Rank 0 broadcasts a command and the batch bytes (batch_wire.h) over the group's world
+// communicator; every rank builds the same RL objective and calls Trainer::step with its data- and
+// pipeline-parallel groups (so dp / pp layouts give the single-process numbers bit for bit, tp
+// within 1e-6). Before a weight publish or a checkpoint, pipeline stages exchange their tensors and
+// tensor-parallel shards are gathered so that rank 0 holds the whole model. With one rank there is
+// no communication at all.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "controller/child_process.h"
+#include "miles/comm.h"
+#include "miles/rl_objective.h"
+#include "miles/run_config.h"
+#include "miles/tcp_store.h"
+#include "miles/thread_pool.h"
+#include "miles/train_checkpoint.h"
+#include "miles/trainer.h"
+
+namespace miles::controller {
+
+// What one rollout step's optimizer steps produced (on rank 0).
+struct TrainOutcome {
+  double loss = 0, grad_norm = 0, lr = 0;  // mean loss, max grad norm, last lr
+  std::map<std::string, double> sums;       // metric sums over every rank and step
+  double mismatch_max = 0;                  // max |trainer − engine logp| over rank 0's tokens
+};
+
+class TrainerRank {
+ public:
+  // Loads the model (and on resume the newest checkpoint of checkpoint.dir), joins the group when
+  // world_size > 1 (store: the controller's rendezvous), becomes its pipeline stage / TP shard.
+  // `resumed` receives the checkpoint's state (step 0 when none).
+  static Result<std::unique_ptr<TrainerRank>> create(const RunConfig& config, int rank,
+                                                     int world_size, const std::string& store,
+                                                     TrainState* resumed);
+  ~TrainerRank();
+
+  // Rank 0: trains every rank on `samples` (num_steps_per_rollout optimizer steps).
+  Result<TrainOutcome> train(const std::vector<TrainSample>& samples,
+                             const std::vector<RlSampleData>& data);
+  // Rank 0: the whole model, current (gathers stages and shards on every rank when needed).
+  Result<const Trainer*> full();
+  // Rank 0: tells the other ranks to exit.
+  Status stop();
+  // Ranks > 0: serves rank 0's commands until stop().
+  Status follow();
+
+  // This rank's trainer (a stage / shard in a group), for scoring when it is whole.
+  Trainer& trainer() { return *trainer_; }
+  bool whole() const { return layout_.pp() == 1 && layout_.tp() == 1; }
+  int world_size() const { return layout_.world_size(); }
+
+ private:
+  TrainerRank() = default;
+  Result<TrainOutcome> run_steps(const std::vector<TrainSample>& samples,
+                                 const std::vector<RlSampleData>& data);
+  Result<const Trainer*> gather();
+  Status command(int64_t cmd, const std::vector<uint8_t>& payload);
+
+  RunConfig cfg_;
+  ParallelLayout layout_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Communicator> world_;
+  ParallelGroups groups_;
+  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<Trainer> gathered_;  // tp: the whole model assembled from the shards
+};
+
+// Rank 0 side of a group: the rendezvous store and the worker processes (RUN_DIR/trainer_rank_R.log).
+class TrainerWorkers {
+ public:
+  static Result<std::unique_ptr<TrainerWorkers>> start(const RunConfig& config,
+                                                       const std::string& config_path);
+  ~TrainerWorkers();
+  std::string store_address() const { return store_->address(); }
+
+ private:
+  std::unique_ptr<TcpStoreServer> store_;
+  std::vector<ChildProcess> procs_;
+};
+
+}  // namespace miles::controller
