@@ -7,20 +7,35 @@
 //
 // Built-in kinds (RewardSpec::kind):
 //   exact_match  1 if the response (trimmed; the text after the last `answer_prefix` when set)
-//                equals the label (a string), else 0.
+//                equals the label (a string, trimmed), else 0.
 //   numeric      1 if the last number in the response (or after `answer_prefix`) is within
-//                `tolerance` (absolute) of the label (a number or a numeric string), else 0.
+//                `tolerance` (absolute) of the label (a number or a numeric string), else 0. A
+//                number: an optional '-' (not after a letter or digit), digits with optional
+//                thousands commas ("1,234"), an optional fraction; no exponents.
+//                With `answer_prefix` set, a response that lacks it scores 0 (exact_match too).
 //   regex        1 if `pattern` (ECMAScript) matches somewhere in the response, else 0; with
-//                `pattern` empty the label is the pattern.
+//                `pattern` empty the label is the pattern. A pattern with back-references is
+//                matched only on responses of at most 2048 bytes (longer ones: a sample error),
+//                since std::regex's backtracking executor recurses once per character.
 //   keyword      1 if the response contains the keyword (the label, or `keywords` when given: the
-//                fraction of them found), case-insensitive unless `case_sensitive`.
+//                fraction of them found), case-insensitive unless `case_sensitive`. The label may
+//                be a string or a list of strings. Case folding is ASCII only (exact_match too).
 //   length       a penalty: 0 while the response has at most `max_tokens` tokens, then
 //                −(tokens − max_tokens) / max_tokens, floored at −1; `require_finish` adds −1 to a
 //                response that was truncated (finish_reason "length").
 //   http         POST `url` with {"prompt", "response", "label", "finish_reason",
 //                "response_tokens"}; the reply {"score": x} (or a bare number) is the score.
+//                `url`: "host:port/path", "http://host:port/path" or "https://host/path". A batch
+//                goes over up to 4 concurrent connections; `timeout_s` bounds the connect, the
+//                send and each read of one sample. A non-200 status, a reply that is not JSON or
+//                has no finite numeric score, a refused connection or a timeout fail that sample.
 //   command      `command` (run through /bin/sh once per scorer, kept alive) reads one such JSON
 //                object per line on stdin and writes one {"score": x} per line on stdout, in order.
+//                It starts at the first sample. When it exits, writes garbage (or a line nobody
+//                asked for) or gives no reply within `timeout_s`, that sample fails, the process
+//                (its whole process group) is killed and the next sample starts a fresh one; one
+//                that exits quietly between samples is restarted without an error. Its stderr is
+//                ours.
 // The sample's reward is Σ weight_i · score_i over the specs; RewardResult::parts names each.
 #pragma once
 
@@ -49,8 +64,11 @@ struct RewardSpec {
   bool require_finish = false;   // length
   std::string url;               // http
   std::string command;           // command
-  double timeout_s = 30;         // http / command: per sample
-  Status validate() const;       // names the bad field
+  double timeout_s = 30;         // http / command: per sample, > 0
+  // Names the bad field: an unknown kind (listing the known ones), a weight that is not finite, a
+  // negative tolerance, an invalid `pattern` (named), an empty keyword, max_tokens <= 0 for
+  // length, a missing or malformed url, a missing command, timeout_s <= 0 for http / command.
+  Status validate() const;
 };
 
 // What a reward sees of one finished sample.
@@ -72,6 +90,9 @@ struct RewardResult {
 // thread at a time; it scores the batch in order (http requests may run concurrently inside).
 class RewardModel {
  public:
+  // Validates every spec (the error names "rewards[i]" and the field) and names them uniquely: the
+  // name, or the kind, with "_2", "_3", ... on a name already taken, in spec order. At least one
+  // spec is required. specs() returns them with their final names.
   static Result<std::unique_ptr<RewardModel>> create(std::vector<RewardSpec> specs);
   virtual ~RewardModel() = default;
   // One result per input, in order. Never fails as a whole: errors land on the samples.
