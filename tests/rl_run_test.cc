@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -273,6 +274,41 @@ TEST(RlRun, BenchStepRunsTheThreeSchedulesOnOneJob) {
   EXPECT_EQ(j[1]["mode"], "one_step_off");
   EXPECT_EQ(j[2]["mode"], "async");
   for (const json& m : j) EXPECT_GT(m["step_s"].get<double>(), 0) << m.dump();
+}
+
+}  // namespace
+}  // namespace miles
+
+namespace miles {
+namespace {
+
+// The trainer group: dp and pp ranks (miles rl-worker processes) give the single-process run bit
+// for bit; tp agrees within 1e-6 (its row-parallel sums leave the kernels' reduction tree).
+TEST(RlRun, TrainerLayoutsGiveTheSingleProcessRun) {
+  MILES_REQUIRE_SHARED();
+  const std::string ref = temp_dir("layout_ref");
+  ASSERT_EQ(run_here(std::string(kCi) + " --run-dir " + ref + " rollout.num_rollouts=3").exit_code,
+            0);
+  const auto mr = metrics(ref);
+  ASSERT_EQ(mr.size(), 3u);
+  for (const char* layout : {"parallel.dp=2", "parallel.pp=2", "parallel.tp=2"}) {
+    const std::string dir = temp_dir(std::string("layout_") + layout);
+    auto r = run_here(std::string(kCi) + " --run-dir " + dir + " rollout.num_rollouts=3 " + layout);
+    ASSERT_EQ(r.exit_code, 0) << layout << "\n" << r.out;
+    EXPECT_NE(r.out.find("trainer group: 2 ranks"), std::string::npos) << r.out;
+    const auto m = metrics(dir);
+    ASSERT_EQ(m.size(), 3u) << layout;
+    for (size_t i = 0; i < m.size(); ++i) {
+      if (std::string(layout) != "parallel.tp=2") {
+        EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << layout << " step " << i + 1;
+        EXPECT_EQ(m[i]["logp_diff_nonzero_frac"], 0.0) << layout;
+      } else {
+        EXPECT_LT(m[i]["logp_abs_diff_mean"].get<double>(), 1e-5) << m[i].dump();
+        const double g = m[i]["grad_norm"].get<double>(), gr = mr[i]["grad_norm"].get<double>();
+        EXPECT_LE(std::fabs(g - gr), 1e-5 * std::max(1.0, gr)) << m[i].dump();
+      }
+    }
+  }
 }
 
 }  // namespace
