@@ -151,21 +151,29 @@ void EnginePool::mark_dead(Entry& e, const std::string& why) {
   log("engine " + std::to_string(e.id) + " dead: " + why);
   if (e.process && !stopping_) {
     e.process->terminate();
-    if (e.restarts < options_.max_restarts) {
-      ++e.restarts;
-      ++counters_.restarts;
-      if (Status s = spawn(e); !s.ok()) {
-        e.state = State::kDead;
-        e.error = "restart failed: " + s.message();
-      }
-    }
+    // The monitor thread restarts it: PR_SET_PDEATHSIG fires when the *thread* that forked exits,
+    // so children are only ever forked by threads that live as long as the pool.
+    e.restart_pending = e.restarts < options_.max_restarts;
   }
   cv_.notify_all();
 }
 
+void EnginePool::restart_pending() {
+  for (auto& e : engines_) {
+    if (!e->restart_pending || stopping_) continue;
+    e->restart_pending = false;
+    ++e->restarts;
+    ++counters_.restarts;
+    if (Status s = spawn(*e); !s.ok()) {
+      e->state = State::kDead;
+      e->error = "restart failed: " + s.message();
+    }
+  }
+}
+
 bool EnginePool::any_recoverable() const {
   for (const auto& e : engines_)
-    if (e->state != State::kDead) return true;
+    if (e->state != State::kDead || e->restart_pending) return true;
   return false;
 }
 
@@ -175,7 +183,13 @@ void EnginePool::monitor() {
   while (!stopping_) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, interval, [this] { return stopping_.load(); });
+      cv_.wait_for(lock, interval, [this] {
+        if (stopping_) return true;
+        for (const auto& e : engines_)
+          if (e->restart_pending) return true;
+        return false;
+      });
+      restart_pending();
     }
     if (stopping_) break;
     std::vector<std::pair<int64_t, std::shared_ptr<EngineClient>>> check;
@@ -185,6 +199,7 @@ void EnginePool::monitor() {
         if (e->state == State::kDead) continue;
         if (e->process && !e->process->alive()) {
           mark_dead(*e, "process " + e->process->exit_description());
+          restart_pending();
           continue;
         }
         if (e->state == State::kReady) check.emplace_back(e->id, e->client);

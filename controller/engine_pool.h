@@ -99,6 +99,7 @@ class EnginePool {
     int64_t restarts = 0;
     int health_failures = 0;
     int64_t in_flight = 0;
+    bool restart_pending = false;  // dead; the monitor thread starts it again
     std::string error;
   };
 
@@ -106,6 +107,7 @@ class EnginePool {
   void prepare_async(int64_t id);                 // syncing → ready (or dead)
   void mark_dead(Entry& e, const std::string& why);  // under mu_
   void monitor();                                  // the health-check thread
+  void restart_pending();                          // under mu_, on the monitor thread
   Entry* pick_ready();                             // under mu_
   bool any_recoverable() const;                    // under mu_
   void log(const std::string& line) const;

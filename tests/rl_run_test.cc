@@ -134,7 +134,7 @@ bool engine_pids(const std::string& run_dir, std::vector<int64_t>* pids) {
   if (!stub->GetStatus(&ctx, v1::ControllerStatusRequest(), &st).ok()) return false;
   pids->clear();
   for (const auto& e : st.engines())
-    if (e.state() == "ready" && e.pid() > 0) pids->push_back(e.pid());
+    if (e.state() == "ready" && e.pid() > 0 && e.in_flight() > 0) pids->push_back(e.pid());
   return !pids->empty();
 }
 
@@ -143,10 +143,10 @@ TEST(RlRun, KilledEngineIsRestartedWithCurrentWeightsAndNothingChanges) {
   const std::string ref = temp_dir("ref"), dir = temp_dir("kill");
   auto rr = run_here(std::string(kCi) + " --run-dir " + ref + " rollout.num_rollouts=6");
   ASSERT_EQ(rr.exit_code, 0) << rr.out;
-  // Two engines; engine 0 is killed (SIGKILL) once step 2 is logged.
+  // Two engines; after step 2, an engine with groups in flight is killed (SIGKILL).
   std::thread killer([&] {
-    for (int i = 0; i < 1200; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    for (int i = 0; i < 12000; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
       if (metrics(dir).size() < 2) continue;
       std::vector<int64_t> pids;
       if (!engine_pids(dir, &pids)) continue;
@@ -163,7 +163,9 @@ TEST(RlRun, KilledEngineIsRestartedWithCurrentWeightsAndNothingChanges) {
   auto m = metrics(dir), mr = metrics(ref);
   ASSERT_EQ(m.size(), 6u);
   ASSERT_EQ(mr.size(), 6u);
-  EXPECT_GE(m.back()["engine_restarts"].get<int64_t>(), 1) << m.back().dump();
+  EXPECT_EQ(m.back()["engine_failures"].get<int64_t>(), 1) << m.back().dump();
+  EXPECT_EQ(m.back()["engine_restarts"].get<int64_t>(), 1) << m.back().dump();
+  EXPECT_GE(m.back()["groups_redispatched"].get<int64_t>(), 1) << m.back().dump();
   // Same samples, same training: the restarted engine served the current weights, no group was
   // lost or counted twice, and two engines give what one gave.
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << "step " << i + 1;
