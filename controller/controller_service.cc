@@ -1,4 +1,5 @@
-// ControllerService (controller_service.h): RegisterEngine, GetStatus, Stop; and the engine's client.
+// ControllerService (controller_service.h): RegisterEngine, GetStatus, Stop; and the engine's
+// client.
 #include "controller/controller_service.h"
 
 #include <grpcpp/grpcpp.h>
@@ -30,8 +31,7 @@ std::string peer_host(const std::string& peer) {
 
 class ControllerService::Impl final : public pb::Controller::Service {
  public:
-  Impl(EnginePool& pool, std::function<void(pb::ControllerStatus*)> status,
-       std::atomic<bool>& stop)
+  Impl(EnginePool& pool, std::function<void(pb::ControllerStatus*)> status, std::atomic<bool>& stop)
       : pool_(pool), status_(std::move(status)), stop_(stop) {}
 
   grpc::Status RegisterEngine(grpc::ServerContext* ctx, const pb::RegisterEngineRequest* in,

@@ -37,8 +37,8 @@ Status post_json(const EngineAddress& a, const std::string& path, const json& bo
   if (!res) return Status::Error(path + " on " + a.http() + ": " + httplib::to_string(res.error()));
   const json reply = json::parse(res->body, nullptr, false);
   if (res->status != 200 || !reply.is_object() || !reply.value("success", false))
-    return Status::Error(path + " on " + a.http() + ": HTTP " + std::to_string(res->status) +
-                         " " + (reply.is_object() ? reply.value("message", res->body) : res->body));
+    return Status::Error(path + " on " + a.http() + ": HTTP " + std::to_string(res->status) + " " +
+                         (reply.is_object() ? reply.value("message", res->body) : res->body));
   return Status::Ok();
 }
 
@@ -147,8 +147,7 @@ Status EngineClient::resume() const {
                    "continue " + address_.http());
 }
 
-Status EngineClient::update_weights_from_disk_delta(const std::string& dir,
-                                                    int64_t version) const {
+Status EngineClient::update_weights_from_disk_delta(const std::string& dir, int64_t version) const {
   return post_json(address_, "/update_weights_from_disk_delta",
                    json{{"dir", dir}, {"weight_version", version}}, 300);
 }
@@ -158,8 +157,9 @@ Result<std::pair<int64_t, std::map<std::string, std::string>>> EngineClient::wei
   httplib::Client c(address_.host, address_.http_port);
   c.set_read_timeout(std::chrono::seconds(120));
   auto res = c.Get("/weight_checksums");
-  if (!res) return Status::Error("weight_checksums on " + address_.http() + ": " +
-                                 httplib::to_string(res.error()));
+  if (!res)
+    return Status::Error("weight_checksums on " + address_.http() + ": " +
+                         httplib::to_string(res.error()));
   const json j = json::parse(res->body, nullptr, false);
   if (res->status != 200 || !j.is_object() || !j.contains("checksums"))
     return Status::Error("weight_checksums on " + address_.http() + ": HTTP " +

@@ -2,9 +2,9 @@
 // gRPC (rollout.proto, one streaming call per group), control and weight updates over HTTP.
 //
 // Why: the RL loop sees an engine as "give me n samples of this prompt" plus the weight lifecycle;
-// the wire formats stay here. Every call has a deadline, so a dead engine turns into an error, never
-// a hang; generate() calls in flight can be cancelled from another thread (the engine pool does it
-// when a health check fails) and then return an error the caller re-dispatches.
+// the wire formats stay here. Every call has a deadline, so a dead engine turns into an error,
+// never a hang; generate() calls in flight can be cancelled from another thread (the engine pool
+// does it when a health check fails) and then return an error the caller re-dispatches.
 #pragma once
 
 #include <cstdint>
@@ -45,9 +45,9 @@ struct GroupRequest {
 };
 
 struct GeneratedSample {
-  int32_t index = 0;                    // within the group
-  std::vector<TokenOutput> tokens;      // id, logprobs, weight version of each output token
-  std::string finish_reason;            // stop | length | abort
+  int32_t index = 0;                // within the group
+  std::vector<TokenOutput> tokens;  // id, logprobs, weight version of each output token
+  std::string finish_reason;        // stop | length | abort
   int64_t prompt_tokens = 0;
   std::vector<int32_t> routed_experts;  // (prompt + output − 1, moe layers, top_k) for MoE models
 };

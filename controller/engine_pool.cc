@@ -29,14 +29,28 @@ void EnginePool::log(const std::string& line) const {
 
 Status EnginePool::spawn(Entry& e) {
   const EngineLaunch& l = options_.launch;
-  std::vector<std::string> argv = {miles_executable(), "serve", "--model", l.model,
-                                   "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0",
-                                   "--threads", std::to_string(l.threads),
-                                   "--num-blocks", std::to_string(l.num_blocks),
-                                   "--max-batch-tokens", std::to_string(l.max_batch_tokens),
-                                   "--max-running", std::to_string(l.max_running),
-                                   "--controller", l.controller_address,
-                                   "--engine-id", std::to_string(e.id)};
+  std::vector<std::string> argv = {miles_executable(),
+                                   "serve",
+                                   "--model",
+                                   l.model,
+                                   "--host",
+                                   "127.0.0.1",
+                                   "--port",
+                                   "0",
+                                   "--grpc-port",
+                                   "0",
+                                   "--threads",
+                                   std::to_string(l.threads),
+                                   "--num-blocks",
+                                   std::to_string(l.num_blocks),
+                                   "--max-batch-tokens",
+                                   std::to_string(l.max_batch_tokens),
+                                   "--max-running",
+                                   std::to_string(l.max_running),
+                                   "--controller",
+                                   l.controller_address,
+                                   "--engine-id",
+                                   std::to_string(e.id)};
   if (!l.tokenizer.empty()) {
     argv.push_back("--tokenizer");
     argv.push_back(l.tokenizer);

@@ -103,13 +103,13 @@ class EnginePool {
     std::string error;
   };
 
-  Status spawn(Entry& e);                         // under mu_
-  void prepare_async(int64_t id);                 // syncing → ready (or dead)
+  Status spawn(Entry& e);                            // under mu_
+  void prepare_async(int64_t id);                    // syncing → ready (or dead)
   void mark_dead(Entry& e, const std::string& why);  // under mu_
-  void monitor();                                  // the health-check thread
-  void restart_pending();                          // under mu_, on the monitor thread
-  Entry* pick_ready();                             // under mu_
-  bool any_recoverable() const;                    // under mu_
+  void monitor();                                    // the health-check thread
+  void restart_pending();                            // under mu_, on the monitor thread
+  Entry* pick_ready();                               // under mu_
+  bool any_recoverable() const;                      // under mu_
   void log(const std::string& line) const;
 
   EnginePoolOptions options_;

@@ -7,8 +7,12 @@ namespace miles::controller {
 
 GroupBatch::GroupBatch(GroupRunner& runner, const PromptData& data, int64_t first_position,
                        int64_t need, int64_t launch_size, bool filter_zero_variance)
-    : runner_(runner), data_(data), next_position_(first_position), need_(need),
-      launch_size_(std::max(launch_size, need)), filter_(filter_zero_variance),
+    : runner_(runner),
+      data_(data),
+      next_position_(first_position),
+      need_(need),
+      launch_size_(std::max(launch_size, need)),
+      filter_(filter_zero_variance),
       start_(std::chrono::steady_clock::now()) {
   launch(launch_size_);
 }

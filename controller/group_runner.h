@@ -1,11 +1,12 @@
 // GroupRunner: one prompt → a scored group of n samples (contracts.md §2 sample records).
 //
 // Why: the unit the RL loop schedules, filters and trains on is the group (GRPO normalises within
-// it). Generation goes through the EnginePool (re-dispatched whole when an engine dies); samples the
-// engine returns aborted (a weight update with pause mode `abort`) are continued from their partial
-// output — prompt + partial ids as the new prompt — so their tokens carry several weight versions;
-// then every sample is decoded and scored. The group's seed is a pure function of (run seed, stream
-// position), so a re-dispatched or resumed group samples the same tokens under the same weights.
+// it). Generation goes through the EnginePool (re-dispatched whole when an engine dies); samples
+// the engine returns aborted (a weight update with pause mode `abort`) are continued from their
+// partial output — prompt + partial ids as the new prompt — so their tokens carry several weight
+// versions; then every sample is decoded and scored. The group's seed is a pure function of (run
+// seed, stream position), so a re-dispatched or resumed group samples the same tokens under the
+// same weights.
 #pragma once
 
 #include <atomic>
@@ -29,11 +30,11 @@ struct RolloutSample {
   std::vector<int32_t> routed_experts;  // (prompt + response − 1, moe layers, top_k) or empty
   std::string response;                 // decoded
   RewardResult reward;
-  int64_t min_version() const;          // oldest weight version among its tokens
+  int64_t min_version() const;  // oldest weight version among its tokens
 };
 
 struct RolloutGroup {
-  int64_t position = 0;    // stream position of its prompt (PromptData::at)
+  int64_t position = 0;  // stream position of its prompt (PromptData::at)
   const Prompt* prompt = nullptr;
   std::vector<RolloutSample> samples;
   int64_t continuations = 0;  // aborted samples continued
@@ -49,7 +50,10 @@ class GroupRunner {
  public:
   GroupRunner(EnginePool& pool, RewardModel& rewards, const Tokenizer& tokenizer,
               const RolloutSection& rollout, bool want_routed_experts)
-      : pool_(pool), rewards_(rewards), tok_(tokenizer), cfg_(rollout),
+      : pool_(pool),
+        rewards_(rewards),
+        tok_(tokenizer),
+        cfg_(rollout),
         experts_(want_routed_experts) {}
   // Thread-safe (rewards are scored one group at a time). Errors: cancelled, or no engine left.
   Result<RolloutGroup> run(int64_t position, const Prompt& prompt, const std::atomic<bool>& cancel);

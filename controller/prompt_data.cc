@@ -23,8 +23,7 @@ Result<PromptData> PromptData::load(const DataSection& data, const Tokenizer& to
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = data.path + ":" + std::to_string(lineno) + ": ";
     json row = json::parse(line, nullptr, false);
-    if (row.is_discarded() || !row.is_object())
-      return Status::Error(where + "not a JSON object");
+    if (row.is_discarded() || !row.is_object()) return Status::Error(where + "not a JSON object");
     if (!row.contains(data.prompt_key))
       return Status::Error(where + "no \"" + data.prompt_key + "\" (data.prompt_key)");
     Prompt p;

@@ -52,9 +52,9 @@ Status RlJob::setup_trainer() {
              workers_->store_address());
   }
   TrainState st;
-  MILES_ASSIGN_OR_RETURN(group_, TrainerRank::create(cfg_, 0, static_cast<int>(world),
-                                                     workers_ ? workers_->store_address() : "",
-                                                     &st));
+  MILES_ASSIGN_OR_RETURN(group_,
+                         TrainerRank::create(cfg_, 0, static_cast<int>(world),
+                                             workers_ ? workers_->store_address() : "", &st));
   if (cfg_.checkpoint.resume) {
     if (st.step == 0) {
       log_line("checkpoint.resume: no checkpoint in " + cfg_.checkpoint.dir + "; starting fresh");
@@ -101,8 +101,8 @@ Status RlJob::setup_engines() {
     s->set_last_reward_mean(last_reward_.load());
     s->set_run_dir(cfg_.logging.run_dir);
   });
-  MILES_RETURN_IF_ERROR(service_->start(cfg_.controller.host,
-                                        static_cast<int>(cfg_.controller.port)));
+  MILES_RETURN_IF_ERROR(
+      service_->start(cfg_.controller.host, static_cast<int>(cfg_.controller.port)));
   const std::string address = cfg_.controller.host + ":" + std::to_string(service_->port());
   nlohmann::json cj = {{"address", address}, {"pid", static_cast<int64_t>(getpid())}};
   std::ofstream(cfg_.logging.run_dir + "/controller.json") << cj.dump() << "\n";
@@ -133,8 +133,8 @@ Status RlJob::setup() {
   std::vector<RewardSpec> specs = cfg_.rewards;
   for (const RewardSpec& s : specs) MILES_RETURN_IF_ERROR(s.validate());
   MILES_ASSIGN_OR_RETURN(rewards_, RewardModel::create(specs));
-  MILES_ASSIGN_OR_RETURN(PromptData d, PromptData::load(cfg_.data, *res_.tokenizer,
-                                                        res_.chat.get()));
+  MILES_ASSIGN_OR_RETURN(PromptData d,
+                         PromptData::load(cfg_.data, *res_.tokenizer, res_.chat.get()));
   data_ = std::make_unique<PromptData>(std::move(d));
   MILES_RETURN_IF_ERROR(setup_trainer());
   MILES_ASSIGN_OR_RETURN(const Trainer* full, group_->full());
@@ -142,10 +142,10 @@ Status RlJob::setup() {
   const int64_t version = full->steps_done();
   MILES_RETURN_IF_ERROR(publisher_->drop_newer_than(version));
   MILES_RETURN_IF_ERROR(publisher_->publish(version, *full));
-  MILES_ASSIGN_OR_RETURN(metrics_, MetricsLog::open(cfg_.logging.run_dir + "/metrics.jsonl",
-                                                    cfg_.logging.progress,
-                                                    cfg_.rollout.num_rollouts,
-                                                    cfg_.checkpoint.resume ? rollout_step_ : -1));
+  MILES_ASSIGN_OR_RETURN(
+      metrics_,
+      MetricsLog::open(cfg_.logging.run_dir + "/metrics.jsonl", cfg_.logging.progress,
+                       cfg_.rollout.num_rollouts, cfg_.checkpoint.resume ? rollout_step_ : -1));
   MILES_RETURN_IF_ERROR(setup_engines());
   runner_ = std::make_unique<GroupRunner>(*engines_, *rewards_, *res_.tokenizer, cfg_.rollout,
                                           full->model_config().num_moe_layers() > 0);

@@ -42,8 +42,8 @@ struct StepTiming {
 // Whether a step publishes and syncs its weights, pausing the engines how, after what.
 struct SyncPlan {
   bool sync = true;
-  const PauseMode* pause = nullptr;       // async: engines keep generating through the update
-  std::function<Status()> before_sync;    // one-step-off: wait for the next batch first
+  const PauseMode* pause = nullptr;     // async: engines keep generating through the update
+  std::function<Status()> before_sync;  // one-step-off: wait for the next batch first
 };
 
 class RlJob {
@@ -72,10 +72,10 @@ class RlJob {
 
   RunConfig cfg_;
   RunResources res_;
-  std::unique_ptr<ThreadPool> pool_;                // the reference model's
-  std::unique_ptr<TrainerWorkers> workers_;         // ranks 1.. of the trainer group
-  std::unique_ptr<TrainerRank> group_;              // rank 0: this process
-  std::unique_ptr<Trainer> reference_;  // frozen initial policy for the KL term
+  std::unique_ptr<ThreadPool> pool_;         // the reference model's
+  std::unique_ptr<TrainerWorkers> workers_;  // ranks 1.. of the trainer group
+  std::unique_ptr<TrainerRank> group_;       // rank 0: this process
+  std::unique_ptr<Trainer> reference_;       // frozen initial policy for the KL term
   std::unique_ptr<RewardModel> rewards_;
   std::unique_ptr<PromptData> data_;
   std::unique_ptr<WeightPublisher> publisher_;
@@ -84,7 +84,7 @@ class RlJob {
   std::unique_ptr<GroupRunner> runner_;
   std::unique_ptr<MetricsLog> metrics_;
 
-  int64_t rollout_step_ = 0;   // rollout steps done
+  int64_t rollout_step_ = 0;      // rollout steps done
   int64_t next_position_ = 0;     // next prompt stream position to launch
   int64_t trained_position_ = 0;  // stream position after the last trained batch (checkpoints)
   Clock::time_point last_step_end_;

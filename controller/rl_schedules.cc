@@ -19,8 +19,9 @@ void record(StepTiming& t, const BatchOutcome& o) {
 }
 
 PauseMode pause_mode(const std::string& s) {
-  return s == "in_place" ? PauseMode::kInPlace : s == "abort" ? PauseMode::kAbort
-                                                              : PauseMode::kRetract;
+  return s == "in_place" ? PauseMode::kInPlace
+         : s == "abort"  ? PauseMode::kAbort
+                         : PauseMode::kRetract;
 }
 
 }  // namespace
@@ -95,9 +96,7 @@ Status RlJob::run_async() {
       const Prompt* prompt;
       {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] {
-          return stop || static_cast<int64_t>(ready.size()) + in_flight < cap;
-        });
+        cv.wait(lock, [&] { return stop || static_cast<int64_t>(ready.size()) + in_flight < cap; });
         if (stop) return;
         if (!retry.empty()) {
           pos = retry.front();
@@ -174,8 +173,8 @@ Status RlJob::run_async() {
     t.generate_s = gen_sum / static_cast<double>(groups.size());
     trained_position_ = next_position_;
     SyncPlan plan;
-    plan.sync = (rollout_step_ + 1) % a.update_weights_interval == 0 ||
-                rollout_step_ + 1 == r.num_rollouts;
+    plan.sync =
+        (rollout_step_ + 1) % a.update_weights_interval == 0 || rollout_step_ + 1 == r.num_rollouts;
     plan.pause = &pause;
     result = train_step(std::move(groups), t, plan);
     if (!result.ok()) break;

@@ -12,7 +12,6 @@ namespace miles::controller {
 
 using nlohmann::json;
 
-
 Status RlJob::sync_engines(const PauseMode* pause) {
   WeightPublisher* pub = publisher_.get();
   return engines_->update_all([pub, pause](EngineClient& e) { return pub->bring(e, pause); });
@@ -127,8 +126,8 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
                 "stale %.1f  %.2fs (gen %.2f train %.2f sync %.2f idle %.2f)",
                 static_cast<long long>(rollout_step_),
                 static_cast<long long>(cfg_.rollout.num_rollouts), mean, std::sqrt(var),
-                len_sum / n, trained.loss, trained.mismatch_max,
-                stale_sum / n, step_s, timing.generate_s, train_s, sync_s, timing.idle_s);
+                len_sum / n, trained.loss, trained.mismatch_max, stale_sum / n, step_s,
+                timing.generate_s, train_s, sync_s, timing.idle_s);
   metrics_->show(rollout_step_, line);
   return checkpoint_if_due(rollout_step_ == cfg_.rollout.num_rollouts || should_stop());
 }

@@ -7,12 +7,16 @@ namespace {
 
 Result<rl::AdvantageConfig> advantage_config(const AlgorithmSection& a) {
   rl::AdvantageConfig c;
-  if (a.advantage == "grpo") c.estimator = rl::AdvantageEstimator::kGrpo;
-  else if (a.advantage == "dr_grpo") c.estimator = rl::AdvantageEstimator::kDrGrpo;
-  else if (a.advantage == "reinforce_pp") c.estimator = rl::AdvantageEstimator::kReinforcePlusPlus;
+  if (a.advantage == "grpo")
+    c.estimator = rl::AdvantageEstimator::kGrpo;
+  else if (a.advantage == "dr_grpo")
+    c.estimator = rl::AdvantageEstimator::kDrGrpo;
+  else if (a.advantage == "reinforce_pp")
+    c.estimator = rl::AdvantageEstimator::kReinforcePlusPlus;
   else if (a.advantage == "reinforce_pp_baseline")
     c.estimator = rl::AdvantageEstimator::kReinforcePlusPlusBaseline;
-  else return Status::Error("algorithm.advantage: unknown estimator '" + a.advantage + "'");
+  else
+    return Status::Error("algorithm.advantage: unknown estimator '" + a.advantage + "'");
   c.std_normalize = a.std_normalize;
   MILES_RETURN_IF_ERROR(c.validate());
   return c;
@@ -22,29 +26,46 @@ Result<rl::AdvantageConfig> advantage_config(const AlgorithmSection& a) {
 
 Result<rl::LossConfig> loss_config(const AlgorithmSection& a) {
   rl::LossConfig c;
-  if (a.policy_loss == "ppo") c.policy = rl::PolicyLossKind::kPpoClip;
-  else if (a.policy_loss == "gspo") c.policy = rl::PolicyLossKind::kGspo;
-  else return Status::Error("algorithm.policy_loss: unknown '" + a.policy_loss + "'");
+  if (a.policy_loss == "ppo")
+    c.policy = rl::PolicyLossKind::kPpoClip;
+  else if (a.policy_loss == "gspo")
+    c.policy = rl::PolicyLossKind::kGspo;
+  else
+    return Status::Error("algorithm.policy_loss: unknown '" + a.policy_loss + "'");
   c.eps_low = a.eps_clip;
   c.eps_high = a.eps_clip_high;
   c.dual_clip_c = a.dual_clip_c;
-  if (a.kl_estimator == "none") c.kl = rl::KlEstimator::kNone;
-  else if (a.kl_estimator == "k1") c.kl = rl::KlEstimator::kK1;
-  else if (a.kl_estimator == "k2") c.kl = rl::KlEstimator::kK2;
-  else if (a.kl_estimator == "k3") c.kl = rl::KlEstimator::kK3;
-  else return Status::Error("algorithm.kl_estimator: unknown '" + a.kl_estimator + "'");
+  if (a.kl_estimator == "none")
+    c.kl = rl::KlEstimator::kNone;
+  else if (a.kl_estimator == "k1")
+    c.kl = rl::KlEstimator::kK1;
+  else if (a.kl_estimator == "k2")
+    c.kl = rl::KlEstimator::kK2;
+  else if (a.kl_estimator == "k3")
+    c.kl = rl::KlEstimator::kK3;
+  else
+    return Status::Error("algorithm.kl_estimator: unknown '" + a.kl_estimator + "'");
   c.kl_coef = a.kl_coef;
   c.entropy_coef = a.entropy_coef;
-  if (a.loss_reduction == "token_mean") c.reduction = rl::LossReduction::kTokenMean;
-  else if (a.loss_reduction == "sample_mean") c.reduction = rl::LossReduction::kSampleMean;
-  else if (a.loss_reduction == "constant") c.reduction = rl::LossReduction::kConstant;
-  else return Status::Error("algorithm.loss_reduction: unknown '" + a.loss_reduction + "'");
+  if (a.loss_reduction == "token_mean")
+    c.reduction = rl::LossReduction::kTokenMean;
+  else if (a.loss_reduction == "sample_mean")
+    c.reduction = rl::LossReduction::kSampleMean;
+  else if (a.loss_reduction == "constant")
+    c.reduction = rl::LossReduction::kConstant;
+  else
+    return Status::Error("algorithm.loss_reduction: unknown '" + a.loss_reduction + "'");
   c.constant_normaliser = a.constant_normaliser;
-  if (a.correction == "none") c.correction = rl::IsCorrection::kNone;
-  else if (a.correction == "tis") c.correction = rl::IsCorrection::kTis;
-  else if (a.correction == "mis_token") c.correction = rl::IsCorrection::kMisToken;
-  else if (a.correction == "mis_sequence") c.correction = rl::IsCorrection::kMisSequence;
-  else return Status::Error("algorithm.correction: unknown '" + a.correction + "'");
+  if (a.correction == "none")
+    c.correction = rl::IsCorrection::kNone;
+  else if (a.correction == "tis")
+    c.correction = rl::IsCorrection::kTis;
+  else if (a.correction == "mis_token")
+    c.correction = rl::IsCorrection::kMisToken;
+  else if (a.correction == "mis_sequence")
+    c.correction = rl::IsCorrection::kMisSequence;
+  else
+    return Status::Error("algorithm.correction: unknown '" + a.correction + "'");
   c.tis_c = a.tis_c;
   c.mis_low = a.mis_low;
   c.mis_high = a.mis_high;
@@ -84,9 +105,8 @@ Result<TrainBatch> make_train_batch(const std::vector<RolloutGroup>& groups,
     }
   }
   MILES_ASSIGN_OR_RETURN(rl::AdvantageConfig ac, advantage_config(algorithm));
-  MILES_ASSIGN_OR_RETURN(std::vector<float> adv, rl::compute_advantages(ac, b.rewards,
-                                                                       b.group_index, offsets,
-                                                                       mask));
+  MILES_ASSIGN_OR_RETURN(std::vector<float> adv,
+                         rl::compute_advantages(ac, b.rewards, b.group_index, offsets, mask));
   for (size_t i = 0; i < b.data.size(); ++i)
     b.data[i].advantages.assign(adv.begin() + offsets[i], adv.begin() + offsets[i + 1]);
   return b;

@@ -39,8 +39,7 @@ Result<TrainerConfig> trainer_config(const RunConfig& cfg) {
 
 // Adds |trainer logp − engine logp| sums (reduced over ranks with the other metric sums) and keeps
 // this rank's max.
-TokenObjective with_mismatch(TokenObjective base, std::span<const RlSampleData> data,
-                             double* max) {
+TokenObjective with_mismatch(TokenObjective base, std::span<const RlSampleData> data, double* max) {
   return [base = std::move(base), data, max](const TokenView& v) -> Result<TokenLoss> {
     double sum = 0, nonzero = 0, count = 0;
     for (size_t s = 0; s < v.samples.size(); ++s) {
@@ -68,14 +67,13 @@ Result<std::unique_ptr<TrainerRank>> TrainerRank::create(const RunConfig& cfg, i
                                                          TrainState* resumed) {
   auto r = std::unique_ptr<TrainerRank>(new TrainerRank());
   r->cfg_ = cfg;
-  MILES_ASSIGN_OR_RETURN(r->layout_,
-                         ParallelLayout::create(static_cast<int>(cfg.parallel.dp),
-                                                static_cast<int>(cfg.parallel.pp),
-                                                static_cast<int>(cfg.parallel.tp)));
+  MILES_ASSIGN_OR_RETURN(r->layout_, ParallelLayout::create(static_cast<int>(cfg.parallel.dp),
+                                                            static_cast<int>(cfg.parallel.pp),
+                                                            static_cast<int>(cfg.parallel.tp)));
   if (r->layout_.world_size() != world_size)
-    return Status::Error("trainer group: world size " + std::to_string(world_size) +
-                         " does not match parallel dp × pp × tp = " +
-                         std::to_string(r->layout_.world_size()));
+    return Status::Error(
+        "trainer group: world size " + std::to_string(world_size) +
+        " does not match parallel dp × pp × tp = " + std::to_string(r->layout_.world_size()));
   MILES_ASSIGN_OR_RETURN(TrainerConfig tc, trainer_config(cfg));
   MILES_ASSIGN_OR_RETURN(ModelFiles files, load_model_files(cfg.model.path));
   r->pool_ = std::make_unique<ThreadPool>(static_cast<int>(cfg.trainer.threads));
@@ -196,12 +194,13 @@ Result<std::unique_ptr<TrainerWorkers>> TrainerWorkers::start(const RunConfig& c
   const int64_t world = cfg.parallel.dp * cfg.parallel.pp * cfg.parallel.tp;
   for (int64_t r = 1; r < world; ++r) {
     std::vector<std::string> argv = {miles_executable(), "rl-worker",
-                                     "--rank", std::to_string(r),
-                                     "--world-size", std::to_string(world),
-                                     "--store", w->store_->address(),
-                                     "--config", config_path};
-    MILES_ASSIGN_OR_RETURN(ChildProcess p, ChildProcess::spawn(
-        argv, cfg.logging.run_dir + "/trainer_rank_" + std::to_string(r) + ".log"));
+                                     "--rank",           std::to_string(r),
+                                     "--world-size",     std::to_string(world),
+                                     "--store",          w->store_->address(),
+                                     "--config",         config_path};
+    MILES_ASSIGN_OR_RETURN(ChildProcess p,
+                           ChildProcess::spawn(argv, cfg.logging.run_dir + "/trainer_rank_" +
+                                                         std::to_string(r) + ".log"));
     w->procs_.push_back(std::move(p));
   }
   return w;

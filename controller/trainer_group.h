@@ -28,8 +28,8 @@ namespace miles::controller {
 // What one rollout step's optimizer steps produced (on rank 0).
 struct TrainOutcome {
   double loss = 0, grad_norm = 0, lr = 0;  // mean loss, max grad norm, last lr
-  std::map<std::string, double> sums;       // metric sums over every rank and step
-  double mismatch_max = 0;                  // max |trainer − engine logp| over rank 0's tokens
+  std::map<std::string, double> sums;      // metric sums over every rank and step
+  double mismatch_max = 0;                 // max |trainer − engine logp| over rank 0's tokens
 };
 
 class TrainerRank {
@@ -73,7 +73,8 @@ class TrainerRank {
   std::unique_ptr<Trainer> gathered_;  // tp: the whole model assembled from the shards
 };
 
-// Rank 0 side of a group: the rendezvous store and the worker processes (RUN_DIR/trainer_rank_R.log).
+// Rank 0 side of a group: the rendezvous store and the worker processes
+// (RUN_DIR/trainer_rank_R.log).
 class TrainerWorkers {
  public:
   static Result<std::unique_ptr<TrainerWorkers>> start(const RunConfig& config,

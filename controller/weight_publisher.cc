@@ -37,7 +37,7 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(const WeightSyn
   auto p = std::unique_ptr<WeightPublisher>(new WeightPublisher());
   p->cfg_ = cfg;
   MILES_ASSIGN_OR_RETURN(p->plan_, make_transfer_plan(trainer.model_config(),
-                                                     trainer.params().layout(), ParallelLayout{}));
+                                                      trainer.params().layout(), ParallelLayout{}));
   DiskDeltaOptions o;
   o.full_every = static_cast<int>(cfg.full_every);
   o.encoding = cfg.encoding == "overwrite" ? DeltaEncoding::kOverwrite : DeltaEncoding::kXor;

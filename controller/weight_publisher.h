@@ -1,5 +1,6 @@
 // WeightPublisher: the trainer side of weight sync in `miles run` — publish a version (disk-delta
-// under RUN_DIR/weights), bring engines to it, and check that they hold exactly the trainer's bytes.
+// under RUN_DIR/weights), bring engines to it, and check that they hold exactly the trainer's
+// bytes.
 //
 // Why: every engine, including one restarted mid-run or one that registers late, must serve the
 // current version before it takes traffic; the checksums of each published version (xxh3-128 of

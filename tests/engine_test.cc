@@ -2,15 +2,16 @@
 // logprob and experts equal a teacher-forced forward; a request's outputs are bit-identical alone,
 // among 63 others, and with a prefix-cache hit; GRPO groups prefill once; pause/retract/abort; the
 // free-block count returns to idle.
+#include "miles/engine.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <map>
-#include <set>
 #include <random>
+#include <set>
 
 #include "miles/disk_delta.h"
-#include "miles/engine.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
 #include "test_paths.h"
@@ -167,7 +168,8 @@ TEST(Engine, GroupPrefillsOnceAndEachSampleEqualsItsOwnRequest) {
     for (auto& t : s.output) ids.push_back(t.id);
     distinct.insert(ids);
     // The same sample as a request of its own (seed derived as the engine does).
-    Engine solo(make_model_runner(model, &pool), EngineOptions{.num_blocks = 128, .block_tokens = 8});
+    Engine solo(make_model_runner(model, &pool),
+                EngineOptions{.num_blocks = 128, .block_tokens = 8});
     Collected sc;
     auto r = make_request(prompt, 11 + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull);
     auto sid = solo.submit(r, sc.listener());

@@ -4,9 +4,9 @@
 // or duplicated); one-step-off samples are exactly one version stale; async runs keep the
 // staleness bound through partial rollouts; engines can register themselves; bad configs fail
 // with the line.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -30,18 +30,15 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 std::string temp_dir(const std::string& name) {
-  const std::string d = (fs::temp_directory_path() / ("miles_rl_" + name + "_" +
-                                                       std::to_string(getpid())))
-                            .string();
+  const std::string d =
+      (fs::temp_directory_path() / ("miles_rl_" + name + "_" + std::to_string(getpid()))).string();
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
 }
 
 // `miles run ARGS` from the source directory (configs use paths relative to it).
-test::CliRun run(const std::string& args) {
-  return test::run_miles("run " + args);
-}
+test::CliRun run(const std::string& args) { return test::run_miles("run " + args); }
 std::string cd_source() { return "cd '" + test::source_dir() + "' && "; }
 test::CliRun run_here(const std::string& args) {
   const std::string cmd = cd_source() + test::miles_binary() + " run " + args + " 2>&1";
@@ -65,9 +62,9 @@ std::vector<json> metrics(const std::string& run_dir) {
 // The fields that depend only on the data, the seeds and the arithmetic (not on timing).
 json numbers(const json& m) {
   json out;
-  for (const char* k : {"step", "weight_version", "samples", "reward_mean", "reward_std",
-                        "response_length_mean", "loss", "grad_norm", "lr", "ppo_kl", "clipfrac",
-                        "logp_abs_diff_max", "staleness_max"})
+  for (const char* k :
+       {"step", "weight_version", "samples", "reward_mean", "reward_std", "response_length_mean",
+        "loss", "grad_norm", "lr", "ppo_kl", "clipfrac", "logp_abs_diff_max", "staleness_max"})
     out[k] = m.at(k);
   return out;
 }
@@ -192,7 +189,8 @@ TEST(RlRun, AsyncKeepsTheStalenessBoundThroughPartialRollouts) {
     const std::string dir = temp_dir(std::string("async_") + mode);
     auto r = run_here(std::string(kCi) + " --run-dir " + dir +
                       " rollout.num_rollouts=5 async.mode=async async.max_weight_staleness=1"
-                      " async.buffer_groups=8 async.pause_mode=" + mode);
+                      " async.buffer_groups=8 async.pause_mode=" +
+                      mode);
     ASSERT_EQ(r.exit_code, 0) << mode << "\n" << r.out;
     auto m = metrics(dir);
     ASSERT_EQ(m.size(), 5u) << mode;
@@ -223,16 +221,16 @@ TEST(RlRun, EngineStartedElsewhereRegistersItself) {
   const std::string engine_log = dir + "/engine.log";
   const std::string serve = test::miles_binary() + " serve --model " + test::shared_dir() +
                             "/models/stories260K/stories260K.bin --threads 1 --port 0 "
-                            "--controller 127.0.0.1:" + std::to_string(port) + " > " +
-                            engine_log + " 2>&1 & echo $!";
+                            "--controller 127.0.0.1:" +
+                            std::to_string(port) + " > " + engine_log + " 2>&1 & echo $!";
   FILE* p = popen(serve.c_str(), "r");
   char buf[64] = {0};
   ASSERT_TRUE(fgets(buf, sizeof buf, p));
   pclose(p);
   const pid_t engine = static_cast<pid_t>(std::atol(buf));
-  auto r = run_here(std::string(kCi) + " --run-dir " + dir +
-                    " rollout.num_rollouts=2 rollout.num_engines=0 controller.port=" +
-                    std::to_string(port));
+  auto r = run_here(
+      std::string(kCi) + " --run-dir " + dir +
+      " rollout.num_rollouts=2 rollout.num_engines=0 controller.port=" + std::to_string(port));
   kill(engine, SIGTERM);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("engine 0 registered"), std::string::npos) << r.out;

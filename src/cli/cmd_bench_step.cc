@@ -64,7 +64,7 @@ int run_bench_step(const BenchStepOptions& o) {
     for (const std::string& ov : o.overrides) argv.push_back(ov);
     for (const std::string& ov : std::vector<std::string>{
              "async.mode=" + mode, "rollout.num_rollouts=" + std::to_string(o.steps),
-          "logging.progress=none", "checkpoint.save_every=0", "checkpoint.resume=false"})
+             "logging.progress=none", "checkpoint.save_every=0", "checkpoint.resume=false"})
       argv.push_back(ov);
     argv.push_back("--run-dir");
     argv.push_back(dir);
@@ -81,8 +81,7 @@ int run_bench_step(const BenchStepOptions& o) {
   nlohmann::json out = nlohmann::json::array();
   for (const ModeResult& r : results) {
     std::printf("%-13s %8.3f %7.2f %9.3f %8.3f %8.3f %8.3f %10.1f %8.3f\n", r.mode.c_str(), r.step,
-                r.step / base.step, r.generate, r.train, r.sync, r.idle, r.samples_per_s,
-                r.reward);
+                r.step / base.step, r.generate, r.train, r.sync, r.idle, r.samples_per_s, r.reward);
     out.push_back({{"mode", r.mode},
                    {"steps_averaged", r.steps},
                    {"step_s", r.step},
@@ -94,8 +93,9 @@ int run_bench_step(const BenchStepOptions& o) {
                    {"samples_per_s", r.samples_per_s},
                    {"reward_mean", r.reward}});
   }
-  std::printf("(means over steps 2..%lld of `miles run %s`; generate in async = mean group latency)\n",
-              static_cast<long long>(o.steps), o.config.c_str());
+  std::printf(
+      "(means over steps 2..%lld of `miles run %s`; generate in async = mean group latency)\n",
+      static_cast<long long>(o.steps), o.config.c_str());
   if (!o.out.empty()) std::ofstream(o.out) << out.dump(2) << "\n";
   return 0;
 }

@@ -50,10 +50,11 @@ int run_run(const RunOptions& o) {
   std::signal(SIGPIPE, SIG_IGN);
   auto sum = controller::run_rl_job(*cfg, res);
   if (!sum.ok()) return fail("run", sum.message());
-  std::printf("miles run: %lld rollout steps; reward mean of the first 5 steps %.4f, of the last 5 "
-              "%.4f (metrics: %s/metrics.jsonl)\n",
-              static_cast<long long>(sum->rollout_steps), sum->first_reward_mean,
-              sum->last_reward_mean, cfg->logging.run_dir.c_str());
+  std::printf(
+      "miles run: %lld rollout steps; reward mean of the first 5 steps %.4f, of the last 5 "
+      "%.4f (metrics: %s/metrics.jsonl)\n",
+      static_cast<long long>(sum->rollout_steps), sum->first_reward_mean, sum->last_reward_mean,
+      cfg->logging.run_dir.c_str());
   return 0;
 }
 

@@ -25,7 +25,7 @@ struct ServeOptions {
   rollout::ServerOptions server;
   EngineOptions engine;
   int threads = 0;
-  int grpc_port = -1;  // -1: no gRPC server
+  int grpc_port = -1;          // -1: no gRPC server
   std::string controller;      // HOST:PORT of a `miles run` controller to register with
   int64_t engine_id = -1;      // given by the controller that started this engine
   std::string advertise_host;  // the host the controller should call (default: --host)
@@ -78,7 +78,8 @@ int run_serve(ServeOptions o) {
   std::fprintf(stderr, "miles serve: listening on http://%s:%d (model %s)\n", o.server.host.c_str(),
                server.port(), o.model.c_str());
   std::unique_ptr<rollout::GrpcServer> grpc;
-  if (!o.controller.empty() && o.grpc_port < 0) o.grpc_port = 0;  // the controller generates over gRPC
+  if (!o.controller.empty() && o.grpc_port < 0)
+    o.grpc_port = 0;  // the controller generates over gRPC
   if (o.grpc_port >= 0) {
     grpc = std::make_unique<rollout::GrpcServer>(driver, shared->config(), tok, &pool, o.model);
     if (Status s = grpc->start(o.server.host, o.grpc_port); !s.ok())
@@ -87,8 +88,8 @@ int run_serve(ServeOptions o) {
   }
   if (!o.controller.empty()) {
     controller::EngineRegistration reg;
-    reg.host = o.advertise_host.empty() && o.server.host != "0.0.0.0" ? o.server.host
-                                                                       : o.advertise_host;
+    reg.host =
+        o.advertise_host.empty() && o.server.host != "0.0.0.0" ? o.server.host : o.advertise_host;
     reg.http_port = server.port();
     reg.grpc_port = grpc->port();
     reg.engine_id = o.engine_id;
