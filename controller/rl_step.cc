@@ -53,7 +53,7 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
   double rsum = 0, rsq = 0, len_sum = 0, len_max = 0, truncated = 0, errors = 0;
   double stale_sum = 0, stale_max = 0;
   std::map<std::string, double> parts;
-  int64_t samples = 0, tokens = 0, continuations = 0;
+  int64_t samples = 0, tokens = 0, continuations = 0, multi_version = 0;
   for (const RolloutGroup& g : groups) {
     continuations += g.continuations;
     for (const RolloutSample& s : g.samples) {
@@ -67,6 +67,9 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
       truncated += s.finish_reason == "length";
       errors += !s.reward.error.empty();
       for (const auto& [name, v] : s.reward.parts) parts[name] += v;
+      int64_t vmax = s.min_version();
+      for (const TokenOutput& t : s.tokens) vmax = std::max(vmax, t.weight_version);
+      multi_version += vmax != s.min_version();  // a partial rollout across a weight update
       const double stale = static_cast<double>(version_before - s.min_version());
       stale_sum += stale;
       stale_max = std::max(stale_max, stale);
@@ -98,6 +101,7 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
             {"groups_stale_retried", timing.stale_retried},
             {"filled_with_filtered", timing.filled_with_filtered},
             {"continued_samples", continuations},
+            {"multi_version_samples", multi_version},
             {"loss", trained.loss},
             {"grad_norm", trained.grad_norm},
             {"lr", trained.lr},

@@ -185,11 +185,12 @@ TEST(RlRun, OneStepOffSamplesAreExactlyOneVersionStale) {
 
 TEST(RlRun, AsyncKeepsTheStalenessBoundThroughPartialRollouts) {
   MILES_REQUIRE_SHARED();
+  int64_t partial = 0;  // samples whose tokens came from two weight versions
   for (const char* mode : {"retract", "in_place", "abort"}) {
     const std::string dir = temp_dir(std::string("async_") + mode);
     auto r = run_here(std::string(kCi) + " --run-dir " + dir +
                       " rollout.num_rollouts=5 async.mode=async async.max_weight_staleness=1"
-                      " async.buffer_groups=8 async.pause_mode=" +
+                      " async.buffer_groups=16 async.pause_mode=" +
                       mode);
     ASSERT_EQ(r.exit_code, 0) << mode << "\n" << r.out;
     auto m = metrics(dir);
@@ -197,8 +198,11 @@ TEST(RlRun, AsyncKeepsTheStalenessBoundThroughPartialRollouts) {
     for (const json& s : m) {
       EXPECT_EQ(s["samples"], 32) << mode;
       EXPECT_LE(s["staleness_max"].get<double>(), 1.0) << mode << " " << s.dump();
+      partial += s["multi_version_samples"].get<int64_t>();
+      if (std::string(mode) != "abort") EXPECT_EQ(s["continued_samples"], 0) << mode;
     }
   }
+  EXPECT_GT(partial, 0) << "no sample crossed a weight update in 15 async steps";
 }
 
 TEST(RlRun, EngineStartedElsewhereRegistersItself) {
