@@ -317,3 +317,40 @@ TEST(RlRun, TrainerLayoutsGiveTheSingleProcessRun) {
 
 }  // namespace
 }  // namespace miles
+
+namespace miles {
+namespace {
+
+// A custom reward as an external command (JSON lines), with over-sampling and zero-variance
+// filtering: every step still trains on 4 groups, each with signal unless the batch had to be
+// filled; the command's score is the reward.
+TEST(RlRun, CommandRewardWithOverSamplingAndZeroVarianceFilter) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = temp_dir("command");
+  const std::string script = dir + "/dog.sh";
+  std::ofstream(script) << "while read -r line; do\n"
+                           "  if printf '%s' \"$line\" | grep -q '\"response\":\"[^\"]*dog'; then\n"
+                           "    echo '{\"score\": 1}'\n"
+                           "  else\n"
+                           "    echo '{\"score\": 0}'\n"
+                           "  fi\n"
+                           "done\n";
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir +
+                    " rollout.num_rollouts=4 rollout.over_sampling_batch_size=6"
+                    " rollout.filter_zero_variance=true"
+                    " 'rewards=[{kind: command, command: \"sh " + script + "\", name: dog}]'");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto m = metrics(dir);
+  ASSERT_EQ(m.size(), 4u);
+  for (const json& s : m) {
+    EXPECT_EQ(s["samples"], 32);
+    EXPECT_EQ(s["reward_errors"], 0.0) << s.dump();
+    EXPECT_GE(s["groups_launched"].get<int64_t>(), 6);
+    EXPECT_EQ(s["reward_mean"], s["reward_dog_mean"]);
+    if (!s["filled_with_filtered"].get<bool>())  // every group kept has signal
+      EXPECT_GT(s["reward_std"].get<double>(), 0.0) << s.dump();
+  }
+}
+
+}  // namespace
+}  // namespace miles
