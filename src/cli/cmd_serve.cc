@@ -25,7 +25,7 @@ struct ServeOptions {
   rollout::ServerOptions server;
   EngineOptions engine;
   int threads = 0;
-  int grpc_port = -1;  // -1: no gRPC server
+  int grpc_port = -1;          // -1: no gRPC server
   std::string controller;      // HOST:PORT of a `miles run` controller to register with
   int64_t engine_id = -1;      // given by the controller that started this engine
   std::string advertise_host;  // the host the controller should call (default: --host)
@@ -78,7 +78,8 @@ int run_serve(ServeOptions o) {
   std::fprintf(stderr, "miles serve: listening on http://%s:%d (model %s)\n", o.server.host.c_str(),
                server.port(), o.model.c_str());
   std::unique_ptr<rollout::GrpcServer> grpc;
-  if (!o.controller.empty() && o.grpc_port < 0) o.grpc_port = 0;  // the controller generates over gRPC
+  if (!o.controller.empty() && o.grpc_port < 0)
+    o.grpc_port = 0;  // the controller generates over gRPC
   if (o.grpc_port >= 0) {
     grpc = std::make_unique<rollout::GrpcServer>(driver, shared->config(), tok, &pool, o.model);
     if (Status s = grpc->start(o.server.host, o.grpc_port); !s.ok())
@@ -87,17 +88,27 @@ int run_serve(ServeOptions o) {
   }
   if (!o.controller.empty()) {
     controller::EngineRegistration reg;
-    reg.host = o.advertise_host.empty() && o.server.host != "0.0.0.0" ? o.server.host
-                                                                       : o.advertise_host;
+    reg.host =
+        o.advertise_host.empty() && o.server.host != "0.0.0.0" ? o.server.host : o.advertise_host;
     reg.http_port = server.port();
     reg.grpc_port = grpc->port();
     reg.engine_id = o.engine_id;
     reg.pid = getpid();
-    auto id = controller::register_with_controller(o.controller, reg, 120);
+    // SIGTERM/SIGINT are blocked (sigwait below takes them): look for one between tries, so that
+    // an engine whose controller never answers still stops when told (scancel, pod deletion).
+    int stop_signal = 0;
+    const auto stop_pending = [&] {
+      const timespec zero{0, 0};
+      stop_signal = sigtimedwait(&stop_signals, nullptr, &zero);
+      return stop_signal > 0;
+    };
+    auto id = controller::register_with_controller(o.controller, reg, 120, stop_pending);
     if (!id.ok()) {
       grpc->stop();
       server.stop();
-      return fail("serve", id.message());
+      if (stop_signal <= 0) return fail("serve", id.message());
+      std::fprintf(stderr, "miles serve: stopping (signal %d) before registering\n", stop_signal);
+      return 0;
     }
     std::fprintf(stderr, "miles serve: registered with the controller at %s as engine %lld\n",
                  o.controller.c_str(), static_cast<long long>(*id));
