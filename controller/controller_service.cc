@@ -102,7 +102,8 @@ void ControllerService::stop() {
 }
 
 Result<int64_t> register_with_controller(const std::string& controller,
-                                         const EngineRegistration& reg, double timeout_s) {
+                                         const EngineRegistration& reg, double timeout_s,
+                                         const std::function<bool()>& stop) {
   auto channel = grpc::CreateChannel(controller, grpc::InsecureChannelCredentials());
   auto stub = pb::Controller::NewStub(channel);
   pb::RegisterEngineRequest in;
@@ -126,6 +127,7 @@ Result<int64_t> register_with_controller(const std::string& controller,
       return out.engine_id();
     }
     last = s.error_message();
+    if (stop && stop()) return Status::Error("stopped while registering with " + controller);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   return Status::Error("no controller answered at " + controller + " within " +

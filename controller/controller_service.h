@@ -42,7 +42,8 @@ class ControllerService {
 };
 
 // What `miles serve --controller HOST:PORT` sends once its servers listen. Retries until the
-// controller answers (or `timeout_s` passes); an explicit refusal is an error at once.
+// controller answers (or `timeout_s` passes, or `stop` returns true between tries); an explicit
+// refusal is an error at once.
 struct EngineRegistration {
   std::string host;  // empty: the controller uses the address it sees
   int http_port = 0, grpc_port = 0;
@@ -51,6 +52,7 @@ struct EngineRegistration {
   int64_t weight_version = 0;
 };
 Result<int64_t> register_with_controller(const std::string& controller,
-                                         const EngineRegistration& reg, double timeout_s);
+                                         const EngineRegistration& reg, double timeout_s,
+                                         const std::function<bool()>& stop = nullptr);
 
 }  // namespace miles::controller

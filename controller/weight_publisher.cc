@@ -36,15 +36,18 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(const WeightSyn
                          "' is not available to `miles run` (known: disk_delta)");
   auto p = std::unique_ptr<WeightPublisher>(new WeightPublisher());
   p->cfg_ = cfg;
+  // Engines are told this path; one on another host (Slurm, Kubernetes) resolves a relative path
+  // against its own working directory, so send the absolute one.
+  p->cfg_.dir = fs::absolute(cfg.dir).lexically_normal().string();
   MILES_ASSIGN_OR_RETURN(p->plan_, make_transfer_plan(trainer.model_config(),
                                                       trainer.params().layout(), ParallelLayout{}));
   DiskDeltaOptions o;
   o.full_every = static_cast<int>(cfg.full_every);
   o.encoding = cfg.encoding == "overwrite" ? DeltaEncoding::kOverwrite : DeltaEncoding::kXor;
   std::error_code ec;
-  fs::create_directories(cfg.dir, ec);
-  if (ec) return Status::Error("weight_sync.dir " + cfg.dir + ": " + ec.message());
-  p->sender_ = make_disk_delta_sender(cfg.dir, p->plan_, o);
+  fs::create_directories(p->cfg_.dir, ec);
+  if (ec) return Status::Error("weight_sync.dir " + p->cfg_.dir + ": " + ec.message());
+  p->sender_ = make_disk_delta_sender(p->cfg_.dir, p->plan_, o);
   return p;
 }
 

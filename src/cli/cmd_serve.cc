@@ -94,11 +94,21 @@ int run_serve(ServeOptions o) {
     reg.grpc_port = grpc->port();
     reg.engine_id = o.engine_id;
     reg.pid = getpid();
-    auto id = controller::register_with_controller(o.controller, reg, 120);
+    // SIGTERM/SIGINT are blocked (sigwait below takes them): look for one between tries, so that
+    // an engine whose controller never answers still stops when told (scancel, pod deletion).
+    int stop_signal = 0;
+    const auto stop_pending = [&] {
+      const timespec zero{0, 0};
+      stop_signal = sigtimedwait(&stop_signals, nullptr, &zero);
+      return stop_signal > 0;
+    };
+    auto id = controller::register_with_controller(o.controller, reg, 120, stop_pending);
     if (!id.ok()) {
       grpc->stop();
       server.stop();
-      return fail("serve", id.message());
+      if (stop_signal <= 0) return fail("serve", id.message());
+      std::fprintf(stderr, "miles serve: stopping (signal %d) before registering\n", stop_signal);
+      return 0;
     }
     std::fprintf(stderr, "miles serve: registered with the controller at %s as engine %lld\n",
                  o.controller.c_str(), static_cast<long long>(*id));

@@ -1,0 +1,111 @@
+// The deployment examples parse and agree with `miles`: scripts/slurm/miles_run.sbatch passes
+// `bash -n`; scripts/k8s/miles-run.yaml is valid YAML whose documents are well-formed Kubernetes
+// objects, whose job file is a valid `miles run` config with the controller's overrides, and whose
+// engines call the controller's Service at the port the controller listens on.
+//
+// Why: examples rot silently; these checks are fast (no cluster, no model) and catch a renamed
+// config key, a port changed in one place only, or a syntax slip.
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cli_run.h"
+#include "miles/run_config.h"
+#include "test_paths.h"
+
+namespace miles {
+namespace {
+
+const std::string kSbatch = "/scripts/slurm/miles_run.sbatch";
+const std::string kManifest = "/scripts/k8s/miles-run.yaml";
+
+std::vector<std::string> strings(const YAML::Node& list) {
+  std::vector<std::string> out;
+  for (const YAML::Node& n : list) out.push_back(n.as<std::string>());
+  return out;
+}
+
+// The value after `flag` in `args` ("" when absent).
+std::string after(const std::vector<std::string>& args, const std::string& flag) {
+  auto it = std::find(args.begin(), args.end(), flag);
+  return it == args.end() || it + 1 == args.end() ? "" : *(it + 1);
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+TEST(DeployExamples, SlurmScriptIsValidBash) {
+  const std::string cmd = "bash -n '" + test::source_dir() + kSbatch + "' 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[1024];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << out;
+}
+
+TEST(DeployExamples, KubernetesManifestIsConsistent) {
+  std::vector<YAML::Node> docs;
+  ASSERT_NO_THROW(docs = YAML::LoadAllFromFile(test::source_dir() + kManifest));
+  YAML::Node pvc, config_map, service, job, engines;
+  for (const YAML::Node& d : docs) {
+    ASSERT_TRUE(d["apiVersion"] && d["kind"] && d["metadata"]["name"]) << YAML::Dump(d);
+    const std::string kind = d["kind"].as<std::string>();
+    if (kind == "PersistentVolumeClaim") pvc = d;
+    if (kind == "ConfigMap") config_map = d;
+    if (kind == "Service") service = d;
+    if (kind == "Job") job = d;
+    if (kind == "Deployment" || kind == "StatefulSet") engines = d;
+  }
+  ASSERT_TRUE(pvc && config_map && service && job && engines);
+  EXPECT_TRUE(contains(strings(pvc["spec"]["accessModes"]), "ReadWriteMany"));
+
+  const YAML::Node controller = job["spec"]["template"]["spec"]["containers"][0];
+  const YAML::Node engine = engines["spec"]["template"]["spec"]["containers"][0];
+  const std::vector<std::string> run_args = strings(controller["args"]);
+  const std::vector<std::string> serve_args = strings(engine["args"]);
+  ASSERT_EQ(run_args.at(0), "run");
+  ASSERT_EQ(serve_args.at(0), "serve");
+
+  // The job file with the controller's overrides is a valid config.
+  std::vector<std::string> overrides;
+  for (const std::string& a : run_args)
+    if (a.find('=') != std::string::npos && a.rfind("--", 0) != 0) overrides.push_back(a);
+  overrides.push_back("logging.run_dir=" + after(run_args, "--run-dir"));
+  auto cfg =
+      parse_run_config(config_map["data"]["job.yaml"].as<std::string>(), "job.yaml", overrides);
+  ASSERT_TRUE(cfg.ok()) << cfg.message();
+  EXPECT_EQ(cfg->rollout.num_engines, 0);
+  EXPECT_EQ(cfg->controller.host, "0.0.0.0");
+
+  // The engines call the Service at the controller's port, advertise their pod IP, and load the
+  // trainer's model.
+  const std::string port = std::to_string(cfg->controller.port);
+  EXPECT_EQ(std::to_string(service["spec"]["ports"][0]["port"].as<int>()), port);
+  EXPECT_EQ(after(serve_args, "--controller"),
+            service["metadata"]["name"].as<std::string>() + ":" + port);
+  EXPECT_EQ(after(serve_args, "--host"), "0.0.0.0");
+  EXPECT_EQ(after(serve_args, "--advertise-host"), "$(POD_IP)");
+  EXPECT_EQ(engine["env"][0]["name"].as<std::string>(), "POD_IP");
+  EXPECT_EQ(after(serve_args, "--model"), cfg->model.path);
+  EXPECT_EQ(controller["ports"][0]["containerPort"].as<int>(), cfg->controller.port);
+
+  // Both mount the shared volume at the same path, and the run directory is on it.
+  const auto shared_mount = [](const YAML::Node& c) {
+    for (const YAML::Node& m : c["volumeMounts"])
+      if (m["name"].as<std::string>() == "shared") return m["mountPath"].as<std::string>();
+    return std::string();
+  };
+  const std::string mount = shared_mount(controller);
+  ASSERT_FALSE(mount.empty());
+  EXPECT_EQ(shared_mount(engine), mount);
+  EXPECT_EQ(cfg->logging.run_dir.rfind(mount + "/", 0), 0u) << cfg->logging.run_dir;
+  EXPECT_EQ(cfg->weight_sync.dir.rfind(mount + "/", 0), 0u) << cfg->weight_sync.dir;
+}
+
+}  // namespace
+}  // namespace miles
