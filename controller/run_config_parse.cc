@@ -233,13 +233,14 @@ void Parser::apply_override(const std::string& text) {
   fixed_where_.clear();
 }
 
-// weight_sync.dir and checkpoint.dir default to folders of the run directory.
+// weight_sync.dir, checkpoint.dir and check.report default to the run directory.
 void resolve_defaults(RunConfig* config) {
   const std::filesystem::path run_dir(config->logging.run_dir);
   if (config->weight_sync.dir.empty()) config->weight_sync.dir = (run_dir / "weights").string();
   if (config->checkpoint.dir.empty()) {
     config->checkpoint.dir = (run_dir / "checkpoints").string();
   }
+  if (config->check.report.empty()) config->check.report = (run_dir / "check.json").string();
 }
 
 }  // namespace

@@ -14,9 +14,9 @@
 namespace miles::run_config_internal {
 
 std::span<const std::string_view> section_names() {
-  static constexpr std::array<std::string_view, 12> kNames = {
-      "model",   "rollout",     "trainer", "parallel",   "algorithm", "data",
-      "rewards", "weight_sync", "async",   "checkpoint", "logging",   "controller"};
+  static constexpr std::array<std::string_view, 13> kNames = {
+      "model",   "rollout",     "trainer", "parallel",   "algorithm", "data",      "rewards",
+      "weight_sync", "async", "checkpoint", "logging", "controller", "check"};
   return kNames;
 }
 
@@ -32,6 +32,7 @@ std::vector<Section> sections_of(RunConfig& c) {
   auto& k = c.checkpoint;
   auto& l = c.logging;
   auto& n = c.controller;
+  auto& q = c.check;
   return {
       {"model", {{"path", &m.path}, {"tokenizer", &m.tokenizer}, {"reference", &m.reference}}},
       {"rollout",
@@ -114,6 +115,16 @@ std::vector<Section> sections_of(RunConfig& c) {
         {"resume", &k.resume}}},
       {"logging", {{"run_dir", &l.run_dir}, {"progress", &l.progress}}},
       {"controller", {{"host", &n.host}, {"port", &n.port}}},
+      {"check",
+       {{"max_logp_abs_diff", &q.max_logp_abs_diff},
+        {"max_rollout_kl", &q.max_rollout_kl},
+        {"min_ess", &q.min_ess},
+        {"min_r3_agreement", &q.min_r3_agreement},
+        {"max_ppo_kl", &q.max_ppo_kl},
+        {"max_clipfrac", &q.max_clipfrac},
+        {"layouts", &q.layouts},
+        {"grad_norm_rel_tol", &q.grad_norm_rel_tol},
+        {"report", &q.report}}},
   };
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "controller/run_config_internal.h"
+#include "miles/parallel_layout.h"
 
 namespace miles::run_config_internal {
 namespace {
@@ -272,6 +273,26 @@ void check_services(const RunConfig& c, Checker& check) {
 
 }  // namespace
 
+void check_gate(const RunConfig& c, Checker& check) {
+  const CheckSection& q = c.check;
+  check.at_least("check.max_logp_abs_diff", q.max_logp_abs_diff, 0.0);
+  check.at_least("check.max_rollout_kl", q.max_rollout_kl, 0.0);
+  check.at_least("check.max_ppo_kl", q.max_ppo_kl, 0.0);
+  check.at_least("check.max_clipfrac", q.max_clipfrac, 0.0);
+  check.at_least("check.grad_norm_rel_tol", q.grad_norm_rel_tol, 0.0);
+  if (!(q.min_ess > 0 && q.min_ess <= 1))
+    check.fail({"check.min_ess"}, "check.min_ess: must be in (0, 1], got " + str(q.min_ess));
+  if (!(q.min_r3_agreement >= 0 && q.min_r3_agreement <= 1))
+    check.fail({"check.min_r3_agreement"},
+               "check.min_r3_agreement: must be in [0, 1], got " + str(q.min_r3_agreement));
+  for (size_t i = 0; i < q.layouts.size(); ++i) {
+    auto l = ParallelLayout::parse(q.layouts[i]);
+    if (!l.ok())
+      check.fail({"check.layouts"},
+                 "check.layouts[" + std::to_string(i) + "]: " + l.message() + " (e.g. dp=2,pp=2)");
+  }
+}
+
 Status validate_with_origins(const RunConfig& config, const Origins& origins) {
   Checker check(config, origins);
   check_required(config, check);
@@ -280,6 +301,7 @@ Status validate_with_origins(const RunConfig& config, const Origins& origins) {
   check_batches(config, check);
   check_algorithm(config, check);
   check_services(config, check);
+  check_gate(config, check);
   return check.status();
 }
 

@@ -145,6 +145,15 @@ TEST(RunConfig, FullConfigSetsEveryField) {
   EXPECT_EQ(c->logging.progress, "lines");
   EXPECT_EQ(c->controller.host, "0.0.0.0");
   EXPECT_EQ(c->controller.port, 7070);
+  EXPECT_EQ(c->check.max_logp_abs_diff, 0.03);
+  EXPECT_EQ(c->check.max_rollout_kl, 0.001);
+  EXPECT_EQ(c->check.min_ess, 0.9);
+  EXPECT_EQ(c->check.min_r3_agreement, 0.99);
+  EXPECT_EQ(c->check.max_ppo_kl, 1e-9);
+  EXPECT_EQ(c->check.max_clipfrac, 1e-10);
+  EXPECT_EQ(c->check.layouts, (std::vector<std::string>{"dp=2", "pp=2,tp=2"}));
+  EXPECT_EQ(c->check.grad_norm_rel_tol, 0.03);
+  EXPECT_EQ(c->check.report, "/reports/check.json");
 }
 
 constexpr char kMinimal[] =
@@ -160,6 +169,7 @@ TEST(RunConfig, MinimalConfigKeepsDefaultsAndPutsDirsInTheRunDir) {
   expected.rewards.emplace_back().kind = "exact_match";
   expected.weight_sync.dir = "runs/default/weights";
   expected.checkpoint.dir = "runs/default/checkpoints";
+  expected.check.report = "runs/default/check.json";
   expect_equal(*c, expected);
 
   // The derived directories follow an overridden run_dir; explicit ones stay.
@@ -198,6 +208,7 @@ TEST(RunConfig, ReferenceYamlLoadsAndStatesTheDefaults) {
   expected.rewards.emplace_back().kind = "exact_match";
   expected.weight_sync.dir = "runs/default/weights";
   expected.checkpoint.dir = "runs/default/checkpoints";
+  expected.check.report = "runs/default/check.json";
   expect_equal(*c, expected);
 }
 

@@ -132,6 +132,20 @@ struct ControllerSection {
   int64_t port = 0;                    // 0: any free port (written to RUN_DIR/controller.json)
 };
 
+// `miles check`: the thresholds of the train–rollout agreement gate (defaults: true on-policy,
+// every difference must be exactly zero).
+struct CheckSection {
+  double max_logp_abs_diff = 0;   // per token |trainer logp − engine logp|, max over the batch
+  double max_rollout_kl = 0;      // KL(rollout || train), k3 estimate
+  double min_ess = 1.0;           // effective sample size of the importance weights, in (0, 1]
+  double min_r3_agreement = 1.0;  // MoE: fraction of tokens whose replayed experts equal rollout's
+  double max_ppo_kl = 0;          // |ppo_kl| of the first optimizer step
+  double max_clipfrac = 0;        // clipfrac of the first optimizer step
+  std::vector<std::string> layouts;  // trainer layouts ("dp=2", "pp=2", "tp=2", "dp=2,pp=2")
+  double grad_norm_rel_tol = 0;   // |Δ grad norm| / grad norm allowed between layouts (0: bitwise)
+  std::string report;             // the JSON report (default RUN_DIR/check.json)
+};
+
 struct RunConfig {
   std::string source;                  // the file it was read from
   ModelSection model;
@@ -146,6 +160,7 @@ struct RunConfig {
   CheckpointSection checkpoint;
   LoggingSection logging;
   ControllerSection controller;
+  CheckSection check;
 };
 
 // Reads `path`, applies `overrides` ("section.key=value"), validates. Errors name the file, line
