@@ -54,6 +54,7 @@ Result<RolloutGroup> GroupRunner::run(int64_t position, const Prompt& prompt,
     r.index = s.index;
     r.tokens = std::move(s.tokens);
     r.finish_reason = std::move(s.finish_reason);
+    r.prompt_tokens = s.prompt_tokens;
     r.routed_experts = std::move(s.routed_experts);
     g.samples.push_back(std::move(r));
   }

@@ -27,6 +27,7 @@ struct RolloutSample {
   int32_t index = 0;                    // within the group
   std::vector<TokenOutput> tokens;      // the response, with logprobs and weight versions
   std::string finish_reason;            // stop | length
+  int64_t prompt_tokens = 0;            // as the engine counted them (TITO check)
   std::vector<int32_t> routed_experts;  // (prompt + response − 1, moe layers, top_k) or empty
   std::string response;                 // decoded
   RewardResult reward;

@@ -176,3 +176,19 @@ Result<RunSummary> run_rl_job(const RunConfig& config, const RunResources& resou
 }
 
 }  // namespace miles::controller
+
+namespace miles::controller {
+
+Result<nlohmann::json> run_rl_check(const RunConfig& config, const RunResources& resources) {
+  RunConfig c = config;
+  c.weight_sync.check_checksums = true;
+  c.checkpoint.resume = false;
+  c.checkpoint.save_every = 0;
+  c.checkpoint.save_final = false;
+  c.async.mode = "sync";
+  RlJob job(c, resources);
+  MILES_RETURN_IF_ERROR(job.setup());
+  return job.check();
+}
+
+}  // namespace miles::controller

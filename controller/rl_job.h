@@ -16,6 +16,7 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "miles/chat_template.h"
@@ -37,5 +38,9 @@ struct RunSummary {
 
 // Runs the whole job; errors name what failed (config, engines, a step).
 Result<RunSummary> run_rl_job(const RunConfig& config, const RunResources& resources);
+
+// `miles check`: the train–rollout agreement gate of the job (config.check holds the thresholds).
+// The report (also written to check.report) has "passed" and one entry per gate.
+Result<nlohmann::json> run_rl_check(const RunConfig& config, const RunResources& resources);
 
 }  // namespace miles::controller

@@ -52,6 +52,9 @@ class RlJob {
   ~RlJob();
   Status setup();
   Result<RunSummary> run();
+  // `miles check` (rl_check.cc): one rollout batch at version 0, scored by the trainer, one
+  // optimizer step, a sync, the other layouts; the report (and whether every gate passed).
+  Result<nlohmann::json> check();
 
  private:
   // setup phases (rl_job.cc)

@@ -23,6 +23,25 @@ struct RunOptions {
   bool check_only = false;
 };
 
+// The tokenizer and chat template of the job's model.
+Result<controller::RunResources> load_resources(const RunConfig& cfg) {
+  auto files = load_model_files(cfg.model.path);
+  if (!files.ok()) return Status::Error("model.path: " + files.message());
+  auto tok = find_tokenizer(cfg.model.path, cfg.model.tokenizer,
+                            static_cast<int32_t>(files->config.vocab_size));
+  if (!tok.ok()) return tok.status();
+  controller::RunResources res;
+  res.tokenizer = std::move(tok).value();
+  const std::string tc = std::filesystem::is_directory(cfg.model.path)
+                             ? cfg.model.path + "/tokenizer_config.json"
+                             : "";
+  if (!tc.empty() && std::filesystem::exists(tc)) {
+    auto chat = ChatTemplate::from_tokenizer_config(tc);
+    if (chat.ok()) res.chat = std::make_shared<const ChatTemplate>(std::move(chat).value());
+  }
+  return res;
+}
+
 int run_run(const RunOptions& o) {
   std::vector<std::string> overrides = o.overrides;
   if (!o.run_dir.empty()) overrides.push_back("logging.run_dir=" + o.run_dir);
@@ -33,22 +52,10 @@ int run_run(const RunOptions& o) {
     std::printf("%s", run_config_to_yaml(*cfg).c_str());
     return 0;
   }
-  auto files = load_model_files(cfg->model.path);
-  if (!files.ok()) return fail("run", "model.path: " + files.message());
-  auto tok = find_tokenizer(cfg->model.path, cfg->model.tokenizer,
-                            static_cast<int32_t>(files->config.vocab_size));
-  if (!tok.ok()) return fail("run", tok.message());
-  controller::RunResources res;
-  res.tokenizer = std::move(tok).value();
-  const std::string tc = std::filesystem::is_directory(cfg->model.path)
-                             ? cfg->model.path + "/tokenizer_config.json"
-                             : "";
-  if (!tc.empty() && std::filesystem::exists(tc)) {
-    auto chat = ChatTemplate::from_tokenizer_config(tc);
-    if (chat.ok()) res.chat = std::make_shared<const ChatTemplate>(std::move(chat).value());
-  }
+  auto res = load_resources(*cfg);
+  if (!res.ok()) return fail("run", res.message());
   std::signal(SIGPIPE, SIG_IGN);
-  auto sum = controller::run_rl_job(*cfg, res);
+  auto sum = controller::run_rl_job(*cfg, *res);
   if (!sum.ok()) return fail("run", sum.message());
   std::printf(
       "miles run: %lld rollout steps; reward mean of the first 5 steps %.4f, of the last 5 "
@@ -56,6 +63,35 @@ int run_run(const RunOptions& o) {
       static_cast<long long>(sum->rollout_steps), sum->first_reward_mean, sum->last_reward_mean,
       cfg->logging.run_dir.c_str());
   return 0;
+}
+
+// `miles check`: the gate's table on stdout, the JSON report in check.report; exit 1 on a failure.
+int run_check(const RunOptions& o) {
+  std::vector<std::string> overrides = o.overrides;
+  if (!o.run_dir.empty()) overrides.push_back("logging.run_dir=" + o.run_dir);
+  auto cfg = load_run_config(o.config, overrides);
+  if (!cfg.ok()) return fail("check", cfg.message());
+  auto res = load_resources(*cfg);
+  if (!res.ok()) return fail("check", res.message());
+  std::signal(SIGPIPE, SIG_IGN);
+  auto report = controller::run_rl_check(*cfg, *res);
+  if (!report.ok()) return fail("check", report.message());
+  std::printf("%-40s %14s %3s %12s  %s\n", "gate", "value", "", "limit", "result");
+  for (const auto& g : (*report)["gates"]) {
+    if (g.contains("value")) {
+      std::printf("%-40s %14.6g %3s %12.6g  %s\n", g["gate"].get<std::string>().c_str(),
+                  g["value"].get<double>(), g["op"].get<std::string>().c_str(),
+                  g["limit"].get<double>(), g["passed"].get<bool>() ? "ok" : "FAIL");
+    } else {
+      std::printf("%-40s %14s %3s %12s  FAIL: %s\n", g["gate"].get<std::string>().c_str(), "-", "",
+                  "-", g["note"].get<std::string>().c_str());
+    }
+  }
+  const bool passed = (*report)["passed"].get<bool>();
+  std::printf("miles check: %s (%lld tokens of %lld samples; report %s)\n",
+              passed ? "passed" : "FAILED", (*report)["tokens"].get<long long>(),
+              (*report)["samples"].get<long long>(), cfg->check.report.c_str());
+  return passed ? 0 : 1;
 }
 
 struct WorkerOptions {
@@ -77,6 +113,17 @@ int run_rl_worker(const WorkerOptions& o) {
 }  // namespace
 
 void register_run(CLI::App& app) {
+  auto c = std::make_shared<RunOptions>();
+  CLI::App* check = app.add_subcommand(
+      "check", "Train–rollout mismatch gate of a job: exit 0 when every threshold holds");
+  check->add_option("config", c->config, "job file (its check: section holds the thresholds)")
+      ->required();
+  check->add_option("overrides", c->overrides, "section.key=value overrides");
+  check->add_option("--run-dir", c->run_dir, "logging.run_dir");
+  check->callback([c] {
+    if (int rc = run_check(*c); rc != 0) throw CLI::RuntimeError(rc);
+  });
+
   auto w = std::make_shared<WorkerOptions>();
   CLI::App* worker = app.add_subcommand(
       "rl-worker", "One rank of a `miles run` trainer group (started by the controller)");

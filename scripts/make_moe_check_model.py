@@ -1,0 +1,36 @@
+#!/usr/bin/env python3
+"""Makes tests/data/models/qwen3_moe_v512: the tiny Qwen3-MoE test model (tests/data/models/qwen3_moe,
+random weights from transformers) cut to the first 512 rows of its embedding and LM head, so that it
+speaks stories260K's 512-token llama2.c tokenizer (BOS 1, EOS 2 in both). `miles check` and
+`miles run` need text for prompts and rewards; this gives the MoE path (R3 capture and replay) a
+model they can run end to end. Needs only numpy + safetensors (the light venv).
+
+    python3 scripts/make_moe_check_model.py
+"""
+import json
+import os
+import shutil
+
+from safetensors.numpy import load_file, save_file
+
+SRC = "tests/data/models/qwen3_moe"
+DST = "tests/data/models/qwen3_moe_v512"
+
+
+def main():
+    w = load_file(os.path.join(SRC, "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        w[name] = w[name][:512].copy()
+    os.makedirs(DST, exist_ok=True)
+    save_file(w, os.path.join(DST, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(SRC, "config.json")) as f:
+        config = json.load(f)
+    config["vocab_size"] = 512
+    with open(os.path.join(DST, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    shutil.copy(os.path.join(SRC, "generation_config.json"), DST)
+
+
+if __name__ == "__main__":
+    main()

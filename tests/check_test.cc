@@ -1,0 +1,103 @@
+// `miles check`: the train–rollout gate on real engine processes — dense (stories260K) and MoE
+// (R3 replay) pass with every difference exactly zero, including gradient norms on dp / pp
+// layouts; a gate that cannot hold (tensor parallelism at tolerance 0) fails the command.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_run.h"
+#include "test_paths.h"
+
+namespace miles {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct Checked {
+  int exit_code;
+  std::string out;
+  json report;
+};
+
+Checked check(const std::string& config, const std::string& name, const std::string& extra = "") {
+  const std::string dir =
+      (fs::temp_directory_path() / ("miles_check_" + name + "_" + std::to_string(getpid())))
+          .string();
+  fs::remove_all(dir);
+  const std::string cmd = "cd '" + test::source_dir() + "' && " + test::miles_binary() + " check " +
+                          config + " --run-dir " + dir + " " + extra + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  Checked c{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, json()};
+  std::ifstream in(dir + "/check.json");
+  if (in) c.report = json::parse(in, nullptr, false);
+  return c;
+}
+
+const json* gate(const json& report, const std::string& name) {
+  for (const json& g : report["gates"])
+    if (g["gate"] == name) return &g;
+  return nullptr;
+}
+
+TEST(Check, DenseModelAgreesBitForBitOnEveryGate) {
+  MILES_REQUIRE_SHARED();
+  Checked c = check("configs/ci_check.yaml", "dense");
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  ASSERT_TRUE(c.report.is_object()) << c.out;
+  EXPECT_TRUE(c.report["passed"].get<bool>());
+  for (const char* g :
+       {"tito_token_mismatches", "logp_abs_diff_max", "rollout_kl", "ess", "step0_ppo_kl_abs",
+        "step0_clipfrac", "weight_checksum_mismatches", "grad_norm_dp=2_rel_diff",
+        "grad_norm_pp=2_rel_diff", "grad_norm_dp=2,pp=2_rel_diff"}) {
+    const json* x = gate(c.report, g);
+    ASSERT_NE(x, nullptr) << g;
+    EXPECT_TRUE((*x)["passed"].get<bool>()) << x->dump();
+  }
+  EXPECT_EQ((*gate(c.report, "logp_abs_diff_max"))["value"], 0.0);
+  EXPECT_EQ((*gate(c.report, "grad_norm_dp=2_rel_diff"))["value"], 0.0);
+  EXPECT_GT(c.report["grad_norm"].get<double>(), 0.0);  // the gradients compared are not zero
+  // Every token in the exact-zero bin of the histogram.
+  EXPECT_EQ(c.report["logp_abs_diff_histogram"]["tokens"][0], c.report["tokens"]);
+  EXPECT_NE(c.out.find("miles check: passed"), std::string::npos) << c.out;
+}
+
+TEST(Check, MoeModelReplaysEveryRoutedExpert) {
+  MILES_REQUIRE_SHARED();
+  Checked c = check("configs/ci_check_moe.yaml", "moe");
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  const json* r3 = gate(c.report, "r3_agreement_replay_on");
+  ASSERT_NE(r3, nullptr) << c.report.dump();
+  EXPECT_EQ((*r3)["value"], 1.0);
+  EXPECT_TRUE(c.report.contains("r3_agreement_replay_off"));
+  EXPECT_EQ((*gate(c.report, "routed_experts_shape_mismatches"))["value"], 0.0);
+  EXPECT_EQ((*gate(c.report, "logp_abs_diff_max"))["value"], 0.0);
+  EXPECT_GT(c.report["grad_norm"].get<double>(), 0.0);
+}
+
+TEST(Check, AGateThatDoesNotHoldFailsTheCommand) {
+  MILES_REQUIRE_SHARED();
+  // Tensor parallelism is within 1e-6, not bitwise: at tolerance 0 its gate fails.
+  Checked strict = check("configs/ci_check.yaml", "tp_strict", "'check.layouts=[tp=2]'");
+  EXPECT_EQ(strict.exit_code, 1) << strict.out;
+  const json* tp = gate(strict.report, "grad_norm_tp=2_rel_diff");
+  ASSERT_NE(tp, nullptr) << strict.out;
+  EXPECT_FALSE((*tp)["passed"].get<bool>());
+  EXPECT_GT((*tp)["value"].get<double>(), 0.0);
+  EXPECT_LT((*tp)["value"].get<double>(), 1e-5);
+  EXPECT_NE(strict.out.find("FAIL"), std::string::npos);
+  Checked loose = check("configs/ci_check.yaml", "tp_loose",
+                        "'check.layouts=[tp=2]' check.grad_norm_rel_tol=1e-5");
+  EXPECT_EQ(loose.exit_code, 0) << loose.out;
+}
+
+}  // namespace
+}  // namespace miles
