@@ -191,7 +191,7 @@ TEST(RlRun, AsyncKeepsTheStalenessBoundThroughPartialRollouts) {
     auto r = run_here(std::string(kCi) + " --run-dir " + dir +
                       " rollout.num_rollouts=5 async.mode=async async.max_weight_staleness=1"
                       " async.buffer_groups=16 async.pause_mode=" +
-                      mode);
+                      mode + (std::string(mode) == "in_place" ? " async.stale_policy=retry" : ""));
     ASSERT_EQ(r.exit_code, 0) << mode << "\n" << r.out;
     auto m = metrics(dir);
     ASSERT_EQ(m.size(), 5u) << mode;
@@ -199,6 +199,7 @@ TEST(RlRun, AsyncKeepsTheStalenessBoundThroughPartialRollouts) {
       EXPECT_EQ(s["samples"], 32) << mode;
       EXPECT_LE(s["staleness_max"].get<double>(), 1.0) << mode << " " << s.dump();
       partial += s["multi_version_samples"].get<int64_t>();
+      if (std::string(mode) == "in_place") EXPECT_EQ(s["groups_stale_dropped"], 0) << s.dump();
       if (std::string(mode) != "abort") EXPECT_EQ(s["continued_samples"], 0) << mode;
     }
   }
