@@ -30,6 +30,8 @@ apt_packages=(
   libgloo-dev libzstd-dev libxxhash-dev libcli11-dev libcpp-httplib-dev
   libssl-dev
   python3 python3-venv python3-pip unzip curl
+  # tests/report_test.cc renders the `miles report` page in headless Chromium (skipped without it)
+  chromium
 )
 
 missing=()

@@ -14,6 +14,7 @@ void register_bench_sync(CLI::App& bench);     // under `miles bench`
 void register_bench_step(CLI::App& bench);     // under `miles bench`
 void register_serve(CLI::App& app);
 void register_run(CLI::App& app);
+void register_report(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_sft(CLI::App& app, int argc, char** argv);  // sft and train-worker

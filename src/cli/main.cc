@@ -7,7 +7,9 @@ int main(int argc, char** argv) {
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("fma") || !__builtin_cpu_supports("avx")) {
-    std::fprintf(stderr, "miles: this CPU lacks FMA3/AVX, which this build requires (x86-64 from 2013 on)\n");
+    std::fprintf(
+        stderr,
+        "miles: this CPU lacks FMA3/AVX, which this build requires (x86-64 from 2013 on)\n");
     return 1;
   }
 #endif
@@ -18,6 +20,7 @@ int main(int argc, char** argv) {
   miles::cli::register_bench(app);
   miles::cli::register_serve(app);
   miles::cli::register_run(app);
+  miles::cli::register_report(app);
   miles::cli::register_convert(app);
   miles::cli::register_tokenize(app);
   miles::cli::register_sft(app, argc, argv);

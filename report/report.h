@@ -1,0 +1,34 @@
+// `miles report`: one self-contained HTML page (inline CSS and SVG, no script, no network) with
+// the curves of a run, from RUN_DIR/metrics.jsonl and RUN_DIR/config.yaml.
+//
+// Why: metrics.jsonl is the record of a run; a page that opens anywhere (a laptop, a CI artifact,
+// an air-gapped cluster) shows reward, lengths, step-time split, train-rollout mismatch,
+// staleness and the optimizer's numbers without a notebook or a dashboard service.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "miles/status.h"
+#include "report/metrics_table.h"
+
+namespace miles::report {
+
+struct ReportSummary {
+  std::string path;  // the page written
+  int64_t steps = 0;
+  int plots = 0;    // charts drawn
+  int skipped = 0;  // charts skipped for missing keys
+};
+
+// The page for a parsed table. config_yaml: the run's config text (shown escaped), if any.
+std::string render_report_html(const MetricsTable& m, const std::string& run_dir,
+                               const std::optional<std::string>& config_yaml,
+                               ReportSummary* summary = nullptr);
+
+// Reads RUN_DIR/metrics.jsonl (required) and RUN_DIR/config.yaml (optional) and writes the page
+// to out_path (RUN_DIR/report.html when empty).
+Result<ReportSummary> write_report(const std::string& run_dir, const std::string& out_path);
+
+}  // namespace miles::report

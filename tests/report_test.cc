@@ -1,0 +1,382 @@
+// `miles report`: the page from a hand-written metrics.jsonl (10 steps with the keys of
+// controller/rl_step.cc) is self-contained, has a chart per plot and the escaped config; one step,
+// nulls and missing keys give charts or notes, never NaN in the SVG; an empty file, a missing file
+// and a malformed line are errors naming the file and line. Headless Chromium renders the page
+// with no console message (SVG attribute errors and script errors both land there).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_run.h"
+#include "miles/check.h"
+#include "report/metrics_table.h"
+#include "report/report_sections.h"
+#include "report/svg_plot.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Every chart the page can draw, by svg id (plot-<id>).
+const std::vector<std::string> kCharts = {"reward",        "length",    "time", "mismatch",
+                                          "mismatch-hist", "staleness", "loss", "grad_norm",
+                                          "ppo_kl",        "clipfrac",  "lr"};
+
+// A metrics.jsonl line like the ones controller/rl_step.cc writes (async mode, two reward parts).
+json step_line(int step) {
+  const double s = step;
+  return json{{"step", step},
+              {"weight_version", step},
+              {"mode", "one_step_off"},
+              {"samples", 64},
+              {"groups", 8},
+              {"reward_mean", 0.2 + 0.05 * s},
+              {"reward_std", 0.3 - 0.01 * s},
+              {"reward_errors", 0},
+              {"response_length_mean", 180.0 - 4.5 * s},
+              {"response_length_max", 512 - 10 * step},
+              {"truncated_frac", 0.05},
+              {"staleness_mean", step > 1 ? 0.9 : 0.0},
+              {"staleness_max", step > 1 ? 1 : 0},
+              {"loss", -0.02 + 0.001 * s},
+              {"grad_norm", 1.4 / std::sqrt(s)},
+              {"lr", 1e-6},
+              {"ppo_kl", 1e-4 * s},
+              {"clipfrac", 0.002 * (step % 3)},
+              {"logp_abs_diff_mean", 0.004 + 0.0002 * s},
+              {"logp_abs_diff_max", 0.1 + 0.03 * (step % 4)},
+              {"logp_diff_nonzero_frac", 0.6},
+              {"time_step_s", 7.5 + 0.1 * s},
+              {"time_generate_s", 5.0 + 0.1 * s},
+              {"time_train_s", 2.1},
+              {"time_sync_s", 0.3},
+              {"time_idle_s", 0.1},
+              {"rollout_tokens_per_s", 2300.0},
+              {"engine_failures", step >= 4 ? 1 : 0},
+              {"engine_restarts", step >= 4 ? 1 : 0},
+              {"groups_redispatched", step >= 4 ? 2 : 0},
+              {"reward_correct_mean", 0.15 + 0.05 * s},
+              {"reward_format_mean", 0.05}};
+}
+
+// The config text: HTML specials and a URL that is text, not a resource.
+constexpr const char* kConfig =
+    "model:\n  path: models/smollm2-135m-instruct\n"
+    "rewards:\n  - name: format\n    regex: \"<answer>(.*)</answer>\"  # "
+    "<script>alert(\"x\")</script> & 'q'\n"
+    "  - name: judge\n    url: http://127.0.0.1:8000/score\n";
+
+class ReportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string t = (fs::temp_directory_path() / "miles_report_XXXXXX").string();
+    MILES_CHECK(::mkdtemp(t.data()) != nullptr, "mkdtemp");
+    dir_ = t;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  void write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name, std::ios::binary) << text;
+  }
+  void write_run(int steps) {
+    std::string lines;
+    for (int s = 1; s <= steps; ++s) lines += step_line(s).dump() + "\n";
+    write("metrics.jsonl", lines);
+    write("config.yaml", kConfig);
+  }
+  std::string read(const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    std::ostringstream s;
+    s << f.rdbuf();
+    return s.str();
+  }
+  miles::test::CliRun report(const std::string& extra = "") {
+    return miles::test::run_miles("report " + dir_.string() + extra);
+  }
+  fs::path dir_;
+};
+
+size_t count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + 1)) ++n;
+  return n;
+}
+
+// Each <svg ...>...</svg> of the page.
+std::vector<std::string> svgs(const std::string& page) {
+  std::vector<std::string> out;
+  for (size_t i = page.find("<svg"); i != std::string::npos; i = page.find("<svg", i + 1))
+    out.push_back(page.substr(i, page.find("</svg>", i) - i));
+  return out;
+}
+
+TEST_F(ReportTest, SelfContainedPageWithEveryChartAndTheEscapedConfig) {
+  write_run(10);
+  const auto r = report();
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("10 steps, 11 charts"), std::string::npos) << r.out;
+  ASSERT_TRUE(fs::exists(dir_ / "report.html"));
+  const std::string page = read(dir_ / "report.html");
+  EXPECT_EQ(page.rfind("<!DOCTYPE html>", 0), 0u);
+  for (const std::string& id : kCharts)
+    EXPECT_EQ(count(page, "<svg id=\"plot-" + id + "\""), 1u) << id;
+  EXPECT_EQ(count(page, "<svg"), kCharts.size());
+  EXPECT_EQ(page.find("Skipped"), std::string::npos);
+  // Self-contained: no element that loads anything, no remote reference of any kind.
+  const std::regex remote(R"((src|href|xlink:href)\s*=\s*["']?\s*(https?:)?//|url\(|@import)",
+                          std::regex::icase);
+  EXPECT_FALSE(std::regex_search(page, remote));
+  for (const char* tag : {"<script", "<link", "<img", "<iframe", "<object", "<embed"})
+    EXPECT_EQ(page.find(tag), std::string::npos) << tag;
+  // The config, escaped, in a collapsible block; its URL is text inside <pre>.
+  EXPECT_NE(page.find("<details id=\"config\">"), std::string::npos);
+  EXPECT_NE(page.find("&lt;answer&gt;(.*)&lt;/answer&gt;"), std::string::npos);
+  EXPECT_NE(page.find("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;q&#39;"),
+            std::string::npos);
+  EXPECT_EQ(page.find("<answer>"), std::string::npos);
+  EXPECT_EQ(count(page, "http://"), 1u);
+  EXPECT_LT(page.find("http://"), page.find("</pre>"));
+  EXPECT_GT(page.find("http://"), page.find("<pre>"));
+  // Summary: reward 0.2 + 0.05 s averaged over steps 1-5 and 6-10, step time, mismatch, restarts.
+  EXPECT_NE(page.find("0.35 &rarr; 0.6 <span class=\"up\">(+0.25)</span>"), std::string::npos);
+  EXPECT_NE(page.find("8.05 s &mdash; generate 5.55 s (68.9%), train 2.1 s (26.1%)"),
+            std::string::npos);
+  EXPECT_NE(page.find("<th>max |Δlogp| (train vs rollout)</th><td>0.19 (step 3)</td>"),
+            std::string::npos);
+  EXPECT_NE(page.find("<th>engine_restarts</th><td>1</td>"), std::string::npos);
+  EXPECT_NE(page.find("<th>mode</th><td>one_step_off</td>"), std::string::npos);
+  // The reward chart has the band and both parts; the histogram says what it counts.
+  const std::string reward = svgs(page)[0];
+  EXPECT_NE(reward.find("<polygon class=\"band\""), std::string::npos);
+  EXPECT_NE(reward.find(">reward_correct_mean</text>"), std::string::npos);
+  EXPECT_NE(reward.find(">reward_format_mean</text>"), std::string::npos);
+  EXPECT_NE(page.find("not a per-token distribution"), std::string::npos);
+  // The time chart stacks four phases per step: 40 bars.
+  const std::string time = svgs(page)[2];
+  EXPECT_EQ(count(time, "<rect x="), 40u + 4u);  // and four legend swatches
+}
+
+TEST_F(ReportTest, OutOptionWritesThere) {
+  write_run(3);
+  const fs::path out = dir_ / "sub.html";
+  const auto r = report(" --out " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(dir_ / "report.html"));
+}
+
+TEST_F(ReportTest, OneStepNullsAndMissingKeys) {
+  json j = step_line(1);
+  j["reward_std"] = nullptr;  // what nlohmann writes for NaN
+  j["loss"] = nullptr;
+  for (const char* k : {"staleness_mean", "staleness_max", "ppo_kl", "clipfrac"}) j.erase(k);
+  write("metrics.jsonl", j.dump() + "\n");
+  const auto r = report();
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("1 step, 7 charts, 4 skipped"), std::string::npos) << r.out;
+  const std::string page = read(dir_ / "report.html");
+  EXPECT_NE(page.find("Skipped the staleness chart: metrics.jsonl has no values for "
+                      "staleness_mean, staleness_max."),
+            std::string::npos);
+  EXPECT_NE(page.find("Skipped the loss chart"), std::string::npos);
+  EXPECT_NE(page.find("No values in metrics.jsonl for reward_std."), std::string::npos);
+  EXPECT_EQ(page.find("reward_std</text>"), std::string::npos);  // no band, no legend entry
+  EXPECT_NE(page.find("Skipped the ppo_kl chart"), std::string::npos);
+  EXPECT_NE(page.find("No config.yaml in the run directory."), std::string::npos);
+  EXPECT_NE(page.find("<svg id=\"plot-reward\""), std::string::npos);
+  const std::regex bad(R"(nan|inf)", std::regex::icase);
+  for (const std::string& svg : svgs(page)) {
+    EXPECT_FALSE(std::regex_search(svg, bad)) << svg.substr(0, 200);
+    if (svg.find("plot-mismatch-hist") == std::string::npos) {  // one step: a dot, not no line
+      EXPECT_NE(svg.find("<circle"), std::string::npos) << svg.substr(0, 200);
+    }
+  }
+}
+
+TEST_F(ReportTest, NullHolesBreakTheLineAndAreNoted) {
+  std::string lines;
+  for (int s = 1; s <= 6; ++s) {
+    json j = step_line(s);
+    if (s == 3) j["reward_mean"] = nullptr;
+    lines += j.dump() + "\n";
+  }
+  write("metrics.jsonl", lines);
+  ASSERT_EQ(report().exit_code, 0);
+  const std::string page = read(dir_ / "report.html");
+  EXPECT_NE(page.find("No value (null or missing): reward_mean at 1 of 6 steps"),
+            std::string::npos);
+  const std::string reward = svgs(page)[0];
+  const size_t d = reward.find("<path class=\"series\" d=\"");
+  ASSERT_NE(d, std::string::npos);
+  const std::string path = reward.substr(d, reward.find('"', d + 24) - d);
+  EXPECT_EQ(count(path, "M"), 2u) << path;  // steps 1-2, then 4-6
+}
+
+TEST_F(ReportTest, Errors) {
+  const auto missing_dir = miles::test::run_miles("report " + (dir_ / "nope").string());
+  EXPECT_EQ(missing_dir.exit_code, 1);
+  EXPECT_NE(missing_dir.out.find("not a directory"), std::string::npos) << missing_dir.out;
+
+  const auto missing = report();
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.out.find("metrics.jsonl: not found"), std::string::npos) << missing.out;
+
+  write("metrics.jsonl", "");
+  const auto empty = report();
+  EXPECT_EQ(empty.exit_code, 1);
+  EXPECT_NE(empty.out.find("metrics.jsonl: empty, no steps recorded"), std::string::npos)
+      << empty.out;
+
+  write("metrics.jsonl",
+        step_line(1).dump() + "\n" + step_line(2).dump() + "\n{\"step\": 3, \"loss\n");
+  const auto malformed = report();
+  EXPECT_EQ(malformed.exit_code, 1);
+  EXPECT_NE(malformed.out.find("metrics.jsonl:3: malformed JSON (column "), std::string::npos)
+      << malformed.out;
+
+  write("metrics.jsonl", step_line(1).dump() + "\n\n[1, 2]\n");
+  const auto array = report();
+  EXPECT_EQ(array.exit_code, 1);
+  EXPECT_NE(array.out.find("metrics.jsonl:3: expected a JSON object, got array"), std::string::npos)
+      << array.out;
+  EXPECT_FALSE(fs::exists(dir_ / "report.html"));
+}
+
+TEST(ReportUnits, ParseCounterAndEscape) {
+  auto t = miles::report::parse_metrics_jsonl(
+      "{\"step\": 5, \"a\": 1, \"b\": null}\n\n{\"step\": 6, \"a\": 2, \"c\": true}\n", "m");
+  ASSERT_TRUE(t.ok()) << t.message();
+  EXPECT_EQ(t->rows(), 2u);
+  EXPECT_EQ(t->step, (std::vector<double>{5, 6}));
+  EXPECT_EQ(t->column("a"), (std::vector<double>{1, 2}));
+  EXPECT_FALSE(t->has("b"));
+  EXPECT_TRUE(std::isnan(t->column("c")[0]));
+  EXPECT_EQ(t->column("c")[1], 1.0);
+  EXPECT_EQ(miles::report::counter_total({0, 1, 1, 3, NAN, 0, 2}), 5.0);  // reset after 3
+  EXPECT_EQ(miles::report::html_escape("<a href='x'>&\"</a>"),
+            "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;");
+  EXPECT_EQ(miles::report::format_number(NAN), "n/a");
+  EXPECT_FALSE(miles::report::parse_metrics_jsonl("\n  \n", "m").ok());
+}
+
+// ---- headless Chromium -----------------------------------------------------------------------
+
+std::string find_chromium() {
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path ? path : "");
+  std::string d;
+  while (std::getline(dirs, d, ':')) {
+    for (const char* name : {"chromium", "chromium-browser", "google-chrome"}) {
+      const fs::path p = fs::path(d) / name;
+      if (!d.empty() && ::access(p.c_str(), X_OK) == 0) return p.string();
+    }
+  }
+  return "";
+}
+
+// Pids whose command line mentions `marker` (our --user-data-dir).
+std::vector<int> processes_with(const std::string& marker) {
+  std::vector<int> pids;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "cmdline", std::ios::binary);
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (cmd.find(marker) != std::string::npos) pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+struct Rendered {
+  int rc;
+  std::string dom, log;
+};
+
+// chromium --headless --dump-dom with console messages on stderr, under `timeout`, with a fresh
+// profile; then checks that none of its processes outlived it.
+Rendered render(const std::string& chromium, const fs::path& dir, const fs::path& page) {
+  const fs::path profile = dir / ("chromium-profile-" + page.stem().string());
+  const fs::path dom = dir / (page.stem().string() + ".dom"),
+                 log = dir / (page.stem().string() + ".log");
+  const std::string cmd = "timeout -k 5 25 " + chromium +
+                          " --headless --disable-gpu --no-sandbox --disable-dev-shm-usage"
+                          " --no-first-run --disable-extensions --user-data-dir=" +
+                          profile.string() + " --enable-logging=stderr --v=0 --dump-dom file://" +
+                          page.string() + " >" + dom.string() + " 2>" + log.string() +
+                          " </dev/null";
+  const int status = std::system(cmd.c_str());
+  Rendered r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, "", ""};
+  std::ifstream d(dom), l(log);
+  std::ostringstream ds, ls;
+  ds << d.rdbuf();
+  ls << l.rdbuf();
+  r.dom = ds.str();
+  r.log = ls.str();
+  std::vector<int> left;
+  for (int i = 0; i < 30; ++i) {  // helpers may take a moment to exit after the browser
+    left = processes_with(profile.string());
+    if (left.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(left.empty()) << left.size() << " chromium processes outlived the browser";
+  for (int pid : left) ::kill(pid, SIGKILL);  // ours: they carry our profile directory
+  return r;
+}
+
+std::string console_lines(const std::string& log) {
+  std::string out;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);)
+    if (line.find(":CONSOLE") != std::string::npos || line.find("Uncaught") != std::string::npos)
+      out += line + "\n";
+  return out;
+}
+
+TEST_F(ReportTest, HeadlessChromiumRendersWithoutConsoleErrors) {
+  const std::string chromium = find_chromium();
+  if (chromium.empty())
+    GTEST_SKIP() << "chromium not found on PATH (scripts/setup.sh installs Debian's chromium)";
+  const auto t0 = std::chrono::steady_clock::now();
+
+  // Control: this Chromium reports script errors and bad SVG attributes on stderr, as we expect.
+  write("control.html",
+        "<!DOCTYPE html><html><body><svg id=\"c\" width=\"9\" height=\"9\"><path d=\"M 1 NaN\"/>"
+        "</svg><script>throw new Error(\"miles-probe\")</script></body></html>");
+  const Rendered control = render(chromium, dir_, dir_ / "control.html");
+  ASSERT_EQ(control.rc, 0) << control.log;
+  EXPECT_NE(control.dom.find("<svg id=\"c\""), std::string::npos) << control.dom;
+  EXPECT_NE(control.log.find("Uncaught Error: miles-probe"), std::string::npos) << control.log;
+  EXPECT_NE(control.log.find("<path> attribute d"), std::string::npos) << control.log;
+
+  write_run(10);
+  ASSERT_EQ(report().exit_code, 0);
+  const Rendered page = render(chromium, dir_, dir_ / "report.html");
+  ASSERT_EQ(page.rc, 0) << page.log;
+  for (const std::string& id : kCharts)
+    EXPECT_NE(page.dom.find("<svg id=\"plot-" + id + "\""), std::string::npos) << id;
+  EXPECT_NE(page.dom.find("<details id=\"config\">"), std::string::npos);
+  EXPECT_NE(page.dom.find("<polygon class=\"band\""), std::string::npos);
+  EXPECT_EQ(console_lines(page.log), "");
+
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 30.0);
+  std::printf("headless chromium: control and report rendered in %.1f s\n", s);
+}
+
+}  // namespace
