@@ -152,6 +152,26 @@ Status EngineClient::update_weights_from_disk_delta(const std::string& dir, int6
                    json{{"dir", dir}, {"weight_version", version}}, 300);
 }
 
+Status EngineClient::join_weight_group(const std::string& store, const std::string& prefix,
+                                       int rank, int world_size, double timeout_s,
+                                       const std::string& host,
+                                       const std::string& plan_digest) const {
+  return post_json(address_, "/join_weight_group",
+                   json{{"store", store},
+                        {"prefix", prefix},
+                        {"rank", rank},
+                        {"world_size", world_size},
+                        {"timeout_s", timeout_s},
+                        {"host", host},
+                        {"plan_digest", plan_digest}},
+                   30);
+}
+
+Status EngineClient::update_weights_from_group(int64_t version, double timeout_s) const {
+  return post_json(address_, "/update_weights_from_group", json{{"weight_version", version}},
+                   timeout_s);
+}
+
 Result<std::pair<int64_t, std::map<std::string, std::string>>> EngineClient::weight_checksums()
     const {
   httplib::Client c(address_.host, address_.http_port);

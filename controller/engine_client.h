@@ -71,6 +71,14 @@ class EngineClient {
   Status resume() const;
   // POST /update_weights_from_disk_delta: the engine advances to `version` of the chain in `dir`.
   Status update_weights_from_disk_delta(const std::string& dir, int64_t version) const;
+  // POST /join_weight_group: the engine starts joining the broadcast group `prefix` of the store at
+  // `store` as `rank` of `world_size` (binding `host` for Gloo); it replies before the group forms.
+  Status join_weight_group(const std::string& store, const std::string& prefix, int rank,
+                           int world_size, double timeout_s, const std::string& host,
+                           const std::string& plan_digest) const;
+  // POST /update_weights_from_group: the engine receives `version` over its group (the caller
+  // sends it meanwhile) and swaps it in; returns when it did, or failed.
+  Status update_weights_from_group(int64_t version, double timeout_s) const;
   // GET /weight_checksums: the engine's version and the xxh3-128 of each of its tensors.
   Result<std::pair<int64_t, std::map<std::string, std::string>>> weight_checksums() const;
 

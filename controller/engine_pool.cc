@@ -279,23 +279,41 @@ Result<std::vector<GeneratedSample>> EnginePool::generate(const GroupRequest& re
   }
 }
 
+std::vector<std::pair<int64_t, std::shared_ptr<EngineClient>>> EnginePool::ready_clients() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<int64_t, std::shared_ptr<EngineClient>>> ready;
+  for (const auto& e : engines_)
+    if (e->state == State::kReady) ready.emplace_back(e->id, e->client);
+  return ready;
+}
+
+void EnginePool::update_failed(int64_t id, const std::shared_ptr<EngineClient>& client,
+                               const Status& s) {
+  if (s.ok()) return;
+  // An engine that cannot take the update must not serve the old weights: mark it dead
+  // (restarted and prepared, when the pool started it).
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& e = *engines_[id];
+  if (e.client == client) mark_dead(e, "weight update failed: " + s.message());
+}
+
 Status EnginePool::update_all(const std::function<Status(EngineClient&)>& fn) {
   std::lock_guard<std::mutex> sync(sync_mu_);
-  std::vector<std::pair<int64_t, std::shared_ptr<EngineClient>>> ready;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& e : engines_)
-      if (e->state == State::kReady) ready.emplace_back(e->id, e->client);
-  }
-  for (auto& [id, client] : ready) {
-    Status s = fn(*client);
-    if (s.ok()) continue;
-    // An engine that cannot take the update must not serve the old weights: mark it dead
-    // (restarted and prepared, when the pool started it).
-    std::lock_guard<std::mutex> lock(mu_);
-    Entry& e = *engines_[id];
-    if (e.client == client) mark_dead(e, "weight update failed: " + s.message());
-  }
+  for (auto& [id, client] : ready_clients()) update_failed(id, client, fn(*client));
+  return Status::Ok();
+}
+
+Status EnginePool::update_all_group(const GroupUpdate& fn) {
+  std::lock_guard<std::mutex> sync(sync_mu_);
+  const auto ready = ready_clients();
+  if (ready.empty()) return Status::Ok();
+  std::vector<std::shared_ptr<EngineClient>> clients;
+  for (const auto& r : ready) clients.push_back(r.second);
+  const std::vector<Status> st = fn(clients);
+  if (st.size() != ready.size())
+    return Status::Error("a group weight update returned " + std::to_string(st.size()) +
+                         " statuses for " + std::to_string(ready.size()) + " engines");
+  for (size_t i = 0; i < ready.size(); ++i) update_failed(ready[i].first, ready[i].second, st[i]);
   return Status::Ok();
 }
 

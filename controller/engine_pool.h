@@ -81,6 +81,11 @@ class EnginePool {
                                                 const std::atomic<bool>& cancel);
   // Runs `fn` on every ready engine (weight updates); no engine becomes ready meanwhile.
   Status update_all(const std::function<Status(EngineClient&)>& fn);
+  // The same for a transport that updates every ready engine at once (a broadcast): `fn` gets them
+  // all and returns one status per engine, in order; an engine with an error is marked dead.
+  using GroupUpdate =
+      std::function<std::vector<Status>(const std::vector<std::shared_ptr<EngineClient>>&)>;
+  Status update_all_group(const GroupUpdate& fn);
   // Cancels every generate() in flight (their callers see `cancel` and return).
   void cancel_all();
 
@@ -109,7 +114,9 @@ class EnginePool {
   void monitor();                                    // the health-check thread
   void restart_pending();                            // under mu_, on the monitor thread
   Entry* pick_ready();                               // under mu_
-  bool any_recoverable() const;                      // under mu_
+  std::vector<std::pair<int64_t, std::shared_ptr<EngineClient>>> ready_clients() const;
+  void update_failed(int64_t id, const std::shared_ptr<EngineClient>& client, const Status& s);
+  bool any_recoverable() const;  // under mu_
   void log(const std::string& line) const;
 
   EnginePoolOptions options_;

@@ -138,7 +138,9 @@ Status RlJob::setup() {
   data_ = std::make_unique<PromptData>(std::move(d));
   MILES_RETURN_IF_ERROR(setup_trainer());
   MILES_ASSIGN_OR_RETURN(const Trainer* full, group_->full());
-  MILES_ASSIGN_OR_RETURN(publisher_, WeightPublisher::create(cfg_.weight_sync, *full));
+  MILES_ASSIGN_OR_RETURN(publisher_,
+                         WeightPublisher::create(cfg_.weight_sync, *full, cfg_.controller.host,
+                                                 [this](const std::string& s) { log_line(s); }));
   const int64_t version = full->steps_done();
   MILES_RETURN_IF_ERROR(publisher_->drop_newer_than(version));
   MILES_RETURN_IF_ERROR(publisher_->publish(version, *full));

@@ -68,7 +68,7 @@ class RlJob {
   std::unique_ptr<GroupBatch> launch_batch();
   // one step (rl_step.cc): train on the groups, publish, sync (when `sync`), log, checkpoint
   Status train_step(std::vector<RolloutGroup> groups, StepTiming& timing, const SyncPlan& plan);
-  Status sync_engines(const PauseMode* pause);
+  Status sync_engines(const Trainer& full, const PauseMode* pause);
   Status checkpoint_if_due(bool final_step);
   void log_line(const std::string& line);
   bool should_stop() const;

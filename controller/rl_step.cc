@@ -12,8 +12,13 @@ namespace miles::controller {
 
 using nlohmann::json;
 
-Status RlJob::sync_engines(const PauseMode* pause) {
+Status RlJob::sync_engines(const Trainer& full, const PauseMode* pause) {
   WeightPublisher* pub = publisher_.get();
+  if (pub->broadcasts())
+    return engines_->update_all_group(
+        [pub, &full, pause](const std::vector<std::shared_ptr<EngineClient>>& engines) {
+          return pub->broadcast(engines, full, pause);
+        });
   return engines_->update_all([pub, pause](EngineClient& e) { return pub->bring(e, pause); });
 }
 
@@ -44,7 +49,7 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
   if (plan.sync) {
     MILES_ASSIGN_OR_RETURN(const Trainer* full, group_->full());
     MILES_RETURN_IF_ERROR(publisher_->publish(full->steps_done(), *full));
-    MILES_RETURN_IF_ERROR(sync_engines(plan.pause));
+    MILES_RETURN_IF_ERROR(sync_engines(*full, plan.pause));
   }
   const double sync_s = seconds_since(t_sync);
   ++rollout_step_;

@@ -2,6 +2,7 @@
 #include "controller/weight_publisher.h"
 
 #include <filesystem>
+#include <thread>
 
 #include "miles/disk_delta.h"
 #include "miles/flat_params.h"
@@ -27,15 +28,44 @@ std::map<std::string, std::string> checksums_of(const Trainer& trainer, const Tr
   return out;
 }
 
+using Checksums = std::map<std::string, std::string>;
+
+// OK when the engine holds version v with the expected checksums; else what differs.
+Status compare_held(const EngineClient& engine, int64_t v,
+                    const std::pair<int64_t, Checksums>& held, const Checksums& expected) {
+  int64_t bad = 0;
+  std::string first;
+  for (const auto& [name, sum] : expected) {
+    auto it = held.second.find(name);
+    if (it == held.second.end() || it->second != sum) {
+      if (!bad++) first = name;
+    }
+  }
+  if (held.first == v && bad == 0) return Status::Ok();
+  return Status::Error("engine " + engine.address().http() + " holds version " +
+                       std::to_string(held.first) + ", not " + std::to_string(v) + " (" +
+                       std::to_string(bad) + " tensors differ" +
+                       (first.empty() ? "" : ", e.g. " + first) + ")");
+}
+
+// fn(i) for i in [0, n), each on a thread of its own (engine calls that should overlap).
+void for_each_parallel(size_t n, const std::function<void(size_t)>& fn) {
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < n; ++i) threads.emplace_back([&fn, i] { fn(i); });
+  for (std::thread& t : threads) t.join();
+}
+
 }  // namespace
 
-Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(const WeightSyncSection& cfg,
-                                                                 const Trainer& trainer) {
-  if (cfg.transport != "disk_delta")
+Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
+    const WeightSyncSection& cfg, const Trainer& trainer, const std::string& host,
+    std::function<void(const std::string&)> log) {
+  if (cfg.transport != "disk_delta" && cfg.transport != "broadcast")
     return Status::Error("weight_sync.transport: '" + cfg.transport +
-                         "' is not available to `miles run` (known: disk_delta)");
+                         "' is not available to `miles run` (known: disk_delta, broadcast)");
   auto p = std::unique_ptr<WeightPublisher>(new WeightPublisher());
   p->cfg_ = cfg;
+  p->log_ = std::move(log);
   // Engines are told this path; one on another host (Slurm, Kubernetes) resolves a relative path
   // against its own working directory, so send the absolute one.
   p->cfg_.dir = fs::absolute(cfg.dir).lexically_normal().string();
@@ -48,6 +78,12 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(const WeightSyn
   fs::create_directories(p->cfg_.dir, ec);
   if (ec) return Status::Error("weight_sync.dir " + p->cfg_.dir + ": " + ec.message());
   p->sender_ = make_disk_delta_sender(p->cfg_.dir, p->plan_, o);
+  if (cfg.transport == "broadcast") {
+    WeightGroupOptions go;
+    go.host = host;
+    go.log = p->log_;
+    MILES_ASSIGN_OR_RETURN(p->group_, WeightGroup::create(std::move(go), p->plan_));
+  }
   return p;
 }
 
@@ -101,24 +137,59 @@ Status WeightPublisher::bring(EngineClient& engine, const PauseMode* pause) cons
     }
   }
   if (cfg_.check_checksums) {
-    int64_t bad = 0;
-    std::string first;
-    for (const auto& [name, sum] : expected) {
-      auto it = held.second.find(name);
-      if (it == held.second.end() || it->second != sum) {
-        if (!bad++) first = name;
-      }
-    }
-    if (held.first != v || bad > 0) {
+    if (Status s = compare_held(engine, v, held, expected); !s.ok()) {
       if (pause) (void)engine.resume();
-      return Status::Error("engine " + engine.address().http() + " holds version " +
-                           std::to_string(held.first) + ", not " + std::to_string(v) + " (" +
-                           std::to_string(bad) + " tensors differ" +
-                           (first.empty() ? "" : ", e.g. " + first) + ")");
+      return s;
     }
   }
   if (pause) MILES_RETURN_IF_ERROR(engine.resume());
   return Status::Ok();
+}
+
+std::vector<Status> WeightPublisher::broadcast(
+    const std::vector<std::shared_ptr<EngineClient>>& engines, const Trainer& trainer,
+    const PauseMode* pause) {
+  int64_t v;
+  Checksums expected;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    v = current_;
+    if (cfg_.check_checksums) expected = checksums_;
+  }
+  std::vector<Status> out(engines.size());
+  if (pause)
+    for_each_parallel(engines.size(), [&](size_t i) { out[i] = engines[i]->pause(*pause); });
+  std::vector<std::shared_ptr<EngineClient>> members;  // those paused (all, without a pause)
+  std::vector<size_t> at;
+  for (size_t i = 0; i < engines.size(); ++i)
+    if (out[i].ok()) {
+      members.push_back(engines[i]);
+      at.push_back(i);
+    }
+  const std::vector<Status> got = group_->update(members, v, source_of(trainer));
+  for_each_parallel(members.size(), [&](size_t k) {
+    EngineClient& e = *members[k];
+    Status s = got[k];
+    if (!s.ok()) {
+      // The group could not reach it; the same version is on disk.
+      Status d = e.update_weights_from_disk_delta(cfg_.dir, v);
+      if (d.ok() && log_)
+        log_("engine " + e.address().http() + ": broadcast failed (" + s.message() +
+             "); brought to version " + std::to_string(v) + " over disk-delta");
+      s = d.ok() ? Status::Ok()
+                 : Status::Error("broadcast: " + s.message() + "; disk-delta: " + d.message());
+    }
+    if (s.ok() && cfg_.check_checksums) {
+      auto held = e.weight_checksums();
+      s = held.ok() ? compare_held(e, v, *held, expected) : held.status();
+    }
+    if (pause) {
+      Status r = e.resume();
+      if (s.ok()) s = r;
+    }
+    out[at[k]] = s;
+  });
+  return out;
 }
 
 Status WeightPublisher::drop_newer_than(int64_t version) const {

@@ -1,6 +1,6 @@
 // WeightPublisher: the trainer side of weight sync in `miles run` — publish a version (disk-delta
-// under RUN_DIR/weights), bring engines to it, and check that they hold exactly the trainer's
-// bytes.
+// under RUN_DIR/weights), bring engines to it (one by one over disk-delta, or all at once over the
+// broadcast group: weight_group.h), and check that they hold exactly the trainer's bytes.
 //
 // Why: every engine, including one restarted mid-run or one that registers late, must serve the
 // current version before it takes traffic; the checksums of each published version (xxh3-128 of
@@ -8,12 +8,15 @@
 // checked against the version it claims, not against weights the trainer is already changing.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "controller/engine_client.h"
+#include "controller/weight_group.h"
 #include "miles/run_config.h"
 #include "miles/transfer_plan.h"
 #include "miles/weight_sync.h"
@@ -26,8 +29,11 @@ namespace miles::controller {
 
 class WeightPublisher {
  public:
-  static Result<std::unique_ptr<WeightPublisher>> create(const WeightSyncSection& cfg,
-                                                         const Trainer& trainer);
+  // With transport broadcast, the weight group's store and Gloo transport bind `host` (the
+  // controller's address); `log` hears about group changes and fallbacks.
+  static Result<std::unique_ptr<WeightPublisher>> create(
+      const WeightSyncSection& cfg, const Trainer& trainer, const std::string& host = "127.0.0.1",
+      std::function<void(const std::string&)> log = nullptr);
   // Publishes the trainer's current weights as `version` (> every published one); a version that
   // is already on disk with the same checksums (a resumed run) is adopted instead.
   Status publish(int64_t version, const Trainer& trainer);
@@ -35,6 +41,15 @@ class WeightPublisher {
   // Moves `engine` to the current version (pausing it first with `pause`, when given) and checks
   // its checksums when configured.
   Status bring(EngineClient& engine, const PauseMode* pause) const;
+  // Whether syncs go over the broadcast group (transport broadcast) rather than bring().
+  bool broadcasts() const { return group_ != nullptr; }
+  // Broadcast transport: moves every engine of `engines` to the current version at once over the
+  // weight group — the trainer's bytes, sent by this process — pausing them first with `pause`
+  // when given. An engine the group could not reach is brought over disk-delta instead (every
+  // version is published there too: late joiners catch up that way). Checksums are compared when
+  // configured. One status per engine, in order.
+  std::vector<Status> broadcast(const std::vector<std::shared_ptr<EngineClient>>& engines,
+                                const Trainer& trainer, const PauseMode* pause);
   // Removes versions newer than `version` (a resumed run's lost future).
   Status drop_newer_than(int64_t version) const;
 
@@ -42,6 +57,8 @@ class WeightPublisher {
   WeightSyncSection cfg_;
   TransferPlan plan_;
   std::unique_ptr<WeightSender> sender_;
+  std::unique_ptr<WeightGroup> group_;  // transport broadcast
+  std::function<void(const std::string&)> log_;
   mutable std::mutex mu_;
   int64_t current_ = -1;
   std::map<std::string, std::string> checksums_;  // of `current_`

@@ -1,9 +1,9 @@
 // `miles run` end to end, with real engine processes: the CI quickstart learns and its trainer and
 // engine logprobs agree exactly; a resumed run continues bit for bit; an engine killed mid-run is
 // restarted, brought to the current weights, and the run's numbers do not change (no sample lost
-// or duplicated); one-step-off samples are exactly one version stale; async runs keep the
-// staleness bound through partial rollouts; engines can register themselves; bad configs fail
-// with the line.
+// or duplicated); the broadcast transport gives the disk-delta run, also through a killed engine;
+// one-step-off samples are exactly one version stale; async runs keep the staleness bound through
+// partial rollouts; engines can register themselves; bad configs fail with the line.
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -135,12 +135,9 @@ bool engine_pids(const std::string& run_dir, std::vector<int64_t>* pids) {
   return !pids->empty();
 }
 
-TEST(RlRun, KilledEngineIsRestartedWithCurrentWeightsAndNothingChanges) {
-  MILES_REQUIRE_SHARED();
-  const std::string ref = temp_dir("ref"), dir = temp_dir("kill");
-  auto rr = run_here(std::string(kCi) + " --run-dir " + ref + " rollout.num_rollouts=6");
-  ASSERT_EQ(rr.exit_code, 0) << rr.out;
-  // Two engines; after step 2, an engine with groups in flight is killed (SIGKILL).
+// `miles run` with two engines (and `extra` overrides) into `dir`, one of them killed (SIGKILL)
+// after step 2 while it has groups in flight.
+test::CliRun run_killing_an_engine(const std::string& dir, const std::string& extra) {
   std::thread killer([&] {
     for (int i = 0; i < 12000; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -153,8 +150,15 @@ TEST(RlRun, KilledEngineIsRestartedWithCurrentWeightsAndNothingChanges) {
   });
   auto r = run_here(std::string(kCi) + " --run-dir " + dir +
                     " rollout.num_rollouts=6 rollout.num_engines=2 rollout.max_new_tokens=32"
-                    " rollout.health_check_interval_s=0.2");
+                    " rollout.health_check_interval_s=0.2" +
+                    extra);
   killer.join();
+  return r;
+}
+
+// The killed run against a straight 6-step run: the engine was restarted, and the numbers match.
+void expect_killed_run_unchanged(const test::CliRun& r, const std::string& dir,
+                                 const std::string& ref) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("dead"), std::string::npos) << r.out;
   auto m = metrics(dir), mr = metrics(ref);
@@ -166,6 +170,63 @@ TEST(RlRun, KilledEngineIsRestartedWithCurrentWeightsAndNothingChanges) {
   // Same samples, same training: the restarted engine served the current weights, no group was
   // lost or counted twice, and two engines give what one gave.
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << "step " << i + 1;
+}
+
+TEST(RlRun, KilledEngineIsRestartedWithCurrentWeightsAndNothingChanges) {
+  MILES_REQUIRE_SHARED();
+  const std::string ref = temp_dir("ref"), dir = temp_dir("kill");
+  auto rr = run_here(std::string(kCi) + " --run-dir " + ref + " rollout.num_rollouts=6");
+  ASSERT_EQ(rr.exit_code, 0) << rr.out;
+  expect_killed_run_unchanged(run_killing_an_engine(dir, ""), dir, ref);
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// weight_sync.transport=broadcast: the controller sends every version to both engines over a Gloo
+// group; they hold the trainer's exact bytes (|Δlogp| max exactly 0) and the run is the disk-delta
+// run, number for number (both with two engines; the sync times are printed side by side).
+TEST(RlRun, BroadcastTransportGivesTheDiskDeltaRun) {
+  MILES_REQUIRE_SHARED();
+  const std::string ref = temp_dir("bcast_ref"), dir = temp_dir("bcast");
+  const std::string two = " rollout.num_rollouts=4 rollout.num_engines=2";
+  auto rr = run_here(std::string(kCi) + " --run-dir " + ref + two);
+  ASSERT_EQ(rr.exit_code, 0) << rr.out;
+  auto r =
+      run_here(std::string(kCi) + " --run-dir " + dir + two + " weight_sync.transport=broadcast");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("weight group wsync-1 formed: 2 engines"), std::string::npos) << r.out;
+  EXPECT_EQ(count(r.out, "formed:"), 1u) << r.out;  // the same engines all run: one group
+  EXPECT_EQ(r.out.find("over disk-delta"), std::string::npos) << r.out;  // no fallback
+  auto m = metrics(dir), mr = metrics(ref);
+  ASSERT_EQ(m.size(), 4u);
+  ASSERT_EQ(mr.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(m[i]["logp_abs_diff_max"], 0.0) << m[i].dump();
+    EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << "step " << i + 1;
+    std::printf("step %zu: time_sync_s broadcast %.3f, disk-delta %.3f\n", i + 1,
+                m[i]["time_sync_s"].get<double>(), mr[i]["time_sync_s"].get<double>());
+  }
+}
+
+// An engine killed mid-run under the broadcast transport: it catches up over disk-delta when it
+// comes back, the group is formed anew (with it, once it is ready), and nothing changes.
+TEST(RlRun, BroadcastTransportSurvivesAKilledEngine) {
+  MILES_REQUIRE_SHARED();
+  const std::string ref = temp_dir("bcast_kill_ref"), dir = temp_dir("bcast_kill");
+  auto rr = run_here(std::string(kCi) + " --run-dir " + ref + " rollout.num_rollouts=6");
+  ASSERT_EQ(rr.exit_code, 0) << rr.out;
+  auto r = run_killing_an_engine(dir, " weight_sync.transport=broadcast");
+  expect_killed_run_unchanged(r, dir, ref);
+  // Formed anew when the engine died; the restarted engine (ready within a step or two) is in the
+  // last group.
+  EXPECT_GE(count(r.out, "formed:"), 2u) << r.out;
+  const size_t last = r.out.rfind("formed:");
+  EXPECT_EQ(r.out.compare(last, 17, "formed: 2 engines"), 0) << r.out;
+  for (const json& s : metrics(dir)) EXPECT_EQ(s["logp_abs_diff_max"], 0.0) << s.dump();
 }
 
 TEST(RlRun, OneStepOffSamplesAreExactlyOneVersionStale) {
@@ -339,7 +400,8 @@ TEST(RlRun, CommandRewardWithOverSamplingAndZeroVarianceFilter) {
   auto r = run_here(std::string(kCi) + " --run-dir " + dir +
                     " rollout.num_rollouts=4 rollout.over_sampling_batch_size=6"
                     " rollout.filter_zero_variance=true"
-                    " 'rewards=[{kind: command, command: \"sh " + script + "\", name: dog}]'");
+                    " 'rewards=[{kind: command, command: \"sh " +
+                    script + "\", name: dog}]'");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto m = metrics(dir);
   ASSERT_EQ(m.size(), 4u);

@@ -1,14 +1,20 @@
 // `miles serve`'s weight-sync endpoints over real sockets: a trainer publishes disk-delta versions;
 // the server advances to each on POST /update_weights_from_disk_delta, reports the new version, and
 // its checksums equal the trainer's (/weight_checksums, /check_weights); bad requests and broken
-// chains get a 4xx with a message and the engine keeps its version.
+// chains get a 4xx with a message and the engine keeps its version. The broadcast group: the test
+// is rank 0 of a Gloo group the server joins (POST /join_weight_group) and sends versions that the
+// server receives on POST /update_weights_from_group; a join that cannot form fails the update and
+// the engine keeps its version.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <filesystem>
+#include <future>
 #include <nlohmann/json.hpp>
 
+#include "miles/comm.h"
 #include "miles/engine.h"
+#include "miles/tcp_store.h"
 #include "miles/thread_pool.h"
 #include "miles/trainer.h"
 #include "miles/weight_sync.h"
@@ -27,25 +33,61 @@ json post(httplib::Client& c, const std::string& path, const json& body, int* st
   return r ? json::parse(r->body, nullptr, false) : json();
 }
 
+// The test llama model served like `miles serve` does: an engine, its HTTP server, and the
+// weight-sync routes.
+struct Served {
+  std::string model_dir = test::data_dir() + "/models/llama";
+  Result<ModelFiles> files = load_model_files(model_dir);
+  ThreadPool pool{1};
+  std::unique_ptr<rollout::EngineDriver> driver;
+  std::unique_ptr<rollout::HttpServer> server;
+
+  Status start() {
+    MILES_RETURN_IF_ERROR(files.status());
+    MILES_ASSIGN_OR_RETURN(auto model, Model::from_weights(files->config, files->weights));
+    driver = std::make_unique<rollout::EngineDriver>(std::make_unique<Engine>(
+        make_model_runner(std::shared_ptr<const Model>(std::move(model)), &pool),
+        EngineOptions{.num_blocks = 64, .block_tokens = 8}));
+    rollout::ServerOptions so;
+    so.port = 0;
+    so.http_threads = 4;
+    so.extra_routes = [this](httplib::Server& s, rollout::EngineDriver& d) {
+      (void)register_weight_sync_routes(s, d, files->config, model_dir, &pool);
+    };
+    server =
+        std::make_unique<rollout::HttpServer>(*driver, files->config, nullptr, nullptr, &pool, so);
+    return server->start();
+  }
+  ~Served() {
+    if (server) server->stop();
+  }
+};
+
+// One optimizer step on a fixed sample.
+void train_once(Trainer& t) {
+  TrainSample x;
+  x.tokens = {1, 17, 300, 42, 7, 99};
+  x.response_length = 5;
+  x.loss_mask.assign(5, 1.0f);
+  std::vector<TrainSample> batch{x};
+  ASSERT_TRUE(t.step(batch, sft_objective(batch, 5)).ok());
+}
+
+json checksums_of(const Trainer& t, const ParamLayout& layout) {
+  json sums;
+  for (const ParamSpec& s : layout.specs()) {
+    std::span<const float> v = t.params().get(s.name);
+    sums[s.name] = xxh3_128_hex(v.data(), v.size_bytes());
+  }
+  return sums;
+}
+
 TEST(ServeWeightSync, DiskDeltaVersionsReachTheServerAndItsChecksumsMatchTheTrainer) {
-  const std::string model_dir = test::data_dir() + "/models/llama";
-  auto files = load_model_files(model_dir);
-  ASSERT_TRUE(files.ok());
-  ThreadPool pool(1);
-  auto model = Model::from_weights(files->config, files->weights);
-  ASSERT_TRUE(model.ok());
-  rollout::EngineDriver driver(std::make_unique<Engine>(
-      make_model_runner(std::shared_ptr<const Model>(std::move(*model)), &pool),
-      EngineOptions{.num_blocks = 64, .block_tokens = 8}));
-  std::shared_ptr<WeightSyncRoutes> routes;
-  rollout::ServerOptions so;
-  so.port = 0;
-  so.http_threads = 4;
-  so.extra_routes = [&](httplib::Server& s, rollout::EngineDriver& d) {
-    routes = register_weight_sync_routes(s, d, files->config, model_dir, &pool);
-  };
-  rollout::HttpServer server(driver, files->config, nullptr, nullptr, &pool, so);
-  ASSERT_TRUE(server.start().ok());
+  Served served;
+  ASSERT_TRUE(served.start().ok());
+  auto& files = served.files;
+  ThreadPool& pool = served.pool;
+  rollout::HttpServer& server = *served.server;
   httplib::Client c("127.0.0.1", server.port());
 
   // Version 0: the checksums of the loaded weights.
@@ -64,14 +106,9 @@ TEST(ServeWeightSync, DiskDeltaVersionsReachTheServerAndItsChecksumsMatchTheTrai
   ASSERT_TRUE(plan.ok());
   auto sender = make_disk_delta_sender(dir, *plan);
   const TensorSource source = [&](const std::string& n) { return (*tr)->params().get(n); };
-  TrainSample x;
-  x.tokens = {1, 17, 300, 42, 7, 99};
-  x.response_length = 5;
-  x.loss_mask.assign(5, 1.0f);
-  std::vector<TrainSample> batch{x};
   int status = 0;
   for (int64_t v = 1; v <= 2; ++v) {
-    ASSERT_TRUE((*tr)->step(batch, sft_objective(batch, 5)).ok());
+    train_once(**tr);
     ASSERT_TRUE(sender->send(v, source).ok());
     json j =
         post(c, "/update_weights_from_disk_delta", {{"dir", dir}, {"weight_version", v}}, &status);
@@ -81,11 +118,7 @@ TEST(ServeWeightSync, DiskDeltaVersionsReachTheServerAndItsChecksumsMatchTheTrai
     EXPECT_EQ(json::parse(info->body)["weight_version"], v);
   }
   // The server's checksums are the trainer's.
-  json trainer_sums;
-  for (const ParamSpec& s : layout->specs()) {
-    std::span<const float> t = (*tr)->params().get(s.name);
-    trainer_sums[s.name] = xxh3_128_hex(t.data(), t.size_bytes());
-  }
+  const json trainer_sums = checksums_of(**tr, *layout);
   auto r2 = c.Get("/weight_checksums");
   ASSERT_TRUE(r2 && r2->status == 200);
   EXPECT_EQ(json::parse(r2->body)["checksums"], trainer_sums);
@@ -108,7 +141,103 @@ TEST(ServeWeightSync, DiskDeltaVersionsReachTheServerAndItsChecksumsMatchTheTrai
   EXPECT_EQ(status, 400);
   auto info = c.Get("/get_model_info");
   EXPECT_EQ(json::parse(info->body)["weight_version"], 2);
-  server.stop();
+}
+
+// The server's version and checksums (GET /weight_checksums).
+std::pair<int64_t, json> held(httplib::Client& c) {
+  auto r = c.Get("/weight_checksums");
+  if (!r || r->status != 200) return {-2, json()};
+  json j = json::parse(r->body);
+  return {j["weight_version"].get<int64_t>(), j["checksums"]};
+}
+
+TEST(ServeWeightSync, BroadcastGroupBringsVersionsAndABadJoinKeepsTheVersion) {
+  Served served;
+  ASSERT_TRUE(served.start().ok());
+  auto& files = served.files;
+  httplib::Client c("127.0.0.1", served.server->port());
+  c.set_read_timeout(std::chrono::seconds(120));
+  TrainerConfig tc;
+  tc.lr.lr = 1e-2;
+  auto tr = Trainer::create(files->config, files->weights, tc, &served.pool);
+  ASSERT_TRUE(tr.ok());
+  auto layout = ParamLayout::for_model(files->config, &files->weights);
+  auto plan = make_transfer_plan(files->config, *layout, ParallelLayout{});
+  ASSERT_TRUE(plan.ok());
+  const std::string digest = transfer_plan_digest(*plan);
+  const TensorSource source = [&](const std::string& n) { return (*tr)->params().get(n); };
+  auto store = TcpStoreServer::start({});
+  ASSERT_TRUE(store.ok()) << store.message();
+  const json join = {{"store", (*store)->address()},
+                     {"prefix", "g1"},
+                     {"rank", 1},
+                     {"world_size", 2},
+                     {"timeout_s", 20},
+                     {"plan_digest", digest}};
+  int status = 0;
+  json j = post(c, "/join_weight_group", join, &status);
+  ASSERT_EQ(status, 200) << j.dump();
+  CommOptions o;
+  o.rank = 0;
+  o.world_size = 2;
+  o.store_address = (*store)->address();
+  o.prefix = "g1";
+  o.timeout = std::chrono::seconds(20);
+  auto comm = connect_gloo(o);
+  ASSERT_TRUE(comm.ok()) << comm.message();
+  auto sender = make_broadcast_sender(**comm, *plan);
+  // Two versions over the same group: the test sends while the server receives.
+  for (int64_t v = 1; v <= 2; ++v) {
+    train_once(**tr);
+    auto update = std::async(std::launch::async, [&] {
+      int st = 0;
+      json r = post(c, "/update_weights_from_group", {{"weight_version", v}}, &st);
+      return std::make_pair(st, r);
+    });
+    ASSERT_TRUE(sender->send(v, source).ok());
+    auto [st, r] = update.get();
+    ASSERT_EQ(st, 200) << r.dump();
+    EXPECT_EQ(r["weight_version"], v);
+    auto [version, sums] = held(c);
+    EXPECT_EQ(version, v);
+    EXPECT_EQ(sums, checksums_of(**tr, *layout)) << "version " << v;
+  }
+
+  // Malformed joins and another plan: 400 at once.
+  json bad = join;
+  bad["rank"] = 0;
+  post(c, "/join_weight_group", bad, &status);
+  EXPECT_EQ(status, 400);
+  bad = join;
+  bad.erase("store");
+  post(c, "/join_weight_group", bad, &status);
+  EXPECT_EQ(status, 400);
+  bad = join;
+  bad["plan_digest"] = std::string(32, '0');
+  j = post(c, "/join_weight_group", bad, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(j["message"].get<std::string>().find("transfer plan"), std::string::npos) << j.dump();
+
+  // A join that cannot form (no store there): the update fails and the engine keeps version 2; the
+  // group is dropped, so the next update is told to join first.
+  bad = join;
+  bad["store"] = "127.0.0.1:1";
+  bad["prefix"] = "g2";
+  bad["timeout_s"] = 1;
+  post(c, "/join_weight_group", bad, &status);
+  ASSERT_EQ(status, 200);
+  j = post(c, "/update_weights_from_group", {{"weight_version", 3}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(j["message"].get<std::string>().find("g2"), std::string::npos) << j.dump();
+  j = post(c, "/update_weights_from_group", {{"weight_version", 3}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(j["message"].get<std::string>().find("join_weight_group first"), std::string::npos)
+      << j.dump();
+  post(c, "/update_weights_from_group", {{"nope", 3}}, &status);
+  EXPECT_EQ(status, 400);
+  auto [version, sums] = held(c);
+  EXPECT_EQ(version, 2);
+  EXPECT_EQ(sums, checksums_of(**tr, *layout));
 }
 
 }  // namespace

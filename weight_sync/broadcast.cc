@@ -11,6 +11,20 @@ namespace {
 constexpr size_t kHex = 32;  // xxh3-128 as hex
 }
 
+std::string transfer_plan_digest(const TransferPlan& plan) {
+  std::string text;
+  for (const Bucket& b : plan.buckets) {
+    text += "bucket " + std::to_string(b.stage) + " " + std::to_string(b.sender) + " " +
+            std::to_string(b.expert) + " " + std::to_string(b.bytes) + "\n";
+    for (const PlannedTensor& t : b.tensors) {
+      text += t.name;
+      for (int64_t d : t.shape) text += " " + std::to_string(d);
+      text += " @" + std::to_string(t.offset) + "+" + std::to_string(t.bytes) + "\n";
+    }
+  }
+  return xxh3_128_hex(text.data(), text.size());
+}
+
 Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t version,
                          const TensorSource& source, ReceivedWeights* out,
                          const BroadcastOptions& options) {

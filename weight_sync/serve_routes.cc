@@ -1,45 +1,57 @@
-// The weight-sync endpoints of `miles serve` (serve_routes.h).
+// The weight-sync endpoints of `miles serve` (serve_routes.h): disk-delta and checksums; the
+// broadcast group's are in serve_group_routes.cc.
 #include "weight_sync/serve_routes.h"
 
 #include <httplib.h>
 
-#include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "miles/engine.h"
 #include "miles/flat_params.h"
 #include "miles/model.h"
 #include "miles/weight_sync.h"
+#include "weight_sync/serve_state.h"
 
 namespace miles {
 
 using nlohmann::json;
 
-struct WeightSyncRoutes {
-  ModelConfig config;
-  std::string model_path;
-  ThreadPool* pool = nullptr;
-  TransferPlan plan;
-  std::mutex mu;         // one update at a time; guards the fields below
-  int64_t version = -1;  // of `checksums` (-1: not computed yet)
-  std::map<std::string, std::string> checksums;
-  std::map<std::string, std::unique_ptr<WeightReceiver>> receivers;  // by delta directory
+WeightSyncRoutes::~WeightSyncRoutes() {
+  std::lock_guard<std::mutex> lock(group_mu);
+  for (JoinThread& j : joins)
+    if (j.thread.joinable()) j.thread.join();
+}
 
-  // Checksums of the weights loaded at start-up (float32, as the trainer holds them).
-  Status initial_checksums() {
-    if (version >= 0) return Status::Ok();
-    MILES_ASSIGN_OR_RETURN(ModelFiles f, load_model_files(model_path));
-    auto layout = ParamLayout::for_model(f.config, &f.weights);
-    MILES_ASSIGN_OR_RETURN(FlatTensors t, FlatTensors::from_tensor_map(layout, f.weights));
-    for (const ParamSpec& s : layout->specs()) {
-      std::span<const float> v = std::as_const(t).get(s.name);
-      checksums[s.name] = xxh3_128_hex(v.data(), v.size_bytes());
-    }
-    version = 0;
-    return Status::Ok();
+Status WeightSyncRoutes::initial_checksums() {
+  if (version >= 0) return Status::Ok();
+  MILES_ASSIGN_OR_RETURN(ModelFiles f, load_model_files(model_path));
+  auto layout = ParamLayout::for_model(f.config, &f.weights);
+  MILES_ASSIGN_OR_RETURN(FlatTensors t, FlatTensors::from_tensor_map(layout, f.weights));
+  for (const ParamSpec& s : layout->specs()) {
+    std::span<const float> v = std::as_const(t).get(s.name);
+    checksums[s.name] = xxh3_128_hex(v.data(), v.size_bytes());
   }
-};
+  version = 0;
+  return Status::Ok();
+}
+
+int WeightSyncRoutes::apply(rollout::EngineDriver& driver, const ReceivedWeights& got,
+                            std::string* error) {
+  Status applied;
+  driver.run_sync([&](Engine& e) { applied = apply_to_engine(e, config, got, plan, pool); });
+  if (!applied.ok()) {
+    *error = applied.message();
+    return applied.message().find("pause it first") != std::string::npos ? 409 : 400;
+  }
+  checksums = got.checksums;
+  version = got.version;
+  return 200;
+}
+
+void WeightSyncRoutes::drop_group(const std::shared_ptr<WeightGroupJoin>& g) {
+  std::lock_guard<std::mutex> lock(group_mu);
+  if (group == g) group.reset();
+}
 
 namespace {
 
@@ -65,6 +77,8 @@ std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(httplib::Server& s
   auto layout = ParamLayout::for_model(config);
   auto plan = make_transfer_plan(config, *layout, ParallelLayout{});
   if (plan.ok()) st->plan = std::move(*plan);
+  st->plan_digest = transfer_plan_digest(st->plan);
+  register_group_routes(s, st, driver);
 
   s.Post("/update_weights_from_disk_delta",
          [st, &driver](const httplib::Request& req, httplib::Response& res) {
@@ -85,17 +99,11 @@ std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(httplib::Server& s
              st->receivers.erase(dir);  // start over from the latest full version next time
              return reply_error(res, 400, got.message());
            }
-           Status applied;
-           driver.run_sync([&](Engine& e) {
-             applied = apply_to_engine(e, st->config, *got, st->plan, st->pool);
-           });
-           if (!applied.ok()) {
+           std::string error;
+           if (int code = st->apply(driver, *got, &error); code != 200) {
              st->receivers.erase(dir);
-             const bool busy = applied.message().find("pause it first") != std::string::npos;
-             return reply_error(res, busy ? 409 : 400, applied.message());
+             return reply_error(res, code, error);
            }
-           st->checksums = got->checksums;
-           st->version = v;
            reply(res, 200, json{{"success", true}, {"weight_version", v}});
          });
 

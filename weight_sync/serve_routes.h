@@ -4,6 +4,16 @@
 //        (weight_sync/disk_delta_*): the whole version is staged and every checksum verified before
 //        the swap (begin → update → version → end); refused with 409 while the engine is generating
 //        (pause it first); on any error the engine keeps serving its current version.
+//   POST /join_weight_group {"store": "host:port", "prefix": P, "rank": r, "world_size": W,
+//        "timeout_s": t, "host": A, "plan_digest": D}
+//        starts joining the Gloo group P of the controller's TcpStore (rank 0, the controller,
+//        sends; the engines are ranks 1..W − 1) on a thread of its own, binding A (default
+//        127.0.0.1), and replies at once; a later join replaces the group. The optional plan digest
+//        (transfer_plan_digest) must be the engine's own: otherwise 400 at once.
+//   POST /update_weights_from_group {"weight_version": N}
+//        waits for the join, receives version N over the group (broadcast_weights from rank 0),
+//        verifies and swaps it in as the disk-delta route does (409 while generating and not
+//        paused). On any error the engine keeps its version and drops the group (join it again).
 //   GET  /weight_checksums  → {"weight_version": v, "checksums": {name: xxh3-128 hex}}
 //   POST /check_weights {"checksums": {name: hex}} → {"success": bool, "message": …}: the trainer's
 //        checksums against the engine's current weights (check_weights in weight_sync.h).

@@ -99,7 +99,7 @@ struct DataSection {
 };
 
 struct WeightSyncSection {
-  std::string transport = "disk_delta";  // disk_delta (the engines read RUN_DIR/weights)
+  std::string transport = "disk_delta";  // disk_delta | broadcast (Gloo group with the engines)
   std::string dir;                     // default RUN_DIR/weights
   int64_t full_every = 10;
   std::string encoding = "xor";        // xor | overwrite

@@ -51,6 +51,9 @@ using TensorSource = std::function<std::span<const float>(const std::string& nam
 struct BroadcastOptions {
   std::function<int(int world_rank)> sender_group_rank = [](int r) { return r; };
 };
+// Sender and receivers must hold the same plan (bucket bytes, tensors, offsets, senders): its
+// digest (xxh3-128 hex over all of them) lets them compare before they form a group.
+std::string transfer_plan_digest(const TransferPlan& plan);
 // On a sender: source gives its stage's tensors (others are never asked for). On a receiver: source
 // is null and the version is staged into `out`. Every member returns an error if any bucket fails.
 Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t version,
@@ -102,7 +105,7 @@ std::unique_ptr<WeightReceiver> make_p2p_receiver(Communicator& world, TransferP
 // Disk-delta (disk_delta.h) under `dir`: the sender publishes the plan's tensors (full or delta);
 // the receiver advances its copy along the chain (or loads from the latest full version first).
 std::unique_ptr<WeightSender> make_disk_delta_sender(const std::string& dir, TransferPlan plan,
-                                                    DiskDeltaOptions options = {});
+                                                     DiskDeltaOptions options = {});
 std::unique_ptr<WeightReceiver> make_disk_delta_receiver(const std::string& dir, TransferPlan plan);
 
 // Verifies every checksum of a staged version and that it holds every tensor of the plan; then

@@ -1,0 +1,139 @@
+// WeightGroup (weight_group.h): form the controller + engines Gloo group, broadcast a version.
+#include "controller/weight_group.h"
+
+#include <cstdio>
+#include <thread>
+
+namespace miles::controller {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string fixed2(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", x);
+  return buf;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<WeightGroup>> WeightGroup::create(WeightGroupOptions options,
+                                                         TransferPlan plan) {
+  auto g = std::unique_ptr<WeightGroup>(new WeightGroup(std::move(options), std::move(plan)));
+  TcpStoreServerOptions so;
+  so.host = g->options_.host;
+  MILES_ASSIGN_OR_RETURN(g->store_, TcpStoreServer::start(so));
+  g->store_address_ = g->store_->address();
+  g->plan_digest_ = transfer_plan_digest(g->plan_);
+  return g;
+}
+
+void WeightGroup::log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+void WeightGroup::drop() {
+  comm_.reset();
+  members_.clear();
+}
+
+std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineClient>>& engines) {
+  drop();
+  const auto t0 = Clock::now();
+  const double timeout_s = std::chrono::duration<double>(options_.timeout).count();
+  std::vector<Status> out(engines.size());
+  std::vector<size_t> joining;
+  for (size_t i = 0; i < engines.size(); ++i) joining.push_back(i);
+  std::string prefix;
+  // An engine that refuses the join (gone, or another plan) is left out and the rest asked again
+  // under a new prefix, so that every rank of the group is a member that said yes.
+  while (!joining.empty()) {
+    prefix = "wsync-" + std::to_string(++generation_);
+    const int world = static_cast<int>(joining.size()) + 1;
+    std::vector<size_t> accepted;
+    for (size_t k = 0; k < joining.size(); ++k) {
+      const EngineClient& e = *engines[joining[k]];
+      Status s = e.join_weight_group(store_address_, prefix, static_cast<int>(k) + 1, world,
+                                     timeout_s, e.address().host, plan_digest_);
+      if (s.ok()) {
+        accepted.push_back(joining[k]);
+      } else {
+        out[joining[k]] = s;
+      }
+    }
+    if (accepted.size() == joining.size()) break;
+    joining = std::move(accepted);
+  }
+  if (joining.empty()) return out;
+  CommOptions o;
+  o.rank = 0;
+  o.world_size = static_cast<int>(joining.size()) + 1;
+  o.store_address = store_address_;
+  o.prefix = prefix;
+  o.host = options_.host;
+  o.timeout = options_.timeout;
+  auto comm = connect_gloo(o);
+  if (!comm.ok()) {
+    const Status s = comm.status().with_context("forming weight group " + prefix);
+    for (size_t i : joining) out[i] = s;
+    log(s.message());
+    return out;
+  }
+  comm_ = std::move(comm).value();
+  for (size_t i : joining) members_.push_back(engines[i]);
+  log("weight group " + prefix + " formed: " + std::to_string(members_.size()) + " engine" +
+      (members_.size() == 1 ? "" : "s") + " (" + store_address_ + ", " + fixed2(seconds_since(t0)) +
+      " s)");
+  return out;
+}
+
+std::vector<Status> WeightGroup::update(const std::vector<std::shared_ptr<EngineClient>>& engines,
+                                        int64_t version, const TensorSource& source) {
+  std::vector<Status> out(engines.size());
+  if (engines.empty()) {
+    drop();
+    return out;
+  }
+  if (!comm_ || engines != members_) out = form(engines);
+  if (!comm_) return out;  // every engine has its error
+
+  // Every member receives on a thread of its own while this one sends: the broadcast needs them
+  // all at once. A receive is bounded by the join wait and two collectives per bucket.
+  const double receive_timeout_s = std::chrono::duration<double>(options_.timeout).count() *
+                                   static_cast<double>(3 + 2 * plan_.buckets.size());
+  std::vector<Status> got(members_.size());
+  std::vector<std::thread> receivers;
+  for (size_t k = 0; k < members_.size(); ++k)
+    receivers.emplace_back(
+        [&, k] { got[k] = members_[k]->update_weights_from_group(version, receive_timeout_s); });
+  const Status sent = make_broadcast_sender(*comm_, plan_)->send(version, source);
+  // A failed send leaves receivers waiting on this rank; closing its connections fails them now
+  // rather than at their timeout.
+  if (!sent.ok()) comm_.reset();
+  for (std::thread& t : receivers) t.join();
+
+  bool failed = !sent.ok();
+  for (size_t i = 0; i < engines.size(); ++i) {
+    if (!out[i].ok()) continue;  // did not join
+    for (size_t k = 0; k < members_.size(); ++k) {
+      if (members_[k] != engines[i]) continue;
+      out[i] = got[k];
+      if (!got[k].ok() && !sent.ok())
+        out[i] = Status::Error(got[k].message() + " (the send: " + sent.message() + ")");
+      failed = failed || !got[k].ok();
+    }
+  }
+  if (failed) {
+    log("weight group: version " + std::to_string(version) + " failed" +
+        (sent.ok() ? "" : " (" + sent.message() + ")") + "; the group is formed again next time");
+    drop();
+  }
+  return out;
+}
+
+}  // namespace miles::controller

@@ -1,0 +1,68 @@
+// WeightGroup: the controller's side of the broadcast transport in `miles run` — a Gloo group of
+// the controller (rank 0, the only sender) and the ready engines (ranks 1..n), formed through a
+// TcpStore the controller hosts, re-formed whenever the engines change, and one broadcast per
+// version to all of them at once.
+//
+// Why: disk-delta makes every engine read each version from a shared directory; a broadcast moves
+// the bytes over the network once per engine with no shared filesystem in the path. The group has
+// to follow the pool: an engine that died, restarted or registered late is a different member, so
+// any change of membership forms a new group under a fresh prefix ("wsync-<generation>"), and a
+// transfer that fails drops the group so that the next one starts clean.
+//
+// The controller holds the full (gathered) weights, so it sends every bucket itself: with pp > 1
+// one sender sends every stage's layers (not one group per stage).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "controller/engine_client.h"
+#include "miles/comm.h"
+#include "miles/tcp_store.h"
+#include "miles/transfer_plan.h"
+#include "miles/weight_sync.h"
+
+namespace miles::controller {
+
+struct WeightGroupOptions {
+  std::string host = "127.0.0.1";  // the store and the controller's Gloo transport bind here
+  std::chrono::milliseconds timeout{60'000};  // forming the group; each collective
+  std::function<void(const std::string&)> log;
+};
+
+class WeightGroup {
+ public:
+  // Starts the rendezvous store (bound to options.host, any free port).
+  static Result<std::unique_ptr<WeightGroup>> create(WeightGroupOptions options, TransferPlan plan);
+
+  // Brings every engine of `engines` to `version` of `source`: forms the group first when they are
+  // not its members, then sends while every member receives (POST /update_weights_from_group, one
+  // thread each). One status per engine, in order: an error for an engine that could not join or
+  // receive. After any failure the group is dropped (formed again on the next call).
+  std::vector<Status> update(const std::vector<std::shared_ptr<EngineClient>>& engines,
+                             int64_t version, const TensorSource& source);
+
+  const std::string& store_address() const { return store_address_; }
+
+ private:
+  WeightGroup(WeightGroupOptions options, TransferPlan plan)
+      : options_(std::move(options)), plan_(std::move(plan)) {}
+  // Forms a group of `engines`; statuses as update()'s. Members are those that joined.
+  std::vector<Status> form(const std::vector<std::shared_ptr<EngineClient>>& engines);
+  void drop();
+  void log(const std::string& line) const;
+
+  WeightGroupOptions options_;
+  TransferPlan plan_;
+  std::string plan_digest_;
+  std::unique_ptr<TcpStoreServer> store_;
+  std::string store_address_;
+  int64_t generation_ = 0;
+  std::unique_ptr<Communicator> comm_;                  // null: no group
+  std::vector<std::shared_ptr<EngineClient>> members_;  // group rank i + 1
+};
+
+}  // namespace miles::controller

@@ -1,0 +1,159 @@
+// The broadcast-group endpoints of `miles serve` (serve_routes.h): POST /join_weight_group forms
+// the engine's side of the controller's Gloo group in the background; POST
+// /update_weights_from_group receives one version over it and swaps it in.
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+
+#include "weight_sync/serve_state.h"
+
+namespace miles {
+
+using nlohmann::json;
+
+Result<Communicator*> WeightGroupJoin::wait() {
+  std::unique_lock<std::mutex> lock(mu);
+  // connect_gloo gives up within `timeout`; the margin only guards against a join that never ends.
+  if (!cv.wait_for(lock, timeout + std::chrono::seconds(30), [this] { return done; }))
+    return Status::Error("joining weight group " + prefix + " did not end");
+  if (!status.ok()) return status.with_context("joining weight group " + prefix);
+  return comm.get();
+}
+
+namespace {
+
+void reply(httplib::Response& res, int status, const json& j) {
+  res.status = status;
+  res.set_content(j.dump(), "application/json");
+}
+void reply_error(httplib::Response& res, int status, const std::string& message) {
+  reply(res, status, json{{"success", false}, {"message", message}});
+}
+
+bool has(const json& body, const char* key, json::value_t type) {
+  if (!body.contains(key)) return false;
+  const json& v = body[key];
+  if (type == json::value_t::number_float) return v.is_number();
+  if (type == json::value_t::number_integer) return v.is_number_integer();
+  return v.type() == type;
+}
+
+// The join's options from its request body, or why they are not.
+Result<CommOptions> join_options(const json& body) {
+  const char* usage =
+      "join_weight_group needs {\"store\": \"host:port\", \"prefix\": string, \"rank\": integer, "
+      "\"world_size\": integer, optional \"timeout_s\": number, \"host\": string, "
+      "\"plan_digest\": string}";
+  if (body.is_discarded() || !body.is_object() || !has(body, "store", json::value_t::string) ||
+      !has(body, "prefix", json::value_t::string) ||
+      !has(body, "rank", json::value_t::number_integer) ||
+      !has(body, "world_size", json::value_t::number_integer) ||
+      (body.contains("timeout_s") && !has(body, "timeout_s", json::value_t::number_float)) ||
+      (body.contains("host") && !has(body, "host", json::value_t::string)) ||
+      (body.contains("plan_digest") && !has(body, "plan_digest", json::value_t::string)))
+    return Status::Error(usage);
+  CommOptions o;
+  o.store_address = body["store"].get<std::string>();
+  o.prefix = body["prefix"].get<std::string>();
+  o.rank = body["rank"].get<int>();
+  o.world_size = body["world_size"].get<int>();
+  o.host = body.value("host", std::string("127.0.0.1"));
+  const double timeout_s = body.value("timeout_s", 60.0);
+  if (o.world_size < 2 || o.rank < 1 || o.rank >= o.world_size)
+    return Status::Error("join_weight_group: rank " + std::to_string(o.rank) + " of world_size " +
+                         std::to_string(o.world_size) +
+                         ": an engine is a rank in 1..world_size − 1 (rank 0 sends)");
+  if (!(timeout_s > 0)) return Status::Error("join_weight_group: timeout_s must be > 0");
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  return o;
+}
+
+}  // namespace
+
+void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes> st,
+                           rollout::EngineDriver& driver) {
+  s.Post("/join_weight_group", [st](const httplib::Request& req, httplib::Response& res) {
+    const json body = json::parse(req.body, nullptr, false);
+    auto o = join_options(body);
+    if (!o.ok()) return reply_error(res, 400, o.message());
+    const std::string digest = body.value("plan_digest", std::string());
+    if (!digest.empty() && digest != st->plan_digest)
+      return reply_error(res, 400,
+                         "join_weight_group: the sender's transfer plan (" + digest +
+                             ") is not this engine's (" + st->plan_digest +
+                             "): another model or parameter layout");
+    auto g = std::make_shared<WeightGroupJoin>();
+    g->prefix = o->prefix;
+    g->timeout = o->timeout;
+    auto finished = std::make_shared<std::atomic<bool>>(false);
+    std::lock_guard<std::mutex> lock(st->group_mu);
+    // Reap the threads of earlier joins that have ended.
+    for (auto it = st->joins.begin(); it != st->joins.end();) {
+      if (!it->finished->load()) {
+        ++it;
+        continue;
+      }
+      it->thread.join();
+      it = st->joins.erase(it);
+    }
+    st->group = g;  // the old group's communicator goes with its last user
+    st->joins.push_back({std::thread([g, finished, options = std::move(*o)] {
+                           auto comm = connect_gloo(options);
+                           {
+                             std::lock_guard<std::mutex> l(g->mu);
+                             g->status = comm.status();
+                             if (comm.ok()) g->comm = std::move(comm).value();
+                             g->done = true;
+                           }
+                           g->cv.notify_all();
+                           *finished = true;
+                         }),
+                         finished});
+    reply(res, 200, json{{"success", true}, {"prefix", g->prefix}});
+  });
+
+  s.Post("/update_weights_from_group", [st, &driver](const httplib::Request& req,
+                                                     httplib::Response& res) {
+    const json body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object() ||
+        !has(body, "weight_version", json::value_t::number_integer))
+      return reply_error(res, 400, "update_weights_from_group needs {\"weight_version\": integer}");
+    const int64_t v = body["weight_version"].get<int64_t>();
+    std::shared_ptr<WeightGroupJoin> g;
+    {
+      std::lock_guard<std::mutex> lock(st->group_mu);
+      g = st->group;
+    }
+    if (!g)
+      return reply_error(res, 400,
+                         "update_weights_from_group: this engine is in no weight group "
+                         "(POST /join_weight_group first)");
+    auto comm = g->wait();  // before taking the update lock: checksums stay readable
+    if (!comm.ok()) {
+      st->drop_group(g);
+      return reply_error(res, 400, comm.message());
+    }
+    std::lock_guard<std::mutex> lock(st->mu);
+    // Every member must take part in the transfer, even one that will refuse to swap.
+    auto got = make_broadcast_receiver(**comm, st->plan)->receive(v);
+    if (!got.ok()) {
+      st->drop_group(g);
+      return reply_error(res, 400,
+                         got.status().with_context("weight group " + g->prefix).message());
+    }
+    // Already serving exactly these weights (e.g. brought to v over disk-delta just before):
+    // nothing to swap.
+    if (st->version == v && st->checksums == got->checksums)
+      return reply(res, 200, json{{"success", true}, {"weight_version", v}});
+    std::string error;
+    if (int code = st->apply(driver, *got, &error); code != 200) {
+      st->drop_group(g);
+      return reply_error(res, code, error);
+    }
+    // A disk-delta receiver's copy is older than the engine now: load afresh if needed.
+    st->receivers.clear();
+    reply(res, 200, json{{"success", true}, {"weight_version", v}});
+  });
+}
+
+}  // namespace miles

@@ -1,0 +1,81 @@
+// The state behind `miles serve`'s weight-sync endpoints (serve_routes.h), shared by the disk-delta
+// and checksum handlers (serve_routes.cc) and the broadcast-group handlers (serve_group_routes.cc).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "miles/comm.h"
+#include "miles/model_config.h"
+#include "miles/status.h"
+#include "miles/weight_sync.h"
+#include "rollout/engine_driver.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace miles {
+
+class ThreadPool;
+
+// A weight group this engine was asked to join (POST /join_weight_group). connect_gloo blocks until
+// every member has joined, so it runs on a thread of its own; an update waits for it.
+struct WeightGroupJoin {
+  std::string prefix;
+  std::chrono::milliseconds timeout{60'000};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;  // of the join, once done
+  std::unique_ptr<Communicator> comm;
+
+  // Waits for the join to end: the communicator, or why there is none.
+  Result<Communicator*> wait();
+};
+
+// A thread running connect_gloo for a join; `finished` once it returned.
+struct JoinThread {
+  std::thread thread;
+  std::shared_ptr<std::atomic<bool>> finished;
+};
+
+struct WeightSyncRoutes {
+  ~WeightSyncRoutes();  // waits for joins in flight (each bounded by its timeout)
+
+  ModelConfig config;
+  std::string model_path;
+  ThreadPool* pool = nullptr;
+  TransferPlan plan;
+  std::string plan_digest;  // transfer_plan_digest(plan)
+
+  std::mutex mu;         // one update at a time; guards the fields below
+  int64_t version = -1;  // of `checksums` (-1: not computed yet)
+  std::map<std::string, std::string> checksums;
+  std::map<std::string, std::unique_ptr<WeightReceiver>> receivers;  // by delta directory
+
+  std::mutex group_mu;                     // guards the two fields below
+  std::shared_ptr<WeightGroupJoin> group;  // the current weight group (null: none)
+  std::vector<JoinThread> joins;
+
+  // Checksums of the weights loaded at start-up (float32, as the trainer holds them). Under `mu`.
+  Status initial_checksums();
+  // Swaps a staged version into the engine and records its version and checksums. Under `mu`.
+  // Returns the HTTP status: 200, 409 (generating and not paused) or 400.
+  int apply(rollout::EngineDriver& driver, const ReceivedWeights& got, std::string* error);
+  // Forgets `g` if it is still the current group (after an error: the controller re-forms it).
+  void drop_group(const std::shared_ptr<WeightGroupJoin>& g);
+};
+
+// POST /join_weight_group and POST /update_weights_from_group (serve_routes.h).
+void register_group_routes(httplib::Server& server, std::shared_ptr<WeightSyncRoutes> state,
+                           rollout::EngineDriver& driver);
+
+}  // namespace miles
