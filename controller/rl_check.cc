@@ -171,7 +171,7 @@ Result<json> RlJob::check() {
   {
     MILES_ASSIGN_OR_RETURN(const Trainer* full, group_->full());
     Status s = publisher_->publish(full->steps_done(), *full);
-    if (s.ok()) s = sync_engines(nullptr);
+    if (s.ok()) s = sync_engines(*full, nullptr);
     const PoolCounters pc = engines_->counters();
     if (!s.ok() || pc.failures > 0) {
       gates.fail("weights_after_sync",
