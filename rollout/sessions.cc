@@ -149,11 +149,15 @@ json trajectory_json(const Session& s, int64_t experts_per_token, int64_t num_mo
                      {"output_end", t.output_end},
                      {"messages", t.num_messages},
                      {"finish_reason", t.finish_reason}});
+  // Logprobs are aligned with the response, [response_start, tokens): one per position, 0 where
+  // the loss mask is 0 (appended messages between turns).
+  const size_t start = s.turns.empty() ? s.tokens.size() : s.turns[0].output_start;
   json j = {{"session_id", s.id},
             {"tokens", s.tokens},
             {"loss_mask", s.loss_mask},
-            {"rollout_logprobs", s.raw_logprobs},
-            {"sampling_logprobs", s.logprobs},
+            {"rollout_logprobs",
+             std::vector<float>(s.raw_logprobs.begin() + start, s.raw_logprobs.end())},
+            {"sampling_logprobs", std::vector<float>(s.logprobs.begin() + start, s.logprobs.end())},
             {"weight_versions", s.weight_versions},
             {"response_start", s.turns.empty() ? json() : json(s.turns[0].output_start)},
             {"turns", turns},

@@ -82,8 +82,18 @@ Result<TurnPlan> plan_turn(const Session& session, const nlohmann::ordered_json&
 // Applies a plan and the engine's answer; `reply` is the assistant message returned to the client.
 void commit_turn(Session& session, TurnPlan plan, const SampleEvent& fin,
                  const nlohmann::json& reply, int64_t experts_per_token);
-// The training sample: tokens, loss_mask, rollout_logprobs (raw), sampling_logprobs,
-// weight_versions, response_start, turns, and routed_experts (+ shape) for MoE models.
+// The training sample:
+//   tokens            the whole record (prompt, then outputs and appended messages in turn)
+//   loss_mask         one per token: 1 on generated ids, 0 elsewhere
+//   response_start    index of the first generated token (null before the first turn)
+//   rollout_logprobs  the raw-model logprob of each response position [response_start, tokens),
+//                     0 where the mask is 0; sampling_logprobs likewise, under the sampling
+//                     distribution (temperature, top-p)
+//   weight_versions   one per token: the weights that generated it, -1 where the mask is 0
+//   turns             [{prompt_start, output_start, output_end, messages, finish_reason}]
+//   messages          the conversation (requests' messages and the replies returned)
+//   routed_experts    MoE only: flat [tokens - 1, moe layers, top_k] (+ routed_experts_shape),
+//                     each position as routed by the turn that first computed it.
 nlohmann::json trajectory_json(const Session& session, int64_t experts_per_token,
                                int64_t num_moe_layers);
 

@@ -194,8 +194,10 @@ TEST_F(Sessions, AgentLoopTrajectoryIsTheEngineRecord) {
   EXPECT_EQ(tokens, want);
   // (c) the loss mask is 1 exactly on generated ids; rollout_logprobs are theirs, 0 elsewhere.
   EXPECT_EQ(traj["loss_mask"].get<std::vector<int32_t>>(), mask);
-  EXPECT_EQ(traj["rollout_logprobs"].get<std::vector<double>>(), raw);
-  EXPECT_EQ(traj["response_start"].get<size_t>(), t1["miles"]["prompt_ids"].size());
+  const size_t response_start = t1["miles"]["prompt_ids"].size();
+  EXPECT_EQ(traj["response_start"].get<size_t>(), response_start);
+  EXPECT_EQ(traj["rollout_logprobs"].get<std::vector<double>>(),
+            std::vector<double>(raw.begin() + response_start, raw.end()));
   EXPECT_EQ(traj["turns"].size(), 3u);
 
   // (b) against the whole conversation rendered and tokenized fresh.
