@@ -26,6 +26,8 @@ namespace {
 
 using nlohmann::json;
 
+std::vector<int32_t> ids(const json& j) { return j.get<std::vector<int32_t>>(); }
+
 std::string model_dir() { return test::source_dir() + "/models/smollm2-135m-instruct"; }
 
 #define MILES_REQUIRE_SMOLLM2()                                                             \
@@ -33,22 +35,6 @@ std::string model_dir() { return test::source_dir() + "/models/smollm2-135m-inst
     if (!std::filesystem::exists(model_dir() + "/model.safetensors"))                       \
       GTEST_SKIP() << model_dir() << " not found: run scripts/get_models.sh to install it"; \
   } while (0)
-
-TEST(SessionStore, EvictsTheLeastRecentlyUsedAndChecksIds) {
-  SessionStore store(2);
-  auto a = store.create("a"), b = store.create("");
-  ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_FALSE(store.create("a").ok());         // in use
-  EXPECT_FALSE(store.create("no/slash").ok());  // not URL-safe
-  EXPECT_FALSE(store.create(std::string(129, 'x')).ok());
-  ASSERT_NE(store.get("a"), nullptr);   // a is now the most recent
-  ASSERT_TRUE(store.create("c").ok());  // drops b
-  EXPECT_EQ(store.get(*b), nullptr);
-  EXPECT_NE(store.get("a"), nullptr);
-  EXPECT_EQ(store.size(), 2u);
-  EXPECT_TRUE(store.erase("a"));
-  EXPECT_FALSE(store.erase("a"));
-}
 
 class Sessions : public ::testing::Test {
  protected:
@@ -108,7 +94,6 @@ class Sessions : public ::testing::Test {
   static json chat_body(const json& messages) {
     return {{"messages", messages}, {"temperature", 0}, {"max_tokens", 96}, {"logprobs", true}};
   }
-  static std::vector<int32_t> ids(const json& j) { return j.get<std::vector<int32_t>>(); }
 
   static std::shared_ptr<const Model>* model_;
   static std::shared_ptr<const Tokenizer>* tok_;
