@@ -291,6 +291,26 @@ TEST_F(Sessions, EditsAreRejectedAndUnknownSessionsAre404) {
     EXPECT_EQ(status, 404) << method << " " << path;
   }
   ok("DELETE", base);
+
+  // A reply cut by max_tokens has no stop token: the record does not end where the template ends
+  // the turn, so appending to it is refused; retrying the turn with room to finish recovers.
+  const std::string cut = "/sessions/" + ok("POST", "/sessions")["session_id"].get<std::string>();
+  json short_body = chat_body(kFirst);
+  short_body["max_tokens"] = 2;
+  json t = ok("POST", cut + "/v1/chat/completions", short_body);
+  ASSERT_EQ(t["choices"][0]["finish_reason"], "length");
+  const json cut_before = ok("GET", cut + "/trajectory");
+  json next = kFirst;
+  next.push_back(t["choices"][0]["message"]);
+  next.push_back({{"role", "user"}, {"content", "Go on."}});
+  err = call("POST", cut + "/v1/chat/completions", chat_body(next), &status);
+  EXPECT_EQ(status, 400);
+  std::printf("[ sessions ] after a cut reply: %s\n", err["error"]["message"].dump().c_str());
+  EXPECT_EQ(ok("GET", cut + "/trajectory"), cut_before);
+  t = ok("POST", cut + "/v1/chat/completions", chat_body(kFirst));
+  EXPECT_TRUE(t["miles"]["retry"].get<bool>());
+  EXPECT_EQ(t["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(ok("GET", cut + "/trajectory")["turns"].size(), 1u);
   call("GET", base + "/trajectory", {}, &status);
   EXPECT_EQ(status, 404);
 }
