@@ -3,8 +3,9 @@
 // of an earlier turn) whose trajectory is exactly the engine's token record, with zero
 // special-token and non-assistant-text mismatches against the rendered conversation, the loss mask
 // on generated ids only, and a first turn identical (ids and logprobs, bitwise) to /generate and to
-// plain /v1/chat/completions. Edits of earlier turns are rejected with the session unchanged;
-// unknown sessions are 404. The store's LRU bound and id rules need no model.
+// plain /v1/chat/completions. Edits of earlier turns, and appending to a reply cut by max_tokens,
+// are rejected with the session unchanged (a retry recovers); unknown sessions are 404.
+// session_record_test covers the store and the record without a model.
 #include "rollout/sessions.h"
 
 #include <gtest/gtest.h>
