@@ -28,25 +28,6 @@ std::vector<int32_t> ids_of(const std::vector<TokenOutput>& out) {
   return ids;
 }
 
-// Text of a finished sample, with a matched stop string cut off (as OpenAI does).
-std::string final_text(const Tokenizer* tok, const GenerateRequest& req, const SampleEvent& fin,
-                       const std::vector<TokenOutput>& out) {
-  if (!tok) return "";
-  const std::vector<int32_t> ids = ids_of(out);
-  std::string text = tok->decode(ids);
-  if (fin.finish_reason == FinishReason::kStop)
-    for (const auto& s : req.stop_strings)
-      if (s == fin.matched_stop) {
-        const size_t at = text.find(s);
-        if (at != std::string::npos) text.resize(at);
-      }
-  // A stop token (EOS, <|im_end|>) is not part of the visible text.
-  if (fin.finish_reason == FinishReason::kStop && !out.empty() &&
-      std::to_string(out.back().id) == fin.matched_stop)
-    text = tok->decode(std::span(ids).first(ids.size() - 1));
-  return text;
-}
-
 json logprobs_json(const Tokenizer* tok, const std::vector<TokenOutput>& out, bool chat) {
   json content = json::array();
   json tokens = json::array(), lps = json::array();
@@ -83,7 +64,8 @@ void HttpServer::serve_openai(OpenAiCall call, bool chat, httplib::Response& res
     json choices = json::array();
     int64_t completion_tokens = 0;
     for (int32_t i = 0; i < n; ++i) {
-      const std::string text = final_text(tok_.get(), call.request, finals[i], finals[i].output);
+      const std::string text =
+          openai_final_text(tok_.get(), call.request, finals[i], finals[i].output);
       json choice = {{"index", i},
                      {"finish_reason", openai_finish_reason(finals[i].finish_reason)},
                      {"token_ids", ids_of(finals[i].output)},
@@ -152,7 +134,7 @@ void HttpServer::serve_openai(OpenAiCall call, bool chat, httplib::Response& res
         out.insert(out.end(), ev.new_tokens.begin(), ev.new_tokens.end());
         std::string text;
         if (ev.finished) {
-          text = final_text(tok_.get(), shared_call->request, ev, out);
+          text = openai_final_text(tok_.get(), shared_call->request, ev, out);
         } else if (tok_) {
           text = tok_->decode(ids_of(out));
           text.resize(utf8_complete_prefix(text));

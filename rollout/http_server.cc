@@ -3,7 +3,6 @@
 #include "rollout/http_server.h"
 
 #include <httplib.h>
-
 #include <sys/socket.h>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +11,7 @@
 #include "rollout/generate_api.h"
 #include "rollout/http_common.h"
 #include "rollout/openai_api.h"
+#include "rollout/sessions.h"
 
 namespace miles::rollout {
 
@@ -27,7 +27,8 @@ HttpServer::HttpServer(EngineDriver& driver, const ModelConfig& config,
       chat_(std::move(chat)),
       model_pool_(model_pool),
       opt_(std::move(options)),
-      svr_(std::make_unique<httplib::Server>()) {
+      svr_(std::make_unique<httplib::Server>()),
+      sessions_(std::make_unique<SessionStore>(opt_.max_sessions)) {
   const int threads = opt_.http_threads;
   svr_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr_->set_payload_max_length(64 << 20);
@@ -159,6 +160,7 @@ void HttpServer::routes() {
 
   register_control_routes();
   register_openai_routes();
+  register_session_routes();
   if (opt_.extra_routes) opt_.extra_routes(*svr_, driver_);
 }
 

@@ -1,7 +1,7 @@
 // HttpServer: the engine over HTTP — SGLang-compatible native endpoints (/generate, /abort_request,
 // /pause_generation, /continue_generation, /flush_cache, /update_weights_from_disk,
 // /get_model_info, /health, /metrics) and the OpenAI-compatible /v1/completions and
-// /v1/chat/completions.
+// /v1/chat/completions, and the TITO sessions of agentic rollouts (/sessions, see sessions.h).
 //
 // Why: RL frameworks and agents speak these APIs. Every handler validates its input and answers a
 // 4xx with a message on bad input; the engine keeps serving.
@@ -32,6 +32,7 @@ class ChatTemplate;
 namespace miles::rollout {
 
 struct OpenAiCall;
+class SessionStore;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -39,6 +40,7 @@ struct ServerOptions {
   int http_threads = 512;  // connection handlers (streams hold one each)
   std::string model_path;  // reported by /get_model_info
   std::string served_model_name = "miles";
+  size_t max_sessions = 4096;  // /sessions kept at once; creating one more drops the least recent
   // More routes, registered after the built-in ones (e.g. weight_sync/serve_routes.h: receiving new
   // weight versions and reporting checksums), so that rollout/ depends on nothing above it.
   std::function<void(httplib::Server&, EngineDriver&)> extra_routes;
@@ -59,6 +61,7 @@ class HttpServer {
   void routes();
   void register_control_routes();  // http_control.cc
   void register_openai_routes();   // http_openai.cc
+  void register_session_routes();  // http_sessions.cc
   void serve_openai(OpenAiCall call, bool chat, httplib::Response& res);
   uint64_t register_rid(const std::string& rid, uint64_t id);
   void forget_rid(const std::string& rid);
@@ -70,6 +73,7 @@ class HttpServer {
   ThreadPool* model_pool_;
   ServerOptions opt_;
   std::unique_ptr<httplib::Server> svr_;
+  std::unique_ptr<SessionStore> sessions_;
   std::thread thread_;
   int port_ = 0;
   int listen_fd_ = -1;

@@ -183,4 +183,23 @@ const char* openai_finish_reason(FinishReason r) {
   return nullptr;
 }
 
+std::string openai_final_text(const Tokenizer* tok, const GenerateRequest& req,
+                              const SampleEvent& fin, const std::vector<TokenOutput>& out) {
+  if (!tok) return "";
+  std::vector<int32_t> ids;
+  for (const auto& t : out) ids.push_back(t.id);
+  std::string text = tok->decode(ids);
+  if (fin.finish_reason == FinishReason::kStop)
+    for (const auto& s : req.stop_strings)
+      if (s == fin.matched_stop) {
+        const size_t at = text.find(s);
+        if (at != std::string::npos) text.resize(at);
+      }
+  // A stop token (EOS, <|im_end|>) is not part of the visible text.
+  if (fin.finish_reason == FinishReason::kStop && !out.empty() &&
+      std::to_string(out.back().id) == fin.matched_stop)
+    text = tok->decode(std::span(ids).first(ids.size() - 1));
+  return text;
+}
+
 }  // namespace miles::rollout

@@ -35,5 +35,9 @@ size_t utf8_complete_prefix(const std::string& text);
 // JSON text with invalid UTF-8 replaced (model output can end inside a character).
 std::string dump_json(const nlohmann::json& j);
 const char* openai_finish_reason(FinishReason r);
+// The text of a finished sample, with a matched stop string and a final stop token cut off (as
+// OpenAI does); empty without a tokenizer.
+std::string openai_final_text(const Tokenizer* tok, const GenerateRequest& req,
+                              const SampleEvent& fin, const std::vector<TokenOutput>& out);
 
 }  // namespace miles::rollout
