@@ -70,6 +70,17 @@ TEST(Check, DenseModelAgreesBitForBitOnEveryGate) {
   EXPECT_NE(c.out.find("miles check: passed"), std::string::npos) << c.out;
 }
 
+// Another rollout batch size (other engine batches, other micro-batch splits): still exactly 0.
+TEST(Check, AnotherRolloutBatchSizeStillAgreesBitForBit) {
+  MILES_REQUIRE_SHARED();
+  Checked c = check("configs/ci_check.yaml", "batch2",
+                    "rollout.rollout_batch_size=2 trainer.global_batch_size=16 "
+                    "trainer.micro_batch_size=2 'check.layouts=[dp=2]'");
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  EXPECT_EQ((*gate(c.report, "logp_abs_diff_max"))["value"], 0.0);
+  EXPECT_EQ(c.report["samples"], 16);
+}
+
 TEST(Check, MoeModelReplaysEveryRoutedExpert) {
   MILES_REQUIRE_SHARED();
   Checked c = check("configs/ci_check_moe.yaml", "moe");
