@@ -5,19 +5,25 @@ speaks stories260K's 512-token llama2.c tokenizer (BOS 1, EOS 2 in both). `miles
 `miles run` need text for prompts and rewards; this gives the MoE path (R3 capture and replay) a
 model they can run end to end. Needs only numpy + safetensors (the light venv).
 
-    python3 scripts/make_moe_check_model.py
+    python3 scripts/make_moe_check_model.py [--data-dir tests/data]
+
+tests/reference/check_hf_goldens.sh runs it on the freshly regenerated goldens too, so the derived
+model stays equal to what transformers' qwen3_moe gives today.
 """
+import argparse
 import json
 import os
 import shutil
 
 from safetensors.numpy import load_file, save_file
 
-SRC = "tests/data/models/qwen3_moe"
-DST = "tests/data/models/qwen3_moe_v512"
-
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data-dir", default="tests/data")
+    args = ap.parse_args()
+    SRC = os.path.join(args.data_dir, "models", "qwen3_moe")
+    DST = os.path.join(args.data_dir, "models", "qwen3_moe_v512")
     w = load_file(os.path.join(SRC, "model.safetensors"))
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         w[name] = w[name][:512].copy()

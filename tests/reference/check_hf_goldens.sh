@@ -13,6 +13,9 @@ fi
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 "$py" "$root/scripts/make_goldens.py" --out "$out" >"$out/log.txt" 2>&1 || { cat "$out/log.txt"; exit 1; }
+# Models derived from the generated ones (scripts/make_moe_check_model.py).
+"$py" "$root/scripts/make_moe_check_model.py" --data-dir "$out" >>"$out/log.txt" 2>&1 ||
+  { cat "$out/log.txt"; exit 1; }
 status=0
 for f in "$root"/tests/data/goldens/*.safetensors "$root"/tests/data/models/*/*.safetensors \
          "$root"/tests/data/models/*/config.json; do
