@@ -48,7 +48,15 @@ Result<RolloutGroup> GroupRunner::run(int64_t position, const Prompt& prompt,
   req.seed = group_seed(cfg_.seed, position);
   req.stop = cfg_.stop;
   req.return_routed_experts = experts_;
-  MILES_ASSIGN_OR_RETURN(std::vector<GeneratedSample> gen, pool_.generate(req, cancel));
+  std::vector<GeneratedSample> gen;
+  if (cfg_.environment != "none") {
+    for (int32_t i = 0; i < req.n; ++i) {
+      MILES_ASSIGN_OR_RETURN(RolloutSample r, run_session(prompt, req.seed, i, cancel));
+      g.samples.push_back(std::move(r));
+    }
+  } else {
+    MILES_ASSIGN_OR_RETURN(gen, pool_.generate(req, cancel));
+  }
   for (GeneratedSample& s : gen) {
     RolloutSample r;
     r.index = s.index;
@@ -64,7 +72,7 @@ Result<RolloutGroup> GroupRunner::run(int64_t position, const Prompt& prompt,
   for (RolloutSample& s : g.samples) {
     std::vector<int32_t> ids;
     for (const TokenOutput& t : s.tokens) ids.push_back(t.id);
-    s.response = tok_.decode(ids);
+    if (s.trajectory.empty()) s.response = tok_.decode(ids);
     RewardInput in;
     in.prompt = prompt.text;
     in.response = s.response;

@@ -29,8 +29,17 @@ struct RolloutSample {
   std::string finish_reason;            // stop | length
   int64_t prompt_tokens = 0;            // as the engine counted them (TITO check)
   std::vector<int32_t> routed_experts;  // (prompt + response − 1, moe layers, top_k) or empty
-  std::string response;                 // decoded
+  std::string response;                 // decoded (multi-turn: the last model turn)
   RewardResult reward;
+  // Multi-turn (rollout.environment): the whole session record from `response_start` on — model
+  // turns (mask 1) and environment turns (mask 0) — replaces prompt + `tokens` for training;
+  // `tokens` then holds the generated tokens only (versions, lengths).
+  std::vector<int32_t> trajectory;     // the whole record, prompt first
+  std::vector<float> trajectory_mask;  // (trajectory − response_start)
+  std::vector<float> trajectory_logp;  // (trajectory − response_start), 0 where mask 0
+  int64_t response_start = 0;
+  int64_t turns = 1;
+  std::string append_error;     // why a tool result could not be appended (the episode ended there)
   int64_t min_version() const;  // oldest weight version among its tokens
 };
 
@@ -50,24 +59,32 @@ uint64_t group_seed(uint64_t seed, int64_t position);
 class GroupRunner {
  public:
   GroupRunner(EnginePool& pool, RewardModel& rewards, const Tokenizer& tokenizer,
-              const RolloutSection& rollout, bool want_routed_experts)
+              const RolloutSection& rollout, int64_t experts_per_token,
+              const ChatTemplate* chat = nullptr)
       : pool_(pool),
         rewards_(rewards),
         tok_(tokenizer),
         cfg_(rollout),
-        experts_(want_routed_experts) {}
+        experts_(experts_per_token > 0),
+        experts_per_token_(experts_per_token),
+        chat_(chat) {}
   // Thread-safe (rewards are scored one group at a time). Errors: cancelled, or no engine left.
   Result<RolloutGroup> run(int64_t position, const Prompt& prompt, const std::atomic<bool>& cancel);
 
  private:
   Status continue_aborted(const Prompt& prompt, uint64_t seed, RolloutGroup& g,
                           const std::atomic<bool>& cancel);
+  // rollout.environment calculator (agent_runner.cc): one TITO session per sample.
+  Result<RolloutSample> run_session(const Prompt& prompt, uint64_t seed, int32_t index,
+                                    const std::atomic<bool>& cancel);
   EnginePool& pool_;
   RewardModel& rewards_;
   std::mutex rewards_mu_;
   const Tokenizer& tok_;
   RolloutSection cfg_;
   bool experts_;
+  int64_t experts_per_token_ = 0;
+  const ChatTemplate* chat_ = nullptr;
 };
 
 }  // namespace miles::controller

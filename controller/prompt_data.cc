@@ -41,6 +41,7 @@ Result<PromptData> PromptData::load(const DataSection& data, const Tokenizer& to
         return Status::Error(where + "\"" + data.prompt_key +
                              "\" must be a string or an array of chat messages");
       }
+      p.messages = messages;
       RenderOptions ro;
       ro.add_generation_prompt = true;
       auto text = chat->render(messages, ro);

@@ -20,10 +20,11 @@
 namespace miles::controller {
 
 struct Prompt {
-  int64_t row = 0;           // 0-based line among the file's prompts
-  std::string text;          // as rendered (chat template applied when asked)
-  std::vector<int32_t> ids;  // what the engine is given
-  nlohmann::json label;      // null when the row has none
+  int64_t row = 0;                  // 0-based line among the file's prompts
+  std::string text;                 // as rendered (chat template applied when asked)
+  std::vector<int32_t> ids;         // what the engine is given
+  nlohmann::json label;             // null when the row has none
+  nlohmann::ordered_json messages;  // with apply_chat_template: the chat messages rendered
 };
 
 class PromptData {

@@ -149,8 +149,9 @@ Status RlJob::setup() {
       MetricsLog::open(cfg_.logging.run_dir + "/metrics.jsonl", cfg_.logging.progress,
                        cfg_.rollout.num_rollouts, cfg_.checkpoint.resume ? rollout_step_ : -1));
   MILES_RETURN_IF_ERROR(setup_engines());
+  const ModelConfig& mc = full->model_config();
   runner_ = std::make_unique<GroupRunner>(*engines_, *rewards_, *res_.tokenizer, cfg_.rollout,
-                                          full->model_config().num_moe_layers() > 0);
+                                          mc.num_moe_layers() * mc.moe.top_k, res_.chat.get());
   return Status::Ok();
 }
 

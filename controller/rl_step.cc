@@ -58,7 +58,9 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
   double rsum = 0, rsq = 0, len_sum = 0, len_max = 0, truncated = 0, errors = 0;
   double stale_sum = 0, stale_max = 0;
   std::map<std::string, double> parts;
-  int64_t samples = 0, tokens = 0, continuations = 0, multi_version = 0;
+  int64_t samples = 0, tokens = 0, continuations = 0, multi_version = 0, multi_turn = 0;
+  double turns_sum = 0;
+  int64_t append_errors = 0;
   for (const RolloutGroup& g : groups) {
     continuations += g.continuations;
     for (const RolloutSample& s : g.samples) {
@@ -75,6 +77,9 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
       int64_t vmax = s.min_version();
       for (const TokenOutput& t : s.tokens) vmax = std::max(vmax, t.weight_version);
       multi_version += vmax != s.min_version();  // a partial rollout across a weight update
+      multi_turn += s.turns > 1;
+      append_errors += !s.append_error.empty();
+      turns_sum += static_cast<double>(s.turns);
       const double stale = static_cast<double>(version_before - s.min_version());
       stale_sum += stale;
       stale_max = std::max(stale_max, stale);
@@ -107,6 +112,9 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
             {"filled_with_filtered", timing.filled_with_filtered},
             {"continued_samples", continuations},
             {"multi_version_samples", multi_version},
+            {"multi_turn_samples", multi_turn},
+            {"turns_mean", turns_sum / n},
+            {"session_append_errors", append_errors},
             {"loss", trained.loss},
             {"grad_norm", trained.grad_norm},
             {"lr", trained.lr},

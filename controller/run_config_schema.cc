@@ -15,8 +15,8 @@ namespace miles::run_config_internal {
 
 std::span<const std::string_view> section_names() {
   static constexpr std::array<std::string_view, 13> kNames = {
-      "model",   "rollout",     "trainer", "parallel",   "algorithm", "data",      "rewards",
-      "weight_sync", "async", "checkpoint", "logging", "controller", "check"};
+      "model",       "rollout", "trainer",    "parallel", "algorithm",  "data", "rewards",
+      "weight_sync", "async",   "checkpoint", "logging",  "controller", "check"};
   return kNames;
 }
 
@@ -47,6 +47,8 @@ std::vector<Section> sections_of(RunConfig& c) {
         {"top_k", &r.top_k},
         {"stop", &r.stop},
         {"seed", &r.seed},
+        {"environment", &r.environment},
+        {"max_turns", &r.max_turns},
         {"num_engines", &r.num_engines},
         {"engines", &r.engines},
         {"engine_threads", &r.engine_threads},

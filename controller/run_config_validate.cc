@@ -143,6 +143,12 @@ void check_rollout(const RunConfig& c, Checker& check) {
   check.positive("rollout.n_samples_per_prompt", r.n_samples_per_prompt);
   check.at_least<int64_t>("rollout.over_sampling_batch_size", r.over_sampling_batch_size, 0);
   check.positive("rollout.max_new_tokens", r.max_new_tokens);
+  check.one_of("rollout.environment", r.environment, {"none", "calculator"});
+  check.positive("rollout.max_turns", r.max_turns);
+  if (r.environment != "none" && !c.data.apply_chat_template)
+    check.fail({"rollout.environment", "data.apply_chat_template"},
+               "rollout.environment: " + r.environment +
+                   " runs chat sessions; it needs data.apply_chat_template: true");
   check.at_least("rollout.temperature", r.temperature, 0.0);
   if (!(r.top_p > 0 && r.top_p <= 1)) {
     check.fail("rollout.top_p", "must be in (0, 1], got " + str(r.top_p));

@@ -85,15 +85,23 @@ Result<TrainBatch> make_train_batch(const std::vector<RolloutGroup>& groups,
         return Status::Error("prompt row " + std::to_string(g.prompt->row) + " sample " +
                              std::to_string(s.index) + " has no response token");
       TrainSample t;
-      t.tokens = g.prompt->ids;
       RlSampleData d;
-      for (const TokenOutput& tok : s.tokens) {
-        t.tokens.push_back(tok.id);
-        d.old_logp.push_back(tok.raw_logprob);
+      if (!s.trajectory.empty()) {
+        // A multi-turn session: the exact record; environment turns carry mask 0.
+        t.tokens = s.trajectory;
+        t.response_length = static_cast<int64_t>(s.trajectory.size()) - s.response_start;
+        t.loss_mask = s.trajectory_mask;
+        d.old_logp = s.trajectory_logp;
+      } else {
+        t.tokens = g.prompt->ids;
+        for (const TokenOutput& tok : s.tokens) {
+          t.tokens.push_back(tok.id);
+          d.old_logp.push_back(tok.raw_logprob);
+        }
+        t.response_length = static_cast<int64_t>(s.tokens.size());
+        t.loss_mask.assign(s.tokens.size(), 1.0f);
       }
       d.rollout_logp = d.old_logp;
-      t.response_length = static_cast<int64_t>(s.tokens.size());
-      t.loss_mask.assign(s.tokens.size(), 1.0f);
       t.routed_experts = s.routed_experts;
       mask.insert(mask.end(), t.loss_mask.begin(), t.loss_mask.end());
       offsets.push_back(offsets.back() + t.response_length);

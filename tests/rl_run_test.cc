@@ -417,3 +417,29 @@ TEST(RlRun, CommandRewardWithOverSamplingAndZeroVarianceFilter) {
 
 }  // namespace
 }  // namespace miles
+
+namespace miles {
+namespace {
+
+// Agentic: SmolLM2 in calculator sessions. Samples whose turn contained a tool call continue after
+// the tool message; the trainer consumes the exact session record (tool turns masked out) and its
+// logprobs equal the engines' on every policy token, across turns.
+TEST(RlRun, CalculatorSessionsTrainOnTheExactMultiTurnRecord) {
+  if (!fs::exists(test::source_dir() + "/models/smollm2-135m-instruct/model.safetensors"))
+    GTEST_SKIP() << "SmolLM2-135M-Instruct not installed (scripts/get_models.sh)";
+  const std::string dir = temp_dir("calculator");
+  auto r = run_here("configs/smollm2_calculator.yaml --run-dir " + dir +
+                    " rollout.num_rollouts=1 rollout.max_new_tokens=40 logging.progress=none");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto m = metrics(dir);
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0]["samples"], 16);
+  EXPECT_GT(m[0]["multi_turn_samples"].get<int64_t>(), 0) << m[0].dump();
+  EXPECT_EQ(m[0]["session_append_errors"], 0) << m[0].dump();
+  EXPECT_EQ(m[0]["logp_abs_diff_max"], 0.0) << m[0].dump();
+  EXPECT_EQ(m[0]["ppo_kl"], 0.0);
+  EXPECT_EQ(m[0]["clipfrac"], 0.0);
+}
+
+}  // namespace
+}  // namespace miles
