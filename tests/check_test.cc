@@ -28,15 +28,9 @@ Checked check(const std::string& config, const std::string& name, const std::str
       (fs::temp_directory_path() / ("miles_check_" + name + "_" + std::to_string(getpid())))
           .string();
   fs::remove_all(dir);
-  const std::string cmd = "cd '" + test::source_dir() + "' && " + test::miles_binary() + " check " +
-                          config + " --run-dir " + dir + " " + extra + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  Checked c{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, json()};
+  const test::CliRun r =
+      test::run_miles_in_source("check " + config + " --run-dir " + dir + " " + extra);
+  Checked c{r.exit_code, r.out, json()};
   std::ifstream in(dir + "/check.json");
   if (in) c.report = json::parse(in, nullptr, false);
   return c;

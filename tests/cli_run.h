@@ -19,8 +19,8 @@ struct CliRun {
 
 inline std::string miles_binary() { return binary_dir() + "/bin/miles"; }
 
-inline CliRun run_miles(const std::string& args, bool with_stderr = true) {
-  const std::string cmd = miles_binary() + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+// A shell command line: exit code and output (as the command redirects it).
+inline CliRun run_shell(const std::string& cmd) {
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
@@ -28,6 +28,16 @@ inline CliRun run_miles(const std::string& args, bool with_stderr = true) {
   while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+inline CliRun run_miles(const std::string& args, bool with_stderr = true) {
+  return run_shell(miles_binary() + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null"));
+}
+
+// `miles ARGS` (stderr included) from the source directory: the configs/ files use paths
+// relative to it.
+inline CliRun run_miles_in_source(const std::string& args) {
+  return run_shell("cd '" + source_dir() + "' && " + miles_binary() + " " + args + " 2>&1");
 }
 
 }  // namespace miles::test

@@ -40,16 +40,7 @@ std::string temp_dir(const std::string& name) {
 // `miles run ARGS` from the source directory (configs use paths relative to it).
 test::CliRun run(const std::string& args) { return test::run_miles("run " + args); }
 std::string cd_source() { return "cd '" + test::source_dir() + "' && "; }
-test::CliRun run_here(const std::string& args) {
-  const std::string cmd = cd_source() + test::miles_binary() + " run " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+test::CliRun run_here(const std::string& args) { return test::run_miles_in_source("run " + args); }
 
 std::vector<json> metrics(const std::string& run_dir) {
   std::vector<json> out;
