@@ -40,6 +40,10 @@ struct RolloutSection {
   int64_t top_k = 0;
   std::vector<std::string> stop;       // stop strings
   uint64_t seed = 1;                   // sample seeds derive from (seed, rollout step, prompt, n)
+  // Multi-turn: `calculator` runs each sample as a TITO session (chat template required) in which
+  // tool calls in the model's text get a tool message with the result, up to max_turns model turns.
+  std::string environment = "none";    // none | calculator
+  int64_t max_turns = 4;
   // Engines: `num_engines` started by the controller (`miles serve` processes on this machine),
   // plus any listed in `engines` ("host:http_port/grpc_port") or registering themselves with
   // `miles serve --controller HOST:PORT`.
