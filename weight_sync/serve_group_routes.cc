@@ -22,14 +22,6 @@ Result<Communicator*> WeightGroupJoin::wait() {
 
 namespace {
 
-void reply(httplib::Response& res, int status, const json& j) {
-  res.status = status;
-  res.set_content(j.dump(), "application/json");
-}
-void reply_error(httplib::Response& res, int status, const std::string& message) {
-  reply(res, status, json{{"success", false}, {"message", message}});
-}
-
 bool has(const json& body, const char* key, json::value_t type) {
   if (!body.contains(key)) return false;
   const json& v = body[key];
@@ -75,13 +67,13 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
   s.Post("/join_weight_group", [st](const httplib::Request& req, httplib::Response& res) {
     const json body = json::parse(req.body, nullptr, false);
     auto o = join_options(body);
-    if (!o.ok()) return reply_error(res, 400, o.message());
+    if (!o.ok()) return reply_failure(res, 400, o.message());
     const std::string digest = body.value("plan_digest", std::string());
     if (!digest.empty() && digest != st->plan_digest)
-      return reply_error(res, 400,
-                         "join_weight_group: the sender's transfer plan (" + digest +
-                             ") is not this engine's (" + st->plan_digest +
-                             "): another model or parameter layout");
+      return reply_failure(res, 400,
+                           "join_weight_group: the sender's transfer plan (" + digest +
+                               ") is not this engine's (" + st->plan_digest +
+                               "): another model or parameter layout");
     auto g = std::make_shared<WeightGroupJoin>();
     g->prefix = o->prefix;
     g->timeout = o->timeout;
@@ -109,51 +101,52 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
                            *finished = true;
                          }),
                          finished});
-    reply(res, 200, json{{"success", true}, {"prefix", g->prefix}});
+    reply_json(res, 200, json{{"success", true}, {"prefix", g->prefix}});
   });
 
-  s.Post("/update_weights_from_group", [st, &driver](const httplib::Request& req,
-                                                     httplib::Response& res) {
-    const json body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded() || !body.is_object() ||
-        !has(body, "weight_version", json::value_t::number_integer))
-      return reply_error(res, 400, "update_weights_from_group needs {\"weight_version\": integer}");
-    const int64_t v = body["weight_version"].get<int64_t>();
-    std::shared_ptr<WeightGroupJoin> g;
-    {
-      std::lock_guard<std::mutex> lock(st->group_mu);
-      g = st->group;
-    }
-    if (!g)
-      return reply_error(res, 400,
-                         "update_weights_from_group: this engine is in no weight group "
-                         "(POST /join_weight_group first)");
-    auto comm = g->wait();  // before taking the update lock: checksums stay readable
-    if (!comm.ok()) {
-      st->drop_group(g);
-      return reply_error(res, 400, comm.message());
-    }
-    std::lock_guard<std::mutex> lock(st->mu);
-    // Every member must take part in the transfer, even one that will refuse to swap.
-    auto got = make_broadcast_receiver(**comm, st->plan)->receive(v);
-    if (!got.ok()) {
-      st->drop_group(g);
-      return reply_error(res, 400,
-                         got.status().with_context("weight group " + g->prefix).message());
-    }
-    // Already serving exactly these weights (e.g. brought to v over disk-delta just before):
-    // nothing to swap.
-    if (st->version == v && st->checksums == got->checksums)
-      return reply(res, 200, json{{"success", true}, {"weight_version", v}});
-    std::string error;
-    if (int code = st->apply(driver, *got, &error); code != 200) {
-      st->drop_group(g);
-      return reply_error(res, code, error);
-    }
-    // A disk-delta receiver's copy is older than the engine now: load afresh if needed.
-    st->receivers.clear();
-    reply(res, 200, json{{"success", true}, {"weight_version", v}});
-  });
+  s.Post("/update_weights_from_group",
+         [st, &driver](const httplib::Request& req, httplib::Response& res) {
+           const json body = json::parse(req.body, nullptr, false);
+           if (body.is_discarded() || !body.is_object() ||
+               !has(body, "weight_version", json::value_t::number_integer))
+             return reply_failure(res, 400,
+                                  "update_weights_from_group needs {\"weight_version\": integer}");
+           const int64_t v = body["weight_version"].get<int64_t>();
+           std::shared_ptr<WeightGroupJoin> g;
+           {
+             std::lock_guard<std::mutex> lock(st->group_mu);
+             g = st->group;
+           }
+           if (!g)
+             return reply_failure(res, 400,
+                                  "update_weights_from_group: this engine is in no weight group "
+                                  "(POST /join_weight_group first)");
+           auto comm = g->wait();  // before taking the update lock: checksums stay readable
+           if (!comm.ok()) {
+             st->drop_group(g);
+             return reply_failure(res, 400, comm.message());
+           }
+           std::lock_guard<std::mutex> lock(st->mu);
+           // Every member must take part in the transfer, even one that will refuse to swap.
+           auto got = make_broadcast_receiver(**comm, st->plan)->receive(v);
+           if (!got.ok()) {
+             st->drop_group(g);
+             return reply_failure(res, 400,
+                                  got.status().with_context("weight group " + g->prefix).message());
+           }
+           // Already serving exactly these weights (e.g. brought to v over disk-delta just before):
+           // nothing to swap.
+           if (st->version == v && st->checksums == got->checksums)
+             return reply_json(res, 200, json{{"success", true}, {"weight_version", v}});
+           std::string error;
+           if (int code = st->apply(driver, *got, &error); code != 200) {
+             st->drop_group(g);
+             return reply_failure(res, code, error);
+           }
+           // A disk-delta receiver's copy is older than the engine now: load afresh if needed.
+           st->receivers.clear();
+           reply_json(res, 200, json{{"success", true}, {"weight_version", v}});
+         });
 }
 
 }  // namespace miles

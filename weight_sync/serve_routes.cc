@@ -53,18 +53,6 @@ void WeightSyncRoutes::drop_group(const std::shared_ptr<WeightGroupJoin>& g) {
   if (group == g) group.reset();
 }
 
-namespace {
-
-void reply(httplib::Response& res, int status, const json& j) {
-  res.status = status;
-  res.set_content(j.dump(), "application/json");
-}
-void reply_error(httplib::Response& res, int status, const std::string& message) {
-  reply(res, status, json{{"success", false}, {"message", message}});
-}
-
-}  // namespace
-
 std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(httplib::Server& s,
                                                               rollout::EngineDriver& driver,
                                                               const ModelConfig& config,
@@ -86,9 +74,9 @@ std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(httplib::Server& s
            if (body.is_discarded() || !body.is_object() || !body.contains("dir") ||
                !body["dir"].is_string() || !body.contains("weight_version") ||
                !body["weight_version"].is_number_integer())
-             return reply_error(res, 400,
-                                "update_weights_from_disk_delta needs {\"dir\": string, "
-                                "\"weight_version\": integer}");
+             return reply_failure(res, 400,
+                                  "update_weights_from_disk_delta needs {\"dir\": string, "
+                                  "\"weight_version\": integer}");
            const std::string dir = body["dir"].get<std::string>();
            const int64_t v = body["weight_version"].get<int64_t>();
            std::lock_guard<std::mutex> lock(st->mu);
@@ -97,29 +85,29 @@ std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(httplib::Server& s
            auto got = rx->receive(v);
            if (!got.ok()) {
              st->receivers.erase(dir);  // start over from the latest full version next time
-             return reply_error(res, 400, got.message());
+             return reply_failure(res, 400, got.message());
            }
            std::string error;
            if (int code = st->apply(driver, *got, &error); code != 200) {
              st->receivers.erase(dir);
-             return reply_error(res, code, error);
+             return reply_failure(res, code, error);
            }
-           reply(res, 200, json{{"success", true}, {"weight_version", v}});
+           reply_json(res, 200, json{{"success", true}, {"weight_version", v}});
          });
 
   s.Get("/weight_checksums", [st](const httplib::Request&, httplib::Response& res) {
     std::lock_guard<std::mutex> lock(st->mu);
-    if (Status e = st->initial_checksums(); !e.ok()) return reply_error(res, 500, e.message());
-    reply(res, 200, json{{"weight_version", st->version}, {"checksums", st->checksums}});
+    if (Status e = st->initial_checksums(); !e.ok()) return reply_failure(res, 500, e.message());
+    reply_json(res, 200, json{{"weight_version", st->version}, {"checksums", st->checksums}});
   });
 
   s.Post("/check_weights", [st](const httplib::Request& req, httplib::Response& res) {
     const json body = json::parse(req.body, nullptr, false);
     if (body.is_discarded() || !body.is_object() || !body.contains("checksums") ||
         !body["checksums"].is_object())
-      return reply_error(res, 400, "check_weights needs {\"checksums\": {name: xxh3-128 hex}}");
+      return reply_failure(res, 400, "check_weights needs {\"checksums\": {name: xxh3-128 hex}}");
     std::lock_guard<std::mutex> lock(st->mu);
-    if (Status e = st->initial_checksums(); !e.ok()) return reply_error(res, 500, e.message());
+    if (Status e = st->initial_checksums(); !e.ok()) return reply_failure(res, 500, e.message());
     std::vector<std::string> bad;
     for (const auto& [name, sum] : st->checksums) {
       auto it = body["checksums"].find(name);
@@ -130,8 +118,8 @@ std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(httplib::Server& s
       if (!st->checksums.count(it.key())) bad.push_back(it.key());
     std::string msg = bad.empty() ? "all " + std::to_string(st->checksums.size()) + " tensors match"
                                   : std::to_string(bad.size()) + " tensors differ, e.g. " + bad[0];
-    reply(res, 200,
-          json{{"success", bad.empty()}, {"weight_version", st->version}, {"message", msg}});
+    reply_json(res, 200,
+               json{{"success", bad.empty()}, {"weight_version", st->version}, {"message", msg}});
   });
   return st;
 }

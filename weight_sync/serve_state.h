@@ -2,12 +2,15 @@
 // and checksum handlers (serve_routes.cc) and the broadcast-group handlers (serve_group_routes.cc).
 #pragma once
 
+#include <httplib.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,13 +21,18 @@
 #include "miles/weight_sync.h"
 #include "rollout/engine_driver.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace miles {
 
 class ThreadPool;
+
+// Replies of the weight-sync endpoints: JSON, errors as SGLang's {"success": false, "message"}.
+inline void reply_json(httplib::Response& res, int status, const nlohmann::json& j) {
+  res.status = status;
+  res.set_content(j.dump(), "application/json");
+}
+inline void reply_failure(httplib::Response& res, int status, const std::string& message) {
+  reply_json(res, status, nlohmann::json{{"success", false}, {"message", message}});
+}
 
 // A weight group this engine was asked to join (POST /join_weight_group). connect_gloo blocks until
 // every member has joined, so it runs on a thread of its own; an update waits for it.
