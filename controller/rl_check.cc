@@ -183,7 +183,8 @@ Result<json> RlJob::check() {
     }
   }
 
-  // 7. The same step on other trainer layouts: the gradient norm.
+  // 7. The same step on other trainer layouts: every rank's logprobs against the engine's (the
+  //    same limit as above) and the gradient norm.
   for (size_t k = 0; k < q.layouts.size(); ++k) {
     auto layout = ParallelLayout::parse(q.layouts[k]);
     RunConfig c2 = cfg_;
@@ -192,7 +193,7 @@ Result<json> RlJob::check() {
     c2.parallel.tp = layout->tp();
     const std::string path = cfg_.logging.run_dir + "/check_layout_" + std::to_string(k) + ".yaml";
     std::ofstream(path) << run_config_to_yaml(c2);
-    Result<double> g = [&]() -> Result<double> {
+    Result<TrainOutcome> g = [&]() -> Result<TrainOutcome> {
       MILES_RETURN_IF_ERROR(validate_run_config(c2));
       std::unique_ptr<TrainerWorkers> workers;
       const int world = static_cast<int>(c2.parallel.dp * c2.parallel.pp * c2.parallel.tp);
@@ -205,16 +206,30 @@ Result<json> RlJob::check() {
           TrainerRank::create(c2, 0, world, workers ? workers->store_address() : "", &st));
       MILES_ASSIGN_OR_RETURN(TrainOutcome o, rank->train(b.samples, b.data));
       MILES_RETURN_IF_ERROR(rank->stop());
-      return o.grad_norm;
+      return o;
     }();
     const std::string name = "grad_norm_" + q.layouts[k];
     if (!g.ok()) {
       gates.fail(name, g.message());
       continue;
     }
-    const double rel = std::fabs(*g - trained.grad_norm) / std::max(trained.grad_norm, 1e-30);
-    gates.add(name + "_rel_diff", rel, "<=", q.grad_norm_rel_tol,
-              "grad norm " + std::to_string(*g) + " vs " + std::to_string(trained.grad_norm));
+    const auto sum = [&](const char* key) {
+      auto it = g->sums.find(key);
+      return it == g->sums.end() ? 0.0 : it->second;
+    };
+    const double tokens = sum("mismatch_tokens");
+    gates.add("logp_over_limit_" + q.layouts[k], sum("mismatch_over_limit"), "==", 0,
+              "tokens (over all ranks) with |trainer logp − engine logp| > " +
+                  std::to_string(q.max_logp_abs_diff) + "; mean |Δ| " +
+                  std::to_string(tokens > 0 ? sum("mismatch_abs_sum") / tokens : 0.0) +
+                  ", nonzero " + std::to_string(static_cast<int64_t>(sum("mismatch_nonzero"))) +
+                  " of " + std::to_string(static_cast<int64_t>(tokens)));
+    const double rel =
+        std::fabs(g->grad_norm - trained.grad_norm) / std::max(trained.grad_norm, 1e-30);
+    gates.add(name + "_rel_diff", rel, "<=",
+              layout->tp() > 1 ? q.grad_norm_rel_tol_tp : q.grad_norm_rel_tol,
+              "grad norm " + std::to_string(g->grad_norm) + " vs " +
+                  std::to_string(trained.grad_norm));
   }
 
   report["gates"] = gates.list;

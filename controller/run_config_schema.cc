@@ -126,6 +126,7 @@ std::vector<Section> sections_of(RunConfig& c) {
         {"max_clipfrac", &q.max_clipfrac},
         {"layouts", &q.layouts},
         {"grad_norm_rel_tol", &q.grad_norm_rel_tol},
+        {"grad_norm_rel_tol_tp", &q.grad_norm_rel_tol_tp},
         {"report", &q.report}}},
   };
 }

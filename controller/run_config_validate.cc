@@ -286,6 +286,7 @@ void check_gate(const RunConfig& c, Checker& check) {
   check.at_least("check.max_ppo_kl", q.max_ppo_kl, 0.0);
   check.at_least("check.max_clipfrac", q.max_clipfrac, 0.0);
   check.at_least("check.grad_norm_rel_tol", q.grad_norm_rel_tol, 0.0);
+  check.at_least("check.grad_norm_rel_tol_tp", q.grad_norm_rel_tol_tp, 0.0);
   if (!(q.min_ess > 0 && q.min_ess <= 1))
     check.fail({"check.min_ess"}, "check.min_ess: must be in (0, 1], got " + str(q.min_ess));
   if (!(q.min_r3_agreement >= 0 && q.min_r3_agreement <= 1))

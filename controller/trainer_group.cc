@@ -37,12 +37,14 @@ Result<TrainerConfig> trainer_config(const RunConfig& cfg) {
   return tc;
 }
 
-// Adds |trainer logp − engine logp| sums (reduced over ranks with the other metric sums) and keeps
-// this rank's max.
+// Adds |trainer logp − engine logp| sums (reduced over ranks with the other metric sums: the count
+// above `limit` — check.max_logp_abs_diff — is zero exactly when every rank's max is within it) and
+// keeps this rank's max.
 TokenObjective with_mismatch(TokenObjective base, std::span<const TrainSample> samples,
-                             std::span<const RlSampleData> data, double* max) {
-  return [base = std::move(base), samples, data, max](const TokenView& v) -> Result<TokenLoss> {
-    double sum = 0, nonzero = 0, count = 0;
+                             std::span<const RlSampleData> data, double limit, double* max) {
+  return [base = std::move(base), samples, data, limit,
+          max](const TokenView& v) -> Result<TokenLoss> {
+    double sum = 0, nonzero = 0, count = 0, over = 0;
     for (size_t s = 0; s < v.samples.size(); ++s) {
       const std::vector<float>& r = data[v.samples[s]].rollout_logp;
       const std::vector<float>& mask = samples[v.samples[s]].loss_mask;
@@ -51,6 +53,7 @@ TokenObjective with_mismatch(TokenObjective base, std::span<const TrainSample> s
         const double d = std::fabs(static_cast<double>(v.logp[j]) - r[j - v.offsets[s]]);
         sum += d;
         nonzero += d != 0;
+        over += d > limit;
         count += 1;
         *max = std::max(*max, d);
       }
@@ -59,6 +62,7 @@ TokenObjective with_mismatch(TokenObjective base, std::span<const TrainSample> s
     loss.sums["mismatch_abs_sum"] += sum;
     loss.sums["mismatch_nonzero"] += nonzero;
     loss.sums["mismatch_tokens"] += count;
+    loss.sums["mismatch_over_limit"] += over;
     return loss;
   };
 }
@@ -122,7 +126,8 @@ Result<TrainOutcome> TrainerRank::run_steps(const std::vector<TrainSample>& samp
     std::span<const TrainSample> s(samples.data() + k * gbs, gbs);
     std::span<const RlSampleData> d(data.data() + k * gbs, gbs);
     MILES_ASSIGN_OR_RETURN(TokenObjective obj, rl_objective(s, d, lc));
-    if (k == 0) obj = with_mismatch(std::move(obj), s, d, &out.mismatch_max);
+    if (k == 0)
+      obj = with_mismatch(std::move(obj), s, d, cfg_.check.max_logp_abs_diff, &out.mismatch_max);
     MILES_ASSIGN_OR_RETURN(StepResult r, trainer_->step(s, obj, comms));
     for (const auto& [name, v] : r.sums) out.sums[name] += v;
     out.loss += r.loss / static_cast<double>(steps);

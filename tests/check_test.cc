@@ -51,13 +51,18 @@ TEST(Check, DenseModelAgreesBitForBitOnEveryGate) {
   for (const char* g :
        {"tito_token_mismatches", "logp_abs_diff_max", "rollout_kl", "ess", "step0_ppo_kl_abs",
         "step0_clipfrac", "weight_checksum_mismatches", "grad_norm_dp=2_rel_diff",
-        "grad_norm_pp=2_rel_diff", "grad_norm_dp=2,pp=2_rel_diff"}) {
+        "grad_norm_pp=2_rel_diff", "grad_norm_dp=2,pp=2_rel_diff", "grad_norm_tp=2_rel_diff",
+        "grad_norm_pp=2,tp=2_rel_diff", "logp_over_limit_dp=2", "logp_over_limit_pp=2",
+        "logp_over_limit_dp=2,pp=2", "logp_over_limit_tp=2", "logp_over_limit_pp=2,tp=2"}) {
     const json* x = gate(c.report, g);
     ASSERT_NE(x, nullptr) << g;
     EXPECT_TRUE((*x)["passed"].get<bool>()) << x->dump();
   }
   EXPECT_EQ((*gate(c.report, "logp_abs_diff_max"))["value"], 0.0);
   EXPECT_EQ((*gate(c.report, "grad_norm_dp=2_rel_diff"))["value"], 0.0);
+  // Tensor parallel: every rank's logprobs equal the engine's (limit 0), gradients within 1e-6.
+  EXPECT_EQ((*gate(c.report, "logp_over_limit_tp=2"))["value"], 0.0);
+  EXPECT_LE((*gate(c.report, "grad_norm_tp=2_rel_diff"))["value"].get<double>(), 1e-6);
   EXPECT_GT(c.report["grad_norm"].get<double>(), 0.0);  // the gradients compared are not zero
   // Every token in the exact-zero bin of the histogram.
   EXPECT_EQ(c.report["logp_abs_diff_histogram"]["tokens"][0], c.report["tokens"]);
@@ -85,13 +90,16 @@ TEST(Check, MoeModelReplaysEveryRoutedExpert) {
   EXPECT_TRUE(c.report.contains("r3_agreement_replay_off"));
   EXPECT_EQ((*gate(c.report, "routed_experts_shape_mismatches"))["value"], 0.0);
   EXPECT_EQ((*gate(c.report, "logp_abs_diff_max"))["value"], 0.0);
+  EXPECT_EQ((*gate(c.report, "logp_over_limit_tp=2"))["value"], 0.0);  // experts split over ranks
   EXPECT_GT(c.report["grad_norm"].get<double>(), 0.0);
 }
 
 TEST(Check, AGateThatDoesNotHoldFailsTheCommand) {
   MILES_REQUIRE_SHARED();
-  // Tensor parallelism is within 1e-6, not bitwise: at tolerance 0 its gate fails.
-  Checked strict = check("configs/ci_check.yaml", "tp_strict", "'check.layouts=[tp=2]'");
+  // Tensor-parallel gradients are within 1e-6, not bitwise: at tolerance 0 the grad-norm gate fails
+  // (its logprobs still pass: the forward is bitwise).
+  Checked strict = check("configs/ci_check.yaml", "tp_strict",
+                         "'check.layouts=[tp=2]' check.grad_norm_rel_tol_tp=0");
   EXPECT_EQ(strict.exit_code, 1) << strict.out;
   const json* tp = gate(strict.report, "grad_norm_tp=2_rel_diff");
   ASSERT_NE(tp, nullptr) << strict.out;
@@ -99,8 +107,11 @@ TEST(Check, AGateThatDoesNotHoldFailsTheCommand) {
   EXPECT_GT((*tp)["value"].get<double>(), 0.0);
   EXPECT_LT((*tp)["value"].get<double>(), 1e-5);
   EXPECT_NE(strict.out.find("FAIL"), std::string::npos);
+  const json* logp = gate(strict.report, "logp_over_limit_tp=2");
+  ASSERT_NE(logp, nullptr) << strict.out;
+  EXPECT_TRUE((*logp)["passed"].get<bool>()) << logp->dump();
   Checked loose = check("configs/ci_check.yaml", "tp_loose",
-                        "'check.layouts=[tp=2]' check.grad_norm_rel_tol=1e-5");
+                        "'check.layouts=[tp=2]' check.grad_norm_rel_tol_tp=1e-5");
   EXPECT_EQ(loose.exit_code, 0) << loose.out;
 }
 

@@ -3,11 +3,13 @@
 // thread count gives identical bits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "miles/comm.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
 
@@ -48,6 +50,54 @@ TEST(Gemm, MatchesReferenceDotBitwiseOnEveryIsa) {
                 << "isa " << isa_name(isa) << " m=" << i << " n=" << j << " k=" << k;
           }
       }
+    }
+  }
+}
+
+TEST(Gemm, ChunkRuleGivesEqualChunksWhoseCountSplitsOverTwoFourEight) {
+  EXPECT_EQ(gemm_chunk(2048), 128);  // 16 chunks
+  EXPECT_EQ(gemm_chunk(1024), 128);  // 8
+  EXPECT_EQ(gemm_chunk(576), 72);    // 8 (SmolLM2's hidden size)
+  EXPECT_EQ(gemm_chunk(1536), 96);   // 16 (SmolLM2's intermediate size)
+  EXPECT_EQ(gemm_chunk(172), 43);    // 4 (stories260K's hidden_dim: 172 = 4 × 43)
+  EXPECT_EQ(gemm_chunk(64), 8);      // 8
+  EXPECT_EQ(gemm_chunk(1), 128);     // one chunk
+  EXPECT_EQ(gemm_chunk(151936), 128);  // no equal split: 1187 chunks, the last one shorter
+  for (int64_t k = 1; k <= 5000; ++k) {
+    const int64_t c = gemm_chunk(k);
+    ASSERT_GE(c, 1);
+    ASSERT_LE(c, kGemmChunk) << k;
+  }
+}
+
+// A row-parallel product split over tp ranks on chunk boundaries: each rank's GEMM over its K slice
+// with the full product's chunk, the partials summed by the halving tree over ranks, equals the
+// single-process GEMM bit for bit (what tensor-parallel o_proj / down_proj rely on).
+TEST(Gemm, RowParallelShardsWithTheFullChunkSumToTheSingleProcessBits) {
+  struct Case {
+    int64_t k;
+    std::vector<int> tps;
+  } cases[] = {{576, {2, 4, 8}}, {172, {2, 4}}, {64, {2, 4, 8}}, {1536, {2, 4, 8}}, {2048, {2, 8}}};
+  const int64_t m = 5, n = 40;
+  for (const Case& c : cases) {
+    const int64_t k = c.k;
+    auto x = random_vec(m * k, 21 + k), w = random_vec(n * k, 22 + k);
+    std::vector<float> full(m * n);
+    gemm(x.data(), m, k, PackedMatrix::pack_f32(w.data(), n, k), full.data(), n, nullptr);
+    for (int tp : c.tps) {
+      const int64_t kl = k / tp;
+      std::vector<float> partials(tp * m * n);
+      for (int r = 0; r < tp; ++r) {
+        std::vector<float> ws(n * kl);
+        for (int64_t j = 0; j < n; ++j)
+          std::copy_n(w.data() + j * k + r * kl, kl, ws.data() + j * kl);
+        PackedMatrix shard = PackedMatrix::pack_f32(ws.data(), n, kl);
+        shard.set_chunk(gemm_chunk(k));
+        gemm(x.data() + r * kl, m, k, shard, partials.data() + r * m * n, n, nullptr);
+      }
+      std::vector<float> summed(m * n);
+      halving_tree_sum(partials.data(), tp, m * n, summed.data());  // the TP all-reduce's sum
+      EXPECT_TRUE(same_bits(summed.data(), full.data(), m * n)) << "k=" << k << " tp=" << tp;
     }
   }
 }

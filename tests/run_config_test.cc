@@ -153,6 +153,7 @@ TEST(RunConfig, FullConfigSetsEveryField) {
   EXPECT_EQ(c->check.max_clipfrac, 1e-10);
   EXPECT_EQ(c->check.layouts, (std::vector<std::string>{"dp=2", "pp=2,tp=2"}));
   EXPECT_EQ(c->check.grad_norm_rel_tol, 0.03);
+  EXPECT_EQ(c->check.grad_norm_rel_tol_tp, 0.05);
   EXPECT_EQ(c->check.report, "/reports/check.json");
 }
 

@@ -6,11 +6,13 @@
 // alone and inside a batch of 64 gives identical bits (tests/kernels_test.cc proves it per kernel).
 //
 // The numerics contract (docs/architecture.md, "Numerics"):
-//  * dot products over K (GEMM): K is cut into chunks of kGemmChunk; inside a chunk the products are
-//    accumulated with fma in ascending k from 0; chunk partials are combined by a balanced halving tree
-//    (split [lo, hi) at lo + ceil((hi - lo) / 2)), so a tensor-parallel split of K into a power-of-two
-//    number of equal parts falls on subtree boundaries.
-//  * row reductions (RMSNorm sum of squares, softmax sums): the same chunked rule with fma / add.
+//  * dot products over K (GEMM): K is cut into equal chunks of gemm_chunk(K) (at most kGemmChunk);
+//    inside a chunk the products are accumulated with fma in ascending k from 0; chunk partials are
+//    combined by a balanced halving tree (split [lo, hi) at lo + ceil((hi - lo) / 2)). The chunk count
+//    is a multiple of 8 (else 4, else 2) where K allows, so a tensor-parallel split of K into 2, 4 or 8
+//    equal parts falls on subtree boundaries and the ranks' partials, summed by the same tree over
+//    ranks, give the single-process bits.
+//  * row reductions (RMSNorm sum of squares, softmax sums): chunks of kGemmChunk, the same tree.
 //  * attention: online softmax over key blocks of kAttnBlock positions starting at position 0, ascending.
 #pragma once
 
@@ -28,7 +30,12 @@ class ThreadPool;
 
 namespace miles::kernels {
 
-inline constexpr int64_t kGemmChunk = 128;  // K positions per GEMM chunk
+inline constexpr int64_t kGemmChunk = 128;  // K positions per row-reduction chunk; GEMM chunks' bound
+// The GEMM chunk length for a reduction of length k: k / n, where n is the fewest chunks of at most
+// kGemmChunk rounded up to a multiple of 8 (else 4, else 2), when n divides k; otherwise kGemmChunk
+// (the last chunk shorter). A pure function of k: every layout and batch shape of one K reduce alike.
+// Examples: 2048 → 16 × 128, 576 → 8 × 72, 1536 → 16 × 96, 172 → 4 × 43, 64 → 8 × 8.
+int64_t gemm_chunk(int64_t k);
 inline constexpr int64_t kPanel = 32;       // output columns per packed weight panel
 inline constexpr int64_t kAttnBlock = 32;   // key positions per online-softmax block
 
@@ -49,6 +56,10 @@ class PackedMatrix {
   static PackedMatrix pack_rows(const std::vector<const Tensor*>& parts);
   int64_t n() const { return n_; }
   int64_t k() const { return k_; }
+  // The K chunk length of this matrix's products: gemm_chunk(k()) unless set. A row-parallel shard of
+  // a K_full matrix sets gemm_chunk(K_full) so that its chunks are the full product's chunks.
+  int64_t chunk() const { return chunk_ > 0 ? chunk_ : gemm_chunk(k_); }
+  void set_chunk(int64_t chunk);
   int64_t num_panels() const { return (n_ + kPanel - 1) / kPanel; }
   const float* panel(int64_t p) const { return data_.data() + p * k_ * kPanel; }
   // Row n of the original matrix (for tests and the embedding of tied weights).
@@ -61,14 +72,16 @@ class PackedMatrix {
 
  private:
   int64_t n_ = 0, k_ = 0;
+  int64_t chunk_ = 0;  // 0: gemm_chunk(k_)
   std::vector<float> data_;  // (num_panels, K, kPanel)
 };
 
 // y[M, N] = x[M, K] · Wᵀ. x row stride lda (>= K), y row stride ldy (>= N).
 void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* y, int64_t ldy,
           ThreadPool* pool, Isa isa = detect_isa());
-// The definition of the numerics: one output element computed by the contract, scalar code.
-float gemm_reference_dot(const float* x, const float* w_row, int64_t k);
+// The definition of the numerics: one output element computed by the contract, scalar code
+// (chunk 0: gemm_chunk(k)).
+float gemm_reference_dot(const float* x, const float* w_row, int64_t k, int64_t chunk = 0);
 
 // x[M, D] -> out[M, D] = x / sqrt(mean(x²) + eps) * weight. `out` may alias `x`.
 void rmsnorm(const float* x, int64_t m, int64_t d, const float* weight, float eps, float* out);

@@ -63,6 +63,9 @@ struct ModelConfig {
   MoeConfig moe;
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
+  // Not from config.json: > 1 when this config is one rank's shard of a tensor-parallel split
+  // (tensor_parallel::local_config). Row-parallel products then keep the full K's GEMM chunks.
+  int64_t tensor_parallel = 1;
 
   bool is_moe_layer(int64_t layer) const;
   int64_t num_moe_layers() const;

@@ -75,8 +75,8 @@ void pack_rows(const float* x, int64_t m, int64_t lda, int64_t k, int tile_rows,
 
 void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMatrix& w,
                int64_t panel, float* y, int64_t ldy, TileKernel kern, std::vector<float>& parts) {
-  const int64_t k = w.k();
-  const int64_t chunks = std::max<int64_t>(1, (k + kGemmChunk - 1) / kGemmChunk);
+  const int64_t k = w.k(), chunk = w.chunk();
+  const int64_t chunks = std::max<int64_t>(1, (k + chunk - 1) / chunk);
   const int64_t chunk_stride = rows * kPanel;  // parts: [chunks][rows][kPanel]
   parts.resize(static_cast<size_t>(chunks * chunk_stride));
   const float* b = w.panel(panel);
@@ -84,8 +84,8 @@ void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMa
     const int tr = static_cast<int>(std::min<int64_t>(kern.rows, rows - r));
     const float* a_tile = a_packed + ((row0 + r) / kern.rows) * k * kern.rows;
     for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t k0 = c * kGemmChunk;
-      const int64_t kc = std::min(kGemmChunk, k - k0);
+      const int64_t k0 = c * chunk;
+      const int64_t kc = std::min(chunk, k - k0);
       kern.fn(a_tile + k0 * kern.rows, tr, b + k0 * kPanel, kc,
               parts.data() + c * chunk_stride + r * kPanel);
     }
@@ -128,8 +128,19 @@ void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* 
   });
 }
 
-float gemm_reference_dot(const float* x, const float* w_row, int64_t k) {
-  return detail::dot(x, w_row, k);  // the same chunk-and-tree rule as every row reduction
+int64_t gemm_chunk(int64_t k) {
+  if (k <= 0) return kGemmChunk;
+  for (const int64_t parts : {8, 4, 2}) {
+    const int64_t span = parts * kGemmChunk;
+    const int64_t n = parts * ((k + span - 1) / span);  // fewest chunks of <= kGemmChunk, a multiple
+    if (k % n == 0) return k / n;
+  }
+  return kGemmChunk;
+}
+
+float gemm_reference_dot(const float* x, const float* w_row, int64_t k, int64_t chunk) {
+  return detail::chunked_sum_by(k, chunk > 0 ? chunk : gemm_chunk(k),
+                                [&](int64_t i, float acc) { return std::fma(x[i], w_row[i], acc); });
 }
 
 }  // namespace miles::kernels

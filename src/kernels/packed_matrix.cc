@@ -67,6 +67,11 @@ PackedMatrix PackedMatrix::pack_f32(const float* w, int64_t n, int64_t k) {
   return pack(Tensor::view(DType::kF32, {n, k}, w, nullptr));
 }
 
+void PackedMatrix::set_chunk(int64_t chunk) {
+  MILES_CHECK(chunk > 0, "a GEMM chunk is at least one K position");
+  chunk_ = chunk;
+}
+
 std::vector<float> PackedMatrix::unpack_row(int64_t row) const {
   MILES_CHECK(row >= 0 && row < n_);
   std::vector<float> out(static_cast<size_t>(k_));

@@ -10,11 +10,11 @@
 
 namespace miles::kernels::detail {
 
-// Σ f(i) for i in [0, n): chunks of kGemmChunk summed in ascending i, partials combined by the halving
-// tree. `term(i, acc)` returns the accumulator after adding term i (so callers choose fma or add).
+// Σ f(i) for i in [0, n): chunks of `chunk` summed in ascending i, partials combined by the halving
+// tree. `step(i, acc)` returns the accumulator after adding term i (so callers choose fma or add).
 template <typename Step>
-float chunked_sum(int64_t n, Step step) {
-  const int64_t chunks = std::max<int64_t>(1, (n + kGemmChunk - 1) / kGemmChunk);
+float chunked_sum_by(int64_t n, int64_t chunk, Step step) {
+  const int64_t chunks = std::max<int64_t>(1, (n + chunk - 1) / chunk);
   constexpr int64_t kMaxStack = 256;
   float stack_parts[kMaxStack];
   float* parts = stack_parts;
@@ -25,8 +25,8 @@ float chunked_sum(int64_t n, Step step) {
   }
   for (int64_t c = 0; c < chunks; ++c) {
     float acc = 0.0f;
-    const int64_t end = std::min(n, (c + 1) * kGemmChunk);
-    for (int64_t i = c * kGemmChunk; i < end; ++i) acc = step(i, acc);
+    const int64_t end = std::min(n, (c + 1) * chunk);
+    for (int64_t i = c * chunk; i < end; ++i) acc = step(i, acc);
     parts[c] = acc;
   }
   // Halving tree, iteratively: same shape as gemm.cc's tree_combine.
@@ -40,6 +40,12 @@ float chunked_sum(int64_t n, Step step) {
     }
   };
   return Rec::combine(parts, 0, chunks);
+}
+
+// The row-reduction rule: chunks of kGemmChunk.
+template <typename Step>
+float chunked_sum(int64_t n, Step step) {
+  return chunked_sum_by(n, kGemmChunk, step);
 }
 
 inline float dot(const float* a, const float* b, int64_t n) {

@@ -291,9 +291,8 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     if (!options.forced_experts.empty()) forced = options.forced_experts.subspan(moe_index * k);
     int32_t* ids = out.experts.empty() ? nullptr : out.experts.data() + moe_index * k;
     float* wts = out.expert_weights.empty() ? nullptr : out.expert_weights.data() + moe_index * k;
-    moe_block(c, l, s.xn.data(), t, forced, stride, s.proj.data(), ids, wts, stride,
-              lt ? &lt->moe : nullptr, pool);
-    MILES_RETURN_IF_ERROR(tp_all_reduce(options.tp, s.proj.data(), t * d));
+    MILES_RETURN_IF_ERROR(moe_block(c, l, s.xn.data(), t, forced, stride, s.proj.data(), ids, wts,
+                                    stride, lt ? &lt->moe : nullptr, options.tp, pool));
     add_residual(h.data(), s.proj.data(), t * d);
     ++moe_index;
   }

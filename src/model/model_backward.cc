@@ -160,7 +160,7 @@ class Backward {
     std::vector<float> dw(static_cast<size_t>(t_ * k));
     for (int64_t s = 0; s < t_ * k; ++s)
       dw[s] = kernels::detail::dot(dh.data() + (s / k) * d, mt.y.data() + s * d, d);
-    reduce(dw.data(), t_ * k);  // expert outputs are partial sums under tensor parallelism
+    // (the forward summed each expert output over the tensor-parallel group: y and dw are complete)
     std::vector<float> dxn(static_cast<size_t>(t_ * d), 0.0f);
     for (int64_t ex = 0; ex < e; ++ex) {
       const ExpertTape& et = mt.experts[ex];

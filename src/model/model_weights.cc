@@ -22,6 +22,12 @@ class Loader {
     return w_.get(name, {rows, cols});
   }
 
+  // A row-parallel shard (o_proj, down_proj) reduces its K slice in the full product's chunks, so
+  // the ranks' partials are subtrees of the single-process tree (kernels.h).
+  void keep_full_chunks(PackedMatrix& m) const {
+    if (c_.tensor_parallel > 1) m.set_chunk(kernels::gemm_chunk(m.k() * c_.tensor_parallel));
+  }
+
   Status attention(const std::string& p, LayerWeights& l) {
     const int64_t d = c_.hidden_size, q = c_.q_dim(), kv = c_.kv_dim();
     MILES_ASSIGN_OR_RETURN(Tensor wq, mat(p + "self_attn.q_proj.weight", q, d));
@@ -30,6 +36,7 @@ class Loader {
     MILES_ASSIGN_OR_RETURN(Tensor wo, mat(p + "self_attn.o_proj.weight", d, q));
     l.qkv = PackedMatrix::pack_rows({&wq, &wk, &wv});
     l.o = PackedMatrix::pack(wo);
+    keep_full_chunks(l.o);
     if (c_.attention_bias) {
       for (const char* n : {"q_proj", "k_proj", "v_proj"}) {
         const int64_t rows = std::string(n) == "q_proj" ? q : kv;
@@ -54,6 +61,7 @@ class Loader {
     MILES_ASSIGN_OR_RETURN(Tensor dn, mat(p + "down_proj.weight", d, inter));
     gate_up = PackedMatrix::pack_rows({&g, &u});
     down = PackedMatrix::pack(dn);
+    keep_full_chunks(down);
     return Status::Ok();
   }
 

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "miles/comm.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
 #include "model/forward_tape.h"
@@ -71,9 +72,10 @@ void run_expert(const ModelConfig& c, const ExpertWeights& ex, const float* x,
 
 }  // namespace
 
-void moe_block(const ModelConfig& c, const LayerWeights& l, const float* x, int64_t t,
-               std::span<const int32_t> forced, int64_t forced_stride, float* out, int32_t* ids_out,
-               float* weights_out, int64_t out_stride, MoeTape* tape, ThreadPool* pool) {
+Status moe_block(const ModelConfig& c, const LayerWeights& l, const float* x, int64_t t,
+                 std::span<const int32_t> forced, int64_t forced_stride, float* out,
+                 int32_t* ids_out, float* weights_out, int64_t out_stride, MoeTape* tape,
+                 const TensorParallel* tp, ThreadPool* pool) {
   const int64_t e = c.moe.num_experts, k = c.moe.top_k, d = c.hidden_size;
   const Routing r = route(c, l, x, t, forced, forced_stride, pool);
   // slots of each expert: slot = token * k + j.
@@ -85,6 +87,8 @@ void moe_block(const ModelConfig& c, const LayerWeights& l, const float* x, int6
     if (!by_expert[ex].empty())
       run_expert(c, l.experts[ex], x, by_expert[ex], k, y.data(),
                  tape ? &tape->experts[ex] : nullptr, pool);
+  if (tp && tp->comm && tp->comm->size() > 1)
+    MILES_RETURN_IF_ERROR(tp->comm->all_reduce_sum_deterministic(std::span<float>(y)));
   for (int64_t i = 0; i < t; ++i) {
     std::vector<int64_t> order(static_cast<size_t>(k));
     std::iota(order.begin(), order.end(), 0);
@@ -106,6 +110,7 @@ void moe_block(const ModelConfig& c, const LayerWeights& l, const float* x, int6
     tape->weights = r.weights;
     tape->y = std::move(y);
   }
+  return Status::Ok();
 }
 
 }  // namespace miles

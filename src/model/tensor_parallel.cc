@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "miles/kernels.h"
+
 namespace miles::tensor_parallel {
 
 namespace {
@@ -40,7 +42,32 @@ Result<ModelConfig> local_config(const ModelConfig& full, int size) {
   c.vocab_size /= size;
   c.intermediate_size /= size;
   c.moe.moe_intermediate_size /= size;
+  c.tensor_parallel = full.tensor_parallel * size;
   return c;
+}
+
+Status bitwise_split(const ModelConfig& full, int size) {
+  if (size == 1) return Status::Ok();
+  const std::string tp = "tp=" + std::to_string(size);
+  if ((size & (size - 1)) != 0)
+    return Status::Error(tp + " is not a power of two: the halving tree over ranks cannot match "
+                         "the tree over K chunks");
+  auto gemm_k = [&](int64_t k, const char* what) -> Status {
+    const int64_t c = kernels::gemm_chunk(k);
+    if (k % c != 0 || (k / c) % size != 0)
+      return Status::Error(std::string(what) + " = " + std::to_string(k) + " reduces in chunks of " +
+                           std::to_string(c) + ": " + tp + " does not split it on chunk boundaries");
+    return Status::Ok();
+  };
+  MILES_RETURN_IF_ERROR(gemm_k(full.q_dim(), "o_proj K (heads x head_dim)"));
+  MILES_RETURN_IF_ERROR(gemm_k(full.intermediate_size, "down_proj K (intermediate_size)"));
+  if (full.moe.num_experts > 0)
+    MILES_RETURN_IF_ERROR(gemm_k(full.moe.moe_intermediate_size, "expert down_proj K"));
+  const int64_t v = full.vocab_size, c = kernels::kGemmChunk;
+  if (v % c != 0 || (v / c) % size != 0)
+    return Status::Error("vocab_size = " + std::to_string(v) + " sums its softmax in chunks of " +
+                         std::to_string(c) + ": " + tp + " does not split it on chunk boundaries");
+  return Status::Ok();
 }
 
 void slice(const FlatTensors& full, FlatTensors& local, int rank, int size) {
