@@ -1,10 +1,11 @@
 // TITO sessions over HTTP with SmolLM2-135M-Instruct (skipped when models/ lacks it): a greedy
-// agent loop (system + user, a calculator tool result, a user turn, a retry of that turn, a retry
-// of an earlier turn) whose trajectory is exactly the engine's token record, with zero
-// special-token and non-assistant-text mismatches against the rendered conversation, the loss mask
-// on generated ids only, and a first turn identical (ids and logprobs, bitwise) to /generate and to
-// plain /v1/chat/completions. Edits of earlier turns, and appending to a reply cut by max_tokens,
-// are rejected with the session unchanged (a retry recovers); unknown sessions are 404.
+// agent loop (system + user, a calculator tool result, a user turn, a mid-conversation system
+// message with a user turn, a retry of that turn, a retry of an earlier turn) whose trajectory is
+// exactly the engine's token record, with zero special-token and non-assistant-text mismatches
+// against the rendered conversation, the loss mask on generated ids only, and a first turn identical
+// (ids and logprobs, bitwise) to /generate and to plain /v1/chat/completions. Edits of earlier
+// turns, and appending to a reply cut by max_tokens, are rejected with the session unchanged (a
+// retry recovers); unknown sessions are 404.
 // session_record_test covers the store and the record without a model.
 #include "rollout/sessions.h"
 
@@ -139,6 +140,7 @@ TEST_F(Sessions, AgentLoopTrajectoryIsTheEngineRecord) {
   const Tokenizer& tok = **tok_;
 
   // Turn 1: system + user. Turn 2: + reply + calculator result. Turn 3: + reply + user.
+  // Turn 4: + reply + a system message in mid-conversation + user.
   json m1 = kFirst;
   json t1 = ok("POST", url, chat_body(m1));
   json m2 = m1;
@@ -149,24 +151,29 @@ TEST_F(Sessions, AgentLoopTrajectoryIsTheEngineRecord) {
   m3.push_back(t2["choices"][0]["message"]);
   m3.push_back({{"role", "user"}, {"content", "Now add 9 to that."}});
   json t3 = ok("POST", url, chat_body(m3));
-  for (const json* t : {&t1, &t2, &t3}) {
+  json m4 = m3;
+  m4.push_back(t3["choices"][0]["message"]);
+  m4.push_back({{"role", "system"}, {"content", "From now on, reply with the number only."}});
+  m4.push_back({{"role", "user"}, {"content", "And minus 5?"}});
+  json t4 = ok("POST", url, chat_body(m4));
+  for (const json* t : {&t1, &t2, &t3, &t4}) {
     ASSERT_EQ((*t)["choices"][0]["finish_reason"], "stop") << t->dump();
     std::printf("[ sessions ] reply: %s\n",
                 (*t)["choices"][0]["message"]["content"].get<std::string>().c_str());
   }
   const json traj = ok("GET", "/sessions/" + sid + "/trajectory");
 
-  // The retry of turn 3 (same messages): rolled back, same output under greedy, same record.
-  json t3b = ok("POST", url, chat_body(m3));
-  EXPECT_TRUE(t3b["miles"]["retry"].get<bool>());
-  EXPECT_EQ(t3b["miles"]["output_ids"], t3["miles"]["output_ids"]);
-  EXPECT_EQ(t3b["miles"]["raw_logprobs"], t3["miles"]["raw_logprobs"]);
+  // The retry of turn 4 (same messages): rolled back, same output under greedy, same record.
+  json t4b = ok("POST", url, chat_body(m4));
+  EXPECT_TRUE(t4b["miles"]["retry"].get<bool>());
+  EXPECT_EQ(t4b["miles"]["output_ids"], t4["miles"]["output_ids"]);
+  EXPECT_EQ(t4b["miles"]["raw_logprobs"], t4["miles"]["raw_logprobs"]);
   EXPECT_EQ(ok("GET", "/sessions/" + sid + "/trajectory"), traj);
 
   // (a) tokens: first prompt, then each turn's output and each appended segment, token for token.
   std::vector<int32_t> want, mask;
   std::vector<double> raw;
-  for (const json* t : {&t1, &t2, &t3}) {
+  for (const json* t : {&t1, &t2, &t3, &t4}) {
     const auto p = ids((*t)["miles"]["prompt_ids"]), o = ids((*t)["miles"]["output_ids"]);
     EXPECT_EQ((*t)["miles"]["kept_tokens"].get<size_t>(), want.size());
     want.insert(want.end(), p.begin(), p.end());
@@ -184,11 +191,11 @@ TEST_F(Sessions, AgentLoopTrajectoryIsTheEngineRecord) {
   EXPECT_EQ(traj["response_start"].get<size_t>(), response_start);
   EXPECT_EQ(traj["rollout_logprobs"].get<std::vector<double>>(),
             std::vector<double>(raw.begin() + response_start, raw.end()));
-  EXPECT_EQ(traj["turns"].size(), 3u);
+  EXPECT_EQ(traj["turns"].size(), 4u);
 
   // (b) against the whole conversation rendered and tokenized fresh.
-  json full = m3;
-  full.push_back(t3["choices"][0]["message"]);
+  json full = m4;
+  full.push_back(t4["choices"][0]["message"]);
   auto rendered = (*chat_)->render(full, RenderOptions{});
   ASSERT_TRUE(rendered.ok()) << rendered.message();
   const std::vector<int32_t> fresh = tok.encode(*rendered, /*add_special=*/false);
@@ -206,14 +213,14 @@ TEST_F(Sessions, AgentLoopTrajectoryIsTheEngineRecord) {
     i = j;
   }
   std::vector<std::string> replies;
-  for (const json* t : {&t1, &t2, &t3})
+  for (const json* t : {&t1, &t2, &t3, &t4})
     replies.push_back((*t)["choices"][0]["message"]["content"].get<std::string>());
   const std::vector<std::string> want_spans = non_assistant_texts(*rendered, replies);
   ASSERT_EQ(zero_spans.size(), want_spans.size());
   int text_mismatches = 0;
   for (size_t i = 0; i < zero_spans.size(); ++i) text_mismatches += zero_spans[i] != want_spans[i];
   std::printf(
-      "[ sessions ] 3 turns + 1 retry: %zu tokens (%zu generated), %lld special tokens, "
+      "[ sessions ] 4 turns (system, user, tool, user, system + user) + 1 retry: %zu tokens (%zu generated), %lld special tokens, "
       "special-token mismatches %lld, non-assistant text mismatches %d/%zu spans; fresh "
       "tokenization %s the record\n",
       tokens.size(), static_cast<size_t>(std::count(mask.begin(), mask.end(), 1)),
@@ -243,7 +250,7 @@ TEST_F(Sessions, AgentLoopTrajectoryIsTheEngineRecord) {
     EXPECT_EQ(content[i]["raw_logprob"], t1["miles"]["raw_logprobs"][i]) << i;
   }
 
-  // Retrying turn 2 drops turn 3: the record ends with turn 2's (identical) output.
+  // Retrying turn 2 drops turns 3 and 4: the record ends with turn 2's (identical) output.
   json t2b = ok("POST", url, chat_body(m2));
   EXPECT_EQ(t2b["miles"]["output_ids"], t2["miles"]["output_ids"]);
   const json traj2 = ok("GET", "/sessions/" + sid + "/trajectory");
