@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <thread>
+#include <vector>
 
 namespace miles::controller {
 
@@ -50,9 +53,16 @@ Result<RolloutGroup> GroupRunner::run(int64_t position, const Prompt& prompt,
   req.return_routed_experts = experts_;
   std::vector<GeneratedSample> gen;
   if (cfg_.environment != "none") {
-    for (int32_t i = 0; i < req.n; ++i) {
-      MILES_ASSIGN_OR_RETURN(RolloutSample r, run_session(prompt, req.seed, i, cancel));
-      g.samples.push_back(std::move(r));
+    // The group's sessions run side by side (the engines batch their turns); each sample's tokens
+    // depend only on its seed and index, so the order they finish in changes nothing.
+    std::vector<std::optional<Result<RolloutSample>>> done(static_cast<size_t>(req.n));
+    std::vector<std::thread> sessions;
+    for (int32_t i = 0; i < req.n; ++i)
+      sessions.emplace_back([&, i] { done[i].emplace(run_session(prompt, req.seed, i, cancel)); });
+    for (std::thread& t : sessions) t.join();
+    for (auto& r : done) {
+      if (!r->ok()) return r->status();
+      g.samples.push_back(std::move(*r).value());
     }
   } else {
     MILES_ASSIGN_OR_RETURN(gen, pool_.generate(req, cancel));
