@@ -154,8 +154,8 @@ Status EngineClient::update_weights_from_disk_delta(const std::string& dir, int6
 
 Status EngineClient::join_weight_group(const std::string& store, const std::string& prefix,
                                        int rank, int world_size, double timeout_s,
-                                       const std::string& host,
-                                       const std::string& plan_digest) const {
+                                       const std::string& host, const std::string& plan_digest,
+                                       int stage, int stages) const {
   return post_json(address_, "/join_weight_group",
                    json{{"store", store},
                         {"prefix", prefix},
@@ -163,7 +163,9 @@ Status EngineClient::join_weight_group(const std::string& store, const std::stri
                         {"world_size", world_size},
                         {"timeout_s", timeout_s},
                         {"host", host},
-                        {"plan_digest", plan_digest}},
+                        {"plan_digest", plan_digest},
+                        {"stage", stage},
+                        {"stages", stages}},
                    30);
 }
 

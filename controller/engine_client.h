@@ -73,9 +73,10 @@ class EngineClient {
   Status update_weights_from_disk_delta(const std::string& dir, int64_t version) const;
   // POST /join_weight_group: the engine starts joining the broadcast group `prefix` of the store at
   // `store` as `rank` of `world_size` (binding `host` for Gloo); it replies before the group forms.
+  // `stage` of `stages`: the group carrying that pipeline stage's buckets (one group per stage).
   Status join_weight_group(const std::string& store, const std::string& prefix, int rank,
                            int world_size, double timeout_s, const std::string& host,
-                           const std::string& plan_digest) const;
+                           const std::string& plan_digest, int stage = 0, int stages = 1) const;
   // POST /update_weights_from_group: the engine receives `version` over its group (the caller
   // sends it meanwhile) and swaps it in; returns when it did, or failed.
   Status update_weights_from_group(int64_t version, double timeout_s) const;

@@ -4,18 +4,31 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 
 #include "controller/batch_wire.h"
 #include "controller/child_process.h"
 #include "controller/train_batch.h"
 #include "miles/model.h"
+#include "miles/weight_sync.h"
 
 namespace miles::controller {
 
 namespace {
 
-enum Command : int64_t { kStop = 0, kTrain = 1, kGather = 2 };
+enum Command : int64_t { kStop = 0, kTrain = 1, kGather = 2, kWeightJoin = 3, kWeightSend = 4 };
+
+// kWeightJoin's payload: lines store, prefix, world size, timeout in ms.
+std::vector<uint8_t> join_payload(const std::string& store, const std::string& prefix, int world,
+                                  double timeout_s) {
+  const std::string s = store + "\n" + prefix + "\n" + std::to_string(world) + "\n" +
+                        std::to_string(static_cast<int64_t>(timeout_s * 1000)) + "\n";
+  return {s.begin(), s.end()};
+}
+
+void worker_log(const std::string& line) { std::fprintf(stderr, "miles rl-worker: %s\n", line.c_str()); }
 
 Result<TrainerConfig> trainer_config(const RunConfig& cfg) {
   const TrainerSection& t = cfg.trainer;
@@ -170,7 +183,88 @@ Result<const Trainer*> TrainerRank::full() {
   return gather();
 }
 
-Status TrainerRank::stop() { return command(kStop, {}); }
+Status TrainerRank::stop() {
+  MILES_RETURN_IF_ERROR(command(kStop, {}));
+  return world_ ? world_->barrier() : Status::Ok();  // the workers' matching barrier: a clean exit
+}
+
+Status TrainerRank::join_weight_groups(const std::string& store, const std::string& prefix,
+                                       int world_size, double timeout_s) {
+  return command(kWeightJoin, join_payload(store, prefix, world_size, timeout_s));
+}
+
+Status TrainerRank::send_stage_weights(int64_t version) {
+  std::vector<uint8_t> payload(sizeof version);
+  std::memcpy(payload.data(), &version, sizeof version);
+  return command(kWeightSend, payload);
+}
+
+bool TrainerRank::leads_later_stage() const {
+  return world_ && groups_.coord.dp == 0 && groups_.coord.tp == 0 && groups_.coord.pp > 0;
+}
+
+void TrainerRank::join_weight_group(const std::vector<uint8_t>& payload) {
+  weight_group_.reset();
+  if (!leads_later_stage()) return;
+  std::vector<std::string> f;
+  std::string cur;
+  for (uint8_t c : payload) {
+    if (c == '\n') {
+      f.push_back(cur);
+      cur.clear();
+    } else {
+      cur.push_back(static_cast<char>(c));
+    }
+  }
+  if (f.size() != 4) return worker_log("weight group: malformed join command");
+  const int stage = groups_.coord.pp;
+  if (!weight_plan_) {
+    auto layout = ParallelLayout::create(1, layout_.pp(), 1);
+    auto plan = layout.ok() ? make_transfer_plan(trainer_->model_config(),
+                                                 *ParamLayout::for_model(trainer_->model_config()),
+                                                 *layout)
+                            : Result<TransferPlan>(layout.status());
+    if (!plan.ok()) return worker_log("weight group: " + plan.message());
+    weight_plan_ = std::make_unique<TransferPlan>(std::move(plan).value());
+  }
+  CommOptions o;
+  o.rank = 0;
+  o.world_size = std::stoi(f[2]);
+  o.store_address = f[0];
+  o.prefix = f[1] + "-s" + std::to_string(stage);
+  o.host = cfg_.controller.host;
+  o.timeout = std::chrono::milliseconds(std::stoll(f[3]));
+  auto comm = connect_gloo(o);
+  if (!comm.ok())
+    return worker_log("stage " + std::to_string(stage) + ": joining weight group " + o.prefix +
+                      " failed: " + comm.message());
+  weight_group_ = std::move(comm).value();
+  weight_group_prefix_ = o.prefix;
+  worker_log("stage " + std::to_string(stage) + ": joined weight group " + o.prefix + " (" +
+             std::to_string(o.world_size - 1) + " engines)");
+}
+
+void TrainerRank::send_weight_version(const std::vector<uint8_t>& payload) {
+  if (!leads_later_stage() || !weight_group_ || payload.size() != sizeof(int64_t)) return;
+  int64_t version = 0;
+  std::memcpy(&version, payload.data(), sizeof version);
+  // The stage's whole tensors: the tensor-parallel gather of the preceding kGather, or this rank's.
+  const Trainer& t = gathered_ ? *gathered_ : *trainer_;
+  const TensorSource source = [&t](const std::string& name) { return t.params().get(name); };
+  const int stage = groups_.coord.pp;
+  const Status s = miles::send_stage_weights(*weight_group_, *weight_plan_, stage, version, source);
+  if (!s.ok()) {
+    worker_log(s.with_context("weight group " + weight_group_prefix_).message() +
+               "; dropping the group");
+    weight_group_.reset();
+    return;
+  }
+  const TransferPlan mine = stage_plan(*weight_plan_, stage);
+  worker_log("stage " + std::to_string(stage) + ": sent weight version " +
+             std::to_string(version) + " over " + weight_group_prefix_ + " (" +
+             std::to_string(mine.buckets.size()) + " buckets, " +
+             std::to_string(mine.total_bytes) + " bytes)");
+}
 
 Status TrainerRank::follow() {
   while (true) {
@@ -182,6 +276,10 @@ Status TrainerRank::follow() {
       MILES_RETURN_IF_ERROR(world_->broadcast(payload.data(), payload.size(), 0));
     if (header[0] == kGather) {
       MILES_RETURN_IF_ERROR(gather().status());
+    } else if (header[0] == kWeightJoin) {
+      join_weight_group(payload);
+    } else if (header[0] == kWeightSend) {
+      send_weight_version(payload);
     } else if (header[0] == kTrain) {
       std::vector<TrainSample> samples;
       std::vector<RlSampleData> data;

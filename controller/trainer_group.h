@@ -16,6 +16,7 @@
 
 #include "controller/child_process.h"
 #include "miles/comm.h"
+#include "miles/transfer_plan.h"
 #include "miles/rl_objective.h"
 #include "miles/run_config.h"
 #include "miles/tcp_store.h"
@@ -49,6 +50,13 @@ class TrainerRank {
   Result<const Trainer*> full();
   // Rank 0: tells the other ranks to exit.
   Status stop();
+  // Rank 0, transport broadcast with pp > 1: the trainer ranks that lead pipeline stages 1..
+  // ((dp, tp) = (0, 0)) start joining the weight group `prefix`-s<stage> of `store` as its rank 0
+  // (world_size: 1 + engines), and later send their stage's buckets of a version over it. A
+  // leader that fails logs it and drops its group (the engines see the failure and report it).
+  Status join_weight_groups(const std::string& store, const std::string& prefix, int world_size,
+                            double timeout_s);
+  Status send_stage_weights(int64_t version);
   // Ranks > 0: serves rank 0's commands until stop().
   Status follow();
 
@@ -63,6 +71,9 @@ class TrainerRank {
                                  const std::vector<RlSampleData>& data);
   Result<const Trainer*> gather();
   Status command(int64_t cmd, const std::vector<uint8_t>& payload);
+  bool leads_later_stage() const;
+  void join_weight_group(const std::vector<uint8_t>& payload);
+  void send_weight_version(const std::vector<uint8_t>& payload);
 
   RunConfig cfg_;
   ParallelLayout layout_;
@@ -71,6 +82,10 @@ class TrainerRank {
   ParallelGroups groups_;
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<Trainer> gathered_;  // tp: the whole model assembled from the shards
+  // A stage leader's weight group (transport broadcast, pp > 1) and the plan it follows.
+  std::unique_ptr<Communicator> weight_group_;
+  std::string weight_group_prefix_;
+  std::unique_ptr<TransferPlan> weight_plan_;
 };
 
 // Rank 0 side of a group: the rendezvous store and the worker processes

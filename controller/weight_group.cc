@@ -14,6 +14,11 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// The group of pipeline stage `stage` (with one stage, the prefix itself).
+std::string stage_prefix(const std::string& prefix, int stage) {
+  return prefix + "-s" + std::to_string(stage);
+}
+
 std::string fixed2(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f", x);
@@ -30,6 +35,10 @@ Result<std::unique_ptr<WeightGroup>> WeightGroup::create(WeightGroupOptions opti
   MILES_ASSIGN_OR_RETURN(g->store_, TcpStoreServer::start(so));
   g->store_address_ = g->store_->address();
   g->plan_digest_ = transfer_plan_digest(g->plan_);
+  g->stages_ = plan_stages(g->plan_);
+  if (g->stages_ > 1 && (!g->options_.senders.join || !g->options_.senders.send))
+    return Status::Error("weight group: a " + std::to_string(g->stages_) +
+                         "-stage plan needs the stage leaders' senders");
   return g;
 }
 
@@ -58,8 +67,10 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
     std::vector<size_t> accepted;
     for (size_t k = 0; k < joining.size(); ++k) {
       const EngineClient& e = *engines[joining[k]];
-      Status s = e.join_weight_group(store_address_, prefix, static_cast<int>(k) + 1, world,
-                                     timeout_s, e.address().host, plan_digest_);
+      Status s;
+      for (int st = 0; st < stages_ && s.ok(); ++st)
+        s = e.join_weight_group(store_address_, stage_prefix(prefix, st), static_cast<int>(k) + 1,
+                                world, timeout_s, e.address().host, plan_digest_, st, stages_);
       if (s.ok()) {
         accepted.push_back(joining[k]);
       } else {
@@ -74,7 +85,17 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
   o.rank = 0;
   o.world_size = static_cast<int>(joining.size()) + 1;
   o.store_address = store_address_;
-  o.prefix = prefix;
+  o.prefix = stage_prefix(prefix, 0);
+  if (stages_ > 1) {
+    // The leaders of stages 1.. connect to theirs while this process connects to stage 0's.
+    const Status told = options_.senders.join(store_address_, prefix, o.world_size, timeout_s);
+    if (!told.ok()) {
+      const Status s = told.with_context("weight group " + prefix + ": the stage leaders");
+      for (size_t i : joining) out[i] = s;
+      log(s.message());
+      return out;
+    }
+  }
   o.host = options_.host;
   o.timeout = options_.timeout;
   auto comm = connect_gloo(o);
@@ -87,8 +108,9 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
   comm_ = std::move(comm).value();
   for (size_t i : joining) members_.push_back(engines[i]);
   log("weight group " + prefix + " formed: " + std::to_string(members_.size()) + " engine" +
-      (members_.size() == 1 ? "" : "s") + " (" + store_address_ + ", " + fixed2(seconds_since(t0)) +
-      " s)");
+      (members_.size() == 1 ? "" : "s") +
+      (stages_ > 1 ? ", one group per pipeline stage (" + std::to_string(stages_) + ")" : "") +
+      " (" + store_address_ + ", " + fixed2(seconds_since(t0)) + " s)");
   return out;
 }
 
@@ -105,13 +127,15 @@ std::vector<Status> WeightGroup::update(const std::vector<std::shared_ptr<Engine
   // Every member receives on a thread of its own while this one sends: the broadcast needs them
   // all at once. A receive is bounded by the join wait and two collectives per bucket.
   const double receive_timeout_s = std::chrono::duration<double>(options_.timeout).count() *
-                                   static_cast<double>(3 + 2 * plan_.buckets.size());
+                                   static_cast<double>(3 + stages_ + 2 * plan_.buckets.size());
   std::vector<Status> got(members_.size());
   std::vector<std::thread> receivers;
   for (size_t k = 0; k < members_.size(); ++k)
     receivers.emplace_back(
         [&, k] { got[k] = members_[k]->update_weights_from_group(version, receive_timeout_s); });
-  const Status sent = make_broadcast_sender(*comm_, plan_)->send(version, source);
+  // Stage leaders 1.. send theirs on command; this process sends stage 0's.
+  Status sent = stages_ > 1 ? options_.senders.send(version) : Status::Ok();
+  if (sent.ok()) sent = send_stage_weights(*comm_, plan_, 0, version, source);
   // A failed send leaves receivers waiting on this rank; closing its connections fails them now
   // rather than at their timeout.
   if (!sent.ok()) comm_.reset();

@@ -9,8 +9,10 @@
 // any change of membership forms a new group under a fresh prefix ("wsync-<generation>"), and a
 // transfer that fails drops the group so that the next one starts clean.
 //
-// The controller holds the full (gathered) weights, so it sends every bucket itself: with pp > 1
-// one sender sends every stage's layers (not one group per stage).
+// One group per pipeline stage: the group of stage s is that stage's (dp = 0, tp = 0) trainer rank
+// (rank 0) and the engines (ranks 1..n), under the prefix "wsync-<generation>-s<s>". The controller
+// is stage 0's sender; the trainer ranks that lead stages 1.. join and send on command (StageSenders:
+// `miles rl-worker` processes, trainer_group.h). Engines receive the stages in order.
 #pragma once
 
 #include <chrono>
@@ -27,15 +29,28 @@
 
 namespace miles::controller {
 
+// The senders of stages 1.. (the trainer ranks that lead them), driven by the controller.
+struct StageSenders {
+  // Each stage leader starts joining the group `prefix`-s<stage> of `store` as rank 0 of
+  // `world_size`; returns once they were told (they connect while the controller does).
+  std::function<Status(const std::string& store, const std::string& prefix, int world_size,
+                       double timeout_s)>
+      join;
+  // Each stage leader sends its stage's buckets of `version` over its group.
+  std::function<Status(int64_t version)> send;
+};
+
 struct WeightGroupOptions {
   std::string host = "127.0.0.1";  // the store and the controller's Gloo transport bind here
   std::chrono::milliseconds timeout{60'000};  // forming the group; each collective
   std::function<void(const std::string&)> log;
+  StageSenders senders;  // needed when the plan has more than one stage
 };
 
 class WeightGroup {
  public:
-  // Starts the rendezvous store (bound to options.host, any free port).
+  // Starts the rendezvous store (bound to options.host, any free port). `plan`: the trainer's
+  // (its pipeline stages give the groups: plan_stages).
   static Result<std::unique_ptr<WeightGroup>> create(WeightGroupOptions options, TransferPlan plan);
 
   // Brings every engine of `engines` to `version` of `source`: forms the group first when they are
@@ -61,7 +76,8 @@ class WeightGroup {
   std::unique_ptr<TcpStoreServer> store_;
   std::string store_address_;
   int64_t generation_ = 0;
-  std::unique_ptr<Communicator> comm_;                  // null: no group
+  int stages_ = 1;
+  std::unique_ptr<Communicator> comm_;                  // stage 0's group; null: no group
   std::vector<std::shared_ptr<EngineClient>> members_;  // group rank i + 1
 };
 

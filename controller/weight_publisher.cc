@@ -59,7 +59,7 @@ void for_each_parallel(size_t n, const std::function<void(size_t)>& fn) {
 
 Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
     const WeightSyncSection& cfg, const Trainer& trainer, const std::string& host,
-    std::function<void(const std::string&)> log) {
+    std::function<void(const std::string&)> log, int stages, StageSenders senders) {
   if (cfg.transport != "disk_delta" && cfg.transport != "broadcast")
     return Status::Error("weight_sync.transport: '" + cfg.transport +
                          "' is not available to `miles run` (known: disk_delta, broadcast)");
@@ -82,7 +82,12 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
     WeightGroupOptions go;
     go.host = host;
     go.log = p->log_;
-    MILES_ASSIGN_OR_RETURN(p->group_, WeightGroup::create(std::move(go), p->plan_));
+    go.senders = std::move(senders);
+    MILES_ASSIGN_OR_RETURN(ParallelLayout stage_layout, ParallelLayout::create(1, stages, 1));
+    MILES_ASSIGN_OR_RETURN(TransferPlan group_plan,
+                           make_transfer_plan(trainer.model_config(), trainer.params().layout(),
+                                              stage_layout));
+    MILES_ASSIGN_OR_RETURN(p->group_, WeightGroup::create(std::move(go), std::move(group_plan)));
   }
   return p;
 }

@@ -30,10 +30,12 @@ namespace miles::controller {
 class WeightPublisher {
  public:
   // With transport broadcast, the weight group's store and Gloo transport bind `host` (the
-  // controller's address); `log` hears about group changes and fallbacks.
+  // controller's address); `log` hears about group changes and fallbacks. `stages`: the trainer's
+  // pipeline stages — one broadcast group each, stages 1.. sent by `senders` (weight_group.h).
   static Result<std::unique_ptr<WeightPublisher>> create(
       const WeightSyncSection& cfg, const Trainer& trainer, const std::string& host = "127.0.0.1",
-      std::function<void(const std::string&)> log = nullptr);
+      std::function<void(const std::string&)> log = nullptr, int stages = 1,
+      StageSenders senders = {});
   // Publishes the trainer's current weights as `version` (> every published one); a version that
   // is already on disk with the same checksums (a resumed run) is adopted instead.
   Status publish(int64_t version, const Trainer& trainer);

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -200,6 +201,39 @@ TEST(RlRun, BroadcastTransportGivesTheDiskDeltaRun) {
     EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << "step " << i + 1;
     std::printf("step %zu: time_sync_s broadcast %.3f, disk-delta %.3f\n", i + 1,
                 m[i]["time_sync_s"].get<double>(), mr[i]["time_sync_s"].get<double>());
+  }
+}
+
+// Broadcast with a pipeline-parallel trainer (pp = 2, tp = 2): one group per stage, stage 1's
+// buckets sent by the trainer rank that leads stage 1 (after gathering its tensor-parallel shards),
+// not by the controller; the run equals the disk-delta run of the same layout with |Δlogp| 0.
+TEST(RlRun, BroadcastSendsEachPipelineStageFromItsLeader) {
+  MILES_REQUIRE_SHARED();
+  const std::string ref = temp_dir("bcast_pp_ref"), dir = temp_dir("bcast_pp");
+  const std::string job =
+      " rollout.num_rollouts=3 rollout.num_engines=2 parallel.pp=2 parallel.tp=2";
+  auto rr = run_here(std::string(kCi) + " --run-dir " + ref + job);
+  ASSERT_EQ(rr.exit_code, 0) << rr.out;
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir + job +
+                    " weight_sync.transport=broadcast");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("one group per pipeline stage (2)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("over disk-delta"), std::string::npos) << r.out;  // no fallback
+  std::string workers;
+  for (int rank = 1; rank < 4; ++rank) {
+    std::ifstream f(dir + "/trainer_rank_" + std::to_string(rank) + ".log");
+    workers += std::string(std::istreambuf_iterator<char>(f), {});
+  }
+  for (int v = 1; v <= 3; ++v)
+    EXPECT_EQ(count(workers, "stage 1: sent weight version " + std::to_string(v) + " over wsync-1-s1"),
+              1u)
+        << workers;
+  auto m = metrics(dir), mr = metrics(ref);
+  ASSERT_EQ(m.size(), 3u);
+  ASSERT_EQ(mr.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(m[i]["logp_abs_diff_max"], 0.0) << m[i].dump();
+    EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << "step " << i + 1;
   }
 }
 

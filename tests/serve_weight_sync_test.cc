@@ -240,5 +240,87 @@ TEST(ServeWeightSync, BroadcastGroupBringsVersionsAndABadJoinKeepsTheVersion) {
   EXPECT_EQ(sums, checksums_of(**tr, *layout));
 }
 
+// One group per pipeline stage: the engine joins stage 0's and stage 1's groups of a two-stage
+// sender; two senders (each rank 0 of its group, as the stage leaders are) send their stages at once
+// and the engine swaps in the whole version. A partial or inconsistent join is refused.
+TEST(ServeWeightSync, OneBroadcastGroupPerPipelineStage) {
+  Served served;
+  ASSERT_TRUE(served.start().ok());
+  auto& files = served.files;
+  httplib::Client c("127.0.0.1", served.server->port());
+  c.set_read_timeout(std::chrono::seconds(120));
+  TrainerConfig tc;
+  tc.lr.lr = 1e-2;
+  auto tr = Trainer::create(files->config, files->weights, tc, &served.pool);
+  ASSERT_TRUE(tr.ok());
+  auto layout = ParamLayout::for_model(files->config, &files->weights);
+  auto two = ParallelLayout::create(1, 2, 1);
+  ASSERT_TRUE(two.ok());
+  auto plan = make_transfer_plan(files->config, *layout, *two);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan_stages(*plan), 2);
+  const std::string digest = transfer_plan_digest(*plan);
+  const TensorSource source = [&](const std::string& n) { return (*tr)->params().get(n); };
+  auto store = TcpStoreServer::start({});
+  ASSERT_TRUE(store.ok()) << store.message();
+  json join = {{"store", (*store)->address()}, {"rank", 1},     {"world_size", 2},
+               {"timeout_s", 20},              {"stages", 2},   {"plan_digest", digest}};
+  int status = 0;
+  // Refused: a stage past the count, and a one-stage plan's digest for two stages.
+  json bad = join;
+  bad["prefix"] = "x";
+  bad["stage"] = 2;
+  json j = post(c, "/join_weight_group", bad, &status);
+  EXPECT_EQ(status, 400) << j.dump();
+  bad["stage"] = 0;
+  auto one = make_transfer_plan(files->config, *layout, ParallelLayout{});
+  ASSERT_TRUE(one.ok());
+  bad["plan_digest"] = transfer_plan_digest(*one);
+  j = post(c, "/join_weight_group", bad, &status);
+  EXPECT_EQ(status, 400) << j.dump();
+  // Only stage 1 joined: the update is refused, naming stage 0.
+  join["prefix"] = "p-s1";
+  join["stage"] = 1;
+  j = post(c, "/join_weight_group", join, &status);
+  ASSERT_EQ(status, 200) << j.dump();
+  j = post(c, "/update_weights_from_group", {{"weight_version", 1}}, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(j["message"].get<std::string>().find("stage 0"), std::string::npos) << j.dump();
+  // Both stages: each sender is rank 0 of its own group.
+  for (int st = 0; st < 2; ++st) {
+    join["prefix"] = "q-s" + std::to_string(st);
+    join["stage"] = st;
+    j = post(c, "/join_weight_group", join, &status);
+    ASSERT_EQ(status, 200) << j.dump();
+  }
+  std::unique_ptr<Communicator> groups[2];
+  for (int st = 0; st < 2; ++st) {
+    CommOptions o;
+    o.rank = 0;
+    o.world_size = 2;
+    o.store_address = (*store)->address();
+    o.prefix = "q-s" + std::to_string(st);
+    o.timeout = std::chrono::seconds(20);
+    auto comm = connect_gloo(o);
+    ASSERT_TRUE(comm.ok()) << comm.message();
+    groups[st] = std::move(comm).value();
+  }
+  train_once(**tr);
+  auto update = std::async(std::launch::async, [&] {
+    int st = 0;
+    json r = post(c, "/update_weights_from_group", {{"weight_version", 1}}, &st);
+    return std::make_pair(st, r);
+  });
+  auto stage1 = std::async(std::launch::async,
+                           [&] { return send_stage_weights(*groups[1], *plan, 1, 1, source); });
+  ASSERT_TRUE(send_stage_weights(*groups[0], *plan, 0, 1, source).ok());
+  ASSERT_TRUE(stage1.get().ok());
+  auto [st, r] = update.get();
+  ASSERT_EQ(st, 200) << r.dump();
+  auto [version, sums] = held(c);
+  EXPECT_EQ(version, 1);
+  EXPECT_EQ(sums, checksums_of(**tr, *layout));
+}
+
 }  // namespace
 }  // namespace miles

@@ -81,4 +81,35 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
   return Status::Ok();
 }
 
+Status send_stage_weights(Communicator& group, const TransferPlan& plan, int stage,
+                          int64_t version, const TensorSource& source) {
+  if (group.rank() != 0)
+    return Status::Error("stage " + std::to_string(stage) + ": the sender is rank 0 of its group");
+  return broadcast_weights(group, stage_plan(plan, stage), version, source, nullptr,
+                           BroadcastOptions{[](int) { return 0; }})
+      .with_context("stage " + std::to_string(stage));
+}
+
+Status receive_stage_weights(std::span<Communicator* const> groups, const TransferPlan& plan,
+                             int64_t version, ReceivedWeights* out) {
+  const int stages = plan_stages(plan);
+  if (static_cast<int>(groups.size()) != stages)
+    return Status::Error("the plan has " + std::to_string(stages) + " pipeline stages, " +
+                         std::to_string(groups.size()) + " groups were given");
+  out->version = version;
+  out->tensors.clear();
+  out->checksums.clear();
+  out->shapes.clear();
+  for (int s = 0; s < stages; ++s) {
+    ReceivedWeights part;
+    MILES_RETURN_IF_ERROR(broadcast_weights(*groups[s], stage_plan(plan, s), version, {}, &part,
+                                            BroadcastOptions{[](int) { return 0; }})
+                              .with_context("stage " + std::to_string(s)));
+    for (auto& [name, t] : part.tensors) out->tensors[name] = std::move(t);
+    for (auto& [name, shape] : part.shapes) out->shapes[name] = std::move(shape);
+    for (auto& [name, sum] : part.checksums) out->checksums[name] = std::move(sum);
+  }
+  return Status::Ok();
+}
+
 }  // namespace miles

@@ -35,14 +35,16 @@ Result<CommOptions> join_options(const json& body) {
   const char* usage =
       "join_weight_group needs {\"store\": \"host:port\", \"prefix\": string, \"rank\": integer, "
       "\"world_size\": integer, optional \"timeout_s\": number, \"host\": string, "
-      "\"plan_digest\": string}";
+      "\"plan_digest\": string, \"stage\": integer, \"stages\": integer}";
   if (body.is_discarded() || !body.is_object() || !has(body, "store", json::value_t::string) ||
       !has(body, "prefix", json::value_t::string) ||
       !has(body, "rank", json::value_t::number_integer) ||
       !has(body, "world_size", json::value_t::number_integer) ||
       (body.contains("timeout_s") && !has(body, "timeout_s", json::value_t::number_float)) ||
       (body.contains("host") && !has(body, "host", json::value_t::string)) ||
-      (body.contains("plan_digest") && !has(body, "plan_digest", json::value_t::string)))
+      (body.contains("plan_digest") && !has(body, "plan_digest", json::value_t::string)) ||
+      (body.contains("stage") && !has(body, "stage", json::value_t::number_integer)) ||
+      (body.contains("stages") && !has(body, "stages", json::value_t::number_integer)))
     return Status::Error(usage);
   CommOptions o;
   o.store_address = body["store"].get<std::string>();
@@ -68,17 +70,27 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
     const json body = json::parse(req.body, nullptr, false);
     auto o = join_options(body);
     if (!o.ok()) return reply_failure(res, 400, o.message());
+    // One group per pipeline stage of the sender: `stage` of `stages` (default 0 of 1).
+    const int64_t stages = body.value("stages", int64_t{1}), stage = body.value("stage", int64_t{0});
+    if (stages < 1 || stages > st->config.num_layers || stage < 0 || stage >= stages)
+      return reply_failure(res, 400,
+                           "join_weight_group: stage " + std::to_string(stage) + " of " +
+                               std::to_string(stages) + ": need 0 <= stage < stages <= " +
+                               std::to_string(st->config.num_layers) + " (the model's layers)");
+    std::lock_guard<std::mutex> lock(st->group_mu);
+    auto plan = st->plan_for(static_cast<int>(stages));
+    if (!plan.ok()) return reply_failure(res, 400, plan.status().with_context("join_weight_group").message());
+    const std::string mine = transfer_plan_digest(**plan);
     const std::string digest = body.value("plan_digest", std::string());
-    if (!digest.empty() && digest != st->plan_digest)
+    if (!digest.empty() && digest != mine)
       return reply_failure(res, 400,
                            "join_weight_group: the sender's transfer plan (" + digest +
-                               ") is not this engine's (" + st->plan_digest +
+                               ") is not this engine's (" + mine +
                                "): another model or parameter layout");
     auto g = std::make_shared<WeightGroupJoin>();
     g->prefix = o->prefix;
     g->timeout = o->timeout;
     auto finished = std::make_shared<std::atomic<bool>>(false);
-    std::lock_guard<std::mutex> lock(st->group_mu);
     // Reap the threads of earlier joins that have ended.
     for (auto it = st->joins.begin(); it != st->joins.end();) {
       if (!it->finished->load()) {
@@ -88,7 +100,9 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
       it->thread.join();
       it = st->joins.erase(it);
     }
-    st->group = g;  // the old group's communicator goes with its last user
+    // The old groups' communicators go with their last user.
+    if (static_cast<int64_t>(st->groups.size()) != stages) st->groups.assign(stages, nullptr);
+    st->groups[stage] = g;
     st->joins.push_back({std::thread([g, finished, options = std::move(*o)] {
                            auto comm = connect_gloo(options);
                            {
@@ -101,7 +115,7 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
                            *finished = true;
                          }),
                          finished});
-    reply_json(res, 200, json{{"success", true}, {"prefix", g->prefix}});
+    reply_json(res, 200, json{{"success", true}, {"prefix", g->prefix}, {"stage", stage}});
   });
 
   s.Post("/update_weights_from_group",
@@ -112,35 +126,48 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
              return reply_failure(res, 400,
                                   "update_weights_from_group needs {\"weight_version\": integer}");
            const int64_t v = body["weight_version"].get<int64_t>();
-           std::shared_ptr<WeightGroupJoin> g;
+           std::vector<std::shared_ptr<WeightGroupJoin>> gs;
+           const TransferPlan* plan = nullptr;
            {
              std::lock_guard<std::mutex> lock(st->group_mu);
-             g = st->group;
+             gs = st->groups;
+             if (!gs.empty()) plan = *st->plan_for(static_cast<int>(gs.size()));  // made at join
            }
-           if (!g)
+           if (gs.empty())
              return reply_failure(res, 400,
                                   "update_weights_from_group: this engine is in no weight group "
                                   "(POST /join_weight_group first)");
-           auto comm = g->wait();  // before taking the update lock: checksums stay readable
-           if (!comm.ok()) {
-             st->drop_group(g);
-             return reply_failure(res, 400, comm.message());
+           std::vector<Communicator*> comms;
+           for (size_t s = 0; s < gs.size(); ++s) {
+             if (!gs[s])
+               return reply_failure(res, 400,
+                                    "update_weights_from_group: the group of pipeline stage " +
+                                        std::to_string(s) + " was never joined");
+             auto comm = gs[s]->wait();  // before taking the update lock: checksums stay readable
+             if (!comm.ok()) {
+               st->drop_groups(gs);
+               return reply_failure(res, 400, comm.message());
+             }
+             comms.push_back(*comm);
            }
            std::lock_guard<std::mutex> lock(st->mu);
-           // Every member must take part in the transfer, even one that will refuse to swap.
-           auto got = make_broadcast_receiver(**comm, st->plan)->receive(v);
-           if (!got.ok()) {
-             st->drop_group(g);
+           // Every member must take part in the transfer, even one that will refuse to swap; the
+           // stages arrive one after the other, each over its own group.
+           ReceivedWeights received;
+           Status rs = receive_stage_weights(comms, *plan, v, &received);
+           if (!rs.ok()) {
+             st->drop_groups(gs);
              return reply_failure(res, 400,
-                                  got.status().with_context("weight group " + g->prefix).message());
+                                  rs.with_context("weight group " + gs.front()->prefix).message());
            }
+           const ReceivedWeights* got = &received;
            // Already serving exactly these weights (e.g. brought to v over disk-delta just before):
            // nothing to swap.
            if (st->version == v && st->checksums == got->checksums)
              return reply_json(res, 200, json{{"success", true}, {"weight_version", v}});
            std::string error;
            if (int code = st->apply(driver, *got, &error); code != 200) {
-             st->drop_group(g);
+             st->drop_groups(gs);
              return reply_failure(res, code, error);
            }
            // A disk-delta receiver's copy is older than the engine now: load afresh if needed.

@@ -48,9 +48,18 @@ int WeightSyncRoutes::apply(rollout::EngineDriver& driver, const ReceivedWeights
   return 200;
 }
 
-void WeightSyncRoutes::drop_group(const std::shared_ptr<WeightGroupJoin>& g) {
+void WeightSyncRoutes::drop_groups(const std::vector<std::shared_ptr<WeightGroupJoin>>& gs) {
   std::lock_guard<std::mutex> lock(group_mu);
-  if (group == g) group.reset();
+  if (groups == gs) groups.clear();
+}
+
+Result<const TransferPlan*> WeightSyncRoutes::plan_for(int stages) {
+  auto it = stage_plans.find(stages);
+  if (it != stage_plans.end()) return &it->second;
+  MILES_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::create(1, stages, 1));
+  auto params = ParamLayout::for_model(config);
+  MILES_ASSIGN_OR_RETURN(TransferPlan plan, make_transfer_plan(config, *params, layout));
+  return &stage_plans.emplace(stages, std::move(plan)).first->second;
 }
 
 std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(httplib::Server& s,

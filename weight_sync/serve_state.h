@@ -69,17 +69,23 @@ struct WeightSyncRoutes {
   std::map<std::string, std::string> checksums;
   std::map<std::string, std::unique_ptr<WeightReceiver>> receivers;  // by delta directory
 
-  std::mutex group_mu;                     // guards the two fields below
-  std::shared_ptr<WeightGroupJoin> group;  // the current weight group (null: none)
+  std::mutex group_mu;  // guards the fields below
+  // The current weight groups, one per pipeline stage of the sender (stage s's buckets come from
+  // that stage's trainer rank over groups[s]); empty: none. A slot is null until joined.
+  std::vector<std::shared_ptr<WeightGroupJoin>> groups;
   std::vector<JoinThread> joins;
+  std::map<int, TransferPlan> stage_plans;  // by stage count: the plan a pp-stage sender follows
+  // The plan for a sender with `stages` pipeline stages (made once per count). Under `group_mu`.
+  Result<const TransferPlan*> plan_for(int stages);
 
   // Checksums of the weights loaded at start-up (float32, as the trainer holds them). Under `mu`.
   Status initial_checksums();
   // Swaps a staged version into the engine and records its version and checksums. Under `mu`.
   // Returns the HTTP status: 200, 409 (generating and not paused) or 400.
   int apply(rollout::EngineDriver& driver, const ReceivedWeights& got, std::string* error);
-  // Forgets `g` if it is still the current group (after an error: the controller re-forms it).
-  void drop_group(const std::shared_ptr<WeightGroupJoin>& g);
+  // Forgets `gs` if they are still the current groups (after an error: the controller re-forms
+  // them).
+  void drop_groups(const std::vector<std::shared_ptr<WeightGroupJoin>>& gs);
 };
 
 // POST /join_weight_group and POST /update_weights_from_group (serve_routes.h).

@@ -55,6 +55,23 @@ std::vector<std::string> TransferPlan::tensor_names() const {
   return out;
 }
 
+TransferPlan stage_plan(const TransferPlan& plan, int stage) {
+  TransferPlan out;
+  for (const Bucket& b : plan.buckets) {
+    if (b.stage != stage) continue;
+    out.buckets.push_back(b);
+    out.buckets.back().sender = 0;
+    out.total_bytes += b.bytes;
+  }
+  return out;
+}
+
+int plan_stages(const TransferPlan& plan) {
+  int n = 1;
+  for (const Bucket& b : plan.buckets) n = std::max(n, b.stage + 1);
+  return n;
+}
+
 Result<TransferPlan> make_transfer_plan(const ModelConfig& config, const ParamLayout& params,
                                         const ParallelLayout& trainer,
                                         const TransferPlanOptions& options) {

@@ -53,6 +53,12 @@ Result<TransferPlan> make_transfer_plan(const ModelConfig& config, const ParamLa
                                         const ParallelLayout& trainer,
                                         const TransferPlanOptions& options = {});
 
+// The buckets of pipeline stage `stage` only (in order), each to be sent by rank 0 of that stage's
+// own broadcast group; total_bytes is theirs.
+TransferPlan stage_plan(const TransferPlan& plan, int stage);
+// The number of pipeline stages the plan's buckets come from (1 + the largest stage).
+int plan_stages(const TransferPlan& plan);
+
 // The fused group a tensor belongs to ("" when none): "model.layers.3.self_attn.qkv",
 // "model.layers.3.mlp.gate_up", "model.layers.3.mlp.experts.5.gate_up".
 std::string fused_group(const std::string& name);

@@ -60,6 +60,16 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
                          const TensorSource& source, ReceivedWeights* out,
                          const BroadcastOptions& options = {});
 
+// Broadcast with one group per pipeline stage (contracts.md: "one group per pipeline stage"): the
+// group of stage s has that stage's (dp = 0, tp = 0) trainer rank as rank 0 and the engines after
+// it, and carries only stage s's buckets (stage_plan). A stage leader calls send_stage_weights on
+// its group; a receiver calls receive_stage_weights with every stage's group, in stage order, and
+// gets the whole version (every checksum of every stage) or an error naming the stage.
+Status send_stage_weights(Communicator& group, const TransferPlan& plan, int stage,
+                          int64_t version, const TensorSource& source);
+Status receive_stage_weights(std::span<Communicator* const> groups, const TransferPlan& plan,
+                             int64_t version, ReceivedWeights* out);
+
 // P2P transport: every trainer rank of data-parallel replica 0 sends its own tensor-parallel shards
 // straight to every engine, bucket by bucket following the plan (no gather on the trainer side);
 // engines verify each shard's xxh3-128 and assemble the full tensors. World ranks: the trainer's
