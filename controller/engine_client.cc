@@ -169,6 +169,24 @@ Status EngineClient::join_weight_group(const std::string& store, const std::stri
                    30);
 }
 
+Status EngineClient::join_p2p_weight_group(const std::string& store, const std::string& prefix,
+                                           int rank, int world_size, double timeout_s,
+                                           const std::string& host,
+                                           const std::string& plan_digest,
+                                           const std::string& trainer_layout) const {
+  return post_json(address_, "/join_weight_group",
+                   json{{"store", store},
+                        {"prefix", prefix},
+                        {"rank", rank},
+                        {"world_size", world_size},
+                        {"timeout_s", timeout_s},
+                        {"host", host},
+                        {"plan_digest", plan_digest},
+                        {"transport", "p2p"},
+                        {"trainer_layout", trainer_layout}},
+                   30);
+}
+
 Status EngineClient::update_weights_from_group(int64_t version, double timeout_s) const {
   return post_json(address_, "/update_weights_from_group", json{{"weight_version", version}},
                    timeout_s);

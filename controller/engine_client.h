@@ -77,6 +77,12 @@ class EngineClient {
   Status join_weight_group(const std::string& store, const std::string& prefix, int rank,
                            int world_size, double timeout_s, const std::string& host,
                            const std::string& plan_digest, int stage = 0, int stages = 1) const;
+  // The same for the p2p transport: one group of the trainer's ranks (layout `trainer_layout`,
+  // ranks 0..W−1) and the engines (W..world_size−1).
+  Status join_p2p_weight_group(const std::string& store, const std::string& prefix, int rank,
+                               int world_size, double timeout_s, const std::string& host,
+                               const std::string& plan_digest,
+                               const std::string& trainer_layout) const;
   // POST /update_weights_from_group: the engine receives `version` over its group (the caller
   // sends it meanwhile) and swaps it in; returns when it did, or failed.
   Status update_weights_from_group(int64_t version, double timeout_s) const;

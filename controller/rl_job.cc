@@ -138,9 +138,13 @@ Status RlJob::setup() {
   data_ = std::make_unique<PromptData>(std::move(d));
   MILES_RETURN_IF_ERROR(setup_trainer());
   MILES_ASSIGN_OR_RETURN(const Trainer* full, group_->full());
-  // Transport broadcast: one group per pipeline stage, stages 1.. sent by the ranks that lead them.
+  // Transport broadcast: one group per pipeline stage, stages 1.. sent by the ranks that lead them;
+  // p2p: every trainer rank sends its own shards.
   StageSenders senders;
   TrainerRank* rank = group_.get();
+  senders.local = [rank](const std::string& name) {
+    return std::as_const(rank->trainer()).params().get(name);
+  };
   senders.join = [rank](const std::string& store, const std::string& prefix, int world,
                         double timeout_s) {
     return rank->join_weight_groups(store, prefix, world, timeout_s);
@@ -149,7 +153,7 @@ Status RlJob::setup() {
   MILES_ASSIGN_OR_RETURN(
       publisher_, WeightPublisher::create(cfg_.weight_sync, *full, cfg_.controller.host,
                                           [this](const std::string& s) { log_line(s); },
-                                          static_cast<int>(cfg_.parallel.pp), std::move(senders)));
+                                          rank->layout(), std::move(senders)));
   const int64_t version = full->steps_done();
   MILES_RETURN_IF_ERROR(publisher_->drop_newer_than(version));
   MILES_RETURN_IF_ERROR(publisher_->publish(version, *full));

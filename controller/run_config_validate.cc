@@ -253,7 +253,7 @@ void check_required(const RunConfig& c, Checker& check) {
 }
 
 void check_services(const RunConfig& c, Checker& check) {
-  check.one_of("weight_sync.transport", c.weight_sync.transport, {"disk_delta", "broadcast"});
+  check.one_of("weight_sync.transport", c.weight_sync.transport, {"disk_delta", "broadcast", "p2p"});
   check.positive("weight_sync.full_every", c.weight_sync.full_every);
   check.one_of("weight_sync.encoding", c.weight_sync.encoding, {"xor", "overwrite"});
   const auto& y = c.async;

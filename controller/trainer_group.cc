@@ -205,7 +205,8 @@ bool TrainerRank::leads_later_stage() const {
 
 void TrainerRank::join_weight_group(const std::vector<uint8_t>& payload) {
   weight_group_.reset();
-  if (!leads_later_stage()) return;
+  const bool p2p = cfg_.weight_sync.transport == "p2p";
+  if (!p2p && !leads_later_stage()) return;
   std::vector<std::string> f;
   std::string cur;
   for (uint8_t c : payload) {
@@ -219,7 +220,8 @@ void TrainerRank::join_weight_group(const std::vector<uint8_t>& payload) {
   if (f.size() != 4) return worker_log("weight group: malformed join command");
   const int stage = groups_.coord.pp;
   if (!weight_plan_) {
-    auto layout = ParallelLayout::create(1, layout_.pp(), 1);
+    // Broadcast: the stages' plan; p2p: the trainer's whole layout (each rank sends its shards).
+    auto layout = p2p ? Result<ParallelLayout>(layout_) : ParallelLayout::create(1, layout_.pp(), 1);
     auto plan = layout.ok() ? make_transfer_plan(trainer_->model_config(),
                                                  *ParamLayout::for_model(trainer_->model_config()),
                                                  *layout)
@@ -228,10 +230,10 @@ void TrainerRank::join_weight_group(const std::vector<uint8_t>& payload) {
     weight_plan_ = std::make_unique<TransferPlan>(std::move(plan).value());
   }
   CommOptions o;
-  o.rank = 0;
+  o.rank = p2p ? world_->rank() : 0;
   o.world_size = std::stoi(f[2]);
   o.store_address = f[0];
-  o.prefix = f[1] + "-s" + std::to_string(stage);
+  o.prefix = p2p ? f[1] : f[1] + "-s" + std::to_string(stage);
   o.host = cfg_.controller.host;
   o.timeout = std::chrono::milliseconds(std::stoll(f[3]));
   auto comm = connect_gloo(o);
@@ -240,14 +242,32 @@ void TrainerRank::join_weight_group(const std::vector<uint8_t>& payload) {
                       " failed: " + comm.message());
   weight_group_ = std::move(comm).value();
   weight_group_prefix_ = o.prefix;
-  worker_log("stage " + std::to_string(stage) + ": joined weight group " + o.prefix + " (" +
-             std::to_string(o.world_size - 1) + " engines)");
+  worker_log((p2p ? "rank " + std::to_string(o.rank) : "stage " + std::to_string(stage)) +
+             ": joined weight group " + o.prefix + " (" +
+             std::to_string(o.world_size - (p2p ? layout_.world_size() : 1)) + " engines)");
 }
 
 void TrainerRank::send_weight_version(const std::vector<uint8_t>& payload) {
-  if (!leads_later_stage() || !weight_group_ || payload.size() != sizeof(int64_t)) return;
+  if (!weight_group_ || payload.size() != sizeof(int64_t)) return;
   int64_t version = 0;
   std::memcpy(&version, payload.data(), sizeof version);
+  if (cfg_.weight_sync.transport == "p2p") {
+    // This rank's own shards, straight to every engine (ranks of dp > 0 send nothing).
+    const Trainer& t = *trainer_;
+    const TensorSource local = [&t](const std::string& name) { return t.params().get(name); };
+    const P2pRoles roles{layout_, weight_group_->size() - layout_.world_size()};
+    const Status s = p2p_send_weights(*weight_group_, *weight_plan_, version, local, roles);
+    if (!s.ok()) {
+      worker_log(s.with_context("weight group " + weight_group_prefix_).message() +
+                 "; dropping the group");
+      weight_group_.reset();
+      return;
+    }
+    if (groups_.coord.dp == 0)
+      worker_log("rank " + std::to_string(world_->rank()) + ": sent its shards of weight version " +
+                 std::to_string(version) + " over " + weight_group_prefix_ + " (p2p)");
+    return;
+  }
   // The stage's whole tensors: the tensor-parallel gather of the preceding kGather, or this rank's.
   const Trainer& t = gathered_ ? *gathered_ : *trainer_;
   const TensorSource source = [&t](const std::string& name) { return t.params().get(name); };

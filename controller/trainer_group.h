@@ -63,6 +63,7 @@ class TrainerRank {
   // This rank's trainer (a stage / shard in a group), for scoring when it is whole.
   Trainer& trainer() { return *trainer_; }
   bool whole() const { return layout_.pp() == 1 && layout_.tp() == 1; }
+  const ParallelLayout& layout() const { return layout_; }
   int world_size() const { return layout_.world_size(); }
 
  private:

@@ -35,10 +35,14 @@ Result<std::unique_ptr<WeightGroup>> WeightGroup::create(WeightGroupOptions opti
   MILES_ASSIGN_OR_RETURN(g->store_, TcpStoreServer::start(so));
   g->store_address_ = g->store_->address();
   g->plan_digest_ = transfer_plan_digest(g->plan_);
-  g->stages_ = plan_stages(g->plan_);
-  if (g->stages_ > 1 && (!g->options_.senders.join || !g->options_.senders.send))
-    return Status::Error("weight group: a " + std::to_string(g->stages_) +
-                         "-stage plan needs the stage leaders' senders");
+  g->p2p_ = g->options_.transport == "p2p";
+  g->stages_ = g->p2p_ ? 1 : plan_stages(g->plan_);
+  g->trainer_ranks_ = g->p2p_ ? g->options_.trainer.world_size() : 1;
+  const bool others = g->stages_ > 1 || g->trainer_ranks_ > 1;
+  if (others && (!g->options_.senders.join || !g->options_.senders.send))
+    return Status::Error("weight group: other trainer ranks send, but no senders were given");
+  if (g->p2p_ && !g->options_.senders.local)
+    return Status::Error("weight group: p2p needs trainer rank 0's shards");
   return g;
 }
 
@@ -63,14 +67,19 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
   // under a new prefix, so that every rank of the group is a member that said yes.
   while (!joining.empty()) {
     prefix = "wsync-" + std::to_string(++generation_);
-    const int world = static_cast<int>(joining.size()) + 1;
+    const int world = static_cast<int>(joining.size()) + trainer_ranks_;
     std::vector<size_t> accepted;
     for (size_t k = 0; k < joining.size(); ++k) {
       const EngineClient& e = *engines[joining[k]];
+      const int rank = trainer_ranks_ + static_cast<int>(k);
       Status s;
-      for (int st = 0; st < stages_ && s.ok(); ++st)
-        s = e.join_weight_group(store_address_, stage_prefix(prefix, st), static_cast<int>(k) + 1,
-                                world, timeout_s, e.address().host, plan_digest_, st, stages_);
+      if (p2p_)
+        s = e.join_p2p_weight_group(store_address_, prefix, rank, world, timeout_s,
+                                    e.address().host, plan_digest_,
+                                    options_.trainer.to_string());
+      for (int st = 0; st < stages_ && s.ok() && !p2p_; ++st)
+        s = e.join_weight_group(store_address_, stage_prefix(prefix, st), rank, world, timeout_s,
+                                e.address().host, plan_digest_, st, stages_);
       if (s.ok()) {
         accepted.push_back(joining[k]);
       } else {
@@ -83,11 +92,11 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
   if (joining.empty()) return out;
   CommOptions o;
   o.rank = 0;
-  o.world_size = static_cast<int>(joining.size()) + 1;
+  o.world_size = static_cast<int>(joining.size()) + trainer_ranks_;
   o.store_address = store_address_;
-  o.prefix = stage_prefix(prefix, 0);
-  if (stages_ > 1) {
-    // The leaders of stages 1.. connect to theirs while this process connects to stage 0's.
+  o.prefix = p2p_ ? prefix : stage_prefix(prefix, 0);
+  if (stages_ > 1 || trainer_ranks_ > 1) {
+    // The other trainer ranks connect to theirs while this process connects.
     const Status told = options_.senders.join(store_address_, prefix, o.world_size, timeout_s);
     if (!told.ok()) {
       const Status s = told.with_context("weight group " + prefix + ": the stage leaders");
@@ -110,6 +119,9 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
   log("weight group " + prefix + " formed: " + std::to_string(members_.size()) + " engine" +
       (members_.size() == 1 ? "" : "s") +
       (stages_ > 1 ? ", one group per pipeline stage (" + std::to_string(stages_) + ")" : "") +
+      (p2p_ ? ", p2p from " + std::to_string(trainer_ranks_) + " trainer rank" +
+                  (trainer_ranks_ == 1 ? "" : "s") + " (" + options_.trainer.to_string() + ")"
+            : "") +
       " (" + store_address_ + ", " + fixed2(seconds_since(t0)) + " s)");
   return out;
 }
@@ -133,9 +145,14 @@ std::vector<Status> WeightGroup::update(const std::vector<std::shared_ptr<Engine
   for (size_t k = 0; k < members_.size(); ++k)
     receivers.emplace_back(
         [&, k] { got[k] = members_[k]->update_weights_from_group(version, receive_timeout_s); });
-  // Stage leaders 1.. send theirs on command; this process sends stage 0's.
-  Status sent = stages_ > 1 ? options_.senders.send(version) : Status::Ok();
-  if (sent.ok()) sent = send_stage_weights(*comm_, plan_, 0, version, source);
+  // The other trainer ranks send theirs on command; this process sends stage 0's (broadcast) or
+  // its own shards (p2p).
+  Status sent =
+      stages_ > 1 || trainer_ranks_ > 1 ? options_.senders.send(version) : Status::Ok();
+  if (sent.ok())
+    sent = p2p_ ? p2p_send_weights(*comm_, plan_, version, options_.senders.local,
+                                   P2pRoles{options_.trainer, static_cast<int>(members_.size())})
+                : send_stage_weights(*comm_, plan_, 0, version, source);
   // A failed send leaves receivers waiting on this rank; closing its connections fails them now
   // rather than at their timeout.
   if (!sent.ok()) comm_.reset();

@@ -29,22 +29,30 @@
 
 namespace miles::controller {
 
-// The senders of stages 1.. (the trainer ranks that lead them), driven by the controller.
+// The other trainer ranks' part, driven by the controller (trainer rank 0). Broadcast: the leaders of
+// stages 1.. join `prefix`-s<stage> as its rank 0 and send their stage. p2p: every trainer rank joins
+// `prefix` as its own world rank and sends its own shards.
 struct StageSenders {
-  // Each stage leader starts joining the group `prefix`-s<stage> of `store` as rank 0 of
-  // `world_size`; returns once they were told (they connect while the controller does).
+  // Starts their joins of the group(s) of `store` (`world_size` members each); returns once they
+  // were told (they connect while the controller does).
   std::function<Status(const std::string& store, const std::string& prefix, int world_size,
                        double timeout_s)>
       join;
-  // Each stage leader sends its stage's buckets of `version` over its group.
+  // They send their part of `version`.
   std::function<Status(int64_t version)> send;
+  // p2p: trainer rank 0's own shards (the controller's TrainerRank).
+  TensorSource local;
 };
 
 struct WeightGroupOptions {
   std::string host = "127.0.0.1";  // the store and the controller's Gloo transport bind here
   std::chrono::milliseconds timeout{60'000};  // forming the group; each collective
   std::function<void(const std::string&)> log;
-  StageSenders senders;  // needed when the plan has more than one stage
+  StageSenders senders;  // needed when other trainer ranks send (pp > 1, or p2p with > 1 rank)
+  // "broadcast" (one group per stage) or "p2p" (`trainer`'s ranks send their shards straight to
+  // the engines: the plan is then made for `trainer`).
+  std::string transport = "broadcast";
+  ParallelLayout trainer;
 };
 
 class WeightGroup {
@@ -77,6 +85,8 @@ class WeightGroup {
   std::string store_address_;
   int64_t generation_ = 0;
   int stages_ = 1;
+  bool p2p_ = false;
+  int trainer_ranks_ = 1;  // p2p: the engines are ranks trainer_ranks_..
   std::unique_ptr<Communicator> comm_;                  // stage 0's group; null: no group
   std::vector<std::shared_ptr<EngineClient>> members_;  // group rank i + 1
 };

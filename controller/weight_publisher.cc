@@ -59,10 +59,11 @@ void for_each_parallel(size_t n, const std::function<void(size_t)>& fn) {
 
 Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
     const WeightSyncSection& cfg, const Trainer& trainer, const std::string& host,
-    std::function<void(const std::string&)> log, int stages, StageSenders senders) {
-  if (cfg.transport != "disk_delta" && cfg.transport != "broadcast")
+    std::function<void(const std::string&)> log, const ParallelLayout& layout,
+    StageSenders senders) {
+  if (cfg.transport != "disk_delta" && cfg.transport != "broadcast" && cfg.transport != "p2p")
     return Status::Error("weight_sync.transport: '" + cfg.transport +
-                         "' is not available to `miles run` (known: disk_delta, broadcast)");
+                         "' is not available to `miles run` (known: disk_delta, broadcast, p2p)");
   auto p = std::unique_ptr<WeightPublisher>(new WeightPublisher());
   p->cfg_ = cfg;
   p->log_ = std::move(log);
@@ -78,15 +79,21 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
   fs::create_directories(p->cfg_.dir, ec);
   if (ec) return Status::Error("weight_sync.dir " + p->cfg_.dir + ": " + ec.message());
   p->sender_ = make_disk_delta_sender(p->cfg_.dir, p->plan_, o);
-  if (cfg.transport == "broadcast") {
+  if (cfg.transport == "broadcast" || cfg.transport == "p2p") {
     WeightGroupOptions go;
     go.host = host;
     go.log = p->log_;
     go.senders = std::move(senders);
-    MILES_ASSIGN_OR_RETURN(ParallelLayout stage_layout, ParallelLayout::create(1, stages, 1));
+    go.transport = cfg.transport;
+    go.trainer = layout;
+    // Broadcast follows the stages only (each stage's leader sends its whole stage); p2p the
+    // trainer's layout (every rank of replica 0 sends its own shards).
+    MILES_ASSIGN_OR_RETURN(ParallelLayout plan_layout,
+                           cfg.transport == "p2p" ? Result<ParallelLayout>(layout)
+                                                  : ParallelLayout::create(1, layout.pp(), 1));
     MILES_ASSIGN_OR_RETURN(TransferPlan group_plan,
                            make_transfer_plan(trainer.model_config(), trainer.params().layout(),
-                                              stage_layout));
+                                              plan_layout));
     MILES_ASSIGN_OR_RETURN(p->group_, WeightGroup::create(std::move(go), std::move(group_plan)));
   }
   return p;

@@ -30,11 +30,12 @@ namespace miles::controller {
 class WeightPublisher {
  public:
   // With transport broadcast, the weight group's store and Gloo transport bind `host` (the
-  // controller's address); `log` hears about group changes and fallbacks. `stages`: the trainer's
-  // pipeline stages — one broadcast group each, stages 1.. sent by `senders` (weight_group.h).
+  // controller's address); `log` hears about group changes and fallbacks. `layout`: the trainer's
+  // — broadcast forms one group per pipeline stage, p2p one group of all its ranks; the other
+  // ranks' part is `senders`' (weight_group.h).
   static Result<std::unique_ptr<WeightPublisher>> create(
       const WeightSyncSection& cfg, const Trainer& trainer, const std::string& host = "127.0.0.1",
-      std::function<void(const std::string&)> log = nullptr, int stages = 1,
+      std::function<void(const std::string&)> log = nullptr, const ParallelLayout& layout = {},
       StageSenders senders = {});
   // Publishes the trainer's current weights as `version` (> every published one); a version that
   // is already on disk with the same checksums (a resumed run) is adopted instead.
@@ -43,7 +44,7 @@ class WeightPublisher {
   // Moves `engine` to the current version (pausing it first with `pause`, when given) and checks
   // its checksums when configured.
   Status bring(EngineClient& engine, const PauseMode* pause) const;
-  // Whether syncs go over the broadcast group (transport broadcast) rather than bring().
+  // Whether syncs go over a weight group (transport broadcast or p2p) rather than bring().
   bool broadcasts() const { return group_ != nullptr; }
   // Broadcast transport: moves every engine of `engines` to the current version at once over the
   // weight group — the trainer's bytes, sent by this process — pausing them first with `pause`

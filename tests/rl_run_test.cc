@@ -204,10 +204,12 @@ TEST(RlRun, BroadcastTransportGivesTheDiskDeltaRun) {
   }
 }
 
-// Broadcast with a pipeline-parallel trainer (pp = 2, tp = 2): one group per stage, stage 1's
-// buckets sent by the trainer rank that leads stage 1 (after gathering its tensor-parallel shards),
-// not by the controller; the run equals the disk-delta run of the same layout with |Δlogp| 0.
-TEST(RlRun, BroadcastSendsEachPipelineStageFromItsLeader) {
+// A pipeline- and tensor-parallel trainer (pp = 2, tp = 2, four ranks) and two engines.
+// Broadcast: one group per stage, stage 1's buckets sent by the trainer rank that leads stage 1
+// (after gathering its tensor-parallel shards), not by the controller. p2p: every trainer rank sends
+// its own shards straight to the engines, which assemble them. Both runs equal the disk-delta run of
+// the same layout with |Δlogp| 0.
+TEST(RlRun, BroadcastPerStageAndP2pFromEveryRankGiveTheDiskDeltaRun) {
   MILES_REQUIRE_SHARED();
   const std::string ref = temp_dir("bcast_pp_ref"), dir = temp_dir("bcast_pp");
   const std::string job =
@@ -228,12 +230,27 @@ TEST(RlRun, BroadcastSendsEachPipelineStageFromItsLeader) {
     EXPECT_EQ(count(workers, "stage 1: sent weight version " + std::to_string(v) + " over wsync-1-s1"),
               1u)
         << workers;
-  auto m = metrics(dir), mr = metrics(ref);
-  ASSERT_EQ(m.size(), 3u);
+  const std::string p2p = temp_dir("p2p_pp");
+  auto rp = run_here(std::string(kCi) + " --run-dir " + p2p + job + " weight_sync.transport=p2p");
+  ASSERT_EQ(rp.exit_code, 0) << rp.out;
+  EXPECT_NE(rp.out.find("p2p from 4 trainer ranks (dp=1,pp=2,tp=2)"), std::string::npos) << rp.out;
+  EXPECT_EQ(rp.out.find("over disk-delta"), std::string::npos) << rp.out;  // no fallback
+  for (int rank = 1; rank < 4; ++rank) {
+    std::ifstream f(p2p + "/trainer_rank_" + std::to_string(rank) + ".log");
+    const std::string log(std::istreambuf_iterator<char>(f), {});
+    EXPECT_NE(log.find("rank " + std::to_string(rank) + ": sent its shards of weight version 3"),
+              std::string::npos)
+        << log;
+  }
+  auto mr = metrics(ref);
   ASSERT_EQ(mr.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) {
-    EXPECT_EQ(m[i]["logp_abs_diff_max"], 0.0) << m[i].dump();
-    EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << "step " << i + 1;
+  for (const std::string& d : {dir, p2p}) {
+    auto m = metrics(d);
+    ASSERT_EQ(m.size(), 3u) << d;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(m[i]["logp_abs_diff_max"], 0.0) << m[i].dump();
+      EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << d << " step " << i + 1;
+    }
   }
 }
 

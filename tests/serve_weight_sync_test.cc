@@ -322,5 +322,62 @@ TEST(ServeWeightSync, OneBroadcastGroupPerPipelineStage) {
   EXPECT_EQ(sums, checksums_of(**tr, *layout));
 }
 
+// p2p: the engine joins one group with the trainer's ranks (here one: dp=1,pp=1,tp=1) as rank 1;
+// the trainer rank sends its shards (the whole tensors) and the engine swaps in the version. A rank
+// inside the trainer's range and an unknown transport are refused.
+TEST(ServeWeightSync, P2pGroupBringsAVersion) {
+  Served served;
+  ASSERT_TRUE(served.start().ok());
+  auto& files = served.files;
+  httplib::Client c("127.0.0.1", served.server->port());
+  c.set_read_timeout(std::chrono::seconds(120));
+  TrainerConfig tc;
+  tc.lr.lr = 1e-2;
+  auto tr = Trainer::create(files->config, files->weights, tc, &served.pool);
+  ASSERT_TRUE(tr.ok());
+  auto layout = ParamLayout::for_model(files->config, &files->weights);
+  auto plan = make_transfer_plan(files->config, *layout, ParallelLayout{});
+  ASSERT_TRUE(plan.ok());
+  const TensorSource source = [&](const std::string& n) { return (*tr)->params().get(n); };
+  auto store = TcpStoreServer::start({});
+  ASSERT_TRUE(store.ok()) << store.message();
+  json join = {{"store", (*store)->address()}, {"prefix", "p"},
+               {"rank", 1},                    {"world_size", 2},
+               {"timeout_s", 20},              {"transport", "p2p"},
+               {"trainer_layout", "dp=1,pp=1,tp=1"}, {"plan_digest", transfer_plan_digest(*plan)}};
+  int status = 0;
+  json bad = join;
+  bad["trainer_layout"] = "dp=1,pp=1,tp=2";  // rank 1 is a trainer rank then
+  json j = post(c, "/join_weight_group", bad, &status);
+  EXPECT_EQ(status, 400) << j.dump();
+  EXPECT_NE(j["message"].get<std::string>().find("trainer rank"), std::string::npos) << j.dump();
+  bad = join;
+  bad["transport"] = "carrier-pigeon";
+  j = post(c, "/join_weight_group", bad, &status);
+  EXPECT_EQ(status, 400) << j.dump();
+  j = post(c, "/join_weight_group", join, &status);
+  ASSERT_EQ(status, 200) << j.dump();
+  CommOptions o;
+  o.rank = 0;
+  o.world_size = 2;
+  o.store_address = (*store)->address();
+  o.prefix = "p";
+  o.timeout = std::chrono::seconds(20);
+  auto comm = connect_gloo(o);
+  ASSERT_TRUE(comm.ok()) << comm.message();
+  train_once(**tr);
+  auto update = std::async(std::launch::async, [&] {
+    int st = 0;
+    json r = post(c, "/update_weights_from_group", {{"weight_version", 1}}, &st);
+    return std::make_pair(st, r);
+  });
+  ASSERT_TRUE(p2p_send_weights(**comm, *plan, 1, source, P2pRoles{ParallelLayout{}, 1}).ok());
+  auto [st, r] = update.get();
+  ASSERT_EQ(st, 200) << r.dump();
+  auto [version, sums] = held(c);
+  EXPECT_EQ(version, 1);
+  EXPECT_EQ(sums, checksums_of(**tr, *layout));
+}
+
 }  // namespace
 }  // namespace miles

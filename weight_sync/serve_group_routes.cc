@@ -35,7 +35,8 @@ Result<CommOptions> join_options(const json& body) {
   const char* usage =
       "join_weight_group needs {\"store\": \"host:port\", \"prefix\": string, \"rank\": integer, "
       "\"world_size\": integer, optional \"timeout_s\": number, \"host\": string, "
-      "\"plan_digest\": string, \"stage\": integer, \"stages\": integer}";
+      "\"plan_digest\": string, \"stage\": integer, \"stages\": integer, \"transport\": "
+      "\"broadcast\" | \"p2p\", \"trainer_layout\": \"dp=A,pp=B,tp=C\"}";
   if (body.is_discarded() || !body.is_object() || !has(body, "store", json::value_t::string) ||
       !has(body, "prefix", json::value_t::string) ||
       !has(body, "rank", json::value_t::number_integer) ||
@@ -44,7 +45,9 @@ Result<CommOptions> join_options(const json& body) {
       (body.contains("host") && !has(body, "host", json::value_t::string)) ||
       (body.contains("plan_digest") && !has(body, "plan_digest", json::value_t::string)) ||
       (body.contains("stage") && !has(body, "stage", json::value_t::number_integer)) ||
-      (body.contains("stages") && !has(body, "stages", json::value_t::number_integer)))
+      (body.contains("stages") && !has(body, "stages", json::value_t::number_integer)) ||
+      (body.contains("transport") && !has(body, "transport", json::value_t::string)) ||
+      (body.contains("trainer_layout") && !has(body, "trainer_layout", json::value_t::string)))
     return Status::Error(usage);
   CommOptions o;
   o.store_address = body["store"].get<std::string>();
@@ -62,6 +65,42 @@ Result<CommOptions> join_options(const json& body) {
   return o;
 }
 
+// What a join is for: one stage's broadcast group (of `stages`), or the p2p group of the trainer's
+// ranks and the engines; and the layout whose plan the sender follows.
+struct JoinKind {
+  int stage = 0, stages = 1;
+  ParallelLayout layout;           // broadcast: dp=1,pp=stages,tp=1; p2p: the trainer's
+  std::optional<P2pRoles> p2p;
+};
+
+Result<JoinKind> join_kind(const json& body, const CommOptions& o, const ModelConfig& config) {
+  JoinKind k;
+  const std::string transport = body.value("transport", std::string("broadcast"));
+  if (transport == "p2p") {
+    MILES_ASSIGN_OR_RETURN(k.layout,
+                           ParallelLayout::parse(body.value("trainer_layout", std::string())));
+    const int w = k.layout.world_size();
+    if (o.rank < w)
+      return Status::Error("join_weight_group: p2p rank " + std::to_string(o.rank) +
+                           " is a trainer rank of " + k.layout.to_string() +
+                           " (engines are ranks " + std::to_string(w) + "..world_size − 1)");
+    k.p2p = P2pRoles{k.layout, o.world_size - w};
+    return k;
+  }
+  if (transport != "broadcast")
+    return Status::Error("join_weight_group: transport '" + transport +
+                         "' (known: broadcast, p2p)");
+  const int64_t stages = body.value("stages", int64_t{1}), stage = body.value("stage", int64_t{0});
+  if (stages < 1 || stages > config.num_layers || stage < 0 || stage >= stages)
+    return Status::Error("join_weight_group: stage " + std::to_string(stage) + " of " +
+                         std::to_string(stages) + ": need 0 <= stage < stages <= " +
+                         std::to_string(config.num_layers) + " (the model's layers)");
+  k.stage = static_cast<int>(stage);
+  k.stages = static_cast<int>(stages);
+  MILES_ASSIGN_OR_RETURN(k.layout, ParallelLayout::create(1, k.stages, 1));
+  return k;
+}
+
 }  // namespace
 
 void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes> st,
@@ -70,16 +109,14 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
     const json body = json::parse(req.body, nullptr, false);
     auto o = join_options(body);
     if (!o.ok()) return reply_failure(res, 400, o.message());
-    // One group per pipeline stage of the sender: `stage` of `stages` (default 0 of 1).
-    const int64_t stages = body.value("stages", int64_t{1}), stage = body.value("stage", int64_t{0});
-    if (stages < 1 || stages > st->config.num_layers || stage < 0 || stage >= stages)
-      return reply_failure(res, 400,
-                           "join_weight_group: stage " + std::to_string(stage) + " of " +
-                               std::to_string(stages) + ": need 0 <= stage < stages <= " +
-                               std::to_string(st->config.num_layers) + " (the model's layers)");
+    // Broadcast: one group per pipeline stage of the sender, `stage` of `stages` (default 0 of 1).
+    // p2p: one group of the trainer's ranks and the engines.
+    auto kind = join_kind(body, *o, st->config);
+    if (!kind.ok()) return reply_failure(res, 400, kind.message());
     std::lock_guard<std::mutex> lock(st->group_mu);
-    auto plan = st->plan_for(static_cast<int>(stages));
-    if (!plan.ok()) return reply_failure(res, 400, plan.status().with_context("join_weight_group").message());
+    auto plan = st->plan_for(kind->layout);
+    if (!plan.ok())
+      return reply_failure(res, 400, plan.status().with_context("join_weight_group").message());
     const std::string mine = transfer_plan_digest(**plan);
     const std::string digest = body.value("plan_digest", std::string());
     if (!digest.empty() && digest != mine)
@@ -101,8 +138,10 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
       it = st->joins.erase(it);
     }
     // The old groups' communicators go with their last user.
-    if (static_cast<int64_t>(st->groups.size()) != stages) st->groups.assign(stages, nullptr);
-    st->groups[stage] = g;
+    if (kind->p2p || st->p2p || static_cast<int>(st->groups.size()) != kind->stages)
+      st->groups.assign(kind->stages, nullptr);
+    st->groups[kind->stage] = g;
+    st->p2p = kind->p2p;
     st->joins.push_back({std::thread([g, finished, options = std::move(*o)] {
                            auto comm = connect_gloo(options);
                            {
@@ -115,7 +154,7 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
                            *finished = true;
                          }),
                          finished});
-    reply_json(res, 200, json{{"success", true}, {"prefix", g->prefix}, {"stage", stage}});
+    reply_json(res, 200, json{{"success", true}, {"prefix", g->prefix}, {"stage", kind->stage}});
   });
 
   s.Post("/update_weights_from_group",
@@ -128,10 +167,17 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
            const int64_t v = body["weight_version"].get<int64_t>();
            std::vector<std::shared_ptr<WeightGroupJoin>> gs;
            const TransferPlan* plan = nullptr;
+           std::optional<P2pRoles> p2p;
            {
              std::lock_guard<std::mutex> lock(st->group_mu);
              gs = st->groups;
-             if (!gs.empty()) plan = *st->plan_for(static_cast<int>(gs.size()));  // made at join
+             p2p = st->p2p;
+             if (!gs.empty()) {
+               const ParallelLayout layout =
+                   p2p ? p2p->trainer
+                       : *ParallelLayout::create(1, static_cast<int>(gs.size()), 1);
+               plan = *st->plan_for(layout);  // made at the join
+             }
            }
            if (gs.empty())
              return reply_failure(res, 400,
@@ -154,7 +200,8 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
            // Every member must take part in the transfer, even one that will refuse to swap; the
            // stages arrive one after the other, each over its own group.
            ReceivedWeights received;
-           Status rs = receive_stage_weights(comms, *plan, v, &received);
+           Status rs = p2p ? p2p_receive_weights(*comms.front(), *plan, v, *p2p, &received)
+                           : receive_stage_weights(comms, *plan, v, &received);
            if (!rs.ok()) {
              st->drop_groups(gs);
              return reply_failure(res, 400,

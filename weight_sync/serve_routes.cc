@@ -53,13 +53,13 @@ void WeightSyncRoutes::drop_groups(const std::vector<std::shared_ptr<WeightGroup
   if (groups == gs) groups.clear();
 }
 
-Result<const TransferPlan*> WeightSyncRoutes::plan_for(int stages) {
-  auto it = stage_plans.find(stages);
-  if (it != stage_plans.end()) return &it->second;
-  MILES_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::create(1, stages, 1));
+Result<const TransferPlan*> WeightSyncRoutes::plan_for(const ParallelLayout& layout) {
+  const std::string key = layout.to_string();
+  auto it = plans.find(key);
+  if (it != plans.end()) return &it->second;
   auto params = ParamLayout::for_model(config);
   MILES_ASSIGN_OR_RETURN(TransferPlan plan, make_transfer_plan(config, *params, layout));
-  return &stage_plans.emplace(stages, std::move(plan)).first->second;
+  return &plans.emplace(key, std::move(plan)).first->second;
 }
 
 std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(httplib::Server& s,

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -74,9 +75,12 @@ struct WeightSyncRoutes {
   // that stage's trainer rank over groups[s]); empty: none. A slot is null until joined.
   std::vector<std::shared_ptr<WeightGroupJoin>> groups;
   std::vector<JoinThread> joins;
-  std::map<int, TransferPlan> stage_plans;  // by stage count: the plan a pp-stage sender follows
-  // The plan for a sender with `stages` pipeline stages (made once per count). Under `group_mu`.
-  Result<const TransferPlan*> plan_for(int stages);
+  // p2p instead of broadcast: the trainer's ranks and the engines in one group (groups holds it).
+  std::optional<P2pRoles> p2p;
+  // The plan a sender with trainer layout `layout` follows (made once per layout): broadcast uses
+  // dp=1,pp=S,tp=1 for S stages, p2p the trainer's own layout. Under `group_mu`.
+  Result<const TransferPlan*> plan_for(const ParallelLayout& layout);
+  std::map<std::string, TransferPlan> plans;  // by ParallelLayout::to_string()
 
   // Checksums of the weights loaded at start-up (float32, as the trainer holds them). Under `mu`.
   Status initial_checksums();
