@@ -171,8 +171,7 @@ Status EngineClient::join_weight_group(const std::string& store, const std::stri
 
 Status EngineClient::join_p2p_weight_group(const std::string& store, const std::string& prefix,
                                            int rank, int world_size, double timeout_s,
-                                           const std::string& host,
-                                           const std::string& plan_digest,
+                                           const std::string& host, const std::string& plan_digest,
                                            const std::string& trainer_layout) const {
   return post_json(address_, "/join_weight_group",
                    json{{"store", store},

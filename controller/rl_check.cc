@@ -226,10 +226,10 @@ Result<json> RlJob::check() {
                   " of " + std::to_string(static_cast<int64_t>(tokens)));
     const double rel =
         std::fabs(g->grad_norm - trained.grad_norm) / std::max(trained.grad_norm, 1e-30);
-    gates.add(name + "_rel_diff", rel, "<=",
-              layout->tp() > 1 ? q.grad_norm_rel_tol_tp : q.grad_norm_rel_tol,
-              "grad norm " + std::to_string(g->grad_norm) + " vs " +
-                  std::to_string(trained.grad_norm));
+    gates.add(
+        name + "_rel_diff", rel,
+        "<=", layout->tp() > 1 ? q.grad_norm_rel_tol_tp : q.grad_norm_rel_tol,
+        "grad norm " + std::to_string(g->grad_norm) + " vs " + std::to_string(trained.grad_norm));
   }
 
   report["gates"] = gates.list;

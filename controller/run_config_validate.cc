@@ -253,8 +253,10 @@ void check_required(const RunConfig& c, Checker& check) {
 }
 
 void check_services(const RunConfig& c, Checker& check) {
-  check.one_of("weight_sync.transport", c.weight_sync.transport, {"disk_delta", "broadcast", "p2p"});
+  check.one_of("weight_sync.transport", c.weight_sync.transport,
+               {"disk_delta", "broadcast", "p2p"});
   check.positive("weight_sync.full_every", c.weight_sync.full_every);
+  check.positive("weight_sync.group_timeout_s", c.weight_sync.group_timeout_s);
   check.one_of("weight_sync.encoding", c.weight_sync.encoding, {"xor", "overwrite"});
   const auto& y = c.async;
   check.one_of("async.mode", y.mode, {"sync", "one_step_off", "async"});

@@ -16,13 +16,13 @@
 
 #include "controller/child_process.h"
 #include "miles/comm.h"
-#include "miles/transfer_plan.h"
 #include "miles/rl_objective.h"
 #include "miles/run_config.h"
 #include "miles/tcp_store.h"
 #include "miles/thread_pool.h"
 #include "miles/train_checkpoint.h"
 #include "miles/trainer.h"
+#include "miles/transfer_plan.h"
 
 namespace miles::controller {
 

@@ -75,8 +75,7 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
       Status s;
       if (p2p_)
         s = e.join_p2p_weight_group(store_address_, prefix, rank, world, timeout_s,
-                                    e.address().host, plan_digest_,
-                                    options_.trainer.to_string());
+                                    e.address().host, plan_digest_, options_.trainer.to_string());
       for (int st = 0; st < stages_ && s.ok() && !p2p_; ++st)
         s = e.join_weight_group(store_address_, stage_prefix(prefix, st), rank, world, timeout_s,
                                 e.address().host, plan_digest_, st, stages_);
@@ -147,8 +146,7 @@ std::vector<Status> WeightGroup::update(const std::vector<std::shared_ptr<Engine
         [&, k] { got[k] = members_[k]->update_weights_from_group(version, receive_timeout_s); });
   // The other trainer ranks send theirs on command; this process sends stage 0's (broadcast) or
   // its own shards (p2p).
-  Status sent =
-      stages_ > 1 || trainer_ranks_ > 1 ? options_.senders.send(version) : Status::Ok();
+  Status sent = stages_ > 1 || trainer_ranks_ > 1 ? options_.senders.send(version) : Status::Ok();
   if (sent.ok())
     sent = p2p_ ? p2p_send_weights(*comm_, plan_, version, options_.senders.local,
                                    P2pRoles{options_.trainer, static_cast<int>(members_.size())})

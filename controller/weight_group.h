@@ -11,8 +11,9 @@
 //
 // One group per pipeline stage: the group of stage s is that stage's (dp = 0, tp = 0) trainer rank
 // (rank 0) and the engines (ranks 1..n), under the prefix "wsync-<generation>-s<s>". The controller
-// is stage 0's sender; the trainer ranks that lead stages 1.. join and send on command (StageSenders:
-// `miles rl-worker` processes, trainer_group.h). Engines receive the stages in order.
+// is stage 0's sender; the trainer ranks that lead stages 1.. join and send on command
+// (StageSenders: `miles rl-worker` processes, trainer_group.h). Engines receive the stages in
+// order.
 #pragma once
 
 #include <chrono>
@@ -29,9 +30,9 @@
 
 namespace miles::controller {
 
-// The other trainer ranks' part, driven by the controller (trainer rank 0). Broadcast: the leaders of
-// stages 1.. join `prefix`-s<stage> as its rank 0 and send their stage. p2p: every trainer rank joins
-// `prefix` as its own world rank and sends its own shards.
+// The other trainer ranks' part, driven by the controller (trainer rank 0). Broadcast: the leaders
+// of stages 1.. join `prefix`-s<stage> as its rank 0 and send their stage. p2p: every trainer rank
+// joins `prefix` as its own world rank and sends its own shards.
 struct StageSenders {
   // Starts their joins of the group(s) of `store` (`world_size` members each); returns once they
   // were told (they connect while the controller does).
@@ -86,8 +87,8 @@ class WeightGroup {
   int64_t generation_ = 0;
   int stages_ = 1;
   bool p2p_ = false;
-  int trainer_ranks_ = 1;  // p2p: the engines are ranks trainer_ranks_..
-  std::unique_ptr<Communicator> comm_;                  // stage 0's group; null: no group
+  int trainer_ranks_ = 1;               // p2p: the engines are ranks trainer_ranks_..
+  std::unique_ptr<Communicator> comm_;  // stage 0's group; null: no group
   std::vector<std::shared_ptr<EngineClient>> members_;  // group rank i + 1
 };
 

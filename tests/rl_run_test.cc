@@ -206,9 +206,9 @@ TEST(RlRun, BroadcastTransportGivesTheDiskDeltaRun) {
 
 // A pipeline- and tensor-parallel trainer (pp = 2, tp = 2, four ranks) and two engines.
 // Broadcast: one group per stage, stage 1's buckets sent by the trainer rank that leads stage 1
-// (after gathering its tensor-parallel shards), not by the controller. p2p: every trainer rank sends
-// its own shards straight to the engines, which assemble them. Both runs equal the disk-delta run of
-// the same layout with |Δlogp| 0.
+// (after gathering its tensor-parallel shards), not by the controller. p2p: every trainer rank
+// sends its own shards straight to the engines, which assemble them. Both runs equal the disk-delta
+// run of the same layout with |Δlogp| 0.
 TEST(RlRun, BroadcastPerStageAndP2pFromEveryRankGiveTheDiskDeltaRun) {
   MILES_REQUIRE_SHARED();
   const std::string ref = temp_dir("bcast_pp_ref"), dir = temp_dir("bcast_pp");
@@ -216,8 +216,8 @@ TEST(RlRun, BroadcastPerStageAndP2pFromEveryRankGiveTheDiskDeltaRun) {
       " rollout.num_rollouts=3 rollout.num_engines=2 parallel.pp=2 parallel.tp=2";
   auto rr = run_here(std::string(kCi) + " --run-dir " + ref + job);
   ASSERT_EQ(rr.exit_code, 0) << rr.out;
-  auto r = run_here(std::string(kCi) + " --run-dir " + dir + job +
-                    " weight_sync.transport=broadcast");
+  auto r =
+      run_here(std::string(kCi) + " --run-dir " + dir + job + " weight_sync.transport=broadcast");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("one group per pipeline stage (2)"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("over disk-delta"), std::string::npos) << r.out;  // no fallback
@@ -227,8 +227,9 @@ TEST(RlRun, BroadcastPerStageAndP2pFromEveryRankGiveTheDiskDeltaRun) {
     workers += std::string(std::istreambuf_iterator<char>(f), {});
   }
   for (int v = 1; v <= 3; ++v)
-    EXPECT_EQ(count(workers, "stage 1: sent weight version " + std::to_string(v) + " over wsync-1-s1"),
-              1u)
+    EXPECT_EQ(
+        count(workers, "stage 1: sent weight version " + std::to_string(v) + " over wsync-1-s1"),
+        1u)
         << workers;
   const std::string p2p = temp_dir("p2p_pp");
   auto rp = run_here(std::string(kCi) + " --run-dir " + p2p + job + " weight_sync.transport=p2p");

@@ -131,6 +131,7 @@ TEST(RunConfig, FullConfigSetsEveryField) {
   EXPECT_EQ(c->weight_sync.full_every, 3);
   EXPECT_EQ(c->weight_sync.encoding, "overwrite");
   EXPECT_FALSE(c->weight_sync.check_checksums);
+  EXPECT_EQ(c->weight_sync.group_timeout_s, 15);
   EXPECT_EQ(c->async.mode, "one_step_off");
   EXPECT_EQ(c->async.max_weight_staleness, 2);
   EXPECT_EQ(c->async.stale_policy, "retry");

@@ -128,7 +128,7 @@ TEST(RunConfigValidate, EnumerationsListWhatIsAccepted) {
        "algorithm.correction: expected one of none | tis | mis_token | mis_sequence"},
       {"algorithm: {old_logp: x}", "algorithm.old_logp: expected one of rollout | recompute"},
       {"weight_sync: {transport: nccl}",
-       "weight_sync.transport: expected one of disk_delta | broadcast"},
+       "weight_sync.transport: expected one of disk_delta | broadcast | p2p"},
       {"weight_sync: {encoding: x}", "weight_sync.encoding: expected one of xor | overwrite"},
       {"async: {mode: x}", "async.mode: expected one of sync | one_step_off | async"},
       {"async: {stale_policy: x}", "async.stale_policy: expected one of drop | retry"},

@@ -241,8 +241,8 @@ TEST(ServeWeightSync, BroadcastGroupBringsVersionsAndABadJoinKeepsTheVersion) {
 }
 
 // One group per pipeline stage: the engine joins stage 0's and stage 1's groups of a two-stage
-// sender; two senders (each rank 0 of its group, as the stage leaders are) send their stages at once
-// and the engine swaps in the whole version. A partial or inconsistent join is refused.
+// sender; two senders (each rank 0 of its group, as the stage leaders are) send their stages at
+// once and the engine swaps in the whole version. A partial or inconsistent join is refused.
 TEST(ServeWeightSync, OneBroadcastGroupPerPipelineStage) {
   Served served;
   ASSERT_TRUE(served.start().ok());
@@ -263,8 +263,12 @@ TEST(ServeWeightSync, OneBroadcastGroupPerPipelineStage) {
   const TensorSource source = [&](const std::string& n) { return (*tr)->params().get(n); };
   auto store = TcpStoreServer::start({});
   ASSERT_TRUE(store.ok()) << store.message();
-  json join = {{"store", (*store)->address()}, {"rank", 1},     {"world_size", 2},
-               {"timeout_s", 20},              {"stages", 2},   {"plan_digest", digest}};
+  json join = {{"store", (*store)->address()},
+               {"rank", 1},
+               {"world_size", 2},
+               {"timeout_s", 20},
+               {"stages", 2},
+               {"plan_digest", digest}};
   int status = 0;
   // Refused: a stage past the count, and a one-stage plan's digest for two stages.
   json bad = join;
@@ -341,10 +345,14 @@ TEST(ServeWeightSync, P2pGroupBringsAVersion) {
   const TensorSource source = [&](const std::string& n) { return (*tr)->params().get(n); };
   auto store = TcpStoreServer::start({});
   ASSERT_TRUE(store.ok()) << store.message();
-  json join = {{"store", (*store)->address()}, {"prefix", "p"},
-               {"rank", 1},                    {"world_size", 2},
-               {"timeout_s", 20},              {"transport", "p2p"},
-               {"trainer_layout", "dp=1,pp=1,tp=1"}, {"plan_digest", transfer_plan_digest(*plan)}};
+  json join = {{"store", (*store)->address()},
+               {"prefix", "p"},
+               {"rank", 1},
+               {"world_size", 2},
+               {"timeout_s", 20},
+               {"transport", "p2p"},
+               {"trainer_layout", "dp=1,pp=1,tp=1"},
+               {"plan_digest", transfer_plan_digest(*plan)}};
   int status = 0;
   json bad = join;
   bad["trainer_layout"] = "dp=1,pp=1,tp=2";  // rank 1 is a trainer rank then

@@ -2,11 +2,11 @@
 // agent loop (system + user, a calculator tool result, a user turn, a mid-conversation system
 // message with a user turn, a retry of that turn, a retry of an earlier turn) whose trajectory is
 // exactly the engine's token record, with zero special-token and non-assistant-text mismatches
-// against the rendered conversation, the loss mask on generated ids only, and a first turn identical
-// (ids and logprobs, bitwise) to /generate and to plain /v1/chat/completions. Edits of earlier
-// turns, and appending to a reply cut by max_tokens, are rejected with the session unchanged (a
-// retry recovers); unknown sessions are 404.
-// session_record_test covers the store and the record without a model.
+// against the rendered conversation, the loss mask on generated ids only, and a first turn
+// identical (ids and logprobs, bitwise) to /generate and to plain /v1/chat/completions. Edits of
+// earlier turns, and appending to a reply cut by max_tokens, are rejected with the session
+// unchanged (a retry recovers); unknown sessions are 404. session_record_test covers the store and
+// the record without a model.
 #include "rollout/sessions.h"
 
 #include <gtest/gtest.h>
@@ -220,7 +220,8 @@ TEST_F(Sessions, AgentLoopTrajectoryIsTheEngineRecord) {
   int text_mismatches = 0;
   for (size_t i = 0; i < zero_spans.size(); ++i) text_mismatches += zero_spans[i] != want_spans[i];
   std::printf(
-      "[ sessions ] 4 turns (system, user, tool, user, system + user) + 1 retry: %zu tokens (%zu generated), %lld special tokens, "
+      "[ sessions ] 4 turns (system, user, tool, user, system + user) + 1 retry: %zu tokens (%zu "
+      "generated), %lld special tokens, "
       "special-token mismatches %lld, non-assistant text mismatches %d/%zu spans; fresh "
       "tokenization %s the record\n",
       tokens.size(), static_cast<size_t>(std::count(mask.begin(), mask.end(), 1)),

@@ -88,12 +88,12 @@ TEST(SftCli, PipelineLayoutsOfMoeAndQwen3ModelsMatchTheSingleProcess) {
   expect_layouts_match(test::data_dir() + "/models/qwen3", 2, {"dp=2,pp=2"});
 }
 
-// Tensor parallelism: the row-parallel products (o_proj, down_proj, experts' down_proj) reduce their
-// K slices in the full product's chunks and the vocabulary's softmax sums split on chunk boundaries,
-// so the forward is the single process's bit for bit: on the same weights (step 1) the loss is equal.
-// Column-parallel input gradients add the ranks' partials off the single-process tree, so the grad
-// norm (and after one update the weights) agree within 1e-6 relative; every tensor-parallel layout
-// (mixed with dp and pp) agrees with every other bit for bit.
+// Tensor parallelism: the row-parallel products (o_proj, down_proj, experts' down_proj) reduce
+// their K slices in the full product's chunks and the vocabulary's softmax sums split on chunk
+// boundaries, so the forward is the single process's bit for bit: on the same weights (step 1) the
+// loss is equal. Column-parallel input gradients add the ranks' partials off the single-process
+// tree, so the grad norm (and after one update the weights) agree within 1e-6 relative; every
+// tensor-parallel layout (mixed with dp and pp) agrees with every other bit for bit.
 TEST(SftCli, TensorParallelLayoutsGiveTheSingleProcessLossBitwiseAndGradNormWithin1e6) {
   MILES_REQUIRE_SHARED();
   for (const std::string model : {stories(), test::data_dir() + "/models/qwen3_moe"}) {
@@ -109,7 +109,8 @@ TEST(SftCli, TensorParallelLayoutsGiveTheSingleProcessLossBitwiseAndGradNormWith
       ASSERT_EQ(r.exit_code, 0) << layout << ": " << r.out;
       const auto got = steps_of(r.out);
       ASSERT_EQ(got.size(), 2u) << layout;
-      EXPECT_EQ(got[0]["loss"].get<double>(), ref[0]["loss"].get<double>()) << model << " " << layout;
+      EXPECT_EQ(got[0]["loss"].get<double>(), ref[0]["loss"].get<double>())
+          << model << " " << layout;
       for (const char* k : {"loss", "grad_norm"}) {
         const double want = ref[1][k].get<double>(), have = got[1][k].get<double>();
         EXPECT_LE(std::fabs(have - want), 1e-6 * std::fabs(want))

@@ -1,10 +1,11 @@
 // tensor_parallel: shard configs and the rule that says when a split reproduces the single-process
 // forward bit for bit (the sft and check tests run the real split across processes).
+#include "miles/tensor_parallel.h"
+
 #include <gtest/gtest.h>
 
 #include "miles/kernels.h"
 #include "miles/model_config.h"
-#include "miles/tensor_parallel.h"
 
 namespace miles {
 namespace {
@@ -42,7 +43,8 @@ TEST(TensorParallel, BitwiseSplitNamesWhatDoesNotFallOnChunkBoundaries) {
   Status eight = tensor_parallel::bitwise_split(c, 8);
   EXPECT_NE(eight.message().find("(intermediate_size) = 172"), std::string::npos)
       << eight.message();
-  ModelConfig qwen = c;  // a 151,936-token vocabulary sums its softmax in chunks of 128: 1187 chunks
+  ModelConfig qwen =
+      c;  // a 151,936-token vocabulary sums its softmax in chunks of 128: 1187 chunks
   qwen.vocab_size = 151936;
   Status v = tensor_parallel::bitwise_split(qwen, 2);
   EXPECT_NE(v.message().find("vocab_size = 151936"), std::string::npos) << v.message();

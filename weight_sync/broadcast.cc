@@ -81,8 +81,8 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
   return Status::Ok();
 }
 
-Status send_stage_weights(Communicator& group, const TransferPlan& plan, int stage,
-                          int64_t version, const TensorSource& source) {
+Status send_stage_weights(Communicator& group, const TransferPlan& plan, int stage, int64_t version,
+                          const TensorSource& source) {
   if (group.rank() != 0)
     return Status::Error("stage " + std::to_string(stage) + ": the sender is rank 0 of its group");
   return broadcast_weights(group, stage_plan(plan, stage), version, source, nullptr,

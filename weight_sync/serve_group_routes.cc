@@ -69,7 +69,7 @@ Result<CommOptions> join_options(const json& body) {
 // ranks and the engines; and the layout whose plan the sender follows.
 struct JoinKind {
   int stage = 0, stages = 1;
-  ParallelLayout layout;           // broadcast: dp=1,pp=stages,tp=1; p2p: the trainer's
+  ParallelLayout layout;  // broadcast: dp=1,pp=stages,tp=1; p2p: the trainer's
   std::optional<P2pRoles> p2p;
 };
 
@@ -174,8 +174,7 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
              p2p = st->p2p;
              if (!gs.empty()) {
                const ParallelLayout layout =
-                   p2p ? p2p->trainer
-                       : *ParallelLayout::create(1, static_cast<int>(gs.size()), 1);
+                   p2p ? p2p->trainer : *ParallelLayout::create(1, static_cast<int>(gs.size()), 1);
                plan = *st->plan_for(layout);  // made at the join
              }
            }

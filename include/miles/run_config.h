@@ -103,11 +103,12 @@ struct DataSection {
 };
 
 struct WeightSyncSection {
-  std::string transport = "disk_delta";  // disk_delta | broadcast (Gloo group with the engines)
+  std::string transport = "disk_delta";  // disk_delta | broadcast | p2p (Gloo groups with engines)
   std::string dir;                     // default RUN_DIR/weights
   int64_t full_every = 10;
   std::string encoding = "xor";        // xor | overwrite
   bool check_checksums = true;         // compare engine and trainer checksums after every update
+  double group_timeout_s = 60;         // broadcast / p2p: forming a group, and each collective
 };
 
 struct AsyncSection {

@@ -22,9 +22,9 @@ Split split_of(const std::string& name);
 Result<ModelConfig> local_config(const ModelConfig& full, int size);
 
 // Ok when a `size`-way split of `full` reproduces the single-process forward bit for bit (the
-// row-parallel K reductions and the vocabulary's softmax sums split on chunk boundaries, size a power
-// of two); otherwise an error naming the dimension that does not (the result is then within float
-// rounding, not bitwise).
+// row-parallel K reductions and the vocabulary's softmax sums split on chunk boundaries, size a
+// power of two); otherwise an error naming the dimension that does not (the result is then within
+// float rounding, not bitwise).
 Status bitwise_split(const ModelConfig& full, int size);
 
 // Copies rank `rank`'s slice of every tensor of `full` into `local` (same names, shard shapes).

@@ -65,8 +65,8 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
 // it, and carries only stage s's buckets (stage_plan). A stage leader calls send_stage_weights on
 // its group; a receiver calls receive_stage_weights with every stage's group, in stage order, and
 // gets the whole version (every checksum of every stage) or an error naming the stage.
-Status send_stage_weights(Communicator& group, const TransferPlan& plan, int stage,
-                          int64_t version, const TensorSource& source);
+Status send_stage_weights(Communicator& group, const TransferPlan& plan, int stage, int64_t version,
+                          const TensorSource& source);
 Status receive_stage_weights(std::span<Communicator* const> groups, const TransferPlan& plan,
                              int64_t version, ReceivedWeights* out);
 

@@ -50,13 +50,15 @@ Status bitwise_split(const ModelConfig& full, int size) {
   if (size == 1) return Status::Ok();
   const std::string tp = "tp=" + std::to_string(size);
   if ((size & (size - 1)) != 0)
-    return Status::Error(tp + " is not a power of two: the halving tree over ranks cannot match "
+    return Status::Error(tp +
+                         " is not a power of two: the halving tree over ranks cannot match "
                          "the tree over K chunks");
   auto gemm_k = [&](int64_t k, const char* what) -> Status {
     const int64_t c = kernels::gemm_chunk(k);
     if (k % c != 0 || (k / c) % size != 0)
-      return Status::Error(std::string(what) + " = " + std::to_string(k) + " reduces in chunks of " +
-                           std::to_string(c) + ": " + tp + " does not split it on chunk boundaries");
+      return Status::Error(std::string(what) + " = " + std::to_string(k) +
+                           " reduces in chunks of " + std::to_string(c) + ": " + tp +
+                           " does not split it on chunk boundaries");
     return Status::Ok();
   };
   MILES_RETURN_IF_ERROR(gemm_k(full.q_dim(), "o_proj K (heads x head_dim)"));
