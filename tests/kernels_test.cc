@@ -273,6 +273,80 @@ TEST(Attention, MatchesDirectSoftmaxAndIsInvariant) {
   }
 }
 
+// The contract's attention, written out scalar: per key block of kAttnBlock positions, each score an
+// fma chain over the head dimension from 0 (chunks of kGemmChunk, halving tree), times scale; the
+// online softmax; p · v accumulated with fma in ascending key order.
+std::vector<float> attention_contract(const float* q, const float* k, const float* v, int64_t hd,
+                                      int64_t heads, int64_t kvh, int64_t t, float scale) {
+  std::vector<float> out(heads * hd);
+  for (int64_t h = 0; h < heads; ++h) {
+    const float* qh = q + h * hd;
+    const int64_t off = (h / (heads / kvh)) * hd;
+    float mx = -INFINITY, den = 0.0f;
+    std::vector<float> acc(hd, 0.0f);
+    for (int64_t b0 = 0; b0 <= t; b0 += kAttnBlock) {
+      const int64_t n = std::min<int64_t>(kAttnBlock, t + 1 - b0);
+      std::vector<float> s(n);
+      float bm = -INFINITY;
+      for (int64_t j = 0; j < n; ++j) {
+        const float* kj = k + (b0 + j) * kvh * hd + off;
+        std::vector<float> parts;
+        for (int64_t c = 0; c < hd; c += kGemmChunk) {
+          float a = 0.0f;
+          for (int64_t e = c; e < std::min(hd, c + kGemmChunk); ++e) a = std::fma(qh[e], kj[e], a);
+          parts.push_back(a);
+        }
+        while (parts.size() > 1) {  // halving tree (sizes here: 1 or 2 chunks)
+          const size_t mid = (parts.size() + 1) / 2;
+          std::vector<float> next(mid);
+          for (size_t i = 0; i < mid; ++i)
+            next[i] = i + mid < parts.size() ? parts[i] + parts[i + mid] : parts[i];
+          parts = next;
+        }
+        s[j] = parts[0] * scale;
+        bm = std::max(bm, s[j]);
+      }
+      const float nm = std::max(mx, bm);
+      const float alpha = std::isinf(mx) ? 0.0f : std::exp(mx - nm);
+      den = den * alpha;
+      for (auto& a : acc) a = a * alpha;
+      for (int64_t j = 0; j < n; ++j) {
+        const float p = std::exp(s[j] - nm);
+        den = den + p;
+        const float* vj = v + (b0 + j) * kvh * hd + off;
+        for (int64_t e = 0; e < hd; ++e) acc[e] = std::fma(p, vj[e], acc[e]);
+      }
+      mx = nm;
+    }
+    for (int64_t e = 0; e < hd; ++e) out[h * hd + e] = acc[e] / den;
+  }
+  return out;
+}
+
+// The SIMD attention (several keys' chains in vector lanes over a transposed key block) gives the
+// scalar contract's bits, for head dimensions inside one chunk and past it (the scalar path).
+TEST(Attention, EqualsTheScalarContractBitForBit) {
+  for (int64_t hd : {16, 64, 160}) {
+    const int64_t heads = 6, kvh = 2, len = 70, bt = 16;
+    auto q = random_vec(len * heads * hd, 171 + hd), k = random_vec(len * kvh * hd, 172 + hd),
+         v = random_vec(len * kvh * hd, 173 + hd);
+    std::vector<const float*> kb, vb;
+    for (int64_t b = 0; b * bt < len + bt; ++b) {
+      kb.push_back(k.data() + std::min(b * bt, len) * kvh * hd);
+      vb.push_back(v.data() + std::min(b * bt, len) * kvh * hd);
+    }
+    KvSpan span{kb, vb, bt};
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    for (int32_t t : {0, 5, 31, 32, 33, 69}) {
+      std::vector<float> got(heads * hd);
+      attention(q.data() + t * heads * hd, 1, heads, kvh, hd, &t, span, scale, got.data());
+      const auto want =
+          attention_contract(q.data() + t * heads * hd, k.data(), v.data(), hd, heads, kvh, t, scale);
+      ASSERT_TRUE(same_bits(got.data(), want.data(), heads * hd)) << "hd " << hd << " t " << t;
+    }
+  }
+}
+
 // The row-wise kernels on a batch of 64 rows against each row alone.
 TEST(RowKernels, RowAloneEqualsRowInBatchOf64) {
   const int64_t m = 64, d = 200, heads = 4, hd = 50;

@@ -1,0 +1,76 @@
+// SIMD pieces shared by the attention kernels (attention.cc, attention_backward.cc): several keys'
+// dot products side by side in vector lanes over a transposed copy of K (or V), each lane the
+// contract's one fma chain over the head dimension from 0 (detail::dot for head_dim <= kGemmChunk),
+// so the bits are those of the scalar pair-by-pair code; and element-wise fma rows.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX__) && defined(__FMA__)
+#include <immintrin.h>
+#define MILES_ATTN_SIMD_AVX 1
+#endif
+
+namespace miles::kernels::detail {
+
+// out[j] = detail::dot(x, column j of kt) for j in [0, n); kt is [hd][ldt] with ldt a multiple of 8
+// and columns past n readable (zero padding). hd <= kGemmChunk: one fma chain from 0.
+inline void dots_transposed(const float* x, const float* kt, int64_t ldt, int64_t hd, int64_t n,
+                            float* out) {
+  int64_t j = 0;
+#ifdef MILES_ATTN_SIMD_AVX
+  for (; j + 32 <= n; j += 32) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t e = 0; e < hd; ++e) {
+      const __m256 xe = _mm256_set1_ps(x[e]);
+      const float* r = kt + e * ldt + j;
+      a0 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r), a0);
+      a1 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r + 8), a1);
+      a2 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r + 16), a2);
+      a3 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r + 24), a3);
+    }
+    _mm256_storeu_ps(out + j, a0);
+    _mm256_storeu_ps(out + j + 8, a1);
+    _mm256_storeu_ps(out + j + 16, a2);
+    _mm256_storeu_ps(out + j + 24, a3);
+  }
+  for (; j < n; j += 8) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t e = 0; e < hd; ++e)
+      a = _mm256_fmadd_ps(_mm256_set1_ps(x[e]), _mm256_loadu_ps(kt + e * ldt + j), a);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, a);
+    std::copy_n(lanes, std::min<int64_t>(8, n - j), out + j);
+  }
+#else
+  for (; j < n; ++j) {
+    float acc = 0.0f;
+    for (int64_t e = 0; e < hd; ++e) acc = std::fma(x[e], kt[e * ldt + j], acc);
+    out[j] = acc;
+  }
+#endif
+}
+
+// y[e] = fma(a, x[e], y[e]) for e in [0, n): element-wise, so any vector width gives the same bits.
+inline void fma_row(float a, const float* x, float* y, int64_t n) {
+  int64_t e = 0;
+#ifdef MILES_ATTN_SIMD_AVX
+  const __m256 av = _mm256_set1_ps(a);
+  for (; e + 8 <= n; e += 8)
+    _mm256_storeu_ps(y + e, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + e), _mm256_loadu_ps(y + e)));
+#endif
+  for (; e < n; ++e) y[e] = std::fma(a, x[e], y[e]);
+}
+
+// [t][hd] rows (stride ld) → [hd][ldt], zero-padded columns.
+inline void transpose_rows(const float* src, int64_t ld, int64_t t, int64_t hd, int64_t ldt,
+                           std::vector<float>& dst) {
+  dst.assign(static_cast<size_t>(hd * ldt), 0.0f);
+  for (int64_t j = 0; j < t; ++j)
+    for (int64_t e = 0; e < hd; ++e) dst[e * ldt + j] = src[j * ld + e];
+}
+
+}  // namespace miles::kernels::detail
