@@ -1,10 +1,15 @@
 // GEMM driver: y[M, N] = x[M, K] · Wᵀ with the chunked, tree-combined reduction of kernels.h.
 //
-// Work items are (block of rows) × (panel of kPanel columns); each item computes its outputs completely
-// (all K chunks, then the tree), so neither the thread count nor M changes any output's bits.
+// Work items are (block of rows) × (panel of kPanel columns); each item computes its outputs
+// completely (all K chunks, then the tree), so neither the thread count nor M changes any output's
+// bits.
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/gemm_tile.h"
 #include "kernels/reduce.h"
@@ -38,22 +43,40 @@ struct TileKernel {
 
 TileKernel tile_kernel(Isa isa) {
   switch (isa) {
-    case Isa::kAvx512: return {detail::chunk_tile_avx512, detail::kTileRowsAvx512};
-    case Isa::kAvx2: return {detail::chunk_tile_avx2, detail::kTileRowsAvx2};
-    case Isa::kScalar: break;
+    case Isa::kAvx512:
+      return {detail::chunk_tile_avx512, detail::kTileRowsAvx512};
+    case Isa::kAvx2:
+      return {detail::chunk_tile_avx2, detail::kTileRowsAvx2};
+    case Isa::kScalar:
+      break;
   }
   return {detail::chunk_tile_scalar, detail::kTileRowsScalar};
 }
 
-// Balanced halving tree over chunk partials p[lo..hi) (each a row of `width` floats); result in p[lo].
-void tree_combine(float* p, int64_t stride, int64_t width, int64_t lo, int64_t hi) {
-  if (hi - lo <= 1) return;
+// The halving tree over `chunks` chunk partials as a post-order schedule: a leaf step pushes the
+// next chunk's partial, a merge step pops the right and the left subtree and pushes left + right.
+// Running it while the chunks are produced keeps at most ~log2(chunks) + 1 partials live (hot in
+// L1) and gives exactly the bits of the recursive tree (split [lo, hi) at lo + ceil((hi - lo) /
+// 2)).
+void tree_schedule(int64_t lo, int64_t hi, std::vector<int8_t>& steps) {
+  if (hi - lo == 1) {
+    steps.push_back(0);  // leaf
+    return;
+  }
   const int64_t mid = lo + (hi - lo + 1) / 2;
-  tree_combine(p, stride, width, lo, mid);
-  tree_combine(p, stride, width, mid, hi);
-  float* a = p + lo * stride;
-  const float* b = p + mid * stride;
-  for (int64_t j = 0; j < width; ++j) a[j] = a[j] + b[j];
+  tree_schedule(lo, mid, steps);
+  tree_schedule(mid, hi, steps);
+  steps.push_back(1);  // merge
+}
+
+// a[i] = a[i] + b[i], element-wise (any vector width gives the same bits).
+void add_into(float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+#endif
+  for (; i < n; ++i) a[i] = a[i] + b[i];
 }
 
 // x packed as tiles of kern.rows rows: tile t holds [K][kern.rows] (rows past M are zero).
@@ -74,28 +97,41 @@ void pack_rows(const float* x, int64_t m, int64_t lda, int64_t k, int tile_rows,
 }
 
 void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMatrix& w,
-               int64_t panel, float* y, int64_t ldy, TileKernel kern, std::vector<float>& parts) {
+               int64_t panel, float* y, int64_t ldy, TileKernel kern, std::vector<float>& stack) {
   const int64_t k = w.k(), chunk = w.chunk();
   const int64_t chunks = std::max<int64_t>(1, (k + chunk - 1) / chunk);
-  const int64_t chunk_stride = rows * kPanel;  // parts: [chunks][rows][kPanel]
-  parts.resize(static_cast<size_t>(chunks * chunk_stride));
+  thread_local std::vector<int8_t> steps;
+  thread_local int64_t steps_for = -1;
+  if (steps_for != chunks) {
+    steps.clear();
+    tree_schedule(0, chunks, steps);
+    steps_for = chunks;
+  }
+  const int64_t slot = kern.rows * kPanel;  // one partial: [tile rows][kPanel]
+  int64_t depth = 2;  // the schedule never holds more than ceil(log2(chunks)) + 1 partials
+  for (int64_t x = 1; x < chunks; x <<= 1) ++depth;
+  stack.resize(static_cast<size_t>(depth * slot));
   const float* b = w.panel(panel);
+  const int64_t col0 = panel * kPanel;
+  const int64_t cols = std::min(kPanel, w.n() - col0);
   for (int64_t r = 0; r < rows; r += kern.rows) {
     const int tr = static_cast<int>(std::min<int64_t>(kern.rows, rows - r));
     const float* a_tile = a_packed + ((row0 + r) / kern.rows) * k * kern.rows;
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t k0 = c * chunk;
-      const int64_t kc = std::min(chunk, k - k0);
-      kern.fn(a_tile + k0 * kern.rows, tr, b + k0 * kPanel, kc,
-              parts.data() + c * chunk_stride + r * kPanel);
+    int64_t top = 0, c = 0;  // stack height; next chunk
+    for (const int8_t step : steps) {
+      if (step == 0) {
+        const int64_t k0 = c * chunk;
+        kern.fn(a_tile + k0 * kern.rows, tr, b + k0 * kPanel, std::min(chunk, k - k0),
+                stack.data() + top * slot);
+        ++top;
+        ++c;
+      } else {
+        --top;
+        add_into(stack.data() + (top - 1) * slot, stack.data() + top * slot, tr * kPanel);
+      }
     }
-  }
-  const int64_t col0 = panel * kPanel;
-  const int64_t cols = std::min(kPanel, w.n() - col0);
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row_parts = parts.data() + r * kPanel;
-    tree_combine(row_parts, chunk_stride, kPanel, 0, chunks);
-    std::copy(row_parts, row_parts + cols, y + (row0 + r) * ldy + col0);
+    for (int i = 0; i < tr; ++i)
+      std::copy_n(stack.data() + i * kPanel, cols, y + (row0 + r + i) * ldy + col0);
   }
 }
 
@@ -108,23 +144,27 @@ void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* 
   const TileKernel kern = tile_kernel(isa);
   const int64_t row_blocks = (m + kRowBlock - 1) / kRowBlock;
   const int64_t panels = w.num_panels();
-  static_assert(kRowBlock % detail::kTileRowsAvx512 == 0 && kRowBlock % detail::kTileRowsAvx2 == 0 &&
-                kRowBlock % detail::kTileRowsScalar == 0);
+  static_assert(kRowBlock % detail::kTileRowsAvx512 == 0 &&
+                kRowBlock % detail::kTileRowsAvx2 == 0 && kRowBlock % detail::kTileRowsScalar == 0);
   // Packing only moves values: every output element keeps its fma chain.
   thread_local std::vector<float> a_packed;
   const int64_t tiles = (m + kern.rows - 1) / kern.rows;
   a_packed.resize(static_cast<size_t>(tiles * w.k() * kern.rows));
   pack_rows(x, m, lda, w.k(), kern.rows, a_packed.data());
   const float* ap = a_packed.data();
-  // Small products run on the calling thread: waking workers costs more than they save. (Threads never
-  // change results, so this is purely a speed choice.)
+  // Small products run on the calling thread: waking workers costs more than they save — unless the
+  // weights are large enough that streaming them from memory (a decode step's GEMV) is what takes
+  // the time. (Threads never change results, so this is purely a speed choice.)
   constexpr double kMinParallelFlops = 1 << 21;
-  ThreadPool* use = 2.0 * m * w.n() * w.k() >= kMinParallelFlops ? pool : nullptr;
+  constexpr int64_t kMinParallelWeights = 1 << 17;  // floats: 512 KB
+  const bool big =
+      2.0 * m * w.n() * w.k() >= kMinParallelFlops || w.n() * w.k() >= kMinParallelWeights;
+  ThreadPool* use = big ? pool : nullptr;
   parallel_for(use, row_blocks * panels, [&](int64_t item) {
-    thread_local std::vector<float> parts;
+    thread_local std::vector<float> stack;
     const int64_t rb = item / panels;
     const int64_t row0 = rb * kRowBlock;
-    gemm_item(ap, row0, std::min(kRowBlock, m - row0), w, item % panels, y, ldy, kern, parts);
+    gemm_item(ap, row0, std::min(kRowBlock, m - row0), w, item % panels, y, ldy, kern, stack);
   });
 }
 
@@ -132,15 +172,17 @@ int64_t gemm_chunk(int64_t k) {
   if (k <= 0) return kGemmChunk;
   for (const int64_t parts : {8, 4, 2}) {
     const int64_t span = parts * kGemmChunk;
-    const int64_t n = parts * ((k + span - 1) / span);  // fewest chunks of <= kGemmChunk, a multiple
+    const int64_t n =
+        parts * ((k + span - 1) / span);  // fewest chunks of <= kGemmChunk, a multiple
     if (k % n == 0) return k / n;
   }
   return kGemmChunk;
 }
 
 float gemm_reference_dot(const float* x, const float* w_row, int64_t k, int64_t chunk) {
-  return detail::chunked_sum_by(k, chunk > 0 ? chunk : gemm_chunk(k),
-                                [&](int64_t i, float acc) { return std::fma(x[i], w_row[i], acc); });
+  return detail::chunked_sum_by(k, chunk > 0 ? chunk : gemm_chunk(k), [&](int64_t i, float acc) {
+    return std::fma(x[i], w_row[i], acc);
+  });
 }
 
 }  // namespace miles::kernels
