@@ -121,6 +121,11 @@ struct KvSpan {
 // keys 0..positions[t]. out[T, H, hd]. scale is usually 1/sqrt(hd).
 void attention(const float* q, int64_t t, int64_t heads, int64_t kv_heads, int64_t head_dim,
                const int32_t* positions, const KvSpan& kv, float scale, float* out);
+// The same with row strides: query i at q + i * ldq, its output at out + i * ldo. The queries of one
+// call share each key block's transposition; a query's bits never depend on the others.
+void attention(const float* q, int64_t ldq, int64_t t, int64_t heads, int64_t kv_heads,
+               int64_t head_dim, const int32_t* positions, const KvSpan& kv, float scale,
+               float* out, int64_t ldo);
 
 // out[T, D] = table[ids[t], :] for an f32 table [V, D].
 void embedding(const float* table, int64_t d, const int32_t* ids, int64_t t, float* out);

@@ -73,4 +73,45 @@ inline void transpose_rows(const float* src, int64_t ld, int64_t t, int64_t hd, 
     for (int64_t e = 0; e < hd; ++e) dst[e * ldt + j] = src[j * ld + e];
 }
 
+// kt[e * ldt + j] = rows[j][e] for j < n_rows (a block of keys, one pointer per key: the rows may
+// sit in different KV blocks) and e < hd; columns j in [n_rows, ldt) get zeros. Moves values only.
+// ldt a multiple of 8.
+inline void transpose_key_rows(const float* const* rows, int64_t n_rows, int64_t hd, int64_t ldt,
+                               float* kt) {
+  int64_t e0 = 0;
+#ifdef MILES_ATTN_SIMD_AVX
+  static const float kZeros[8] = {};
+  for (; e0 + 8 <= hd; e0 += 8) {
+    for (int64_t j0 = 0; j0 < ldt; j0 += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i)
+        r[i] = _mm256_loadu_ps(j0 + i < n_rows ? rows[j0 + i] + e0 : kZeros);
+      const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+      const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+      const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+      const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+      const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+      const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+      const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+      const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+      float* d = kt + e0 * ldt + j0;
+      _mm256_storeu_ps(d + 0 * ldt, _mm256_permute2f128_ps(u0, u4, 0x20));
+      _mm256_storeu_ps(d + 1 * ldt, _mm256_permute2f128_ps(u1, u5, 0x20));
+      _mm256_storeu_ps(d + 2 * ldt, _mm256_permute2f128_ps(u2, u6, 0x20));
+      _mm256_storeu_ps(d + 3 * ldt, _mm256_permute2f128_ps(u3, u7, 0x20));
+      _mm256_storeu_ps(d + 4 * ldt, _mm256_permute2f128_ps(u0, u4, 0x31));
+      _mm256_storeu_ps(d + 5 * ldt, _mm256_permute2f128_ps(u1, u5, 0x31));
+      _mm256_storeu_ps(d + 6 * ldt, _mm256_permute2f128_ps(u2, u6, 0x31));
+      _mm256_storeu_ps(d + 7 * ldt, _mm256_permute2f128_ps(u3, u7, 0x31));
+    }
+  }
+#endif
+  for (; e0 < hd; ++e0)
+    for (int64_t j = 0; j < ldt; ++j) kt[e0 * ldt + j] = j < n_rows ? rows[j][e0] : 0.0f;
+}
+
 }  // namespace miles::kernels::detail

@@ -100,12 +100,20 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
     }
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  parallel_for(t >= 8 ? pool : nullptr, t, [&](int64_t i) {
+  // Work items: runs of up to kQueriesPerItem consecutive tokens of one sequence (they share each
+  // key block's transposition); a token's bits do not depend on how the runs are cut.
+  constexpr int64_t kQueriesPerItem = 16;
+  std::vector<std::pair<int64_t, int64_t>> items;  // (first token, count)
+  for (size_t si = 0; si < seqs.size(); ++si)
+    for (int64_t j = 0; j < seqs[si].n_tokens; j += kQueriesPerItem)
+      items.emplace_back(plan.offset[si] + j, std::min(kQueriesPerItem, seqs[si].n_tokens - j));
+  parallel_for(t >= 8 ? pool : nullptr, static_cast<int64_t>(items.size()), [&](int64_t it) {
+    const auto [i, n] = items[it];
     const int32_t si = plan.seq_of[i];
     std::vector<const float*> kc(kb[si].begin(), kb[si].end()), vc(vb[si].begin(), vb[si].end());
     kernels::KvSpan span{kc, vc, bt};
-    kernels::attention(s.qkv.data() + i * ld, 1, c.num_heads, c.num_kv_heads, hd,
-                       &plan.positions[i], span, scale, s.attn.data() + i * qd);
+    kernels::attention(s.qkv.data() + i * ld, ld, n, c.num_heads, c.num_kv_heads, hd,
+                       &plan.positions[i], span, scale, s.attn.data() + i * qd, qd);
   });
   if (tape) tape->attn.assign(s.attn.begin(), s.attn.begin() + t * qd);
   kernels::gemm(s.attn.data(), t, qd, l.o, s.proj.data(), d, pool);
