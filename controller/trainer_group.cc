@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -219,7 +220,13 @@ void TrainerRank::join_weight_group(const std::vector<uint8_t>& payload) {
       cur.push_back(static_cast<char>(c));
     }
   }
-  if (f.size() != 4) return worker_log("weight group: malformed join command");
+  int64_t world = 0, timeout_ms = 0;
+  auto number = [](const std::string& s, int64_t& out) {
+    const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
+    return r.ec == std::errc() && r.ptr == s.data() + s.size() && out > 0;
+  };
+  if (f.size() != 4 || !number(f[2], world) || !number(f[3], timeout_ms))
+    return worker_log("weight group: malformed join command");
   const int stage = groups_.coord.pp;
   if (!weight_plan_) {
     // Broadcast: the stages' plan; p2p: the trainer's whole layout (each rank sends its shards).
@@ -234,11 +241,11 @@ void TrainerRank::join_weight_group(const std::vector<uint8_t>& payload) {
   }
   CommOptions o;
   o.rank = p2p ? world_->rank() : 0;
-  o.world_size = std::stoi(f[2]);
+  o.world_size = static_cast<int>(world);
   o.store_address = f[0];
   o.prefix = p2p ? f[1] : f[1] + "-s" + std::to_string(stage);
   o.host = cfg_.controller.host;
-  o.timeout = std::chrono::milliseconds(std::stoll(f[3]));
+  o.timeout = std::chrono::milliseconds(timeout_ms);
   auto comm = connect_gloo(o);
   if (!comm.ok())
     return worker_log("stage " + std::to_string(stage) + ": joining weight group " + o.prefix +
