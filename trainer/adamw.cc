@@ -7,6 +7,10 @@
 #include "miles/optimizer.h"
 #include "miles/thread_pool.h"
 
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 namespace miles {
 
 Status AdamWConfig::validate() const {
@@ -73,7 +77,30 @@ void AdamW::step(FlatTensors& params, const FlatTensors& grads, double lr,
     const float* g = grads.all().data() + s.offset;
     float* m = m_.all().data() + s.offset;
     float* v = v_.all().data() + s.offset;
-    for (int64_t i = begin; i < end; ++i) {
+    int64_t i = begin;
+#if defined(__AVX__)
+    // Eight elements at a time with the very same IEEE operations in the same order (no fma: the
+    // build keeps a*b+c as two roundings), so the bits equal the scalar loop's.
+    const __m256 vdecay = _mm256_set1_ps(decay), vb1 = _mm256_set1_ps(one_minus_b1),
+                 vb2 = _mm256_set1_ps(b2), v1b2 = _mm256_set1_ps(one_minus_b2),
+                 vbc2 = _mm256_set1_ps(bc2_sqrt), veps = _mm256_set1_ps(eps),
+                 vstep = _mm256_set1_ps(step_size);
+    for (; i + 8 <= end; i += 8) {
+      __m256 pi = _mm256_loadu_ps(p + i);
+      const __m256 gi = _mm256_loadu_ps(g + i);
+      if (wd != 0.0) pi = _mm256_mul_ps(pi, vdecay);
+      __m256 mi = _mm256_loadu_ps(m + i);
+      mi = _mm256_add_ps(mi, _mm256_mul_ps(vb1, _mm256_sub_ps(gi, mi)));
+      __m256 vi = _mm256_loadu_ps(v + i);
+      vi = _mm256_add_ps(_mm256_mul_ps(vi, vb2), _mm256_mul_ps(v1b2, _mm256_mul_ps(gi, gi)));
+      const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), vbc2), veps);
+      pi = _mm256_sub_ps(pi, _mm256_mul_ps(vstep, _mm256_div_ps(mi, denom)));
+      _mm256_storeu_ps(m + i, mi);
+      _mm256_storeu_ps(v + i, vi);
+      _mm256_storeu_ps(p + i, pi);
+    }
+#endif
+    for (; i < end; ++i) {
       if (wd != 0.0) p[i] = p[i] * decay;
       m[i] = m[i] + one_minus_b1 * (g[i] - m[i]);
       v[i] = v[i] * b2 + one_minus_b2 * (g[i] * g[i]);

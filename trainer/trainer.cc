@@ -256,7 +256,14 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
   const double max_norm = tc_.optimizer.clip_grad_norm;
   if (max_norm > 0 && max_norm / (r.grad_norm + 1e-6) < 1.0) {
     const float c = static_cast<float>(max_norm / (r.grad_norm + 1e-6));
-    for (float& g : acc.grads.all()) g = g * c;
+    std::span<float> all = acc.grads.all();
+    constexpr int64_t kSlice = int64_t{1} << 18;  // element-wise: any split gives the same bits
+    const int64_t n = static_cast<int64_t>(all.size());
+    parallel_for(pool_, (n + kSlice - 1) / kSlice, [&](int64_t b) {
+      float* g = all.data() + b * kSlice;
+      const int64_t len = std::min(kSlice, n - b * kSlice);
+      for (int64_t i = 0; i < len; ++i) g[i] = g[i] * c;
+    });
   }
   r.lr = tc_.lr.at(opt_->steps());
   opt_->step(params_, acc.grads, r.lr, &owned_, pool_);
