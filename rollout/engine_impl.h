@@ -45,6 +45,10 @@ struct Engine::Impl {
   std::vector<Item> schedule();
   bool ensure_blocks(rollout::Sample& s, int64_t positions);
   void match_prefix(rollout::Sample& s);
+  // Whether `s` (not yet matched) should wait for one of `in_flight`'s prefills: they share at
+  // least one whole block, which the prefix cache will hold once that prefill completes.
+  bool waits_for_prefix(const rollout::Sample& s,
+                        const std::vector<const rollout::Sample*>& in_flight) const;
   void run_batch(const std::vector<Item>& items);
   void complete_prefill(rollout::Sample& s, const float* logits);
   void fork_sibling(rollout::Sample& leader, rollout::Sample& sib, const float* logits);

@@ -1,6 +1,6 @@
-// One engine iteration: schedule (running decodes first, then prefill chunks of waiting samples under
-// the token budget) → one packed forward → store routed experts beside the KV → sample, check stops,
-// fork GRPO siblings → report events and free finished samples' blocks.
+// One engine iteration: schedule (running decodes first, then prefill chunks of waiting samples
+// under the token budget) → one packed forward → store routed experts beside the KV → sample, check
+// stops, fork GRPO siblings → report events and free finished samples' blocks.
 #include <algorithm>
 #include <cstring>
 
@@ -61,18 +61,39 @@ std::vector<Engine::Impl::Item> Engine::Impl::schedule() {
     items.push_back({s, s->computed, 1, false});
     --budget;
   }
-  // Prefills, first come first served, chunked to the budget.
+  // Prefills, first come first served, chunked to the budget. A sample whose prompt shares at least
+  // one whole block with a prefill in flight (scheduled now or earlier, not finished) waits for it:
+  // once that prefill lands in the prefix cache this one reuses its blocks instead of computing
+  // them again (n separate GRPO requests sent at once). Outputs never depend on this choice.
   int64_t active = static_cast<int64_t>(running.size());
+  std::vector<const Sample*> in_flight;
+  for (const Sample* s : waiting)
+    if (s->matched_prefix && s->computed > 0) in_flight.push_back(s);
   for (Sample* s : waiting) {
     if (budget <= 0 || active >= opt.max_running) break;
+    if (!s->matched_prefix && waits_for_prefix(*s, in_flight)) continue;
     if (!s->matched_prefix) match_prefix(*s);
     const int64_t chunk = std::min<int64_t>(s->tokens.size() - s->computed, budget);
     if (!ensure_blocks(*s, s->computed + chunk)) break;
     items.push_back({s, s->computed, chunk, true});
+    in_flight.push_back(s);
     budget -= chunk;
     ++active;
   }
   return items;
+}
+
+bool Engine::Impl::waits_for_prefix(const Sample& s,
+                                    const std::vector<const Sample*>& in_flight) const {
+  if (!opt.enable_prefix_cache) return false;
+  const int64_t bt = opt.block_tokens;
+  if (static_cast<int64_t>(s.tokens.size()) <= bt) return false;  // no whole block to reuse
+  for (const Sample* l : in_flight) {
+    if (l == &s || static_cast<int64_t>(l->tokens.size()) < bt || l->kv_epoch != weights_epoch)
+      continue;
+    if (std::equal(s.tokens.begin(), s.tokens.begin() + bt, l->tokens.begin())) return true;
+  }
+  return false;
 }
 
 void Engine::Impl::run_batch(const std::vector<Item>& items) {
@@ -130,8 +151,8 @@ void Engine::Impl::complete_prefill(Sample& s, const float* logits) {
     if (sib->state == SampleState::kForkWaiting) fork_sibling(s, *sib, logits);
 }
 
-// A GRPO sibling starts from the leader's prefill: whole blocks shared, the partial last block copied,
-// and its first token drawn from the same logits with its own seed.
+// A GRPO sibling starts from the leader's prefill: whole blocks shared, the partial last block
+// copied, and its first token drawn from the same logits with its own seed.
 void Engine::Impl::fork_sibling(Sample& leader, Sample& sib, const float* logits) {
   const int64_t bt = opt.block_tokens;
   const int64_t prompt = sib.prompt_len;
@@ -166,9 +187,8 @@ void Engine::Impl::sample_next(Sample& s, const float* logits) {
     finish(s, FinishReason::kLength, "");
     return;
   }
-  const SampleResult r =
-      sample_token({logits, static_cast<size_t>(runner->config().vocab_size)}, s.sampling,
-                   static_cast<uint64_t>(s.output.size()));
+  const SampleResult r = sample_token({logits, static_cast<size_t>(runner->config().vocab_size)},
+                                      s.sampling, static_cast<uint64_t>(s.output.size()));
   const TokenOutput t{r.token, r.logprob, r.raw_logprob, version};
   s.tokens.push_back(r.token);
   s.output.push_back(t);
@@ -229,8 +249,8 @@ std::vector<int32_t> Engine::Impl::routed_experts(const Sample& s) const {
   const std::vector<int32_t>& table = kv->table(s.slot);
   const int64_t n = std::min<int64_t>(s.computed, static_cast<int64_t>(s.tokens.size()) - 1);
   for (int64_t pos = 0; pos < n; ++pos) {
-    const int32_t* e = pool->experts(table[pos / opt.block_tokens]) +
-                       (pos % opt.block_tokens) * experts_per_pos;
+    const int32_t* e =
+        pool->experts(table[pos / opt.block_tokens]) + (pos % opt.block_tokens) * experts_per_pos;
     out.insert(out.end(), e, e + experts_per_pos);
   }
   return out;

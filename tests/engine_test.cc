@@ -180,6 +180,42 @@ TEST(Engine, GroupPrefillsOnceAndEachSampleEqualsItsOwnRequest) {
   EXPECT_EQ(e.stats().free_blocks, 512);
 }
 
+// n separate requests of one prompt submitted at the same instant (an async GRPO client): the first
+// prefills the prompt, the others wait for it and reuse its whole blocks from the prefix cache; each
+// output is still that request's alone, bit for bit.
+TEST(Engine, SeparateRequestsOfOnePromptSentTogetherPrefillItOnce) {
+  auto model = load("qwen3_moe");
+  ThreadPool pool(2);
+  std::mt19937 rng(9);
+  auto prompt = random_ids(rng, 29);
+  Engine e(make_model_runner(model, &pool), EngineOptions{.num_blocks = 512, .block_tokens = 8});
+  Collected c;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 8; ++i) {
+    auto id = e.submit(make_request(prompt, 40 + i), c.listener());
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  int64_t prefill_tokens = 0;
+  while (!e.idle()) {
+    e.step();
+    for (auto& it : e.last_iteration().items)
+      if (it.prefill) prefill_tokens += it.n_tokens;
+  }
+  // The leader's 29 positions, then 7 × 5: each follower reuses 3 whole blocks of 8 (it must
+  // compute at least its last prompt token).
+  EXPECT_EQ(prefill_tokens, 29 + 7 * 5);
+  EXPECT_EQ(e.stats().cached_prompt_tokens, 7 * 24);
+  for (int i = 0; i < 8; ++i) {
+    Engine solo(make_model_runner(model, &pool),
+                EngineOptions{.num_blocks = 128, .block_tokens = 8});
+    Collected sc;
+    auto sid = solo.submit(make_request(prompt, 40 + i), sc.listener());
+    run_until_idle(solo);
+    EXPECT_TRUE(same_outputs(sc.finals.at({*sid, 0}), c.finals.at({ids[i], 0}))) << i;
+  }
+}
+
 TEST(Engine, PauseRetractResumeGivesTheSameOutputsAndVersionsAreRecorded) {
   auto model = load("qwen3_moe");
   ThreadPool pool(2);
