@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "miles/engine.h"
+#include "miles/sampler.h"
 #include "rollout/engine_state.h"
 
 namespace miles {
@@ -53,6 +54,10 @@ struct Engine::Impl {
   void complete_prefill(rollout::Sample& s, const float* logits);
   void fork_sibling(rollout::Sample& leader, rollout::Sample& sib, const float* logits);
   void sample_next(rollout::Sample& s, const float* logits);
+  // Draws, across the runner's threads, the next token of every sample of the batch that will
+  // sample from its row of `logits` (a pure function of logits, params and step), for sample_next.
+  void presample(const std::vector<Item>& items, const float* logits, int64_t vocab);
+  std::map<const rollout::Sample*, SampleResult> presampled;
   void finish(rollout::Sample& s, FinishReason why, std::string matched);
   void retract(rollout::Sample& s);
   void release(rollout::Sample& s);

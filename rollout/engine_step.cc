@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "miles/check.h"
+#include "miles/thread_pool.h"
 #include "rollout/engine_impl.h"
 
 namespace miles {
@@ -110,6 +111,7 @@ void Engine::Impl::run_batch(const std::vector<Item>& items) {
   auto out = runner->forward(tokens, seqs, *kv, fo);
   MILES_CHECK(out.ok(), "engine forward failed on a validated batch");
   const int64_t v = out->vocab;
+  presample(items, out->logits.data(), v);
   int64_t row = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
@@ -135,6 +137,26 @@ void Engine::Impl::run_batch(const std::vector<Item>& items) {
       sample_next(s, logits);
     }
   }
+}
+
+void Engine::Impl::presample(const std::vector<Item>& items, const float* logits, int64_t vocab) {
+  presampled.clear();
+  std::vector<std::pair<const Sample*, const float*>> work;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Sample& s = *items[i].sample;
+    if (s.computed + items[i].n < static_cast<int64_t>(s.tokens.size())) continue;  // mid-prefill
+    if (static_cast<int64_t>(s.output.size()) >= requests.at(s.request_id)->req.max_new_tokens)
+      continue;
+    work.emplace_back(&s, logits + i * vocab);
+  }
+  std::vector<SampleResult> got(work.size());
+  parallel_for(work.size() >= 2 ? runner->thread_pool() : nullptr,
+               static_cast<int64_t>(work.size()), [&](int64_t k) {
+                 const Sample& s = *work[k].first;
+                 got[k] = sample_token({work[k].second, static_cast<size_t>(vocab)}, s.sampling,
+                                       static_cast<uint64_t>(s.output.size()));
+               });
+  for (size_t k = 0; k < work.size(); ++k) presampled.emplace(work[k].first, got[k]);
 }
 
 void Engine::Impl::complete_prefill(Sample& s, const float* logits) {
@@ -187,8 +209,15 @@ void Engine::Impl::sample_next(Sample& s, const float* logits) {
     finish(s, FinishReason::kLength, "");
     return;
   }
-  const SampleResult r = sample_token({logits, static_cast<size_t>(runner->config().vocab_size)},
-                                      s.sampling, static_cast<uint64_t>(s.output.size()));
+  // Drawn across threads before the batch's sequential bookkeeping when possible (presample); the
+  // same pure function either way.
+  auto pre = presampled.find(&s);
+  const SampleResult r =
+      pre != presampled.end()
+          ? pre->second
+          : sample_token({logits, static_cast<size_t>(runner->config().vocab_size)}, s.sampling,
+                         static_cast<uint64_t>(s.output.size()));
+  if (pre != presampled.end()) presampled.erase(pre);
   const TokenOutput t{r.token, r.logprob, r.raw_logprob, version};
   s.tokens.push_back(r.token);
   s.output.push_back(t);

@@ -13,6 +13,7 @@ class SharedModelRunner final : public ModelRunner {
                                 KvStore& kv, const ForwardOptions& options) override {
     return model_->forward(tokens, seqs, kv, options, pool_);
   }
+  ThreadPool* thread_pool() const override { return pool_; }
 
  private:
   std::shared_ptr<const Model> model_;

@@ -31,6 +31,8 @@ class ModelRunner {
   virtual Result<ForwardOutput> forward(std::span<const int32_t> tokens,
                                         std::span<const SeqSpan> seqs, KvStore& kv,
                                         const ForwardOptions& options) = 0;
+  // Threads the engine may use for per-sample work between forwards (sampling); null: none.
+  virtual ThreadPool* thread_pool() const { return nullptr; }
 };
 // A runner over a loaded model and a thread pool (both outlive it).
 std::unique_ptr<ModelRunner> make_model_runner(std::shared_ptr<const Model> model, ThreadPool* pool);
