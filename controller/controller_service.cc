@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "controller/engine_pool.h"
+#include "miles/host_port.h"
 #include "miles/v1/controller.grpc.pb.h"
 
 namespace miles::controller {
@@ -85,11 +86,11 @@ ControllerService::~ControllerService() { stop(); }
 
 Status ControllerService::start(const std::string& host, int port) {
   grpc::ServerBuilder b;
-  b.AddListeningPort(host + ":" + std::to_string(port), grpc::InsecureServerCredentials(), &port_);
+  b.AddListeningPort(host_port(host, port), grpc::InsecureServerCredentials(), &port_);
   b.RegisterService(impl_.get());
   server_ = b.BuildAndStart();
   if (!server_ || port_ == 0)
-    return Status::Error("cannot listen on " + host + ":" + std::to_string(port) +
+    return Status::Error("cannot listen on " + host_port(host, port) +
                          " for the controller's gRPC service");
   return Status::Ok();
 }

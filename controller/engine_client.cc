@@ -7,6 +7,7 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "miles/host_port.h"
 #include "miles/v1/rollout.grpc.pb.h"
 
 namespace miles::controller {
@@ -47,7 +48,7 @@ Status post_json(const EngineAddress& a, const std::string& path, const json& bo
 EngineClient::EngineClient(EngineAddress address) : address_(std::move(address)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
-  channel_ = grpc::CreateCustomChannel(address_.host + ":" + std::to_string(address_.grpc_port),
+  channel_ = grpc::CreateCustomChannel(host_port(address_.host, address_.grpc_port),
                                        grpc::InsecureChannelCredentials(), args);
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "miles/engine.h"
+#include "miles/host_port.h"
 #include "miles/status.h"
 
 namespace grpc {
@@ -29,7 +30,7 @@ struct EngineAddress {
   std::string host = "127.0.0.1";
   int http_port = 0;
   int grpc_port = 0;
-  std::string http() const { return host + ":" + std::to_string(http_port); }
+  std::string http() const { return host_port(host, http_port); }
 };
 
 // One prompt, n samples (a GRPO group).

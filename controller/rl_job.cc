@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "controller/rl_job_internal.h"
+#include "miles/host_port.h"
 #include "miles/model.h"
 #include "miles/train_checkpoint.h"
 
@@ -103,7 +104,7 @@ Status RlJob::setup_engines() {
   });
   MILES_RETURN_IF_ERROR(
       service_->start(cfg_.controller.host, static_cast<int>(cfg_.controller.port)));
-  const std::string address = cfg_.controller.host + ":" + std::to_string(service_->port());
+  const std::string address = host_port(cfg_.controller.host, service_->port());
   nlohmann::json cj = {{"address", address}, {"pid", static_cast<int64_t>(getpid())}};
   std::ofstream(cfg_.logging.run_dir + "/controller.json") << cj.dump() << "\n";
   log_line("controller listening on " + address);
@@ -115,7 +116,7 @@ Status RlJob::setup_engines() {
     if (colon == std::string::npos || slash == std::string::npos)
       return Status::Error("rollout.engines: '" + e + "' is not host:http_port/grpc_port");
     EngineAddress a;
-    a.host = e.substr(0, colon);
+    a.host = unbracket(e.substr(0, colon));
     a.http_port = std::atoi(e.substr(colon + 1, slash - colon - 1).c_str());
     a.grpc_port = std::atoi(e.substr(slash + 1).c_str());
     if (a.http_port <= 0 || a.grpc_port <= 0)

@@ -1,6 +1,7 @@
 // GrpcServer: each RPC validates its input (INVALID_ARGUMENT with the message on bad input) and talks
 // to the engine through the EngineDriver. Generate streams one message per sample event; a cancelled
 // call aborts its request so its KV blocks are freed.
+#include "miles/host_port.h"
 #include "rollout/grpc_server.h"
 
 #include <grpcpp/grpcpp.h>
@@ -231,11 +232,11 @@ GrpcServer::~GrpcServer() { stop(); }
 
 Status GrpcServer::start(const std::string& host, int port) {
   grpc::ServerBuilder b;
-  b.AddListeningPort(host + ":" + std::to_string(port), grpc::InsecureServerCredentials(), &port_);
+  b.AddListeningPort(host_port(host, port), grpc::InsecureServerCredentials(), &port_);
   b.RegisterService(service_.get());
   server_ = b.BuildAndStart();
   if (!server_ || port_ == 0)
-    return Status::Error("gRPC: cannot listen on " + host + ":" + std::to_string(port));
+    return Status::Error("gRPC: cannot listen on " + host_port(host, port));
   return Status::Ok();
 }
 

@@ -310,40 +310,76 @@ TEST(RlRun, AsyncKeepsTheStalenessBoundThroughPartialRollouts) {
   EXPECT_GT(partial, 0) << "no sample crossed a weight update in 15 async steps";
 }
 
-TEST(RlRun, EngineStartedElsewhereRegistersItself) {
-  MILES_REQUIRE_SHARED();
-  const std::string dir = temp_dir("register");
-  // A free port for the controller: bind, read, release.
+// A free TCP port on a loopback address (bind, read, release); 0 when the family is unavailable.
+int free_loopback_port(bool ipv6) {
   int port = 0;
-  {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
-      port = ntohs(a.sin_port);
-    close(fd);
+  const int fd = socket(ipv6 ? AF_INET6 : AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+  if (ipv6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    a->sin6_family = AF_INET6;
+    a->sin6_addr = in6addr_loopback;
+    len = sizeof *a;
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    a->sin_family = AF_INET;
+    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    len = sizeof *a;
   }
-  ASSERT_GT(port, 0);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0)
+    port = ntohs(ipv6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                      : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  close(fd);
+  return port;
+}
+
+// `miles serve --controller HOST:PORT` started by hand on `host` registers with the controller,
+// which then runs the job on it (extra: more overrides).
+std::string expect_engine_registers(const std::string& name, const std::string& host, bool ipv6,
+                                    const std::string& extra) {
+  const std::string dir = temp_dir(name);
+  const int port = free_loopback_port(ipv6);
+  EXPECT_GT(port, 0);
+  const std::string controller = (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
   const std::string engine_log = dir + "/engine.log";
   const std::string serve = test::miles_binary() + " serve --model " + test::shared_dir() +
-                            "/models/stories260K/stories260K.bin --threads 1 --port 0 "
-                            "--controller 127.0.0.1:" +
-                            std::to_string(port) + " > " + engine_log + " 2>&1 & echo $!";
+                            "/models/stories260K/stories260K.bin --threads 1 --port 0 --host " +
+                            host + " --controller '" + controller + "' > " + engine_log +
+                            " 2>&1 & echo $!";
   FILE* p = popen(serve.c_str(), "r");
   char buf[64] = {0};
-  ASSERT_TRUE(fgets(buf, sizeof buf, p));
+  EXPECT_TRUE(fgets(buf, sizeof buf, p));
   pclose(p);
   const pid_t engine = static_cast<pid_t>(std::atol(buf));
-  auto r = run_here(
-      std::string(kCi) + " --run-dir " + dir +
-      " rollout.num_rollouts=2 rollout.num_engines=0 controller.port=" + std::to_string(port));
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir +
+                    " rollout.num_rollouts=2 rollout.num_engines=0 'controller.host=" + host +
+                    "' controller.port=" + std::to_string(port) + extra);
   kill(engine, SIGTERM);
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("controller listening on " + controller), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("engine 0 registered"), std::string::npos) << r.out;
-  EXPECT_EQ(metrics(dir).size(), 2u);
+  const auto m = metrics(dir);
+  EXPECT_EQ(m.size(), 2u);
+  for (const json& s : m) EXPECT_EQ(s["logp_abs_diff_max"], 0.0) << s.dump();
+  return r.out;
+}
+
+TEST(RlRun, EngineStartedElsewhereRegistersItself) {
+  MILES_REQUIRE_SHARED();
+  expect_engine_registers("register", "127.0.0.1", false, "");
+}
+
+// The same over IPv6 loopback, with the broadcast transport (its store and Gloo group on ::1 too).
+TEST(RlRun, ControllerAndEngineOverIpv6) {
+  MILES_REQUIRE_SHARED();
+  if (free_loopback_port(true) == 0) GTEST_SKIP() << "no IPv6 loopback here";
+  const std::string out =
+      expect_engine_registers("register_v6", "::1", true, " weight_sync.transport=broadcast");
+  EXPECT_NE(out.find("weight group wsync-1 formed: 1 engine"), std::string::npos) << out;
+  EXPECT_EQ(out.find("over disk-delta"), std::string::npos) << out;  // no fallback
 }
 
 TEST(RlRun, BadConfigFailsBeforeAnythingStartsWithTheLine) {

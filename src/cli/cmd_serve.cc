@@ -11,6 +11,7 @@
 #include "controller/controller_service.h"
 #include "miles/chat_template.h"
 #include "miles/engine.h"
+#include "miles/host_port.h"
 #include "miles/thread_pool.h"
 #include "rollout/grpc_server.h"
 #include "rollout/http_server.h"
@@ -75,8 +76,8 @@ int run_serve(ServeOptions o) {
   };
   rollout::HttpServer server(driver, shared->config(), tok, chat, &pool, o.server);
   if (Status s = server.start(); !s.ok()) return fail("serve", s.message());
-  std::fprintf(stderr, "miles serve: listening on http://%s:%d (model %s)\n", o.server.host.c_str(),
-               server.port(), o.model.c_str());
+  std::fprintf(stderr, "miles serve: listening on http://%s (model %s)\n",
+               host_port(o.server.host, server.port()).c_str(), o.model.c_str());
   std::unique_ptr<rollout::GrpcServer> grpc;
   if (!o.controller.empty() && o.grpc_port < 0)
     o.grpc_port = 0;  // the controller generates over gRPC
@@ -84,7 +85,8 @@ int run_serve(ServeOptions o) {
     grpc = std::make_unique<rollout::GrpcServer>(driver, shared->config(), tok, &pool, o.model);
     if (Status s = grpc->start(o.server.host, o.grpc_port); !s.ok())
       return fail("serve", s.message());
-    std::fprintf(stderr, "miles serve: gRPC on %s:%d\n", o.server.host.c_str(), grpc->port());
+    std::fprintf(stderr, "miles serve: gRPC on %s\n",
+                 host_port(o.server.host, grpc->port()).c_str());
   }
   if (!o.controller.empty()) {
     controller::EngineRegistration reg;
