@@ -24,8 +24,7 @@ std::string peer_host(const std::string& peer) {
   if (p.rfind("ipv6:", 0) == 0) p = p.substr(5);
   const size_t colon = p.rfind(':');
   if (colon != std::string::npos) p = p.substr(0, colon);
-  if (p.size() > 1 && p.front() == '[' && p.back() == ']') p = p.substr(1, p.size() - 2);
-  return p;
+  return unbracket(p);
 }
 
 }  // namespace

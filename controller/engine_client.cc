@@ -153,38 +153,22 @@ Status EngineClient::update_weights_from_disk_delta(const std::string& dir, int6
                    json{{"dir", dir}, {"weight_version", version}}, 300);
 }
 
-Status EngineClient::join_weight_group(const std::string& store, const std::string& prefix,
-                                       int rank, int world_size, double timeout_s,
-                                       const std::string& host, const std::string& plan_digest,
-                                       int stage, int stages) const {
-  return post_json(address_, "/join_weight_group",
-                   json{{"store", store},
-                        {"prefix", prefix},
-                        {"rank", rank},
-                        {"world_size", world_size},
-                        {"timeout_s", timeout_s},
-                        {"host", host},
-                        {"plan_digest", plan_digest},
-                        {"stage", stage},
-                        {"stages", stages}},
-                   30);
-}
-
-Status EngineClient::join_p2p_weight_group(const std::string& store, const std::string& prefix,
-                                           int rank, int world_size, double timeout_s,
-                                           const std::string& host, const std::string& plan_digest,
-                                           const std::string& trainer_layout) const {
-  return post_json(address_, "/join_weight_group",
-                   json{{"store", store},
-                        {"prefix", prefix},
-                        {"rank", rank},
-                        {"world_size", world_size},
-                        {"timeout_s", timeout_s},
-                        {"host", host},
-                        {"plan_digest", plan_digest},
-                        {"transport", "p2p"},
-                        {"trainer_layout", trainer_layout}},
-                   30);
+Status EngineClient::join_weight_group(const GroupJoin& j) const {
+  json body = {{"store", j.store},
+               {"prefix", j.prefix},
+               {"rank", j.rank},
+               {"world_size", j.world_size},
+               {"timeout_s", j.timeout_s},
+               {"host", j.host},
+               {"plan_digest", j.plan_digest}};
+  if (j.trainer_layout.empty()) {
+    body["stage"] = j.stage;
+    body["stages"] = j.stages;
+  } else {
+    body["transport"] = "p2p";
+    body["trainer_layout"] = j.trainer_layout;
+  }
+  return post_json(address_, "/join_weight_group", body, 30);
 }
 
 Status EngineClient::update_weights_from_group(int64_t version, double timeout_s) const {

@@ -53,6 +53,18 @@ struct GeneratedSample {
   std::vector<int32_t> routed_experts;  // (prompt + output − 1, moe layers, top_k) for MoE models
 };
 
+// A weight group for an engine to join: group `prefix` of the store at `store`, as `rank` of
+// `world_size`, binding `host` for Gloo. Broadcast: the group carrying pipeline stage `stage` of
+// `stages`. p2p (`trainer_layout` set): one group of the trainer's ranks (0..W−1, W the layout's
+// world size) and the engines (W..world_size−1).
+struct GroupJoin {
+  std::string store, prefix, host, plan_digest;
+  int rank = 1, world_size = 2;
+  double timeout_s = 60;
+  int stage = 0, stages = 1;
+  std::string trainer_layout;  // non-empty: p2p
+};
+
 class EngineClient {
  public:
   explicit EngineClient(EngineAddress address);
@@ -72,18 +84,9 @@ class EngineClient {
   Status resume() const;
   // POST /update_weights_from_disk_delta: the engine advances to `version` of the chain in `dir`.
   Status update_weights_from_disk_delta(const std::string& dir, int64_t version) const;
-  // POST /join_weight_group: the engine starts joining the broadcast group `prefix` of the store at
-  // `store` as `rank` of `world_size` (binding `host` for Gloo); it replies before the group forms.
-  // `stage` of `stages`: the group carrying that pipeline stage's buckets (one group per stage).
-  Status join_weight_group(const std::string& store, const std::string& prefix, int rank,
-                           int world_size, double timeout_s, const std::string& host,
-                           const std::string& plan_digest, int stage = 0, int stages = 1) const;
-  // The same for the p2p transport: one group of the trainer's ranks (layout `trainer_layout`,
-  // ranks 0..W−1) and the engines (W..world_size−1).
-  Status join_p2p_weight_group(const std::string& store, const std::string& prefix, int rank,
-                               int world_size, double timeout_s, const std::string& host,
-                               const std::string& plan_digest,
-                               const std::string& trainer_layout) const;
+  // POST /join_weight_group: the engine starts joining the group; it replies before the group
+  // forms.
+  Status join_weight_group(const GroupJoin& join) const;
   // POST /update_weights_from_group: the engine receives `version` over its group (the caller
   // sends it meanwhile) and swaps it in; returns when it did, or failed.
   Status update_weights_from_group(int64_t version, double timeout_s) const;

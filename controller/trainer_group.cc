@@ -12,6 +12,7 @@
 #include "controller/batch_wire.h"
 #include "controller/child_process.h"
 #include "controller/train_batch.h"
+#include "controller/weight_group.h"
 #include "miles/model.h"
 #include "miles/weight_sync.h"
 
@@ -229,13 +230,8 @@ void TrainerRank::join_weight_group(const std::vector<uint8_t>& payload) {
     return worker_log("weight group: malformed join command");
   const int stage = groups_.coord.pp;
   if (!weight_plan_) {
-    // Broadcast: the stages' plan; p2p: the trainer's whole layout (each rank sends its shards).
-    auto layout =
-        p2p ? Result<ParallelLayout>(layout_) : ParallelLayout::create(1, layout_.pp(), 1);
-    auto plan = layout.ok()
-                    ? make_transfer_plan(trainer_->model_config(),
-                                         *ParamLayout::for_model(trainer_->model_config()), *layout)
-                    : Result<TransferPlan>(layout.status());
+    auto plan = weight_group_plan(cfg_.weight_sync.transport, trainer_->model_config(),
+                                  *ParamLayout::for_model(trainer_->model_config()), layout_);
     if (!plan.ok()) return worker_log("weight group: " + plan.message());
     weight_plan_ = std::make_unique<TransferPlan>(std::move(plan).value());
   }
@@ -243,7 +239,7 @@ void TrainerRank::join_weight_group(const std::vector<uint8_t>& payload) {
   o.rank = p2p ? world_->rank() : 0;
   o.world_size = static_cast<int>(world);
   o.store_address = f[0];
-  o.prefix = p2p ? f[1] : f[1] + "-s" + std::to_string(stage);
+  o.prefix = p2p ? f[1] : weight_stage_prefix(f[1], stage);
   o.host = cfg_.controller.host;
   o.timeout = std::chrono::milliseconds(timeout_ms);
   auto comm = connect_gloo(o);
@@ -261,38 +257,37 @@ void TrainerRank::send_weight_version(const std::vector<uint8_t>& payload) {
   if (!weight_group_ || payload.size() != sizeof(int64_t)) return;
   int64_t version = 0;
   std::memcpy(&version, payload.data(), sizeof version);
+  const std::string v = std::to_string(version);
+  Status s;
+  std::string sent;  // the log line of a send that happened
   if (cfg_.weight_sync.transport == "p2p") {
     // This rank's own shards, straight to every engine (ranks of dp > 0 send nothing).
     const Trainer& t = *trainer_;
     const TensorSource local = [&t](const std::string& name) { return t.params().get(name); };
     const P2pRoles roles{layout_, weight_group_->size() - layout_.world_size()};
-    const Status s = p2p_send_weights(*weight_group_, *weight_plan_, version, local, roles);
-    if (!s.ok()) {
-      worker_log(s.with_context("weight group " + weight_group_prefix_).message() +
-                 "; dropping the group");
-      weight_group_.reset();
-      return;
-    }
+    s = p2p_send_weights(*weight_group_, *weight_plan_, version, local, roles);
     if (groups_.coord.dp == 0)
-      worker_log("rank " + std::to_string(world_->rank()) + ": sent its shards of weight version " +
-                 std::to_string(version) + " over " + weight_group_prefix_ + " (p2p)");
-    return;
+      sent = "rank " + std::to_string(world_->rank()) + ": sent its shards of weight version " + v +
+             " over " + weight_group_prefix_ + " (p2p)";
+  } else {
+    // The stage's whole tensors: the tensor-parallel gather of the preceding kGather, or this
+    // rank's.
+    const Trainer& t = gathered_ ? *gathered_ : *trainer_;
+    const TensorSource source = [&t](const std::string& name) { return t.params().get(name); };
+    const int stage = groups_.coord.pp;
+    s = miles::send_stage_weights(*weight_group_, *weight_plan_, stage, version, source);
+    const TransferPlan mine = stage_plan(*weight_plan_, stage);
+    sent = "stage " + std::to_string(stage) + ": sent weight version " + v + " over " +
+           weight_group_prefix_ + " (" + std::to_string(mine.buckets.size()) + " buckets, " +
+           std::to_string(mine.total_bytes) + " bytes)";
   }
-  // The stage's whole tensors: the tensor-parallel gather of the preceding kGather, or this rank's.
-  const Trainer& t = gathered_ ? *gathered_ : *trainer_;
-  const TensorSource source = [&t](const std::string& name) { return t.params().get(name); };
-  const int stage = groups_.coord.pp;
-  const Status s = miles::send_stage_weights(*weight_group_, *weight_plan_, stage, version, source);
   if (!s.ok()) {
     worker_log(s.with_context("weight group " + weight_group_prefix_).message() +
                "; dropping the group");
     weight_group_.reset();
-    return;
+  } else if (!sent.empty()) {
+    worker_log(sent);
   }
-  const TransferPlan mine = stage_plan(*weight_plan_, stage);
-  worker_log("stage " + std::to_string(stage) + ": sent weight version " + std::to_string(version) +
-             " over " + weight_group_prefix_ + " (" + std::to_string(mine.buckets.size()) +
-             " buckets, " + std::to_string(mine.total_bytes) + " bytes)");
 }
 
 Status TrainerRank::follow() {

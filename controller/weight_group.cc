@@ -14,11 +14,6 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// The group of pipeline stage `stage` (with one stage, the prefix itself).
-std::string stage_prefix(const std::string& prefix, int stage) {
-  return prefix + "-s" + std::to_string(stage);
-}
-
 std::string fixed2(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f", x);
@@ -26,6 +21,17 @@ std::string fixed2(double x) {
 }
 
 }  // namespace
+
+std::string weight_stage_prefix(const std::string& prefix, int stage) {
+  return prefix + "-s" + std::to_string(stage);
+}
+
+Result<TransferPlan> weight_group_plan(const std::string& transport, const ModelConfig& config,
+                                       const ParamLayout& params, const ParallelLayout& trainer) {
+  if (transport == "p2p") return make_transfer_plan(config, params, trainer);
+  MILES_ASSIGN_OR_RETURN(ParallelLayout stages, ParallelLayout::create(1, trainer.pp(), 1));
+  return make_transfer_plan(config, params, stages);
+}
 
 Result<std::unique_ptr<WeightGroup>> WeightGroup::create(WeightGroupOptions options,
                                                          TransferPlan plan) {
@@ -71,14 +77,21 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
     std::vector<size_t> accepted;
     for (size_t k = 0; k < joining.size(); ++k) {
       const EngineClient& e = *engines[joining[k]];
-      const int rank = trainer_ranks_ + static_cast<int>(k);
+      GroupJoin join{store_address_,
+                     prefix,
+                     e.address().host,
+                     plan_digest_,
+                     trainer_ranks_ + static_cast<int>(k),
+                     world,
+                     timeout_s};
+      if (p2p_) join.trainer_layout = options_.trainer.to_string();
+      join.stages = stages_;
       Status s;
-      if (p2p_)
-        s = e.join_p2p_weight_group(store_address_, prefix, rank, world, timeout_s,
-                                    e.address().host, plan_digest_, options_.trainer.to_string());
-      for (int st = 0; st < stages_ && s.ok() && !p2p_; ++st)
-        s = e.join_weight_group(store_address_, stage_prefix(prefix, st), rank, world, timeout_s,
-                                e.address().host, plan_digest_, st, stages_);
+      for (int st = 0; st < stages_ && s.ok(); ++st) {  // p2p: one group (stages_ is 1)
+        join.stage = st;
+        if (!p2p_) join.prefix = weight_stage_prefix(prefix, st);
+        s = e.join_weight_group(join);
+      }
       if (s.ok()) {
         accepted.push_back(joining[k]);
       } else {
@@ -93,7 +106,7 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
   o.rank = 0;
   o.world_size = static_cast<int>(joining.size()) + trainer_ranks_;
   o.store_address = store_address_;
-  o.prefix = p2p_ ? prefix : stage_prefix(prefix, 0);
+  o.prefix = p2p_ ? prefix : weight_stage_prefix(prefix, 0);
   if (stages_ > 1 || trainer_ranks_ > 1) {
     // The other trainer ranks connect to theirs while this process connects.
     const Status told = options_.senders.join(store_address_, prefix, o.world_size, timeout_s);

@@ -30,6 +30,16 @@
 
 namespace miles::controller {
 
+// The broadcast group of pipeline stage `stage` under a group prefix ("wsync-3" → "wsync-3-s1"):
+// the name the controller, the stage leaders and the engines all use.
+std::string weight_stage_prefix(const std::string& prefix, int stage);
+
+// The plan a weight group follows for a trainer of layout `trainer`: broadcast sends whole stages
+// (the plan of dp=1,pp=P,tp=1: each stage's leader sends its stage), p2p every rank's own shards
+// (the trainer's layout). The controller and every rl-worker make it alike.
+Result<TransferPlan> weight_group_plan(const std::string& transport, const ModelConfig& config,
+                                       const ParamLayout& params, const ParallelLayout& trainer);
+
 // The other trainer ranks' part, driven by the controller (trainer rank 0). Broadcast: the leaders
 // of stages 1.. join `prefix`-s<stage> as its rank 0 and send their stage. p2p: every trainer rank
 // joins `prefix` as its own world rank and sends its own shards.

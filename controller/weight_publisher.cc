@@ -87,14 +87,9 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
     go.transport = cfg.transport;
     go.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.group_timeout_s * 1000));
     go.trainer = layout;
-    // Broadcast follows the stages only (each stage's leader sends its whole stage); p2p the
-    // trainer's layout (every rank of replica 0 sends its own shards).
-    MILES_ASSIGN_OR_RETURN(ParallelLayout plan_layout,
-                           cfg.transport == "p2p" ? Result<ParallelLayout>(layout)
-                                                  : ParallelLayout::create(1, layout.pp(), 1));
-    MILES_ASSIGN_OR_RETURN(
-        TransferPlan group_plan,
-        make_transfer_plan(trainer.model_config(), trainer.params().layout(), plan_layout));
+    MILES_ASSIGN_OR_RETURN(TransferPlan group_plan,
+                           weight_group_plan(cfg.transport, trainer.model_config(),
+                                             trainer.params().layout(), layout));
     MILES_ASSIGN_OR_RETURN(p->group_, WeightGroup::create(std::move(go), std::move(group_plan)));
   }
   return p;

@@ -151,24 +151,62 @@ std::pair<int64_t, json> held(httplib::Client& c) {
   return {j["weight_version"].get<int64_t>(), j["checksums"]};
 }
 
-TEST(ServeWeightSync, BroadcastGroupBringsVersionsAndABadJoinKeepsTheVersion) {
+// What every weight-group test starts from: a served engine, a client with a long read timeout, a
+// trainer on the same weights (lr 1e-2) whose tensors are the source, and a rendezvous store.
+struct GroupTest {
   Served served;
-  ASSERT_TRUE(served.start().ok());
-  auto& files = served.files;
-  httplib::Client c("127.0.0.1", served.server->port());
-  c.set_read_timeout(std::chrono::seconds(120));
-  TrainerConfig tc;
-  tc.lr.lr = 1e-2;
-  auto tr = Trainer::create(files->config, files->weights, tc, &served.pool);
-  ASSERT_TRUE(tr.ok());
-  auto layout = ParamLayout::for_model(files->config, &files->weights);
-  auto plan = make_transfer_plan(files->config, *layout, ParallelLayout{});
+  std::unique_ptr<httplib::Client> client;
+  std::unique_ptr<Trainer> trainer;
+  std::shared_ptr<const ParamLayout> layout;
+  std::unique_ptr<TcpStoreServer> store;
+  TensorSource source = [this](const std::string& n) { return trainer->params().get(n); };
+
+  Status start() {
+    MILES_RETURN_IF_ERROR(served.start());
+    client = std::make_unique<httplib::Client>("127.0.0.1", served.server->port());
+    client->set_read_timeout(std::chrono::seconds(120));
+    TrainerConfig tc;
+    tc.lr.lr = 1e-2;
+    MILES_ASSIGN_OR_RETURN(
+        trainer, Trainer::create(served.files->config, served.files->weights, tc, &served.pool));
+    layout = ParamLayout::for_model(served.files->config, &served.files->weights);
+    MILES_ASSIGN_OR_RETURN(store, TcpStoreServer::start({}));
+    return Status::Ok();
+  }
+  // The transfer plan of a sender with trainer layout `l`.
+  Result<TransferPlan> plan(const ParallelLayout& l) const {
+    return make_transfer_plan(served.files->config, *layout, l);
+  }
+  // Rank 0 (the sender) of the two-member group `prefix` whose rank 1 the engine joined.
+  Result<std::unique_ptr<Communicator>> sender(const std::string& prefix) const {
+    CommOptions o;
+    o.rank = 0;
+    o.world_size = 2;
+    o.store_address = store->address();
+    o.prefix = prefix;
+    o.timeout = std::chrono::seconds(20);
+    return connect_gloo(o);
+  }
+  // POST /update_weights_from_group for `version` on a thread of its own (the test sends
+  // meanwhile): the status and the reply.
+  std::future<std::pair<int, json>> update(int64_t version) {
+    return std::async(std::launch::async, [this, version] {
+      int st = 0;
+      json r = post(*client, "/update_weights_from_group", {{"weight_version", version}}, &st);
+      return std::make_pair(st, r);
+    });
+  }
+  json trainer_sums() const { return checksums_of(*trainer, *layout); }
+};
+
+TEST(ServeWeightSync, BroadcastGroupBringsVersionsAndABadJoinKeepsTheVersion) {
+  GroupTest g;
+  ASSERT_TRUE(g.start().ok());
+  httplib::Client& c = *g.client;
+  auto plan = g.plan(ParallelLayout{});
   ASSERT_TRUE(plan.ok());
   const std::string digest = transfer_plan_digest(*plan);
-  const TensorSource source = [&](const std::string& n) { return (*tr)->params().get(n); };
-  auto store = TcpStoreServer::start({});
-  ASSERT_TRUE(store.ok()) << store.message();
-  const json join = {{"store", (*store)->address()},
+  const json join = {{"store", g.store->address()},
                      {"prefix", "g1"},
                      {"rank", 1},
                      {"world_size", 2},
@@ -177,30 +215,20 @@ TEST(ServeWeightSync, BroadcastGroupBringsVersionsAndABadJoinKeepsTheVersion) {
   int status = 0;
   json j = post(c, "/join_weight_group", join, &status);
   ASSERT_EQ(status, 200) << j.dump();
-  CommOptions o;
-  o.rank = 0;
-  o.world_size = 2;
-  o.store_address = (*store)->address();
-  o.prefix = "g1";
-  o.timeout = std::chrono::seconds(20);
-  auto comm = connect_gloo(o);
+  auto comm = g.sender("g1");
   ASSERT_TRUE(comm.ok()) << comm.message();
   auto sender = make_broadcast_sender(**comm, *plan);
   // Two versions over the same group: the test sends while the server receives.
   for (int64_t v = 1; v <= 2; ++v) {
-    train_once(**tr);
-    auto update = std::async(std::launch::async, [&] {
-      int st = 0;
-      json r = post(c, "/update_weights_from_group", {{"weight_version", v}}, &st);
-      return std::make_pair(st, r);
-    });
-    ASSERT_TRUE(sender->send(v, source).ok());
+    train_once(*g.trainer);
+    auto update = g.update(v);
+    ASSERT_TRUE(sender->send(v, g.source).ok());
     auto [st, r] = update.get();
     ASSERT_EQ(st, 200) << r.dump();
     EXPECT_EQ(r["weight_version"], v);
     auto [version, sums] = held(c);
     EXPECT_EQ(version, v);
-    EXPECT_EQ(sums, checksums_of(**tr, *layout)) << "version " << v;
+    EXPECT_EQ(sums, g.trainer_sums()) << "version " << v;
   }
 
   // Malformed joins and another plan: 400 at once.
@@ -237,33 +265,23 @@ TEST(ServeWeightSync, BroadcastGroupBringsVersionsAndABadJoinKeepsTheVersion) {
   EXPECT_EQ(status, 400);
   auto [version, sums] = held(c);
   EXPECT_EQ(version, 2);
-  EXPECT_EQ(sums, checksums_of(**tr, *layout));
+  EXPECT_EQ(sums, g.trainer_sums());
 }
 
 // One group per pipeline stage: the engine joins stage 0's and stage 1's groups of a two-stage
 // sender; two senders (each rank 0 of its group, as the stage leaders are) send their stages at
 // once and the engine swaps in the whole version. A partial or inconsistent join is refused.
 TEST(ServeWeightSync, OneBroadcastGroupPerPipelineStage) {
-  Served served;
-  ASSERT_TRUE(served.start().ok());
-  auto& files = served.files;
-  httplib::Client c("127.0.0.1", served.server->port());
-  c.set_read_timeout(std::chrono::seconds(120));
-  TrainerConfig tc;
-  tc.lr.lr = 1e-2;
-  auto tr = Trainer::create(files->config, files->weights, tc, &served.pool);
-  ASSERT_TRUE(tr.ok());
-  auto layout = ParamLayout::for_model(files->config, &files->weights);
+  GroupTest g;
+  ASSERT_TRUE(g.start().ok());
+  httplib::Client& c = *g.client;
   auto two = ParallelLayout::create(1, 2, 1);
   ASSERT_TRUE(two.ok());
-  auto plan = make_transfer_plan(files->config, *layout, *two);
+  auto plan = g.plan(*two);
   ASSERT_TRUE(plan.ok());
   ASSERT_EQ(plan_stages(*plan), 2);
   const std::string digest = transfer_plan_digest(*plan);
-  const TensorSource source = [&](const std::string& n) { return (*tr)->params().get(n); };
-  auto store = TcpStoreServer::start({});
-  ASSERT_TRUE(store.ok()) << store.message();
-  json join = {{"store", (*store)->address()},
+  json join = {{"store", g.store->address()},
                {"rank", 1},
                {"world_size", 2},
                {"timeout_s", 20},
@@ -277,7 +295,7 @@ TEST(ServeWeightSync, OneBroadcastGroupPerPipelineStage) {
   json j = post(c, "/join_weight_group", bad, &status);
   EXPECT_EQ(status, 400) << j.dump();
   bad["stage"] = 0;
-  auto one = make_transfer_plan(files->config, *layout, ParallelLayout{});
+  auto one = g.plan(ParallelLayout{});
   ASSERT_TRUE(one.ok());
   bad["plan_digest"] = transfer_plan_digest(*one);
   j = post(c, "/join_weight_group", bad, &status);
@@ -299,53 +317,33 @@ TEST(ServeWeightSync, OneBroadcastGroupPerPipelineStage) {
   }
   std::unique_ptr<Communicator> groups[2];
   for (int st = 0; st < 2; ++st) {
-    CommOptions o;
-    o.rank = 0;
-    o.world_size = 2;
-    o.store_address = (*store)->address();
-    o.prefix = "q-s" + std::to_string(st);
-    o.timeout = std::chrono::seconds(20);
-    auto comm = connect_gloo(o);
+    auto comm = g.sender("q-s" + std::to_string(st));
     ASSERT_TRUE(comm.ok()) << comm.message();
     groups[st] = std::move(comm).value();
   }
-  train_once(**tr);
-  auto update = std::async(std::launch::async, [&] {
-    int st = 0;
-    json r = post(c, "/update_weights_from_group", {{"weight_version", 1}}, &st);
-    return std::make_pair(st, r);
-  });
+  train_once(*g.trainer);
+  auto update = g.update(1);
   auto stage1 = std::async(std::launch::async,
-                           [&] { return send_stage_weights(*groups[1], *plan, 1, 1, source); });
-  ASSERT_TRUE(send_stage_weights(*groups[0], *plan, 0, 1, source).ok());
+                           [&] { return send_stage_weights(*groups[1], *plan, 1, 1, g.source); });
+  ASSERT_TRUE(send_stage_weights(*groups[0], *plan, 0, 1, g.source).ok());
   ASSERT_TRUE(stage1.get().ok());
   auto [st, r] = update.get();
   ASSERT_EQ(st, 200) << r.dump();
   auto [version, sums] = held(c);
   EXPECT_EQ(version, 1);
-  EXPECT_EQ(sums, checksums_of(**tr, *layout));
+  EXPECT_EQ(sums, g.trainer_sums());
 }
 
 // p2p: the engine joins one group with the trainer's ranks (here one: dp=1,pp=1,tp=1) as rank 1;
 // the trainer rank sends its shards (the whole tensors) and the engine swaps in the version. A rank
 // inside the trainer's range and an unknown transport are refused.
 TEST(ServeWeightSync, P2pGroupBringsAVersion) {
-  Served served;
-  ASSERT_TRUE(served.start().ok());
-  auto& files = served.files;
-  httplib::Client c("127.0.0.1", served.server->port());
-  c.set_read_timeout(std::chrono::seconds(120));
-  TrainerConfig tc;
-  tc.lr.lr = 1e-2;
-  auto tr = Trainer::create(files->config, files->weights, tc, &served.pool);
-  ASSERT_TRUE(tr.ok());
-  auto layout = ParamLayout::for_model(files->config, &files->weights);
-  auto plan = make_transfer_plan(files->config, *layout, ParallelLayout{});
+  GroupTest g;
+  ASSERT_TRUE(g.start().ok());
+  httplib::Client& c = *g.client;
+  auto plan = g.plan(ParallelLayout{});
   ASSERT_TRUE(plan.ok());
-  const TensorSource source = [&](const std::string& n) { return (*tr)->params().get(n); };
-  auto store = TcpStoreServer::start({});
-  ASSERT_TRUE(store.ok()) << store.message();
-  json join = {{"store", (*store)->address()},
+  json join = {{"store", g.store->address()},
                {"prefix", "p"},
                {"rank", 1},
                {"world_size", 2},
@@ -365,26 +363,16 @@ TEST(ServeWeightSync, P2pGroupBringsAVersion) {
   EXPECT_EQ(status, 400) << j.dump();
   j = post(c, "/join_weight_group", join, &status);
   ASSERT_EQ(status, 200) << j.dump();
-  CommOptions o;
-  o.rank = 0;
-  o.world_size = 2;
-  o.store_address = (*store)->address();
-  o.prefix = "p";
-  o.timeout = std::chrono::seconds(20);
-  auto comm = connect_gloo(o);
+  auto comm = g.sender("p");
   ASSERT_TRUE(comm.ok()) << comm.message();
-  train_once(**tr);
-  auto update = std::async(std::launch::async, [&] {
-    int st = 0;
-    json r = post(c, "/update_weights_from_group", {{"weight_version", 1}}, &st);
-    return std::make_pair(st, r);
-  });
-  ASSERT_TRUE(p2p_send_weights(**comm, *plan, 1, source, P2pRoles{ParallelLayout{}, 1}).ok());
+  train_once(*g.trainer);
+  auto update = g.update(1);
+  ASSERT_TRUE(p2p_send_weights(**comm, *plan, 1, g.source, P2pRoles{ParallelLayout{}, 1}).ok());
   auto [st, r] = update.get();
   ASSERT_EQ(st, 200) << r.dump();
   auto [version, sums] = held(c);
   EXPECT_EQ(version, 1);
-  EXPECT_EQ(sums, checksums_of(**tr, *layout));
+  EXPECT_EQ(sums, g.trainer_sums());
 }
 
 }  // namespace

@@ -16,6 +16,8 @@
 #include <cstring>
 #include <thread>
 
+#include "miles/host_port.h"
+
 namespace miles::comm::detail {
 
 namespace {
@@ -97,10 +99,7 @@ int try_connect(const addrinfo* ai, Clock::time_point deadline, int* err) {
 
 }  // namespace
 
-std::string HostPort::to_string() const {
-  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
-  return host + ":" + std::to_string(port);
-}
+std::string HostPort::to_string() const { return host_port(host, port); }
 
 Result<HostPort> parse_host_port(std::string_view address) {
   const auto bad = [&](const std::string& why) {

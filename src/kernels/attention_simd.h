@@ -65,14 +65,6 @@ inline void fma_row(float a, const float* x, float* y, int64_t n) {
   for (; e < n; ++e) y[e] = std::fma(a, x[e], y[e]);
 }
 
-// [t][hd] rows (stride ld) → [hd][ldt], zero-padded columns.
-inline void transpose_rows(const float* src, int64_t ld, int64_t t, int64_t hd, int64_t ldt,
-                           std::vector<float>& dst) {
-  dst.assign(static_cast<size_t>(hd * ldt), 0.0f);
-  for (int64_t j = 0; j < t; ++j)
-    for (int64_t e = 0; e < hd; ++e) dst[e * ldt + j] = src[j * ld + e];
-}
-
 // kt[e * ldt + j] = rows[j][e] for j < n_rows (a block of keys, one pointer per key: the rows may
 // sit in different KV blocks) and e < hd; columns j in [n_rows, ldt) get zeros. Moves values only.
 // ldt a multiple of 8.
@@ -112,6 +104,15 @@ inline void transpose_key_rows(const float* const* rows, int64_t n_rows, int64_t
 #endif
   for (; e0 < hd; ++e0)
     for (int64_t j = 0; j < ldt; ++j) kt[e0 * ldt + j] = j < n_rows ? rows[j][e0] : 0.0f;
+}
+
+// [t][hd] rows (stride ld) → [hd][ldt], zero-padded columns (ldt a multiple of 8).
+inline void transpose_rows(const float* src, int64_t ld, int64_t t, int64_t hd, int64_t ldt,
+                           std::vector<float>& dst) {
+  dst.resize(static_cast<size_t>(hd * ldt));
+  std::vector<const float*> rows(static_cast<size_t>(t));
+  for (int64_t j = 0; j < t; ++j) rows[j] = src + j * ld;
+  transpose_key_rows(rows.data(), t, hd, ldt, dst.data());
 }
 
 }  // namespace miles::kernels::detail
