@@ -191,6 +191,70 @@ TEST(Softmax, LogSoftmaxMatchesDoubleAndSumsToOne) {
   EXPECT_NEAR(logsumexp_row(x.data(), 1000), mx + std::log(s), 1e-5);
 }
 
+// The row reductions as the contract states them, one term after another: the max by std::max
+// from -inf in ascending order, Σ exp(x - max) in chunks of kGemmChunk combined by the halving tree.
+float contract_max(const float* x, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+float contract_tree(const std::vector<float>& p, size_t lo, size_t hi) {
+  if (hi - lo == 1) return p[lo];
+  const size_t mid = lo + (hi - lo + 1) / 2;
+  const float a = contract_tree(p, lo, mid);
+  return a + contract_tree(p, mid, hi);
+}
+float contract_exp_sum(const float* x, int64_t n, float m) {
+  std::vector<float> parts;
+  for (int64_t c = 0; c < std::max<int64_t>(1, (n + kGemmChunk - 1) / kGemmChunk); ++c) {
+    float acc = 0.0f;
+    for (int64_t i = c * kGemmChunk; i < std::min(n, (c + 1) * kGemmChunk); ++i)
+      acc = acc + std::exp(x[i] - m);
+    parts.push_back(acc);
+  }
+  return contract_tree(parts, 0, parts.size());
+}
+
+// The fast row paths (vector max, interleaved chunk sums, softmax and log-softmax in one pass, one
+// log-probability without the row) give the contract's bits, at vocabulary-like lengths, with the
+// maximum a signed zero (-0 first, +0 later).
+TEST(Softmax, FastRowPathsEqualTheContractBitForBit) {
+  for (int64_t n : {7, 64, 1000, 1024, 49152, 151936}) {
+    auto x = random_vec(n, 43 + n, 4.0f);
+    const float m = contract_max(x.data(), n);
+    const float log_s = std::log(contract_exp_sum(x.data(), n, m));
+    std::vector<float> ls(n), probs(n), logp(n), sm = x;
+    log_softmax_row(x.data(), n, ls.data());
+    softmax_row(sm.data(), n);
+    softmax_log_softmax_row(x.data(), n, probs.data(), logp.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const float want = (x[i] - m) - log_s;
+      ASSERT_EQ(std::memcmp(&ls[i], &want, 4), 0) << "n " << n << " i " << i;
+    }
+    ASSERT_TRUE(same_bits(logp.data(), ls.data(), n)) << n;
+    ASSERT_TRUE(same_bits(probs.data(), sm.data(), n)) << n;
+    for (int64_t i : {int64_t{0}, n / 2, n - 1}) {
+      const float at = log_softmax_at(x.data(), n, i);
+      ASSERT_EQ(std::memcmp(&at, &ls[i], 4), 0) << "n " << n << " i " << i;
+    }
+  }
+  // A maximum of ±0: -0 comes first, so the contract's max is -0 (the vector lanes cannot tell).
+  std::vector<float> z = random_vec(300, 44, 1.0f);
+  for (float& v : z) v = -std::fabs(v) - 1.0f;
+  z[10] = -0.0f;
+  z[200] = 0.0f;
+  z[201] = -0.0f;
+  const float m = contract_max(z.data(), 300);
+  ASSERT_TRUE(std::signbit(m));
+  const float log_s = std::log(contract_exp_sum(z.data(), 300, m));
+  std::vector<float> ls(300);
+  log_softmax_row(z.data(), 300, ls.data());
+  for (int64_t i = 0; i < 300; ++i) {
+    const float want = (z[i] - m) - log_s;
+    ASSERT_EQ(std::memcmp(&ls[i], &want, 4), 0) << i;
+  }
+}
+
 TEST(Swiglu, MatchesDefinition) {
   auto g = random_vec(64, 51, 3.0f), u = random_vec(64, 52);
   std::vector<float> o(64);

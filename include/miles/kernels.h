@@ -109,6 +109,11 @@ void softmax_row(float* x, int64_t n);
 void log_softmax_row(const float* x, int64_t n, float* out);
 // log-sum-exp of a row, the normaliser used by log_softmax_row.
 float logsumexp_row(const float* x, int64_t n);
+// log_softmax_row(x)[i] alone (the same bits, no row written).
+float log_softmax_at(const float* x, int64_t n, int64_t i);
+// Both of a row at once, one exp per value: probs has softmax_row's bits and logp
+// log_softmax_row's (the same max, the same exp terms summed in the same order).
+void softmax_log_softmax_row(const float* x, int64_t n, float* probs, float* logp);
 
 // Keys and values of one sequence for one layer, as a list of blocks of `block_tokens` positions each
 // laid out [block_tokens][num_kv_heads * head_dim] (a paged KV cache hands its block table over).

@@ -5,6 +5,8 @@
 // A pool is an object passed to whoever needs it (no global pool).
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -37,9 +39,10 @@ class ThreadPool {
   const std::function<void(int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
   int64_t next_ = 0;
-  int64_t finished_ = 0;
-  uint64_t generation_ = 0;
-  int active_ = 0;
+  // Written under mu_; atomic so that the spinning waits may read them without it.
+  std::atomic<int64_t> finished_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> active_{0};
   bool stop_ = false;
 };
 
@@ -50,6 +53,22 @@ inline void parallel_for(ThreadPool* pool, int64_t n, const std::function<void(i
   } else {
     for (int64_t i = 0; i < n; ++i) fn(i);
   }
+}
+
+// Runs fn(begin, end) over pieces of [0, n) that together cover it once, on the pool when the work
+// (n * cost_per_item, in arbitrary units ~ floats touched) is worth waking it. For element-wise and
+// row-wise phases whose results do not depend on how the range is cut.
+inline void parallel_ranges(ThreadPool* pool, int64_t n, int64_t cost_per_item,
+                            const std::function<void(int64_t, int64_t)>& fn) {
+  constexpr int64_t kMinParallelCost = 1 << 15;
+  const int threads = pool ? pool->num_threads() : 1;
+  if (n <= 0) return;
+  if (threads <= 1 || n < 2 || n * cost_per_item < kMinParallelCost) {
+    fn(0, n);
+    return;
+  }
+  const int64_t pieces = std::min<int64_t>(n, 4 * threads);
+  pool->parallel_for(pieces, [&](int64_t p) { fn(n * p / pieces, n * (p + 1) / pieces); });
 }
 
 }  // namespace miles

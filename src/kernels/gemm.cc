@@ -79,12 +79,45 @@ void add_into(float* a, const float* b, int64_t n) {
   for (; i < n; ++i) a[i] = a[i] + b[i];
 }
 
-// x packed as tiles of kern.rows rows: tile t holds [K][kern.rows] (rows past M are zero).
-void pack_rows(const float* x, int64_t m, int64_t lda, int64_t k, int tile_rows, float* out) {
-  const int64_t tiles = (m + tile_rows - 1) / tile_rows;
-  for (int64_t t = 0; t < tiles; ++t) {
+// One output row of a panel (a library memmove call per 32 floats costs more than the copy).
+void copy_row(const float* src, int64_t cols, float* dst) {
+#if defined(__AVX__)
+  if (cols == kPanel) {
+    static_assert(kPanel % 8 == 0);
+    for (int64_t j = 0; j < kPanel; j += 8) _mm256_storeu_ps(dst + j, _mm256_loadu_ps(src + j));
+    return;
+  }
+#endif
+  std::copy_n(src, cols, dst);
+}
+
+// x packed as tiles of kern.rows rows: tile t holds [K][kern.rows] (rows past M are zero). Tiles
+// [t0, t1) of them.
+void pack_rows(const float* x, int64_t m, int64_t lda, int64_t k, int tile_rows, int64_t t0,
+               int64_t t1, float* out) {
+  for (int64_t t = t0; t < t1; ++t) {
     float* dst = out + t * k * tile_rows;
-    for (int r = 0; r < tile_rows; ++r) {
+    int r = 0;
+#if defined(__AVX__)
+    // Groups of 4 whole rows: 4 × 4 blocks transposed in registers.
+    for (; r + 4 <= tile_rows && t * tile_rows + r + 4 <= m; r += 4) {
+      const float* s0 = x + (t * tile_rows + r) * lda;
+      int64_t kk = 0;
+      for (; kk + 4 <= k; kk += 4) {
+        __m128 a = _mm_loadu_ps(s0 + kk), b = _mm_loadu_ps(s0 + lda + kk);
+        __m128 c = _mm_loadu_ps(s0 + 2 * lda + kk), d = _mm_loadu_ps(s0 + 3 * lda + kk);
+        _MM_TRANSPOSE4_PS(a, b, c, d);
+        float* o = dst + kk * tile_rows + r;
+        _mm_storeu_ps(o, a);
+        _mm_storeu_ps(o + tile_rows, b);
+        _mm_storeu_ps(o + 2 * tile_rows, c);
+        _mm_storeu_ps(o + 3 * tile_rows, d);
+      }
+      for (; kk < k; ++kk)
+        for (int i = 0; i < 4; ++i) dst[kk * tile_rows + r + i] = s0[i * lda + kk];
+    }
+#endif
+    for (; r < tile_rows; ++r) {
       const int64_t row = t * tile_rows + r;
       if (row < m) {
         const float* src = x + row * lda;
@@ -131,7 +164,7 @@ void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMa
       }
     }
     for (int i = 0; i < tr; ++i)
-      std::copy_n(stack.data() + i * kPanel, cols, y + (row0 + r + i) * ldy + col0);
+      copy_row(stack.data() + i * kPanel, cols, y + (row0 + r + i) * ldy + col0);
   }
 }
 
@@ -150,8 +183,6 @@ void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* 
   thread_local std::vector<float> a_packed;
   const int64_t tiles = (m + kern.rows - 1) / kern.rows;
   a_packed.resize(static_cast<size_t>(tiles * w.k() * kern.rows));
-  pack_rows(x, m, lda, w.k(), kern.rows, a_packed.data());
-  const float* ap = a_packed.data();
   // Small products run on the calling thread: waking workers costs more than they save — unless the
   // weights are large enough that streaming them from memory (a decode step's GEMV) is what takes
   // the time. (Threads never change results, so this is purely a speed choice.)
@@ -160,6 +191,11 @@ void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* 
   const bool big =
       2.0 * m * w.n() * w.k() >= kMinParallelFlops || w.n() * w.k() >= kMinParallelWeights;
   ThreadPool* use = big ? pool : nullptr;
+  float* const packed = a_packed.data();  // this thread's buffer (a_packed is thread_local)
+  parallel_ranges(use, tiles, w.k() * kern.rows, [&](int64_t t0, int64_t t1) {
+    pack_rows(x, m, lda, w.k(), kern.rows, t0, t1, packed);
+  });
+  const float* ap = packed;
   parallel_for(use, row_blocks * panels, [&](int64_t item) {
     thread_local std::vector<float> stack;
     const int64_t rb = item / panels;

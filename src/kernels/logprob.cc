@@ -21,8 +21,12 @@ float entropy_of(const float* logp, int64_t n) {
 
 void token_logprobs(const float* logits, int64_t rows, int64_t vocab, const int32_t* targets,
                     float* logp, float* entropy) {
-  std::vector<float> lp(static_cast<size_t>(vocab));
+  std::vector<float> lp(static_cast<size_t>(entropy ? vocab : 0));
   for (int64_t r = 0; r < rows; ++r) {
+    if (!entropy) {  // the target's value alone: log_softmax_row's bits without the row
+      logp[r] = kernels::log_softmax_at(logits + r * vocab, vocab, targets[r]);
+      continue;
+    }
     kernels::log_softmax_row(logits + r * vocab, vocab, lp.data());
     logp[r] = lp[targets[r]];
     if (entropy) entropy[r] = entropy_of(lp.data(), vocab);

@@ -43,10 +43,22 @@ struct Scratch {
   std::vector<float> xn, qkv, attn, proj, gate_up, act;
 };
 
-void add_bias(float* y, int64_t rows, int64_t n, int64_t ld, const std::vector<float>& bias) {
+void add_bias(float* y, int64_t rows, int64_t n, int64_t ld, const std::vector<float>& bias,
+              ThreadPool* pool) {
   if (bias.empty()) return;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < n; ++j) y[r * ld + j] = y[r * ld + j] + bias[j];
+  parallel_ranges(pool, rows, n, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j < n; ++j) y[r * ld + j] = y[r * ld + j] + bias[j];
+  });
+}
+
+// Row-wise phases of a layer spread over the pool: each row's bits are those of the kernel on that
+// row alone, so how the rows are cut never shows.
+void rmsnorm_rows(const float* x, int64_t t, int64_t d, const std::vector<float>& weight,
+                  double eps, float* out, ThreadPool* pool) {
+  parallel_ranges(pool, t, 2 * d, [&](int64_t r0, int64_t r1) {
+    kernels::rmsnorm(x + r0 * d, r1 - r0, d, weight.data(), static_cast<float>(eps), out + r0 * d);
+  });
 }
 
 // Tensor parallelism: the sum over the group of each rank's partial (tree order), in place.
@@ -55,8 +67,10 @@ Status tp_all_reduce(const TensorParallel* tp, float* x, int64_t n) {
   return tp->comm->all_reduce_sum_deterministic(std::span<float>(x, static_cast<size_t>(n)));
 }
 
-void add_residual(float* h, const float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) h[i] = h[i] + y[i];
+void add_residual(float* h, const float* y, int64_t n, ThreadPool* pool) {
+  parallel_ranges(pool, n, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) h[i] = h[i] + y[i];
+  });
 }
 
 // Self-attention of one layer, output added into h.
@@ -67,25 +81,27 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
   const LayerWeights& l = w.layers[layer];
   const int64_t d = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
   const int64_t ld = qd + 2 * kvd;
-  kernels::rmsnorm(h, t, d, l.input_norm.data(), static_cast<float>(c.rms_norm_eps), s.xn.data());
+  rmsnorm_rows(h, t, d, l.input_norm, c.rms_norm_eps, s.xn.data(), pool);
   kernels::gemm(s.xn.data(), t, d, l.qkv, s.qkv.data(), ld, pool);
-  add_bias(s.qkv.data(), t, ld, ld, l.qkv_bias);
+  add_bias(s.qkv.data(), t, ld, ld, l.qkv_bias, pool);
   if (tape) {
     tape->h_in.assign(h, h + t * d);
     tape->xn1.assign(s.xn.begin(), s.xn.begin() + t * d);
     tape->qkv_raw.assign(s.qkv.begin(), s.qkv.begin() + t * ld);
   }
-  for (int64_t i = 0; i < t; ++i) {
-    float* q = s.qkv.data() + i * ld;
-    float* k = q + qd;
-    if (!l.q_norm.empty()) {
-      const float eps = static_cast<float>(c.rms_norm_eps);
-      kernels::rmsnorm(q, c.num_heads, hd, l.q_norm.data(), eps, q);
-      kernels::rmsnorm(k, c.num_kv_heads, hd, l.k_norm.data(), eps, k);
+  parallel_ranges(pool, t, 4 * (qd + kvd), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      float* q = s.qkv.data() + i * ld;
+      float* k = q + qd;
+      if (!l.q_norm.empty()) {
+        const float eps = static_cast<float>(c.rms_norm_eps);
+        kernels::rmsnorm(q, c.num_heads, hd, l.q_norm.data(), eps, q);
+        kernels::rmsnorm(k, c.num_kv_heads, hd, l.k_norm.data(), eps, k);
+      }
+      kernels::rope_apply(q, 1, c.num_heads, hd, &plan.positions[i], w.rope);
+      kernels::rope_apply(k, 1, c.num_kv_heads, hd, &plan.positions[i], w.rope);
     }
-    kernels::rope_apply(q, 1, c.num_heads, hd, &plan.positions[i], w.rope);
-    kernels::rope_apply(k, 1, c.num_kv_heads, hd, &plan.positions[i], w.rope);
-  }
+  });
   if (tape) tape->qkv.assign(s.qkv.begin(), s.qkv.begin() + t * ld);
   // Keys and values into the cache, then each sequence's block list.
   const int64_t bt = kv.block_tokens();
@@ -118,19 +134,22 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
   if (tape) tape->attn.assign(s.attn.begin(), s.attn.begin() + t * qd);
   kernels::gemm(s.attn.data(), t, qd, l.o, s.proj.data(), d, pool);
   MILES_RETURN_IF_ERROR(tp_all_reduce(tp, s.proj.data(), t * d));
-  add_bias(s.proj.data(), t, d, d, l.o_bias);
-  add_residual(h, s.proj.data(), t * d);
+  add_bias(s.proj.data(), t, d, d, l.o_bias, pool);
+  add_residual(h, s.proj.data(), t * d, pool);
   return Status::Ok();
 }
 
 Status dense_mlp_block(const ModelConfig& c, const LayerWeights& l, float* h, int64_t t, Scratch& s,
                        LayerTape* tape, const TensorParallel* tp, ThreadPool* pool) {
   const int64_t d = c.hidden_size, f = c.intermediate_size;
-  kernels::rmsnorm(h, t, d, l.post_norm.data(), static_cast<float>(c.rms_norm_eps), s.xn.data());
+  rmsnorm_rows(h, t, d, l.post_norm, c.rms_norm_eps, s.xn.data(), pool);
   s.gate_up.resize(static_cast<size_t>(t * 2 * f));
   s.act.resize(static_cast<size_t>(t * f));
   kernels::gemm(s.xn.data(), t, d, l.gate_up, s.gate_up.data(), 2 * f, pool);
-  kernels::swiglu(s.gate_up.data(), s.gate_up.data() + f, t, f, 2 * f, s.act.data());
+  parallel_ranges(pool, t, 8 * f, [&](int64_t r0, int64_t r1) {
+    kernels::swiglu(s.gate_up.data() + r0 * 2 * f, s.gate_up.data() + r0 * 2 * f + f, r1 - r0, f,
+                    2 * f, s.act.data() + r0 * f);
+  });
   if (tape) {
     tape->h_mid.assign(h, h + t * d);
     tape->xn2.assign(s.xn.begin(), s.xn.begin() + t * d);
@@ -139,7 +158,7 @@ Status dense_mlp_block(const ModelConfig& c, const LayerWeights& l, float* h, in
   }
   kernels::gemm(s.act.data(), t, f, l.down, s.proj.data(), d, pool);
   MILES_RETURN_IF_ERROR(tp_all_reduce(tp, s.proj.data(), t * d));
-  add_residual(h, s.proj.data(), t * d);
+  add_residual(h, s.proj.data(), t * d, pool);
   return Status::Ok();
 }
 
@@ -288,8 +307,7 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
       MILES_RETURN_IF_ERROR(dense_mlp_block(c, l, h.data(), t, s, lt, options.tp, pool));
       continue;
     }
-    kernels::rmsnorm(h.data(), t, d, l.post_norm.data(), static_cast<float>(c.rms_norm_eps),
-                     s.xn.data());
+    rmsnorm_rows(h.data(), t, d, l.post_norm, c.rms_norm_eps, s.xn.data(), pool);
     if (lt) {
       lt->h_mid.assign(h.begin(), h.end());
       lt->xn2.assign(s.xn.begin(), s.xn.begin() + t * d);
@@ -301,7 +319,7 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     float* wts = out.expert_weights.empty() ? nullptr : out.expert_weights.data() + moe_index * k;
     MILES_RETURN_IF_ERROR(moe_block(c, l, s.xn.data(), t, forced, stride, s.proj.data(), ids, wts,
                                     stride, lt ? &lt->moe : nullptr, options.tp, pool));
-    add_residual(h.data(), s.proj.data(), t * d);
+    add_residual(h.data(), s.proj.data(), t * d, pool);
     ++moe_index;
   }
 

@@ -144,19 +144,21 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
   MILES_CHECK(params.validate().ok(), "sample_token called with invalid SamplingParams");
   check_logits(logits);
   const int64_t n = static_cast<int64_t>(logits.size());
-  std::vector<float> raw_logp(n);  // (vocab)
-  kernels::log_softmax_row(logits.data(), n, raw_logp.data());
   if (params.greedy()) {
     const int32_t token = argmax(logits);
-    return {token, 0.0f, raw_logp[token]};
+    return {token, 0.0f, kernels::log_softmax_at(logits.data(), n, token)};
   }
 
-  std::vector<float> scaled(n);  // (vocab) logits / temperature
-  for (int64_t i = 0; i < n; ++i) scaled[i] = logits[i] / params.temperature;
-  std::vector<float> logp(n);  // (vocab) log_softmax(scaled)
-  kernels::log_softmax_row(scaled.data(), n, logp.data());
-  std::vector<float> probs = scaled;  // (vocab) softmax(scaled)
-  kernels::softmax_row(probs.data(), n);
+  // logits / 1 is logits itself: the tempered row is the raw one then.
+  std::vector<float> scaled;  // (vocab) logits / temperature
+  const float* tempered = logits.data();
+  if (params.temperature != 1.0f) {
+    scaled.resize(n);
+    for (int64_t i = 0; i < n; ++i) scaled[i] = logits[i] / params.temperature;
+    tempered = scaled.data();
+  }
+  std::vector<float> logp(n), probs(n);  // (vocab) log_softmax(scaled), softmax(scaled)
+  kernels::softmax_log_softmax_row(tempered, n, probs.data(), logp.data());
 
   const std::vector<int32_t> kept = kept_tokens(probs, params);
   double kept_mass = 0.0;
@@ -167,7 +169,9 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
       static_cast<int64_t>(kept.size()) == n
           ? logp[token]
           : static_cast<float>(static_cast<double>(logp[token]) - std::log(kept_mass));
-  return {token, logprob, raw_logp[token]};
+  const float raw_logprob =
+      tempered == logits.data() ? logp[token] : kernels::log_softmax_at(logits.data(), n, token);
+  return {token, logprob, raw_logprob};
 }
 
 }  // namespace miles
