@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -128,7 +129,9 @@ bool engine_pids(const std::string& run_dir, std::vector<int64_t>* pids) {
 }
 
 // `miles run` with two engines (and `extra` overrides) into `dir`, one of them killed (SIGKILL)
-// after step 2 while it has groups in flight.
+// after step 2 while it has groups in flight. The engine is frozen (SIGSTOP) first and killed only
+// if, 50 ms later, the controller still waits for it: a fast engine may otherwise have sent its
+// last reply between the status read and the kill, and die with nothing to redispatch.
 test::CliRun run_killing_an_engine(const std::string& dir, const std::string& extra) {
   std::thread killer([&] {
     for (int i = 0; i < 12000; ++i) {
@@ -136,8 +139,14 @@ test::CliRun run_killing_an_engine(const std::string& dir, const std::string& ex
       if (metrics(dir).size() < 2) continue;
       std::vector<int64_t> pids;
       if (!engine_pids(dir, &pids)) continue;
-      kill(static_cast<pid_t>(pids.front()), SIGKILL);
-      return;
+      const auto pid = static_cast<pid_t>(pids.front());
+      kill(pid, SIGSTOP);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (engine_pids(dir, &pids) && std::find(pids.begin(), pids.end(), pid) != pids.end()) {
+        kill(pid, SIGKILL);
+        return;
+      }
+      kill(pid, SIGCONT);
     }
   });
   auto r = run_here(std::string(kCi) + " --run-dir " + dir +
