@@ -48,9 +48,13 @@ float* BlockPool::values(int32_t block, int64_t layer) {
 
 void BlockPool::copy_prefix(int32_t src, int32_t dst, int64_t positions) {
   MILES_CHECK(positions >= 0 && positions <= block_tokens_);
+  // The block layout (kernels::KvSpan) interleaves positions inside each head, so the whole block
+  // is copied; positions past `positions` are the destination's to overwrite and are never read
+  // before.
+  if (positions == 0) return;
   for (int64_t l = 0; l < num_layers_; ++l) {
-    std::memcpy(keys(dst, l), keys(src, l), sizeof(float) * positions * kv_dim_);
-    std::memcpy(values(dst, l), values(src, l), sizeof(float) * positions * kv_dim_);
+    std::memcpy(keys(dst, l), keys(src, l), sizeof(float) * block_tokens_ * kv_dim_);
+    std::memcpy(values(dst, l), values(src, l), sizeof(float) * block_tokens_ * kv_dim_);
   }
   if (experts_per_pos_ > 0)
     std::memcpy(experts(dst), experts(src), sizeof(int32_t) * positions * experts_per_pos_);

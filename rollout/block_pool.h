@@ -29,7 +29,8 @@ class BlockPool {
   void unref(int32_t block);
   int32_t refs(int32_t block) const { return refs_.at(block); }
 
-  // Keys / values of (block, layer): [block_tokens][kv_dim].
+  // Keys / values of (block, layer): block_tokens * kv_dim floats each, laid out as kernels::KvSpan
+  // says.
   float* keys(int32_t block, int64_t layer);
   float* values(int32_t block, int64_t layer);
   // Routed expert ids of (block): [block_tokens][experts_per_position].

@@ -1,6 +1,8 @@
-// Kernel tests: each kernel against a scalar reference of the numerics contract, every instruction set
-// bit-identical, and batch invariance: a row alone, inside a batch of 64 at any position, and under any
-// thread count gives identical bits.
+// Kernel tests: each kernel against a scalar reference of the numerics contract, every instruction
+// set bit-identical, and batch invariance: a row alone, inside a batch of 64 at any position, and
+// under any thread count gives identical bits.
+#include "miles/kernels.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "miles/comm.h"
-#include "miles/kernels.h"
 #include "miles/thread_pool.h"
 
 namespace miles::kernels {
@@ -55,13 +56,13 @@ TEST(Gemm, MatchesReferenceDotBitwiseOnEveryIsa) {
 }
 
 TEST(Gemm, ChunkRuleGivesEqualChunksWhoseCountSplitsOverTwoFourEight) {
-  EXPECT_EQ(gemm_chunk(2048), 128);  // 16 chunks
-  EXPECT_EQ(gemm_chunk(1024), 128);  // 8
-  EXPECT_EQ(gemm_chunk(576), 72);    // 8 (SmolLM2's hidden size)
-  EXPECT_EQ(gemm_chunk(1536), 96);   // 16 (SmolLM2's intermediate size)
-  EXPECT_EQ(gemm_chunk(172), 43);    // 4 (stories260K's hidden_dim: 172 = 4 × 43)
-  EXPECT_EQ(gemm_chunk(64), 8);      // 8
-  EXPECT_EQ(gemm_chunk(1), 128);     // one chunk
+  EXPECT_EQ(gemm_chunk(2048), 128);    // 16 chunks
+  EXPECT_EQ(gemm_chunk(1024), 128);    // 8
+  EXPECT_EQ(gemm_chunk(576), 72);      // 8 (SmolLM2's hidden size)
+  EXPECT_EQ(gemm_chunk(1536), 96);     // 16 (SmolLM2's intermediate size)
+  EXPECT_EQ(gemm_chunk(172), 43);      // 4 (stories260K's hidden_dim: 172 = 4 × 43)
+  EXPECT_EQ(gemm_chunk(64), 8);        // 8
+  EXPECT_EQ(gemm_chunk(1), 128);       // one chunk
   EXPECT_EQ(gemm_chunk(151936), 128);  // no equal split: 1187 chunks, the last one shorter
   for (int64_t k = 1; k <= 5000; ++k) {
     const int64_t c = gemm_chunk(k);
@@ -192,7 +193,8 @@ TEST(Softmax, LogSoftmaxMatchesDoubleAndSumsToOne) {
 }
 
 // The row reductions as the contract states them, one term after another: the max by std::max
-// from -inf in ascending order, Σ exp(x - max) in chunks of kGemmChunk combined by the halving tree.
+// from -inf in ascending order, Σ exp(x - max) in chunks of kGemmChunk combined by the halving
+// tree.
 float contract_max(const float* x, int64_t n) {
   float m = -INFINITY;
   for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
@@ -296,18 +298,34 @@ TEST(Rope, DynamicIsRefusedWithAReason) {
   EXPECT_NE(t.message().find("dynamic"), std::string::npos);
 }
 
+// A sequence's keys and values ([len][kvh * hd] rows) stored in cache blocks of bt positions
+// (kv_block_store); the slots past len hold NaN, which attention must never let through.
+struct CacheBlocks {
+  std::vector<std::vector<float>> k, v;
+  std::vector<const float*> kp, vp;
+  CacheBlocks(const std::vector<float>& keys, const std::vector<float>& vals, int64_t len,
+              int64_t kvh, int64_t hd, int64_t bt) {
+    const int64_t nb = (len + bt - 1) / bt;
+    k.assign(nb, std::vector<float>(bt * kvh * hd, std::nanf("")));
+    v = k;
+    for (int64_t p = 0; p < len; ++p)
+      kv_block_store(keys.data() + p * kvh * hd, vals.data() + p * kvh * hd, p % bt, bt, kvh, hd,
+                     k[p / bt].data(), v[p / bt].data());
+    for (int64_t b = 0; b < nb; ++b) {
+      kp.push_back(k[b].data());
+      vp.push_back(v[b].data());
+    }
+  }
+};
+
 // Attention against a direct double-precision softmax, and invariance of a query's bits under how
 // many queries and keys are around it.
 TEST(Attention, MatchesDirectSoftmaxAndIsInvariant) {
   const int64_t hd = 16, heads = 4, kvh = 2, len = 77, bt = 16;
   auto q = random_vec(len * heads * hd, 71), k = random_vec(len * kvh * hd, 72),
        v = random_vec(len * kvh * hd, 73);
-  std::vector<const float*> kb, vb;
-  for (int64_t b = 0; b * bt < len + bt; ++b) {
-    kb.push_back(k.data() + std::min(b * bt, len) * kvh * hd);
-    vb.push_back(v.data() + std::min(b * bt, len) * kvh * hd);
-  }
-  KvSpan span{kb, vb, bt};
+  CacheBlocks cache(k, v, len, kvh, hd, bt);
+  KvSpan span{cache.kp, cache.vp, bt};
   std::vector<int32_t> pos(len);
   for (int i = 0; i < len; ++i) pos[i] = i;
   std::vector<float> out(len * heads * hd);
@@ -320,7 +338,8 @@ TEST(Attention, MatchesDirectSoftmaxAndIsInvariant) {
       double mx = -1e30, den = 0;
       for (int64_t j = 0; j <= t; ++j) {
         double d = 0;
-        for (int64_t e = 0; e < hd; ++e) d += double(q[(t * heads + h) * hd + e]) * k[(j * kvh + g) * hd + e];
+        for (int64_t e = 0; e < hd; ++e)
+          d += double(q[(t * heads + h) * hd + e]) * k[(j * kvh + g) * hd + e];
         s[j] = d * scale;
         mx = std::max(mx, s[j]);
       }
@@ -337,9 +356,9 @@ TEST(Attention, MatchesDirectSoftmaxAndIsInvariant) {
   }
 }
 
-// The contract's attention, written out scalar: per key block of kAttnBlock positions, each score an
-// fma chain over the head dimension from 0 (chunks of kGemmChunk, halving tree), times scale; the
-// online softmax; p · v accumulated with fma in ascending key order.
+// The contract's attention, written out scalar: per key block of kAttnBlock positions, each score
+// an fma chain over the head dimension from 0 (chunks of kGemmChunk, halving tree), times scale;
+// the online softmax; p · v accumulated with fma in ascending key order.
 std::vector<float> attention_contract(const float* q, const float* k, const float* v, int64_t hd,
                                       int64_t heads, int64_t kvh, int64_t t, float scale) {
   std::vector<float> out(heads * hd);
@@ -387,28 +406,27 @@ std::vector<float> attention_contract(const float* q, const float* k, const floa
   return out;
 }
 
-// The SIMD attention (several keys' chains in vector lanes over a transposed key block) gives the
-// scalar contract's bits, for head dimensions inside one chunk and past it (the scalar path).
+// The SIMD attention (several keys' chains in vector lanes over the cache's transposed keys) gives
+// the scalar contract's bits, for head dimensions inside one chunk and past it (the scalar path),
+// and for cache blocks that hold whole 8-key segments and that do not (keys gathered).
 TEST(Attention, EqualsTheScalarContractBitForBit) {
-  for (int64_t hd : {16, 64, 160}) {
-    const int64_t heads = 6, kvh = 2, len = 70, bt = 16;
-    auto q = random_vec(len * heads * hd, 171 + hd), k = random_vec(len * kvh * hd, 172 + hd),
-         v = random_vec(len * kvh * hd, 173 + hd);
-    std::vector<const float*> kb, vb;
-    for (int64_t b = 0; b * bt < len + bt; ++b) {
-      kb.push_back(k.data() + std::min(b * bt, len) * kvh * hd);
-      vb.push_back(v.data() + std::min(b * bt, len) * kvh * hd);
+  for (int64_t hd : {16, 20, 64, 72, 160})
+    for (int64_t bt : {16, 8, 12, 64}) {  // 12: keys gathered (segments would straddle blocks)
+      const int64_t heads = 6, kvh = 2, len = 70;
+      auto q = random_vec(len * heads * hd, 171 + hd), k = random_vec(len * kvh * hd, 172 + hd),
+           v = random_vec(len * kvh * hd, 173 + hd);
+      CacheBlocks cache(k, v, len, kvh, hd, bt);
+      KvSpan span{cache.kp, cache.vp, bt};
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      for (int32_t t : {0, 5, 31, 32, 33, 69}) {
+        std::vector<float> got(heads * hd);
+        attention(q.data() + t * heads * hd, 1, heads, kvh, hd, &t, span, scale, got.data());
+        const auto want = attention_contract(q.data() + t * heads * hd, k.data(), v.data(), hd,
+                                             heads, kvh, t, scale);
+        ASSERT_TRUE(same_bits(got.data(), want.data(), heads * hd))
+            << "hd " << hd << " bt " << bt << " t " << t;
+      }
     }
-    KvSpan span{kb, vb, bt};
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    for (int32_t t : {0, 5, 31, 32, 33, 69}) {
-      std::vector<float> got(heads * hd);
-      attention(q.data() + t * heads * hd, 1, heads, kvh, hd, &t, span, scale, got.data());
-      const auto want =
-          attention_contract(q.data() + t * heads * hd, k.data(), v.data(), hd, heads, kvh, t, scale);
-      ASSERT_TRUE(same_bits(got.data(), want.data(), heads * hd)) << "hd " << hd << " t " << t;
-    }
-  }
 }
 
 // The row-wise kernels on a batch of 64 rows against each row alone.

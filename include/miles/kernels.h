@@ -115,13 +115,19 @@ float log_softmax_at(const float* x, int64_t n, int64_t i);
 // log_softmax_row's (the same max, the same exp terms summed in the same order).
 void softmax_log_softmax_row(const float* x, int64_t n, float* probs, float* logp);
 
-// Keys and values of one sequence for one layer, as a list of blocks of `block_tokens` positions each
-// laid out [block_tokens][num_kv_heads * head_dim] (a paged KV cache hands its block table over).
+// Keys and values of one sequence for one layer, as a list of blocks of `block_tokens` positions
+// (a paged KV cache hands its block table over). Inside a block, keys are [kv_heads][head_dim]
+// [block_tokens] (each head's keys transposed, so attention scores 8 keys per vector straight from
+// the cache when block_tokens is a multiple of 8) and values [kv_heads][block_tokens][head_dim].
+// Positions past a sequence's last are never used; their contents do not matter.
 struct KvSpan {
   std::span<const float* const> k_blocks;
   std::span<const float* const> v_blocks;
   int64_t block_tokens = 0;
 };
+// Stores one position's key and value (k, v: [kv_heads * head_dim]) at `slot` of its block.
+void kv_block_store(const float* k, const float* v, int64_t slot, int64_t block_tokens,
+                    int64_t kv_heads, int64_t head_dim, float* k_block, float* v_block);
 // Causal attention with GQA for the queries q[T, H, hd] of one sequence at positions[T]: query t sees
 // keys 0..positions[t]. out[T, H, hd]. scale is usually 1/sqrt(hd).
 void attention(const float* q, int64_t t, int64_t heads, int64_t kv_heads, int64_t head_dim,

@@ -21,7 +21,8 @@ class KvStore {
   // Makes slot able to hold positions [0, n_positions) (allocating blocks as needed), or says why not.
   virtual Status reserve(int32_t slot, int64_t n_positions) = 0;
   // The block pointers of (slot, layer), for at least the reserved positions. Each block holds
-  // block_tokens() rows of kv_dim floats: keys in k[b], values in v[b].
+  // block_tokens() * kv_dim floats of keys in k[b] and of values in v[b], laid out as
+  // kernels::KvSpan says.
   virtual void blocks(int32_t slot, int64_t layer, std::vector<float*>& k,
                       std::vector<float*>& v) = 0;
 };
@@ -39,7 +40,7 @@ class SimpleKvCache final : public KvStore {
  private:
   struct Slot {
     int64_t num_blocks = 0;
-    // (layer) -> blocks; each block [block_tokens][kv_dim] for k then v.
+    // (layer) -> blocks of block_tokens * kv_dim floats (kernels::KvSpan's layout), k and v.
     std::vector<std::vector<std::unique_ptr<float[]>>> k, v;
   };
   int64_t num_layers_, kv_dim_, block_tokens_, max_positions_;

@@ -13,46 +13,78 @@ namespace miles::kernels {
 
 namespace {
 
+// A sequence's cache blocks in the layout of kernels.h (KvSpan): per block, keys
+// [kv_heads][head_dim][block_tokens], values [kv_heads][block_tokens][head_dim].
 struct KvReader {
   const KvSpan& kv;
-  int64_t row;  // floats per position: kv_heads * head_dim
-  const float* key(int64_t pos) const {
-    return kv.k_blocks[pos / kv.block_tokens] + (pos % kv.block_tokens) * row;
+  int64_t hd;
+  // Element e of key `pos` (head kh) is at key_column(pos, kh)[e * block_tokens].
+  const float* key_column(int64_t pos, int64_t kh) const {
+    const int64_t bt = kv.block_tokens;
+    return kv.k_blocks[pos / bt] + kh * hd * bt + pos % bt;
   }
-  const float* value(int64_t pos) const {
-    return kv.v_blocks[pos / kv.block_tokens] + (pos % kv.block_tokens) * row;
+  const float* value(int64_t pos, int64_t kh) const {
+    const int64_t bt = kv.block_tokens;
+    return kv.v_blocks[pos / bt] + (kh * bt + pos % bt) * hd;
   }
 };
 
-// Per KV head, per key block: the block's keys are transposed once ([head_dim][kAttnBlock],
-// zero-padded), then every query of the call that sees the block, and each of its query heads that
-// share this KV head, scores the block's keys side by side (dots_transposed: each lane the
+// One key block of kAttnBlock positions of one KV head, ready to be scored: its keys as segments
+// of 8 transposed columns (straight from the cache when the cache's blocks hold whole segments,
+// else gathered), or as rows for head dimensions past one chunk (the scalar dot); its value rows.
+struct KeyBlock {
+  const float* seg[kAttnBlock / 8];
+  int64_t ld[kAttnBlock / 8];
+  const float* values[kAttnBlock];
+  std::vector<float> gathered;  // [head_dim][kAttnBlock] or [kAttnBlock][head_dim]
+
+  void load(const KvReader& kv, int64_t kh, int64_t b0, int64_t n, bool simd) {
+    const int64_t hd = kv.hd, bt = kv.kv.block_tokens;
+    for (int64_t j = 0; j < n; ++j) values[j] = kv.value(b0 + j, kh);
+    if (simd && bt % 8 == 0) {  // segments start at multiples of 8: each inside one block
+      for (int64_t s = 0; s * 8 < n; ++s) {
+        seg[s] = kv.key_column(b0 + 8 * s, kh);
+        ld[s] = bt;
+      }
+      return;
+    }
+    gathered.assign(static_cast<size_t>(hd * kAttnBlock), 0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* col = kv.key_column(b0 + j, kh);
+      for (int64_t e = 0; e < hd; ++e)
+        gathered[simd ? e * kAttnBlock + j : j * hd + e] = col[e * bt];
+    }
+    for (int64_t s = 0; s * 8 < n; ++s) {
+      seg[s] = gathered.data() + 8 * s;
+      ld[s] = kAttnBlock;
+    }
+  }
+  const float* key_row(int64_t j, int64_t hd) const { return gathered.data() + j * hd; }
+};
+
+// Per KV head, per key block: every query of the call that sees the block, and each of its query
+// heads that share this KV head, scores the block's keys side by side (dots_segments: each lane the
 // contract's dot) and updates its own online softmax exactly as the scalar code does, block after
-// block. A query's bits depend only on its q, its position and the keys: not on the other queries
-// of the call.
+// block: scores scaled, the block max, the running state rescaled, p = exp(score - max) added to
+// the denominator and p · v to the accumulator in ascending key order. A query's bits depend only
+// on its q, its position and the keys: not on the other queries of the call.
 struct SoftmaxState {
   std::vector<float> max, denom, acc;  // per (query, head of the group); acc: [.. ][head_dim]
 };
 
 void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64_t group,
                     int64_t hd, int64_t kh, const int32_t* positions, const KvReader& kv,
-                    float scale, float* out, int64_t ldo, SoftmaxState& st,
-                    std::vector<float>& kt) {
+                    float scale, float* out, int64_t ldo, SoftmaxState& st, KeyBlock& kb) {
   const bool simd = hd <= kGemmChunk;  // one chain per dot; longer heads take the scalar dot
-  const int64_t kv_off = kh * hd, lanes = t * group;
+  const int64_t lanes = t * group;
   st.max.assign(static_cast<size_t>(lanes), -INFINITY);
   st.denom.assign(static_cast<size_t>(lanes), 0.0f);
   st.acc.assign(static_cast<size_t>(lanes * hd), 0.0f);
   int64_t last_all = 0;
   for (int64_t i = 0; i < t; ++i) last_all = std::max<int64_t>(last_all, positions[i]);
-  float scores[kAttnBlock];
+  float scores[kAttnBlock], p[kAttnBlock];
   for (int64_t b0 = 0; b0 <= last_all; b0 += kAttnBlock) {
-    if (simd) {  // columns past the block's last key are zeros (read, never used)
-      const int64_t n_all = std::min<int64_t>(kAttnBlock, last_all + 1 - b0);
-      const float* rows[kAttnBlock];
-      for (int64_t j = 0; j < n_all; ++j) rows[j] = kv.key(b0 + j) + kv_off;
-      detail::transpose_key_rows(rows, n_all, hd, kAttnBlock, kt.data());
-    }
+    kb.load(kv, kh, b0, std::min<int64_t>(kAttnBlock, last_all + 1 - b0), simd);
     for (int64_t i = 0; i < t; ++i) {
       const int64_t last = positions[i];
       if (last < b0) continue;
@@ -60,9 +92,9 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
       for (int64_t g = 0; g < group; ++g) {
         const float* qg = q + i * ldq + (kh * group + g) * hd;
         if (simd) {
-          detail::dots_transposed(qg, kt.data(), kAttnBlock, hd, n, scores);
+          detail::dots_segments(qg, kb.seg, kb.ld, hd, n, scores);
         } else {
-          for (int64_t j = 0; j < n; ++j) scores[j] = detail::dot(qg, kv.key(b0 + j) + kv_off, hd);
+          for (int64_t j = 0; j < n; ++j) scores[j] = detail::dot(qg, kb.key_row(j, hd), hd);
         }
         float block_max = -INFINITY;
         for (int64_t j = 0; j < n; ++j) {
@@ -78,10 +110,10 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
         denom = denom * alpha;
         for (int64_t d = 0; d < hd; ++d) acc[d] = acc[d] * alpha;
         for (int64_t j = 0; j < n; ++j) {
-          const float p = std::exp(scores[j] - new_max);
-          denom = denom + p;
-          detail::fma_row(p, kv.value(b0 + j) + kv_off, acc, hd);
+          p[j] = std::exp(scores[j] - new_max);
+          denom = denom + p[j];
         }
+        detail::fma_rows(p, kb.values, n, hd, acc);
         running_max = new_max;
       }
     }
@@ -105,13 +137,23 @@ void attention(const float* q, int64_t ldq, int64_t t, int64_t heads, int64_t kv
     MILES_CHECK(positions[i] >= 0 &&
                 positions[i] < static_cast<int64_t>(kv.k_blocks.size()) * kv.block_tokens);
   if (t <= 0) return;
-  const KvReader reader{kv, kv_heads * head_dim};
+  const KvReader reader{kv, head_dim};
   thread_local SoftmaxState st;
-  thread_local std::vector<float> kt;
-  kt.assign(static_cast<size_t>(head_dim * kAttnBlock), 0.0f);
+  thread_local KeyBlock kb;
   for (int64_t kh = 0; kh < kv_heads; ++kh)
     attend_kv_head(q, ldq, t, heads, heads / kv_heads, head_dim, kh, positions, reader, scale, out,
-                   ldo, st, kt);
+                   ldo, st, kb);
+}
+
+void kv_block_store(const float* k, const float* v, int64_t slot, int64_t block_tokens,
+                    int64_t kv_heads, int64_t head_dim, float* k_block, float* v_block) {
+  MILES_CHECK(slot >= 0 && slot < block_tokens);
+  for (int64_t kh = 0; kh < kv_heads; ++kh) {
+    const float* kr = k + kh * head_dim;
+    float* kc = k_block + kh * head_dim * block_tokens + slot;
+    for (int64_t e = 0; e < head_dim; ++e) kc[e * block_tokens] = kr[e];
+    std::copy_n(v + kh * head_dim, head_dim, v_block + (kh * block_tokens + slot) * head_dim);
+  }
 }
 
 void attention(const float* q, int64_t t, int64_t heads, int64_t kv_heads, int64_t head_dim,

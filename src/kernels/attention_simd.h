@@ -54,6 +54,77 @@ inline void dots_transposed(const float* x, const float* kt, int64_t ldt, int64_
 #endif
 }
 
+// out[j] = detail::dot(x, key j) for j in [0, n), the keys given as segments of 8: key 8s + l has
+// element e at seg[s][e * ld[s] + l] (a transposed block of the KV cache, or of a copy). Every lane
+// is one fma chain over e from 0 (hd <= kGemmChunk), as dots_transposed; lanes past n are computed
+// on whatever the segment holds there and dropped.
+inline void dots_segments(const float* x, const float* const* seg, const int64_t* ld, int64_t hd,
+                          int64_t n, float* out) {
+  const int64_t segs = (n + 7) / 8;
+  int64_t s = 0;
+#ifdef MILES_ATTN_SIMD_AVX
+  for (; s + 4 <= segs; s += 4) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const float *r0 = seg[s], *r1 = seg[s + 1], *r2 = seg[s + 2], *r3 = seg[s + 3];
+    const int64_t l0 = ld[s], l1 = ld[s + 1], l2 = ld[s + 2], l3 = ld[s + 3];
+    for (int64_t e = 0; e < hd; ++e) {
+      const __m256 xe = _mm256_set1_ps(x[e]);
+      a0 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r0 + e * l0), a0);
+      a1 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r1 + e * l1), a1);
+      a2 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r2 + e * l2), a2);
+      a3 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r3 + e * l3), a3);
+    }
+    float lanes[32];
+    _mm256_storeu_ps(lanes, a0);
+    _mm256_storeu_ps(lanes + 8, a1);
+    _mm256_storeu_ps(lanes + 16, a2);
+    _mm256_storeu_ps(lanes + 24, a3);
+    std::copy_n(lanes, std::min<int64_t>(32, n - 8 * s), out + 8 * s);
+  }
+  for (; s < segs; ++s) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t e = 0; e < hd; ++e)
+      a = _mm256_fmadd_ps(_mm256_set1_ps(x[e]), _mm256_loadu_ps(seg[s] + e * ld[s]), a);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, a);
+    std::copy_n(lanes, std::min<int64_t>(8, n - 8 * s), out + 8 * s);
+  }
+#else
+  for (; s < segs; ++s)
+    for (int64_t l = 0; l < 8 && 8 * s + l < n; ++l) {
+      float acc = 0.0f;
+      for (int64_t e = 0; e < hd; ++e) acc = std::fma(x[e], seg[s][e * ld[s] + l], acc);
+      out[8 * s + l] = acc;
+    }
+#endif
+}
+
+// acc[e] = fma(p[j], rows[j][e], acc[e]) for j = 0, 1, ..., n - 1 in that order, every e < hd:
+// each element gets fma_row's sequence, with the accumulators held in registers across the rows.
+inline void fma_rows(const float* p, const float* const* rows, int64_t n, int64_t hd, float* acc) {
+  int64_t e = 0;
+#ifdef MILES_ATTN_SIMD_AVX
+  for (; e + 64 <= hd; e += 64) {  // 8 accumulators of 8
+    __m256 a[8];
+    for (int c = 0; c < 8; ++c) a[c] = _mm256_loadu_ps(acc + e + 8 * c);
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      const float* r = rows[j] + e;
+      for (int c = 0; c < 8; ++c) a[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(r + 8 * c), a[c]);
+    }
+    for (int c = 0; c < 8; ++c) _mm256_storeu_ps(acc + e + 8 * c, a[c]);
+  }
+  for (; e + 8 <= hd; e += 8) {
+    __m256 a = _mm256_loadu_ps(acc + e);
+    for (int64_t j = 0; j < n; ++j)
+      a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(rows[j] + e), a);
+    _mm256_storeu_ps(acc + e, a);
+  }
+#endif
+  for (; e < hd; ++e)
+    for (int64_t j = 0; j < n; ++j) acc[e] = std::fma(p[j], rows[j][e], acc[e]);
+}
+
 // y[e] = fma(a, x[e], y[e]) for e in [0, n): element-wise, so any vector width gives the same bits.
 inline void fma_row(float a, const float* x, float* y, int64_t n) {
   int64_t e = 0;

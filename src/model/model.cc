@@ -3,7 +3,6 @@
 #include "miles/model.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "miles/comm.h"
 #include "miles/kernels.h"
@@ -111,8 +110,8 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
     for (int64_t j = 0; j < seqs[si].n_tokens; ++j) {
       const int64_t i = plan.offset[si] + j, pos = plan.positions[i];
       const float* row = s.qkv.data() + i * ld + qd;
-      std::memcpy(kb[si][pos / bt] + (pos % bt) * kvd, row, sizeof(float) * kvd);
-      std::memcpy(vb[si][pos / bt] + (pos % bt) * kvd, row + kvd, sizeof(float) * kvd);
+      kernels::kv_block_store(row, row + kvd, pos % bt, bt, c.num_kv_heads, hd, kb[si][pos / bt],
+                              vb[si][pos / bt]);
     }
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
