@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "kernels/exp.h"
 #include "miles/comm.h"
 #include "miles/thread_pool.h"
 
@@ -192,8 +194,52 @@ TEST(Softmax, LogSoftmaxMatchesDoubleAndSumsToOne) {
   EXPECT_NEAR(logsumexp_row(x.data(), 1000), mx + std::log(s), 1e-5);
 }
 
+// Distance in units in the last place between two finite non-negative floats.
+int64_t ulps(float a, float b) {
+  int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  return std::abs(static_cast<int64_t>(ia) - ib);
+}
+
+// miles' exp (kernels/exp.h): within 2 ulp of the correctly rounded exp over the whole float range
+// (subnormal results included), the 8-lane form bit-identical to the scalar one, and the edges.
+TEST(Exp, WithinTwoUlpAndTheVectorFormHasTheScalarBits) {
+  std::vector<float> xs;
+  for (float x = -110.0f; x < 95.0f; x += 0.000731f) xs.push_back(x);
+  auto r = random_vec(100000, 77, 3.0f);
+  xs.insert(xs.end(), r.begin(), r.end());
+  for (float x : {0.0f, -0.0f, 1e-30f, -1e-30f, 88.72f, 88.73f, 89.0f, -87.33f, -103.97f, -104.0f,
+                  INFINITY, -INFINITY, std::nanf("")})
+    xs.push_back(x);
+  while (xs.size() % 8) xs.push_back(1.0f);
+  std::vector<float> vec(xs.size());
+  detail::exp_shifted(xs.data(), 0.0f, static_cast<int64_t>(xs.size()), vec.data());
+  int64_t worst = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const float got = detail::exp_f32(xs[i]);
+    ASSERT_EQ(std::memcmp(&got, &vec[i], 4), 0) << "x " << xs[i];
+    if (std::isnan(xs[i])) {
+      EXPECT_TRUE(std::isnan(got));
+      continue;
+    }
+    const float want = static_cast<float>(std::exp(static_cast<double>(xs[i])));
+    if (std::isinf(want)) {
+      EXPECT_TRUE(std::isinf(got) || ulps(got, want) <= 2) << "x " << xs[i];
+      continue;
+    }
+    worst = std::max(worst, ulps(got, want));
+    ASSERT_LE(ulps(got, want), 2) << "x " << xs[i] << " got " << got << " want " << want;
+  }
+  EXPECT_EQ(detail::exp_f32(0.0f), 1.0f);
+  EXPECT_EQ(detail::exp_f32(-INFINITY), 0.0f);
+  EXPECT_EQ(detail::exp_f32(INFINITY), INFINITY);
+  std::printf("exp_f32: worst %lld ulp over %zu arguments\n", static_cast<long long>(worst),
+              xs.size());
+}
+
 // The row reductions as the contract states them, one term after another: the max by std::max
-// from -inf in ascending order, Σ exp(x - max) in chunks of kGemmChunk combined by the halving
+// from -inf in ascending order, Σ exp_f32(x - max) in chunks of kGemmChunk combined by the halving
 // tree.
 float contract_max(const float* x, int64_t n) {
   float m = -INFINITY;
@@ -211,7 +257,7 @@ float contract_exp_sum(const float* x, int64_t n, float m) {
   for (int64_t c = 0; c < std::max<int64_t>(1, (n + kGemmChunk - 1) / kGemmChunk); ++c) {
     float acc = 0.0f;
     for (int64_t i = c * kGemmChunk; i < std::min(n, (c + 1) * kGemmChunk); ++i)
-      acc = acc + std::exp(x[i] - m);
+      acc = acc + detail::exp_f32(x[i] - m);
     parts.push_back(acc);
   }
   return contract_tree(parts, 0, parts.size());
@@ -390,11 +436,11 @@ std::vector<float> attention_contract(const float* q, const float* k, const floa
         bm = std::max(bm, s[j]);
       }
       const float nm = std::max(mx, bm);
-      const float alpha = std::isinf(mx) ? 0.0f : std::exp(mx - nm);
+      const float alpha = std::isinf(mx) ? 0.0f : detail::exp_f32(mx - nm);
       den = den * alpha;
       for (auto& a : acc) a = a * alpha;
       for (int64_t j = 0; j < n; ++j) {
-        const float p = std::exp(s[j] - nm);
+        const float p = detail::exp_f32(s[j] - nm);
         den = den + p;
         const float* vj = v + (b0 + j) * kvh * hd + off;
         for (int64_t e = 0; e < hd; ++e) acc[e] = std::fma(p, vj[e], acc[e]);

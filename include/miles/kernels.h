@@ -14,6 +14,7 @@
 //    ranks, give the single-process bits.
 //  * row reductions (RMSNorm sum of squares, softmax sums): chunks of kGemmChunk, the same tree.
 //  * attention: online softmax over key blocks of kAttnBlock positions starting at position 0, ascending.
+//  * exp: miles' exp_f32 (src/kernels/exp.h), the same bits in scalar and SIMD code, never libm's.
 #pragma once
 
 #include <cstdint>

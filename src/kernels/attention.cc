@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/attention_simd.h"
+#include "kernels/exp.h"
 #include "kernels/reduce.h"
 #include "miles/kernels.h"
 
@@ -106,13 +107,11 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
         float& denom = st.denom[lane];
         float* acc = st.acc.data() + lane * hd;
         const float new_max = std::max(running_max, block_max);
-        const float alpha = std::isinf(running_max) ? 0.0f : std::exp(running_max - new_max);
+        const float alpha = std::isinf(running_max) ? 0.0f : detail::exp_f32(running_max - new_max);
         denom = denom * alpha;
-        for (int64_t d = 0; d < hd; ++d) acc[d] = acc[d] * alpha;
-        for (int64_t j = 0; j < n; ++j) {
-          p[j] = std::exp(scores[j] - new_max);
-          denom = denom + p[j];
-        }
+        detail::scale_row(alpha, acc, hd);
+        detail::exp_shifted(scores, new_max, n, p);
+        for (int64_t j = 0; j < n; ++j) denom = denom + p[j];
         detail::fma_rows(p, kb.values, n, hd, acc);
         running_max = new_max;
       }
@@ -122,7 +121,7 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
     for (int64_t g = 0; g < group; ++g) {
       const int64_t lane = i * group + g;
       float* o = out + i * ldo + (kh * group + g) * hd;
-      for (int64_t d = 0; d < hd; ++d) o[d] = st.acc[lane * hd + d] / st.denom[lane];
+      detail::divide_row(st.acc.data() + lane * hd, st.denom[lane], o, hd);
     }
 }
 

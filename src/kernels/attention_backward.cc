@@ -12,6 +12,7 @@
 
 #include "kernels/attention_simd.h"
 #include "kernels/backward.h"
+#include "kernels/exp.h"
 #include "kernels/reduce.h"
 
 namespace miles::kernels {
@@ -57,10 +58,8 @@ void attention_backward_kv_head(const float* q, const float* k, const float* v, 
         mx = std::max(mx, p[j]);
       }
       float sum = 0.0f;
-      for (int64_t j = 0; j <= i; ++j) {
-        p[j] = std::exp(p[j] - mx);
-        sum = sum + p[j];
-      }
+      detail::exp_shifted(p.data(), mx, i + 1, p.data());
+      for (int64_t j = 0; j <= i; ++j) sum = sum + p[j];
       // D = Σ p·dp, with dp_j = d_out · v_j.
       float dsum = 0.0f;
       for (int64_t j = 0; j <= i; ++j) {

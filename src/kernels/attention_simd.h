@@ -136,6 +136,26 @@ inline void fma_row(float a, const float* x, float* y, int64_t n) {
   for (; e < n; ++e) y[e] = std::fma(a, x[e], y[e]);
 }
 
+// y[e] = y[e] * a, element-wise.
+inline void scale_row(float a, float* y, int64_t n) {
+  int64_t e = 0;
+#ifdef MILES_ATTN_SIMD_AVX
+  const __m256 av = _mm256_set1_ps(a);
+  for (; e + 8 <= n; e += 8) _mm256_storeu_ps(y + e, _mm256_mul_ps(_mm256_loadu_ps(y + e), av));
+#endif
+  for (; e < n; ++e) y[e] = y[e] * a;
+}
+
+// out[e] = x[e] / d, element-wise.
+inline void divide_row(const float* x, float d, float* out, int64_t n) {
+  int64_t e = 0;
+#ifdef MILES_ATTN_SIMD_AVX
+  const __m256 dv = _mm256_set1_ps(d);
+  for (; e + 8 <= n; e += 8) _mm256_storeu_ps(out + e, _mm256_div_ps(_mm256_loadu_ps(x + e), dv));
+#endif
+  for (; e < n; ++e) out[e] = x[e] / d;
+}
+
 // kt[e * ldt + j] = rows[j][e] for j < n_rows (a block of keys, one pointer per key: the rows may
 // sit in different KV blocks) and e < hd; columns j in [n_rows, ldt) get zeros. Moves values only.
 // ldt a multiple of 8.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/exp.h"
 #include "kernels/reduce.h"
 #include "miles/comm.h"
 #include "miles/kernels.h"
@@ -12,9 +13,12 @@
 namespace miles {
 
 namespace {
+// -Σ exp(logp) · logp by the chunked rule (the exp terms computed first, 8 at a time).
 float entropy_of(const float* logp, int64_t n) {
+  float* p = kernels::detail::exp_scratch(n);
+  kernels::detail::exp_shifted(logp, 0.0f, n, p);  // exp(logp - 0) = exp(logp)
   const float s = kernels::detail::chunked_sum(
-      n, [&](int64_t i, float acc) { return std::fma(std::exp(logp[i]), logp[i], acc); });
+      n, [&](int64_t i, float acc) { return std::fma(p[i], logp[i], acc); });
   return -s;
 }
 }  // namespace
@@ -46,8 +50,9 @@ void token_logprobs_backward(const float* logits, int64_t rows, int64_t vocab,
     }
     kernels::log_softmax_row(logits + r * vocab, vocab, lp.data());
     const float h = ge != 0.0f ? entropy_of(lp.data(), vocab) : 0.0f;
+    kernels::detail::exp_shifted(lp.data(), 0.0f, vocab, out);  // p = exp(lp), then the gradient
     for (int64_t v = 0; v < vocab; ++v) {
-      const float p = std::exp(lp[v]);
+      const float p = out[v];
       out[v] = -gl * p - ge * p * (lp[v] + h);
     }
     out[targets[r]] = out[targets[r]] + gl;
@@ -63,10 +68,10 @@ Status global_lse(const float* logits, int64_t rows, int64_t vl, Communicator& c
   for (int64_t r = 0; r < rows; ++r) m[r] = kernels::detail::max_of(logits + r * vl, vl);
   MILES_RETURN_IF_ERROR(comm.all_reduce_max(std::span<float>(m)));
   std::vector<float> s(rows);
+  float* e = kernels::detail::exp_scratch(vl);
   for (int64_t r = 0; r < rows; ++r) {
-    const float* x = logits + r * vl;
-    s[r] = kernels::detail::chunked_sum(
-        vl, [&](int64_t i, float acc) { return acc + std::exp(x[i] - m[r]); });
+    kernels::detail::exp_shifted(logits + r * vl, m[r], vl, e);
+    s[r] = kernels::detail::chunked_sum(vl, [&](int64_t i, float acc) { return acc + e[i]; });
   }
   MILES_RETURN_IF_ERROR(comm.all_reduce_sum_deterministic(std::span<float>(s)));
   log_s.resize(rows);
@@ -77,13 +82,14 @@ Status global_lse(const float* logits, int64_t rows, int64_t vl, Communicator& c
 // Global entropy per row from the local log-probabilities (tree-ordered over ranks).
 Status global_entropy(const float* logits, int64_t rows, int64_t vl, const std::vector<float>& m,
                       const std::vector<float>& log_s, Communicator& comm, float* entropy) {
-  std::vector<float> part(rows);
+  std::vector<float> part(rows), lp(static_cast<size_t>(vl));
+  float* p = kernels::detail::exp_scratch(vl);
   for (int64_t r = 0; r < rows; ++r) {
     const float* x = logits + r * vl;
-    part[r] = kernels::detail::chunked_sum(vl, [&](int64_t i, float acc) {
-      const float lp = (x[i] - m[r]) - log_s[r];
-      return std::fma(std::exp(lp), lp, acc);
-    });
+    for (int64_t i = 0; i < vl; ++i) lp[i] = (x[i] - m[r]) - log_s[r];
+    kernels::detail::exp_shifted(lp.data(), 0.0f, vl, p);
+    part[r] = kernels::detail::chunked_sum(
+        vl, [&](int64_t i, float acc) { return std::fma(p[i], lp[i], acc); });
   }
   MILES_RETURN_IF_ERROR(comm.all_reduce_sum_deterministic(std::span<float>(part)));
   for (int64_t r = 0; r < rows; ++r) entropy[r] = -part[r];
@@ -113,16 +119,17 @@ Status token_logprobs_backward_vocab_parallel(const float* logits, int64_t rows,
                                               int64_t vb, const int32_t* targets,
                                               Communicator& comm, const float* dlogp,
                                               const float* dentropy, float* dlogits) {
-  std::vector<float> m, log_s, h(rows, 0.0f);
+  std::vector<float> m, log_s, h(rows, 0.0f), lp(static_cast<size_t>(vl));
   MILES_RETURN_IF_ERROR(global_lse(logits, rows, vl, comm, m, log_s));
   if (dentropy) MILES_RETURN_IF_ERROR(global_entropy(logits, rows, vl, m, log_s, comm, h.data()));
   for (int64_t r = 0; r < rows; ++r) {
     float* out = dlogits + r * vl;
     const float gl = dlogp ? dlogp[r] : 0.0f, ge = dentropy ? dentropy[r] : 0.0f;
+    for (int64_t v = 0; v < vl; ++v) lp[v] = (logits[r * vl + v] - m[r]) - log_s[r];
+    kernels::detail::exp_shifted(lp.data(), 0.0f, vl, out);  // p = exp(lp), then the gradient
     for (int64_t v = 0; v < vl; ++v) {
-      const float lp = (logits[r * vl + v] - m[r]) - log_s[r];
-      const float p = std::exp(lp);
-      out[v] = -gl * p - ge * p * (lp + h[r]);
+      const float p = out[v];
+      out[v] = -gl * p - ge * p * (lp[v] + h[r]);
     }
     const int64_t j = targets[r] - vb;
     if (j >= 0 && j < vl) out[j] = out[j] + gl;
