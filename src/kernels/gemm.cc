@@ -19,13 +19,16 @@
 namespace miles::kernels {
 namespace detail {
 
-void chunk_tile_scalar(const float* a_tile, int rows, const float* b, int64_t kc, float* part) {
+void chunk_tile_scalar(const float* a_tile, int rows, const float* b, int64_t kc, const float* left,
+                       float* part) {
   for (int r = 0; r < rows; ++r) {
     float acc[kPanel] = {};
     for (int64_t k = 0; k < kc; ++k) {
       const float a = a_tile[k * kTileRowsScalar + r];
       for (int64_t j = 0; j < kPanel; ++j) acc[j] = std::fma(a, b[k * kPanel + j], acc[j]);
     }
+    if (left)
+      for (int64_t j = 0; j < kPanel; ++j) acc[j] = left[r * kPanel + j] + acc[j];
     std::copy(acc, acc + kPanel, part + r * kPanel);
   }
 }
@@ -58,15 +61,23 @@ TileKernel tile_kernel(Isa isa) {
 // Running it while the chunks are produced keeps at most ~log2(chunks) + 1 partials live (hot in
 // L1) and gives exactly the bits of the recursive tree (split [lo, hi) at lo + ceil((hi - lo) /
 // 2)).
+// Steps: 0 leaf (push the next chunk), 1 merge (pop right and left, push left + right), 2 a leaf
+// whose merge follows at once (the kernel adds the chunk into its left sibling in place).
+enum : int8_t { kLeaf = 0, kMerge = 1, kLeafMerge = 2 };
+
 void tree_schedule(int64_t lo, int64_t hi, std::vector<int8_t>& steps) {
   if (hi - lo == 1) {
-    steps.push_back(0);  // leaf
+    steps.push_back(kLeaf);
     return;
   }
   const int64_t mid = lo + (hi - lo + 1) / 2;
   tree_schedule(lo, mid, steps);
   tree_schedule(mid, hi, steps);
-  steps.push_back(1);  // merge
+  if (steps.back() == kLeaf && hi - mid == 1 && mid - lo >= 1) {
+    steps.back() = kLeafMerge;
+  } else {
+    steps.push_back(kMerge);
+  }
 }
 
 // a[i] = a[i] + b[i], element-wise (any vector width gives the same bits).
@@ -152,11 +163,12 @@ void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMa
     const float* a_tile = a_packed + ((row0 + r) / kern.rows) * k * kern.rows;
     int64_t top = 0, c = 0;  // stack height; next chunk
     for (const int8_t step : steps) {
-      if (step == 0) {
+      if (step != kMerge) {
         const int64_t k0 = c * chunk;
-        kern.fn(a_tile + k0 * kern.rows, tr, b + k0 * kPanel, std::min(chunk, k - k0),
-                stack.data() + top * slot);
-        ++top;
+        float* left = step == kLeafMerge ? stack.data() + (top - 1) * slot : nullptr;
+        kern.fn(a_tile + k0 * kern.rows, tr, b + k0 * kPanel, std::min(chunk, k - k0), left,
+                left ? left : stack.data() + top * slot);
+        if (!left) ++top;
         ++c;
       } else {
         --top;

@@ -9,7 +9,7 @@ namespace miles::kernels::detail {
 namespace {
 
 template <int R>
-void half_tile(const float* a, const float* b, int64_t kc, float* part) {
+void half_tile(const float* a, const float* b, int64_t kc, const float* left, float* part) {
   __m256 acc0[R], acc1[R];
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
@@ -26,6 +26,13 @@ void half_tile(const float* a, const float* b, int64_t kc, float* part) {
       acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
     }
   }
+  if (left) {
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      acc0[r] = _mm256_add_ps(_mm256_loadu_ps(left + r * 32), acc0[r]);
+      acc1[r] = _mm256_add_ps(_mm256_loadu_ps(left + r * 32 + 8), acc1[r]);
+    }
+  }
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     _mm256_storeu_ps(part + r * 32, acc0[r]);
@@ -34,21 +41,22 @@ void half_tile(const float* a, const float* b, int64_t kc, float* part) {
 }
 
 template <int R>
-void tile(const float* a, const float* b, int64_t kc, float* part) {
-  half_tile<R>(a, b, kc, part);
-  half_tile<R>(a, b + 16, kc, part + 16);
+void tile(const float* a, const float* b, int64_t kc, const float* left, float* part) {
+  half_tile<R>(a, b, kc, left, part);
+  half_tile<R>(a, b + 16, kc, left ? left + 16 : nullptr, part + 16);
 }
 
 }  // namespace
 
-void chunk_tile_avx2(const float* a, int rows, const float* b, int64_t kc, float* part) {
+void chunk_tile_avx2(const float* a, int rows, const float* b, int64_t kc, const float* left,
+                     float* part) {
   switch (rows) {
-    case 6: return tile<6>(a, b, kc, part);
-    case 5: return tile<5>(a, b, kc, part);
-    case 4: return tile<4>(a, b, kc, part);
-    case 3: return tile<3>(a, b, kc, part);
-    case 2: return tile<2>(a, b, kc, part);
-    case 1: return tile<1>(a, b, kc, part);
+    case 6: return tile<6>(a, b, kc, left, part);
+    case 5: return tile<5>(a, b, kc, left, part);
+    case 4: return tile<4>(a, b, kc, left, part);
+    case 3: return tile<3>(a, b, kc, left, part);
+    case 2: return tile<2>(a, b, kc, left, part);
+    case 1: return tile<1>(a, b, kc, left, part);
     default: break;
   }
 }

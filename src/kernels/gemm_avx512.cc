@@ -9,7 +9,7 @@ namespace miles::kernels::detail {
 namespace {
 
 template <int R>
-void tile(const float* a, const float* b, int64_t kc, float* part) {
+void tile(const float* a, const float* b, int64_t kc, const float* left, float* part) {
   static_assert(kPanel == 32);
   __m512 acc0[R], acc1[R];
   #pragma GCC unroll 16
@@ -27,6 +27,13 @@ void tile(const float* a, const float* b, int64_t kc, float* part) {
       acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
     }
   }
+  if (left) {
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      acc0[r] = _mm512_add_ps(_mm512_loadu_ps(left + r * 32), acc0[r]);
+      acc1[r] = _mm512_add_ps(_mm512_loadu_ps(left + r * 32 + 16), acc1[r]);
+    }
+  }
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     _mm512_storeu_ps(part + r * 32, acc0[r]);
@@ -36,20 +43,21 @@ void tile(const float* a, const float* b, int64_t kc, float* part) {
 
 }  // namespace
 
-void chunk_tile_avx512(const float* a, int rows, const float* b, int64_t kc, float* part) {
+void chunk_tile_avx512(const float* a, int rows, const float* b, int64_t kc, const float* left,
+                       float* part) {
   switch (rows) {
-    case 12: return tile<12>(a, b, kc, part);
-    case 11: return tile<11>(a, b, kc, part);
-    case 10: return tile<10>(a, b, kc, part);
-    case 9: return tile<9>(a, b, kc, part);
-    case 8: return tile<8>(a, b, kc, part);
-    case 7: return tile<7>(a, b, kc, part);
-    case 6: return tile<6>(a, b, kc, part);
-    case 5: return tile<5>(a, b, kc, part);
-    case 4: return tile<4>(a, b, kc, part);
-    case 3: return tile<3>(a, b, kc, part);
-    case 2: return tile<2>(a, b, kc, part);
-    case 1: return tile<1>(a, b, kc, part);
+    case 12: return tile<12>(a, b, kc, left, part);
+    case 11: return tile<11>(a, b, kc, left, part);
+    case 10: return tile<10>(a, b, kc, left, part);
+    case 9: return tile<9>(a, b, kc, left, part);
+    case 8: return tile<8>(a, b, kc, left, part);
+    case 7: return tile<7>(a, b, kc, left, part);
+    case 6: return tile<6>(a, b, kc, left, part);
+    case 5: return tile<5>(a, b, kc, left, part);
+    case 4: return tile<4>(a, b, kc, left, part);
+    case 3: return tile<3>(a, b, kc, left, part);
+    case 2: return tile<2>(a, b, kc, left, part);
+    case 1: return tile<1>(a, b, kc, left, part);
     default: break;
   }
 }

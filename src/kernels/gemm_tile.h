@@ -1,10 +1,11 @@
 // The GEMM micro-kernel seam: one K chunk of a tile of rows × one packed panel (kPanel columns).
 //
 // Every implementation computes, for each row r < rows and column j < kPanel,
-//   part[r * kPanel + j] = fma(a[kc-1][r], b[kc-1][j], ... fma(a[1][r], b[1][j], a[0][r] * b[0][j]))
-// — an fma chain in ascending k from zero — so all instruction sets give identical bits. The rows come
-// packed k-major ([kc][tile_rows], the ISA's tile height) so that one cache line feeds every row of a k
-// step (row-major rows 8 KB apart alias in L1 and throttle the kernel).
+//   part[r * kPanel + j] = fma(a[kc-1][r], b[kc-1][j], ... fma(a[1][r], b[1][j], a[0][r] *
+//   b[0][j]))
+// — an fma chain in ascending k from zero — so all instruction sets give identical bits. The rows
+// come packed k-major ([kc][tile_rows], the ISA's tile height) so that one cache line feeds every
+// row of a k step (row-major rows 8 KB apart alias in L1 and throttle the kernel).
 #pragma once
 
 #include <cstdint>
@@ -12,12 +13,18 @@
 namespace miles::kernels::detail {
 
 // a: the packed tile at the chunk's first k ([kc][tile_rows]); b: the panel at the chunk's first k
-// ([kc][kPanel]); part: [rows][kPanel]; rows <= tile_rows.
-using ChunkTileFn = void (*)(const float* a, int rows, const float* b, int64_t kc, float* part);
+// ([kc][kPanel]); part: [rows][kPanel]; rows <= tile_rows. With `left` (may equal part), part =
+// left + chain element-wise instead: the reduction tree's merge of this chunk into its left
+// sibling, done while the chain is still in registers.
+using ChunkTileFn = void (*)(const float* a, int rows, const float* b, int64_t kc,
+                             const float* left, float* part);
 
-void chunk_tile_scalar(const float* a, int rows, const float* b, int64_t kc, float* part);
-void chunk_tile_avx2(const float* a, int rows, const float* b, int64_t kc, float* part);
-void chunk_tile_avx512(const float* a, int rows, const float* b, int64_t kc, float* part);
+void chunk_tile_scalar(const float* a, int rows, const float* b, int64_t kc, const float* left,
+                       float* part);
+void chunk_tile_avx2(const float* a, int rows, const float* b, int64_t kc, const float* left,
+                     float* part);
+void chunk_tile_avx512(const float* a, int rows, const float* b, int64_t kc, const float* left,
+                       float* part);
 
 inline constexpr int kTileRowsScalar = 4;
 inline constexpr int kTileRowsAvx2 = 6;
