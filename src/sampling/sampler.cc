@@ -94,22 +94,23 @@ std::vector<int32_t> kept_tokens(const std::vector<float>& probs, const Sampling
   return order;
 }
 
-// Inverse CDF over `kept` in its order: the first token whose cumulative mass exceeds u * total.
-// Sets `kept_mass` to the total.
-int32_t draw(const std::vector<int32_t>& kept, const std::vector<float>& probs, double u,
+// Inverse CDF over the kept tokens in their order (id_at(i), i < count): the first token whose
+// cumulative mass exceeds u * total. Sets `kept_mass` to the total.
+template <typename IdAt>
+int32_t draw(int64_t count, IdAt id_at, const std::vector<float>& probs, double u,
              double* kept_mass) {
   double mass = 0.0;
-  for (const int32_t id : kept) mass += probs[id];
+  for (int64_t i = 0; i < count; ++i) mass += probs[id_at(i)];
   *kept_mass = mass;
   const double target = u * mass;
   double cum = 0.0;
-  for (const int32_t id : kept) {
-    cum += probs[id];
-    if (cum > target) return id;
+  for (int64_t i = 0; i < count; ++i) {
+    cum += probs[id_at(i)];
+    if (cum > target) return id_at(i);
   }
   // u * mass rounded up to mass: the last token with any mass (the first kept one has mass > 0).
-  for (auto it = kept.rbegin(); it != kept.rend(); ++it)
-    if (probs[*it] > 0.0f) return *it;
+  for (int64_t i = count - 1; i >= 0; --i)
+    if (probs[id_at(i)] > 0.0f) return id_at(i);
   MILES_CHECK(false, "no kept token has probability > 0");
   return -1;
 }
@@ -160,13 +161,21 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
   std::vector<float> logp(n), probs(n);  // (vocab) log_softmax(scaled), softmax(scaled)
   kernels::softmax_log_softmax_row(tempered, n, probs.data(), logp.data());
 
-  const std::vector<int32_t> kept = kept_tokens(probs, params);
+  // No filter on: every id is kept, in id order, and the draw walks the ids themselves.
+  const bool filtered = params.top_k > 0 || params.top_p < 1.0f || params.min_p > 0.0f;
+  const std::vector<int32_t> kept = filtered ? kept_tokens(probs, params) : std::vector<int32_t>();
+  const double u = sampling_uniform(params.seed, step);
   double kept_mass = 0.0;
-  const int32_t token = draw(kept, probs, sampling_uniform(params.seed, step), &kept_mass);
+  const int32_t token =
+      filtered ? draw(
+                     static_cast<int64_t>(kept.size()), [&](int64_t i) { return kept[i]; }, probs,
+                     u, &kept_mass)
+               : draw(
+                     n, [](int64_t i) { return static_cast<int32_t>(i); }, probs, u, &kept_mass);
   // Nothing filtered: the tempered log-softmax itself (renormalising by a mass of 1 ± rounding
   // would only add error).
   const float logprob =
-      static_cast<int64_t>(kept.size()) == n
+      !filtered || static_cast<int64_t>(kept.size()) == n
           ? logp[token]
           : static_cast<float>(static_cast<double>(logp[token]) - std::log(kept_mass));
   const float raw_logprob =
