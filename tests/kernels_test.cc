@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/backward.h"
 #include "kernels/exp.h"
 #include "miles/comm.h"
 #include "miles/thread_pool.h"
@@ -473,6 +474,58 @@ TEST(Attention, EqualsTheScalarContractBitForBit) {
             << "hd " << hd << " bt " << bt << " t " << t;
       }
     }
+}
+
+// Attention backward against the analytic gradient in double precision, over several query blocks
+// (t = 150), for head dimensions inside one chunk (SIMD) and past it (scalar dot).
+TEST(AttentionBackward, MatchesTheDoublePrecisionGradient) {
+  for (int64_t hd : {16, 64, 160}) {
+    const int64_t t = 150, heads = 6, kvh = 2, group = heads / kvh;
+    const int64_t ldq = heads * hd, ldkv = kvh * hd;
+    auto q = random_vec(t * ldq, 301 + hd), k = random_vec(t * ldkv, 302 + hd),
+         v = random_vec(t * ldkv, 303 + hd), d_out = random_vec(t * ldq, 304 + hd);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    std::vector<float> dq(t * ldq), dk(t * ldkv), dv(t * ldkv);
+    attention_backward(q.data(), k.data(), v.data(), ldq, ldkv, d_out.data(), t, heads, kvh, hd,
+                       scale, dq.data(), dk.data(), dv.data());
+    std::vector<double> rq(t * ldq, 0.0), rk(t * ldkv, 0.0), rv(t * ldkv, 0.0);
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / group;
+      for (int64_t i = 0; i < t; ++i) {
+        std::vector<double> p(i + 1), dp(i + 1);
+        double mx = -1e300, sum = 0.0, dsum = 0.0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double sc = 0.0, d = 0.0;
+          for (int64_t e = 0; e < hd; ++e) {
+            sc += double(q[i * ldq + h * hd + e]) * k[j * ldkv + g * hd + e];
+            d += double(d_out[i * ldq + h * hd + e]) * v[j * ldkv + g * hd + e];
+          }
+          p[j] = sc * scale;
+          dp[j] = d;
+          mx = std::max(mx, p[j]);
+        }
+        for (auto& x : p) sum += (x = std::exp(x - mx));
+        for (int64_t j = 0; j <= i; ++j) dsum += (p[j] /= sum) * dp[j];
+        for (int64_t j = 0; j <= i; ++j) {
+          const double ds = p[j] * (dp[j] - dsum) * scale;
+          for (int64_t e = 0; e < hd; ++e) {
+            rq[i * ldq + h * hd + e] += ds * k[j * ldkv + g * hd + e];
+            rk[j * ldkv + g * hd + e] += ds * q[i * ldq + h * hd + e];
+            rv[j * ldkv + g * hd + e] += p[j] * d_out[i * ldq + h * hd + e];
+          }
+        }
+      }
+    }
+    auto close = [](const std::vector<float>& got, const std::vector<double>& want) {
+      double worst = 0.0, scale_ref = 1e-30;
+      for (double w : want) scale_ref = std::max(scale_ref, std::fabs(w));
+      for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+      return worst / scale_ref;
+    };
+    EXPECT_LT(close(dq, rq), 2e-6) << "hd " << hd;
+    EXPECT_LT(close(dk, rk), 2e-6) << "hd " << hd;
+    EXPECT_LT(close(dv, rv), 2e-6) << "hd " << hd;
+  }
 }
 
 // The row-wise kernels on a batch of 64 rows against each row alone.

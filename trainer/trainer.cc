@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <tuple>
 
 #include "miles/comm.h"
@@ -47,7 +48,14 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig& config,
 
 Status Trainer::reload_model() {
   const TensorMap view = params_.as_tensor_map();
+  if (model_ && model_layout_ == layout_) {  // same tensors, new values: reuse the buffers
+    const Status s = model_->reload_weights(view, pool_);
+    if (!s.ok()) std::fprintf(stderr, "trainer: %s\n", s.message().c_str());
+    MILES_CHECK(s.ok(), "reloading the trainer's own parameters into its model failed");
+    return Status::Ok();
+  }
   MILES_ASSIGN_OR_RETURN(model_, Model::from_weights(local_config_, view));
+  model_layout_ = layout_;  // a new layout (tensor-parallel shards) builds a new model
   return Status::Ok();
 }
 

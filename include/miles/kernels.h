@@ -55,6 +55,9 @@ class PackedMatrix {
   static PackedMatrix pack_f32(const float* w, int64_t n, int64_t k);
   // Rows of several matrices stacked as one [sum N_i, K] matrix (fused q/k/v, gate/up).
   static PackedMatrix pack_rows(const std::vector<const Tensor*>& parts);
+  // pack_rows into this matrix, reusing its storage (a same-shaped repack allocates nothing); the
+  // chunk goes back to gemm_chunk(K).
+  void assign_rows(const std::vector<const Tensor*>& parts);
   int64_t n() const { return n_; }
   int64_t k() const { return k_; }
   // The K chunk length of this matrix's products: gemm_chunk(k()) unless set. A row-parallel shard of
@@ -67,6 +70,7 @@ class PackedMatrix {
   std::vector<float> unpack_row(int64_t row) const;
   // The packed form of Wᵀ [K, N] (the backward's d x = d y · W). Moves values only.
   PackedMatrix transposed() const;
+  void transpose_into(PackedMatrix& t) const;  // the same, reusing t's storage
   // The packed form of aᵀ for a row-major a[rows, cols] with row stride lda: a [cols, rows] matrix
   // whose reduction runs over a's rows (the backward's d W = d yᵀ · x).
   static PackedMatrix pack_transposed(const float* a, int64_t rows, int64_t cols, int64_t lda);

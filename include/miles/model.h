@@ -120,6 +120,12 @@ class Model {
   // PATH: an HF directory (config.json + safetensors) or a llama2.c checkpoint file.
   static Result<std::unique_ptr<Model>> load(const std::string& path);
 
+  // Replaces every weight with the same-named, same-shaped tensor of `weights`, reusing this
+  // model's buffers (and its transposed backward packs, if built): the trainer's per-step update
+  // allocates nothing large. Not while another thread uses the model. On an error the model must
+  // not be used.
+  Status reload_weights(const TensorMap& weights, ThreadPool* pool = nullptr);
+
   const ModelConfig& config() const { return config_; }
   // A KV store sized for this model.
   std::unique_ptr<SimpleKvCache> make_kv_cache(int64_t block_tokens = 16) const;

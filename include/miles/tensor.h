@@ -47,6 +47,8 @@ class Tensor {
 
   // Float32 copy of the values (bf16 / f16 / f32 sources; other dtypes are an invariant violation).
   std::vector<float> to_f32() const;
+  // The same into `out`, reusing its storage (no allocation when it is large enough already).
+  void to_f32(std::vector<float>& out) const;
   std::string shape_string() const;  // "[4, 64]"
 
  private:

@@ -173,6 +173,7 @@ class Trainer {
   FlatTensors params_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<Model> model_;
+  std::shared_ptr<const ParamLayout> model_layout_;  // layout_ when model_ was built
   PipelineStage stage_;
   std::vector<bool> owned_;                     // (tensors) this stage computes and updates them
   std::vector<FlatTensors> spare_grads_;        // consumed micro-batch gradient buffers

@@ -47,8 +47,14 @@ Tensor Tensor::from_f32(std::vector<int64_t> shape, const std::vector<float>& va
 }
 
 std::vector<float> Tensor::to_f32() const {
+  std::vector<float> out;
+  to_f32(out);
+  return out;
+}
+
+void Tensor::to_f32(std::vector<float>& out) const {
   const int64_t n = numel();
-  std::vector<float> out(static_cast<size_t>(n));
+  out.resize(static_cast<size_t>(n));
   switch (dtype_) {
     case DType::kF32:
       if (n > 0) std::memcpy(out.data(), data_, static_cast<size_t>(n) * 4);
@@ -66,7 +72,6 @@ std::vector<float> Tensor::to_f32() const {
     default:
       MILES_CHECK(false, "to_f32 needs a floating-point tensor");
   }
-  return out;
 }
 
 std::string Tensor::shape_string() const {

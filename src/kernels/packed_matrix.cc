@@ -44,20 +44,26 @@ void scatter_tensor(std::vector<float>& data, int64_t k, int64_t dst_row, const 
 }
 }  // namespace
 
-PackedMatrix PackedMatrix::pack_rows(const std::vector<const Tensor*>& parts) {
+void PackedMatrix::assign_rows(const std::vector<const Tensor*>& parts) {
   MILES_CHECK(!parts.empty());
-  PackedMatrix m;
-  m.k_ = parts[0]->dim(1);
+  k_ = parts[0]->dim(1);
+  n_ = 0;
+  chunk_ = 0;
   for (const Tensor* t : parts) {
-    MILES_CHECK(t->ndim() == 2 && t->dim(1) == m.k_, "stacked matrices must share K");
-    m.n_ += t->dim(0);
+    MILES_CHECK(t->ndim() == 2 && t->dim(1) == k_, "stacked matrices must share K");
+    n_ += t->dim(0);
   }
-  m.data_.assign(static_cast<size_t>(m.num_panels() * m.k_ * kPanel), 0.0f);
+  data_.assign(static_cast<size_t>(num_panels() * k_ * kPanel), 0.0f);  // keeps the capacity
   int64_t row = 0;
   for (const Tensor* t : parts) {
-    scatter_tensor(m.data_, m.k_, row, *t);
+    scatter_tensor(data_, k_, row, *t);
     row += t->dim(0);
   }
+}
+
+PackedMatrix PackedMatrix::pack_rows(const std::vector<const Tensor*>& parts) {
+  PackedMatrix m;
+  m.assign_rows(parts);
   return m;
 }
 
@@ -82,8 +88,15 @@ std::vector<float> PackedMatrix::unpack_row(int64_t row) const {
 
 PackedMatrix PackedMatrix::transposed() const {
   PackedMatrix t;
+  transpose_into(t);
+  return t;
+}
+
+void PackedMatrix::transpose_into(PackedMatrix& t) const {
+  MILES_CHECK(&t != this);
   t.n_ = k_;
   t.k_ = n_;
+  t.chunk_ = 0;
   t.data_.assign(static_cast<size_t>(t.num_panels() * t.k_ * kPanel), 0.0f);
   // kPanel × kPanel tiles: input panel ip holds columns n = ip·kPanel + a, output panel op holds
   // rows kk = op·kPanel + b; element (n, kk) goes to t's panel op, row n, lane b.
@@ -97,7 +110,6 @@ PackedMatrix PackedMatrix::transposed() const {
         for (int64_t b = 0; b < kw; ++b) dst[a * kPanel + b] = src[(op * kPanel + b) * kPanel + a];
     }
   }
-  return t;
 }
 
 PackedMatrix PackedMatrix::pack_transposed(const float* a, int64_t rows, int64_t cols,

@@ -14,9 +14,10 @@ class Loader {
  public:
   Loader(const ModelConfig& c, const TensorMap& w) : c_(c), w_(w) {}
 
-  Result<std::vector<float>> vec(const std::string& name, int64_t n) {
+  Status vec(const std::string& name, int64_t n, std::vector<float>& out) {
     MILES_ASSIGN_OR_RETURN(Tensor t, w_.get(name, {n}));
-    return t.to_f32();
+    t.to_f32(out);
+    return Status::Ok();
   }
   Result<Tensor> mat(const std::string& name, int64_t rows, int64_t cols) {
     return w_.get(name, {rows, cols});
@@ -34,22 +35,24 @@ class Loader {
     MILES_ASSIGN_OR_RETURN(Tensor wk, mat(p + "self_attn.k_proj.weight", kv, d));
     MILES_ASSIGN_OR_RETURN(Tensor wv, mat(p + "self_attn.v_proj.weight", kv, d));
     MILES_ASSIGN_OR_RETURN(Tensor wo, mat(p + "self_attn.o_proj.weight", d, q));
-    l.qkv = PackedMatrix::pack_rows({&wq, &wk, &wv});
-    l.o = PackedMatrix::pack(wo);
+    l.qkv.assign_rows({&wq, &wk, &wv});
+    l.o.assign_rows({&wo});
     keep_full_chunks(l.o);
+    l.qkv_bias.clear();
+    l.o_bias.clear();
     if (c_.attention_bias) {
+      std::vector<float> b;
       for (const char* n : {"q_proj", "k_proj", "v_proj"}) {
         const int64_t rows = std::string(n) == "q_proj" ? q : kv;
-        MILES_ASSIGN_OR_RETURN(auto b, vec(p + "self_attn." + n + ".bias", rows));
+        MILES_RETURN_IF_ERROR(vec(p + "self_attn." + n + ".bias", rows, b));
         l.qkv_bias.insert(l.qkv_bias.end(), b.begin(), b.end());
       }
-      if (w_.contains(p + "self_attn.o_proj.bias")) {
-        MILES_ASSIGN_OR_RETURN(l.o_bias, vec(p + "self_attn.o_proj.bias", d));
-      }
+      if (w_.contains(p + "self_attn.o_proj.bias"))
+        MILES_RETURN_IF_ERROR(vec(p + "self_attn.o_proj.bias", d, l.o_bias));
     }
     if (c_.arch == Arch::kQwen3 || c_.arch == Arch::kQwen3Moe) {
-      MILES_ASSIGN_OR_RETURN(l.q_norm, vec(p + "self_attn.q_norm.weight", c_.head_dim));
-      MILES_ASSIGN_OR_RETURN(l.k_norm, vec(p + "self_attn.k_norm.weight", c_.head_dim));
+      MILES_RETURN_IF_ERROR(vec(p + "self_attn.q_norm.weight", c_.head_dim, l.q_norm));
+      MILES_RETURN_IF_ERROR(vec(p + "self_attn.k_norm.weight", c_.head_dim, l.k_norm));
     }
     return Status::Ok();
   }
@@ -59,8 +62,8 @@ class Loader {
     MILES_ASSIGN_OR_RETURN(Tensor g, mat(p + "gate_proj.weight", inter, d));
     MILES_ASSIGN_OR_RETURN(Tensor u, mat(p + "up_proj.weight", inter, d));
     MILES_ASSIGN_OR_RETURN(Tensor dn, mat(p + "down_proj.weight", d, inter));
-    gate_up = PackedMatrix::pack_rows({&g, &u});
-    down = PackedMatrix::pack(dn);
+    gate_up.assign_rows({&g, &u});
+    down.assign_rows({&dn});
     keep_full_chunks(down);
     return Status::Ok();
   }
@@ -68,7 +71,7 @@ class Loader {
   Status moe(const std::string& p, LayerWeights& l) {
     const int64_t e = c_.moe.num_experts;
     MILES_ASSIGN_OR_RETURN(Tensor router, mat(p + "mlp.gate.weight", e, c_.hidden_size));
-    l.router = PackedMatrix::pack(router);
+    l.router.assign_rows({&router});
     l.experts.resize(static_cast<size_t>(e));
     for (int64_t i = 0; i < e; ++i) {
       MILES_RETURN_IF_ERROR(dense_mlp(p + "mlp.experts." + std::to_string(i) + ".",
@@ -80,29 +83,30 @@ class Loader {
 
   Status layer(int64_t i, LayerWeights& l) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    MILES_ASSIGN_OR_RETURN(l.input_norm, vec(p + "input_layernorm.weight", c_.hidden_size));
-    MILES_ASSIGN_OR_RETURN(l.post_norm, vec(p + "post_attention_layernorm.weight", c_.hidden_size));
+    MILES_RETURN_IF_ERROR(vec(p + "input_layernorm.weight", c_.hidden_size, l.input_norm));
+    MILES_RETURN_IF_ERROR(vec(p + "post_attention_layernorm.weight", c_.hidden_size, l.post_norm));
     MILES_RETURN_IF_ERROR(attention(p, l));
     l.moe = c_.is_moe_layer(i);
     if (l.moe) return moe(p, l);
     return dense_mlp(p + "mlp.", c_.intermediate_size, l.gate_up, l.down);
   }
 
-  Result<ModelWeights> all() {
-    ModelWeights m;
+  // Fills m, reusing the storage it already has (a reload of same-shaped weights allocates
+  // nothing large).
+  Status all(ModelWeights& m) {
     MILES_ASSIGN_OR_RETURN(Tensor emb, mat("model.embed_tokens.weight", c_.vocab_size, c_.hidden_size));
-    m.embed = emb.to_f32();
+    emb.to_f32(m.embed);
     m.layers.resize(static_cast<size_t>(c_.num_layers));
     for (int64_t i = 0; i < c_.num_layers; ++i) MILES_RETURN_IF_ERROR(layer(i, m.layers[i]));
-    MILES_ASSIGN_OR_RETURN(m.final_norm, vec("model.norm.weight", c_.hidden_size));
+    MILES_RETURN_IF_ERROR(vec("model.norm.weight", c_.hidden_size, m.final_norm));
     if (c_.tie_word_embeddings) {
-      m.lm_head = PackedMatrix::pack(emb);
+      m.lm_head.assign_rows({&emb});
     } else {
       MILES_ASSIGN_OR_RETURN(Tensor head, mat("lm_head.weight", c_.vocab_size, c_.hidden_size));
-      m.lm_head = PackedMatrix::pack(head);
+      m.lm_head.assign_rows({&head});
     }
     MILES_ASSIGN_OR_RETURN(m.rope, kernels::make_rope_table(c_.rope, c_.head_dim));
-    return m;
+    return Status::Ok();
   }
 
  private:
@@ -113,7 +117,13 @@ class Loader {
 }  // namespace
 
 Result<ModelWeights> load_model_weights(const ModelConfig& config, const TensorMap& weights) {
-  return Loader(config, weights).all();
+  ModelWeights m;
+  MILES_RETURN_IF_ERROR(Loader(config, weights).all(m));
+  return m;
+}
+
+Status reload_model_weights(const ModelConfig& config, const TensorMap& weights, ModelWeights& m) {
+  return Loader(config, weights).all(m);
 }
 
 }  // namespace miles

@@ -41,5 +41,8 @@ struct ModelWeights {
 };
 
 Result<ModelWeights> load_model_weights(const ModelConfig& config, const TensorMap& weights);
+// The same into an existing ModelWeights of this config, reusing its buffers. On an error the
+// weights are partly replaced: the caller must not use them.
+Status reload_model_weights(const ModelConfig& config, const TensorMap& weights, ModelWeights& m);
 
 }  // namespace miles
