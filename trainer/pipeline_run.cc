@@ -63,7 +63,7 @@ Status PipelineRun::forward(int64_t mb) {
   if (st.last()) {
     MILES_ASSIGN_OR_RETURN(
         trainer_detail::HeadResult head,
-        trainer_detail::loss_head(f->packed, out.logits, t_.local_config_.vocab_size,
+        trainer_detail::loss_head(f->packed, std::move(out.logits), t_.local_config_.vocab_size,
                                   t_.tc_.need_entropy, objective_, t_.tp(), t_.pool_));
     f->dlogits = std::move(head.dlogits);
     f->loss = std::move(head.loss);

@@ -105,9 +105,10 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   opt.forced_experts = p.forced;
   opt.tp = tp();
   MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(p.tokens, p.seqs, *kv, opt, pool_));
-  MILES_ASSIGN_OR_RETURN(trainer_detail::HeadResult head,
-                         trainer_detail::loss_head(p, out.logits, local_config_.vocab_size,
-                                                   tc_.need_entropy, objective, tp(), pool_));
+  MILES_ASSIGN_OR_RETURN(
+      trainer_detail::HeadResult head,
+      trainer_detail::loss_head(p, std::move(out.logits), local_config_.vocab_size,
+                                tc_.need_entropy, objective, tp(), pool_));
   MicroResult r = empty_result();
   r.loss = head.loss.loss;
   r.tokens = p.rows.size();

@@ -47,13 +47,15 @@ Result<Trainer::MicroResult> tree_sum(int64_t lo, int64_t hi, const Leaf& leaf, 
                                       const Recycle& recycle);
 
 // The last stage's loss head: response-row logits → logp / entropy → objective → d logits of
-// every row ([T, vocab], zeros off the response rows). Rows run in parallel on the pool.
+// every row ([T, vocab], zeros off the response rows). Rows run in parallel on the pool. The
+// logits are consumed: d logits is written over them (each row read whole before it is written),
+// so a step allocates no second [T, vocab] buffer.
 struct HeadResult {
   TokenLoss loss;
   std::vector<float> dlogits;
 };
 // With tensor parallelism the logits are this rank's vocabulary columns (vocab = local size).
-Result<HeadResult> loss_head(const Packed& p, const std::vector<float>& logits, int64_t vocab,
+Result<HeadResult> loss_head(const Packed& p, std::vector<float>&& logits, int64_t vocab,
                              bool need_entropy, const TokenObjective& objective,
                              const TensorParallel* tp, ThreadPool* pool);
 

@@ -73,7 +73,7 @@ void for_row_runs(const Packed& p, ThreadPool* pool,
 
 }  // namespace
 
-Result<HeadResult> loss_head(const Packed& p, const std::vector<float>& logits, int64_t v,
+Result<HeadResult> loss_head(const Packed& p, std::vector<float>&& logits, int64_t v,
                              bool need_entropy, const TokenObjective& objective,
                              const TensorParallel* tp, ThreadPool* pool) {
   const int64_t n = p.rows.size();
@@ -102,21 +102,29 @@ Result<HeadResult> loss_head(const Packed& p, const std::vector<float>& logits, 
   if (!h.loss.dentropy.empty() && !need_entropy)
     return Status::Error("objective uses entropy but trainer.need_entropy is off");
   const float* dent = h.loss.dentropy.empty() ? nullptr : h.loss.dentropy.data();
-  h.dlogits.assign(logits.size(), 0.0f);
+  h.dlogits = std::move(logits);
+  float* d = h.dlogits.data();
   if (tp) {
     std::vector<float> dsel(static_cast<size_t>(n * v));
     MILES_RETURN_IF_ERROR(
         token_logprobs_backward_vocab_parallel(sel.data(), n, v, tp->vocab_begin, p.targets.data(),
                                                *tp->comm, h.loss.dlogp.data(), dent, dsel.data()));
-    for (int64_t i = 0; i < n; ++i)
-      std::copy_n(dsel.data() + i * v, v, h.dlogits.data() + p.rows[i] * v);
-  } else {  // written in place: each response row of d logits by its own row kernel
+    for (int64_t i = 0; i < n; ++i) std::copy_n(dsel.data() + i * v, v, d + p.rows[i] * v);
+  } else {  // in place: each response row's kernel reads its logits whole, then writes d logits
     for_row_runs(p, pool, [&](int64_t i, int64_t count) {
-      token_logprobs_backward(logits.data() + p.rows[i] * v, count, v, p.targets.data() + i,
+      token_logprobs_backward(d + p.rows[i] * v, count, v, p.targets.data() + i,
                               h.loss.dlogp.data() + i, dent ? dent + i : nullptr,
-                              h.dlogits.data() + p.rows[i] * v);
+                              d + p.rows[i] * v);
     });
   }
+  // Rows that are not response rows (prompts, the rows between samples) get zeros.
+  const int64_t rows = static_cast<int64_t>(h.dlogits.size()) / v;
+  std::vector<bool> response(static_cast<size_t>(rows), false);
+  for (const int64_t r : p.rows) response[r] = true;
+  parallel_ranges(pool, rows, v, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      if (!response[r]) std::fill(d + r * v, d + (r + 1) * v, 0.0f);
+  });
   return h;
 }
 

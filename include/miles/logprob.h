@@ -19,7 +19,8 @@ void token_logprobs(const float* logits, int64_t rows, int64_t vocab, const int3
                     float* logp, float* entropy);
 
 // d logits[r] = dlogp[r] · (onehot(target) − p) + dentropy[r] · (−p ⊙ (log p + H)).
-// dentropy may be null (no entropy term). Rows whose coefficients are both 0 get zeros.
+// dentropy may be null (no entropy term). Rows whose coefficients are both 0 get zeros. dlogits
+// may be logits itself (each row is read whole before it is written).
 void token_logprobs_backward(const float* logits, int64_t rows, int64_t vocab,
                              const int32_t* targets, const float* dlogp, const float* dentropy,
                              float* dlogits);
