@@ -75,6 +75,12 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
   DiskDeltaOptions o;
   o.full_every = static_cast<int>(cfg.full_every);
   o.encoding = cfg.encoding == "overwrite" ? DeltaEncoding::kOverwrite : DeltaEncoding::kXor;
+  WeightPublisher* self = p.get();
+  o.known_xxh3 = [self](const std::string& name) -> std::string {
+    if (!self->sending_sums_) return "";
+    auto it = self->sending_sums_->find(name);
+    return it == self->sending_sums_->end() ? "" : it->second;
+  };
   std::error_code ec;
   fs::create_directories(p->cfg_.dir, ec);
   if (ec) return Status::Error("weight_sync.dir " + p->cfg_.dir + ": " + ec.message());
@@ -97,6 +103,7 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
 
 Status WeightPublisher::publish(int64_t version, const Trainer& trainer) {
   auto sums = checksums_of(trainer, plan_);
+  sending_sums_ = &sums;  // the disk-delta writer's manifest takes these instead of hashing again
   DiskDeltaReader reader(cfg_.dir);
   auto existing = reader.versions();
   bool adopt = false;
@@ -112,7 +119,9 @@ Status WeightPublisher::publish(int64_t version, const Trainer& trainer) {
     }
     adopt = true;
   }
-  if (!adopt) MILES_RETURN_IF_ERROR(sender_->send(version, source_of(trainer)));
+  Status sent = adopt ? Status::Ok() : sender_->send(version, source_of(trainer));
+  sending_sums_ = nullptr;
+  MILES_RETURN_IF_ERROR(sent);
   std::lock_guard<std::mutex> lock(mu_);
   current_ = version;
   checksums_ = std::move(sums);

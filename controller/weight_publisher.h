@@ -65,6 +65,8 @@ class WeightPublisher {
   mutable std::mutex mu_;
   int64_t current_ = -1;
   std::map<std::string, std::string> checksums_;  // of `current_`
+  // During publish(): the checksums just computed, lent to the disk-delta writer (known_xxh3).
+  const std::map<std::string, std::string>* sending_sums_ = nullptr;
 };
 
 }  // namespace miles::controller

@@ -195,6 +195,38 @@ TEST(DiskDelta, ManifestNamesEveryField) {
   EXPECT_EQ(disk_delta::xxh3_128_hex({reinterpret_cast<const uint8_t*>(abc.data()), 3}), want);
 }
 
+// A caller's precomputed checksums (known_xxh3) go into the manifest as they are: right ones give
+// the same directory a hashing writer gives, a wrong one is refused by the reader, naming the tensor.
+TEST(DiskDelta, KnownChecksumsAreUsedAndAWrongOneIsCaught) {
+  std::mt19937 rng(3);
+  const WeightSet w = synthetic_set(rng, 3, 4);
+  TempDir a, b, c;
+  ASSERT_TRUE(DiskDeltaWriter(a.path()).publish(1, w).ok());
+  DiskDeltaOptions known;
+  int asked = 0;
+  known.known_xxh3 = [&](const std::string& name) {
+    ++asked;
+    for (const NamedTensor& t : w)
+      if (t.name == name) return disk_delta::xxh3_128_hex(t.bytes);
+    return std::string();
+  };
+  ASSERT_TRUE(DiskDeltaWriter(b.path(), known).publish(1, w).ok());
+  EXPECT_EQ(asked, 3);
+  auto manifest = [](const TempDir& d) {
+    std::ifstream f(d.sub("weight_v000001/manifest.json"));
+    return nlohmann::json::parse(f)["tensors"];
+  };
+  EXPECT_EQ(manifest(a), manifest(b));
+  DiskDeltaOptions wrong;
+  wrong.known_xxh3 = [&](const std::string& name) {
+    return name == w[1].name ? std::string(32, '0') : std::string();
+  };
+  ASSERT_TRUE(DiskDeltaWriter(c.path(), wrong).publish(1, w).ok());
+  auto loaded = DiskDeltaReader(c.path()).load(1);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.message().find(w[1].name), std::string::npos) << loaded.message();
+}
+
 // ---- a real checkpoint through AdamW steps ------------------------------------------------------
 
 std::vector<float> logits_of(const Model& model) {

@@ -49,9 +49,9 @@ bool same_layout(const WeightSet& a, const WeightSet& b) {
 
 // The payload of tensor i and its manifest entry (without offsets); empty payload when unchanged.
 dd::ManifestTensor encode_tensor(const NamedTensor& t, const NamedTensor* base, DeltaEncoding enc,
-                                 std::vector<uint8_t>& payload) {
+                                 const std::string& known_xxh3, std::vector<uint8_t>& payload) {
   dd::ManifestTensor m{t.name, t.dtype, t.shape, dd::TensorEncoding::kFull, t.bytes.size(), 0, 0,
-                       dd::xxh3_128_hex(t.bytes)};
+                       known_xxh3.empty() ? dd::xxh3_128_hex(t.bytes) : known_xxh3};
   payload.clear();
   if (base == nullptr) {
     payload = t.bytes;
@@ -138,8 +138,9 @@ Result<PublishStats> DiskDeltaWriter::publish(int64_t version, const WeightSet& 
   std::vector<uint8_t> data, payload;
   PublishStats stats;
   for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string known = options_.known_xxh3 ? options_.known_xxh3(tensors[i].name) : "";
     dd::ManifestTensor m = encode_tensor(tensors[i], full ? nullptr : &snapshot_[i],
-                                         options_.encoding, payload);
+                                         options_.encoding, known, payload);
     if (m.encoding != dd::TensorEncoding::kUnchanged) {
       m.offset = data.size();
       MILES_ASSIGN_OR_RETURN(m.compressed_bytes,

@@ -55,6 +55,10 @@ struct DiskDeltaOptions {
   // Test hook: called with the temporary directory after every file is written and fsynced, just
   // before the rename that publishes it.
   std::function<void(const std::string& tmp_dir)> before_rename;
+  // Optional: a tensor's xxh3-128 (hex) that the caller has already computed over exactly the bytes
+  // being published (empty: the writer computes it). Saves a second pass over every weight; a wrong
+  // value is caught by every reader's check.
+  std::function<std::string(const std::string& name)> known_xxh3;
 };
 
 struct PublishStats {
