@@ -68,9 +68,9 @@ class PackedMatrix {
   const float* panel(int64_t p) const { return data_.data() + p * k_ * kPanel; }
   // Row n of the original matrix (for tests and the embedding of tied weights).
   std::vector<float> unpack_row(int64_t row) const;
-  // The packed form of Wᵀ [K, N] (the backward's d x = d y · W). Moves values only.
-  PackedMatrix transposed() const;
-  void transpose_into(PackedMatrix& t) const;  // the same, reusing t's storage
+  // t = the packed form of Wᵀ [K, N] (the backward's d x = d y · W), reusing t's storage. Moves
+  // values only.
+  void transpose_into(PackedMatrix& t) const;
   // The packed form of aᵀ for a row-major a[rows, cols] with row stride lda: a [cols, rows] matrix
   // whose reduction runs over a's rows (the backward's d W = d yᵀ · x).
   static PackedMatrix pack_transposed(const float* a, int64_t rows, int64_t cols, int64_t lda);

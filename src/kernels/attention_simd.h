@@ -16,47 +16,9 @@
 
 namespace miles::kernels::detail {
 
-// out[j] = detail::dot(x, column j of kt) for j in [0, n); kt is [hd][ldt] with ldt a multiple of 8
-// and columns past n readable (zero padding). hd <= kGemmChunk: one fma chain from 0.
-inline void dots_transposed(const float* x, const float* kt, int64_t ldt, int64_t hd, int64_t n,
-                            float* out) {
-  int64_t j = 0;
-#ifdef MILES_ATTN_SIMD_AVX
-  for (; j + 32 <= n; j += 32) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t e = 0; e < hd; ++e) {
-      const __m256 xe = _mm256_set1_ps(x[e]);
-      const float* r = kt + e * ldt + j;
-      a0 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r), a0);
-      a1 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r + 8), a1);
-      a2 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r + 16), a2);
-      a3 = _mm256_fmadd_ps(xe, _mm256_loadu_ps(r + 24), a3);
-    }
-    _mm256_storeu_ps(out + j, a0);
-    _mm256_storeu_ps(out + j + 8, a1);
-    _mm256_storeu_ps(out + j + 16, a2);
-    _mm256_storeu_ps(out + j + 24, a3);
-  }
-  for (; j < n; j += 8) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t e = 0; e < hd; ++e)
-      a = _mm256_fmadd_ps(_mm256_set1_ps(x[e]), _mm256_loadu_ps(kt + e * ldt + j), a);
-    float lanes[8];
-    _mm256_storeu_ps(lanes, a);
-    std::copy_n(lanes, std::min<int64_t>(8, n - j), out + j);
-  }
-#else
-  for (; j < n; ++j) {
-    float acc = 0.0f;
-    for (int64_t e = 0; e < hd; ++e) acc = std::fma(x[e], kt[e * ldt + j], acc);
-    out[j] = acc;
-  }
-#endif
-}
-
 // out[j] = detail::dot(x, key j) for j in [0, n), the keys given as segments of 8: key 8s + l has
 // element e at seg[s][e * ld[s] + l] (a transposed block of the KV cache, or of a copy). Every lane
-// is one fma chain over e from 0 (hd <= kGemmChunk), as dots_transposed; lanes past n are computed
+// is one fma chain over e from 0 (hd <= kGemmChunk), as detail::dot's; lanes past n are computed
 // on whatever the segment holds there and dropped.
 inline void dots_segments(const float* x, const float* const* seg, const int64_t* ld, int64_t hd,
                           int64_t n, float* out) {
@@ -99,8 +61,21 @@ inline void dots_segments(const float* x, const float* const* seg, const int64_t
 #endif
 }
 
+// out[j] = detail::dot(x, column j of kt) for j in [0, n); kt is [hd][ldt] with ldt a multiple of 8
+// and columns past n readable (zero padding): dots_segments over kt's columns, 32 at a time.
+inline void dots_transposed(const float* x, const float* kt, int64_t ldt, int64_t hd, int64_t n,
+                            float* out) {
+  const float* seg[4];
+  const int64_t ld[4] = {ldt, ldt, ldt, ldt};
+  for (int64_t j = 0; j < n; j += 32) {
+    for (int s = 0; s < 4; ++s) seg[s] = kt + j + 8 * s;
+    dots_segments(x, seg, ld, hd, std::min<int64_t>(32, n - j), out + j);
+  }
+}
+
 // acc[e] = fma(p[j], rows[j][e], acc[e]) for j = 0, 1, ..., n - 1 in that order, every e < hd:
-// each element gets fma_row's sequence, with the accumulators held in registers across the rows.
+// element-wise, so any vector width gives the same bits; the accumulators stay in registers across
+// the rows.
 inline void fma_rows(const float* p, const float* const* rows, int64_t n, int64_t hd, float* acc) {
   int64_t e = 0;
 #ifdef MILES_ATTN_SIMD_AVX
@@ -123,17 +98,6 @@ inline void fma_rows(const float* p, const float* const* rows, int64_t n, int64_
 #endif
   for (; e < hd; ++e)
     for (int64_t j = 0; j < n; ++j) acc[e] = std::fma(p[j], rows[j][e], acc[e]);
-}
-
-// y[e] = fma(a, x[e], y[e]) for e in [0, n): element-wise, so any vector width gives the same bits.
-inline void fma_row(float a, const float* x, float* y, int64_t n) {
-  int64_t e = 0;
-#ifdef MILES_ATTN_SIMD_AVX
-  const __m256 av = _mm256_set1_ps(a);
-  for (; e + 8 <= n; e += 8)
-    _mm256_storeu_ps(y + e, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + e), _mm256_loadu_ps(y + e)));
-#endif
-  for (; e < n; ++e) y[e] = std::fma(a, x[e], y[e]);
 }
 
 // y[e] = y[e] * a, element-wise.

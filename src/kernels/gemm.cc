@@ -73,7 +73,7 @@ void tree_schedule(int64_t lo, int64_t hi, std::vector<int8_t>& steps) {
   const int64_t mid = lo + (hi - lo + 1) / 2;
   tree_schedule(lo, mid, steps);
   tree_schedule(mid, hi, steps);
-  if (steps.back() == kLeaf && hi - mid == 1 && mid - lo >= 1) {
+  if (hi - mid == 1) {  // the right subtree is the leaf just pushed: merge it as it is computed
     steps.back() = kLeafMerge;
   } else {
     steps.push_back(kMerge);

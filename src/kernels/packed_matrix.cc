@@ -86,12 +86,6 @@ std::vector<float> PackedMatrix::unpack_row(int64_t row) const {
   return out;
 }
 
-PackedMatrix PackedMatrix::transposed() const {
-  PackedMatrix t;
-  transpose_into(t);
-  return t;
-}
-
 void PackedMatrix::transpose_into(PackedMatrix& t) const {
   MILES_CHECK(&t != this);
   t.n_ = k_;
