@@ -51,6 +51,10 @@ Status EnginePool::spawn(Entry& e) {
                                    l.controller_address,
                                    "--engine-id",
                                    std::to_string(e.id)};
+  if (l.tp > 1) {
+    argv.push_back("--tp");
+    argv.push_back(std::to_string(l.tp));
+  }
   if (!l.tokenizer.empty()) {
     argv.push_back("--tokenizer");
     argv.push_back(l.tokenizer);

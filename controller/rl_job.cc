@@ -8,6 +8,7 @@
 #include "controller/rl_job_internal.h"
 #include "miles/host_port.h"
 #include "miles/model.h"
+#include "miles/tensor_parallel.h"
 #include "miles/train_checkpoint.h"
 
 namespace miles::controller {
@@ -82,6 +83,7 @@ Status RlJob::setup_engines() {
   po.launch.model = cfg_.model.path;
   po.launch.tokenizer = cfg_.model.tokenizer;
   po.launch.threads = cfg_.rollout.engine_threads;
+  po.launch.tp = cfg_.rollout.engine_tp;
   po.launch.num_blocks = cfg_.rollout.engine_num_blocks;
   po.launch.max_batch_tokens = cfg_.rollout.engine_max_batch_tokens;
   po.launch.max_running = cfg_.rollout.engine_max_running;
@@ -162,8 +164,12 @@ Status RlJob::setup() {
       metrics_,
       MetricsLog::open(cfg_.logging.run_dir + "/metrics.jsonl", cfg_.logging.progress,
                        cfg_.rollout.num_rollouts, cfg_.checkpoint.resume ? rollout_step_ : -1));
-  MILES_RETURN_IF_ERROR(setup_engines());
   const ModelConfig& mc = full->model_config();
+  if (cfg_.rollout.engine_tp > 1)  // before any engine starts: say which dimension does not split
+    MILES_RETURN_IF_ERROR(tensor_parallel::local_config(mc, cfg_.rollout.engine_tp)
+                              .status()
+                              .with_context("rollout.engine_tp"));
+  MILES_RETURN_IF_ERROR(setup_engines());
   runner_ = std::make_unique<GroupRunner>(*engines_, *rewards_, *res_.tokenizer, cfg_.rollout,
                                           mc.num_moe_layers() * mc.moe.top_k, res_.chat.get());
   return Status::Ok();

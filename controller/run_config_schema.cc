@@ -52,6 +52,7 @@ std::vector<Section> sections_of(RunConfig& c) {
         {"num_engines", &r.num_engines},
         {"engines", &r.engines},
         {"engine_threads", &r.engine_threads},
+        {"engine_tp", &r.engine_tp},
         {"engine_num_blocks", &r.engine_num_blocks},
         {"engine_max_batch_tokens", &r.engine_max_batch_tokens},
         {"engine_max_running", &r.engine_max_running},

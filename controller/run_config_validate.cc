@@ -169,6 +169,7 @@ void check_rollout(const RunConfig& c, Checker& check) {
     }
   }
   check.positive("rollout.engine_threads", r.engine_threads);
+  check.positive("rollout.engine_tp", r.engine_tp);
   check.positive("rollout.engine_num_blocks", r.engine_num_blocks);
   check.positive("rollout.engine_max_batch_tokens", r.engine_max_batch_tokens);
   check.positive("rollout.engine_max_running", r.engine_max_running);

@@ -30,7 +30,8 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, EngineOptions options,
   const ModelConfig& c = m.runner->config();
   m.experts_per_pos = c.num_moe_layers() * c.moe.top_k;
   m.pool = std::make_unique<rollout::BlockPool>(options.num_blocks, options.block_tokens,
-                                                c.num_layers, c.kv_dim(), m.experts_per_pos);
+                                                c.num_layers, m.runner->kv_dim(),
+                                                m.experts_per_pos);
   m.kv = std::make_unique<rollout::PagedKvCache>(*m.pool);
   m.radix = std::make_unique<rollout::RadixCache>(*m.pool);
 }
@@ -167,7 +168,8 @@ Status Engine::update_weights(std::unique_ptr<ModelRunner> runner) {
     return Status::Error("update_weights: the engine is generating; pause it first");
   const ModelConfig& a = m.runner->config();
   const ModelConfig& b = runner->config();
-  if (a.vocab_size != b.vocab_size || a.num_layers != b.num_layers || a.kv_dim() != b.kv_dim() ||
+  if (a.vocab_size != b.vocab_size || a.num_layers != b.num_layers ||
+      m.runner->kv_dim() != runner->kv_dim() ||
       a.num_moe_layers() * a.moe.top_k != b.num_moe_layers() * b.moe.top_k)
     return Status::Error("update_weights: the new weights have another architecture");
   m.runner = std::move(runner);
@@ -176,6 +178,14 @@ Status Engine::update_weights(std::unique_ptr<ModelRunner> runner) {
   m.radix->clear();
   ++m.weights_epoch;
   return Status::Ok();
+}
+
+Status Engine::update_weights(const TensorMap& weights) {
+  Impl& m = *impl_;
+  if (!m.updating && !m.paused && !m.requests.empty())
+    return Status::Error("update_weights: the engine is generating; pause it first");
+  MILES_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> next, m.runner->with_weights(weights));
+  return update_weights(std::move(next));
 }
 
 EngineStats Engine::stats() const {

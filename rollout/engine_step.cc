@@ -2,6 +2,7 @@
 // under the token budget) → one packed forward → store routed experts beside the KV → sample, check
 // stops, fork GRPO siblings → report events and free finished samples' blocks.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "miles/check.h"
@@ -109,6 +110,7 @@ void Engine::Impl::run_batch(const std::vector<Item>& items) {
   fo.all_logits = false;
   fo.return_experts = experts_per_pos > 0;
   auto out = runner->forward(tokens, seqs, *kv, fo);
+  if (!out.ok()) std::fprintf(stderr, "miles engine: forward failed: %s\n", out.message().c_str());
   MILES_CHECK(out.ok(), "engine forward failed on a validated batch");
   const int64_t v = out->vocab;
   presample(items, out->logits.data(), v);
@@ -193,6 +195,7 @@ void Engine::Impl::fork_sibling(Sample& leader, Sample& sib, const float* logits
   if (tail != 0) {
     MILES_CHECK(kv->reserve(sib.slot, prompt).ok());
     pool->copy_prefix(lt[full], kv->table(sib.slot)[full], tail);
+    runner->copied_kv_prefix(lt[full], kv->table(sib.slot)[full], tail);
   }
   sib.computed = prompt;
   sib.cached_tokens = prompt;

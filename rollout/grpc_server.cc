@@ -132,12 +132,11 @@ class RolloutService final : public pb::RolloutEngine::Service {
 
   grpc::Status UpdateWeightsFromDisk(grpc::ServerContext*, const pb::UpdateWeightsFromDiskRequest* in,
                                      pb::StatusResponse* out) override {
-    auto model = Model::load(in->model_path());
-    if (!model.ok()) return invalid(model.message());
-    std::shared_ptr<const Model> shared(std::move(model).value());
+    auto files = load_model_files(in->model_path());
+    if (!files.ok()) return invalid(files.message());
     Status st;
     driver_.run_sync([&](Engine& e) {
-      st = e.update_weights(make_model_runner(shared, pool_));
+      st = e.update_weights(files->weights);
       if (st.ok() && in->set_weight_version()) e.update_weight_version(in->weight_version());
     });
     if (!st.ok()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, st.message());

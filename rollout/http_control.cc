@@ -80,15 +80,14 @@ void HttpServer::register_control_routes() {
     if (!body.ok()) return reply_error(res, 400, body.message(), http_errors_);
     if (!body->is_object() || !body->contains("model_path") || !(*body)["model_path"].is_string())
       return reply_error(res, 400, "update_weights_from_disk needs {\"model_path\": string}", http_errors_);
-    auto model = Model::load((*body)["model_path"].get<std::string>());
-    if (!model.ok()) return reply_error(res, 400, model.message(), http_errors_);
-    std::shared_ptr<const Model> shared(std::move(model).value());
+    auto files = load_model_files((*body)["model_path"].get<std::string>());
+    if (!files.ok()) return reply_error(res, 400, files.message(), http_errors_);
     Status st;
     int64_t version = -1;
     if (body->contains("weight_version") && (*body)["weight_version"].is_number_integer())
       version = (*body)["weight_version"].get<int64_t>();
     driver_.run_sync([&](Engine& e) {
-      st = e.update_weights(make_model_runner(shared, model_pool_));
+      st = e.update_weights(files->weights);
       if (st.ok() && version >= 0) e.update_weight_version(version);
     });
     if (!st.ok()) return reply_error(res, 400, st.message(), http_errors_);

@@ -3,6 +3,10 @@
 
 namespace miles {
 
+Result<std::unique_ptr<ModelRunner>> ModelRunner::with_weights(const TensorMap&) const {
+  return Status::Error("this model runner cannot load new weights");
+}
+
 namespace {
 class SharedModelRunner final : public ModelRunner {
  public:
@@ -14,6 +18,10 @@ class SharedModelRunner final : public ModelRunner {
     return model_->forward(tokens, seqs, kv, options, pool_);
   }
   ThreadPool* thread_pool() const override { return pool_; }
+  Result<std::unique_ptr<ModelRunner>> with_weights(const TensorMap& weights) const override {
+    MILES_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Model::from_weights(model_->config(), weights));
+    return make_model_runner(std::shared_ptr<const Model>(std::move(m)), pool_);
+  }
 
  private:
   std::shared_ptr<const Model> model_;

@@ -213,6 +213,28 @@ TEST(RlRun, BroadcastTransportGivesTheDiskDeltaRun) {
   }
 }
 
+// Engines of two tensor-parallel processes each (`miles serve --tp 2`, rollout.engine_tp=2) over
+// the broadcast transport: the run is the single-process-engine run number for number (stories260K
+// splits over 2 on chunk boundaries, so every logit is the same bits), |Δlogp| exactly 0.
+TEST(RlRun, TensorParallelEnginesGiveTheSingleProcessEngineRun) {
+  MILES_REQUIRE_SHARED();
+  const std::string ref = temp_dir("engine_tp_ref"), dir = temp_dir("engine_tp");
+  const std::string common = " rollout.num_rollouts=3 weight_sync.transport=broadcast";
+  ASSERT_EQ(run_here(std::string(kCi) + " --run-dir " + ref + common).exit_code, 0);
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir + common + " rollout.engine_tp=2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::ifstream log(dir + "/engines/engine_0.log");
+  const std::string engine_log((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(engine_log.find("tensor parallel over 2 processes"), std::string::npos) << engine_log;
+  const auto m = metrics(dir), mr = metrics(ref);
+  ASSERT_EQ(m.size(), 3u);
+  ASSERT_EQ(mr.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(m[i]["logp_abs_diff_max"], 0.0) << m[i].dump();
+    EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << "step " << i + 1;
+  }
+}
+
 // A pipeline- and tensor-parallel trainer (pp = 2, tp = 2, four ranks) and two engines.
 // Broadcast: one group per stage, stage 1's buckets sent by the trainer rank that leads stage 1
 // (after gathering its tensor-parallel shards), not by the controller. p2p: every trainer rank

@@ -68,10 +68,8 @@ Status apply_to_engine(Engine& engine, const ModelConfig& config, const Received
                        const TransferPlan& plan, ThreadPool* pool) {
   MILES_RETURN_IF_ERROR(verify_received_weights(set, plan));
   const TensorMap view = set.view();
-  MILES_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::from_weights(config, view));
   MILES_RETURN_IF_ERROR(engine.begin_weight_update());
-  Status s = engine.update_weights(
-      make_model_runner(std::shared_ptr<const Model>(std::move(model)), pool));
+  Status s = engine.update_weights(view);  // the engine's runner builds (and reshards) the model
   if (s.ok()) engine.update_weight_version(set.version);
   Status end = engine.end_weight_update();
   MILES_RETURN_IF_ERROR(s);

@@ -33,6 +33,16 @@ class ModelRunner {
                                         const ForwardOptions& options) = 0;
   // Threads the engine may use for per-sample work between forwards (sampling); null: none.
   virtual ThreadPool* thread_pool() const { return nullptr; }
+  // Floats per position and layer of the KV this runner's forward writes into the engine's blocks
+  // (a tensor-parallel rank holds only its KV heads).
+  virtual int64_t kv_dim() const { return config().kv_dim(); }
+  // The engine copied the first `positions` of KV block `src` into `dst` (a GRPO sibling's partial
+  // prompt block); runners that keep KV elsewhere too (tensor-parallel followers) repeat it before
+  // their next forward.
+  virtual void copied_kv_prefix(int32_t src, int32_t dst, int64_t positions) {}
+  // A runner of the same kind (same threads, same process group) over new full weights (HF names,
+  // this config's shapes); errors name the missing or mis-shaped tensor. Used by weight updates.
+  virtual Result<std::unique_ptr<ModelRunner>> with_weights(const TensorMap& weights) const;
 };
 // A runner over a loaded model and a thread pool (both outlive it).
 std::unique_ptr<ModelRunner> make_model_runner(std::shared_ptr<const Model> model, ThreadPool* pool);
@@ -134,6 +144,9 @@ class Engine {
   Status end_weight_update();
   // Swaps the runner's weights; only inside begin/end, or while paused or idle.
   Status update_weights(std::unique_ptr<ModelRunner> runner);
+  // The same with the current runner's kind over new full weights (ModelRunner::with_weights):
+  // what every weight-update path calls, so a tensor-parallel engine reshards them.
+  Status update_weights(const TensorMap& weights);
   EngineStats stats() const;
   const ModelConfig& config() const;
 

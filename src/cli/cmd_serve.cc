@@ -1,13 +1,16 @@
 // `miles serve`: the rollout engine behind SGLang- and OpenAI-compatible HTTP endpoints.
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <thread>
 
 #include "cli/commands.h"
 #include "cli/model_files.h"
+#include "cli/serve_tp.h"
 #include "controller/controller_service.h"
 #include "miles/chat_template.h"
 #include "miles/engine.h"
@@ -30,6 +33,7 @@ struct ServeOptions {
   std::string controller;      // HOST:PORT of a `miles run` controller to register with
   int64_t engine_id = -1;      // given by the controller that started this engine
   std::string advertise_host;  // the host the controller should call (default: --host)
+  ServeTpOptions tp;
 };
 
 int run_serve(ServeOptions o) {
@@ -40,11 +44,26 @@ int run_serve(ServeOptions o) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  auto model = Model::load(o.model);
-  if (!model.ok()) return fail("serve", model.message());
-  std::shared_ptr<const Model> shared(std::move(model).value());
+  // Threads per process: a tensor-parallel engine shares the cores among its ranks.
+  if (o.threads == 0 && o.tp.tp > 1)
+    o.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / o.tp.tp);
+  o.tp.threads = o.threads;
+  ThreadPool pool(o.threads);
+  std::unique_ptr<ModelRunner> runner;
+  ServeTpGroup tp_group;  // followers of a tensor-parallel engine (killed with this process)
+  if (o.tp.tp > 1) {
+    auto g = start_serve_tp(o.model, o.tp, o.engine, &pool);
+    if (!g.ok()) return fail("serve", g.message());
+    tp_group = std::move(g).value();
+    runner = std::move(tp_group.runner);
+  } else {
+    auto model = Model::load(o.model);
+    if (!model.ok()) return fail("serve", model.message());
+    runner = make_model_runner(std::shared_ptr<const Model>(std::move(model).value()), &pool);
+  }
+  const ModelConfig config = runner->config();
   std::shared_ptr<const Tokenizer> tok;
-  auto t = find_tokenizer(o.model, o.tokenizer, static_cast<int32_t>(shared->config().vocab_size));
+  auto t = find_tokenizer(o.model, o.tokenizer, static_cast<int32_t>(config.vocab_size));
   if (t.ok()) {
     tok = std::move(t).value();
   } else if (!o.tokenizer.empty()) {
@@ -66,15 +85,14 @@ int run_serve(ServeOptions o) {
       std::fprintf(stderr, "miles serve: no chat template (%s)\n", tmpl.message().c_str());
     }
   }
-  ThreadPool pool(o.threads);
-  auto engine = std::make_unique<Engine>(make_model_runner(shared, &pool), o.engine, tok);
+  auto engine = std::make_unique<Engine>(std::move(runner), o.engine, tok);
   rollout::EngineDriver driver(std::move(engine));
   o.server.model_path = o.model;
   std::shared_ptr<WeightSyncRoutes> weight_sync;  // /update_weights_from_disk_delta, checksums
   o.server.extra_routes = [&](httplib::Server& s, rollout::EngineDriver& d) {
-    weight_sync = register_weight_sync_routes(s, d, shared->config(), o.model, &pool);
+    weight_sync = register_weight_sync_routes(s, d, config, o.model, &pool);
   };
-  rollout::HttpServer server(driver, shared->config(), tok, chat, &pool, o.server);
+  rollout::HttpServer server(driver, config, tok, chat, &pool, o.server);
   if (Status s = server.start(); !s.ok()) return fail("serve", s.message());
   std::fprintf(stderr, "miles serve: listening on http://%s (model %s)\n",
                host_port(o.server.host, server.port()).c_str(), o.model.c_str());
@@ -82,7 +100,7 @@ int run_serve(ServeOptions o) {
   if (!o.controller.empty() && o.grpc_port < 0)
     o.grpc_port = 0;  // the controller generates over gRPC
   if (o.grpc_port >= 0) {
-    grpc = std::make_unique<rollout::GrpcServer>(driver, shared->config(), tok, &pool, o.model);
+    grpc = std::make_unique<rollout::GrpcServer>(driver, config, tok, &pool, o.model);
     if (Status s = grpc->start(o.server.host, o.grpc_port); !s.ok())
       return fail("serve", s.message());
     std::fprintf(stderr, "miles serve: gRPC on %s\n",
@@ -151,6 +169,16 @@ void register_serve(CLI::App& app) {
   sub->add_option("--max-batch-tokens", o->engine.max_batch_tokens, "token budget per iteration")
       ->capture_default_str();
   sub->add_option("--max-running", o->engine.max_running, "samples decoding at once")
+      ->capture_default_str();
+  sub->add_option("--tp", o->tp.tp, "tensor-parallel processes of this engine")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  sub->add_option("--tp-launch", o->tp.launch,
+                  "local: start the followers here; external: wait for `miles engine-tp-worker`s")
+      ->capture_default_str();
+  sub->add_option("--tp-store", o->tp.store,
+                  "HOST:PORT of the group's store, hosted here (external launch)");
+  sub->add_option("--tp-host", o->tp.host, "the address rank 0's group transport binds to")
       ->capture_default_str();
   sub->add_flag("!--no-prefix-cache", o->engine.enable_prefix_cache,
                 "disable the radix prefix cache");

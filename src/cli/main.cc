@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "cli/serve_tp.h"
 
 int main(int argc, char** argv) {
 #if defined(__x86_64__)
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   miles::cli::register_score(app);
   miles::cli::register_bench(app);
   miles::cli::register_serve(app);
+  miles::cli::register_engine_tp_worker(app);
   miles::cli::register_run(app);
   miles::cli::register_report(app);
   miles::cli::register_convert(app);

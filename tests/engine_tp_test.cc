@@ -1,0 +1,374 @@
+// A tensor-parallel rollout engine (rollout/tp_engine.h): rank 0 and a follower over a real Gloo
+// group on loopback give bit for bit the single-process engine's tokens, logprobs and routed
+// experts (GRPO forks with partial-block copies, prefix-cache hits, chunked prefill), also after a
+// weight update that reshards new weights; a bad update leaves v - 1 serving. Then `miles serve
+// --tp 2` as real processes: the same bits over HTTP as `miles serve`, a size that does not split
+// is refused naming the dimension, and a killed follower ends the server with an error naming the
+// group instead of a hang.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "controller/child_process.h"
+#include "miles/comm.h"
+#include "miles/engine.h"
+#include "miles/flat_params.h"
+#include "miles/tcp_store.h"
+#include "miles/tensor_parallel.h"
+#include "miles/thread_pool.h"
+#include "rollout/tp_engine.h"
+#include "test_paths.h"
+
+namespace miles {
+namespace {
+
+using nlohmann::json;
+
+// Rank 0's runner over a follower running on its own thread, both over Gloo on loopback.
+struct TpPair {
+  std::unique_ptr<TcpStoreServer> store;
+  std::unique_ptr<ThreadPool> follower_pool = std::make_unique<ThreadPool>(1);
+  std::thread follower;
+  Status follower_status;
+  std::unique_ptr<ModelRunner> runner;
+
+  Status start(const ModelFiles& files, const EngineOptions& eo, ThreadPool* pool) {
+    MILES_ASSIGN_OR_RETURN(store, TcpStoreServer::start({}));
+    CommOptions c;
+    c.world_size = 2;
+    c.store_address = store->address();
+    c.timeout = std::chrono::milliseconds(20'000);
+    follower = std::thread([this, c]() mutable {
+      c.rank = 1;
+      auto comm = connect_gloo(c);
+      follower_status =
+          comm.ok() ? rollout::run_tp_engine_follower(**comm, follower_pool.get()) : comm.status();
+    });
+    c.rank = 0;
+    MILES_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, connect_gloo(c));
+    MILES_ASSIGN_OR_RETURN(runner, rollout::make_tp_model_runner(std::move(comm), files.config,
+                                                                 files.weights, eo, pool));
+    return Status::Ok();
+  }
+  void join() {
+    if (follower.joinable()) follower.join();
+  }
+  ~TpPair() { join(); }
+};
+
+struct Finals {
+  std::map<std::pair<uint64_t, int>, SampleEvent> by_sample;
+  SampleListener listener() {
+    return [this](const SampleEvent& e) {
+      if (e.finished) by_sample[{e.request_id, e.sample_index}] = e;
+    };
+  }
+};
+
+// Six requests: a GRPO group of 4 (its 11-token prompt leaves a partial block to copy into each
+// sibling), two sharing a 24-token prefix (the second hits the prefix cache), long prompts
+// prefilled in chunks, greedy and sampled.
+Finals run_workload(Engine& e, uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto ids = [&](int n) {
+    std::vector<int32_t> v(n);
+    for (auto& x : v) x = static_cast<int32_t>(rng() % 1024);
+    return v;
+  };
+  std::vector<GenerateRequest> reqs;
+  auto add = [&](std::vector<int32_t> prompt, float temperature, int32_t n, int64_t max_new) {
+    GenerateRequest r;
+    r.input_ids = std::move(prompt);
+    r.sampling.temperature = temperature;
+    r.sampling.top_p = 0.95f;
+    r.sampling.seed = rng();
+    r.max_new_tokens = max_new;
+    r.n = n;
+    reqs.push_back(std::move(r));
+  };
+  add(ids(11), 1.0f, 4, 10);
+  const std::vector<int32_t> shared = ids(24);
+  auto with_tail = [&](int n) {
+    std::vector<int32_t> p = shared;
+    const auto t = ids(n);
+    p.insert(p.end(), t.begin(), t.end());
+    return p;
+  };
+  add(with_tail(5), 0.8f, 1, 12);
+  add(ids(40), 0.0f, 1, 8);
+  add(ids(3), 1.0f, 2, 14);
+  Finals f;
+  for (auto& r : reqs) EXPECT_TRUE(e.submit(r, f.listener()).ok());
+  for (int i = 0; i < 10000 && !e.idle(); ++i) e.step();
+  EXPECT_TRUE(e.idle());
+  // After the first wave has filled the prefix cache: the second request of the shared prefix.
+  add(with_tail(7), 0.8f, 1, 9);
+  EXPECT_TRUE(e.submit(reqs.back(), f.listener()).ok());
+  for (int i = 0; i < 10000 && !e.idle(); ++i) e.step();
+  EXPECT_TRUE(e.idle());
+  return f;
+}
+
+// `same_cache`: both engines started the workload with the same prefix cache (else only the bits
+// are compared: a warm cache serves more prompt positions, with the same results).
+void expect_same_bits(const Finals& a, const Finals& b, bool same_cache = true) {
+  // In submission order (request ids differ between engines that ran different workloads before).
+  ASSERT_EQ(a.by_sample.size(), b.by_sample.size());
+  auto it = b.by_sample.begin();
+  for (const auto& [key, x] : a.by_sample) {
+    const SampleEvent& y = (it++)->second;
+    ASSERT_EQ(x.sample_index, y.sample_index);
+    ASSERT_EQ(x.output.size(), y.output.size()) << "request " << key.first;
+    for (size_t i = 0; i < x.output.size(); ++i) {
+      EXPECT_EQ(x.output[i].id, y.output[i].id) << "request " << key.first << " token " << i;
+      EXPECT_EQ(std::memcmp(&x.output[i].logprob, &y.output[i].logprob, 4), 0);
+      EXPECT_EQ(std::memcmp(&x.output[i].raw_logprob, &y.output[i].raw_logprob, 4), 0);
+    }
+    EXPECT_EQ(x.routed_experts, y.routed_experts);
+    if (same_cache) EXPECT_EQ(x.cached_tokens, y.cached_tokens);
+  }
+}
+
+const EngineOptions kEngine{.num_blocks = 128, .block_tokens = 8, .max_batch_tokens = 16};
+
+std::unique_ptr<ModelRunner> one_process_runner(const ModelFiles& files, ThreadPool* pool) {
+  auto model = Model::from_weights(files.config, files.weights);
+  EXPECT_TRUE(model.ok()) << model.message();
+  return make_model_runner(std::shared_ptr<const Model>(std::move(model).value()), pool);
+}
+
+class EngineTp : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EngineTp, SameBitsAsOneProcess) {
+  auto files = load_model_files(test::data_dir() + "/models/" + GetParam());
+  ASSERT_TRUE(files.ok()) << files.message();
+  ASSERT_TRUE(tensor_parallel::bitwise_split(files->config, 2).ok());
+  ThreadPool pool(1);
+  Engine one(one_process_runner(*files, &pool), kEngine);
+  TpPair tp;
+  ASSERT_TRUE(tp.start(*files, kEngine, &pool).ok());
+  EXPECT_EQ(tp.runner->kv_dim() * 2, files->config.kv_dim());  // rank 0 holds half the KV heads
+  Engine two(std::move(tp.runner), kEngine);
+  const Finals a = run_workload(one, 5), b = run_workload(two, 5);
+  expect_same_bits(a, b);
+  int64_t cached = 0;
+  for (const auto& [k, e] : b.by_sample) cached += e.cached_tokens;
+  EXPECT_GT(cached, 24);  // sibling forks and the prefix hit happened
+  EXPECT_EQ(two.stats().free_blocks, one.stats().free_blocks);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineTp, ::testing::Values("qwen3_moe", "llama_tied"));
+
+TEST(EngineTpWeights, AnUpdateReshardsAndABadOneKeepsTheOldWeights) {
+  auto files = load_model_files(test::data_dir() + "/models/qwen3_moe");
+  ASSERT_TRUE(files.ok());
+  ThreadPool pool(1);
+  Engine one(one_process_runner(*files, &pool), kEngine);
+  TpPair tp;
+  ASSERT_TRUE(tp.start(*files, kEngine, &pool).ok());
+  Engine two(std::move(tp.runner), kEngine);
+  const Finals before = run_workload(two, 9);
+
+  // New weights: every value nudged (as an optimizer step would).
+  auto layout = ParamLayout::for_model(files->config, &files->weights);
+  auto flat = FlatTensors::from_tensor_map(layout, files->weights);
+  ASSERT_TRUE(flat.ok());
+  std::mt19937 rng(3);
+  for (float& x : flat->all()) x += 0.02f * (static_cast<float>(rng() % 1000) / 1000.0f - 0.5f);
+  const TensorMap next = flat->as_tensor_map();
+  for (Engine* e : {&one, &two}) {
+    ASSERT_TRUE(e->begin_weight_update().ok());
+    ASSERT_TRUE(e->update_weights(next).ok());
+    ASSERT_TRUE(e->end_weight_update().ok());
+  }
+  const Finals a = run_workload(one, 9), b = run_workload(two, 9);
+  expect_same_bits(a, b);
+  bool changed = false;
+  auto old_it = before.by_sample.begin();
+  for (const auto& [k, e] : b.by_sample)
+    changed |= e.output[0].raw_logprob != (old_it++)->second.output[0].raw_logprob;
+  EXPECT_TRUE(changed);
+
+  // A set without the LM head: refused with the tensor's name; the engine keeps serving the
+  // weights it had, bit for bit.
+  TensorMap broken;
+  for (const std::string& n : next.names())
+    if (n != "lm_head.weight") broken.insert(n, *next.find(n), "test");
+  ASSERT_TRUE(two.begin_weight_update().ok());
+  const Status s = two.update_weights(broken);
+  ASSERT_TRUE(two.end_weight_update().ok());
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("lm_head.weight"), std::string::npos) << s.message();
+  expect_same_bits(a, run_workload(two, 9), /*same_cache=*/false);
+}
+
+// ---- `miles serve --tp 2` as real processes
+// -------------------------------------------------------
+
+struct ServeProcess {
+  controller::ChildProcess child;
+  std::string log;
+  int port = 0;
+
+  static std::string read(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  // Starts `miles serve` with `extra` and waits (up to 60 s) for its port, or for it to exit.
+  Status start(const std::string& name, std::vector<std::string> extra) {
+    log = test::binary_dir() + "/engine_tp_" + name + ".log";
+    std::filesystem::remove(log);
+    std::vector<std::string> argv = {test::binary_dir() + "/bin/miles",
+                                     "serve",
+                                     "--model",
+                                     test::data_dir() + "/models/qwen3_moe",
+                                     "--port",
+                                     "0",
+                                     "--threads",
+                                     "1"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    MILES_ASSIGN_OR_RETURN(child, controller::ChildProcess::spawn(argv, log));
+    const std::string key = "listening on http://127.0.0.1:";
+    for (int i = 0; i < 600; ++i) {
+      const std::string text = read(log);
+      const size_t at = text.find(key);
+      if (at != std::string::npos) {
+        port = std::stoi(text.substr(at + key.size()));
+        return Status::Ok();
+      }
+      if (!child.alive()) return Status::Error("exited: " + text);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return Status::Error("no port after 60 s: " + read(log));
+  }
+};
+
+json generate(int port) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60);
+  const json body = {
+      {"input_ids", {1, 5, 9, 200, 31, 7, 8, 9, 10, 11, 12}},
+      {"sampling_params", {{"temperature", 0.9}, {"max_new_tokens", 12}, {"seed", 7}, {"n", 4}}},
+      {"return_logprob", true},
+      {"return_routed_experts", true}};
+  auto r = c.Post("/generate", body.dump(), "application/json");
+  if (!r || r->status != 200) return json();
+  return json::parse(r->body, nullptr, false);
+}
+
+// The children of `pid` named miles (the followers).
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(e.path() / "stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), {});
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(text.substr(close + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == pid) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+TEST(ServeTp, SameBitsOverHttpAsOneProcessAndAKilledFollowerIsAnError) {
+  ServeProcess one, two;
+  ASSERT_TRUE(one.start("one", {}).ok());
+  Status s = two.start("two", {"--tp", "2"});
+  ASSERT_TRUE(s.ok()) << s.message();
+  const json a = generate(one.port), b = generate(two.port);
+  ASSERT_TRUE(a.is_array() && a.size() == 4) << a.dump();
+  ASSERT_TRUE(b.is_array() && b.size() == 4) << b.dump();
+  for (size_t i = 0; i < 4; ++i)
+    for (const char* k : {"output_token_logprobs", "output_token_raw_logprobs", "routed_experts"})
+      EXPECT_EQ(a[i]["meta_info"][k], b[i]["meta_info"][k]) << k << " of sample " << i;
+  EXPECT_NE(ServeProcess::read(two.log).find("tensor parallel over 2 processes"),
+            std::string::npos);
+
+  // Kill the follower: the next generation cannot run; the server ends with an error naming the
+  // group rather than hanging.
+  const std::vector<pid_t> followers = children_of(two.child.pid());
+  ASSERT_EQ(followers.size(), 1u);
+  ::kill(followers[0], SIGKILL);
+  (void)generate(two.port);
+  for (int i = 0; i < 300 && two.child.alive(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(two.child.alive());
+  const std::string log = ServeProcess::read(two.log);
+  EXPECT_NE(log.find("tensor-parallel engine group"), std::string::npos) << log;
+  EXPECT_TRUE(one.child.alive());  // the single-process server is unaffected
+}
+
+// A port free on 127.0.0.1 right now.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// An external launcher (Slurm, Kubernetes) starts the follower: rank 0 hosts the store at the
+// address it was given and waits; `miles engine-tp-worker` joins it.
+TEST(ServeTp, FollowerStartedElsewhereJoinsThroughTheStore) {
+  const std::string store = "127.0.0.1:" + std::to_string(free_port());
+  ServeProcess one;
+  ASSERT_TRUE(one.start("ext_one", {}).ok());
+  // Started first: it waits (retrying, up to its timeout) for rank 0's store to come up.
+  auto worker = controller::ChildProcess::spawn(
+      {test::binary_dir() + "/bin/miles", "engine-tp-worker", "--store", store, "--rank", "1",
+       "--world", "2", "--threads", "1"},
+      test::binary_dir() + "/engine_tp_ext_worker.log");
+  ASSERT_TRUE(worker.ok()) << worker.message();
+  ServeProcess two;
+  const Status s =
+      two.start("ext_two", {"--tp", "2", "--tp-launch", "external", "--tp-store", store});
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_TRUE(children_of(two.child.pid()).empty());  // nothing started by rank 0
+  const json a = generate(one.port), b = generate(two.port);
+  ASSERT_TRUE(a.is_array() && b.is_array() && a.size() == b.size()) << b.dump();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(a[i]["meta_info"]["output_token_logprobs"],
+              b[i]["meta_info"]["output_token_logprobs"]);
+  two.child.terminate();  // rank 0 stops: the follower is told to stop and exits cleanly
+  for (int i = 0; i < 100 && worker->alive(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(worker->alive());
+  EXPECT_EQ(worker->exit_description().find("signal"), std::string::npos)
+      << worker->exit_description();
+}
+
+TEST(ServeTp, ASizeThatDoesNotSplitIsRefusedNamingTheDimension) {
+  ServeProcess three;
+  const Status s = three.start("three", {"--tp", "3"});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("num_attention_heads = 4 does not split over tp=3"), std::string::npos)
+      << s.message();
+}
+
+}  // namespace
+}  // namespace miles
