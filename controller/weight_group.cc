@@ -139,7 +139,8 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
 }
 
 std::vector<Status> WeightGroup::update(const std::vector<std::shared_ptr<EngineClient>>& engines,
-                                        int64_t version, const TensorSource& source) {
+                                        int64_t version, const TensorSource& source,
+                                        std::function<std::string(const std::string&)> known_xxh3) {
   std::vector<Status> out(engines.size());
   if (engines.empty()) {
     drop();
@@ -163,7 +164,7 @@ std::vector<Status> WeightGroup::update(const std::vector<std::shared_ptr<Engine
   if (sent.ok())
     sent = p2p_ ? p2p_send_weights(*comm_, plan_, version, options_.senders.local,
                                    P2pRoles{options_.trainer, static_cast<int>(members_.size())})
-                : send_stage_weights(*comm_, plan_, 0, version, source);
+                : send_stage_weights(*comm_, plan_, 0, version, source, known_xxh3);
   // A failed send leaves receivers waiting on this rank; closing its connections fails them now
   // rather than at their timeout.
   if (!sent.ok()) comm_.reset();

@@ -76,8 +76,11 @@ class WeightGroup {
   // not its members, then sends while every member receives (POST /update_weights_from_group, one
   // thread each). One status per engine, in order: an error for an engine that could not join or
   // receive. After any failure the group is dropped (formed again on the next call).
+  // `known_xxh3` (optional): the checksums of `source`'s tensors, so that stage 0's bucket headers
+  // need no second pass over the weights.
   std::vector<Status> update(const std::vector<std::shared_ptr<EngineClient>>& engines,
-                             int64_t version, const TensorSource& source);
+                             int64_t version, const TensorSource& source,
+                             std::function<std::string(const std::string&)> known_xxh3 = {});
 
   const std::string& store_address() const { return store_address_; }
 

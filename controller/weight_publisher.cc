@@ -167,11 +167,11 @@ std::vector<Status> WeightPublisher::broadcast(
     const std::vector<std::shared_ptr<EngineClient>>& engines, const Trainer& trainer,
     const PauseMode* pause) {
   int64_t v;
-  Checksums expected;
+  Checksums expected;  // of version v: the bucket headers' checksums, and the engines' check
   {
     std::lock_guard<std::mutex> lock(mu_);
     v = current_;
-    if (cfg_.check_checksums) expected = checksums_;
+    expected = checksums_;
   }
   std::vector<Status> out(engines.size());
   if (pause)
@@ -183,7 +183,11 @@ std::vector<Status> WeightPublisher::broadcast(
       members.push_back(engines[i]);
       at.push_back(i);
     }
-  const std::vector<Status> got = group_->update(members, v, source_of(trainer));
+  const std::vector<Status> got =
+      group_->update(members, v, source_of(trainer), [&expected](const std::string& name) {
+        auto it = expected.find(name);
+        return it == expected.end() ? std::string() : it->second;
+      });
   for_each_parallel(members.size(), [&](size_t k) {
     EngineClient& e = *members[k];
     Status s = got[k];

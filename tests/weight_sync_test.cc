@@ -12,6 +12,7 @@
 
 #include "miles/comm.h"
 #include "miles/engine.h"
+#include "miles/flat_params.h"
 #include "miles/thread_pool.h"
 #include "miles/trainer.h"
 #include "multiprocess.h"
@@ -127,6 +128,68 @@ TEST(WeightSync, BroadcastReachesEveryEngineBitForBit) {
         << "engine " << r << " does not serve the new weights";
     EXPECT_NE(f.at("before"), f.at("tokens")) << "the update changed nothing: the test cannot tell";
   }
+}
+
+// The sender may pass checksums it already has (the controller's, from publishing): the headers
+// carry them without a second pass over the weights, and a wrong one is caught by the receiver
+// (naming the tensor) before anything is staged.
+TEST(WeightSync, BroadcastTakesKnownChecksumsAndAWrongOneIsCaught) {
+  StoreProcess store;
+  ASSERT_TRUE(store.ok());
+  const std::string addr = store.address();
+  auto results = run_processes(
+      2,
+      [&](int rank) -> std::string {
+        SyncSetup s = setup(40000);
+        CommOptions co;
+        co.rank = rank;
+        co.world_size = 2;
+        co.store_address = addr;
+        co.timeout = std::chrono::milliseconds(5000);
+        auto comm = connect_gloo(co);
+        if (!comm.ok()) return "error=" + comm.message();
+        const std::string wrong_name = s.plan.buckets.back().tensors.back().name;
+        if (rank == 0) {
+          auto flat = FlatTensors::from_tensor_map(
+              ParamLayout::for_model(s.files.config, &s.files.weights), s.files.weights);
+          if (!flat.ok()) return "error=" + flat.message();
+          const TensorSource source = [&](const std::string& n) {
+            return std::as_const(*flat).get(n);
+          };
+          int asked = 0;
+          BroadcastOptions known;
+          known.known_xxh3 = [&](const std::string& n) {
+            ++asked;
+            std::span<const float> v = source(n);
+            return xxh3_128_hex(v.data(), v.size_bytes());
+          };
+          Status a = make_broadcast_sender(**comm, s.plan, known)->send(1, source);
+          BroadcastOptions wrong;
+          wrong.known_xxh3 = [&](const std::string& n) {
+            return n == wrong_name ? std::string(32, '0') : std::string();
+          };
+          Status b = make_broadcast_sender(**comm, s.plan, wrong)->send(2, source);
+          return "sent=" + std::string(a.ok() && b.ok() ? "ok" : a.message() + b.message()) +
+                 "\nasked=" + std::to_string(asked);
+        }
+        auto v1 = make_broadcast_receiver(**comm, s.plan)->receive(1);
+        auto v2 = make_broadcast_receiver(**comm, s.plan)->receive(2);
+        Status first = v1.ok() ? verify_received_weights(*v1, s.plan) : v1.status();
+        Status second = v2.ok() ? verify_received_weights(*v2, s.plan) : v2.status();
+        return "first=" + std::string(first.ok() ? "ok" : first.message()) +
+               "\nsecond=" + (second.ok() ? std::string("ok") : second.message()) +
+               "\nwrong=" + wrong_name;
+      },
+      std::chrono::seconds(60));
+  const auto sender = results[0].fields(), engine = results[1].fields();
+  ASSERT_EQ(sender.at("sent"), "ok") << results[0].describe();
+  size_t tensors = 0;
+  for (const Bucket& b : setup(40000).plan.buckets) tensors += b.tensors.size();
+  EXPECT_EQ(sender.at("asked"), std::to_string(tensors));
+  EXPECT_EQ(engine.at("first"), "ok") << results[1].describe();
+  EXPECT_NE(engine.at("second").find("checksum mismatch for " + engine.at("wrong")),
+            std::string::npos)
+      << results[1].describe();
 }
 
 TEST(WeightSync, ASenderKilledMidTransferLeavesEnginesOnTheOldVersion) {

@@ -50,6 +50,10 @@ using TensorSource = std::function<std::span<const float>(const std::string& nam
 // world sender to its rank in the group).
 struct BroadcastOptions {
   std::function<int(int world_rank)> sender_group_rank = [](int r) { return r; };
+  // On the sender: the xxh3-128 hex of a tensor of the version being sent when the caller already
+  // has it ("" or unset: hash it here). Saves a pass over every weight; a wrong value is caught by
+  // every receiver's check.
+  std::function<std::string(const std::string& name)> known_xxh3;
 };
 // Sender and receivers must hold the same plan (bucket bytes, tensors, offsets, senders): its
 // digest (xxh3-128 hex over all of them) lets them compare before they form a group.
@@ -66,7 +70,8 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
 // its group; a receiver calls receive_stage_weights with every stage's group, in stage order, and
 // gets the whole version (every checksum of every stage) or an error naming the stage.
 Status send_stage_weights(Communicator& group, const TransferPlan& plan, int stage, int64_t version,
-                          const TensorSource& source);
+                          const TensorSource& source,
+                          std::function<std::string(const std::string&)> known_xxh3 = {});
 Status receive_stage_weights(std::span<Communicator* const> groups, const TransferPlan& plan,
                              int64_t version, ReceivedWeights* out);
 
