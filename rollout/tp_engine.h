@@ -8,15 +8,16 @@
 // tensor_parallel::bitwise_split(config, n) holds, every logit (and so every token and logprob) is
 // bit for bit the single-process engine's.
 //
-// Protocol (rank 0 → each follower, in order, over the group's send/recv; every command is a fixed
-// header then its payload): init (model config, KV geometry), load (a weight generation: the
-// follower's shard of every tensor), forward (generation, partial-block copies since the last
-// forward, tokens, spans, each span's block table, options; then a status all-gather, the model's
-// own collectives, and an all-gather of the vocabulary-parallel logits), drop (a generation no
-// runner uses any more), ping (rank 0 is alive: sent after 5 s without a command, so a follower's
-// bounded wait tells a silent rank 0 from an idle one), stop. Every command is issued under one
-// mutex, so runners on several threads (the engine loop, a weight update) interleave whole
-// commands.
+// Protocol (rank 0 → each follower, in order, over the group's send/recv; every command is one
+// fixed-size message: a header and the payload's first bytes, tp_wire.h): init (model config, KV
+// geometry), load (a weight generation: the follower's shard of every tensor; then a status
+// all-gather), forward (generation, partial-block copies since the last forward, tokens, spans,
+// each span's block table, options; then the model's own collectives and an all-gather of the
+// vocabulary-parallel logits; a follower that cannot run it leaves the group), drop (a generation
+// no runner uses any more), ping (rank 0 is alive: sent after 5 s without a command, so a
+// follower's bounded wait tells a silent rank 0 from an idle one), stop. Every command is issued
+// under one mutex, so runners on several threads (the engine loop, a weight update) interleave
+// whole commands.
 #pragma once
 
 #include <memory>

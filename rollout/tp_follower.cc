@@ -1,6 +1,8 @@
 // Ranks 1..n-1 of a tensor-parallel engine (tp_engine.h): a loop over rank 0's commands, holding
 // this rank's shard of each live weight generation and of every KV block.
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 
@@ -86,12 +88,17 @@ class Follower {
 };
 
 Status Follower::receive(tp_wire::Header& h, std::vector<uint8_t>& payload) {
-  MILES_RETURN_IF_ERROR(comm_.recv(&h, sizeof(h), 0, tp_wire::kHeaderTag));
+  std::vector<uint8_t> message(tp_wire::kCommandBytes);
+  MILES_RETURN_IF_ERROR(comm_.recv(message.data(), message.size(), 0, tp_wire::kHeaderTag));
+  std::memcpy(&h, message.data(), sizeof(h));
   if (h.magic != tp_wire::Header{}.magic || h.payload_bytes < 0 || h.payload_bytes > (1ll << 34))
     return Status::Error("garbled command header from rank 0");
   payload.resize(static_cast<size_t>(h.payload_bytes));
-  if (h.payload_bytes > 0)
-    MILES_RETURN_IF_ERROR(comm_.recv(payload.data(), payload.size(), 0, tp_wire::kPayloadTag));
+  const size_t inline_bytes = std::min(payload.size(), tp_wire::kInlineBytes);
+  std::memcpy(payload.data(), message.data() + sizeof(h), inline_bytes);
+  if (payload.size() > inline_bytes)
+    MILES_RETURN_IF_ERROR(comm_.recv(payload.data() + inline_bytes, payload.size() - inline_bytes,
+                                     0, tp_wire::kPayloadTag));
   return Status::Ok();
 }
 
@@ -199,8 +206,9 @@ Status Follower::forward(int64_t generation, const std::vector<uint8_t>& payload
     }
     if (ready.ok()) ready = kv_->set_tables(*c);
   }
-  MILES_RETURN_IF_ERROR(report(ready));
-  if (!ready.ok()) return Status::Ok();  // rank 0 saw it too and does not run the forward
+  if (!ready.ok())
+    return ready;  // out of step with rank 0: leave the group (rank 0's next
+                   // collective fails)
   ForwardOptions o;
   o.all_logits = c->all_logits;
   o.return_experts = c->return_experts;

@@ -1,9 +1,11 @@
 // Rank 0 of a tensor-parallel engine (tp_engine.h): the group that sends its followers commands and
 // the ModelRunner that runs each forward on rank 0's shard in lockstep with them.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -56,9 +58,14 @@ class TpEngineGroup {
     h.op = op;
     h.generation = generation;
     h.payload_bytes = static_cast<int64_t>(payload.size());
-    Status s = comm_->send(&h, sizeof(h), rank, tp_wire::kHeaderTag);
-    if (s.ok() && !payload.empty())
-      s = comm_->send(payload.data(), payload.size(), rank, tp_wire::kPayloadTag);
+    const size_t inline_bytes = std::min(payload.size(), tp_wire::kInlineBytes);
+    std::vector<uint8_t> message(tp_wire::kCommandBytes, 0);
+    std::memcpy(message.data(), &h, sizeof(h));
+    if (inline_bytes > 0) std::memcpy(message.data() + sizeof(h), payload.data(), inline_bytes);
+    Status s = comm_->send(message.data(), message.size(), rank, tp_wire::kHeaderTag);
+    if (s.ok() && payload.size() > inline_bytes)
+      s = comm_->send(payload.data() + inline_bytes, payload.size() - inline_bytes, rank,
+                      tp_wire::kPayloadTag);
     if (!s.ok())
       return fail(std::string(tp_wire::op_name(op)) + " to rank " + std::to_string(rank) + ": " +
                   s.message());
@@ -224,8 +231,9 @@ Result<ForwardOutput> TpModelRunner::forward(std::span<const int32_t> tokens,
   for (const SeqSpan& q : seqs) c.tables.push_back(paged->table(q.kv_slot));
   c.all_logits = options.all_logits;
   c.return_experts = options.return_experts;
+  // No status round before the forward: a follower that cannot run it (an invariant broken on its
+  // side) leaves the group, and this rank's next collective fails naming it.
   MILES_RETURN_IF_ERROR(group_->command(Op::kForward, generation_, c.encode()));
-  MILES_RETURN_IF_ERROR(group_->gather_status(Status::Ok(), "forward"));
   ForwardOptions o = options;
   o.tp = &tp_;
   auto out = model_->forward(tokens, seqs, kv, o, pool_);

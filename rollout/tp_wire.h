@@ -25,6 +25,11 @@ struct Header {
 };
 static_assert(sizeof(Header) == 24);
 
+// A command is one message of kCommandBytes: the header, then the payload's first bytes (a decode
+// step's whole payload); a longer payload's rest follows as a second message (kPayloadTag). One
+// message per step instead of two: each costs a loopback round of Gloo's transport.
+constexpr size_t kCommandBytes = 8192;
+constexpr size_t kInlineBytes = kCommandBytes - sizeof(Header);
 constexpr uint32_t kHeaderTag = 0x7470'0001;
 constexpr uint32_t kPayloadTag = 0x7470'0002;
 // A status every rank contributes to an all-gather: code 0 ok, else the message (truncated).

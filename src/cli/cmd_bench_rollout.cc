@@ -23,6 +23,7 @@
 #include "cli/bench_percentiles.h"
 #include "cli/commands.h"
 #include "cli/model_files.h"
+#include "cli/serve_tp.h"
 #include "miles/engine.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
@@ -36,7 +37,8 @@ struct RolloutBenchOptions {
   std::vector<int> concurrency{1, 8, 32, 64};
   int64_t requests = 0;  // per concurrency level; 0: 2 x c, at least 8
   int64_t prompt_tokens = 64, output_tokens = 32;
-  int threads = 0;  // 0: all cores
+  int threads = 0;  // 0: all cores (per process with --tp)
+  int tp = 1;       // tensor-parallel processes of the engine (miles serve --tp)
   int group = 8, groups = 4;
   int64_t num_blocks = 0;  // 0: enough for the largest level
   int64_t max_batch_tokens = 2048;
@@ -81,23 +83,42 @@ EngineOptions engine_options(const RolloutBenchOptions& o, bool prefix_cache) {
 }
 
 struct BenchContext {
+  std::string model_path;
+  int tp = 1;
   std::shared_ptr<const Model> model;
   std::shared_ptr<const Tokenizer> tokenizer;  // may be null
   ThreadPool* pool = nullptr;
   LoadSpec spec;
 };
 
-// A fresh engine on its own thread, warmed up by one short request, with an empty prefix cache.
-Result<std::unique_ptr<rollout::EngineDriver>> start_engine(const BenchContext& ctx,
-                                                            const EngineOptions& options) {
-  auto driver = std::make_unique<rollout::EngineDriver>(
-      std::make_unique<Engine>(make_model_runner(ctx.model, ctx.pool), options, ctx.tokenizer));
+// An engine on its own thread, and with --tp its followers (stopped after the engine).
+struct BenchEngine {
+  ServeTpGroup tp;
+  std::unique_ptr<rollout::EngineDriver> driver;
+};
+
+// A fresh engine, warmed up by one short request, with an empty prefix cache.
+Result<std::unique_ptr<BenchEngine>> start_engine(const BenchContext& ctx,
+                                                  const EngineOptions& options) {
+  auto e = std::make_unique<BenchEngine>();
+  std::unique_ptr<ModelRunner> runner;
+  if (ctx.tp > 1) {
+    ServeTpOptions to;
+    to.tp = ctx.tp;
+    to.threads = ctx.pool->num_threads();
+    MILES_ASSIGN_OR_RETURN(e->tp, start_serve_tp(ctx.model_path, to, options, ctx.pool));
+    runner = std::move(e->tp.runner);
+  } else {
+    runner = make_model_runner(ctx.model, ctx.pool);
+  }
+  e->driver = std::make_unique<rollout::EngineDriver>(
+      std::make_unique<Engine>(std::move(runner), options, ctx.tokenizer));
   LoadSpec warm = ctx.spec;
   warm.output_tokens = 2;
-  const LoadResult r = run_closed_loop(*driver, warm, 1, 1, /*first_index=*/1u << 30);
+  const LoadResult r = run_closed_loop(*e->driver, warm, 1, 1, /*first_index=*/1u << 30);
   if (!r.status.ok()) return r.status.with_context("warm-up");
-  MILES_RETURN_IF_ERROR(driver->call<Status>([](Engine& e) { return e.flush_cache(); }));
-  return driver;
+  MILES_RETURN_IF_ERROR(e->driver->call<Status>([](Engine& en) { return en.flush_cache(); }));
+  return e;
 }
 
 struct LevelRow {
@@ -117,9 +138,9 @@ Result<std::vector<LevelRow>> run_sweep(const RolloutBenchOptions& o, const Benc
               "cores");
   std::vector<LevelRow> rows;
   for (int c : o.concurrency) {
-    MILES_ASSIGN_OR_RETURN(auto driver, start_engine(ctx, engine_options(o, true)));
+    MILES_ASSIGN_OR_RETURN(auto engine, start_engine(ctx, engine_options(o, true)));
     LevelRow row{c, requests_at(o, c), {}};
-    row.load = run_closed_loop(*driver, ctx.spec, c, row.requests);
+    row.load = run_closed_loop(*engine->driver, ctx.spec, c, row.requests);
     if (!row.load.status.ok())
       return row.load.status.with_context("concurrency " + std::to_string(c));
     const double base = rows.empty() ? row.tokens_per_s() : rows.front().tokens_per_s();
@@ -150,8 +171,9 @@ Result<std::vector<GrpoRow>> run_grpo_table(const RolloutBenchOptions& o, const 
   };
   for (GrpoRow& row : rows) {
     const bool cache = row.mode != GrpoMode::kSeparateNoCache;
-    MILES_ASSIGN_OR_RETURN(auto driver, start_engine(ctx, engine_options(o, cache)));
-    row.result = run_grpo(*driver, ctx.spec, o.groups, o.group, row.mode, /*first_index=*/1u << 20);
+    MILES_ASSIGN_OR_RETURN(auto engine, start_engine(ctx, engine_options(o, cache)));
+    row.result =
+        run_grpo(*engine->driver, ctx.spec, o.groups, o.group, row.mode, /*first_index=*/1u << 20);
     if (!row.result.status.ok()) return row.result.status.with_context(row.name);
   }
   const GrpoResult& base = rows.back().result;
@@ -175,10 +197,11 @@ Status write_json(const std::string& path, const RolloutBenchOptions& o, int thr
                   const std::vector<LevelRow>& levels, const std::vector<GrpoRow>& grpo) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return Status::Error("--json: cannot write " + path);
-  std::fprintf(
-      f, "{\"model\": \"%s\", \"threads\": %d, \"prompt_tokens\": %lld, \"output_tokens\": %lld,\n",
-      o.model.c_str(), threads, static_cast<long long>(o.prompt_tokens),
-      static_cast<long long>(o.output_tokens));
+  std::fprintf(f,
+               "{\"model\": \"%s\", \"threads\": %d, \"tp\": %d, \"prompt_tokens\": %lld, "
+               "\"output_tokens\": %lld,\n",
+               o.model.c_str(), threads, o.tp, static_cast<long long>(o.prompt_tokens),
+               static_cast<long long>(o.output_tokens));
   std::fprintf(f, " \"levels\": [");
   for (size_t i = 0; i < levels.size(); ++i) {
     const LevelRow& r = levels[i];
@@ -208,6 +231,8 @@ int run_bench_rollout(const RolloutBenchOptions& o) {
   auto model = Model::load(o.model);
   if (!model.ok()) return fail("bench rollout", model.message());
   BenchContext ctx;
+  ctx.model_path = o.model;
+  ctx.tp = o.tp;
   ctx.model = std::shared_ptr<const Model>(std::move(model).value());
   const ModelConfig& config = ctx.model->config();
   if (Status s = validate(o, config); !s.ok()) return fail("bench rollout", s.message());
@@ -217,15 +242,23 @@ int run_bench_rollout(const RolloutBenchOptions& o) {
   } else if (!o.tokenizer.empty()) {
     return fail("bench rollout", tok.message());
   }
-  ThreadPool pool(o.threads);
+  const int threads =
+      o.threads == 0 && o.tp > 1
+          ? std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / o.tp)
+          : o.threads;
+  ThreadPool pool(threads);
   ctx.pool = &pool;
   ctx.spec = {o.prompt_tokens, o.output_tokens, static_cast<int32_t>(config.vocab_size), o.seed};
   std::printf(
-      "miles bench rollout: %s, %d threads (%s), prompt %lld + output %lld tokens, "
+      "miles bench rollout: %s, %s%d threads (%s), prompt %lld + output %lld tokens, "
       "temperature 1, ignore_eos\n",
-      std::filesystem::path(o.model).filename().c_str(), pool.num_threads(),
-      kernels::isa_name(kernels::detect_isa()), static_cast<long long>(o.prompt_tokens),
-      static_cast<long long>(o.output_tokens));
+      std::filesystem::path(o.model).filename().c_str(),
+      o.tp > 1 ? ("tensor parallel over " + std::to_string(o.tp) +
+                  " processes (cores: rank 0's only), each ")
+                     .c_str()
+               : "",
+      pool.num_threads(), kernels::isa_name(kernels::detect_isa()),
+      static_cast<long long>(o.prompt_tokens), static_cast<long long>(o.output_tokens));
   auto levels = run_sweep(o, ctx);
   if (!levels.ok()) return fail("bench rollout", levels.message());
   std::vector<GrpoRow> grpo;
@@ -260,6 +293,9 @@ void register_bench_rollout(CLI::App& bench) {
   r->add_option("--output-tokens", o->output_tokens, "new tokens O per request")
       ->capture_default_str();
   r->add_option("--threads", o->threads, "compute threads (0 = all cores)")->capture_default_str();
+  r->add_option("--tp", o->tp, "tensor-parallel processes of the engine (as miles serve --tp)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   r->add_option("--group", o->group, "GRPO group size")->capture_default_str();
   r->add_option("--groups", o->groups, "GRPO groups sent at once (0: skip the GRPO comparison)")
       ->capture_default_str();
