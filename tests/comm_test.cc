@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <cmath>
 #include <thread>
 
@@ -287,8 +289,9 @@ void expect_all_ok(const std::vector<ChildResult>& results) {
   }
 }
 
-// Runs every collective on a world of `world` ranks; `host_store` makes rank 0 run the store.
-void check_collectives(int world, bool host_store) {
+// Runs every collective on a world of `world` ranks; `host_store` makes rank 0 run the store;
+// `shm`: the shared-memory back-end instead of Gloo.
+void check_collectives(int world, bool host_store, bool shm = false) {
   constexpr size_t kN = 1000;
   std::unique_ptr<StoreProcess> store_process;
   std::string store;
@@ -308,7 +311,7 @@ void check_collectives(int world, bool host_store) {
       [&](int rank) -> std::string {
         CommOptions o = options_for(rank, world, store, prefix);
         o.host_store = host_store;
-        auto comm = connect_gloo(o);
+        auto comm = shm ? connect_shm(o) : connect_gloo(o);
         if (!comm.ok()) return "error=" + comm.message();
         Communicator& c = **comm;
         std::string out =
@@ -349,6 +352,27 @@ void check_collectives(int world, bool host_store) {
             CHILD_CHECK(c.send(token, next, 3));
           }
           out += "ring=" + std::to_string(static_cast<int>(got[0])) + "\n";
+          // Messages larger than the shared-memory back-end's slots and mailboxes (1 MiB).
+          std::vector<float> big = partials_of(200 + rank, 700'000), big_got(700'000);
+          if (rank % 2 == 0) {
+            CHILD_CHECK(c.send(big, next, 4));
+            CHILD_CHECK(c.recv(big_got, prev, 4));
+          } else {
+            CHILD_CHECK(c.recv(big_got, prev, 4));
+            CHILD_CHECK(c.send(big, next, 4));
+          }
+          out += "big_ring=" + std::to_string(big_got == partials_of(200 + prev, 700'000)) + "\n";
+          std::vector<float> wide = partials_of(300 + rank, 600'000), wide_all(600'000 * world);
+          CHILD_CHECK(c.allgather(wide, wide_all));
+          bool wide_ok = true;
+          for (int k = 0; k < world; ++k)
+            wide_ok &= std::equal(wide_all.begin() + k * 600'000,
+                                  wide_all.begin() + (k + 1) * 600'000,
+                                  partials_of(300 + k, 600'000).begin());
+          out += "big_gather=" + std::to_string(wide_ok) + "\n";
+          std::vector<float> bb = partials_of(400 + rank, 800'000);
+          CHILD_CHECK(c.broadcast(bb, 0));
+          out += "big_bcast=" + std::to_string(bb == partials_of(400, 800'000)) + "\n";
         }
         CHILD_CHECK(c.barrier());  // rank 0 (maybe the store host) leaves last
         return out;
@@ -397,6 +421,9 @@ void check_collectives(int world, bool host_store) {
     EXPECT_EQ(to_hex(max), to_hex(max_expected)) << "rank " << r;
     if (world > 1) {
       EXPECT_EQ(f["ring"], std::to_string((r + world - 1) % world));
+      EXPECT_EQ(f["big_ring"], "1") << "rank " << r;
+      EXPECT_EQ(f["big_gather"], "1") << "rank " << r;
+      EXPECT_EQ(f["big_bcast"], "1") << "rank " << r;
     }
   }
 }
@@ -405,6 +432,45 @@ TEST(GlooCommunicator, WorldOf1) { check_collectives(1, false); }
 TEST(GlooCommunicator, WorldOf2WithRank0HostingTheStore) { check_collectives(2, true); }
 TEST(GlooCommunicator, WorldOf3) { check_collectives(3, false); }
 TEST(GlooCommunicator, WorldOf4) { check_collectives(4, false); }
+TEST(ShmCommunicator, WorldOf1) { check_collectives(1, false, true); }
+TEST(ShmCommunicator, WorldOf2) { check_collectives(2, false, true); }
+TEST(ShmCommunicator, WorldOf3) { check_collectives(3, false, true); }
+
+// A rank that exits is an error for the others at their next wait, naming it, well before the
+// timeout; the segment's name is gone from /dev/shm once everyone had mapped it.
+TEST(ShmCommunicator, ARankThatExitsIsAnErrorNamingItAndNothingIsLeftInDevShm) {
+  StoreProcess store;
+  ASSERT_TRUE(store.ok());
+  auto count_segments = [] {
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+      n += e.path().filename().string().rfind("miles-", 0) == 0;
+    return n;
+  };
+  const int before = count_segments();
+  auto results = run_processes(
+      2,
+      [&](int rank) -> std::string {
+        CommOptions o = options_for(rank, 2, store.address(), "shm_dead");
+        auto comm = connect_shm(o);
+        if (!comm.ok()) return "error=" + comm.message();
+        if (rank == 1) _exit(0);  // gone without a word
+        const auto t0 = std::chrono::steady_clock::now();
+        std::vector<float> x(4), all(8);
+        Status s = (*comm)->allgather(std::span<const float>(x), std::span<float>(all));
+        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        Status again = (*comm)->barrier();
+        return "status=" + (s.ok() ? std::string("ok") : s.message()) +
+               "\nwaited=" + std::to_string(waited) + "\nagain=" + again.message();
+      },
+      kRunDeadline);
+  const auto f = results[0].fields();
+  EXPECT_NE(f.at("status").find("rank 1"), std::string::npos) << results[0].describe();
+  EXPECT_NE(f.at("status").find("has exited"), std::string::npos) << results[0].describe();
+  EXPECT_LT(std::stod(f.at("waited")), 5.0);
+  EXPECT_NE(f.at("again").find("broken"), std::string::npos) << f.at("again");
+  EXPECT_EQ(count_segments(), before);
+}
 
 // A row-parallel dot split over tp=4 on chunk boundaries, each rank reducing its slice with the
 // kernels' chunk tree and the partials summed deterministically, equals the single-process dot bit

@@ -180,6 +180,9 @@ void register_serve(CLI::App& app) {
                   "HOST:PORT of the group's store, hosted here (external launch)");
   sub->add_option("--tp-host", o->tp.host, "the address rank 0's group transport binds to")
       ->capture_default_str();
+  sub->add_option("--tp-transport", o->tp.transport,
+                  "shm (one host; default for a local launch) or gloo (default for external)")
+      ->check(CLI::IsMember({"shm", "gloo"}));
   sub->add_flag("!--no-prefix-cache", o->engine.enable_prefix_cache,
                 "disable the radix prefix cache");
   sub->add_option("--served-model-name", o->server.served_model_name, "name in OpenAI responses")

@@ -8,6 +8,7 @@
 
 #include "cli/model_files.h"
 #include "miles/comm.h"
+#include "miles/host_port.h"
 #include "miles/model.h"
 #include "miles/tensor_parallel.h"
 #include "miles/thread_pool.h"
@@ -25,6 +26,10 @@ Result<ServeTpGroup> start_serve_tp(const std::string& model_path, const ServeTp
     return Status::Error("--tp-launch must be local or external, not " + o.launch);
   if (o.launch == "external" && o.store.empty())
     return Status::Error("--tp-launch external needs --tp-store HOST:PORT for the followers");
+  const std::string transport =
+      !o.transport.empty() ? o.transport : (o.launch == "local" ? "shm" : "gloo");
+  if (transport != "shm" && transport != "gloo")
+    return Status::Error("--tp-transport must be shm or gloo, not " + transport);
   MILES_ASSIGN_OR_RETURN(ModelFiles files, load_model_files(model_path));
   MILES_RETURN_IF_ERROR(tensor_parallel::local_config(files.config, o.tp).status());
   if (Status b = tensor_parallel::bitwise_split(files.config, o.tp); !b.ok())
@@ -56,29 +61,38 @@ Result<ServeTpGroup> start_serve_tp(const std::string& model_path, const ServeTp
                                        "--prefix",
                                        c.prefix,
                                        "--threads",
-                                       std::to_string(o.threads)};
+                                       std::to_string(o.threads),
+                                       "--transport",
+                                       transport};
       MILES_ASSIGN_OR_RETURN(controller::ChildProcess p,
                              controller::ChildProcess::spawn(argv, "/dev/stderr"));
       g.followers.push_back(std::move(p));
     }
   } else {
+    const size_t colon = o.store.rfind(':');
+    if (colon == std::string::npos)
+      return Status::Error("--tp-store must be HOST:PORT, not " + o.store);
+    TcpStoreServerOptions so;
+    so.host = unbracket(o.store.substr(0, colon));
+    so.port = std::atoi(o.store.c_str() + colon + 1);
+    MILES_ASSIGN_OR_RETURN(g.store, TcpStoreServer::start(so));
     c.store_address = o.store;
-    c.host_store = true;
     c.prefix = "miles-engine-tp";  // the followers were told only the store
     std::fprintf(stderr, "miles serve: waiting for %d tensor-parallel followers at %s\n", o.tp - 1,
                  o.store.c_str());
   }
-  MILES_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, connect_gloo(c));
+  MILES_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
+                         transport == "shm" ? connect_shm(c) : connect_gloo(c));
   MILES_ASSIGN_OR_RETURN(g.runner, rollout::make_tp_model_runner(std::move(comm), files.config,
                                                                  files.weights, engine, pool));
-  std::fprintf(stderr, "miles serve: tensor parallel over %d processes (%s launch)\n", o.tp,
-               o.launch.c_str());
+  std::fprintf(stderr, "miles serve: tensor parallel over %d processes (%s launch, %s)\n", o.tp,
+               o.launch.c_str(), transport.c_str());
   return g;
 }
 
 void register_engine_tp_worker(CLI::App& app) {
   struct Options {
-    std::string store, prefix = "miles-engine-tp", host = "127.0.0.1";
+    std::string store, prefix = "miles-engine-tp", host = "127.0.0.1", transport = "gloo";
     int rank = 1, world = 2, threads = 0;
   };
   auto o = std::make_shared<Options>();
@@ -92,6 +106,9 @@ void register_engine_tp_worker(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--threads", o->threads, "compute threads (0 = all cores)")
       ->capture_default_str();
+  sub->add_option("--transport", o->transport, "shm (rank 0 on this host) or gloo")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"shm", "gloo"}));
   sub->callback([o] {
     if (o->rank < 1 || o->rank >= o->world)
       throw CLI::ValidationError("--rank", "must be in [1, world - 1]");
@@ -102,7 +119,7 @@ void register_engine_tp_worker(CLI::App& app) {
     c.host = o->host;
     c.timeout = kGroupTimeout;
     c.prefix = o->prefix;
-    auto comm = connect_gloo(c);
+    auto comm = o->transport == "shm" ? connect_shm(c) : connect_gloo(c);
     if (!comm.ok()) throw CLI::RuntimeError(fail("engine-tp-worker", comm.message()));
     ThreadPool pool(o->threads);
     Status s = rollout::run_tp_engine_follower(**comm, &pool);

@@ -20,7 +20,10 @@ struct ServeTpOptions {
   std::string launch = "local";
   std::string store;               // HOST:PORT rank 0 hosts the group's store on ("" = any port)
   std::string host = "127.0.0.1";  // the address rank 0's transport binds to
-  int threads = 0;                 // per process
+  // "shm": one shared-memory segment (every rank on this host; the default for a local launch);
+  // "gloo": TCP (ranks on several hosts; the default for an external launch).
+  std::string transport;
+  int threads = 0;  // per process
 };
 
 // What keeps the group alive: the store (local launch) and the followers, killed with this
