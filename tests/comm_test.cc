@@ -508,7 +508,7 @@ TEST(GlooCommunicator, TensorParallelDotMatchesSingleProcessBitwise) {
 }
 
 // dp=2, pp=2, tp=2 on 8 processes: each rank forms its groups and uses each one.
-TEST(GlooCommunicator, ParallelGroupsOfDp2Pp2Tp2) {
+void check_parallel_groups(bool shm) {
   StoreProcess store;
   ASSERT_TRUE(store.ok());
   auto layout = ParallelLayout::parse("dp=2,pp=2,tp=2");
@@ -517,7 +517,8 @@ TEST(GlooCommunicator, ParallelGroupsOfDp2Pp2Tp2) {
   auto results = run_processes(
       l.world_size(),
       [&](int rank) -> std::string {
-        auto world = connect_gloo(options_for(rank, l.world_size(), store.address(), "grid"));
+        const CommOptions o = options_for(rank, l.world_size(), store.address(), "grid");
+        auto world = shm ? connect_shm(o) : connect_gloo(o);
         if (!world.ok()) return "error=" + world.message();
         auto groups = make_parallel_groups(**world, l);
         if (!groups.ok()) return "error=" + groups.message();
@@ -576,6 +577,57 @@ TEST(GlooCommunicator, ParallelGroupsOfDp2Pp2Tp2) {
                               std::to_string(pp[0]) + "," + std::to_string(pp[1]) + "]");
   }
 }
+
+// Two ranks send each other a large message at the same time (a pipeline's activation one way,
+// a gradient the other): with isend neither waits for the other to receive first. Then two
+// isends to one peer in a row arrive in issue order.
+void check_crossing_isends(bool shm) {
+  StoreProcess store;
+  ASSERT_TRUE(store.ok());
+  auto results = run_processes(
+      2,
+      [&](int rank) -> std::string {
+        const CommOptions o = options_for(rank, 2, store.address(), "crossing");
+        auto comm = shm ? connect_shm(o) : connect_gloo(o);
+        if (!comm.ok()) return "error=" + comm.message();
+        Communicator& c = **comm;
+        const int peer = 1 - rank;
+        const std::vector<float> mine = partials_of(600 + rank, 300'000);
+        std::vector<float> theirs(300'000);
+        auto pending = c.isend(mine.data(), mine.size() * sizeof(float), peer, 7);
+        if (!pending.ok()) return "error=" + pending.message();
+        CHILD_CHECK(c.recv(theirs, peer, 7));
+        CHILD_CHECK((*pending)->wait());
+        std::string out = "crossed=" + std::to_string(theirs == partials_of(600 + peer, 300'000));
+        if (rank == 0) {
+          const std::vector<float> a = partials_of(700, 90'000), b = partials_of(701, 90'000);
+          auto pa = c.isend(a.data(), a.size() * sizeof(float), 1, 8);
+          auto pb = c.isend(b.data(), b.size() * sizeof(float), 1, 9);
+          if (!pa.ok() || !pb.ok()) return "error=isend";
+          CHILD_CHECK((*pa)->wait());
+          CHILD_CHECK((*pb)->wait());
+        } else {
+          std::vector<float> a(90'000), b(90'000);
+          CHILD_CHECK(c.recv(a, 0, 8));
+          CHILD_CHECK(c.recv(b, 0, 9));
+          out += "\nin_order=" +
+                 std::to_string(a == partials_of(700, 90'000) && b == partials_of(701, 90'000));
+        }
+        CHILD_CHECK(c.barrier());
+        return out;
+      },
+      kRunDeadline);
+  expect_all_ok(results);
+  EXPECT_EQ(results[0].fields()["crossed"], "1");
+  EXPECT_EQ(results[1].fields()["crossed"], "1");
+  EXPECT_EQ(results[1].fields()["in_order"], "1");
+}
+
+TEST(GlooCommunicator, CrossingIsendsOfLargeMessages) { check_crossing_isends(false); }
+TEST(ShmCommunicator, CrossingIsendsOfLargeMessages) { check_crossing_isends(true); }
+
+TEST(GlooCommunicator, ParallelGroupsOfDp2Pp2Tp2) { check_parallel_groups(false); }
+TEST(ShmCommunicator, ParallelGroupsOfDp2Pp2Tp2) { check_parallel_groups(true); }
 
 // ---- failures: errors within the timeout, never hangs ------------------------------------------
 

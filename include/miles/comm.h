@@ -141,8 +141,8 @@ Result<std::unique_ptr<Communicator>> connect_gloo(const CommOptions& options);
 // Ranks on one host: one POSIX shared-memory segment (named through the TcpStore, unlinked once
 // everyone has mapped it). Same semantics as connect_gloo for barrier, broadcast, allgather and the
 // sums; send / recv ignore `tag` (messages between a pair arrive in issue order, as with NCCL);
-// no new_group. Waits spin, then yield, then sleep; a rank that has exited is an error at once,
-// a silent one after `timeout`. For latency-bound groups on one host (the tensor-parallel engine's
+// new_group makes a segment per subgroup. Waits spin, then yield, then sleep; a rank that has
+// exited is an error at once, a silent one after `timeout`. For latency-bound groups on one host (the tensor-parallel engine's
 // per-layer all-reduces), where Gloo's loopback TCP costs ~0.2 ms a collective (docs/benchmarks.md).
 Result<std::unique_ptr<Communicator>> connect_shm(const CommOptions& options);
 

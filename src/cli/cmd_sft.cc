@@ -31,6 +31,9 @@ struct SftOptions {
   double lr = 1e-4, min_lr = 0.0, weight_decay = 0.0, clip_grad_norm = 1.0;
   int threads = 0;
   double comm_timeout_s = 60;
+  // Collectives: "shm" (every rank on this host) or "gloo" (TCP); "": shm for the ranks `miles
+  // sft` starts itself, gloo for a train-worker started by an external launcher.
+  std::string comm;
   std::string save_dir;
   int64_t save_every = 0;
   bool resume = false;
@@ -124,7 +127,11 @@ Status run_rank(const SftOptions& o) {
     co.store_address = o.store;
     co.prefix = "sft";
     co.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.comm_timeout_s * 1000));
-    MILES_ASSIGN_OR_RETURN(world, connect_gloo(co));
+    if (o.comm == "shm") {
+      MILES_ASSIGN_OR_RETURN(world, connect_shm(co));
+    } else {
+      MILES_ASSIGN_OR_RETURN(world, connect_gloo(co));
+    }
     MILES_ASSIGN_OR_RETURN(groups, make_parallel_groups(*world, layout));
   }
   const int hw = static_cast<int>(std::thread::hardware_concurrency());
@@ -207,6 +214,7 @@ Status launch(const SftOptions& o, const std::vector<std::string>& job_args) {
     std::vector<std::string> a{self_executable(), "train-worker",    "--rank",  std::to_string(r),
                                "--world-size",    std::to_string(n), "--store", store->address()};
     a.insert(a.end(), job_args.begin(), job_args.end());
+    if (o.comm.empty()) a.insert(a.end(), {"--comm", "shm"});  // every rank is on this host
     argvs.push_back(std::move(a));
   }
   return run_local_workers(n, argvs);
@@ -234,6 +242,10 @@ void add_job_options(CLI::App* sub, SftOptions* o) {
   sub->add_flag("--resume", o->resume, "continue from the latest checkpoint in --save-dir");
   sub->add_option("--comm-timeout", o->comm_timeout_s,
                   "seconds to wait for a peer (join, collective)");
+  sub->add_option("--comm", o->comm,
+                  "collectives over shm (one host) or gloo (TCP); default: shm for the ranks sft "
+                  "starts, gloo for a train-worker")
+      ->check(CLI::IsMember({"shm", "gloo"}));
 }
 
 // The arguments after the subcommand name, to forward to workers.

@@ -17,10 +17,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <random>
 #include <thread>
 #include <type_traits>
@@ -81,18 +84,30 @@ size_t segment_bytes(int world) {
          static_cast<size_t>(world) * world * (sizeof(Mailbox) + kMailBytes);
 }
 
+// Where a group meets: the job's store, a key namespace, this process's place in the group.
+struct Meeting {
+  std::shared_ptr<TcpStoreClient> store;
+  std::string prefix;
+  int rank = 0, world = 1;
+  std::vector<int> world_ranks;  // of the members, by group rank
+  std::chrono::milliseconds timeout{60'000};
+  std::string name;  // for messages: "shm:PREFIX" for a world, "tp[0,1]" for a subgroup
+};
+
+class ShmCommunicator;
+Result<std::unique_ptr<ShmCommunicator>> join_segment(const Meeting& m);
+
 class ShmCommunicator final : public Communicator {
  public:
-  ShmCommunicator(int rank, int world, void* base, size_t bytes, std::chrono::milliseconds timeout,
-                  std::string name)
-      : rank_(rank),
-        world_(world),
+  ShmCommunicator(Meeting meeting, void* base, size_t bytes)
+      : rank_(meeting.rank),
+        world_(meeting.world),
         base_(static_cast<char*>(base)),
         bytes_(bytes),
-        timeout_(timeout),
-        name_(std::move(name)) {
-    for (int r = 0; r < world; ++r) world_ranks_.push_back(r);
-  }
+        timeout_(meeting.timeout),
+        name_(meeting.name),
+        world_ranks_(meeting.world_ranks),
+        meeting_(std::move(meeting)) {}
   ~ShmCommunicator() override { munmap(base_, bytes_); }
 
   int rank() const override { return rank_; }
@@ -132,6 +147,48 @@ class ShmCommunicator final : public Communicator {
 
   Status send(const void* data, size_t bytes, int dst, uint32_t) override {
     if (dst < 0 || dst >= world_ || dst == rank_) return error("send", "to " + std::to_string(dst));
+    return send_in_turn(data, bytes, dst, tickets_[dst]++);
+  }
+
+  // A thread does the send (a pipeline stage receives a gradient while its activation is still on
+  // the way); sends to one destination still go in issue order (tickets).
+  Result<std::unique_ptr<PendingSend>> isend(const void* data, size_t bytes, int dst,
+                                             uint32_t tag) override {
+    if (dst < 0 || dst >= world_ || dst == rank_)
+      return error("isend", "to " + std::to_string(dst));
+    class Pending final : public PendingSend {
+     public:
+      explicit Pending(std::thread t, std::shared_ptr<Status> s) : t_(std::move(t)), s_(s) {}
+      ~Pending() override {
+        if (t_.joinable()) t_.join();
+      }
+      Status wait() override {
+        if (t_.joinable()) t_.join();
+        return *s_;
+      }
+
+     private:
+      std::thread t_;
+      std::shared_ptr<Status> s_;
+    };
+    auto status = std::make_shared<Status>();
+    const uint64_t ticket = tickets_[dst]++;
+    std::thread t([this, data, bytes, dst, ticket, status] {
+      *status = send_in_turn(data, bytes, dst, ticket);
+    });
+    return std::unique_ptr<PendingSend>(new Pending(std::move(t), status));
+  }
+
+  Status send_in_turn(const void* data, size_t bytes, int dst, uint64_t ticket) {
+    std::atomic<uint64_t>& turn = serving_[dst];
+    MILES_RETURN_IF_ERROR(wait("send to rank " + std::to_string(dst), dst,
+                               [&] { return turn.load(std::memory_order_acquire) == ticket; }));
+    const Status s = write_mailbox(data, bytes, dst);
+    turn.store(ticket + 1, std::memory_order_release);
+    return s;
+  }
+
+  Status write_mailbox(const void* data, size_t bytes, int dst) {
     Mailbox& m = mailbox(rank_, dst);
     const char* p = static_cast<const char*>(data);
     for (size_t off = 0; off < bytes || off == 0; off += kMailBytes) {
@@ -168,9 +225,30 @@ class ShmCommunicator final : public Communicator {
     return Status::Ok();
   }
 
-  Result<std::unique_ptr<Communicator>> new_group(std::span<const int>, std::string_view) override {
-    return Status::Error("shared-memory communicator " + name_ +
-                         ": no subgroups (use connect_gloo for layouts with groups)");
+  // A segment of its own for the members, met under a key made of the label, the members and how
+  // many times this same group was made before (every member calls in the same order).
+  Result<std::unique_ptr<Communicator>> new_group(std::span<const int> ranks,
+                                                  std::string_view label) override {
+    Meeting m = meeting_;
+    m.world = static_cast<int>(ranks.size());
+    m.world_ranks.clear();
+    m.rank = -1;
+    std::string members, world_members;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const int r = ranks[i];
+      if (r < 0 || r >= world_ || std::count(ranks.begin(), ranks.end(), r) != 1)
+        return Status::Error("new_group of " + name_ + ": ranks must be distinct members");
+      if (r == rank_) m.rank = static_cast<int>(i);
+      m.world_ranks.push_back(world_ranks_[r]);
+      members += (i ? "," : "") + std::to_string(r);
+      world_members += (i ? "," : "") + std::to_string(world_ranks_[r]);
+    }
+    if (m.rank < 0) return Status::Error("new_group of " + name_ + ": this rank is not a member");
+    const std::string key = std::string(label) + "[" + members + "]";
+    m.prefix = meeting_.prefix + "/" + key + "#" + std::to_string(groups_made_[key]++);
+    m.name = std::string(label) + "[" + world_members + "]";
+    MILES_ASSIGN_OR_RETURN(std::unique_ptr<ShmCommunicator> g, join_segment(m));
+    return std::unique_ptr<Communicator>(std::move(g));
   }
 
  private:
@@ -254,24 +332,27 @@ class ShmCommunicator final : public Communicator {
   std::chrono::milliseconds timeout_;
   std::string name_;
   std::vector<int> world_ranks_;
+  Meeting meeting_;
+  std::map<std::string, int> groups_made_;
   uint64_t round_ = 0;
-  bool broken_ = false;
+  std::atomic<bool> broken_{false};
+  // Per destination: the next send's ticket (issued by the caller's thread) and the ticket whose
+  // turn it is to write the mailbox.
+  std::vector<uint64_t> tickets_ = std::vector<uint64_t>(world_, 0);
+  std::unique_ptr<std::atomic<uint64_t>[]> serving_ { new std::atomic<uint64_t>[ world_ ]() };
 };
 
-}  // namespace
-
-Result<std::unique_ptr<Communicator>> connect_shm(const CommOptions& o) {
-  const std::string where =
-      "connect_shm (rank " + std::to_string(o.rank) + " of " + std::to_string(o.world_size) + ")";
-  if (o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size)
-    return Status::Error(where + ": need 0 <= rank < world_size");
-  MILES_ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreClient> store,
-                         TcpStoreClient::connect({o.store_address, o.timeout}));
-  const std::string key = o.prefix + "/shm/name";
-  const size_t bytes = segment_bytes(o.world_size);
+// Rank 0 creates and sizes the segment and publishes its name under the meeting's prefix; the
+// others open it; once every member has mapped it, rank 0 unlinks the name.
+Result<std::unique_ptr<ShmCommunicator>> join_segment(const Meeting& m) {
+  const std::string where = "shared-memory group " + m.prefix + " (rank " + std::to_string(m.rank) +
+                            " of " + std::to_string(m.world) + ")";
+  TcpStoreClient& store = *m.store;
+  const std::string key = m.prefix + "/shm/name";
+  const size_t bytes = segment_bytes(m.world);
   std::string name;
   int fd = -1;
-  if (o.rank == 0) {
+  if (m.rank == 0) {
     std::random_device rd;
     name = "/miles-" + std::to_string(getpid()) + "-" + std::to_string(rd());
     fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -286,32 +367,30 @@ Result<std::unique_ptr<Communicator>> connect_shm(const CommOptions& o) {
                            " bytes: " + e);
     }
   } else {
-    MILES_ASSIGN_OR_RETURN(name, store->get(key, o.timeout));
+    MILES_ASSIGN_OR_RETURN(name, store.get(key, m.timeout));
     fd = shm_open(name.c_str(), O_RDWR, 0600);
     if (fd < 0) return Status::Error(where + ": shm_open " + name + ": " + std::strerror(errno));
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) {
-    if (o.rank == 0) shm_unlink(name.c_str());
+    if (m.rank == 0) shm_unlink(name.c_str());
     return Status::Error(where + ": mmap: " + std::strerror(errno));
   }
-  auto comm = std::make_unique<ShmCommunicator>(o.rank, o.world_size, base, bytes, o.timeout,
-                                                "shm:" + o.prefix);
-  if (o.rank == 0) {  // a fresh segment is zero-filled: every counter starts at 0
+  auto comm = std::make_unique<ShmCommunicator>(m, base, bytes);
+  if (m.rank == 0) {  // a fresh segment is zero-filled: every counter starts at 0
     auto* h = static_cast<Header*>(base);
     h->magic = kMagic;
-    h->world = o.world_size;
+    h->world = m.world;
   }
-  comm->block(o.rank).pid.store(getpid(), std::memory_order_release);
-  // Everyone has mapped it (rank 0 first publishes the name, then waits for the others' arrival).
-  if (o.rank == 0) MILES_RETURN_IF_ERROR(store->set(key, name));
-  MILES_RETURN_IF_ERROR(store->add(o.prefix + "/shm/mapped", 1).status());
-  if (o.rank == 0) {
+  comm->block(m.rank).pid.store(getpid(), std::memory_order_release);
+  if (m.rank == 0) MILES_RETURN_IF_ERROR(store.set(key, name));
+  MILES_RETURN_IF_ERROR(store.add(m.prefix + "/shm/mapped", 1).status());
+  if (m.rank == 0) {
     Status all = Status::Ok();
-    for (auto deadline = Clock::now() + o.timeout;;) {
-      auto n = store->get(o.prefix + "/shm/mapped", o.timeout);
-      if (n.ok() && std::stoll(*n) >= o.world_size) break;
+    for (auto deadline = Clock::now() + m.timeout;;) {
+      auto n = store.get(m.prefix + "/shm/mapped", m.timeout);
+      if (n.ok() && std::stoll(*n) >= m.world) break;
       if (Clock::now() >= deadline) {
         all = Status::Error(where + ": not every rank mapped " + name + " within the timeout");
         break;
@@ -321,11 +400,31 @@ Result<std::unique_ptr<Communicator>> connect_shm(const CommOptions& o) {
     shm_unlink(name.c_str());
     MILES_RETURN_IF_ERROR(all);
   } else if (static_cast<Header*>(base)->magic != kMagic ||
-             static_cast<Header*>(base)->world != o.world_size) {
+             static_cast<Header*>(base)->world != m.world) {
     return Status::Error(where + ": " + name + " is not a miles segment of " +
-                         std::to_string(o.world_size) + " ranks");
+                         std::to_string(m.world) + " ranks");
   }
   MILES_RETURN_IF_ERROR(comm->barrier());
+  return comm;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> connect_shm(const CommOptions& o) {
+  if (o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size)
+    return Status::Error("connect_shm (rank " + std::to_string(o.rank) + " of " +
+                         std::to_string(o.world_size) + "): need 0 <= rank < world_size");
+  Meeting m;
+  MILES_ASSIGN_OR_RETURN(std::unique_ptr<TcpStoreClient> store,
+                         TcpStoreClient::connect({o.store_address, o.timeout}));
+  m.store = std::move(store);
+  m.prefix = o.prefix;
+  m.rank = o.rank;
+  m.world = o.world_size;
+  for (int r = 0; r < o.world_size; ++r) m.world_ranks.push_back(r);
+  m.timeout = o.timeout;
+  m.name = "shm:" + o.prefix;
+  MILES_ASSIGN_OR_RETURN(std::unique_ptr<ShmCommunicator> comm, join_segment(m));
   return std::unique_ptr<Communicator>(std::move(comm));
 }
 
