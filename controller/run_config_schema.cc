@@ -73,7 +73,7 @@ std::vector<Section> sections_of(RunConfig& c) {
         {"eps", &t.eps},
         {"clip_grad_norm", &t.clip_grad_norm},
         {"threads", &t.threads}}},
-      {"parallel", {{"dp", &p.dp}, {"pp", &p.pp}, {"tp", &p.tp}}},
+      {"parallel", {{"dp", &p.dp}, {"pp", &p.pp}, {"tp", &p.tp}, {"comm", &p.comm}}},
       {"algorithm",
        {{"advantage", &a.advantage},
         {"std_normalize", &a.std_normalize},

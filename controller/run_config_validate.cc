@@ -200,6 +200,7 @@ void check_trainer(const RunConfig& c, Checker& check) {
   check.positive("parallel.dp", c.parallel.dp);
   check.positive("parallel.pp", c.parallel.pp);
   check.positive("parallel.tp", c.parallel.tp);
+  check.one_of("parallel.comm", c.parallel.comm, {"shm", "gloo"});
 }
 
 void check_algorithm(const RunConfig& c, Checker& check) {

@@ -117,7 +117,11 @@ Result<std::unique_ptr<TrainerRank>> TrainerRank::create(const RunConfig& cfg, i
     co.store_address = store;
     co.prefix = "rl";
     co.timeout = std::chrono::milliseconds(600'000);
-    MILES_ASSIGN_OR_RETURN(r->world_, connect_gloo(co));
+    if (cfg.parallel.comm == "shm") {
+      MILES_ASSIGN_OR_RETURN(r->world_, connect_shm(co));
+    } else {
+      MILES_ASSIGN_OR_RETURN(r->world_, connect_gloo(co));
+    }
     MILES_ASSIGN_OR_RETURN(r->groups_, make_parallel_groups(*r->world_, r->layout_));
     if (r->layout_.pp() > 1)
       MILES_RETURN_IF_ERROR(r->trainer_->set_pipeline_stage(r->groups_.coord.pp, r->layout_.pp()));

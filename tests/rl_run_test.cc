@@ -468,8 +468,12 @@ TEST(RlRun, TrainerLayoutsGiveTheSingleProcessRun) {
             0);
   const auto mr = metrics(ref);
   ASSERT_EQ(mr.size(), 3u);
-  for (const char* layout : {"parallel.dp=2", "parallel.pp=2", "parallel.tp=2"}) {
-    const std::string dir = temp_dir(std::string("layout_") + layout);
+  // The ranks talk over shared memory (parallel.comm's default); one layout again over Gloo.
+  for (const char* layout :
+       {"parallel.dp=2", "parallel.pp=2", "parallel.tp=2", "parallel.pp=2 parallel.comm=gloo"}) {
+    std::string name = std::string("layout_") + layout;
+    std::replace(name.begin(), name.end(), ' ', '_');
+    const std::string dir = temp_dir(name);
     auto r = run_here(std::string(kCi) + " --run-dir " + dir + " rollout.num_rollouts=3 " + layout);
     ASSERT_EQ(r.exit_code, 0) << layout << "\n" << r.out;
     EXPECT_NE(r.out.find("trainer group: 2 ranks"), std::string::npos) << r.out;

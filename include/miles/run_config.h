@@ -75,6 +75,7 @@ struct TrainerSection {
 
 struct ParallelSection {
   int64_t dp = 1, pp = 1, tp = 1;      // trainer layout
+  std::string comm = "shm";            // the trainer ranks' collectives: shm (one host) | gloo
 };
 
 struct AlgorithmSection {
