@@ -18,7 +18,9 @@ namespace {
 // Fills bw with the transposed packs of w's matrices, reusing bw's storage.
 void build_backward_weights(const ModelWeights& w, BackwardWeights& bw, ThreadPool* pool) {
   bw.layers.resize(w.layers.size());
-  std::vector<std::pair<const kernels::PackedMatrix*, kernels::PackedMatrix*>> jobs;
+  // The LM head first: the largest job, started before the per-layer ones.
+  std::vector<std::pair<const kernels::PackedMatrix*, kernels::PackedMatrix*>> jobs = {
+      {&w.lm_head, &bw.lm_head_t}};
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const LayerWeights& l = w.layers[i];
     LayerWeightsT& t = bw.layers[i];
@@ -34,7 +36,6 @@ void build_backward_weights(const ModelWeights& w, BackwardWeights& bw, ThreadPo
       jobs.push_back({&l.experts[e].down, &t.experts[e].down_t});
     }
   }
-  jobs.push_back({&w.lm_head, &bw.lm_head_t});
   // Each job writes its own matrix; transposing only moves values.
   parallel_for(pool, jobs.size(),
                [&](int64_t j) { jobs[j].first->transpose_into(*jobs[j].second); });
@@ -43,7 +44,7 @@ void build_backward_weights(const ModelWeights& w, BackwardWeights& bw, ThreadPo
 }  // namespace
 
 Status Model::reload_weights(const TensorMap& weights, ThreadPool* pool) {
-  MILES_RETURN_IF_ERROR(reload_model_weights(config_, weights, *w_));
+  MILES_RETURN_IF_ERROR(reload_model_weights(config_, weights, *w_, pool));
   if (bw_) build_backward_weights(*w_, *bw_, pool);  // built already: keep it current
   return Status::Ok();
 }

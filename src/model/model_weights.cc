@@ -3,6 +3,9 @@
 #include "model/model_weights.h"
 
 #include <string>
+#include <vector>
+
+#include "miles/thread_pool.h"
 
 namespace miles {
 
@@ -92,19 +95,29 @@ class Loader {
   }
 
   // Fills m, reusing the storage it already has (a reload of same-shaped weights allocates
-  // nothing large).
-  Status all(ModelWeights& m) {
-    MILES_ASSIGN_OR_RETURN(Tensor emb, mat("model.embed_tokens.weight", c_.vocab_size, c_.hidden_size));
-    emb.to_f32(m.embed);
-    m.layers.resize(static_cast<size_t>(c_.num_layers));
-    for (int64_t i = 0; i < c_.num_layers; ++i) MILES_RETURN_IF_ERROR(layer(i, m.layers[i]));
-    MILES_RETURN_IF_ERROR(vec("model.norm.weight", c_.hidden_size, m.final_norm));
-    if (c_.tie_word_embeddings) {
-      m.lm_head.assign_rows({&emb});
-    } else {
-      MILES_ASSIGN_OR_RETURN(Tensor head, mat("lm_head.weight", c_.vocab_size, c_.hidden_size));
-      m.lm_head.assign_rows({&head});
+  // nothing large). Work items across the pool: the LM head (the largest, first), the embedding,
+  // then one per layer; each writes only its own buffers, so the result does not depend on the
+  // split. The first error in item order is returned.
+  Status all(ModelWeights& m, ThreadPool* pool) {
+    MILES_ASSIGN_OR_RETURN(Tensor emb,
+                           mat("model.embed_tokens.weight", c_.vocab_size, c_.hidden_size));
+    Tensor head = emb;
+    if (!c_.tie_word_embeddings) {
+      MILES_ASSIGN_OR_RETURN(head, mat("lm_head.weight", c_.vocab_size, c_.hidden_size));
     }
+    m.layers.resize(static_cast<size_t>(c_.num_layers));
+    std::vector<Status> got(static_cast<size_t>(c_.num_layers + 2));
+    parallel_for(pool, c_.num_layers + 2, [&](int64_t i) {
+      if (i == 0) {
+        m.lm_head.assign_rows({&head});
+      } else if (i == 1) {
+        emb.to_f32(m.embed);
+      } else {
+        got[i] = layer(i - 2, m.layers[i - 2]);
+      }
+    });
+    for (const Status& s : got) MILES_RETURN_IF_ERROR(s);
+    MILES_RETURN_IF_ERROR(vec("model.norm.weight", c_.hidden_size, m.final_norm));
     MILES_ASSIGN_OR_RETURN(m.rope, kernels::make_rope_table(c_.rope, c_.head_dim));
     return Status::Ok();
   }
@@ -116,14 +129,16 @@ class Loader {
 
 }  // namespace
 
-Result<ModelWeights> load_model_weights(const ModelConfig& config, const TensorMap& weights) {
+Result<ModelWeights> load_model_weights(const ModelConfig& config, const TensorMap& weights,
+                                        ThreadPool* pool) {
   ModelWeights m;
-  MILES_RETURN_IF_ERROR(Loader(config, weights).all(m));
+  MILES_RETURN_IF_ERROR(Loader(config, weights).all(m, pool));
   return m;
 }
 
-Status reload_model_weights(const ModelConfig& config, const TensorMap& weights, ModelWeights& m) {
-  return Loader(config, weights).all(m);
+Status reload_model_weights(const ModelConfig& config, const TensorMap& weights, ModelWeights& m,
+                            ThreadPool* pool) {
+  return Loader(config, weights).all(m, pool);
 }
 
 }  // namespace miles

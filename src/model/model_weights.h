@@ -12,6 +12,8 @@
 
 namespace miles {
 
+class ThreadPool;
+
 struct ExpertWeights {
   kernels::PackedMatrix gate_up;  // (2 * moe_intermediate, hidden): [gate; up]
   kernels::PackedMatrix down;     // (hidden, moe_intermediate)
@@ -40,9 +42,11 @@ struct ModelWeights {
   kernels::RopeTable rope;
 };
 
-Result<ModelWeights> load_model_weights(const ModelConfig& config, const TensorMap& weights);
+Result<ModelWeights> load_model_weights(const ModelConfig& config, const TensorMap& weights,
+                                        ThreadPool* pool = nullptr);
 // The same into an existing ModelWeights of this config, reusing its buffers. On an error the
 // weights are partly replaced: the caller must not use them.
-Status reload_model_weights(const ModelConfig& config, const TensorMap& weights, ModelWeights& m);
+Status reload_model_weights(const ModelConfig& config, const TensorMap& weights, ModelWeights& m,
+                            ThreadPool* pool = nullptr);
 
 }  // namespace miles
