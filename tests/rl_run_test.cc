@@ -413,6 +413,19 @@ TEST(RlRun, ControllerAndEngineOverIpv6) {
   EXPECT_EQ(out.find("over disk-delta"), std::string::npos) << out;  // no fallback
 }
 
+// An engine split the model cannot take is refused before any engine starts, naming the key and
+// the dimension (stories260K has 8 heads and 4 KV heads).
+TEST(RlRun, EngineTpThatDoesNotSplitTheModelIsRefusedBeforeEnginesStart) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = temp_dir("engine_tp_bad");
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir + " rollout.engine_tp=3");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("rollout.engine_tp: num_attention_heads = 8 does not split over tp=3"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/engines/engine_0.log")) << "an engine was started";
+}
+
 TEST(RlRun, BadConfigFailsBeforeAnythingStartsWithTheLine) {
   const std::string dir = temp_dir("bad");
   std::ofstream(dir + "/job.yaml") << "model:\n  path: m.bin\nrollout:\n  n_samples_per_promt: 4\n";
