@@ -132,13 +132,6 @@ class TpEngineGroup {
 
 namespace {
 
-// Rank `rank`'s shard of every tensor, in the local layout's order: names and shapes in `meta`,
-// values in `values`.
-struct Shard {
-  std::vector<uint8_t> meta;
-  FlatTensors values;
-};
-
 class TpModelRunner final : public ModelRunner {
  public:
   TpModelRunner(std::shared_ptr<TpEngineGroup> group, ModelConfig full, ModelConfig local,
@@ -173,8 +166,6 @@ class TpModelRunner final : public ModelRunner {
                                 KvStore& kv, const ForwardOptions& options) override;
 
  private:
-  Shard shard(const FlatTensors& full, int rank) const;
-
   std::shared_ptr<TpEngineGroup> group_;
   ModelConfig full_, local_;
   ThreadPool* pool_;
@@ -183,32 +174,28 @@ class TpModelRunner final : public ModelRunner {
   std::unique_ptr<Model> model_;
 };
 
-Shard TpModelRunner::shard(const FlatTensors& full, int rank) const {
-  const TensorMap full_view = full.as_tensor_map();
-  Shard s{{}, FlatTensors(ParamLayout::for_model(local_, &full_view))};
-  tensor_parallel::slice(full, s.values, rank, group_->size());
-  tp_wire::Writer w;
-  w.put<int64_t>(static_cast<int64_t>(s.values.layout().specs().size()));
-  for (const ParamSpec& p : s.values.layout().specs()) {
-    w.put_string(p.name);
-    w.put_array(p.shape.data(), static_cast<int64_t>(p.shape.size()));
-  }
-  s.meta = std::move(w.bytes());
-  return s;
-}
-
+// The shard layout and its description (names and shapes, the load command's payload) are the
+// same for every rank: made once; one buffer holds each rank's slice in turn.
 Status TpModelRunner::load(const TensorMap& weights) {
   MILES_ASSIGN_OR_RETURN(FlatTensors full, FlatTensors::from_tensor_map(
                                                ParamLayout::for_model(full_, &weights), weights));
+  const TensorMap full_view = full.as_tensor_map();
+  FlatTensors shard(ParamLayout::for_model(local_, &full_view));
+  tp_wire::Writer w;
+  w.put<int64_t>(static_cast<int64_t>(shard.layout().specs().size()));
+  for (const ParamSpec& p : shard.layout().specs()) {
+    w.put_string(p.name);
+    w.put_array(p.shape.data(), static_cast<int64_t>(p.shape.size()));
+  }
   auto l = group_->lock();
   generation_ = group_->next_generation();
   for (int r = 1; r < group_->size(); ++r) {
-    const Shard s = shard(full, r);
-    MILES_RETURN_IF_ERROR(group_->command_to(r, Op::kLoad, generation_, s.meta));
-    MILES_RETURN_IF_ERROR(group_->send_values(r, s.values.all()));
+    tensor_parallel::slice(full, shard, r, group_->size());
+    MILES_RETURN_IF_ERROR(group_->command_to(r, Op::kLoad, generation_, w.bytes()));
+    MILES_RETURN_IF_ERROR(group_->send_values(r, shard.all()));
   }
-  const Shard mine = shard(full, 0);
-  auto model = Model::from_weights(local_, mine.values.as_tensor_map());
+  tensor_parallel::slice(full, shard, 0, group_->size());
+  auto model = Model::from_weights(local_, shard.as_tensor_map());
   MILES_RETURN_IF_ERROR(
       group_->gather_status(model.ok() ? Status::Ok() : model.status(), "loading weights"));
   model_ = std::move(model).value();
