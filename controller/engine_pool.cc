@@ -51,6 +51,10 @@ Status EnginePool::spawn(Entry& e) {
                                    l.controller_address,
                                    "--engine-id",
                                    std::to_string(e.id)};
+  if (l.device != "cpu") {
+    argv.push_back("--device");
+    argv.push_back(l.device);
+  }
   if (l.tp > 1) {
     argv.push_back("--tp");
     argv.push_back(std::to_string(l.tp));

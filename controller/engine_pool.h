@@ -31,6 +31,7 @@ struct EngineLaunch {
   std::string model, tokenizer;
   int64_t threads = 1, num_blocks = 4096, max_batch_tokens = 2048, max_running = 256;
   int64_t tp = 1;                  // `miles serve --tp`
+  std::string device = "cpu";      // `miles serve --device`
   std::string log_dir;             // engine_K.log
   std::string controller_address;  // HOST:PORT the engine registers with
 };

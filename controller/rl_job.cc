@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "controller/rl_job_internal.h"
+#include "miles/device_model.h"
 #include "miles/host_port.h"
 #include "miles/model.h"
 #include "miles/tensor_parallel.h"
@@ -84,6 +85,7 @@ Status RlJob::setup_engines() {
   po.launch.tokenizer = cfg_.model.tokenizer;
   po.launch.threads = cfg_.rollout.engine_threads;
   po.launch.tp = cfg_.rollout.engine_tp;
+  po.launch.device = cfg_.rollout.engine_device;
   po.launch.num_blocks = cfg_.rollout.engine_num_blocks;
   po.launch.max_batch_tokens = cfg_.rollout.engine_max_batch_tokens;
   po.launch.max_running = cfg_.rollout.engine_max_running;
@@ -169,6 +171,9 @@ Status RlJob::setup() {
     MILES_RETURN_IF_ERROR(tensor_parallel::local_config(mc, cfg_.rollout.engine_tp)
                               .status()
                               .with_context("rollout.engine_tp"));
+  if (cfg_.rollout.engine_device != "cpu")  // before any engine starts: the model and the GPU
+    MILES_RETURN_IF_ERROR(
+        check_device_engines(cfg_.rollout.engine_device, mc).with_context("rollout.engine_device"));
   MILES_RETURN_IF_ERROR(setup_engines());
   runner_ = std::make_unique<GroupRunner>(*engines_, *rewards_, *res_.tokenizer, cfg_.rollout,
                                           mc.num_moe_layers() * mc.moe.top_k, res_.chat.get());

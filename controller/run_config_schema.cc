@@ -53,6 +53,7 @@ std::vector<Section> sections_of(RunConfig& c) {
         {"engines", &r.engines},
         {"engine_threads", &r.engine_threads},
         {"engine_tp", &r.engine_tp},
+        {"engine_device", &r.engine_device},
         {"engine_num_blocks", &r.engine_num_blocks},
         {"engine_max_batch_tokens", &r.engine_max_batch_tokens},
         {"engine_max_running", &r.engine_max_running},

@@ -170,6 +170,11 @@ void check_rollout(const RunConfig& c, Checker& check) {
   }
   check.positive("rollout.engine_threads", r.engine_threads);
   check.positive("rollout.engine_tp", r.engine_tp);
+  check.one_of("rollout.engine_device", r.engine_device, {"cpu", "cuda", "emulated"});
+  if (r.engine_device != "cpu" && r.engine_tp > 1)
+    check.fail({"rollout.engine_device", "rollout.engine_tp"},
+               "rollout.engine_device: " + r.engine_device +
+                   " with engine_tp > 1: tensor-parallel engines run on the CPU only for now");
   check.positive("rollout.engine_num_blocks", r.engine_num_blocks);
   check.positive("rollout.engine_max_batch_tokens", r.engine_max_batch_tokens);
   check.positive("rollout.engine_max_running", r.engine_max_running);

@@ -13,7 +13,9 @@ BlockPool::BlockPool(int64_t num_blocks, int64_t block_tokens, int64_t num_layer
       num_layers_(num_layers),
       kv_dim_(kv_dim),
       experts_per_pos_(experts_per_position) {
-  MILES_CHECK(num_blocks > 0 && block_tokens > 0 && num_layers > 0 && kv_dim > 0);
+  // kv_dim 0: the keys and values live elsewhere (a device runner's memory); the pool keeps the
+  // block ids, reference counts and routed experts only.
+  MILES_CHECK(num_blocks > 0 && block_tokens > 0 && num_layers > 0 && kv_dim >= 0);
   data_.assign(static_cast<size_t>(num_blocks * num_layers * 2 * block_tokens * kv_dim), 0.0f);
   refs_.assign(static_cast<size_t>(num_blocks), 0);
   experts_.assign(static_cast<size_t>(num_blocks * block_tokens * experts_per_position), -1);
@@ -52,7 +54,7 @@ void BlockPool::copy_prefix(int32_t src, int32_t dst, int64_t positions) {
   // is copied; positions past `positions` are the destination's to overwrite and are never read
   // before.
   if (positions == 0) return;
-  for (int64_t l = 0; l < num_layers_; ++l) {
+  for (int64_t l = 0; l < num_layers_ && kv_dim_ > 0; ++l) {
     std::memcpy(keys(dst, l), keys(src, l), sizeof(float) * block_tokens_ * kv_dim_);
     std::memcpy(values(dst, l), values(src, l), sizeof(float) * block_tokens_ * kv_dim_);
   }

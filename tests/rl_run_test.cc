@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "cli_run.h"
+#include "miles/device_model.h"
 #include "miles/v1/controller.grpc.pb.h"
 #include "test_paths.h"
 
@@ -233,6 +234,42 @@ TEST(RlRun, TensorParallelEnginesGiveTheSingleProcessEngineRun) {
     EXPECT_EQ(m[i]["logp_abs_diff_max"], 0.0) << m[i].dump();
     EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << "step " << i + 1;
   }
+}
+
+// Engines whose forwards run the device kernels (here emulated on the host: the CUDA kernels' code)
+// with the KV in device memory: the run equals the CPU-engine run number for number, |Δlogp| = 0
+// between the device engine's sampling logprobs and the CPU trainer's.
+TEST(RlRun, DeviceEnginesGiveTheCpuEngineRun) {
+  MILES_REQUIRE_SHARED();
+  const std::string ref = temp_dir("device_ref"), dir = temp_dir("device");
+  const std::string common = " rollout.num_rollouts=3";
+  ASSERT_EQ(run_here(std::string(kCi) + " --run-dir " + ref + common).exit_code, 0);
+  auto r =
+      run_here(std::string(kCi) + " --run-dir " + dir + common + " rollout.engine_device=emulated");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::ifstream log(dir + "/engines/engine_0.log");
+  const std::string engine_log((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(engine_log.find("forwards on emulated"), std::string::npos) << engine_log;
+  const auto m = metrics(dir), mr = metrics(ref);
+  ASSERT_EQ(m.size(), 3u);
+  ASSERT_EQ(mr.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(m[i]["logp_abs_diff_max"], 0.0) << m[i].dump();
+    EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << "step " << i + 1;
+  }
+}
+
+// Asking for GPU engines where there is no GPU (or no CUDA build) is refused before any engine
+// starts, naming the key and why.
+TEST(RlRun, CudaEnginesWithoutAGpuAreRefusedBeforeEnginesStart) {
+  MILES_REQUIRE_SHARED();
+  if (cuda_available().ok()) GTEST_SKIP() << "a GPU is here";
+  const std::string dir = temp_dir("device_cuda");
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir + " rollout.engine_device=cuda");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("rollout.engine_device: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("CUDA"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/engines/engine_0.log")) << "an engine was started";
 }
 
 // A pipeline- and tensor-parallel trainer (pp = 2, tp = 2, four ranks) and two engines.

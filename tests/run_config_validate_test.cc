@@ -54,6 +54,15 @@ TEST(RunConfigValidate, BatchInvariantShowsTheProductsAndAFix) {
             "(no error)");
 }
 
+TEST(RunConfigValidate, EngineDeviceIsNamedAndNotSplitAcrossProcesses) {
+  EXPECT_EQ(error_with("", {"rollout.engine_device=cuda"}), "(no error)");
+  const std::string typo = error_with("", {"rollout.engine_device=gpu"});
+  EXPECT_NE(typo.find("rollout.engine_device"), std::string::npos) << typo;
+  EXPECT_NE(typo.find("gpu"), std::string::npos) << typo;
+  const std::string tp = error_with("", {"rollout.engine_device=cuda", "rollout.engine_tp=2"});
+  EXPECT_NE(tp.find("engine_tp > 1"), std::string::npos) << tp;
+}
+
 TEST(RunConfigValidate, GlobalBatchDividesIntoMicroBatchesPerRank) {
   EXPECT_EQ(error_with("trainer:\n  micro_batch_size: 3\n"),
             "job.yaml:5: trainer.global_batch_size: 64 is not divisible by "

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "miles/device_model.h"
 #include "miles/model.h"
 #include "miles/sampler.h"
 #include "miles/status.h"
@@ -54,6 +55,16 @@ struct EngineOptions {
   int64_t max_running = 256;      // requests decoding at once
   bool enable_prefix_cache = true;
 };
+
+// A runner whose forwards run on `device` (cuda or emulated, device_model.h), with every KV block
+// in device memory under the engine's block ids: the engine's pool then keeps only block tables
+// and reference counts (kv_dim() is 0). kv_geometry: the engine's num_blocks and block_tokens.
+// pool: host threads for sampling (and for the emulated kernels).
+Result<std::unique_ptr<ModelRunner>> make_device_model_runner(Device device,
+                                                              const ModelConfig& config,
+                                                              const TensorMap& weights,
+                                                              const EngineOptions& kv_geometry,
+                                                              ThreadPool* pool);
 
 struct GenerateRequest {
   std::vector<int32_t> input_ids;

@@ -51,6 +51,7 @@ struct RolloutSection {
   std::vector<std::string> engines;
   int64_t engine_threads = 1;          // compute threads of each started engine (per process)
   int64_t engine_tp = 1;               // tensor-parallel processes of each started engine
+  std::string engine_device = "cpu";   // cpu | cuda | emulated: where started engines' forwards run
   int64_t engine_num_blocks = 4096;
   int64_t engine_max_batch_tokens = 2048;
   int64_t engine_max_running = 256;

@@ -37,8 +37,9 @@ struct RolloutBenchOptions {
   std::vector<int> concurrency{1, 8, 32, 64};
   int64_t requests = 0;  // per concurrency level; 0: 2 x c, at least 8
   int64_t prompt_tokens = 64, output_tokens = 32;
-  int threads = 0;  // 0: all cores (per process with --tp)
-  int tp = 1;       // tensor-parallel processes of the engine (miles serve --tp)
+  int threads = 0;             // 0: all cores (per process with --tp)
+  int tp = 1;                  // tensor-parallel processes of the engine (miles serve --tp)
+  std::string device = "cpu";  // where forwards run (miles serve --device)
   int group = 8, groups = 4;
   int64_t num_blocks = 0;  // 0: enough for the largest level
   int64_t max_batch_tokens = 2048;
@@ -85,6 +86,8 @@ EngineOptions engine_options(const RolloutBenchOptions& o, bool prefix_cache) {
 struct BenchContext {
   std::string model_path;
   int tp = 1;
+  Device device = Device::kCpu;
+  std::shared_ptr<const ModelFiles> files;  // the weights a device runner loads
   std::shared_ptr<const Model> model;
   std::shared_ptr<const Tokenizer> tokenizer;  // may be null
   ThreadPool* pool = nullptr;
@@ -108,6 +111,9 @@ Result<std::unique_ptr<BenchEngine>> start_engine(const BenchContext& ctx,
     to.threads = ctx.pool->num_threads();
     MILES_ASSIGN_OR_RETURN(e->tp, start_serve_tp(ctx.model_path, to, options, ctx.pool));
     runner = std::move(e->tp.runner);
+  } else if (ctx.device != Device::kCpu) {
+    MILES_ASSIGN_OR_RETURN(runner, make_device_model_runner(ctx.device, ctx.files->config,
+                                                            ctx.files->weights, options, ctx.pool));
   } else {
     runner = make_model_runner(ctx.model, ctx.pool);
   }
@@ -228,11 +234,19 @@ Status write_json(const std::string& path, const RolloutBenchOptions& o, int thr
 }
 
 int run_bench_rollout(const RolloutBenchOptions& o) {
-  auto model = Model::load(o.model);
+  auto device = parse_device(o.device);
+  if (!device.ok()) return fail("bench rollout", device.message());
+  if (*device != Device::kCpu && o.tp > 1)
+    return fail("bench rollout", "--device " + o.device + " with --tp > 1 is not supported");
+  auto files = load_model_files(o.model);
+  if (!files.ok()) return fail("bench rollout", files.message());
+  auto model = Model::from_weights(files->config, files->weights);
   if (!model.ok()) return fail("bench rollout", model.message());
   BenchContext ctx;
   ctx.model_path = o.model;
   ctx.tp = o.tp;
+  ctx.device = *device;
+  ctx.files = std::make_shared<const ModelFiles>(std::move(files).value());
   ctx.model = std::shared_ptr<const Model>(std::move(model).value());
   const ModelConfig& config = ctx.model->config();
   if (Status s = validate(o, config); !s.ok()) return fail("bench rollout", s.message());
@@ -250,9 +264,10 @@ int run_bench_rollout(const RolloutBenchOptions& o) {
   ctx.pool = &pool;
   ctx.spec = {o.prompt_tokens, o.output_tokens, static_cast<int32_t>(config.vocab_size), o.seed};
   std::printf(
-      "miles bench rollout: %s, %s%d threads (%s), prompt %lld + output %lld tokens, "
+      "miles bench rollout: %s, %s%s%d threads (%s), prompt %lld + output %lld tokens, "
       "temperature 1, ignore_eos\n",
       std::filesystem::path(o.model).filename().c_str(),
+      *device != Device::kCpu ? ("forwards on " + o.device + " (host: sampling), ").c_str() : "",
       o.tp > 1 ? ("tensor parallel over " + std::to_string(o.tp) +
                   " processes (cores: rank 0's only), each ")
                      .c_str()
@@ -296,6 +311,9 @@ void register_bench_rollout(CLI::App& bench) {
   r->add_option("--tp", o->tp, "tensor-parallel processes of the engine (as miles serve --tp)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  r->add_option("--device", o->device, "where forwards run: cpu, cuda or emulated")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda", "emulated"}));
   r->add_option("--group", o->group, "GRPO group size")->capture_default_str();
   r->add_option("--groups", o->groups, "GRPO groups sent at once (0: skip the GRPO comparison)")
       ->capture_default_str();

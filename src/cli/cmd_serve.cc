@@ -34,6 +34,7 @@ struct ServeOptions {
   int64_t engine_id = -1;      // given by the controller that started this engine
   std::string advertise_host;  // the host the controller should call (default: --host)
   ServeTpOptions tp;
+  std::string device = "cpu";  // cpu | cuda | emulated (miles/device_model.h)
 };
 
 int run_serve(ServeOptions o) {
@@ -51,7 +52,21 @@ int run_serve(ServeOptions o) {
   ThreadPool pool(o.threads);
   std::unique_ptr<ModelRunner> runner;
   ServeTpGroup tp_group;  // followers of a tensor-parallel engine (killed with this process)
-  if (o.tp.tp > 1) {
+  auto device = parse_device(o.device);
+  if (!device.ok()) return fail("serve", device.message());
+  if (*device != Device::kCpu && o.tp.tp > 1)
+    return fail("serve", "--device " + o.device +
+                             " with --tp > 1: tensor-parallel engines run "
+                             "on the CPU only for now");
+  if (*device != Device::kCpu) {
+    auto files = load_model_files(o.model);
+    if (!files.ok()) return fail("serve", files.message());
+    auto r = make_device_model_runner(*device, files->config, files->weights, o.engine, &pool);
+    if (!r.ok()) return fail("serve", r.message());
+    runner = std::move(r).value();
+    std::fprintf(stderr, "miles serve: forwards on %s, KV cache in device memory\n",
+                 o.device.c_str());
+  } else if (o.tp.tp > 1) {
     auto g = start_serve_tp(o.model, o.tp, o.engine, &pool);
     if (!g.ok()) return fail("serve", g.message());
     tp_group = std::move(g).value();
@@ -183,6 +198,11 @@ void register_serve(CLI::App& app) {
   sub->add_option("--tp-transport", o->tp.transport,
                   "shm (one host; default for a local launch) or gloo (default for external)")
       ->check(CLI::IsMember({"shm", "gloo"}));
+  sub->add_option("--device", o->device,
+                  "where forwards run: cpu, cuda (a GPU; dense models) or emulated (the device "
+                  "kernels as host loops, for checking)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda", "emulated"}));
   sub->add_flag("!--no-prefix-cache", o->engine.enable_prefix_cache,
                 "disable the radix prefix cache");
   sub->add_option("--served-model-name", o->server.served_model_name, "name in OpenAI responses")

@@ -1,0 +1,229 @@
+// The shared model's forward kernels as device functors: `k(i)` computes work item i of n, touching
+// only its own outputs, so a backend may run the items in any order or all at once (a CUDA grid,
+// or a host loop that emulates one). Each item follows the CPU kernel's scalar code operation for
+// operation (device_math.h), so its outputs carry the CPU kernels' bits.
+//
+// Layouts: activations row-major [T, width] with a row stride; weights in the CPU's packed form
+// (kernels::PackedMatrix: panels of kPanel output columns, each [K][kPanel]); the KV pool per
+// layer and block as kernels::KvSpan: keys [kv_heads][head_dim][block_tokens], values
+// [kv_heads][block_tokens][head_dim].
+#pragma once
+
+#include "device/device_math.h"
+
+namespace miles::device {
+
+inline constexpr int64_t kPanel = 32;  // kernels::kPanel
+
+// out[t, :] = table[ids[t], :]. Items: T * d.
+struct EmbedKernel {
+  const float* table;
+  const int32_t* ids;
+  int64_t d;
+  float* out;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t t = i / d, e = i % d;
+    out[i] = table[static_cast<int64_t>(ids[t]) * d + e];
+  }
+};
+
+// kernels::rmsnorm of rows of d values (row r at x + r * ldx, written to out + r * ldo; may alias),
+// weight[d]. Items: rows.
+struct RmsnormKernel {
+  const float* x;
+  int64_t ldx;
+  const float* weight;
+  int64_t d;
+  float eps;
+  float* out;
+  int64_t ldo;
+  MILES_HD void operator()(int64_t r) const {
+    const float* xr = x + r * ldx;
+    float* yr = out + r * ldo;
+    const auto v = [xr](int64_t k) { return xr[k]; };
+    const float sum_sq = chunked_dot(d, kChunk, v, v);
+    const float inv = 1.0f / sqrt_f(sum_sq / static_cast<float>(d) + eps);
+    for (int64_t k = 0; k < d; ++k) yr[k] = (xr[k] * inv) * weight[k];
+  }
+};
+
+// kernels::gemm: y[r, c] = Σ_k x[r, k] · W[c, k] by the contract, W packed (panels of kPanel
+// columns, [K][kPanel] each). Items: M * N (adjacent items are adjacent columns of one row: they
+// read adjacent floats of a panel).
+struct GemmKernel {
+  const float* x;
+  int64_t lda;
+  const float* w;  // num_panels * K * kPanel
+  int64_t n, k, chunk;
+  float* y;
+  int64_t ldy;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t r = i / n, c = i % n;
+    const float* xr = x + r * lda;
+    const float* wc = w + (c / kPanel) * k * kPanel + c % kPanel;
+    y[r * ldy + c] = chunked_dot(
+        k, chunk, [xr](int64_t j) { return xr[j]; }, [wc](int64_t j) { return wc[j * kPanel]; });
+  }
+};
+
+// y[r, c] = y[r, c] + bias[c]. Items: rows * n.
+struct AddBiasKernel {
+  float* y;
+  int64_t n, ldy;
+  const float* bias;
+  MILES_HD void operator()(int64_t i) const {
+    float& v = y[(i / n) * ldy + i % n];
+    v = v + bias[i % n];
+  }
+};
+
+// h[i] = h[i] + y[i]. Items: T * d.
+struct AddKernel {
+  float* h;
+  const float* y;
+  MILES_HD void operator()(int64_t i) const { h[i] = h[i] + y[i]; }
+};
+
+// Per token and head of the fused qkv rows: Qwen3's q/k RMSNorm (when q_norm is set), then RoPE
+// with the host's cos / sin of this token ([T][rotary_dim / 2] each, already times
+// attention_scaling). Items: T * (heads + kv_heads).
+struct QkNormRopeKernel {
+  float* qkv;
+  int64_t ld, heads, kv_heads, head_dim, half;
+  const float* q_norm;  // null: no q/k norm
+  const float* k_norm;
+  float eps;
+  const float* cos_t;
+  const float* sin_t;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t per = heads + kv_heads;
+    const int64_t t = i / per, h = i % per;
+    const bool is_k = h >= heads;
+    float* v = qkv + t * ld + (is_k ? heads * head_dim + (h - heads) * head_dim : h * head_dim);
+    if (q_norm != nullptr) RmsnormKernel{v, 0, is_k ? k_norm : q_norm, head_dim, eps, v, 0}(0);
+    const float* c = cos_t + t * half;
+    const float* s = sin_t + t * half;
+    for (int64_t j = 0; j < half; ++j) {
+      const float a = v[j], b = v[j + half];
+      v[j] = a * c[j] - b * s[j];
+      v[j + half] = b * c[j] + a * s[j];
+    }
+  }
+};
+
+// Where token t's keys and values go: kernels::kv_block_store into block slot_block[t] of each
+// layer at slot pos % block_tokens. Items: T * kv_dim.
+struct KvStoreKernel {
+  const float* qkv;
+  int64_t ld, q_dim, kv_dim, head_dim, block_tokens;
+  const int32_t* positions;
+  const int32_t* block_of;  // [T]: the block holding token t's position
+  float* k_layer;           // this layer's keys: [num_blocks][kv_dim * block_tokens]
+  float* v_layer;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t t = i / kv_dim, e = i % kv_dim;
+    const int64_t kh = e / head_dim, x = e % head_dim;
+    const int64_t slot = positions[t] % block_tokens;
+    const int64_t base = static_cast<int64_t>(block_of[t]) * kv_dim * block_tokens;
+    const float* row = qkv + t * ld + q_dim;
+    k_layer[base + (kh * head_dim + x) * block_tokens + slot] = row[e];
+    v_layer[base + (kh * block_tokens + slot) * head_dim + x] = row[kv_dim + e];
+  }
+};
+
+// kernels::attention for one (token, head): causal over keys 0..positions[t] of the token's
+// sequence, online softmax over blocks of kAttnBlock positions from 0, ascending, exactly as the
+// CPU's per-query code. Items: T * heads.
+struct AttentionKernel {
+  const float* qkv;
+  int64_t ld, heads, kv_heads, head_dim, block_tokens, kv_dim;
+  const int32_t* positions;
+  const int32_t* table_of;  // [T]: offset of the token's sequence's block table in `tables`
+  const int32_t* tables;
+  const float* k_layer;
+  const float* v_layer;
+  float scale;
+  float* out;
+  int64_t ldo;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t t = i / heads, h = i % heads;
+    const int64_t kh = h / (heads / kv_heads);
+    const float* q = qkv + t * ld + h * head_dim;
+    const int32_t* table = tables + table_of[t];
+    const int64_t last = positions[t];
+    const int64_t bt = block_tokens, hd = head_dim;
+    float acc[kMaxHeadDim];
+    for (int64_t e = 0; e < hd; ++e) acc[e] = 0.0f;
+    float running_max = -inf_f(), denom = 0.0f;
+    float scores[kAttnBlock];
+    const float* vrow[kAttnBlock];
+    for (int64_t b0 = 0; b0 <= last; b0 += kAttnBlock) {
+      const int64_t n = last + 1 - b0 < kAttnBlock ? last + 1 - b0 : kAttnBlock;
+      float block_max = -inf_f();
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t pos = b0 + j;
+        const int64_t base = static_cast<int64_t>(table[pos / bt]) * kv_dim * bt;
+        const float* kc = k_layer + base + kh * hd * bt + pos % bt;  // element e at kc[e * bt]
+        vrow[j] = v_layer + base + (kh * bt + pos % bt) * hd;
+        const float s = chunked_dot(
+            hd, kChunk, [q](int64_t e) { return q[e]; },
+            [kc, bt](int64_t e) { return kc[e * bt]; });
+        scores[j] = s * scale;
+        block_max = max_f(block_max, scores[j]);
+      }
+      const float new_max = max_f(running_max, block_max);
+      const float alpha = is_inf(running_max) ? 0.0f : exp_f32(running_max - new_max);
+      denom = denom * alpha;
+      for (int64_t e = 0; e < hd; ++e) acc[e] = acc[e] * alpha;
+      for (int64_t j = 0; j < n; ++j) scores[j] = exp_f32(scores[j] - new_max);
+      for (int64_t j = 0; j < n; ++j) denom = denom + scores[j];
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t e = 0; e < hd; ++e) acc[e] = fma_f(scores[j], vrow[j][e], acc[e]);
+      running_max = new_max;
+    }
+    float* o = out + t * ldo + h * hd;
+    for (int64_t e = 0; e < hd; ++e) o[e] = acc[e] / denom;
+  }
+};
+
+// kernels::swiglu: out[r, j] = (g / (1 + exp(-g))) · u with g = gu[r, j], u = gu[r, f + j].
+// Items: rows * f.
+struct SwigluKernel {
+  const float* gate_up;  // [rows][2 f]
+  int64_t f;
+  float* out;  // [rows][f]
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t r = i / f, j = i % f;
+    const float g = gate_up[r * 2 * f + j], u = gate_up[r * 2 * f + f + j];
+    out[i] = (g / (1.0f + exp_f32(-g))) * u;
+  }
+};
+
+// out[r, :] = h[rows[r], :]. Items: R * d.
+struct GatherRowsKernel {
+  const float* h;
+  const int32_t* rows;
+  int64_t d;
+  float* out;
+  MILES_HD void operator()(int64_t i) const {
+    out[i] = h[static_cast<int64_t>(rows[i / d]) * d + i % d];
+  }
+};
+
+// A GRPO sibling's partial prompt block: every layer's keys and values of block src copied to dst
+// (the whole block, as BlockPool::copy_prefix). Items: layers * block_floats.
+struct CopyBlockKernel {
+  float* k_pool;
+  float* v_pool;
+  int64_t num_blocks, block_floats;
+  int32_t src, dst;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t layer = i / block_floats, e = i % block_floats;
+    const int64_t from = (layer * num_blocks + src) * block_floats + e;
+    const int64_t to = (layer * num_blocks + dst) * block_floats + e;
+    k_pool[to] = k_pool[from];
+    v_pool[to] = v_pool[from];
+  }
+};
+
+}  // namespace miles::device

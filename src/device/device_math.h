@@ -1,0 +1,142 @@
+// The numerics contract (include/miles/kernels.h) as functions that compile for the host and for
+// CUDA devices alike: the same IEEE operations in the same order as the CPU kernels' scalar code,
+// so a device kernel built from them gives the CPU kernels' bits.
+//
+// Why: a GPU rollout engine and a CPU trainer (or a GPU trainer) must agree bit for bit. fma,
+// +, ·, / and sqrt are correctly rounded on both sides (nvcc with --fmad=false, -prec-div and
+// -prec-sqrt on; the host with -ffp-contract=off), so following the contract's order is enough.
+// Transcendentals other than exp (RoPE's cos and sin) are computed on the host and uploaded.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define MILES_HD __host__ __device__
+#else
+#define MILES_HD
+#endif
+
+namespace miles::device {
+
+inline constexpr int64_t kChunk = 128;     // kernels::kGemmChunk
+inline constexpr int64_t kAttnBlock = 32;  // kernels::kAttnBlock
+inline constexpr int64_t kMaxChunks =
+    256;  // a reduction of up to kMaxChunks chunks (checked on load)
+inline constexpr int64_t kMaxHeadDim = 256;
+
+MILES_HD inline float bits_to_float(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+#endif
+}
+
+MILES_HD inline float fma_f(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+MILES_HD inline float sqrt_f(float x) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+
+// Round to nearest, ties to even (std::nearbyint in the default rounding mode).
+MILES_HD inline float round_even(float x) {
+#if defined(__CUDA_ARCH__)
+  return rintf(x);
+#else
+  return std::nearbyint(x);
+#endif
+}
+
+MILES_HD inline bool is_nan(float x) { return x != x; }
+MILES_HD inline float inf_f() { return bits_to_float(0x7f800000u); }
+MILES_HD inline bool is_inf(float x) { return x == inf_f() || x == -inf_f(); }
+// std::max(a, b): b when a < b, else a.
+MILES_HD inline float max_f(float a, float b) { return a < b ? b : a; }
+
+// kernels::detail::exp_f32, operation for operation (src/kernels/exp.h).
+MILES_HD inline float exp_f32(float x) {
+  if (is_nan(x)) return x;
+  x = x < -104.0f ? -104.0f : x;
+  x = x > 89.0f ? 89.0f : x;
+  const float kf = round_even(x * 1.44269504088896341f);
+  float r = fma_f(-kf, 0.693359375f, x);
+  r = fma_f(-kf, -2.12194440e-4f, r);
+  const float z = r * r;
+  float p = 1.9875691500e-4f;
+  p = fma_f(p, r, 1.3981999507e-3f);
+  p = fma_f(p, r, 8.3334519073e-3f);
+  p = fma_f(p, r, 4.1665795894e-2f);
+  p = fma_f(p, r, 1.6666665459e-1f);
+  p = fma_f(p, r, 5.0000001201e-1f);
+  const float y = fma_f(p, z, r) + 1.0f;
+  const int32_t n = static_cast<int32_t>(kf);
+  const int32_t n1 = n >> 1;
+  const float s1 = bits_to_float(static_cast<uint32_t>(n1 + 127) << 23);
+  const float s2 = bits_to_float(static_cast<uint32_t>(n - n1 + 127) << 23);
+  return (y * s1) * s2;
+}
+
+// The contract's balanced halving tree over parts[0, n) (split [lo, hi) at lo + ceil((hi - lo) /
+// 2), left + right), evaluated with an explicit stack (n <= kMaxChunks).
+MILES_HD inline float tree_sum(const float* parts, int32_t n) {
+  struct Frame {
+    int32_t lo, hi, state;
+    float left;
+  };
+  Frame st[24];
+  int top = 0;
+  st[0] = {0, n, 0, 0.0f};
+  float ret = 0.0f;
+  while (top >= 0) {
+    Frame& f = st[top];
+    if (f.hi - f.lo == 1) {
+      ret = parts[f.lo];
+      --top;
+      continue;
+    }
+    const int32_t mid = f.lo + (f.hi - f.lo + 1) / 2;
+    if (f.state == 0) {
+      f.state = 1;
+      st[++top] = {f.lo, mid, 0, 0.0f};
+    } else if (f.state == 1) {
+      f.left = ret;
+      f.state = 2;
+      st[++top] = {mid, f.hi, 0, 0.0f};
+    } else {
+      ret = f.left + ret;
+      --top;
+    }
+  }
+  return ret;
+}
+
+// Σ_k a(k) · b(k) by the contract: chunks of `chunk` accumulated with fma in ascending k from 0,
+// the chunk partials combined by tree_sum. `a` and `b` are index → value callables.
+template <typename A, typename B>
+MILES_HD inline float chunked_dot(int64_t k, int64_t chunk, const A& a, const B& b) {
+  float parts[kMaxChunks];
+  const int64_t chunks = k <= 0 ? 1 : (k + chunk - 1) / chunk;
+  for (int64_t c = 0; c < chunks; ++c) {
+    float acc = 0.0f;
+    const int64_t end = (c + 1) * chunk < k ? (c + 1) * chunk : k;
+    for (int64_t i = c * chunk; i < end; ++i) acc = fma_f(a(i), b(i), acc);
+    parts[c] = acc;
+  }
+  return tree_sum(parts, static_cast<int32_t>(chunks));
+}
+
+}  // namespace miles::device

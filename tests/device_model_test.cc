@@ -1,0 +1,227 @@
+// The device forward (miles/device_model.h) against the CPU Model, bit for bit.
+//
+// The CPU suite runs the device kernels through the host emulation backend: the same functors a
+// CUDA grid runs, as host loops. It proves the device math (exp, the chunked dot) equals the CPU
+// kernels', the device forward (KV paging, RoPE, Qwen3 norms, tied heads, yarn scaling) gives the
+// CPU model's logits, and an engine over the device runner gives the CPU engine's tokens and
+// logprobs through GRPO forks, prefix hits, chunked prefill and a weight update. The Cuda.* tests
+// run the same comparisons on a GPU and skip, saying why, where there is none.
+#include "miles/device_model.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "device/device_math.h"
+#include "engine_workload.h"
+#include "kernels/exp.h"
+#include "miles/engine.h"
+#include "miles/flat_params.h"
+#include "miles/kernels.h"
+#include "miles/thread_pool.h"
+#include "test_paths.h"
+
+namespace miles {
+namespace {
+
+using test::expect_same_bits;
+using test::Finals;
+using test::kEngine;
+using test::one_process_runner;
+using test::run_workload;
+
+uint32_t bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return b;
+}
+
+TEST(DeviceMath, ExpIsTheCpuExpBitForBit) {
+  std::mt19937 rng(7);
+  std::vector<float> xs = {0.0f,    -0.0f,   1.0f,     -1.0f,     88.7f, 89.0f,  100.0f, -103.9f,
+                           -104.0f, -200.0f, INFINITY, -INFINITY, NAN,   1e-30f, -87.5f, 0.5f};
+  std::uniform_real_distribution<float> wide(-110.0f, 95.0f), narrow(-2.0f, 2.0f);
+  for (int i = 0; i < 200000; ++i) xs.push_back(i % 2 ? wide(rng) : narrow(rng));
+  for (const float x : xs)
+    ASSERT_EQ(bits(device::exp_f32(x)), bits(kernels::detail::exp_f32(x))) << "x = " << x;
+}
+
+TEST(DeviceMath, ChunkedDotIsTheGemmContract) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  for (const int64_t k : {1, 7, 64, 72, 128, 129, 172, 576, 1000, 1536, 2048, 4099, 18944}) {
+    std::vector<float> a(k), b(k);
+    for (auto& v : a) v = nd(rng);
+    for (auto& v : b) v = nd(rng);
+    const float dev = device::chunked_dot(
+        k, kernels::gemm_chunk(k), [&](int64_t i) { return a[i]; },
+        [&](int64_t i) { return b[i]; });
+    EXPECT_EQ(bits(dev), bits(kernels::gemm_reference_dot(a.data(), b.data(), k))) << "k = " << k;
+  }
+}
+
+TEST(DeviceModel, DeviceNamesParseAndAnUnknownOneIsNamed) {
+  EXPECT_EQ(*parse_device("cuda"), Device::kCuda);
+  EXPECT_EQ(*parse_device("emulated"), Device::kEmulated);
+  EXPECT_EQ(*parse_device("cpu"), Device::kCpu);
+  auto bad = parse_device("gpu");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("'gpu'"), std::string::npos) << bad.message();
+}
+
+TEST(DeviceModel, MoeModelsAreRefusedNamingWhy) {
+  auto files = load_model_files(test::data_dir() + "/models/qwen3_moe");
+  ASSERT_TRUE(files.ok());
+  auto m = make_device_model(Device::kEmulated, files->config, files->weights, {16, 8}, nullptr);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.message().find("MoE"), std::string::npos) << m.message();
+}
+
+TEST(DeviceModel, AMissingTensorIsRefusedNamingIt) {
+  auto files = load_model_files(test::data_dir() + "/models/llama");
+  ASSERT_TRUE(files.ok());
+  TensorMap w;
+  for (const std::string& name : files->weights.names())
+    if (name != "model.layers.1.mlp.down_proj.weight")
+      w.insert(name, *files->weights.find(name), files->weights.source(name));
+  auto m = make_device_model(Device::kEmulated, files->config, w, {16, 8}, nullptr);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.message().find("model.layers.1.mlp.down_proj.weight"), std::string::npos)
+      << m.message();
+}
+
+// Two sequences prefilled together (all logits), then both decoded one token (last logits), on
+// the CPU Model with its simple cache and on the device with hand-made block tables.
+void expect_forward_bits(Device device, const std::string& model_dir) {
+  auto files = load_model_files(model_dir);
+  ASSERT_TRUE(files.ok()) << files.message();
+  const ModelConfig& c = files->config;
+  auto cpu = Model::from_weights(c, files->weights);
+  ASSERT_TRUE(cpu.ok());
+  ThreadPool pool(2);
+  const int64_t bt = 8;
+  auto dev = make_device_model(device, c, files->weights, {16, bt}, &pool);
+  ASSERT_TRUE(dev.ok()) << dev.message();
+  std::mt19937 rng(3);
+  std::vector<int32_t> prefill(29 + 17);
+  for (auto& t : prefill) t = static_cast<int32_t>(rng() % c.vocab_size);
+  const std::vector<SeqSpan> seqs1 = {{0, 0, 29}, {1, 0, 17}};
+  const std::vector<int32_t> table0 = {5, 9, 2, 11, 0}, table1 = {7, 3, 14};  // 40 and 24 positions
+  auto cache = (*cpu)->make_kv_cache(bt);
+  ForwardOptions o;
+  auto a = (*cpu)->forward(prefill, seqs1, *cache, o, &pool);
+  ASSERT_TRUE(a.ok()) << a.message();
+  DeviceBatch b1{prefill, seqs1, {table0, table1}, true};
+  auto b = (*dev)->forward(b1);
+  ASSERT_TRUE(b.ok()) << b.message();
+  ASSERT_EQ(a->logits.size(), b->logits.size());
+  EXPECT_EQ(std::memcmp(a->logits.data(), b->logits.data(), 4 * a->logits.size()), 0)
+      << "prefill logits differ";
+
+  const std::vector<int32_t> next = {static_cast<int32_t>(rng() % c.vocab_size),
+                                     static_cast<int32_t>(rng() % c.vocab_size)};
+  const std::vector<SeqSpan> seqs2 = {{1, 17, 1}, {0, 29, 1}};
+  o.all_logits = false;
+  a = (*cpu)->forward(next, seqs2, *cache, o, &pool);
+  ASSERT_TRUE(a.ok());
+  DeviceBatch b2{next, seqs2, {table1, table0}, false};
+  b = (*dev)->forward(b2);
+  ASSERT_TRUE(b.ok()) << b.message();
+  ASSERT_EQ(b->rows, 2);
+  EXPECT_EQ(std::memcmp(a->logits.data(), b->logits.data(), 4 * a->logits.size()), 0)
+      << "decode logits differ";
+}
+
+class DeviceForward : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DeviceForward, EmulatedEqualsTheCpuModel) {
+  expect_forward_bits(Device::kEmulated, test::data_dir() + "/models/" + GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DeviceForward,
+                         ::testing::Values("llama", "llama_tied", "llama_rope_yarn", "qwen3",
+                                           "qwen3_bf16"));
+
+TEST(DeviceForwardStories, EmulatedEqualsTheCpuModel) {
+  MILES_REQUIRE_SHARED();
+  expect_forward_bits(Device::kEmulated,
+                      test::shared_dir() + "/models/stories260K/stories260K.bin");
+}
+
+// The device engine and the CPU engine over the same workload, then both after the same weight
+// update: the same tokens, logprobs and cached-token counts.
+void expect_engine_bits(Device device, const std::string& model_dir) {
+  auto files = load_model_files(model_dir);
+  ASSERT_TRUE(files.ok()) << files.message();
+  const uint32_t vocab = static_cast<uint32_t>(files->config.vocab_size);
+  ThreadPool pool(2);
+  Engine cpu(one_process_runner(*files, &pool), kEngine);
+  auto runner = make_device_model_runner(device, files->config, files->weights, kEngine, &pool);
+  ASSERT_TRUE(runner.ok()) << runner.message();
+  EXPECT_EQ((*runner)->kv_dim(), 0);  // the KV lives on the device
+  Engine dev(std::move(runner).value(), kEngine);
+  expect_same_bits(run_workload(cpu, 5, vocab), run_workload(dev, 5, vocab));
+  EXPECT_EQ(dev.stats().free_blocks, cpu.stats().free_blocks);
+
+  auto layout = ParamLayout::for_model(files->config, &files->weights);
+  auto flat = FlatTensors::from_tensor_map(layout, files->weights);
+  ASSERT_TRUE(flat.ok());
+  std::mt19937 rng(3);
+  for (float& x : flat->all()) x += 0.02f * (static_cast<float>(rng() % 1000) / 1000.0f - 0.5f);
+  const TensorMap next = flat->as_tensor_map();
+  for (Engine* e : {&cpu, &dev}) {
+    ASSERT_TRUE(e->begin_weight_update().ok());
+    ASSERT_TRUE(e->update_weights(next).ok());
+    ASSERT_TRUE(e->end_weight_update().ok());
+  }
+  expect_same_bits(run_workload(cpu, 9, vocab), run_workload(dev, 9, vocab));
+}
+
+class DeviceEngine : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DeviceEngine, EmulatedGivesTheCpuEngineBits) {
+  expect_engine_bits(Device::kEmulated, test::data_dir() + "/models/" + GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DeviceEngine, ::testing::Values("llama_tied", "qwen3"));
+
+TEST(DeviceEngineStories, EmulatedGivesTheCpuEngineBits) {
+  MILES_REQUIRE_SHARED();
+  expect_engine_bits(Device::kEmulated, test::shared_dir() + "/models/stories260K/stories260K.bin");
+}
+
+// ---- on a GPU ---------------------------------------------------------------------------------
+
+#define MILES_REQUIRE_CUDA()                                               \
+  do {                                                                     \
+    if (Status s = cuda_available(); !s.ok()) GTEST_SKIP() << s.message(); \
+  } while (0)
+
+TEST(Cuda, UnavailableIsAnErrorNotACrash) {
+  if (cuda_available().ok()) GTEST_SKIP() << "a GPU is here";
+  auto files = load_model_files(test::data_dir() + "/models/llama");
+  ASSERT_TRUE(files.ok());
+  auto m = make_device_model(Device::kCuda, files->config, files->weights, {16, 8}, nullptr);
+  ASSERT_FALSE(m.ok());
+  EXPECT_FALSE(m.message().empty());
+}
+
+TEST_P(DeviceForward, CudaEqualsTheCpuModel) {
+  MILES_REQUIRE_CUDA();
+  expect_forward_bits(Device::kCuda, test::data_dir() + "/models/" + GetParam());
+}
+
+TEST_P(DeviceEngine, CudaGivesTheCpuEngineBits) {
+  MILES_REQUIRE_CUDA();
+  expect_engine_bits(Device::kCuda, test::data_dir() + "/models/" + GetParam());
+}
+
+TEST(DeviceEngineStories, CudaGivesTheCpuEngineBits) {
+  MILES_REQUIRE_CUDA();
+  MILES_REQUIRE_SHARED();
+  expect_engine_bits(Device::kCuda, test::shared_dir() + "/models/stories260K/stories260K.bin");
+}
+
+}  // namespace
+}  // namespace miles

@@ -1,0 +1,102 @@
+// An engine workload for comparing two engines bit for bit (engine_tp_test, device_model_test):
+// a GRPO group whose prompt leaves a partial block to copy into each sibling, two requests sharing
+// a prefix (the second hits the prefix cache), long prompts prefilled in chunks, greedy and
+// sampled.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "miles/engine.h"
+
+namespace miles::test {
+
+struct Finals {
+  std::map<std::pair<uint64_t, int>, SampleEvent> by_sample;
+  SampleListener listener() {
+    return [this](const SampleEvent& e) {
+      if (e.finished) by_sample[{e.request_id, e.sample_index}] = e;
+    };
+  }
+};
+
+// Six requests: a GRPO group of 4 (its 11-token prompt leaves a partial block to copy into each
+// sibling), two sharing a 24-token prefix (the second hits the prefix cache), long prompts
+// prefilled in chunks, greedy and sampled.
+inline Finals run_workload(Engine& e, uint32_t seed, uint32_t vocab = 1024) {
+  std::mt19937 rng(seed);
+  auto ids = [&](int n) {
+    std::vector<int32_t> v(n);
+    for (auto& x : v) x = static_cast<int32_t>(rng() % vocab);
+    return v;
+  };
+  std::vector<GenerateRequest> reqs;
+  auto add = [&](std::vector<int32_t> prompt, float temperature, int32_t n, int64_t max_new) {
+    GenerateRequest r;
+    r.input_ids = std::move(prompt);
+    r.sampling.temperature = temperature;
+    r.sampling.top_p = 0.95f;
+    r.sampling.seed = rng();
+    r.max_new_tokens = max_new;
+    r.n = n;
+    reqs.push_back(std::move(r));
+  };
+  add(ids(11), 1.0f, 4, 10);
+  const std::vector<int32_t> shared = ids(24);
+  auto with_tail = [&](int n) {
+    std::vector<int32_t> p = shared;
+    const auto t = ids(n);
+    p.insert(p.end(), t.begin(), t.end());
+    return p;
+  };
+  add(with_tail(5), 0.8f, 1, 12);
+  add(ids(40), 0.0f, 1, 8);
+  add(ids(3), 1.0f, 2, 14);
+  Finals f;
+  for (auto& r : reqs) EXPECT_TRUE(e.submit(r, f.listener()).ok());
+  for (int i = 0; i < 10000 && !e.idle(); ++i) e.step();
+  EXPECT_TRUE(e.idle());
+  // After the first wave has filled the prefix cache: the second request of the shared prefix.
+  add(with_tail(7), 0.8f, 1, 9);
+  EXPECT_TRUE(e.submit(reqs.back(), f.listener()).ok());
+  for (int i = 0; i < 10000 && !e.idle(); ++i) e.step();
+  EXPECT_TRUE(e.idle());
+  return f;
+}
+
+// `same_cache`: both engines started the workload with the same prefix cache (else only the bits
+// are compared: a warm cache serves more prompt positions, with the same results).
+inline void expect_same_bits(const Finals& a, const Finals& b, bool same_cache = true) {
+  // In submission order (request ids differ between engines that ran different workloads before).
+  ASSERT_EQ(a.by_sample.size(), b.by_sample.size());
+  auto it = b.by_sample.begin();
+  for (const auto& [key, x] : a.by_sample) {
+    const SampleEvent& y = (it++)->second;
+    ASSERT_EQ(x.sample_index, y.sample_index);
+    ASSERT_EQ(x.output.size(), y.output.size()) << "request " << key.first;
+    for (size_t i = 0; i < x.output.size(); ++i) {
+      EXPECT_EQ(x.output[i].id, y.output[i].id) << "request " << key.first << " token " << i;
+      EXPECT_EQ(std::memcmp(&x.output[i].logprob, &y.output[i].logprob, 4), 0);
+      EXPECT_EQ(std::memcmp(&x.output[i].raw_logprob, &y.output[i].raw_logprob, 4), 0);
+    }
+    EXPECT_EQ(x.routed_experts, y.routed_experts);
+    if (same_cache) {
+      EXPECT_EQ(x.cached_tokens, y.cached_tokens);
+    }
+  }
+}
+
+inline const EngineOptions kEngine{.num_blocks = 128, .block_tokens = 8, .max_batch_tokens = 16};
+
+inline std::unique_ptr<ModelRunner> one_process_runner(const ModelFiles& files, ThreadPool* pool) {
+  auto model = Model::from_weights(files.config, files.weights);
+  EXPECT_TRUE(model.ok()) << model.message();
+  return make_model_runner(std::shared_ptr<const Model>(std::move(model).value()), pool);
+}
+
+}  // namespace miles::test
