@@ -50,7 +50,8 @@ TEST(DeviceMath, ExpIsTheCpuExpBitForBit) {
 TEST(DeviceMath, ChunkedDotIsTheGemmContract) {
   std::mt19937 rng(11);
   std::normal_distribution<float> nd;
-  for (const int64_t k : {1, 7, 64, 72, 128, 129, 172, 576, 1000, 1536, 2048, 4099, 18944}) {
+  for (const int64_t k :
+       {1, 7, 64, 72, 128, 129, 172, 576, 1000, 1536, 2048, 4099, 18944, 49152, 151936}) {
     std::vector<float> a(k), b(k);
     for (auto& v : a) v = nd(rng);
     for (auto& v : b) v = nd(rng);
@@ -149,6 +150,84 @@ TEST(DeviceForwardStories, EmulatedEqualsTheCpuModel) {
                       test::shared_dir() + "/models/stories260K/stories260K.bin");
 }
 
+// A packed training batch (two sequences, one past a 64-query block) through forward_train and
+// backward on the device, and through Model::forward (tape) and Model::backward on the CPU, with
+// the same random d logits: the same logits, every gradient and the tied head's share, bit for bit.
+void expect_training_bits(Device device, const std::string& model_dir, bool tied_share) {
+  auto files = load_model_files(model_dir);
+  ASSERT_TRUE(files.ok()) << files.message();
+  const ModelConfig& c = files->config;
+  auto cpu = Model::from_weights(c, files->weights);
+  ASSERT_TRUE(cpu.ok());
+  ThreadPool pool(2);
+  auto dev = make_device_model(device, c, files->weights, {4, 16}, &pool);
+  ASSERT_TRUE(dev.ok()) << dev.message();
+  std::mt19937 rng(5);
+  std::vector<int32_t> tokens(70 + 23);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % c.vocab_size);
+  const std::vector<SeqSpan> seqs = {{0, 0, 70}, {1, 0, 23}};
+  auto cache = (*cpu)->make_kv_cache();
+  ForwardTape tape;
+  ForwardOptions o;
+  o.tape = &tape;
+  auto a = (*cpu)->forward(tokens, seqs, *cache, o, &pool);
+  ASSERT_TRUE(a.ok()) << a.message();
+  auto b = (*dev)->forward_train(tokens, seqs, true);
+  ASSERT_TRUE(b.ok()) << b.message();
+  ASSERT_EQ(a->logits.size(), b->logits.size());
+  EXPECT_EQ(std::memcmp(a->logits.data(), b->logits.data(), 4 * a->logits.size()), 0);
+  std::vector<float> dlogits(a->logits.size());
+  std::normal_distribution<float> nd(0.0f, 1e-3f);
+  for (float& x : dlogits) x = nd(rng);
+  auto layout = ParamLayout::for_model(c, &files->weights);
+  FlatTensors ga(layout), gb(layout);
+  const bool share = tied_share && c.tie_word_embeddings;
+  std::vector<float> ta(share ? c.vocab_size * c.hidden_size : 0), tb(ta.size());
+  BackwardIo io;
+  io.tied_head_grad = ta;
+  ASSERT_TRUE((*cpu)->backward(tape, dlogits, ga, &pool, io).ok());
+  ASSERT_TRUE((*dev)->backward(dlogits, gb, tb).ok());
+  for (const ParamSpec& spec : layout->specs()) {
+    const auto x = ga.get(spec.name), y = gb.get(spec.name);
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), 4 * x.size()), 0) << spec.name;
+  }
+  EXPECT_EQ(std::memcmp(ta.data(), tb.data(), 4 * ta.size()), 0) << "tied head share";
+  bool nonzero = false;
+  for (float v : gb.all()) nonzero = nonzero || v != 0.0f;
+  EXPECT_TRUE(nonzero);
+}
+
+class DeviceTraining : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DeviceTraining, EmulatedGradientsAreTheCpuModelsBits) {
+  expect_training_bits(Device::kEmulated, test::data_dir() + "/models/" + GetParam(), false);
+}
+
+TEST_P(DeviceTraining, EmulatedTiedHeadShareIsTheCpuModelsBits) {
+  expect_training_bits(Device::kEmulated, test::data_dir() + "/models/" + GetParam(), true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DeviceTraining,
+                         ::testing::Values("llama", "llama_tied", "llama_rope_yarn", "qwen3"));
+
+TEST(DeviceTrainingStories, EmulatedGradientsAreTheCpuModelsBits) {
+  MILES_REQUIRE_SHARED();
+  expect_training_bits(Device::kEmulated,
+                       test::shared_dir() + "/models/stories260K/stories260K.bin", false);
+}
+
+TEST(DeviceTraining, BackwardWithoutATapeIsRefused) {
+  auto files = load_model_files(test::data_dir() + "/models/llama");
+  ASSERT_TRUE(files.ok());
+  auto dev = make_device_model(Device::kEmulated, files->config, files->weights, {4, 16}, nullptr);
+  ASSERT_TRUE(dev.ok());
+  FlatTensors g(ParamLayout::for_model(files->config));
+  std::vector<float> dl(files->config.vocab_size);
+  auto s = (*dev)->backward(dl, g, {});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("tape"), std::string::npos) << s.message();
+}
+
 // The device engine and the CPU engine over the same workload, then both after the same weight
 // update: the same tokens, logprobs and cached-token counts.
 void expect_engine_bits(Device device, const std::string& model_dir) {
@@ -215,6 +294,11 @@ TEST_P(DeviceForward, CudaEqualsTheCpuModel) {
 TEST_P(DeviceEngine, CudaGivesTheCpuEngineBits) {
   MILES_REQUIRE_CUDA();
   expect_engine_bits(Device::kCuda, test::data_dir() + "/models/" + GetParam());
+}
+
+TEST_P(DeviceTraining, CudaGradientsAreTheCpuModelsBits) {
+  MILES_REQUIRE_CUDA();
+  expect_training_bits(Device::kCuda, test::data_dir() + "/models/" + GetParam(), true);
 }
 
 TEST(DeviceEngineStories, CudaGivesTheCpuEngineBits) {

@@ -23,6 +23,7 @@
 namespace miles {
 
 class ThreadPool;
+class FlatTensors;
 
 enum class Device { kCpu, kCuda, kEmulated };
 const char* device_name(Device d);
@@ -58,6 +59,20 @@ class DeviceModel {
   virtual Status copy_kv_block(int32_t src, int32_t dst, int64_t positions) = 0;
   // A model over new full weights (HF names, this config's shapes) sharing this one's KV blocks.
   virtual Result<std::unique_ptr<DeviceModel>> with_weights(const TensorMap& weights) const = 0;
+  // New values of the same tensors into this model's device buffers (the trainer's per-step
+  // update). On an error the model must not be used.
+  virtual Status reload_weights(const TensorMap& weights) = 0;
+
+  // Training (the trainer's micro-step on the device): whole sequences from position 0, every
+  // token's logits ([T, vocab], Model::forward's bits); with keep_tape the activations stay on the
+  // device for backward(), until the next forward_train.
+  virtual Result<ForwardOutput> forward_train(std::span<const int32_t> tokens,
+                                              std::span<const SeqSpan> seqs, bool keep_tape) = 0;
+  // Model::backward's gradients (its bits) from d loss / d logits of the kept tape: every tensor
+  // of `grads` (ParamLayout::for_model's layout) overwritten; a tied model's head share goes to
+  // tied_head_grad when given (vocab × hidden), else into the embedding's gradient.
+  virtual Status backward(std::span<const float> dlogits, FlatTensors& grads,
+                          std::span<float> tied_head_grad) = 0;
   // Bytes of device memory this model's weights and the shared KV pool hold.
   virtual int64_t weight_bytes() const = 0;
   virtual int64_t kv_bytes() const = 0;

@@ -199,6 +199,13 @@ struct SwigluKernel {
   }
 };
 
+// dst[i] = src[i]. Items: n.
+struct CopyKernel {
+  const float* src;
+  float* dst;
+  MILES_HD void operator()(int64_t i) const { dst[i] = src[i]; }
+};
+
 // out[r, :] = h[rows[r], :]. Items: R * d.
 struct GatherRowsKernel {
   const float* h;

@@ -22,8 +22,6 @@ namespace miles::device {
 
 inline constexpr int64_t kChunk = 128;     // kernels::kGemmChunk
 inline constexpr int64_t kAttnBlock = 32;  // kernels::kAttnBlock
-inline constexpr int64_t kMaxChunks =
-    256;  // a reduction of up to kMaxChunks chunks (checked on load)
 inline constexpr int64_t kMaxHeadDim = 256;
 
 MILES_HD inline float bits_to_float(uint32_t b) {
@@ -90,25 +88,29 @@ MILES_HD inline float exp_f32(float x) {
   return (y * s1) * s2;
 }
 
-// The contract's balanced halving tree over parts[0, n) (split [lo, hi) at lo + ceil((hi - lo) /
-// 2), left + right), evaluated with an explicit stack (n <= kMaxChunks).
-MILES_HD inline float tree_sum(const float* parts, int32_t n) {
+// The contract's balanced halving tree over leaves 0 .. n - 1 (split [lo, hi) at
+// lo + ceil((hi - lo) / 2), left + right), with leaf(i) evaluated once each, in ascending i, as the
+// traversal reaches it: an explicit stack of O(log n) frames and no array of partials, so any n
+// fits (n >= 1).
+template <typename Leaf>
+MILES_HD inline float tree_reduce(int64_t n, const Leaf& leaf) {
   struct Frame {
-    int32_t lo, hi, state;
+    int64_t lo, hi;
+    int32_t state;
     float left;
   };
-  Frame st[24];
+  Frame st[64];
   int top = 0;
   st[0] = {0, n, 0, 0.0f};
   float ret = 0.0f;
   while (top >= 0) {
     Frame& f = st[top];
     if (f.hi - f.lo == 1) {
-      ret = parts[f.lo];
+      ret = leaf(f.lo);
       --top;
       continue;
     }
-    const int32_t mid = f.lo + (f.hi - f.lo + 1) / 2;
+    const int64_t mid = f.lo + (f.hi - f.lo + 1) / 2;
     if (f.state == 0) {
       f.state = 1;
       st[++top] = {f.lo, mid, 0, 0.0f};
@@ -125,18 +127,16 @@ MILES_HD inline float tree_sum(const float* parts, int32_t n) {
 }
 
 // Σ_k a(k) · b(k) by the contract: chunks of `chunk` accumulated with fma in ascending k from 0,
-// the chunk partials combined by tree_sum. `a` and `b` are index → value callables.
+// the chunk partials combined by the halving tree. `a` and `b` are index → value callables.
 template <typename A, typename B>
 MILES_HD inline float chunked_dot(int64_t k, int64_t chunk, const A& a, const B& b) {
-  float parts[kMaxChunks];
   const int64_t chunks = k <= 0 ? 1 : (k + chunk - 1) / chunk;
-  for (int64_t c = 0; c < chunks; ++c) {
+  return tree_reduce(chunks, [&](int64_t c) {
     float acc = 0.0f;
     const int64_t end = (c + 1) * chunk < k ? (c + 1) * chunk : k;
     for (int64_t i = c * chunk; i < end; ++i) acc = fma_f(a(i), b(i), acc);
-    parts[c] = acc;
-  }
-  return tree_sum(parts, static_cast<int32_t>(chunks));
+    return acc;
+  });
 }
 
 }  // namespace miles::device

@@ -1,7 +1,7 @@
 // make_device_model: the backend for each Device; the device names.
 #include "miles/device_model.h"
 
-#include "device/device_model_impl.h"
+#include "device/device_backward_impl.h"
 #include "device/host_backend.h"
 
 namespace miles {
@@ -45,18 +45,12 @@ Status cuda_available() {
 }
 
 Status device_supports(const ModelConfig& c) {
-  using device::kMaxChunks;
   if (c.num_moe_layers() > 0)
     return Status::Error("device forward: " + c.arch_name +
                          " has MoE layers; MoE models run on the CPU only for now");
   if (c.head_dim > device::kMaxHeadDim)
     return Status::Error("device forward: head_dim " + std::to_string(c.head_dim) +
                          " is past the device kernels' " + std::to_string(device::kMaxHeadDim));
-  for (const int64_t k : {c.hidden_size, c.q_dim(), c.intermediate_size, c.head_dim})
-    if ((k + kernels::gemm_chunk(k) - 1) / kernels::gemm_chunk(k) > kMaxChunks ||
-        (k + device::kChunk - 1) / device::kChunk > kMaxChunks)
-      return Status::Error("device forward: a reduction over " + std::to_string(k) +
-                           " values needs more than " + std::to_string(kMaxChunks) + " chunks");
   return Status::Ok();
 }
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "device/device_model_impl.h"
+#include "device/device_backward_impl.h"
 
 namespace miles::device {
 

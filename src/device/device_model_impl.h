@@ -72,6 +72,26 @@ struct Scratch {
   int64_t cap = 0;
 };
 
+// A training forward's activations on the device (ForwardTape::Impl's, dense layers), and what
+// the backward needs of its batch.
+struct DevTapeLayer {
+  float *h_in, *xn1, *qkv_raw, *qkv, *attn, *h_mid, *xn2, *gate_up, *act;
+};
+struct DevTape {
+  int64_t t = 0;
+  std::vector<int32_t> tokens;
+  std::vector<SeqSpan> seqs;
+  std::vector<int64_t> offset;  // first token of each sequence
+  std::vector<DevTapeLayer> layers;
+  float *h_final = nullptr, *normed = nullptr;
+  const int32_t* d_tokens = nullptr;  // on the device, valid until the next forward
+  const float* d_cos = nullptr;       // RoPE tables of the tokens ([T][rotary_dim / 2])
+  const float* d_neg_sin = nullptr;   // −sin: the inverse rotation
+};
+
+template <class B>
+class BackendBackward;
+
 template <class B>
 class BackendModel final : public DeviceModel {
  public:
@@ -94,17 +114,24 @@ class BackendModel final : public DeviceModel {
     if (geometry.num_blocks <= 0 || geometry.block_tokens <= 0)
       return Status::Error("device KV pool: " + std::to_string(geometry.num_blocks) +
                            " blocks of " + std::to_string(geometry.block_tokens) + " positions");
-    auto kv = std::make_shared<Kv>(b);
-    kv->num_blocks = geometry.num_blocks;
-    kv->block_tokens = geometry.block_tokens;
-    kv->block_floats = config.kv_dim() * geometry.block_tokens;
-    const int64_t floats = config.num_layers * kv->num_blocks * kv->block_floats;
-    MILES_ASSIGN_OR_RETURN(kv->k, kv->arena.template alloc<float>(floats));
-    MILES_ASSIGN_OR_RETURN(kv->v, kv->arena.template alloc<float>(floats));
+    MILES_ASSIGN_OR_RETURN(std::shared_ptr<Kv> kv,
+                           make_kv(b, config, geometry.num_blocks, geometry.block_tokens));
     auto m = std::make_unique<BackendModel>(b, config, std::move(kv));
     MILES_RETURN_IF_ERROR(m->load(weights, pool));
     m->pool_ = pool;
     return std::unique_ptr<BackendModel>(std::move(m));
+  }
+
+  static Result<std::shared_ptr<Kv>> make_kv(std::shared_ptr<B> b, const ModelConfig& config,
+                                             int64_t num_blocks, int64_t block_tokens) {
+    auto kv = std::make_shared<Kv>(b);
+    kv->num_blocks = num_blocks;
+    kv->block_tokens = block_tokens;
+    kv->block_floats = config.kv_dim() * block_tokens;
+    const int64_t floats = config.num_layers * kv->num_blocks * kv->block_floats;
+    MILES_ASSIGN_OR_RETURN(kv->k, kv->arena.template alloc<float>(floats));
+    MILES_ASSIGN_OR_RETURN(kv->v, kv->arena.template alloc<float>(floats));
+    return kv;
   }
 
   Device device() const override { return b_->device(); }
@@ -127,48 +154,70 @@ class BackendModel final : public DeviceModel {
     return b_->sync();
   }
 
-  Result<ForwardOutput> forward(const DeviceBatch& batch) override;
+  Result<ForwardOutput> forward(const DeviceBatch& batch) override {
+    return run_forward(batch, *kv_, nullptr);
+  }
+  Result<ForwardOutput> forward_train(std::span<const int32_t> tokens,
+                                      std::span<const SeqSpan> seqs, bool keep_tape) override;
+  Status backward(std::span<const float> dlogits, FlatTensors& grads,
+                  std::span<float> tied_head_grad) override;
+  Status reload_weights(const TensorMap& weights) override { return load(weights, pool_); }
 
  private:
-  Result<DevMatrix> put(const kernels::PackedMatrix& m) {
-    DevMatrix d;
+  // An array uploaded into its own new buffer, or (a reload) into the one it had: same shapes.
+  Status put(const float* src, int64_t n, const float*& dst) {
+    if (n == 0) {
+      dst = nullptr;
+      return Status::Ok();
+    }
+    if (reloading_) return b_->upload(const_cast<float*>(dst), src, sizeof(float) * n);
+    MILES_ASSIGN_OR_RETURN(float* p, weights_.upload(src, n));
+    dst = p;
+    return Status::Ok();
+  }
+  Status put(const kernels::PackedMatrix& m, DevMatrix& d) {
     d.n = m.n();
     d.k = m.k();
     d.chunk = m.chunk();
-    if (d.n == 0) return d;
-    MILES_ASSIGN_OR_RETURN(d.data, weights_.upload(m.panel(0), m.num_panels() * m.k() * kPanel));
-    return d;
+    return put(d.n == 0 ? nullptr : m.panel(0), d.n == 0 ? 0 : m.num_panels() * m.k() * kPanel,
+               d.data);
   }
-  Result<const float*> put(const std::vector<float>& v) {
-    if (v.empty()) return static_cast<const float*>(nullptr);
-    MILES_ASSIGN_OR_RETURN(float* p, weights_.upload(v.data(), static_cast<int64_t>(v.size())));
-    return static_cast<const float*>(p);
+  Status put(const std::vector<float>& v, const float*& dst) {
+    return put(v.data(), static_cast<int64_t>(v.size()), dst);
   }
 
-  // The CPU's conversion (names, shapes, packing), then every array uploaded as is.
+  // The CPU's conversion (names, shapes, packing), then every array uploaded as is; a second load
+  // (new values of the same tensors) reuses the device buffers.
   Status load(const TensorMap& weights, ThreadPool* pool) {
     MILES_ASSIGN_OR_RETURN(ModelWeights w, load_model_weights(config_, weights, pool));
+    reloading_ = embed_ != nullptr;
     rope_ = w.rope;
-    MILES_ASSIGN_OR_RETURN(embed_, put(w.embed));
-    MILES_ASSIGN_OR_RETURN(final_norm_, put(w.final_norm));
-    MILES_ASSIGN_OR_RETURN(lm_head_, put(w.lm_head));
-    layers_.clear();
-    for (const LayerWeights& l : w.layers) {
-      DevLayer d;
-      MILES_ASSIGN_OR_RETURN(d.input_norm, put(l.input_norm));
-      MILES_ASSIGN_OR_RETURN(d.qkv, put(l.qkv));
-      MILES_ASSIGN_OR_RETURN(d.qkv_bias, put(l.qkv_bias));
-      MILES_ASSIGN_OR_RETURN(d.q_norm, put(l.q_norm));
-      MILES_ASSIGN_OR_RETURN(d.k_norm, put(l.k_norm));
-      MILES_ASSIGN_OR_RETURN(d.o, put(l.o));
-      MILES_ASSIGN_OR_RETURN(d.o_bias, put(l.o_bias));
-      MILES_ASSIGN_OR_RETURN(d.post_norm, put(l.post_norm));
-      MILES_ASSIGN_OR_RETURN(d.gate_up, put(l.gate_up));
-      MILES_ASSIGN_OR_RETURN(d.down, put(l.down));
-      layers_.push_back(d);
+    MILES_RETURN_IF_ERROR(put(w.embed, embed_));
+    MILES_RETURN_IF_ERROR(put(w.final_norm, final_norm_));
+    MILES_RETURN_IF_ERROR(put(w.lm_head, lm_head_));
+    layers_.resize(w.layers.size());
+    for (size_t i = 0; i < w.layers.size(); ++i) {
+      const LayerWeights& l = w.layers[i];
+      DevLayer& d = layers_[i];
+      MILES_RETURN_IF_ERROR(put(l.input_norm, d.input_norm));
+      MILES_RETURN_IF_ERROR(put(l.qkv, d.qkv));
+      MILES_RETURN_IF_ERROR(put(l.qkv_bias, d.qkv_bias));
+      MILES_RETURN_IF_ERROR(put(l.q_norm, d.q_norm));
+      MILES_RETURN_IF_ERROR(put(l.k_norm, d.k_norm));
+      MILES_RETURN_IF_ERROR(put(l.o, d.o));
+      MILES_RETURN_IF_ERROR(put(l.o_bias, d.o_bias));
+      MILES_RETURN_IF_ERROR(put(l.post_norm, d.post_norm));
+      MILES_RETURN_IF_ERROR(put(l.gate_up, d.gate_up));
+      MILES_RETURN_IF_ERROR(put(l.down, d.down));
     }
+    reloading_ = false;
     return b_->sync();
   }
+
+  Result<ForwardOutput> run_forward(const DeviceBatch& batch, Kv& kv, DevTape* tape);
+  // Device-to-device copy of n floats.
+  void copy(float* dst, const float* src, int64_t n) { b_->launch(n, CopyKernel{src, dst}); }
+  friend class BackendBackward<B>;
 
   template <class T>
   Result<T*> scratch(Scratch<T>& s, int64_t n) {
@@ -190,6 +239,7 @@ class BackendModel final : public DeviceModel {
   Arena<B> weights_;
   Arena<B> scratch_;
   ThreadPool* pool_ = nullptr;
+  bool reloading_ = false;
   kernels::RopeTable rope_;
   const float* embed_ = nullptr;
   const float* final_norm_ = nullptr;
@@ -197,14 +247,21 @@ class BackendModel final : public DeviceModel {
   std::vector<DevLayer> layers_;
   Scratch<int32_t> ints_;
   Scratch<float> rope_cs_, h_, xn_, qkv_, attn_, proj_, gate_up_, act_, sel_, logits_;
+  // Training: the tape, its KV blocks, the backward's buffers.
+  DevTape tape_;
+  Scratch<float> tape_buf_;
+  std::shared_ptr<Kv> train_kv_;
+  Scratch<float> grads_, tied_, bwd_;
+  Scratch<int64_t> bwd_ints_;
 };
 
 template <class B>
-Result<ForwardOutput> BackendModel<B>::forward(const DeviceBatch& batch) {
+Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv& kv,
+                                                   DevTape* tape) {
   const ModelConfig& c = config_;
   const int64_t t = static_cast<int64_t>(batch.tokens.size()), d = c.hidden_size;
   const int64_t qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim, ld = qd + 2 * kvd;
-  const int64_t f = c.intermediate_size, bt = kv_->block_tokens;
+  const int64_t f = c.intermediate_size, bt = kv.block_tokens;
   MILES_CHECK(batch.tables.size() == batch.seqs.size());
   if (t == 0) return Status::Error("device forward: an empty batch");
 
@@ -220,9 +277,9 @@ Result<ForwardOutput> BackendModel<B>::forward(const DeviceBatch& batch) {
                            std::to_string(q.start_pos + q.n_tokens - 1) + " but its table has " +
                            std::to_string(table.size()) + " blocks");
     for (const int32_t b : table)
-      if (b < 0 || b >= kv_->num_blocks)
+      if (b < 0 || b >= kv.num_blocks)
         return Status::Error("device forward: block id " + std::to_string(b) +
-                             " is outside the device pool of " + std::to_string(kv_->num_blocks) +
+                             " is outside the device pool of " + std::to_string(kv.num_blocks) +
                              " blocks");
     const int32_t offset = static_cast<int32_t>(tables.size());
     tables.insert(tables.end(), table.begin(), table.end());
@@ -236,21 +293,23 @@ Result<ForwardOutput> BackendModel<B>::forward(const DeviceBatch& batch) {
   }
   MILES_CHECK(i == t, "the sequences cover every token of the batch");
   const int64_t half = rope_.rotary_dim / 2;
-  std::vector<float> cs(static_cast<size_t>(2 * t * std::max<int64_t>(half, 1)));
+  // [cos T×half][sin T×half][−sin T×half] (the last for a training forward's backward)
+  std::vector<float> cs(static_cast<size_t>(3 * t * std::max<int64_t>(half, 1)));
   for (int64_t r = 0; r < t; ++r) {
     const float pos = static_cast<float>(positions[r]);
     for (int64_t j = 0; j < half; ++j) {
       const float angle = pos * rope_.inv_freq[j];
       cs[r * half + j] = std::cos(angle) * rope_.attention_scaling;
       cs[(t + r) * half + j] = std::sin(angle) * rope_.attention_scaling;
+      cs[(2 * t + r) * half + j] = -(std::sin(angle) * rope_.attention_scaling);
     }
   }
   const int64_t nr = static_cast<int64_t>(rows.size());
   std::vector<int32_t> ints;
-  ints.reserve(static_cast<size_t>(4 * t + nr) + tables.size());
+  ints.reserve(static_cast<size_t>(5 * t + nr) + tables.size());
+  ints.insert(ints.end(), batch.tokens.begin(), batch.tokens.end());
   for (const auto* v : {&positions, &block_of, &table_of, &rows, &tables})
     ints.insert(ints.end(), v->begin(), v->end());
-  ints.insert(ints.begin(), batch.tokens.begin(), batch.tokens.end());
 
   MILES_ASSIGN_OR_RETURN(int32_t * di, scratch(ints_, static_cast<int64_t>(ints.size())));
   MILES_ASSIGN_OR_RETURN(float* dcs, scratch(rope_cs_, static_cast<int64_t>(cs.size())));
@@ -271,26 +330,58 @@ Result<ForwardOutput> BackendModel<B>::forward(const DeviceBatch& batch) {
   const int32_t* d_table_of = di + 3 * t;
   const int32_t* d_rows = di + 4 * t;
   const int32_t* d_tables = di + 4 * t + nr;
+  if (tape) {
+    // Every layer's activations, then h_final and normed: one buffer.
+    const int64_t per_layer = t * (4 * d + 2 * ld + qd + 3 * f);
+    MILES_ASSIGN_OR_RETURN(float* tb, scratch(tape_buf_, c.num_layers * per_layer + 2 * t * d));
+    tape->t = t;
+    tape->layers.resize(static_cast<size_t>(c.num_layers));
+    for (DevTapeLayer& l : tape->layers) {
+      for (float** p : {&l.h_in, &l.xn1, &l.h_mid, &l.xn2}) {
+        *p = tb;
+        tb += t * d;
+      }
+      l.qkv_raw = tb;
+      l.qkv = tb + t * ld;
+      l.attn = tb + 2 * t * ld;
+      l.gate_up = l.attn + t * qd;
+      l.act = l.gate_up + 2 * t * f;
+      tb = l.act + t * f;
+    }
+    tape->h_final = tb;
+    tape->normed = tb + t * d;
+    tape->d_tokens = d_tokens;
+    tape->d_cos = dcs;
+    tape->d_neg_sin = dcs + 2 * t * half;
+  }
 
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   b_->launch(t * d, EmbedKernel{embed_, d_tokens, d, h});
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     const DevLayer& l = layers_[layer];
-    float* k_layer = kv_->k + layer * kv_->num_blocks * kv_->block_floats;
-    float* v_layer = kv_->v + layer * kv_->num_blocks * kv_->block_floats;
+    DevTapeLayer* tl = tape ? &tape->layers[layer] : nullptr;
+    float* k_layer = kv.k + layer * kv.num_blocks * kv.block_floats;
+    float* v_layer = kv.v + layer * kv.num_blocks * kv.block_floats;
     // Attention block.
+    if (tl) copy(tl->h_in, h, t * d);
     b_->launch(t, RmsnormKernel{h, d, l.input_norm, d, eps, xn, d});
     gemm(xn, t, d, l.qkv, qkv, ld);
     if (l.qkv_bias) b_->launch(t * ld, AddBiasKernel{qkv, ld, ld, l.qkv_bias});
+    if (tl) {
+      copy(tl->xn1, xn, t * d);
+      copy(tl->qkv_raw, qkv, t * ld);
+    }
     b_->launch(t * (c.num_heads + c.num_kv_heads),
                QkNormRopeKernel{qkv, ld, c.num_heads, c.num_kv_heads, hd, half, l.q_norm, l.k_norm,
                                 eps, dcs, dcs + t * half});
+    if (tl) copy(tl->qkv, qkv, t * ld);
     b_->launch(t * kvd,
                KvStoreKernel{qkv, ld, qd, kvd, hd, bt, d_pos, d_block_of, k_layer, v_layer});
     b_->launch(t * c.num_heads,
                AttentionKernel{qkv, ld, c.num_heads, c.num_kv_heads, hd, bt, kvd, d_pos, d_table_of,
                                d_tables, k_layer, v_layer, scale, attn, qd});
+    if (tl) copy(tl->attn, attn, t * qd);
     gemm(attn, t, qd, l.o, proj, d);
     if (l.o_bias) b_->launch(t * d, AddBiasKernel{proj, d, d, l.o_bias});
     b_->launch(t * d, AddKernel{h, proj});
@@ -298,11 +389,19 @@ Result<ForwardOutput> BackendModel<B>::forward(const DeviceBatch& batch) {
     b_->launch(t, RmsnormKernel{h, d, l.post_norm, d, eps, xn, d});
     gemm(xn, t, d, l.gate_up, gu, 2 * f);
     b_->launch(t * f, SwigluKernel{gu, f, act});
+    if (tl) {
+      copy(tl->h_mid, h, t * d);
+      copy(tl->xn2, xn, t * d);
+      copy(tl->gate_up, gu, t * 2 * f);
+      copy(tl->act, act, t * f);
+    }
     gemm(act, t, f, l.down, proj, d);
     b_->launch(t * d, AddKernel{h, proj});
   }
   b_->launch(nr * d, GatherRowsKernel{h, d_rows, d, sel});
+  if (tape) copy(tape->h_final, sel, nr * d);
   b_->launch(nr, RmsnormKernel{sel, d, final_norm_, d, eps, sel, d});
+  if (tape) copy(tape->normed, sel, nr * d);
   gemm(sel, nr, d, lm_head_, logits, c.vocab_size);
 
   ForwardOutput out;
@@ -312,6 +411,56 @@ Result<ForwardOutput> BackendModel<B>::forward(const DeviceBatch& batch) {
   MILES_RETURN_IF_ERROR(b_->download(out.logits.data(), logits, sizeof(float) * out.logits.size()));
   MILES_RETURN_IF_ERROR(b_->sync());
   return out;
+}
+
+// Whole sequences from position 0 into blocks of a KV pool of its own (grown to the batch), every
+// token's logits; with keep_tape the activations stay on the device for backward().
+template <class B>
+Result<ForwardOutput> BackendModel<B>::forward_train(std::span<const int32_t> tokens,
+                                                     std::span<const SeqSpan> seqs,
+                                                     bool keep_tape) {
+  const int64_t bt = 16;
+  int64_t blocks = 0, total = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    if (seqs[s].start_pos != 0)
+      return Status::Error("a training forward needs whole sequences; sequence " +
+                           std::to_string(s) + " starts at position " +
+                           std::to_string(seqs[s].start_pos));
+    if (seqs[s].n_tokens > config_.max_position_embeddings)
+      return Status::Error("sequence " + std::to_string(s) + " has " +
+                           std::to_string(seqs[s].n_tokens) + " tokens, past the context of " +
+                           std::to_string(config_.max_position_embeddings));
+    blocks += (seqs[s].n_tokens + bt - 1) / bt;
+    total += seqs[s].n_tokens;
+  }
+  if (total != static_cast<int64_t>(tokens.size()))
+    return Status::Error("sequences cover " + std::to_string(total) + " tokens but the batch has " +
+                         std::to_string(tokens.size()));
+  for (size_t k = 0; k < tokens.size(); ++k)
+    if (tokens[k] < 0 || tokens[k] >= config_.vocab_size)
+      return Status::Error("token id " + std::to_string(tokens[k]) + " at batch index " +
+                           std::to_string(k) + " is outside the vocabulary");
+  if (!train_kv_ || train_kv_->num_blocks < blocks) {
+    train_kv_.reset();
+    MILES_ASSIGN_OR_RETURN(train_kv_, make_kv(b_, config_, std::max<int64_t>(blocks, 64), bt));
+  }
+  std::vector<std::vector<int32_t>> tables(seqs.size());
+  int32_t next = 0;
+  for (size_t s = 0; s < seqs.size(); ++s)
+    for (int64_t k = 0; k < (seqs[s].n_tokens + bt - 1) / bt; ++k) tables[s].push_back(next++);
+  DeviceBatch batch{tokens, seqs, {}, true};
+  for (const auto& t : tables) batch.tables.emplace_back(t);
+  tape_ = DevTape{};
+  if (keep_tape) {
+    tape_.tokens.assign(tokens.begin(), tokens.end());
+    tape_.seqs.assign(seqs.begin(), seqs.end());
+    int64_t off = 0;
+    for (const SeqSpan& q : seqs) {
+      tape_.offset.push_back(off);
+      off += q.n_tokens;
+    }
+  }
+  return run_forward(batch, *train_kv_, keep_tape ? &tape_ : nullptr);
 }
 
 }  // namespace miles::device

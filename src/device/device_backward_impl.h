@@ -1,0 +1,251 @@
+// BackendModel::backward: the gradients of every parameter from the device tape of the last
+// forward_train and d loss / d logits, in the phases of the CPU's Model::backward (LM head → final
+// norm → per layer MLP then attention → embedding), each kernel the CPU one's operations in its
+// order (device_backward_kernels.h), so the gradients carry the CPU trainer's bits.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "device/device_backward_kernels.h"
+#include "device/device_model_impl.h"
+#include "miles/flat_params.h"
+
+namespace miles::device {
+
+template <class B>
+class BackendBackward {
+ public:
+  BackendBackward(BackendModel<B>& m, float* grads, const ParamLayout& layout, float* tied_head)
+      : m_(m),
+        b_(*m.b_),
+        c_(m.config_),
+        tape_(m.tape_),
+        g_(grads),
+        layout_(layout),
+        tied_head_(tied_head),
+        t_(m.tape_.t) {}
+
+  // dh, dxn, dact/dattn, dgu/dqkv, inv: scratch of the largest layer.
+  Status run(const float* dlogits, float* scratch, int64_t* ints) {
+    const int64_t d = c_.hidden_size, f = c_.intermediate_size;
+    const int64_t ld = c_.q_dim() + 2 * c_.kv_dim();
+    dh_ = scratch;
+    dxn_ = dh_ + t_ * d;
+    dmid_ = dxn_ + t_ * d;                          // d act / d attn: t × max(f, q_dim)
+    dwide_ = dmid_ + t_ * std::max(f, c_.q_dim());  // d gate_up / d qkv: t × max(2f, ld)
+    inv_ = dwide_ + t_ * std::max(2 * f, ld);
+    p_ = inv_ + t_ * std::max(c_.num_heads, int64_t{1});
+    ints_ = ints;
+    b_.launch(layout_.total(), ZeroKernel{g_});
+    head(dlogits);
+    for (int64_t layer = c_.num_layers - 1; layer >= 0; --layer) {
+      const std::string p = "model.layers." + std::to_string(layer) + ".";
+      mlp(layer, p);
+      attention(layer, p);
+    }
+    b_.launch(d,
+              EmbedBackwardKernel{tape_.d_tokens, t_, d, dh_, grad("model.embed_tokens.weight")});
+    return Status::Ok();
+  }
+
+  // Floats of scratch run() needs for a tape of t tokens (attention's p and dS included).
+  static int64_t scratch_floats(const ModelConfig& c, const DevTape& tape) {
+    const int64_t t = tape.t, d = c.hidden_size, f = c.intermediate_size;
+    const int64_t ld = c.q_dim() + 2 * c.kv_dim();
+    int64_t pds = 0;
+    for (const SeqSpan& s : tape.seqs) pds += c.num_heads * s.n_tokens * s.n_tokens;
+    return 2 * t * d + t * std::max(f, c.q_dim()) + t * std::max(2 * f, ld) +
+           t * std::max(c.num_heads, int64_t{1}) + 2 * pds;
+  }
+
+ private:
+  float* grad(const std::string& name) { return g_ + layout_.at(name).offset; }
+
+  void gemm_dx(const float* dy, int64_t ldy, const DevMatrix& w, float* out, int64_t ldo) {
+    b_.launch(t_ * w.k,
+              GemmDxKernel{dy, ldy, w.data, w.n, w.k, kernels::gemm_chunk(w.n), out, ldo});
+  }
+  // dW [n, k] of y = x Wᵀ over the tape's tokens, rows split into up to three named tensors.
+  void weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx, int64_t n, int64_t k,
+                   std::initializer_list<std::pair<float*, int64_t>> parts) {
+    WeightGradKernel w{dy, ldy, x, ldx, t_, n, k, kernels::gemm_chunk(t_), {}, {}};
+    int i = 0;
+    int64_t end = 0;
+    for (const auto& [dst, rows] : parts) {
+      end += rows;
+      w.dst[i] = dst;
+      w.end[i++] = end;
+    }
+    for (; i < 3; ++i) w.end[i] = end + 1;
+    b_.launch(n * k, w);
+  }
+  // rmsnorm_backward over `rows` rows: dw accumulated (ascending rows) unless null, dx written.
+  void norm_backward(const float* x, const float* dy, Rows rows, int64_t num_rows,
+                     const float* weight, float* dx, float* dw) {
+    const float eps = static_cast<float>(c_.rms_norm_eps);
+    b_.launch(num_rows, RmsInvKernel{x, rows, eps, inv_});
+    if (dw) b_.launch(rows.width, RmsWeightGradKernel{x, dy, rows, num_rows, inv_, dw});
+    b_.launch(num_rows, RmsDxKernel{x, dy, rows, weight, inv_, dx});
+  }
+
+  void head(const float* dlogits) {
+    const int64_t d = c_.hidden_size, v = c_.vocab_size;
+    gemm_dx(dlogits, v, m_.lm_head_, dxn_, d);
+    float* head_grad = !c_.tie_word_embeddings ? grad("lm_head.weight")
+                       : tied_head_            ? tied_head_
+                                               : grad("model.embed_tokens.weight");
+    weight_grad(dlogits, v, tape_.normed, d, v, d, {{head_grad, v}});
+    norm_backward(tape_.h_final, dxn_, Rows{d, 1, d}, t_, m_.final_norm_, dh_,
+                  grad("model.norm.weight"));
+  }
+
+  void mlp(int64_t layer, const std::string& p) {
+    const DevTapeLayer& lt = tape_.layers[layer];
+    const DevLayer& w = m_.layers_[layer];
+    const int64_t d = c_.hidden_size, f = c_.intermediate_size;
+    float* dact = dmid_;
+    float* dgu = dwide_;
+    gemm_dx(dh_, d, w.down, dact, f);
+    weight_grad(dh_, d, lt.act, f, d, f, {{grad(p + "mlp.down_proj.weight"), d}});
+    b_.launch(t_ * f, SwigluBackwardKernel{lt.gate_up, dact, f, dgu});
+    weight_grad(dgu, 2 * f, lt.xn2, d, 2 * f, d,
+                {{grad(p + "mlp.gate_proj.weight"), f}, {grad(p + "mlp.up_proj.weight"), f}});
+    gemm_dx(dgu, 2 * f, w.gate_up, dxn_, d);
+    norm_backward(lt.h_mid, dxn_, Rows{d, 1, d}, t_, w.post_norm, dxn_,
+                  grad(p + "post_attention_layernorm.weight"));
+    b_.launch(t_ * d, AddKernel{dh_, dxn_});
+  }
+
+  void attention(int64_t layer, const std::string& p) {
+    const DevTapeLayer& lt = tape_.layers[layer];
+    const DevLayer& w = m_.layers_[layer];
+    const int64_t d = c_.hidden_size, qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim;
+    const int64_t ld = qd + 2 * kvd, heads = c_.num_heads, kvh = c_.num_kv_heads;
+    float* dattn = dmid_;
+    float* dqkv = dwide_;
+    gemm_dx(dh_, d, w.o, dattn, qd);
+    weight_grad(dh_, d, lt.attn, qd, d, qd, {{grad(p + "self_attn.o_proj.weight"), d}});
+    if (w.o_bias) b_.launch(d, ColumnSumKernel{dh_, t_, d, grad(p + "self_attn.o_proj.bias")});
+    attention_core(lt, dattn, dqkv);
+    const int64_t half = m_.rope_.rotary_dim / 2;
+    b_.launch(t_ * (heads + kvh), QkNormRopeKernel{dqkv, ld, heads, kvh, hd, half, nullptr, nullptr,
+                                                   0.0f, tape_.d_cos, tape_.d_neg_sin});
+    if (w.q_norm) {
+      norm_backward(lt.qkv_raw, dqkv, Rows{ld, heads, hd}, t_ * heads, w.q_norm, dqkv,
+                    grad(p + "self_attn.q_norm.weight"));
+      norm_backward(lt.qkv_raw + qd, dqkv + qd, Rows{ld, kvh, hd}, t_ * kvh, w.k_norm, dqkv + qd,
+                    grad(p + "self_attn.k_norm.weight"));
+    }
+    if (w.qkv_bias) {
+      b_.launch(qd, ColumnSumKernel{dqkv, t_, ld, grad(p + "self_attn.q_proj.bias")});
+      b_.launch(kvd, ColumnSumKernel{dqkv + qd, t_, ld, grad(p + "self_attn.k_proj.bias")});
+      b_.launch(kvd, ColumnSumKernel{dqkv + qd + kvd, t_, ld, grad(p + "self_attn.v_proj.bias")});
+    }
+    weight_grad(dqkv, ld, lt.xn1, d, ld, d,
+                {{grad(p + "self_attn.q_proj.weight"), qd},
+                 {grad(p + "self_attn.k_proj.weight"), kvd},
+                 {grad(p + "self_attn.v_proj.weight"), kvd}});
+    gemm_dx(dqkv, ld, w.qkv, dxn_, d);
+    norm_backward(lt.h_in, dxn_, Rows{d, 1, d}, t_, w.input_norm, dxn_,
+                  grad(p + "input_layernorm.weight"));
+    b_.launch(t_ * d, AddKernel{dh_, dxn_});
+  }
+
+  // Per sequence: P and dS rows with dq (phase 1), then dk and dv (phase 2).
+  void attention_core(const DevTapeLayer& lt, const float* dattn, float* dqkv) {
+    const int64_t qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim;
+    const int64_t ld = qd + 2 * kvd, heads = c_.num_heads, kvh = c_.num_kv_heads;
+    const int64_t ns = static_cast<int64_t>(tape_.seqs.size());
+    int64_t* first = ints_;
+    int64_t* len = first + ns;
+    int64_t* item1 = len + ns;
+    int64_t* item2 = item1 + ns;
+    int64_t* pbase = item2 + ns;
+    const int64_t items1 = ints_host_[5 * ns], items2 = ints_host_[5 * ns + 1];
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    float* ds = p_ + ints_host_[5 * ns + 2];  // after every sequence's p
+    b_.launch(items1, AttnBackwardRowsKernel{lt.qkv, ld, qd, kvd, heads, kvh, hd, dattn, scale, ns,
+                                             first, len, item1, pbase, p_, ds, dqkv});
+    b_.launch(items2, AttnBackwardKvKernel{lt.qkv, ld, qd, kvd, heads, kvh, hd, dattn, ns, first,
+                                           len, item2, pbase, p_, ds, dqkv});
+  }
+
+ public:
+  // The sequences' tables for attention_core, made once per backward (host copy kept).
+  std::vector<int64_t> attention_tables() {
+    const int64_t ns = static_cast<int64_t>(tape_.seqs.size());
+    std::vector<int64_t> v(static_cast<size_t>(5 * ns + 3));
+    int64_t items1 = 0, items2 = 0, pds = 0;
+    for (int64_t s = 0; s < ns; ++s) {
+      const int64_t n = tape_.seqs[s].n_tokens;
+      v[s] = tape_.offset[s];
+      v[ns + s] = n;
+      v[2 * ns + s] = items1;
+      v[3 * ns + s] = items2;
+      v[4 * ns + s] = pds;
+      items1 += c_.num_heads * n;
+      items2 += c_.num_kv_heads * n * c_.head_dim;
+      pds += c_.num_heads * n * n;
+    }
+    v[5 * ns] = items1;
+    v[5 * ns + 1] = items2;
+    v[5 * ns + 2] = pds;
+    ints_host_ = v;
+    return v;
+  }
+
+ private:
+  BackendModel<B>& m_;
+  B& b_;
+  const ModelConfig& c_;
+  const DevTape& tape_;
+  float* g_;
+  const ParamLayout& layout_;
+  float* tied_head_;
+  const int64_t t_;
+  float *dh_ = nullptr, *dxn_ = nullptr, *dmid_ = nullptr, *dwide_ = nullptr, *inv_ = nullptr;
+  float* p_ = nullptr;
+  int64_t* ints_ = nullptr;
+  std::vector<int64_t> ints_host_;
+};
+
+template <class B>
+Status BackendModel<B>::backward(std::span<const float> dlogits, FlatTensors& grads,
+                                 std::span<float> tied_head_grad) {
+  const ModelConfig& c = config_;
+  const int64_t t = tape_.t;
+  if (t == 0 || tape_.layers.empty())
+    return Status::Error("device backward needs the tape of a forward_train(keep_tape = true)");
+  if (static_cast<int64_t>(dlogits.size()) != t * c.vocab_size)
+    return Status::Error("device backward: d logits has " + std::to_string(dlogits.size()) +
+                         " values, expected " + std::to_string(t * c.vocab_size));
+  if (grads.layout().total() != ParamLayout::for_model(c)->total())
+    return Status::Error("device backward: the gradient buffer's layout does not match the model");
+  if (!tied_head_grad.empty() &&
+      (!c.tie_word_embeddings ||
+       static_cast<int64_t>(tied_head_grad.size()) != c.vocab_size * c.hidden_size))
+    return Status::Error("device backward: tied_head_grad needs a tied model and vocab × hidden");
+  const int64_t total = grads.layout().total();
+  MILES_ASSIGN_OR_RETURN(float* g, scratch(grads_, total));
+  float* tied = nullptr;
+  if (!tied_head_grad.empty()) {
+    MILES_ASSIGN_OR_RETURN(tied, scratch(tied_, c.vocab_size * c.hidden_size));
+  }
+  BackendBackward<B> bw(*this, g, grads.layout(), tied);
+  const std::vector<int64_t> tables = bw.attention_tables();
+  MILES_ASSIGN_OR_RETURN(int64_t * di, scratch(bwd_ints_, static_cast<int64_t>(tables.size())));
+  MILES_RETURN_IF_ERROR(b_->upload(di, tables.data(), sizeof(int64_t) * tables.size()));
+  // d logits and the backward's scratch in one buffer.
+  const int64_t need = t * c.vocab_size + BackendBackward<B>::scratch_floats(c, tape_);
+  MILES_ASSIGN_OR_RETURN(float* buf, scratch(bwd_, need));
+  MILES_RETURN_IF_ERROR(b_->upload(buf, dlogits.data(), sizeof(float) * dlogits.size()));
+  MILES_RETURN_IF_ERROR(bw.run(buf, buf + t * c.vocab_size, di));
+  MILES_RETURN_IF_ERROR(b_->download(grads.all().data(), g, sizeof(float) * total));
+  if (tied)
+    MILES_RETURN_IF_ERROR(
+        b_->download(tied_head_grad.data(), tied, sizeof(float) * tied_head_grad.size()));
+  return b_->sync();
+}
+
+}  // namespace miles::device

@@ -1,0 +1,280 @@
+// The backward of the shared model's dense kernels as device functors (device_kernels.h's
+// conventions): each item follows the CPU backward's scalar code (src/kernels/backward.cc,
+// attention_backward.cc, src/model/model_backward.cc) operation for operation, so the device
+// trainer's gradients carry the CPU trainer's bits.
+#pragma once
+
+#include "device/device_kernels.h"
+
+namespace miles::device {
+
+// Rows of a row-wise kernel: row r at base + (r / per_token) * ld_token + (r % per_token) * width
+// (a plain [T, width] matrix: per_token 1; the heads of qkv rows: per_token heads, width head_dim).
+struct Rows {
+  int64_t ld_token, per_token, width;
+  MILES_HD int64_t at(int64_t r) const {
+    return (r / per_token) * ld_token + (r % per_token) * width;
+  }
+};
+
+// d x = d y · W for a forward-packed W [N, K] (y = x Wᵀ): out[r, c] = Σ_j dy[r, j] W[j, c] over
+// j < N by the contract with chunk gemm_chunk(N) (the CPU's transposed pack). Items: M * K.
+struct GemmDxKernel {
+  const float* dy;
+  int64_t ldy;
+  const float*
+      w;  // forward pack: W[j, c] at w[(j / kPanel) * K * kPanel + c * kPanel + j % kPanel]
+  int64_t n, k, chunk;
+  float* out;
+  int64_t ldo;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t r = i / k, c = i % k;
+    const float* dyr = dy + r * ldy;
+    const float* wc = w + c * kPanel;
+    const int64_t panel = k * kPanel;
+    out[r * ldo + c] = chunked_dot(
+        n, chunk, [dyr](int64_t j) { return dyr[j]; },
+        [wc, panel](int64_t j) { return wc[(j / kPanel) * panel + j % kPanel]; });
+  }
+};
+
+// d W[n, k] = Σ_m dy[m, n] x[m, k] over the M rows by the contract (chunk gemm_chunk(M)), written
+// (not added) to up to three destinations split by rows: rows [0, end[0]) to dst[0], [end[0],
+// end[1]) to dst[1], ... (the fused q/k/v or gate/up gradients go to their named tensors).
+// Items: N * K.
+struct WeightGradKernel {
+  const float* dy;
+  int64_t ldy;
+  const float* x;
+  int64_t ldx, m, n, k, chunk;
+  float* dst[3];
+  int64_t end[3];
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t row = i / k, col = i % k;
+    const float* dyc = dy + row;
+    const float* xc = x + col;
+    const int64_t a = ldy, b = ldx;
+    const float v = chunked_dot(
+        m, chunk, [dyc, a](int64_t j) { return dyc[j * a]; },
+        [xc, b](int64_t j) { return xc[j * b]; });
+    int part = 0;
+    while (row >= end[part]) ++part;
+    const int64_t first = part == 0 ? 0 : end[part - 1];
+    dst[part][(row - first) * k + col] = v;
+  }
+};
+
+// RMSNorm backward, phase 1: inv[r] = 1 / sqrt(Σ x² / d + eps) of each row. Items: rows.
+struct RmsInvKernel {
+  const float* x;
+  Rows rows;
+  float eps;
+  float* inv;
+  MILES_HD void operator()(int64_t r) const {
+    const float* xr = x + rows.at(r);
+    const auto v = [xr](int64_t i) { return xr[i]; };
+    const float sum_sq = chunked_dot(rows.width, kChunk, v, v);
+    inv[r] = 1.0f / sqrt_f(sum_sq / static_cast<float>(rows.width) + eps);
+  }
+};
+
+// Phase 2: dw[i] = dw[i] + dy[r, i] · (x[r, i] · inv[r]) for rows r ascending. Items: width.
+struct RmsWeightGradKernel {
+  const float* x;
+  const float* dy;
+  Rows rows;
+  int64_t num_rows;
+  const float* inv;
+  float* dw;
+  MILES_HD void operator()(int64_t i) const {
+    float acc = dw[i];
+    for (int64_t r = 0; r < num_rows; ++r) {
+      const int64_t o = rows.at(r);
+      acc = acc + dy[o + i] * (x[o + i] * inv[r]);
+    }
+    dw[i] = acc;
+  }
+};
+
+// Phase 3: dx = inv · gw − x · (Σ gw·x) · inv³ / d with gw = dy · weight, per row (dx may alias
+// dy). Items: rows.
+struct RmsDxKernel {
+  const float* x;
+  const float* dy;
+  Rows rows;
+  const float* weight;
+  const float* inv;
+  float* dx;
+  MILES_HD void operator()(int64_t r) const {
+    const int64_t o = rows.at(r), d = rows.width;
+    const float* xr = x + o;
+    const float* dyr = dy + o;
+    const float* w = weight;
+    const float dot_gx = chunked_dot(
+        d, kChunk, [dyr, w](int64_t i) { return dyr[i] * w[i]; },
+        [xr](int64_t i) { return xr[i]; });
+    const float s = inv[r];
+    const float coef = dot_gx * s * s * s / static_cast<float>(d);
+    float* dxr = dx + o;
+    for (int64_t i = 0; i < d; ++i) {
+      const float gw = dyr[i] * w[i];
+      dxr[i] = gw * s - xr[i] * coef;
+    }
+  }
+};
+
+// kernels::swiglu_backward: from the forward's gate/up rows [T][2 f] and d act [T][f], d gate and
+// d up into dgu [T][2 f]. Items: T * f.
+struct SwigluBackwardKernel {
+  const float* gate_up;
+  const float* da;
+  int64_t f;
+  float* dgu;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t r = i / f, j = i % f;
+    const float g = gate_up[r * 2 * f + j], u = gate_up[r * 2 * f + f + j], a = da[i];
+    const float den = 1.0f + exp_f32(-g);
+    const float sig = 1.0f / den;
+    const float silu = g / den;
+    dgu[r * 2 * f + f + j] = a * silu;
+    dgu[r * 2 * f + j] = (a * u) * (sig * (1.0f + g * (1.0f - sig)));
+  }
+};
+
+// out[j] = out[j] + Σ_r x[r, j] in ascending rows (bias gradients). Items: n.
+struct ColumnSumKernel {
+  const float* x;
+  int64_t m, ld;
+  float* out;
+  MILES_HD void operator()(int64_t j) const {
+    float acc = out[j];
+    for (int64_t r = 0; r < m; ++r) acc = acc + x[r * ld + j];
+    out[j] = acc;
+  }
+};
+
+// The embedding's gradient: de[token_i, e] += dh[i, e] for tokens i ascending. Items: d.
+struct EmbedBackwardKernel {
+  const int32_t* tokens;
+  int64_t t, d;
+  const float* dh;
+  float* de;
+  MILES_HD void operator()(int64_t e) const {
+    for (int64_t i = 0; i < t; ++i) {
+      float& v = de[static_cast<int64_t>(tokens[i]) * d + e];
+      v = v + dh[i * d + e];
+    }
+  }
+};
+
+// One sequence's causal attention backward, phase 1 (kernels::attention_backward_kv_head's first
+// phase): for query i and head h, the probabilities p_ij (recomputed, two-pass softmax), dS_ij =
+// p_ij (dp_ij − Σ p dp) · scale, kept in p[h][i][j] and ds[h][i][j] (j <= i), and dq_i. Items:
+// every sequence's (head, query) pairs, item = seq_item0[s] + h * n_s + i.
+struct AttnBackwardRowsKernel {
+  const float* qkv;  // the forward's rows after q/k norm and RoPE, stride ld
+  int64_t ld, q_dim, kv_dim, heads, kv_heads, head_dim;
+  const float* d_out;  // [T][heads * head_dim]
+  float scale;
+  int64_t num_seqs;
+  const int64_t* seq_first;  // [S]: first token
+  const int64_t* seq_len;    // [S]
+  const int64_t* seq_item0;  // [S]: first item
+  const int64_t* seq_pbase;  // [S]: offset of the sequence's p / ds ([heads][n][n])
+  float* p;
+  float* ds;
+  float* dqkv;  // d q written at row stride ld
+  MILES_HD void operator()(int64_t item) const {
+    int64_t s = 0;
+    while (s + 1 < num_seqs && item >= seq_item0[s + 1]) ++s;
+    const int64_t n = seq_len[s], local = item - seq_item0[s];
+    const int64_t h = local / n, i = local % n, hd = head_dim;
+    const int64_t kh = h / (heads / kv_heads), off = seq_first[s];
+    const float* qi = qkv + (off + i) * ld + h * hd;
+    const float* doi = d_out + (off + i) * heads * hd + h * hd;
+    float* pr = p + seq_pbase[s] + (h * n + i) * n;
+    float* dr = ds + seq_pbase[s] + (h * n + i) * n;
+    float mx = -inf_f();
+    for (int64_t j = 0; j <= i; ++j) {
+      const float* kj = qkv + (off + j) * ld + q_dim + kh * hd;
+      const float sc = chunked_dot(
+          hd, kChunk, [qi](int64_t e) { return qi[e]; }, [kj](int64_t e) { return kj[e]; });
+      pr[j] = sc * scale;
+      mx = max_f(mx, pr[j]);
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j <= i; ++j) pr[j] = exp_f32(pr[j] - mx);
+    for (int64_t j = 0; j <= i; ++j) sum = sum + pr[j];
+    float dsum = 0.0f;
+    for (int64_t j = 0; j <= i; ++j) {
+      const float* vj = qkv + (off + j) * ld + q_dim + kv_dim + kh * hd;
+      dr[j] = chunked_dot(
+          hd, kChunk, [doi](int64_t e) { return doi[e]; }, [vj](int64_t e) { return vj[e]; });
+      pr[j] = pr[j] / sum;
+      dsum = fma_f(pr[j], dr[j], dsum);
+    }
+    for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dsum) * scale;
+    float* dq = dqkv + (off + i) * ld + h * hd;
+    for (int64_t e = 0; e < hd; ++e) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j <= i; ++j)
+        acc = fma_f(dr[j], qkv[(off + j) * ld + q_dim + kh * hd + e], acc);
+      dq[e] = acc;
+    }
+  }
+};
+
+// Phase 2: dk_j and dv_j of kv head kh, element e: Σ over query blocks of kQueryBlock (ascending),
+// the group's heads (ascending), queries i >= j of the block (ascending), of dS_ij q_i (dk) and
+// p_ij d_out_i (dv), fma from 0. Items: item = seq_item0[s] + (kh * n_s + j) * head_dim + e.
+struct AttnBackwardKvKernel {
+  const float* qkv;
+  int64_t ld, q_dim, kv_dim, heads, kv_heads, head_dim;
+  const float* d_out;
+  int64_t num_seqs;
+  const int64_t* seq_first;
+  const int64_t* seq_len;
+  const int64_t* seq_item0;
+  const int64_t* seq_pbase;
+  const float* p;
+  const float* ds;
+  float* dqkv;
+  static constexpr int64_t kQueryBlock = 64;
+  MILES_HD void operator()(int64_t item) const {
+    int64_t s = 0;
+    while (s + 1 < num_seqs && item >= seq_item0[s + 1]) ++s;
+    const int64_t n = seq_len[s], local = item - seq_item0[s];
+    const int64_t hd = head_dim, e = local % hd, j = (local / hd) % n, kh = local / (hd * n);
+    const int64_t group = heads / kv_heads, off = seq_first[s];
+    const int64_t qb = n < kQueryBlock ? n : kQueryBlock;
+    const float* pb = p + seq_pbase[s];
+    const float* db = ds + seq_pbase[s];
+    float dk = 0.0f, dv = 0.0f;
+    for (int64_t i0 = 0; i0 < n; i0 += qb) {
+      const int64_t i1 = i0 + qb < n ? i0 + qb : n;
+      if (j >= i1) continue;
+      const int64_t first = i0 > j ? i0 : j;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = kh * group + g;
+        for (int64_t i = first; i < i1; ++i)
+          dk = fma_f(db[(h * n + i) * n + j], qkv[(off + i) * ld + h * hd + e], dk);
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = kh * group + g;
+        for (int64_t i = first; i < i1; ++i)
+          dv = fma_f(pb[(h * n + i) * n + j], d_out[(off + i) * heads * hd + h * hd + e], dv);
+      }
+    }
+    float* row = dqkv + (off + j) * ld;
+    row[q_dim + kh * hd + e] = dk;
+    row[q_dim + kv_dim + kh * hd + e] = dv;
+  }
+};
+
+// y[i] = 0. Items: n.
+struct ZeroKernel {
+  float* y;
+  MILES_HD void operator()(int64_t i) const { y[i] = 0.0f; }
+};
+
+}  // namespace miles::device
