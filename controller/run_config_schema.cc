@@ -64,6 +64,7 @@ std::vector<Section> sections_of(RunConfig& c) {
        {{"global_batch_size", &t.global_batch_size},
         {"num_steps_per_rollout", &t.num_steps_per_rollout},
         {"micro_batch_size", &t.micro_batch_size},
+        {"device", &t.device},
         {"lr", &t.lr},
         {"min_lr", &t.min_lr},
         {"warmup_steps", &t.warmup_steps},

@@ -195,6 +195,12 @@ void check_trainer(const RunConfig& c, Checker& check) {
   }
   check.at_least<int64_t>("trainer.warmup_steps", t.warmup_steps, 0);
   check.one_of("trainer.decay", t.decay, {"constant", "cosine"});
+  check.one_of("trainer.device", t.device, {"cpu", "cuda", "emulated"});
+  if (t.device != "cpu" && (c.parallel.tp > 1 || c.parallel.pp > 1))
+    check.fail({"trainer.device", "parallel.tp", "parallel.pp"},
+               "trainer.device: " + t.device +
+                   " with parallel.tp or parallel.pp > 1: a device trainer runs data parallelism "
+                   "only for now");
   check.at_least("trainer.weight_decay", t.weight_decay, 0.0);
   for (auto [key, beta] : {std::pair{"trainer.beta1", t.beta1}, {"trainer.beta2", t.beta2}}) {
     if (!(beta >= 0 && beta < 1)) check.fail(key, "must be in [0, 1), got " + str(beta));

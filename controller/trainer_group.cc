@@ -50,6 +50,7 @@ Result<TrainerConfig> trainer_config(const RunConfig& cfg) {
   tc.micro_batch_size = t.micro_batch_size;
   tc.need_entropy = cfg.algorithm.entropy_coef != 0;
   tc.replay_experts = true;
+  MILES_ASSIGN_OR_RETURN(tc.device, parse_device(t.device));
   MILES_RETURN_IF_ERROR(tc.validate());
   return tc;
 }

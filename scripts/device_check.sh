@@ -7,7 +7,8 @@
 #   bash scripts/device_check.sh run       # there, with .device carried: builds
 #                                          # tests/device (core + CUDA backend, Release, sm_90) and
 #                                          # runs miles_device_check: every test model and stories260K
-#                                          # bit for bit against the CPU model, then SmolLM2- and
+#                                          # bit for bit against the CPU model (inference and the
+#                                          # training pass's gradients), then SmolLM2- and
 #                                          # Qwen3-0.6B-shaped models bit for bit and timed
 #
 # The device tool's call:  run(command="bash scripts/device_check.sh run", carry=[".device"],
@@ -44,10 +45,11 @@ echo "== built in $(( $(date +%s) - t0 )) s"
 check="$build/miles_device_check"
 rc=0
 echo "== bits: test models and stories260K"
-"$check" --device cuda tests/data/models/llama tests/data/models/llama_tied \
+"$check" --device cuda --train tests/data/models/llama tests/data/models/llama_tied \
   tests/data/models/llama_rope_yarn tests/data/models/llama_rope_llama3 tests/data/models/qwen3 \
   tests/data/models/qwen3_bf16 .device/models/stories260K/stories260K.bin || rc=1
 echo "== bits and time: SmolLM2-135M and Qwen3-0.6B shapes (random weights)"
-"$check" --device cuda --time smollm2-shape qwen3-0.6b-shape || rc=1
+"$check" --device cuda --time --train smollm2-shape || rc=1
+"$check" --device cuda --time qwen3-0.6b-shape || rc=1
 echo "== done: rc=$rc"
 exit $rc

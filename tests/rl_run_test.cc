@@ -236,16 +236,17 @@ TEST(RlRun, TensorParallelEnginesGiveTheSingleProcessEngineRun) {
   }
 }
 
-// Engines whose forwards run the device kernels (here emulated on the host: the CUDA kernels' code)
-// with the KV in device memory: the run equals the CPU-engine run number for number, |Δlogp| = 0
-// between the device engine's sampling logprobs and the CPU trainer's.
+// Engines and a trainer whose forwards (and backward) run the device kernels (here emulated on the
+// host: the CUDA kernels' code), the engines' KV in device memory: the run equals the CPU run
+// number for number, |Δlogp| = 0 between the device engine's sampling logprobs and the device
+// trainer's.
 TEST(RlRun, DeviceEnginesGiveTheCpuEngineRun) {
   MILES_REQUIRE_SHARED();
   const std::string ref = temp_dir("device_ref"), dir = temp_dir("device");
   const std::string common = " rollout.num_rollouts=3";
   ASSERT_EQ(run_here(std::string(kCi) + " --run-dir " + ref + common).exit_code, 0);
-  auto r =
-      run_here(std::string(kCi) + " --run-dir " + dir + common + " rollout.engine_device=emulated");
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir + common +
+                    " rollout.engine_device=emulated trainer.device=emulated");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   std::ifstream log(dir + "/engines/engine_0.log");
   const std::string engine_log((std::istreambuf_iterator<char>(log)), {});

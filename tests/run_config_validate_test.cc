@@ -61,6 +61,13 @@ TEST(RunConfigValidate, EngineDeviceIsNamedAndNotSplitAcrossProcesses) {
   EXPECT_NE(typo.find("gpu"), std::string::npos) << typo;
   const std::string tp = error_with("", {"rollout.engine_device=cuda", "rollout.engine_tp=2"});
   EXPECT_NE(tp.find("engine_tp > 1"), std::string::npos) << tp;
+  EXPECT_EQ(
+      error_with("", {"trainer.device=emulated", "parallel.dp=2", "trainer.global_batch_size=64"}),
+      "(no error)");
+  const std::string ttp = error_with("", {"trainer.device=cuda", "parallel.pp=2"});
+  EXPECT_NE(ttp.find("trainer.device: cuda with parallel.tp or parallel.pp > 1"), std::string::npos)
+      << ttp;
+  EXPECT_NE(error_with("", {"trainer.device=tpu"}).find("trainer.device"), std::string::npos);
 }
 
 TEST(RunConfigValidate, GlobalBatchDividesIntoMicroBatchesPerRank) {

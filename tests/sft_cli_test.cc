@@ -82,6 +82,14 @@ TEST(SftCli, ParallelLayoutsGiveTheSingleProcessLossAndGradNormBitForBit) {
   expect_layouts_match(stories(), 2, {"dp=2", "dp=4,pp=1,tp=1", "pp=2", "pp=5", "dp=2,pp=2"});
 }
 
+// A device trainer (--device emulated: the CUDA kernels' code run as host loops), alone and as two
+// data-parallel ranks, prints the CPU single process's losses and grad norms bit for bit.
+TEST(SftCli, DeviceTrainerGivesTheCpuLossAndGradNormBitForBit) {
+  MILES_REQUIRE_SHARED();
+  expect_layouts_match(stories(), 2, {"dp=1 --device emulated", "dp=2 --device emulated"});
+  expect_layouts_match(test::data_dir() + "/models/qwen3", 2, {"dp=1 --device emulated"});
+}
+
 TEST(SftCli, PipelineLayoutsOfMoeAndQwen3ModelsMatchTheSingleProcess) {
   expect_layouts_match(test::data_dir() + "/models/qwen3_moe", 1,
                        {"pp=2", "dp=2,pp=2", "dp=4,pp=2"});

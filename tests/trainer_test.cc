@@ -117,6 +117,49 @@ TEST(Trainer, SameInputsSameBits) {
   EXPECT_EQ(0, std::memcmp(finals[0].data(), finals[1].data(), finals[0].size() * 4));
 }
 
+// A trainer whose forward and backward run on a device (here the emulated one: the CUDA kernels'
+// code as host loops) takes the CPU trainer's steps bit for bit: losses, gradient norms, scores
+// and every parameter after 3 steps with micro-batches of 2 (entropy term included).
+TEST(Trainer, DeviceTrainerStepsAreTheCpuTrainersBits) {
+  test::Case c = test::load_case("llama");
+  std::vector<std::vector<float>> coef;
+  const std::vector<TrainSample> batch = samples_of(c, coef);
+  ThreadPool pool(2);
+  TrainerConfig dc = golden_config(2);
+  dc.device = Device::kEmulated;
+  auto cpu = Trainer::create(c.config, c.weights, golden_config(2), &pool);
+  auto dev = Trainer::create(c.config, c.weights, dc, &pool);
+  ASSERT_TRUE(cpu.ok() && dev.ok()) << dev.message();
+  for (int k = 0; k < 3; ++k) {
+    auto a = (*cpu)->step(batch, golden_objective(c, coef));
+    auto b = (*dev)->step(batch, golden_objective(c, coef));
+    ASSERT_TRUE(a.ok() && b.ok()) << b.message();
+    EXPECT_EQ(a->loss, b->loss) << k;
+    EXPECT_EQ(a->grad_norm, b->grad_norm) << k;
+  }
+  const auto pa = (*cpu)->params().all(), pb = (*dev)->params().all();
+  EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * 4));
+  auto sa = (*cpu)->score(batch, false), sb = (*dev)->score(batch, false);
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  for (size_t s = 0; s < batch.size(); ++s)
+    EXPECT_EQ(0, std::memcmp((*sa)[s].logp.data(), (*sb)[s].logp.data(), 4 * (*sa)[s].logp.size()));
+}
+
+TEST(Trainer, DeviceTrainerRefusesMoeAndModelParallelLayouts) {
+  test::Case moe = test::load_case("qwen3_moe");
+  TrainerConfig dc = golden_config(1);
+  dc.device = Device::kEmulated;
+  auto m = Trainer::create(moe.config, moe.weights, dc, nullptr);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.message().find("MoE"), std::string::npos) << m.message();
+  test::Case c = test::load_case("llama");
+  auto tr = Trainer::create(c.config, c.weights, dc, nullptr);
+  ASSERT_TRUE(tr.ok());
+  Status s = (*tr)->set_pipeline_stage(0, 2);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("pp=1"), std::string::npos) << s.message();
+}
+
 TEST(Trainer, SftLowersTheLossAndScoreMatchesIt) {
   test::Case c = test::load_case("llama");
   std::vector<std::vector<float>> coef;

@@ -48,6 +48,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig& config,
 
 Status Trainer::reload_model() {
   const TensorMap view = params_.as_tensor_map();
+  if (tc_.device != Device::kCpu) {  // same tensors, new values, into the device's buffers
+    if (device_model_) return device_model_->reload_weights(view);
+    MILES_ASSIGN_OR_RETURN(device_model_,
+                           make_device_model(tc_.device, local_config_, view, {1, 16}, pool_));
+    return Status::Ok();
+  }
   if (model_ && model_layout_ == layout_) {  // same tensors, new values: reuse the buffers
     const Status s = model_->reload_weights(view, pool_);
     if (!s.ok()) std::fprintf(stderr, "trainer: %s\n", s.message().c_str());
@@ -98,6 +104,7 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   const bool replay =
       tc_.replay_experts && config_.num_moe_layers() > 0 && !batch[first].routed_experts.empty();
   const Packed p = pack(batch, first, count, replay);
+  if (device_model_) return device_micro_step(p, objective);
   auto kv = model_->make_kv_cache();
   ForwardTape tape;
   ForwardOptions opt;
@@ -117,6 +124,23 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   io.tied_head_grad = r.tied_head;
   io.tp = tp();
   MILES_RETURN_IF_ERROR(model_->backward(tape, head.dlogits, r.grads, pool_, io));
+  return r;
+}
+
+// micro_step on the device: forward (activations kept there), the loss head on the host with the
+// logits copied back, then the backward from the d logits copied over.
+Result<Trainer::MicroResult> Trainer::device_micro_step(const trainer_detail::Packed& p,
+                                                        const TokenObjective& objective) {
+  MILES_ASSIGN_OR_RETURN(ForwardOutput out, device_model_->forward_train(p.tokens, p.seqs, true));
+  MILES_ASSIGN_OR_RETURN(
+      trainer_detail::HeadResult head,
+      trainer_detail::loss_head(p, std::move(out.logits), local_config_.vocab_size,
+                                tc_.need_entropy, objective, nullptr, pool_));
+  MicroResult r = empty_result();
+  r.loss = head.loss.loss;
+  r.tokens = p.rows.size();
+  r.sums = std::move(head.loss.sums);
+  MILES_RETURN_IF_ERROR(device_model_->backward(head.dlogits, r.grads, r.tied_head));
   return r;
 }
 
@@ -300,11 +324,16 @@ Result<std::vector<ScoredSample>> Trainer::score(std::span<const TrainSample> ba
   for (size_t s = 0; s < batch.size(); ++s) {
     const bool use = replay && per_token > 0 && !batch[s].routed_experts.empty();
     const Packed p = pack(batch, s, 1, use);
-    auto kv = model_->make_kv_cache();
-    ForwardOptions opt;
-    opt.forced_experts = p.forced;
-    opt.return_experts = per_token > 0;
-    MILES_ASSIGN_OR_RETURN(ForwardOutput f, model_->forward(p.tokens, p.seqs, *kv, opt, pool_));
+    ForwardOutput f;
+    if (device_model_) {
+      MILES_ASSIGN_OR_RETURN(f, device_model_->forward_train(p.tokens, p.seqs, false));
+    } else {
+      auto kv = model_->make_kv_cache();
+      ForwardOptions opt;
+      opt.forced_experts = p.forced;
+      opt.return_experts = per_token > 0;
+      MILES_ASSIGN_OR_RETURN(f, model_->forward(p.tokens, p.seqs, *kv, opt, pool_));
+    }
     const int64_t n = p.rows.size();
     std::vector<float> sel(static_cast<size_t>(n * v));
     for (int64_t i = 0; i < n; ++i)

@@ -20,6 +20,9 @@ Status Trainer::set_pipeline_stage(int stage, int num_stages) {
   if (num_stages < 1 || stage < 0 || stage >= num_stages)
     return Status::Error("pipeline stage " + std::to_string(stage) + " of " +
                          std::to_string(num_stages) + " is out of range");
+  if (num_stages > 1 && tc_.device != Device::kCpu)
+    return Status::Error(std::string("a ") + device_name(tc_.device) +
+                         " trainer runs one pipeline stage for now (pp=1)");
   if (num_stages > layers)
     return Status::Error("pp=" + std::to_string(num_stages) + " exceeds the model's " +
                          std::to_string(layers) + " layers");
@@ -45,6 +48,9 @@ Status Trainer::set_pipeline_stage(int stage, int num_stages) {
 Status Trainer::shard_for_tensor_parallel(Communicator& tp) {
   if (tp_.comm) return Status::Error("the trainer is already sharded");
   if (tp.size() == 1) return Status::Ok();
+  if (tc_.device != Device::kCpu)
+    return Status::Error(std::string("a ") + device_name(tc_.device) +
+                         " trainer runs without tensor parallelism for now (tp=1)");
   MILES_ASSIGN_OR_RETURN(ModelConfig local, tensor_parallel::local_config(config_, tp.size()));
   const TensorMap full_view = params_.as_tensor_map();
   auto layout = ParamLayout::for_model(local, &full_view);
@@ -70,6 +76,7 @@ Result<std::unique_ptr<Trainer>> Trainer::gather_tensor_parallel(Communicator& t
   full->config_ = config_;
   full->local_config_ = config_;
   full->tc_ = tc_;
+  full->tc_.device = Device::kCpu;  // a host-side copy for checkpoints and exports
   full->pool_ = pool_;
   full->layout_ = full_layout_;
   full->full_layout_ = full_layout_;

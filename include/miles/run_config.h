@@ -72,6 +72,7 @@ struct TrainerSection {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double clip_grad_norm = 1.0;
   int64_t threads = 1;                 // compute threads of the trainer
+  std::string device = "cpu";          // cpu | cuda | emulated: where forward and backward run
 };
 
 struct ParallelSection {

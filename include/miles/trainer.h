@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "miles/device_model.h"
 #include "miles/flat_params.h"
 #include "miles/model.h"
 #include "miles/optimizer.h"
@@ -58,6 +59,10 @@ struct TrainerConfig {
   int64_t micro_batch_size = 1;  // samples per micro-batch
   bool need_entropy = false;     // compute entropies (entropy bonus / metrics)
   bool replay_experts = true;    // R3: use the samples' routed_experts when present
+  // Where forward and backward run: cpu (the CPU Model) or a device (device_model.h: cuda, or
+  // emulated), with the CPU's bits either way. The loss head, gradient sums, clipping and AdamW
+  // stay on the host. A device trainer is one process per rank (data parallelism only; dense).
+  Device device = Device::kCpu;
   Status validate() const;
 };
 
@@ -96,6 +101,10 @@ struct PipelineStage {
 // Layers [begin, end) of pipeline stage `stage` of `num_stages`: as even as possible, earlier
 // stages taking the remainder.
 std::pair<int64_t, int64_t> stage_layers(int64_t num_layers, int stage, int num_stages);
+
+namespace trainer_detail {
+struct Packed;
+}
 
 class Trainer {
  public:
@@ -143,8 +152,11 @@ class Trainer {
   AdamW& optimizer() { return *opt_; }
   const AdamW& optimizer() const { return *opt_; }
   int64_t steps_done() const { return opt_->steps(); }
-  // The current weights as a Model (rebuilt after every step).
-  const Model& model() const { return *model_; }
+  // The current weights as a Model (rebuilt after every step); a CPU trainer's only.
+  const Model& model() const {
+    MILES_CHECK(model_ != nullptr, "a device trainer's model lives on its device");
+    return *model_;
+  }
   // Replaces the weights (checkpoint resume) and rebuilds the model.
   Status reload_model();
 
@@ -156,6 +168,8 @@ class Trainer {
   Status check_batch(std::span<const TrainSample> batch) const;
   Result<MicroResult> micro_step(std::span<const TrainSample> batch, int64_t first, int64_t count,
                                  const TokenObjective& objective);
+  Result<MicroResult> device_micro_step(const trainer_detail::Packed& p,
+                                        const TokenObjective& objective);
   MicroResult empty_result();     // gradient buffers, reused from spare_* when possible
   void recycle(MicroResult&& r);  // keeps r's buffers for a later micro-batch
   Status reduce_across_stages(MicroResult& acc, Communicator* pp);
@@ -172,7 +186,8 @@ class Trainer {
   std::shared_ptr<const ParamLayout> layout_;
   FlatTensors params_;
   std::unique_ptr<AdamW> opt_;
-  std::unique_ptr<Model> model_;
+  std::unique_ptr<Model> model_;                     // cpu
+  std::unique_ptr<DeviceModel> device_model_;        // any other TrainerConfig::device
   std::shared_ptr<const ParamLayout> model_layout_;  // layout_ when model_ was built
   PipelineStage stage_;
   std::vector<bool> owned_;                     // (tensors) this stage computes and updates them

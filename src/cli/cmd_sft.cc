@@ -34,6 +34,7 @@ struct SftOptions {
   // Collectives: "shm" (every rank on this host) or "gloo" (TCP); "": shm for the ranks `miles
   // sft` starts itself, gloo for a train-worker started by an external launcher.
   std::string comm;
+  std::string device = "cpu";  // where forward and backward run (TrainerConfig::device)
   std::string save_dir;
   int64_t save_every = 0;
   bool resume = false;
@@ -91,6 +92,7 @@ Result<TrainerConfig> trainer_config(const SftOptions& o) {
     return Status::Error("--decay must be constant or cosine, not '" + o.decay + "'");
   }
   tc.micro_batch_size = o.micro_batch_size;
+  MILES_ASSIGN_OR_RETURN(tc.device, parse_device(o.device));
   MILES_RETURN_IF_ERROR(tc.validate());
   return tc;
 }
@@ -246,6 +248,10 @@ void add_job_options(CLI::App* sub, SftOptions* o) {
                   "collectives over shm (one host) or gloo (TCP); default: shm for the ranks sft "
                   "starts, gloo for a train-worker")
       ->check(CLI::IsMember({"shm", "gloo"}));
+  sub->add_option("--device", o->device,
+                  "where forward and backward run: cpu, cuda (a GPU, dense models) or emulated; "
+                  "the same bits on each")
+      ->check(CLI::IsMember({"cpu", "cuda", "emulated"}));
 }
 
 // The arguments after the subcommand name, to forward to workers.

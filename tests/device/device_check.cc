@@ -3,13 +3,14 @@
 // GPU machine from tests/device/CMakeLists.txt (scripts/device_check.sh); the main build compiles
 // it too, so it cannot rot.
 //
-//   miles_device_check [--device cuda|emulated] [--time] MODEL...
+//   miles_device_check [--device cuda|emulated] [--time] [--train] MODEL...
 //
 // For each MODEL (an HF directory or llama2.c file; "smollm2-shape" and "qwen3-0.6b-shape" are
 // random-weight models of those shapes): two sequences prefilled together into scattered KV blocks,
 // then both decoded one token; the device's logits must equal the CPU model's in every bit. With
-// --time: prefill and decode throughput on the device against the CPU (all cores). Exit status 0
-// only when every model matched.
+// --train: a packed training batch through forward_train and backward, every gradient equal to the
+// CPU Model::backward's. With --time: prefill, decode and (with --train) training-pass throughput
+// on the device against the CPU (all cores). Exit status 0 only when every model matched.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -89,8 +90,72 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b, const c
   return false;
 }
 
+// A packed batch of `seqs` sequences of `len` tokens through the training forward and backward on
+// both sides: logits and every gradient compared bit for bit; the times of each side when `time`.
+bool check_training(const ModelFiles& files, const Model& cpu, DeviceModel& dev, int64_t seqs_n,
+                    int64_t len, bool time, ThreadPool& pool) {
+  const ModelConfig& c = files.config;
+  std::mt19937 rng(9);
+  std::vector<int32_t> tokens(seqs_n * len);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % c.vocab_size);
+  std::vector<SeqSpan> seqs;
+  for (int64_t s = 0; s < seqs_n; ++s) seqs.push_back({static_cast<int32_t>(s), 0, len});
+  auto cache = cpu.make_kv_cache();
+  ForwardTape tape;
+  ForwardOptions o;
+  o.tape = &tape;
+  auto t0 = std::chrono::steady_clock::now();
+  auto a = cpu.forward(tokens, seqs, *cache, o, &pool);
+  if (!a.ok()) {
+    std::printf("    cpu training forward: %s\n", a.message().c_str());
+    return false;
+  }
+  std::vector<float> dlogits(a->logits.size());
+  std::normal_distribution<float> nd(0.0f, 1e-4f);
+  for (float& x : dlogits) x = nd(rng);
+  auto layout = ParamLayout::for_model(c, &files.weights);
+  FlatTensors ga(layout), gb(layout);
+  if (Status s = cpu.backward(tape, dlogits, ga, &pool); !s.ok()) {
+    std::printf("    cpu backward: %s\n", s.message().c_str());
+    return false;
+  }
+  const double cpu_s = seconds_since(t0);
+  double dev_s = 1e30;
+  bool ok = true;
+  for (int rep = 0; rep < (time ? 3 : 1); ++rep) {
+    t0 = std::chrono::steady_clock::now();
+    auto b = dev.forward_train(tokens, seqs, true);
+    Status s = b.ok() ? dev.backward(dlogits, gb, {}) : b.status();
+    if (!s.ok()) {
+      std::printf("    device training pass: %s\n", s.message().c_str());
+      return false;
+    }
+    dev_s = std::min(dev_s, seconds_since(t0));
+    if (rep == 0) {
+      ok = same_bits(a->logits, b->logits, "training logits") && ok;
+      int bad = 0;
+      for (const ParamSpec& spec : layout->specs()) {
+        const auto x = ga.get(spec.name), y = gb.get(spec.name);
+        if (std::memcmp(x.data(), y.data(), 4 * x.size()) != 0 && bad++ < 3)
+          std::printf("    gradient of %s: DIFFERS\n", spec.name.c_str());
+      }
+      ok = ok && bad == 0;
+      std::printf("    training (%lld x %lld tokens): logits and %zu gradients %s\n",
+                  static_cast<long long>(seqs_n), static_cast<long long>(len),
+                  layout->specs().size(), ok ? "EQUAL to the CPU model's" : "NOT equal");
+    }
+  }
+  if (time)
+    std::printf(
+        "    forward + backward of %lld tokens: %s %.4f s (%.0f tok/s), CPU %d threads "
+        "%.4f s: %.1fx\n",
+        static_cast<long long>(seqs_n * len), device_name(dev.device()), dev_s,
+        seqs_n * len / dev_s, pool.num_threads(), cpu_s, cpu_s / dev_s);
+  return ok;
+}
+
 // The bit-for-bit check of one model; its load and forward times when `time` is set.
-bool check_model(const std::string& spec, Device device, bool time, ThreadPool& pool) {
+bool check_model(const std::string& spec, Device device, bool time, bool train, ThreadPool& pool) {
   std::printf("%s\n", spec.c_str());
   auto files = load(spec);
   if (!files.ok()) {
@@ -140,10 +205,12 @@ bool check_model(const std::string& spec, Device device, bool time, ThreadPool& 
   }
   ok = same_bits(a->logits, b->logits, "decode logits") && ok;
   std::printf("    bits: %s\n", ok ? "EQUAL to the CPU model (prefill and decode)" : "NOT equal");
+  if (train) ok = check_training(*files, **cpu, **dev, 2, time ? 128 : 70, time, pool) && ok;
   if (!time) return ok;
 
-  // Throughput: a prefill of 4 x 256 tokens, then decode steps of 64 sequences at context 256.
-  const int64_t seq = 256, nseq = 4, batch = 64;
+  // Throughput: a prefill of 4 x 128 tokens, then decode steps of 64 sequences at context 128
+  // (sizes that the first, simple device kernels finish in seconds).
+  const int64_t seq = 128, nseq = 4, batch = 64;
   std::vector<int32_t> toks(seq * nseq);
   for (auto& t : toks) t = static_cast<int32_t>(rng() % c.vocab_size);
   std::vector<SeqSpan> ps;
@@ -203,7 +270,7 @@ bool check_model(const std::string& spec, Device device, bool time, ThreadPool& 
 int main(int argc, char** argv) {
   using namespace miles;
   Device device = Device::kCuda;
-  bool time = false;
+  bool time = false, train = false;
   std::vector<std::string> models;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -216,12 +283,15 @@ int main(int argc, char** argv) {
       device = *d;
     } else if (a == "--time") {
       time = true;
+    } else if (a == "--train") {
+      train = true;
     } else {
       models.push_back(a);
     }
   }
   if (models.empty()) {
-    std::fprintf(stderr, "usage: miles_device_check [--device cuda|emulated] [--time] MODEL...\n");
+    std::fprintf(
+        stderr, "usage: miles_device_check [--device cuda|emulated] [--time] [--train] MODEL...\n");
     return 2;
   }
   if (device == Device::kCuda) {
@@ -232,7 +302,7 @@ int main(int argc, char** argv) {
   }
   ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   int failed = 0;
-  for (const std::string& m : models) failed += check_model(m, device, time, pool) ? 0 : 1;
+  for (const std::string& m : models) failed += check_model(m, device, time, train, pool) ? 0 : 1;
   std::printf("%s: %zu model(s), %d not equal to the CPU model\n", failed ? "FAIL" : "PASS",
               models.size(), failed);
   return failed ? 1 : 0;
