@@ -62,9 +62,9 @@ class BackendBackward {
  private:
   float* grad(const std::string& name) { return g_ + layout_.at(name).offset; }
 
-  void gemm_dx(const float* dy, int64_t ldy, const DevMatrix& w, float* out, int64_t ldo) {
-    b_.launch(t_ * w.k,
-              GemmDxKernel{dy, ldy, w.data, w.n, w.k, kernels::gemm_chunk(w.n), out, ldo});
+  // d x = d y · W through W's transposed pack (BackendModel::make_transposed).
+  void gemm_dx(const float* dy, int64_t ldy, const DevMatrix& wt, float* out, int64_t ldo) {
+    m_.gemm(dy, t_, ldy, wt, out, ldo);
   }
   // dW [n, k] of y = x Wᵀ over the tape's tokens, rows split into up to three named tensors.
   void weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx, int64_t n, int64_t k,
@@ -91,7 +91,7 @@ class BackendBackward {
 
   void head(const float* dlogits) {
     const int64_t d = c_.hidden_size, v = c_.vocab_size;
-    gemm_dx(dlogits, v, m_.lm_head_, dxn_, d);
+    gemm_dx(dlogits, v, m_.lm_head_t_, dxn_, d);
     float* head_grad = !c_.tie_word_embeddings ? grad("lm_head.weight")
                        : tied_head_            ? tied_head_
                                                : grad("model.embed_tokens.weight");
@@ -106,12 +106,12 @@ class BackendBackward {
     const int64_t d = c_.hidden_size, f = c_.intermediate_size;
     float* dact = dmid_;
     float* dgu = dwide_;
-    gemm_dx(dh_, d, w.down, dact, f);
+    gemm_dx(dh_, d, w.down_t, dact, f);
     weight_grad(dh_, d, lt.act, f, d, f, {{grad(p + "mlp.down_proj.weight"), d}});
     b_.launch(t_ * f, SwigluBackwardKernel{lt.gate_up, dact, f, dgu});
     weight_grad(dgu, 2 * f, lt.xn2, d, 2 * f, d,
                 {{grad(p + "mlp.gate_proj.weight"), f}, {grad(p + "mlp.up_proj.weight"), f}});
-    gemm_dx(dgu, 2 * f, w.gate_up, dxn_, d);
+    gemm_dx(dgu, 2 * f, w.gate_up_t, dxn_, d);
     norm_backward(lt.h_mid, dxn_, Rows{d, 1, d}, t_, w.post_norm, dxn_,
                   grad(p + "post_attention_layernorm.weight"));
     b_.launch(t_ * d, AddKernel{dh_, dxn_});
@@ -124,7 +124,7 @@ class BackendBackward {
     const int64_t ld = qd + 2 * kvd, heads = c_.num_heads, kvh = c_.num_kv_heads;
     float* dattn = dmid_;
     float* dqkv = dwide_;
-    gemm_dx(dh_, d, w.o, dattn, qd);
+    gemm_dx(dh_, d, w.o_t, dattn, qd);
     weight_grad(dh_, d, lt.attn, qd, d, qd, {{grad(p + "self_attn.o_proj.weight"), d}});
     if (w.o_bias) b_.launch(d, ColumnSumKernel{dh_, t_, d, grad(p + "self_attn.o_proj.bias")});
     attention_core(lt, dattn, dqkv);
@@ -146,7 +146,7 @@ class BackendBackward {
                 {{grad(p + "self_attn.q_proj.weight"), qd},
                  {grad(p + "self_attn.k_proj.weight"), kvd},
                  {grad(p + "self_attn.v_proj.weight"), kvd}});
-    gemm_dx(dqkv, ld, w.qkv, dxn_, d);
+    gemm_dx(dqkv, ld, w.qkv_t, dxn_, d);
     norm_backward(lt.h_in, dxn_, Rows{d, 1, d}, t_, w.input_norm, dxn_,
                   grad(p + "input_layernorm.weight"));
     b_.launch(t_ * d, AddKernel{dh_, dxn_});
@@ -232,6 +232,7 @@ Status BackendModel<B>::backward(std::span<const float> dlogits, FlatTensors& gr
   if (!tied_head_grad.empty()) {
     MILES_ASSIGN_OR_RETURN(tied, scratch(tied_, c.vocab_size * c.hidden_size));
   }
+  MILES_RETURN_IF_ERROR(make_transposed());
   BackendBackward<B> bw(*this, g, grads.layout(), tied);
   const std::vector<int64_t> tables = bw.attention_tables();
   MILES_ASSIGN_OR_RETURN(int64_t * di, scratch(bwd_ints_, static_cast<int64_t>(tables.size())));

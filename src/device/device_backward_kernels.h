@@ -17,27 +17,6 @@ struct Rows {
   }
 };
 
-// d x = d y · W for a forward-packed W [N, K] (y = x Wᵀ): out[r, c] = Σ_j dy[r, j] W[j, c] over
-// j < N by the contract with chunk gemm_chunk(N) (the CPU's transposed pack). Items: M * K.
-struct GemmDxKernel {
-  const float* dy;
-  int64_t ldy;
-  const float*
-      w;  // forward pack: W[j, c] at w[(j / kPanel) * K * kPanel + c * kPanel + j % kPanel]
-  int64_t n, k, chunk;
-  float* out;
-  int64_t ldo;
-  MILES_HD void operator()(int64_t i) const {
-    const int64_t r = i / k, c = i % k;
-    const float* dyr = dy + r * ldy;
-    const float* wc = w + c * kPanel;
-    const int64_t panel = k * kPanel;
-    out[r * ldo + c] = chunked_dot(
-        n, chunk, [dyr](int64_t j) { return dyr[j]; },
-        [wc, panel](int64_t j) { return wc[(j / kPanel) * panel + j % kPanel]; });
-  }
-};
-
 // d W[n, k] = Σ_m dy[m, n] x[m, k] over the M rows by the contract (chunk gemm_chunk(M)), written
 // (not added) to up to three destinations split by rows: rows [0, end[0]) to dst[0], [end[0],
 // end[1]) to dst[1], ... (the fused q/k/v or gate/up gradients go to their named tensors).

@@ -48,17 +48,22 @@ struct RmsnormKernel {
 };
 
 // kernels::gemm: y[r, c] = Σ_k x[r, k] · W[c, k] by the contract, W packed (panels of kPanel
-// columns, [K][kPanel] each). Items: M * N (adjacent items are adjacent columns of one row: they
-// read adjacent floats of a panel).
+// columns, [K][kPanel] each). Items: M * num_panels * kPanel, panel-major, then row, then lane:
+// kPanel adjacent items are adjacent columns of one row (they read adjacent floats of a panel and
+// one x row), and the rows of one panel follow each other, so a panel is reused from cache by every
+// row instead of the whole matrix streaming past between two rows. Lanes past N do nothing.
 struct GemmKernel {
   const float* x;
   int64_t lda;
   const float* w;  // num_panels * K * kPanel
-  int64_t n, k, chunk;
+  int64_t m, n, k, chunk;
   float* y;
   int64_t ldy;
+  static int64_t items(int64_t m, int64_t n) { return m * ((n + kPanel - 1) / kPanel) * kPanel; }
   MILES_HD void operator()(int64_t i) const {
-    const int64_t r = i / n, c = i % n;
+    const int64_t lane = i % kPanel, rest = i / kPanel;
+    const int64_t r = rest % m, c = (rest / m) * kPanel + lane;
+    if (c >= n) return;
     const float* xr = x + r * lda;
     const float* wc = w + (c / kPanel) * k * kPanel + c % kPanel;
     y[r * ldy + c] = chunked_dot(
@@ -204,6 +209,19 @@ struct CopyKernel {
   const float* src;
   float* dst;
   MILES_HD void operator()(int64_t i) const { dst[i] = src[i]; }
+};
+
+// The packed form of Wᵀ from the packed W [N, K] (PackedMatrix::transpose_into, on the device):
+// wt holds ceil(K / kPanel) panels of [N][kPanel]; element (c, j) = W(j, c), zero past K. Items:
+// ceil(K / kPanel) * kPanel * N, in wt's order.
+struct TransposePackKernel {
+  const float* w;
+  int64_t n, k;
+  float* wt;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t lane = i % kPanel, j = (i / kPanel) % n, c = (i / kPanel / n) * kPanel + lane;
+    wt[i] = c < k ? w[(j / kPanel) * k * kPanel + c * kPanel + j % kPanel] : 0.0f;
+  }
 };
 
 // out[r, :] = h[rows[r], :]. Items: R * d.

@@ -63,6 +63,7 @@ struct DevLayer {
   const float *input_norm = nullptr, *qkv_bias = nullptr, *q_norm = nullptr, *k_norm = nullptr;
   const float *o_bias = nullptr, *post_norm = nullptr;
   DevMatrix qkv, o, gate_up, down;
+  DevMatrix qkv_t, o_t, gate_up_t, down_t;  // the transposed packs, made for the backward
 };
 
 // A scratch buffer that grows to the largest size asked for.
@@ -103,7 +104,12 @@ class BackendModel final : public DeviceModel {
   };
 
   BackendModel(std::shared_ptr<B> b, ModelConfig config, std::shared_ptr<Kv> kv)
-      : b_(b), config_(std::move(config)), kv_(std::move(kv)), weights_(b), scratch_(b) {}
+      : b_(b),
+        config_(std::move(config)),
+        kv_(std::move(kv)),
+        weights_(b),
+        scratch_(b),
+        transposed_(b) {}
 
   static Result<std::unique_ptr<BackendModel>> create(std::shared_ptr<B> b,
                                                       const ModelConfig& config,
@@ -211,7 +217,36 @@ class BackendModel final : public DeviceModel {
       MILES_RETURN_IF_ERROR(put(l.down, d.down));
     }
     reloading_ = false;
+    transposed_fresh_ = false;  // the backward remakes them from these values
     return b_->sync();
+  }
+
+  // The transposed packs of every matrix (d x = d y · W reads them as a forward GEMM does, with
+  // chunk gemm_chunk(N)), made on the device from the current weights: allocated once, refilled
+  // after every reload.
+  Status make_transposed() {
+    if (transposed_fresh_) return Status::Ok();
+    auto one = [&](const DevMatrix& w, DevMatrix& t) -> Status {
+      t.n = w.k;
+      t.k = w.n;
+      t.chunk = kernels::gemm_chunk(w.n);
+      const int64_t floats = (w.k + kPanel - 1) / kPanel * kPanel * w.n;
+      if (t.data == nullptr) {
+        MILES_ASSIGN_OR_RETURN(float* p, transposed_.template alloc<float>(floats));
+        t.data = p;
+      }
+      b_->launch(floats, TransposePackKernel{w.data, w.n, w.k, const_cast<float*>(t.data)});
+      return Status::Ok();
+    };
+    MILES_RETURN_IF_ERROR(one(lm_head_, lm_head_t_));
+    for (DevLayer& l : layers_) {
+      MILES_RETURN_IF_ERROR(one(l.qkv, l.qkv_t));
+      MILES_RETURN_IF_ERROR(one(l.o, l.o_t));
+      MILES_RETURN_IF_ERROR(one(l.gate_up, l.gate_up_t));
+      MILES_RETURN_IF_ERROR(one(l.down, l.down_t));
+    }
+    transposed_fresh_ = true;
+    return Status::Ok();
   }
 
   Result<ForwardOutput> run_forward(const DeviceBatch& batch, Kv& kv, DevTape* tape);
@@ -230,7 +265,8 @@ class BackendModel final : public DeviceModel {
   }
 
   void gemm(const float* x, int64_t m, int64_t lda, const DevMatrix& w, float* y, int64_t ldy) {
-    b_->launch(m * w.n, GemmKernel{x, lda, w.data, w.n, w.k, w.chunk, y, ldy});
+    if (m == 0) return;
+    b_->launch(GemmKernel::items(m, w.n), GemmKernel{x, lda, w.data, m, w.n, w.k, w.chunk, y, ldy});
   }
 
   std::shared_ptr<B> b_;
@@ -238,6 +274,9 @@ class BackendModel final : public DeviceModel {
   std::shared_ptr<Kv> kv_;
   Arena<B> weights_;
   Arena<B> scratch_;
+  Arena<B> transposed_;
+  bool transposed_fresh_ = false;
+  DevMatrix lm_head_t_;
   ThreadPool* pool_ = nullptr;
   bool reloading_ = false;
   kernels::RopeTable rope_;
