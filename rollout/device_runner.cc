@@ -30,7 +30,7 @@ class DeviceModelRunner final : public ModelRunner {
                                 KvStore& kv, const ForwardOptions& options) override {
     if (!pending_error_.ok()) return pending_error_;
     if (!options.forced_experts.empty() || options.tape || options.tp || options.layer_begin != 0 ||
-        options.layer_end >= 0 || options.return_experts)
+        options.layer_end >= 0)
       return Status::Error(std::string("a ") + device_name(model_->device()) +
                            " engine runs whole-model inference forwards only");
     auto* paged = dynamic_cast<rollout::PagedKvCache*>(&kv);
@@ -39,6 +39,7 @@ class DeviceModelRunner final : public ModelRunner {
     batch.tokens = tokens;
     batch.seqs = seqs;
     batch.all_logits = options.all_logits;
+    batch.return_experts = options.return_experts;
     for (const SeqSpan& q : seqs) {
       MILES_RETURN_IF_ERROR(kv.reserve(q.kv_slot, q.start_pos + q.n_tokens));
       batch.tables.emplace_back(paged->table(q.kv_slot));

@@ -94,6 +94,17 @@ TEST(Check, MoeModelReplaysEveryRoutedExpert) {
   EXPECT_GT(c.report["grad_norm"].get<double>(), 0.0);
 }
 
+// The MoE gate with the engine on the (emulated) device: the experts it records are the ones the
+// CPU trainer replays, for 100 % of tokens, and the logprobs agree bit for bit.
+TEST(Check, MoeModelOnADeviceEngineReplaysEveryRoutedExpert) {
+  MILES_REQUIRE_SHARED();
+  Checked c = check("configs/ci_check_moe.yaml", "moe_device", "rollout.engine_device=emulated");
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  EXPECT_EQ((*gate(c.report, "r3_agreement_replay_on"))["value"], 1.0);
+  EXPECT_EQ((*gate(c.report, "routed_experts_shape_mismatches"))["value"], 0.0);
+  EXPECT_EQ((*gate(c.report, "logp_abs_diff_max"))["value"], 0.0);
+}
+
 TEST(Check, AGateThatDoesNotHoldFailsTheCommand) {
   MILES_REQUIRE_SHARED();
   // Tensor-parallel gradients are within 1e-6, not bitwise: at tolerance 0 the grad-norm gate fails

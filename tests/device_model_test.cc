@@ -71,12 +71,16 @@ TEST(DeviceModel, DeviceNamesParseAndAnUnknownOneIsNamed) {
   EXPECT_NE(bad.message().find("'gpu'"), std::string::npos) << bad.message();
 }
 
-TEST(DeviceModel, MoeModelsAreRefusedNamingWhy) {
+TEST(DeviceModel, MoeTrainingIsRefusedNamingWhy) {
   auto files = load_model_files(test::data_dir() + "/models/qwen3_moe");
   ASSERT_TRUE(files.ok());
   auto m = make_device_model(Device::kEmulated, files->config, files->weights, {16, 8}, nullptr);
-  ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.message().find("MoE"), std::string::npos) << m.message();
+  ASSERT_TRUE(m.ok()) << m.message();  // inference runs
+  const std::vector<int32_t> tokens = {1, 2, 3};
+  const std::vector<SeqSpan> seqs = {{0, 0, 3}};
+  auto f = (*m)->forward_train(tokens, seqs, true);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.message().find("MoE"), std::string::npos) << f.message();
 }
 
 TEST(DeviceModel, AMissingTensorIsRefusedNamingIt) {
@@ -110,15 +114,26 @@ void expect_forward_bits(Device device, const std::string& model_dir) {
   const std::vector<SeqSpan> seqs1 = {{0, 0, 29}, {1, 0, 17}};
   const std::vector<int32_t> table0 = {5, 9, 2, 11, 0}, table1 = {7, 3, 14};  // 40 and 24 positions
   auto cache = (*cpu)->make_kv_cache(bt);
+  const bool moe = c.num_moe_layers() > 0;
   ForwardOptions o;
+  o.return_experts = moe;
   auto a = (*cpu)->forward(prefill, seqs1, *cache, o, &pool);
   ASSERT_TRUE(a.ok()) << a.message();
-  DeviceBatch b1{prefill, seqs1, {table0, table1}, true};
+  DeviceBatch b1{prefill, seqs1, {table0, table1}, true, moe};
   auto b = (*dev)->forward(b1);
   ASSERT_TRUE(b.ok()) << b.message();
   ASSERT_EQ(a->logits.size(), b->logits.size());
   EXPECT_EQ(std::memcmp(a->logits.data(), b->logits.data(), 4 * a->logits.size()), 0)
       << "prefill logits differ";
+  EXPECT_EQ(a->experts, b->experts);  // R3 capture: the same routed experts
+  ASSERT_EQ(a->expert_weights.size(), b->expert_weights.size());
+  EXPECT_EQ(
+      std::memcmp(a->expert_weights.data(), b->expert_weights.data(), 4 * a->expert_weights.size()),
+      0);
+  if (moe) {
+    EXPECT_EQ(static_cast<int64_t>(b->experts.size()),
+              (29 + 17) * c.num_moe_layers() * c.moe.top_k);
+  }
 
   const std::vector<int32_t> next = {static_cast<int32_t>(rng() % c.vocab_size),
                                      static_cast<int32_t>(rng() % c.vocab_size)};
@@ -126,12 +141,13 @@ void expect_forward_bits(Device device, const std::string& model_dir) {
   o.all_logits = false;
   a = (*cpu)->forward(next, seqs2, *cache, o, &pool);
   ASSERT_TRUE(a.ok());
-  DeviceBatch b2{next, seqs2, {table1, table0}, false};
+  DeviceBatch b2{next, seqs2, {table1, table0}, false, moe};
   b = (*dev)->forward(b2);
   ASSERT_TRUE(b.ok()) << b.message();
   ASSERT_EQ(b->rows, 2);
   EXPECT_EQ(std::memcmp(a->logits.data(), b->logits.data(), 4 * a->logits.size()), 0)
       << "decode logits differ";
+  EXPECT_EQ(a->experts, b->experts);
 }
 
 class DeviceForward : public ::testing::TestWithParam<const char*> {};
@@ -142,7 +158,7 @@ TEST_P(DeviceForward, EmulatedEqualsTheCpuModel) {
 
 INSTANTIATE_TEST_SUITE_P(Models, DeviceForward,
                          ::testing::Values("llama", "llama_tied", "llama_rope_yarn", "qwen3",
-                                           "qwen3_bf16"));
+                                           "qwen3_bf16", "qwen3_moe", "qwen3_moe_nonorm"));
 
 TEST(DeviceForwardStories, EmulatedEqualsTheCpuModel) {
   MILES_REQUIRE_SHARED();
@@ -263,7 +279,8 @@ TEST_P(DeviceEngine, EmulatedGivesTheCpuEngineBits) {
   expect_engine_bits(Device::kEmulated, test::data_dir() + "/models/" + GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, DeviceEngine, ::testing::Values("llama_tied", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Models, DeviceEngine,
+                         ::testing::Values("llama_tied", "qwen3", "qwen3_moe"));
 
 TEST(DeviceEngineStories, EmulatedGivesTheCpuEngineBits) {
   MILES_REQUIRE_SHARED();

@@ -49,6 +49,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig& config,
 Status Trainer::reload_model() {
   const TensorMap view = params_.as_tensor_map();
   if (tc_.device != Device::kCpu) {  // same tensors, new values, into the device's buffers
+    if (config_.num_moe_layers() > 0)
+      return Status::Error(std::string("a ") + device_name(tc_.device) +
+                           " trainer: " + config_.arch_name +
+                           " has MoE layers; MoE models train on the CPU only for now");
     if (device_model_) return device_model_->reload_weights(view);
     MILES_ASSIGN_OR_RETURN(device_model_,
                            make_device_model(tc_.device, local_config_, view, {1, 16}, pool_));

@@ -9,7 +9,8 @@
 //   cuda      CUDA kernels on the first visible GPU (a build with MILES_HAVE_CUDA)
 //   emulated  the very device kernels run as host loops: how the CPU-only test suite checks the
 //             device path (indexing, KV paging, every kernel's bits) without a GPU
-// Dense Llama and Qwen3 models; Qwen3-MoE runs on the CPU only for now (refused by name).
+// Llama, Qwen3 and Qwen3-MoE inference (with the routed experts for R3); training passes for the
+// dense models (a MoE model's backward stays on the CPU for now, refused by name).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,9 @@ struct DeviceBatch {
   std::span<const SeqSpan> seqs;
   std::vector<std::span<const int32_t>> tables;
   bool all_logits = true;
+  // MoE models: the routed experts of every token and MoE layer into ForwardOutput::experts and
+  // expert_weights ([T, moe_layers, top_k]; R3 capture).
+  bool return_experts = false;
 };
 
 struct DeviceKvGeometry {
@@ -78,8 +82,9 @@ class DeviceModel {
   virtual int64_t kv_bytes() const = 0;
 };
 
-// Whether the device forward runs a model of this config: dense (no MoE layers), head_dim and
-// every reduction within the device kernels' bounds. Errors say what is not supported.
+// Whether the device forward runs a model of this config (head_dim within the device kernels'
+// bound). Errors say what is not supported. MoE models run inference only (forward_train refuses
+// them: their backward is the CPU's for now).
 Status device_supports(const ModelConfig& config);
 // Before engines on `device` (a name, parse_device's) start: the name, the model's support, and
 // for cuda a usable GPU. Ok for cpu.

@@ -199,7 +199,7 @@ void register_serve(CLI::App& app) {
                   "shm (one host; default for a local launch) or gloo (default for external)")
       ->check(CLI::IsMember({"shm", "gloo"}));
   sub->add_option("--device", o->device,
-                  "where forwards run: cpu, cuda (a GPU; dense models) or emulated (the device "
+                  "where forwards run: cpu, cuda (a GPU) or emulated (the device "
                   "kernels as host loops, for checking)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "cuda", "emulated"}));

@@ -204,6 +204,117 @@ struct SwigluKernel {
   }
 };
 
+// Qwen3-MoE routing of one token (moe.cc's route): the router's logits [T, E] turned into its
+// softmax in place (kernels::softmax_row), then the top-k (kernels::topk: larger first, NaN never
+// wins, ties to the lower id) or the forced ids of routing replay with their probabilities, the
+// weights renormalised when configured; ids and weights [T, k] out, and into the [T, moe_layers, k]
+// record when asked. Items: T.
+struct RouteKernel {
+  float* probs;
+  int64_t e, k;
+  const int32_t* forced;  // [T, forced_stride] rows (this layer's offset applied) or null
+  int64_t forced_stride;
+  bool norm_topk;
+  int32_t* ids;
+  float* weights;
+  int32_t* record_ids;  // + t * record_stride, or null
+  float* record_weights;
+  int64_t record_stride;
+  MILES_HD void operator()(int64_t t) const {
+    float* p = probs + t * e;
+    float m = -inf_f();
+    for (int64_t x = 0; x < e; ++x) m = max_f(m, p[x]);
+    for (int64_t x = 0; x < e; ++x) p[x] = exp_f32(p[x] - m);
+    const float s = chunked_sum(e, kChunk, [p](int64_t x) { return p[x]; });
+    for (int64_t x = 0; x < e; ++x) p[x] = p[x] / s;
+    int32_t* id = ids + t * k;
+    float* w = weights + t * k;
+    for (int64_t j = 0; j < k; ++j) {
+      if (forced != nullptr) {
+        id[j] = forced[t * forced_stride + j];
+      } else {  // the best not yet taken, by topk's order
+        int64_t best = -1;
+        for (int64_t x = 0; x < e; ++x) {
+          bool taken = false;
+          for (int64_t q = 0; q < j; ++q) taken = taken || id[q] == x;
+          if (taken) continue;
+          if (best < 0 || before(p, x, best)) best = x;
+        }
+        id[j] = static_cast<int32_t>(best);
+      }
+      w[j] = p[id[j]];
+    }
+    if (norm_topk) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < k; ++j) sum = sum + w[j];
+      for (int64_t j = 0; j < k; ++j) w[j] = w[j] / sum;
+    }
+    if (record_ids != nullptr)
+      for (int64_t j = 0; j < k; ++j) {
+        record_ids[t * record_stride + j] = id[j];
+        record_weights[t * record_stride + j] = w[j];
+      }
+  }
+  // kernels::topk's order: a before b.
+  MILES_HD static bool before(const float* p, int64_t a, int64_t b) {
+    const float va = p[a], vb = p[b];
+    if (va > vb) return true;
+    if (va < vb) return false;
+    if (is_nan(va) != is_nan(vb)) return is_nan(vb);
+    return a < b;
+  }
+};
+
+// One GEMM per routed slot (slot s = token · k + j, expert ids[s]): y[s, c] = Σ x[row(s)] ·
+// W_e[c] by the contract, with W_e the expert's packed matrix (experts stored one after another,
+// `expert_floats` apart) and row(s) = s / row_div (the token's normed row for gate/up: row_div =
+// k; the slot's own activation row for down: 1). A row's bits do not depend on which other rows
+// the expert has, so this equals the CPU's per-expert GEMM over its gathered rows. Items as
+// GemmKernel's, over the slots.
+struct ExpertGemmKernel {
+  const float* x;
+  int64_t lda, row_div;
+  const int32_t* ids;
+  const float* w;
+  int64_t expert_floats, m, n, k, chunk;
+  float* y;
+  int64_t ldy;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t lane = i % kPanel, rest = i / kPanel;
+    const int64_t s = rest % m, c = (rest / m) * kPanel + lane;
+    if (c >= n) return;
+    const float* xr = x + (s / row_div) * lda;
+    const float* wc =
+        w + static_cast<int64_t>(ids[s]) * expert_floats + (c / kPanel) * k * kPanel + c % kPanel;
+    y[s * ldy + c] = chunked_dot(
+        k, chunk, [xr](int64_t j) { return xr[j]; }, [wc](int64_t j) { return wc[j * kPanel]; });
+  }
+};
+
+// out[t, d] = Σ over the token's slots in ascending expert id of y[slot, d] · weight[slot]
+// (moe_block's sum, from 0). Items: T * hidden.
+struct MoeCombineKernel {
+  const float* y;
+  const int32_t* ids;
+  const float* weights;
+  int64_t k, d;
+  float* out;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t t = i / d, e = i % d;
+    const int32_t* id = ids + t * k;
+    float o = 0.0f;
+    int32_t last = -1;
+    for (int64_t n = 0; n < k; ++n) {  // the next larger id each time (ids of a token differ)
+      int64_t j = -1;
+      for (int64_t q = 0; q < k; ++q)
+        if (id[q] > last && (j < 0 || id[q] < id[j])) j = q;
+      last = id[j];
+      o = o + y[(t * k + j) * d + e] * weights[t * k + j];
+    }
+    out[i] = o;
+  }
+};
+
 // dst[i] = src[i]. Items: n.
 struct CopyKernel {
   const float* src;

@@ -139,4 +139,17 @@ MILES_HD inline float chunked_dot(int64_t k, int64_t chunk, const A& a, const B&
   });
 }
 
+// Σ_i term(i) by the row-reduction rule (kernels::detail::chunked_sum): chunks of `chunk` added
+// (not fma) in ascending i from 0, partials by the halving tree.
+template <typename T>
+MILES_HD inline float chunked_sum(int64_t n, int64_t chunk, const T& term) {
+  const int64_t chunks = n <= 0 ? 1 : (n + chunk - 1) / chunk;
+  return tree_reduce(chunks, [&](int64_t c) {
+    float acc = 0.0f;
+    const int64_t end = (c + 1) * chunk < n ? (c + 1) * chunk : n;
+    for (int64_t i = c * chunk; i < end; ++i) acc = acc + term(i);
+    return acc;
+  });
+}
+
 }  // namespace miles::device

@@ -45,9 +45,6 @@ Status cuda_available() {
 }
 
 Status device_supports(const ModelConfig& c) {
-  if (c.num_moe_layers() > 0)
-    return Status::Error("device forward: " + c.arch_name +
-                         " has MoE layers; MoE models run on the CPU only for now");
   if (c.head_dim > device::kMaxHeadDim)
     return Status::Error("device forward: head_dim " + std::to_string(c.head_dim) +
                          " is past the device kernels' " + std::to_string(device::kMaxHeadDim));

@@ -64,6 +64,10 @@ struct DevLayer {
   const float *o_bias = nullptr, *post_norm = nullptr;
   DevMatrix qkv, o, gate_up, down;
   DevMatrix qkv_t, o_t, gate_up_t, down_t;  // the transposed packs, made for the backward
+  // Qwen3-MoE layers: the router, and every expert's packs one after another (shapes in the
+  // DevMatrix, data = expert 0's).
+  bool moe = false;
+  DevMatrix router, expert_gate_up, expert_down;
 };
 
 // A scratch buffer that grows to the largest size asked for.
@@ -191,6 +195,22 @@ class BackendModel final : public DeviceModel {
   Status put(const std::vector<float>& v, const float*& dst) {
     return put(v.data(), static_cast<int64_t>(v.size()), dst);
   }
+  // Every expert's `which` matrix, concatenated (all experts have one shape).
+  Status put_experts(const std::vector<ExpertWeights>& ex,
+                     kernels::PackedMatrix ExpertWeights::*which, DevMatrix& d) {
+    const kernels::PackedMatrix& m0 = ex.front().*which;
+    d.n = m0.n();
+    d.k = m0.k();
+    d.chunk = m0.chunk();
+    const int64_t per = m0.num_panels() * m0.k() * kPanel;
+    std::vector<float> all(static_cast<size_t>(per * static_cast<int64_t>(ex.size())));
+    for (size_t e = 0; e < ex.size(); ++e)
+      std::copy_n((ex[e].*which).panel(0), per, all.data() + e * per);
+    return put(all, d.data);
+  }
+  static int64_t expert_floats(const DevMatrix& m) {
+    return (m.n + kPanel - 1) / kPanel * m.k * kPanel;
+  }
 
   // The CPU's conversion (names, shapes, packing), then every array uploaded as is; a second load
   // (new values of the same tensors) reuses the device buffers.
@@ -215,6 +235,12 @@ class BackendModel final : public DeviceModel {
       MILES_RETURN_IF_ERROR(put(l.post_norm, d.post_norm));
       MILES_RETURN_IF_ERROR(put(l.gate_up, d.gate_up));
       MILES_RETURN_IF_ERROR(put(l.down, d.down));
+      d.moe = l.moe;
+      if (l.moe) {
+        MILES_RETURN_IF_ERROR(put(l.router, d.router));
+        MILES_RETURN_IF_ERROR(put_experts(l.experts, &ExpertWeights::gate_up, d.expert_gate_up));
+        MILES_RETURN_IF_ERROR(put_experts(l.experts, &ExpertWeights::down, d.expert_down));
+      }
     }
     reloading_ = false;
     transposed_fresh_ = false;  // the backward remakes them from these values
@@ -250,6 +276,41 @@ class BackendModel final : public DeviceModel {
   }
 
   Result<ForwardOutput> run_forward(const DeviceBatch& batch, Kv& kv, DevTape* tape);
+
+  // moe.cc's moe_block on the device: router GEMM, routing per token, one GEMM per routed slot
+  // (gate/up, SwiGLU, down), the slots summed per token in ascending expert id into `out`. The
+  // ids and weights go to record (ids [T, moe_layers, k] as int32 bits, then the weights) when
+  // given.
+  Status moe_block(const DevLayer& l, const float* xn, int64_t t, int64_t moe_index, float* record,
+                   float* out) {
+    const ModelConfig& c = config_;
+    const int64_t e = c.moe.num_experts, k = c.moe.top_k, d = c.hidden_size;
+    const int64_t f = c.moe.moe_intermediate_size, n_moe = c.num_moe_layers();
+    const int64_t slots = t * k;
+    MILES_ASSIGN_OR_RETURN(float* buf, scratch(moe_, t * e + 2 * slots + slots * (3 * f + d)));
+    float* probs = buf;
+    int32_t* ids = reinterpret_cast<int32_t*>(probs + t * e);
+    float* weights = probs + t * e + slots;
+    float* gu = weights + slots;
+    float* act = gu + slots * 2 * f;
+    float* y = act + slots * f;
+    gemm(xn, t, d, l.router, probs, e);
+    int32_t* rec_ids = record ? reinterpret_cast<int32_t*>(record) + moe_index * k : nullptr;
+    float* rec_w = record ? record + t * n_moe * k + moe_index * k : nullptr;
+    b_->launch(t, RouteKernel{probs, e, k, nullptr, 0, c.moe.norm_topk_prob, ids, weights, rec_ids,
+                              rec_w, n_moe * k});
+    const DevMatrix& gw = l.expert_gate_up;
+    const DevMatrix& dw = l.expert_down;
+    b_->launch(GemmKernel::items(slots, gw.n),
+               ExpertGemmKernel{xn, d, k, ids, gw.data, expert_floats(gw), slots, gw.n, gw.k,
+                                gw.chunk, gu, 2 * f});
+    b_->launch(slots * f, SwigluKernel{gu, f, act});
+    b_->launch(GemmKernel::items(slots, dw.n),
+               ExpertGemmKernel{act, f, 1, ids, dw.data, expert_floats(dw), slots, dw.n, dw.k,
+                                dw.chunk, y, d});
+    b_->launch(t * d, MoeCombineKernel{y, ids, weights, k, d, out});
+    return Status::Ok();
+  }
   // Device-to-device copy of n floats.
   void copy(float* dst, const float* src, int64_t n) { b_->launch(n, CopyKernel{src, dst}); }
   friend class BackendBackward<B>;
@@ -285,7 +346,8 @@ class BackendModel final : public DeviceModel {
   DevMatrix lm_head_;
   std::vector<DevLayer> layers_;
   Scratch<int32_t> ints_;
-  Scratch<float> rope_cs_, h_, xn_, qkv_, attn_, proj_, gate_up_, act_, sel_, logits_;
+  Scratch<float> rope_cs_, h_, xn_, qkv_, attn_, proj_, gate_up_, act_, sel_, logits_, moe_,
+      record_;
   // Training: the tape, its KV blocks, the backward's buffers.
   DevTape tape_;
   Scratch<float> tape_buf_;
@@ -396,6 +458,13 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
 
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // Routed experts of every token and MoE layer ([T, moe_layers, k] ids, then the weights).
+  const int64_t n_moe = c.num_moe_layers(), topk = c.moe.top_k;
+  int64_t moe_index = 0;
+  float* d_record = nullptr;
+  if (n_moe > 0 && batch.return_experts) {
+    MILES_ASSIGN_OR_RETURN(d_record, scratch(record_, 2 * t * n_moe * topk));
+  }
   b_->launch(t * d, EmbedKernel{embed_, d_tokens, d, h});
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     const DevLayer& l = layers_[layer];
@@ -424,8 +493,14 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
     gemm(attn, t, qd, l.o, proj, d);
     if (l.o_bias) b_->launch(t * d, AddBiasKernel{proj, d, d, l.o_bias});
     b_->launch(t * d, AddKernel{h, proj});
-    // MLP block.
+    // MLP block (or the MoE block, inference only).
     b_->launch(t, RmsnormKernel{h, d, l.post_norm, d, eps, xn, d});
+    if (l.moe) {
+      MILES_RETURN_IF_ERROR(
+          moe_block(l, xn, t, moe_index++, batch.return_experts ? d_record : nullptr, proj));
+      b_->launch(t * d, AddKernel{h, proj});
+      continue;
+    }
     gemm(xn, t, d, l.gate_up, gu, 2 * f);
     b_->launch(t * f, SwigluKernel{gu, f, act});
     if (tl) {
@@ -446,6 +521,13 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
   ForwardOutput out;
   out.rows = nr;
   out.vocab = c.vocab_size;
+  if (d_record) {
+    const int64_t n = t * n_moe * topk;
+    out.experts.resize(static_cast<size_t>(n));
+    out.expert_weights.resize(static_cast<size_t>(n));
+    MILES_RETURN_IF_ERROR(b_->download(out.experts.data(), d_record, sizeof(int32_t) * n));
+    MILES_RETURN_IF_ERROR(b_->download(out.expert_weights.data(), d_record + n, sizeof(float) * n));
+  }
   out.logits.resize(static_cast<size_t>(nr * c.vocab_size));
   MILES_RETURN_IF_ERROR(b_->download(out.logits.data(), logits, sizeof(float) * out.logits.size()));
   MILES_RETURN_IF_ERROR(b_->sync());
@@ -459,6 +541,9 @@ Result<ForwardOutput> BackendModel<B>::forward_train(std::span<const int32_t> to
                                                      std::span<const SeqSpan> seqs,
                                                      bool keep_tape) {
   const int64_t bt = 16;
+  if (keep_tape && config_.num_moe_layers() > 0)
+    return Status::Error("device training: " + config_.arch_name +
+                         " has MoE layers; MoE models train on the CPU only for now");
   int64_t blocks = 0, total = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
     if (seqs[s].start_pos != 0)
@@ -487,7 +572,7 @@ Result<ForwardOutput> BackendModel<B>::forward_train(std::span<const int32_t> to
   int32_t next = 0;
   for (size_t s = 0; s < seqs.size(); ++s)
     for (int64_t k = 0; k < (seqs[s].n_tokens + bt - 1) / bt; ++k) tables[s].push_back(next++);
-  DeviceBatch batch{tokens, seqs, {}, true};
+  DeviceBatch batch{tokens, seqs, {}, true, config_.num_moe_layers() > 0};
   for (const auto& t : tables) batch.tables.emplace_back(t);
   tape_ = DevTape{};
   if (keep_tape) {
