@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -71,16 +72,22 @@ TEST(DeviceModel, DeviceNamesParseAndAnUnknownOneIsNamed) {
   EXPECT_NE(bad.message().find("'gpu'"), std::string::npos) << bad.message();
 }
 
-TEST(DeviceModel, MoeTrainingIsRefusedNamingWhy) {
+TEST(DeviceModel, BadForcedExpertsAreRefusedNamingThem) {
   auto files = load_model_files(test::data_dir() + "/models/qwen3_moe");
   ASSERT_TRUE(files.ok());
   auto m = make_device_model(Device::kEmulated, files->config, files->weights, {16, 8}, nullptr);
-  ASSERT_TRUE(m.ok()) << m.message();  // inference runs
+  ASSERT_TRUE(m.ok()) << m.message();
   const std::vector<int32_t> tokens = {1, 2, 3};
   const std::vector<SeqSpan> seqs = {{0, 0, 3}};
-  auto f = (*m)->forward_train(tokens, seqs, true);
+  const int64_t per_token = files->config.num_moe_layers() * files->config.moe.top_k;
+  std::vector<int32_t> forced(3 * per_token, 0);
+  auto f = (*m)->forward_train(tokens, seqs, true, forced);  // id 0 repeated for one token
   ASSERT_FALSE(f.ok());
-  EXPECT_NE(f.message().find("MoE"), std::string::npos) << f.message();
+  EXPECT_NE(f.message().find("repeated"), std::string::npos) << f.message();
+  forced.pop_back();
+  f = (*m)->forward_train(tokens, seqs, true, forced);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.message().find("forced expert ids: expected"), std::string::npos) << f.message();
 }
 
 TEST(DeviceModel, AMissingTensorIsRefusedNamingIt) {
@@ -169,7 +176,8 @@ TEST(DeviceForwardStories, EmulatedEqualsTheCpuModel) {
 // A packed training batch (two sequences, one past a 64-query block) through forward_train and
 // backward on the device, and through Model::forward (tape) and Model::backward on the CPU, with
 // the same random d logits: the same logits, every gradient and the tied head's share, bit for bit.
-void expect_training_bits(Device device, const std::string& model_dir, bool tied_share) {
+void expect_training_bits(Device device, const std::string& model_dir, bool tied_share,
+                          bool replay = false) {
   auto files = load_model_files(model_dir);
   ASSERT_TRUE(files.ok()) << files.message();
   const ModelConfig& c = files->config;
@@ -182,16 +190,32 @@ void expect_training_bits(Device device, const std::string& model_dir, bool tied
   std::vector<int32_t> tokens(70 + 23);
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % c.vocab_size);
   const std::vector<SeqSpan> seqs = {{0, 0, 70}, {1, 0, 23}};
+  // Routing replay: distinct random experts per token and MoE layer.
+  std::vector<int32_t> forced;
+  const int64_t k = c.moe.top_k;
+  if (replay)
+    for (size_t i = 0; i < tokens.size() * c.num_moe_layers(); ++i) {
+      std::vector<int32_t> all(c.moe.num_experts);
+      for (size_t x = 0; x < all.size(); ++x) all[x] = static_cast<int32_t>(x);
+      std::shuffle(all.begin(), all.end(), rng);
+      forced.insert(forced.end(), all.begin(), all.begin() + k);
+    }
   auto cache = (*cpu)->make_kv_cache();
   ForwardTape tape;
   ForwardOptions o;
   o.tape = &tape;
+  o.forced_experts = forced;
+  o.return_experts = c.num_moe_layers() > 0;
   auto a = (*cpu)->forward(tokens, seqs, *cache, o, &pool);
   ASSERT_TRUE(a.ok()) << a.message();
-  auto b = (*dev)->forward_train(tokens, seqs, true);
+  auto b = (*dev)->forward_train(tokens, seqs, true, forced);
   ASSERT_TRUE(b.ok()) << b.message();
   ASSERT_EQ(a->logits.size(), b->logits.size());
   EXPECT_EQ(std::memcmp(a->logits.data(), b->logits.data(), 4 * a->logits.size()), 0);
+  EXPECT_EQ(a->experts, b->experts);
+  if (replay) {
+    for (size_t i = 0; i < forced.size(); ++i) ASSERT_EQ(b->experts[i], forced[i]) << i;
+  }
   std::vector<float> dlogits(a->logits.size());
   std::normal_distribution<float> nd(0.0f, 1e-3f);
   for (float& x : dlogits) x = nd(rng);
@@ -224,7 +248,14 @@ TEST_P(DeviceTraining, EmulatedTiedHeadShareIsTheCpuModelsBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, DeviceTraining,
-                         ::testing::Values("llama", "llama_tied", "llama_rope_yarn", "qwen3"));
+                         ::testing::Values("llama", "llama_tied", "llama_rope_yarn", "qwen3",
+                                           "qwen3_moe", "qwen3_moe_nonorm"));
+
+TEST(DeviceTrainingMoe, EmulatedGradientsWithRoutingReplayAreTheCpuModelsBits) {
+  expect_training_bits(Device::kEmulated, test::data_dir() + "/models/qwen3_moe", false, true);
+  expect_training_bits(Device::kEmulated, test::data_dir() + "/models/qwen3_moe_nonorm", false,
+                       true);
+}
 
 TEST(DeviceTrainingStories, EmulatedGradientsAreTheCpuModelsBits) {
   MILES_REQUIRE_SHARED();

@@ -49,10 +49,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig& config,
 Status Trainer::reload_model() {
   const TensorMap view = params_.as_tensor_map();
   if (tc_.device != Device::kCpu) {  // same tensors, new values, into the device's buffers
-    if (config_.num_moe_layers() > 0)
-      return Status::Error(std::string("a ") + device_name(tc_.device) +
-                           " trainer: " + config_.arch_name +
-                           " has MoE layers; MoE models train on the CPU only for now");
     if (device_model_) return device_model_->reload_weights(view);
     MILES_ASSIGN_OR_RETURN(device_model_,
                            make_device_model(tc_.device, local_config_, view, {1, 16}, pool_));
@@ -135,7 +131,8 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
 // logits copied back, then the backward from the d logits copied over.
 Result<Trainer::MicroResult> Trainer::device_micro_step(const trainer_detail::Packed& p,
                                                         const TokenObjective& objective) {
-  MILES_ASSIGN_OR_RETURN(ForwardOutput out, device_model_->forward_train(p.tokens, p.seqs, true));
+  MILES_ASSIGN_OR_RETURN(ForwardOutput out,
+                         device_model_->forward_train(p.tokens, p.seqs, true, p.forced));
   MILES_ASSIGN_OR_RETURN(
       trainer_detail::HeadResult head,
       trainer_detail::loss_head(p, std::move(out.logits), local_config_.vocab_size,
@@ -330,7 +327,7 @@ Result<std::vector<ScoredSample>> Trainer::score(std::span<const TrainSample> ba
     const Packed p = pack(batch, s, 1, use);
     ForwardOutput f;
     if (device_model_) {
-      MILES_ASSIGN_OR_RETURN(f, device_model_->forward_train(p.tokens, p.seqs, false));
+      MILES_ASSIGN_OR_RETURN(f, device_model_->forward_train(p.tokens, p.seqs, false, p.forced));
     } else {
       auto kv = model_->make_kv_cache();
       ForwardOptions opt;

@@ -9,8 +9,8 @@
 //   cuda      CUDA kernels on the first visible GPU (a build with MILES_HAVE_CUDA)
 //   emulated  the very device kernels run as host loops: how the CPU-only test suite checks the
 //             device path (indexing, KV paging, every kernel's bits) without a GPU
-// Llama, Qwen3 and Qwen3-MoE inference (with the routed experts for R3); training passes for the
-// dense models (a MoE model's backward stays on the CPU for now, refused by name).
+// Llama, Qwen3 and Qwen3-MoE: inference (with the routed experts for R3) and training passes (with
+// routing replay).
 #pragma once
 
 #include <cstdint>
@@ -68,10 +68,12 @@ class DeviceModel {
   virtual Status reload_weights(const TensorMap& weights) = 0;
 
   // Training (the trainer's micro-step on the device): whole sequences from position 0, every
-  // token's logits ([T, vocab], Model::forward's bits); with keep_tape the activations stay on the
-  // device for backward(), until the next forward_train.
+  // token's logits ([T, vocab], Model::forward's bits; a MoE model's routed experts too); with
+  // keep_tape the activations stay on the device for backward(), until the next forward_train.
+  // forced_experts: routing replay (R3), [T, moe_layers, top_k] ids as ForwardOptions'.
   virtual Result<ForwardOutput> forward_train(std::span<const int32_t> tokens,
-                                              std::span<const SeqSpan> seqs, bool keep_tape) = 0;
+                                              std::span<const SeqSpan> seqs, bool keep_tape,
+                                              std::span<const int32_t> forced_experts = {}) = 0;
   // Model::backward's gradients (its bits) from d loss / d logits of the kept tape: every tensor
   // of `grads` (ParamLayout::for_model's layout) overwritten; a tied model's head share goes to
   // tied_head_grad when given (vocab × hidden), else into the embedding's gradient.
@@ -83,8 +85,7 @@ class DeviceModel {
 };
 
 // Whether the device forward runs a model of this config (head_dim within the device kernels'
-// bound). Errors say what is not supported. MoE models run inference only (forward_train refuses
-// them: their backward is the CPU's for now).
+// bound). Errors say what is not supported.
 Status device_supports(const ModelConfig& config);
 // Before engines on `device` (a name, parse_device's) start: the name, the model's support, and
 // for cuda a usable GPU. Ok for cpu.

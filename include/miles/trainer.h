@@ -61,7 +61,7 @@ struct TrainerConfig {
   bool replay_experts = true;    // R3: use the samples' routed_experts when present
   // Where forward and backward run: cpu (the CPU Model) or a device (device_model.h: cuda, or
   // emulated), with the CPU's bits either way. The loss head, gradient sums, clipping and AdamW
-  // stay on the host. A device trainer is one process per rank (data parallelism only; dense).
+  // stay on the host. A device trainer is one process per rank (data parallelism only).
   Device device = Device::kCpu;
   Status validate() const;
 };

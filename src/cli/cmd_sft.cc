@@ -249,7 +249,7 @@ void add_job_options(CLI::App* sub, SftOptions* o) {
                   "starts, gloo for a train-worker")
       ->check(CLI::IsMember({"shm", "gloo"}));
   sub->add_option("--device", o->device,
-                  "where forward and backward run: cpu, cuda (a GPU, dense models) or emulated; "
+                  "where forward and backward run: cpu, cuda (a GPU) or emulated; "
                   "the same bits on each")
       ->check(CLI::IsMember({"cpu", "cuda", "emulated"}));
 }

@@ -36,12 +36,17 @@ class BackendBackward {
     dwide_ = dmid_ + t_ * std::max(f, c_.q_dim());  // d gate_up / d qkv: t × max(2f, ld)
     inv_ = dwide_ + t_ * std::max(2 * f, ld);
     p_ = inv_ + t_ * std::max(c_.num_heads, int64_t{1});
+    moe_ = p_ + attention_floats(c_, tape_);
     ints_ = ints;
     b_.launch(layout_.total(), ZeroKernel{g_});
     head(dlogits);
     for (int64_t layer = c_.num_layers - 1; layer >= 0; --layer) {
       const std::string p = "model.layers." + std::to_string(layer) + ".";
-      mlp(layer, p);
+      if (m_.layers_[layer].moe) {
+        MILES_RETURN_IF_ERROR(moe(layer, p));
+      } else {
+        mlp(layer, p);
+      }
       attention(layer, p);
     }
     b_.launch(d,
@@ -53,10 +58,19 @@ class BackendBackward {
   static int64_t scratch_floats(const ModelConfig& c, const DevTape& tape) {
     const int64_t t = tape.t, d = c.hidden_size, f = c.intermediate_size;
     const int64_t ld = c.q_dim() + 2 * c.kv_dim();
+    return 2 * t * d + t * std::max(f, c.q_dim()) + t * std::max(2 * f, ld) +
+           t * std::max(c.num_heads, int64_t{1}) + attention_floats(c, tape) + moe_floats(c, t);
+  }
+  static int64_t attention_floats(const ModelConfig& c, const DevTape& tape) {
     int64_t pds = 0;
     for (const SeqSpan& s : tape.seqs) pds += c.num_heads * s.n_tokens * s.n_tokens;
-    return 2 * t * d + t * std::max(f, c.q_dim()) + t * std::max(2 * f, ld) +
-           t * std::max(c.num_heads, int64_t{1}) + 2 * pds;
+    return 2 * pds;
+  }
+  // A MoE layer's: per slot dw, dy, d act, d gate/up, d x; d router logits; the router's d x.
+  static int64_t moe_floats(const ModelConfig& c, int64_t t) {
+    if (c.num_moe_layers() == 0) return 0;
+    const int64_t slots = t * c.moe.top_k, f = c.moe.moe_intermediate_size, d = c.hidden_size;
+    return slots * (1 + d + f + 2 * f + d) + t * c.moe.num_experts + t * d;
   }
 
  private:
@@ -115,6 +129,92 @@ class BackendBackward {
     norm_backward(lt.h_mid, dxn_, Rows{d, 1, d}, t_, w.post_norm, dxn_,
                   grad(p + "post_attention_layernorm.weight"));
     b_.launch(t_ * d, AddKernel{dh_, dxn_});
+  }
+
+  // moe_block's backward (model_backward.cc's moe): the gates, every routed slot's expert MLP
+  // (per-slot GEMMs through the transposed packs), the slots' d x summed per token in ascending
+  // expert id, each expert's weight gradients over its slots in ascending order, the router.
+  Status moe(int64_t layer, const std::string& p) {
+    const DevTapeLayer& lt = tape_.layers[layer];
+    const DevLayer& w = m_.layers_[layer];
+    const int64_t d = c_.hidden_size, f = c_.moe.moe_intermediate_size, k = c_.moe.top_k;
+    const int64_t e = c_.moe.num_experts, slots = t_ * k;
+    float* dw = moe_;
+    float* dy = dw + slots;
+    float* dact = dy + slots * d;
+    float* dgu = dact + slots * f;
+    float* dxs = dgu + slots * 2 * f;
+    float* dz = dxs + slots * d;
+    float* dxr = dz + t_ * e;
+    b_.launch(slots, MoeGateGradKernel{dh_, lt.moe_y, k, d, dw});
+    b_.launch(slots * d, MoeDyKernel{dh_, lt.moe_weights, k, d, dy});
+    const DevMatrix& dt = w.expert_down_t;
+    const DevMatrix& gt = w.expert_gate_up_t;
+    b_.launch(GemmKernel::items(slots, dt.n),
+              ExpertGemmKernel{dy, d, 1, lt.moe_ids, dt.data, BackendModel<B>::expert_floats(dt),
+                               slots, dt.n, dt.k, dt.chunk, dact, f});
+    b_.launch(slots * f, SwigluBackwardKernel{lt.moe_gate_up, dact, f, dgu});
+    b_.launch(
+        GemmKernel::items(slots, gt.n),
+        ExpertGemmKernel{dgu, 2 * f, 1, lt.moe_ids, gt.data, BackendModel<B>::expert_floats(gt),
+                         slots, gt.n, gt.k, gt.chunk, dxs, d});
+    b_.launch(t_ * d, MoeCombineKernel{dxs, lt.moe_ids, nullptr, k, d, dxn_});
+    // Each expert's slots, ascending (the rows the CPU gathers for it).
+    std::vector<int32_t> ids(static_cast<size_t>(slots));
+    MILES_RETURN_IF_ERROR(b_.download(ids.data(), lt.moe_ids, sizeof(int32_t) * ids.size()));
+    std::vector<int32_t> lists;
+    std::vector<int64_t> first(static_cast<size_t>(e + 1), 0);
+    for (int64_t ex = 0; ex < e; ++ex) {
+      first[ex] = static_cast<int64_t>(lists.size());
+      for (int64_t s = 0; s < slots; ++s)
+        if (ids[s] == ex) lists.push_back(static_cast<int32_t>(s));
+    }
+    first[e] = static_cast<int64_t>(lists.size());
+    MILES_ASSIGN_OR_RETURN(int32_t * dl, m_.scratch(m_.slot_lists_, std::max<int64_t>(slots, 1)));
+    MILES_RETURN_IF_ERROR(b_.upload(dl, lists.data(), sizeof(int32_t) * lists.size()));
+    for (int64_t ex = 0; ex < e; ++ex) {
+      const int64_t n = first[ex + 1] - first[ex];
+      if (n == 0) continue;  // its gradients stay zero
+      const std::string xp = p + "mlp.experts." + std::to_string(ex) + ".";
+      const int32_t* rows = dl + first[ex];
+      WeightGradKernel down{dy,
+                            d,
+                            lt.moe_act,
+                            f,
+                            n,
+                            d,
+                            f,
+                            kernels::gemm_chunk(n),
+                            {grad(xp + "down_proj.weight"), nullptr, nullptr},
+                            {d, d + 1, d + 1},
+                            rows,
+                            1,
+                            1};
+      b_.launch(d * f, down);
+      WeightGradKernel gu{dgu,
+                          2 * f,
+                          lt.xn2,
+                          d,
+                          n,
+                          2 * f,
+                          d,
+                          kernels::gemm_chunk(n),
+                          {grad(xp + "gate_proj.weight"), grad(xp + "up_proj.weight"), nullptr},
+                          {f, 2 * f, 2 * f + 1},
+                          rows,
+                          1,
+                          k};
+      b_.launch(2 * f * d, gu);
+    }
+    b_.launch(t_, RouterBackwardKernel{lt.probs, lt.moe_ids, lt.moe_weights, dw, e, k,
+                                       c_.moe.norm_topk_prob, dz});
+    weight_grad(dz, e, lt.xn2, d, e, d, {{grad(p + "mlp.gate.weight"), e}});
+    gemm_dx(dz, e, w.router_t, dxr, d);
+    b_.launch(t_ * d, AddKernel{dxn_, dxr});
+    norm_backward(lt.h_mid, dxn_, Rows{d, 1, d}, t_, w.post_norm, dxn_,
+                  grad(p + "post_attention_layernorm.weight"));
+    b_.launch(t_ * d, AddKernel{dh_, dxn_});
+    return Status::Ok();
   }
 
   void attention(int64_t layer, const std::string& p) {
@@ -206,6 +306,7 @@ class BackendBackward {
   const int64_t t_;
   float *dh_ = nullptr, *dxn_ = nullptr, *dmid_ = nullptr, *dwide_ = nullptr, *inv_ = nullptr;
   float* p_ = nullptr;
+  float* moe_ = nullptr;
   int64_t* ints_ = nullptr;
   std::vector<int64_t> ints_host_;
 };

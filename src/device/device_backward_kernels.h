@@ -28,14 +28,20 @@ struct WeightGradKernel {
   int64_t ldx, m, n, k, chunk;
   float* dst[3];
   int64_t end[3];
+  // Rows through a list (an expert's slots, ascending): reduction row j reads dy row
+  // rows[j] / dy_div and x row rows[j] / x_div; null: row j itself.
+  const int32_t* rows = nullptr;
+  int64_t dy_div = 1, x_div = 1;
   MILES_HD void operator()(int64_t i) const {
     const int64_t row = i / k, col = i % k;
     const float* dyc = dy + row;
     const float* xc = x + col;
     const int64_t a = ldy, b = ldx;
+    const int32_t* list = rows;
+    const int64_t da = dy_div, xa = x_div;
     const float v = chunked_dot(
-        m, chunk, [dyc, a](int64_t j) { return dyc[j * a]; },
-        [xc, b](int64_t j) { return xc[j * b]; });
+        m, chunk, [dyc, a, list, da](int64_t j) { return dyc[(list ? list[j] / da : j) * a]; },
+        [xc, b, list, xa](int64_t j) { return xc[(list ? list[j] / xa : j) * b]; });
     int part = 0;
     while (row >= end[part]) ++part;
     const int64_t first = part == 0 ? 0 : end[part - 1];
@@ -247,6 +253,64 @@ struct AttnBackwardKvKernel {
     float* row = dqkv + (off + j) * ld;
     row[q_dim + kh * hd + e] = dk;
     row[q_dim + kv_dim + kh * hd + e] = dv;
+  }
+};
+
+// MoE backward, the gates: dw[s] = dh[token(s)] · y[s] (kernels::detail::dot), per routed slot.
+// Items: T * k.
+struct MoeGateGradKernel {
+  const float* dh;
+  const float* y;
+  int64_t k, d;
+  float* dw;
+  MILES_HD void operator()(int64_t s) const {
+    const float* a = dh + (s / k) * d;
+    const float* b = y + s * d;
+    dw[s] = chunked_dot(
+        d, kChunk, [a](int64_t i) { return a[i]; }, [b](int64_t i) { return b[i]; });
+  }
+};
+
+// dy[s, i] = dh[token(s), i] · weight[s]: the expert output's gradient. Items: T * k * d.
+struct MoeDyKernel {
+  const float* dh;
+  const float* weights;
+  int64_t k, d;
+  float* dy;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t s = i / d, e = i % d;
+    dy[i] = dh[(s / k) * d + e] * weights[s];
+  }
+};
+
+// The router's softmax backward through the gate weights (renormalised when configured), per
+// token, as model_backward.cc's: dz [T, E]. Items: T.
+struct RouterBackwardKernel {
+  const float* probs;
+  const int32_t* ids;
+  const float* weights;
+  const float* dw;  // [T, k] d loss / d gate weight
+  int64_t e, k;
+  bool norm_topk;
+  float* dz;
+  MILES_HD void operator()(int64_t t) const {
+    const float* p = probs + t * e;
+    const int32_t* id = ids + t * k;
+    const float* w = weights + t * k;
+    const float* g = dw + t * k;
+    float sum = 0.0f, gw = 0.0f;
+    if (norm_topk) {
+      for (int64_t j = 0; j < k; ++j) sum = sum + p[id[j]];
+      for (int64_t j = 0; j < k; ++j) gw = fma_f(g[j], w[j], gw);
+    }
+    auto dp = [&](int64_t x) {
+      for (int64_t j = 0; j < k; ++j)
+        if (id[j] == x) return norm_topk ? (g[j] - gw) / sum : g[j];
+      return 0.0f;
+    };
+    float pd = 0.0f;
+    for (int64_t x = 0; x < e; ++x) pd = fma_f(p[x], dp(x), pd);
+    for (int64_t x = 0; x < e; ++x) dz[t * e + x] = p[x] * (dp(x) - pd);
   }
 };
 

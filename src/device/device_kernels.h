@@ -309,7 +309,8 @@ struct MoeCombineKernel {
       for (int64_t q = 0; q < k; ++q)
         if (id[q] > last && (j < 0 || id[q] < id[j])) j = q;
       last = id[j];
-      o = o + y[(t * k + j) * d + e] * weights[t * k + j];
+      // No weights (the backward's d x sum): y · 1 is y exactly, so this is the plain sum.
+      o = o + y[(t * k + j) * d + e] * (weights ? weights[t * k + j] : 1.0f);
     }
     out[i] = o;
   }
@@ -332,6 +333,18 @@ struct TransposePackKernel {
   MILES_HD void operator()(int64_t i) const {
     const int64_t lane = i % kPanel, j = (i / kPanel) % n, c = (i / kPanel / n) * kPanel + lane;
     wt[i] = c < k ? w[(j / kPanel) * k * kPanel + c * kPanel + j % kPanel] : 0.0f;
+  }
+};
+
+// TransposePackKernel for `count` matrices stored one after another (a MoE layer's experts):
+// matrix e's pack at w + e * per, its transposed pack at wt + e * per_t. Items: count * per_t.
+struct ExpertTransposeKernel {
+  const float* w;
+  int64_t n, k, per, per_t;
+  float* wt;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t e = i / per_t;
+    TransposePackKernel{w + e * per, n, k, wt + e * per_t}(i % per_t);
   }
 };
 

@@ -94,30 +94,28 @@ MILES_HD inline float exp_f32(float x) {
 // fits (n >= 1).
 template <typename Leaf>
 MILES_HD inline float tree_reduce(int64_t n, const Leaf& leaf) {
-  struct Frame {
-    int64_t lo, hi;
-    int32_t state;
+  struct Frame {  // 16 bytes; the depth is at most ceil(log2 n) + 1 (n < 2^31)
+    int32_t lo, hi, state;
     float left;
   };
-  Frame st[64];
+  Frame st[33];
   int top = 0;
-  st[0] = {0, n, 0, 0.0f};
+  st[0] = {0, static_cast<int32_t>(n), 0, 0.0f};
   float ret = 0.0f;
   while (top >= 0) {
     Frame& f = st[top];
     if (f.hi - f.lo == 1) {
       ret = leaf(f.lo);
       --top;
-      continue;
-    }
-    const int64_t mid = f.lo + (f.hi - f.lo + 1) / 2;
-    if (f.state == 0) {
+    } else if (f.state == 0) {
       f.state = 1;
-      st[++top] = {f.lo, mid, 0, 0.0f};
+      st[top + 1] = {f.lo, f.lo + (f.hi - f.lo + 1) / 2, 0, 0.0f};
+      ++top;
     } else if (f.state == 1) {
       f.left = ret;
       f.state = 2;
-      st[++top] = {mid, f.hi, 0, 0.0f};
+      st[top + 1] = {f.lo + (f.hi - f.lo + 1) / 2, f.hi, 0, 0.0f};
+      ++top;
     } else {
       ret = f.left + ret;
       --top;

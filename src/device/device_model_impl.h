@@ -68,6 +68,7 @@ struct DevLayer {
   // DevMatrix, data = expert 0's).
   bool moe = false;
   DevMatrix router, expert_gate_up, expert_down;
+  DevMatrix router_t, expert_gate_up_t, expert_down_t;  // transposed (per expert, concatenated)
 };
 
 // A scratch buffer that grows to the largest size asked for.
@@ -81,6 +82,11 @@ struct Scratch {
 // the backward needs of its batch.
 struct DevTapeLayer {
   float *h_in, *xn1, *qkv_raw, *qkv, *attn, *h_mid, *xn2, *gate_up, *act;
+  // MoE layers: router softmax [T, E], ids and weights [T, k], per routed slot the expert's gate/up
+  // [T·k, 2 f], activation [T·k, f] and output [T·k, d].
+  float *probs = nullptr, *moe_weights = nullptr, *moe_gate_up = nullptr, *moe_act = nullptr;
+  float* moe_y = nullptr;
+  int32_t* moe_ids = nullptr;
 };
 struct DevTape {
   int64_t t = 0;
@@ -168,7 +174,8 @@ class BackendModel final : public DeviceModel {
     return run_forward(batch, *kv_, nullptr);
   }
   Result<ForwardOutput> forward_train(std::span<const int32_t> tokens,
-                                      std::span<const SeqSpan> seqs, bool keep_tape) override;
+                                      std::span<const SeqSpan> seqs, bool keep_tape,
+                                      std::span<const int32_t> forced_experts) override;
   Status backward(std::span<const float> dlogits, FlatTensors& grads,
                   std::span<float> tied_head_grad) override;
   Status reload_weights(const TensorMap& weights) override { return load(weights, pool_); }
@@ -264,10 +271,31 @@ class BackendModel final : public DeviceModel {
       b_->launch(floats, TransposePackKernel{w.data, w.n, w.k, const_cast<float*>(t.data)});
       return Status::Ok();
     };
+    // Every expert's matrix of one kind, transposed into one buffer.
+    auto experts = [&](const DevMatrix& w, DevMatrix& t) -> Status {
+      t.n = w.k;
+      t.k = w.n;
+      t.chunk = kernels::gemm_chunk(w.n);
+      const int64_t e = config_.moe.num_experts;
+      const int64_t per = expert_floats(w), per_t = expert_floats(t);
+      if (t.data == nullptr) {
+        MILES_ASSIGN_OR_RETURN(float* p, transposed_.template alloc<float>(e * per_t));
+        t.data = p;
+      }
+      b_->launch(e * per_t,
+                 ExpertTransposeKernel{w.data, w.n, w.k, per, per_t, const_cast<float*>(t.data)});
+      return Status::Ok();
+    };
     MILES_RETURN_IF_ERROR(one(lm_head_, lm_head_t_));
     for (DevLayer& l : layers_) {
       MILES_RETURN_IF_ERROR(one(l.qkv, l.qkv_t));
       MILES_RETURN_IF_ERROR(one(l.o, l.o_t));
+      if (l.moe) {
+        MILES_RETURN_IF_ERROR(one(l.router, l.router_t));
+        MILES_RETURN_IF_ERROR(experts(l.expert_gate_up, l.expert_gate_up_t));
+        MILES_RETURN_IF_ERROR(experts(l.expert_down, l.expert_down_t));
+        continue;
+      }
       MILES_RETURN_IF_ERROR(one(l.gate_up, l.gate_up_t));
       MILES_RETURN_IF_ERROR(one(l.down, l.down_t));
     }
@@ -275,14 +303,15 @@ class BackendModel final : public DeviceModel {
     return Status::Ok();
   }
 
-  Result<ForwardOutput> run_forward(const DeviceBatch& batch, Kv& kv, DevTape* tape);
+  Result<ForwardOutput> run_forward(const DeviceBatch& batch, Kv& kv, DevTape* tape,
+                                    const int32_t* d_forced = nullptr);
 
   // moe.cc's moe_block on the device: router GEMM, routing per token, one GEMM per routed slot
   // (gate/up, SwiGLU, down), the slots summed per token in ascending expert id into `out`. The
   // ids and weights go to record (ids [T, moe_layers, k] as int32 bits, then the weights) when
   // given.
   Status moe_block(const DevLayer& l, const float* xn, int64_t t, int64_t moe_index, float* record,
-                   float* out) {
+                   const int32_t* forced, DevTapeLayer* tape, float* out) {
     const ModelConfig& c = config_;
     const int64_t e = c.moe.num_experts, k = c.moe.top_k, d = c.hidden_size;
     const int64_t f = c.moe.moe_intermediate_size, n_moe = c.num_moe_layers();
@@ -294,11 +323,20 @@ class BackendModel final : public DeviceModel {
     float* gu = weights + slots;
     float* act = gu + slots * 2 * f;
     float* y = act + slots * f;
+    if (tape) {  // a training forward keeps them all
+      probs = tape->probs;
+      ids = tape->moe_ids;
+      weights = tape->moe_weights;
+      gu = tape->moe_gate_up;
+      act = tape->moe_act;
+      y = tape->moe_y;
+    }
     gemm(xn, t, d, l.router, probs, e);
     int32_t* rec_ids = record ? reinterpret_cast<int32_t*>(record) + moe_index * k : nullptr;
     float* rec_w = record ? record + t * n_moe * k + moe_index * k : nullptr;
-    b_->launch(t, RouteKernel{probs, e, k, nullptr, 0, c.moe.norm_topk_prob, ids, weights, rec_ids,
-                              rec_w, n_moe * k});
+    const int32_t* forced_rows = forced ? forced + moe_index * k : nullptr;
+    b_->launch(t, RouteKernel{probs, e, k, forced_rows, n_moe * k, c.moe.norm_topk_prob, ids,
+                              weights, rec_ids, rec_w, n_moe * k});
     const DevMatrix& gw = l.expert_gate_up;
     const DevMatrix& dw = l.expert_down;
     b_->launch(GemmKernel::items(slots, gw.n),
@@ -345,7 +383,7 @@ class BackendModel final : public DeviceModel {
   const float* final_norm_ = nullptr;
   DevMatrix lm_head_;
   std::vector<DevLayer> layers_;
-  Scratch<int32_t> ints_;
+  Scratch<int32_t> ints_, forced_, slot_lists_;
   Scratch<float> rope_cs_, h_, xn_, qkv_, attn_, proj_, gate_up_, act_, sel_, logits_, moe_,
       record_;
   // Training: the tape, its KV blocks, the backward's buffers.
@@ -357,8 +395,8 @@ class BackendModel final : public DeviceModel {
 };
 
 template <class B>
-Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv& kv,
-                                                   DevTape* tape) {
+Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv& kv, DevTape* tape,
+                                                   const int32_t* d_forced) {
   const ModelConfig& c = config_;
   const int64_t t = static_cast<int64_t>(batch.tokens.size()), d = c.hidden_size;
   const int64_t qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim, ld = qd + 2 * kvd;
@@ -434,10 +472,24 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
   if (tape) {
     // Every layer's activations, then h_final and normed: one buffer.
     const int64_t per_layer = t * (4 * d + 2 * ld + qd + 3 * f);
-    MILES_ASSIGN_OR_RETURN(float* tb, scratch(tape_buf_, c.num_layers * per_layer + 2 * t * d));
+    const int64_t fm = c.moe.moe_intermediate_size, km = c.moe.top_k;
+    const int64_t per_moe = t * (c.moe.num_experts + 2 * km + km * (3 * fm + d));
+    MILES_ASSIGN_OR_RETURN(
+        float* tb,
+        scratch(tape_buf_, c.num_layers * per_layer + c.num_moe_layers() * per_moe + 2 * t * d));
     tape->t = t;
     tape->layers.resize(static_cast<size_t>(c.num_layers));
-    for (DevTapeLayer& l : tape->layers) {
+    for (size_t li = 0; li < tape->layers.size(); ++li) {
+      DevTapeLayer& l = tape->layers[li];
+      if (layers_[li].moe) {
+        l.probs = tb;
+        l.moe_ids = reinterpret_cast<int32_t*>(tb + t * c.moe.num_experts);
+        l.moe_weights = tb + t * c.moe.num_experts + t * km;
+        l.moe_gate_up = l.moe_weights + t * km;
+        l.moe_act = l.moe_gate_up + t * km * 2 * fm;
+        l.moe_y = l.moe_act + t * km * fm;
+        tb = l.moe_y + t * km * d;
+      }
       for (float** p : {&l.h_in, &l.xn1, &l.h_mid, &l.xn2}) {
         *p = tb;
         tb += t * d;
@@ -496,8 +548,12 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
     // MLP block (or the MoE block, inference only).
     b_->launch(t, RmsnormKernel{h, d, l.post_norm, d, eps, xn, d});
     if (l.moe) {
-      MILES_RETURN_IF_ERROR(
-          moe_block(l, xn, t, moe_index++, batch.return_experts ? d_record : nullptr, proj));
+      if (tl) {
+        copy(tl->h_mid, h, t * d);
+        copy(tl->xn2, xn, t * d);
+      }
+      MILES_RETURN_IF_ERROR(moe_block(
+          l, xn, t, moe_index++, batch.return_experts ? d_record : nullptr, d_forced, tl, proj));
       b_->launch(t * d, AddKernel{h, proj});
       continue;
     }
@@ -538,12 +594,9 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
 // token's logits; with keep_tape the activations stay on the device for backward().
 template <class B>
 Result<ForwardOutput> BackendModel<B>::forward_train(std::span<const int32_t> tokens,
-                                                     std::span<const SeqSpan> seqs,
-                                                     bool keep_tape) {
+                                                     std::span<const SeqSpan> seqs, bool keep_tape,
+                                                     std::span<const int32_t> forced) {
   const int64_t bt = 16;
-  if (keep_tape && config_.num_moe_layers() > 0)
-    return Status::Error("device training: " + config_.arch_name +
-                         " has MoE layers; MoE models train on the CPU only for now");
   int64_t blocks = 0, total = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
     if (seqs[s].start_pos != 0)
@@ -574,6 +627,29 @@ Result<ForwardOutput> BackendModel<B>::forward_train(std::span<const int32_t> to
     for (int64_t k = 0; k < (seqs[s].n_tokens + bt - 1) / bt; ++k) tables[s].push_back(next++);
   DeviceBatch batch{tokens, seqs, {}, true, config_.num_moe_layers() > 0};
   for (const auto& t : tables) batch.tables.emplace_back(t);
+  // Routing replay: ids checked as Model::forward checks them, then uploaded.
+  const int32_t* d_forced = nullptr;
+  if (!forced.empty()) {
+    const int64_t k = config_.moe.top_k, per_token = config_.num_moe_layers() * k;
+    if (per_token == 0 || static_cast<int64_t>(forced.size()) != total * per_token)
+      return Status::Error("forced expert ids: expected " + std::to_string(total * per_token) +
+                           " ids ([tokens, moe layers, top_k]), got " +
+                           std::to_string(forced.size()));
+    for (size_t i = 0; i < forced.size(); ++i) {
+      const int32_t e = forced[i];
+      if (e < 0 || e >= config_.moe.num_experts)
+        return Status::Error("forced expert id " + std::to_string(e) + " at index " +
+                             std::to_string(i) + " is outside [0, " +
+                             std::to_string(config_.moe.num_experts) + ")");
+      for (size_t j = i - i % k; j < i; ++j)
+        if (forced[j] == e)
+          return Status::Error("forced expert id " + std::to_string(e) +
+                               " is repeated for one token (index " + std::to_string(i) + ")");
+    }
+    MILES_ASSIGN_OR_RETURN(int32_t * p, scratch(forced_, static_cast<int64_t>(forced.size())));
+    MILES_RETURN_IF_ERROR(b_->upload(p, forced.data(), sizeof(int32_t) * forced.size()));
+    d_forced = p;
+  }
   tape_ = DevTape{};
   if (keep_tape) {
     tape_.tokens.assign(tokens.begin(), tokens.end());
@@ -584,7 +660,7 @@ Result<ForwardOutput> BackendModel<B>::forward_train(std::span<const int32_t> to
       off += q.n_tokens;
     }
   }
-  return run_forward(batch, *train_kv_, keep_tape ? &tape_ : nullptr);
+  return run_forward(batch, *train_kv_, keep_tape ? &tape_ : nullptr, d_forced);
 }
 
 }  // namespace miles::device

@@ -211,11 +211,7 @@ bool check_model(const std::string& spec, Device device, bool time, bool train, 
   }
   ok = same_bits(a->logits, b->logits, "decode logits") && ok;
   std::printf("    bits: %s\n", ok ? "EQUAL to the CPU model (prefill and decode)" : "NOT equal");
-  if (train && moe) {
-    std::printf("    training: MoE models train on the CPU (skipped)\n");
-  } else if (train) {
-    ok = check_training(*files, **cpu, **dev, 2, time ? 128 : 70, time, pool) && ok;
-  }
+  if (train) ok = check_training(*files, **cpu, **dev, 2, time ? 128 : 70, time, pool) && ok;
   if (!time) return ok;
 
   // Throughput: a prefill of 4 x 128 tokens, then decode steps of 64 sequences at context 128
