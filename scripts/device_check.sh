@@ -45,12 +45,13 @@ echo "== built in $(( $(date +%s) - t0 )) s"
 check="$build/miles_device_check"
 rc=0
 echo "== bits: test models and stories260K"
-"$check" --device cuda --train tests/data/models/llama tests/data/models/llama_tied \
+# Each run bounded, so that a slow kernel still leaves the others' results in the log.
+timeout 180 "$check" --device cuda --train tests/data/models/llama tests/data/models/llama_tied \
   tests/data/models/llama_rope_yarn tests/data/models/llama_rope_llama3 tests/data/models/qwen3 \
   tests/data/models/qwen3_bf16 tests/data/models/qwen3_moe tests/data/models/qwen3_moe_nonorm \
   .device/models/stories260K/stories260K.bin || rc=1
 echo "== bits and time: SmolLM2-135M and Qwen3-0.6B shapes (random weights)"
-"$check" --device cuda --time --train smollm2-shape || rc=1
-"$check" --device cuda --time qwen3-0.6b-shape || rc=1
+timeout 200 "$check" --device cuda --time --train smollm2-shape || rc=1
+timeout 120 "$check" --device cuda --time qwen3-0.6b-shape || rc=1
 echo "== done: rc=$rc"
 exit $rc

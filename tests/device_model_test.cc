@@ -290,17 +290,8 @@ void expect_engine_bits(Device device, const std::string& model_dir) {
   expect_same_bits(run_workload(cpu, 5, vocab), run_workload(dev, 5, vocab));
   EXPECT_EQ(dev.stats().free_blocks, cpu.stats().free_blocks);
 
-  auto layout = ParamLayout::for_model(files->config, &files->weights);
-  auto flat = FlatTensors::from_tensor_map(layout, files->weights);
-  ASSERT_TRUE(flat.ok());
-  std::mt19937 rng(3);
-  for (float& x : flat->all()) x += 0.02f * (static_cast<float>(rng() % 1000) / 1000.0f - 0.5f);
-  const TensorMap next = flat->as_tensor_map();
-  for (Engine* e : {&cpu, &dev}) {
-    ASSERT_TRUE(e->begin_weight_update().ok());
-    ASSERT_TRUE(e->update_weights(next).ok());
-    ASSERT_TRUE(e->end_weight_update().ok());
-  }
+  const FlatTensors flat = test::nudged_weights(*files);
+  test::update_all({&cpu, &dev}, flat.as_tensor_map());
   expect_same_bits(run_workload(cpu, 9, vocab), run_workload(dev, 9, vocab));
 }
 

@@ -110,17 +110,9 @@ TEST(EngineTpWeights, AnUpdateReshardsAndABadOneKeepsTheOldWeights) {
   const Finals before = run_workload(two, 9);
 
   // New weights: every value nudged (as an optimizer step would).
-  auto layout = ParamLayout::for_model(files->config, &files->weights);
-  auto flat = FlatTensors::from_tensor_map(layout, files->weights);
-  ASSERT_TRUE(flat.ok());
-  std::mt19937 rng(3);
-  for (float& x : flat->all()) x += 0.02f * (static_cast<float>(rng() % 1000) / 1000.0f - 0.5f);
-  const TensorMap next = flat->as_tensor_map();
-  for (Engine* e : {&one, &two}) {
-    ASSERT_TRUE(e->begin_weight_update().ok());
-    ASSERT_TRUE(e->update_weights(next).ok());
-    ASSERT_TRUE(e->end_weight_update().ok());
-  }
+  const FlatTensors flat = test::nudged_weights(*files);
+  const TensorMap next = flat.as_tensor_map();
+  test::update_all({&one, &two}, next);
   const Finals a = run_workload(one, 9), b = run_workload(two, 9);
   expect_same_bits(a, b);
   bool changed = false;

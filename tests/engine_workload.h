@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "miles/engine.h"
+#include "miles/flat_params.h"
 
 namespace miles::test {
 
@@ -97,6 +98,26 @@ inline std::unique_ptr<ModelRunner> one_process_runner(const ModelFiles& files, 
   auto model = Model::from_weights(files.config, files.weights);
   EXPECT_TRUE(model.ok()) << model.message();
   return make_model_runner(std::shared_ptr<const Model>(std::move(model).value()), pool);
+}
+
+// Every weight nudged (as an optimizer step would), as a flat buffer whose tensor views are the
+// update.
+inline FlatTensors nudged_weights(const ModelFiles& files) {
+  auto layout = ParamLayout::for_model(files.config, &files.weights);
+  auto flat = FlatTensors::from_tensor_map(layout, files.weights);
+  EXPECT_TRUE(flat.ok()) << flat.message();
+  std::mt19937 rng(3);
+  for (float& x : flat->all()) x += 0.02f * (static_cast<float>(rng() % 1000) / 1000.0f - 0.5f);
+  return std::move(flat).value();
+}
+
+// The same update through each engine's weight-update lifecycle.
+inline void update_all(std::initializer_list<Engine*> engines, const TensorMap& next) {
+  for (Engine* e : engines) {
+    ASSERT_TRUE(e->begin_weight_update().ok());
+    ASSERT_TRUE(e->update_weights(next).ok());
+    ASSERT_TRUE(e->end_weight_update().ok());
+  }
 }
 
 }  // namespace miles::test

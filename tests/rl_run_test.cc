@@ -214,19 +214,17 @@ TEST(RlRun, BroadcastTransportGivesTheDiskDeltaRun) {
   }
 }
 
-// Engines of two tensor-parallel processes each (`miles serve --tp 2`, rollout.engine_tp=2) over
-// the broadcast transport: the run is the single-process-engine run number for number (stories260K
-// splits over 2 on chunk boundaries, so every logit is the same bits), |Δlogp| exactly 0.
-TEST(RlRun, TensorParallelEnginesGiveTheSingleProcessEngineRun) {
-  MILES_REQUIRE_SHARED();
-  const std::string ref = temp_dir("engine_tp_ref"), dir = temp_dir("engine_tp");
-  const std::string common = " rollout.num_rollouts=3 weight_sync.transport=broadcast";
+// Runs the CI job for 3 rollouts plainly (`common` overrides) and with `variant` overrides: the two
+// runs agree number for number, |Δlogp| exactly 0, and engine 0's log says `engine_says`.
+void expect_same_run(const std::string& name, const std::string& common, const std::string& variant,
+                     const std::string& engine_says) {
+  const std::string ref = temp_dir(name + "_ref"), dir = temp_dir(name);
   ASSERT_EQ(run_here(std::string(kCi) + " --run-dir " + ref + common).exit_code, 0);
-  auto r = run_here(std::string(kCi) + " --run-dir " + dir + common + " rollout.engine_tp=2");
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir + common + variant);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   std::ifstream log(dir + "/engines/engine_0.log");
   const std::string engine_log((std::istreambuf_iterator<char>(log)), {});
-  EXPECT_NE(engine_log.find("tensor parallel over 2 processes"), std::string::npos) << engine_log;
+  EXPECT_NE(engine_log.find(engine_says), std::string::npos) << engine_log;
   const auto m = metrics(dir), mr = metrics(ref);
   ASSERT_EQ(m.size(), 3u);
   ASSERT_EQ(mr.size(), 3u);
@@ -236,28 +234,24 @@ TEST(RlRun, TensorParallelEnginesGiveTheSingleProcessEngineRun) {
   }
 }
 
+// Engines of two tensor-parallel processes each (`miles serve --tp 2`, rollout.engine_tp=2) over
+// the broadcast transport: the run is the single-process-engine run number for number (stories260K
+// splits over 2 on chunk boundaries, so every logit is the same bits), |Δlogp| exactly 0.
+TEST(RlRun, TensorParallelEnginesGiveTheSingleProcessEngineRun) {
+  MILES_REQUIRE_SHARED();
+  expect_same_run("engine_tp", " rollout.num_rollouts=3 weight_sync.transport=broadcast",
+                  " rollout.engine_tp=2", "tensor parallel over 2 processes");
+}
+
 // Engines and a trainer whose forwards (and backward) run the device kernels (here emulated on the
 // host: the CUDA kernels' code), the engines' KV in device memory: the run equals the CPU run
 // number for number, |Δlogp| = 0 between the device engine's sampling logprobs and the device
 // trainer's.
 TEST(RlRun, DeviceEnginesGiveTheCpuEngineRun) {
   MILES_REQUIRE_SHARED();
-  const std::string ref = temp_dir("device_ref"), dir = temp_dir("device");
-  const std::string common = " rollout.num_rollouts=3";
-  ASSERT_EQ(run_here(std::string(kCi) + " --run-dir " + ref + common).exit_code, 0);
-  auto r = run_here(std::string(kCi) + " --run-dir " + dir + common +
-                    " rollout.engine_device=emulated trainer.device=emulated");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  std::ifstream log(dir + "/engines/engine_0.log");
-  const std::string engine_log((std::istreambuf_iterator<char>(log)), {});
-  EXPECT_NE(engine_log.find("forwards on emulated"), std::string::npos) << engine_log;
-  const auto m = metrics(dir), mr = metrics(ref);
-  ASSERT_EQ(m.size(), 3u);
-  ASSERT_EQ(mr.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) {
-    EXPECT_EQ(m[i]["logp_abs_diff_max"], 0.0) << m[i].dump();
-    EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << "step " << i + 1;
-  }
+  expect_same_run("device", " rollout.num_rollouts=3",
+                  " rollout.engine_device=emulated trainer.device=emulated",
+                  "forwards on emulated");
 }
 
 // Asking for GPU engines where there is no GPU (or no CUDA build) is refused before any engine

@@ -117,75 +117,63 @@ TEST(Trainer, SameInputsSameBits) {
   EXPECT_EQ(0, std::memcmp(finals[0].data(), finals[1].data(), finals[0].size() * 4));
 }
 
-// A trainer whose forward and backward run on a device (here the emulated one: the CUDA kernels'
-// code as host loops) takes the CPU trainer's steps bit for bit: losses, gradient norms, scores
-// and every parameter after 3 steps with micro-batches of 2 (entropy term included).
+// A CPU trainer and an emulated-device trainer (the CUDA kernels' code as host loops) take `steps`
+// steps of `batch`: the same losses, gradient norms and parameters bit for bit; then both score the
+// batch (with routing replay when `replay`): the same logprobs and experts.
+void expect_device_trainer_bits(const test::Case& c, const std::vector<TrainSample>& batch,
+                                const std::vector<std::vector<float>>& coef, int steps,
+                                bool replay) {
+  ThreadPool pool(2);
+  TrainerConfig dc = golden_config(2);
+  dc.device = Device::kEmulated;
+  auto cpu = Trainer::create(c.config, c.weights, golden_config(2), &pool);
+  auto dev = Trainer::create(c.config, c.weights, dc, &pool);
+  ASSERT_TRUE(cpu.ok() && dev.ok()) << dev.message();
+  for (int k = 0; k < steps; ++k) {
+    auto a = (*cpu)->step(batch, golden_objective(c, coef));
+    auto b = (*dev)->step(batch, golden_objective(c, coef));
+    ASSERT_TRUE(a.ok() && b.ok()) << b.message();
+    EXPECT_EQ(a->loss, b->loss) << k;
+    EXPECT_EQ(a->grad_norm, b->grad_norm) << k;
+  }
+  const auto pa = (*cpu)->params().all(), pb = (*dev)->params().all();
+  EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * 4));
+  auto sa = (*cpu)->score(batch, replay), sb = (*dev)->score(batch, replay);
+  ASSERT_TRUE(sa.ok() && sb.ok());
+  for (size_t s = 0; s < batch.size(); ++s) {
+    EXPECT_EQ(0, std::memcmp((*sa)[s].logp.data(), (*sb)[s].logp.data(), 4 * (*sa)[s].logp.size()));
+    EXPECT_EQ((*sa)[s].experts, (*sb)[s].experts);
+    if (replay) {
+      EXPECT_EQ((*sb)[s].experts, std::vector<int32_t>(batch[s].routed_experts.begin(),
+                                                       batch[s].routed_experts.end()));
+    }
+  }
+}
+
+// Dense: 3 steps with micro-batches of 2, the entropy term included.
 TEST(Trainer, DeviceTrainerStepsAreTheCpuTrainersBits) {
   test::Case c = test::load_case("llama");
   std::vector<std::vector<float>> coef;
   const std::vector<TrainSample> batch = samples_of(c, coef);
-  ThreadPool pool(2);
-  TrainerConfig dc = golden_config(2);
-  dc.device = Device::kEmulated;
-  auto cpu = Trainer::create(c.config, c.weights, golden_config(2), &pool);
-  auto dev = Trainer::create(c.config, c.weights, dc, &pool);
-  ASSERT_TRUE(cpu.ok() && dev.ok()) << dev.message();
-  for (int k = 0; k < 3; ++k) {
-    auto a = (*cpu)->step(batch, golden_objective(c, coef));
-    auto b = (*dev)->step(batch, golden_objective(c, coef));
-    ASSERT_TRUE(a.ok() && b.ok()) << b.message();
-    EXPECT_EQ(a->loss, b->loss) << k;
-    EXPECT_EQ(a->grad_norm, b->grad_norm) << k;
-  }
-  const auto pa = (*cpu)->params().all(), pb = (*dev)->params().all();
-  EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * 4));
-  auto sa = (*cpu)->score(batch, false), sb = (*dev)->score(batch, false);
-  ASSERT_TRUE(sa.ok() && sb.ok());
-  for (size_t s = 0; s < batch.size(); ++s)
-    EXPECT_EQ(0, std::memcmp((*sa)[s].logp.data(), (*sb)[s].logp.data(), 4 * (*sa)[s].logp.size()));
+  expect_device_trainer_bits(c, batch, coef, 3, false);
 }
 
-// The same with a MoE model and routing replay (R3): the device trainer replays the samples' expert
-// ids and takes the CPU trainer's steps bit for bit.
+// MoE with routing replay (R3): the device trainer replays the samples' expert ids.
 TEST(Trainer, DeviceTrainerWithRoutingReplayIsTheCpuTrainersBits) {
   test::Case c = test::load_case("qwen3_moe");
   std::vector<std::vector<float>> coef;
   std::vector<TrainSample> batch = samples_of(c, coef);
-  const int64_t per_token = c.config.num_moe_layers() * c.config.moe.top_k;
+  const int64_t e = c.config.moe.num_experts;
   uint32_t seed = 7;
   for (TrainSample& s : batch) {  // distinct experts per token and layer
     const int64_t rows = (static_cast<int64_t>(s.tokens.size()) - 1) * c.config.num_moe_layers();
     for (int64_t r = 0; r < rows; ++r) {
-      const int32_t first = static_cast<int32_t>((seed = seed * 1103515245u + 12345u) >> 16) %
-                            c.config.moe.num_experts;
+      const int32_t first = static_cast<int32_t>((seed = seed * 1103515245u + 12345u) >> 16) % e;
       for (int64_t j = 0; j < c.config.moe.top_k; ++j)
-        s.routed_experts.push_back((first + static_cast<int32_t>(j)) % c.config.moe.num_experts);
+        s.routed_experts.push_back((first + static_cast<int32_t>(j)) % static_cast<int32_t>(e));
     }
-    ASSERT_EQ(static_cast<int64_t>(s.routed_experts.size()),
-              (static_cast<int64_t>(s.tokens.size()) - 1) * per_token);
   }
-  ThreadPool pool(2);
-  TrainerConfig dc = golden_config(2);
-  dc.device = Device::kEmulated;
-  auto cpu = Trainer::create(c.config, c.weights, golden_config(2), &pool);
-  auto dev = Trainer::create(c.config, c.weights, dc, &pool);
-  ASSERT_TRUE(cpu.ok() && dev.ok()) << dev.message();
-  for (int k = 0; k < 2; ++k) {
-    auto a = (*cpu)->step(batch, golden_objective(c, coef));
-    auto b = (*dev)->step(batch, golden_objective(c, coef));
-    ASSERT_TRUE(a.ok() && b.ok()) << b.message();
-    EXPECT_EQ(a->loss, b->loss) << k;
-    EXPECT_EQ(a->grad_norm, b->grad_norm) << k;
-  }
-  const auto pa = (*cpu)->params().all(), pb = (*dev)->params().all();
-  EXPECT_EQ(0, std::memcmp(pa.data(), pb.data(), pa.size() * 4));
-  auto sa = (*cpu)->score(batch, true), sb = (*dev)->score(batch, true);
-  ASSERT_TRUE(sa.ok() && sb.ok());
-  for (size_t s = 0; s < batch.size(); ++s) {
-    EXPECT_EQ((*sa)[s].experts, (*sb)[s].experts);
-    EXPECT_EQ((*sb)[s].experts,
-              std::vector<int32_t>(batch[s].routed_experts.begin(), batch[s].routed_experts.end()));
-  }
+  expect_device_trainer_bits(c, batch, coef, 2, true);
 }
 
 TEST(Trainer, DeviceTrainerRefusesModelParallelLayouts) {

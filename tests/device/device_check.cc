@@ -275,6 +275,7 @@ bool check_model(const std::string& spec, Device device, bool time, bool train, 
 
 int main(int argc, char** argv) {
   using namespace miles;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line out at once (a timeout keeps the log)
   Device device = Device::kCuda;
   bool time = false, train = false;
   std::vector<std::string> models;
