@@ -94,15 +94,20 @@ TEST(Check, MoeModelReplaysEveryRoutedExpert) {
   EXPECT_GT(c.report["grad_norm"].get<double>(), 0.0);
 }
 
-// The MoE gate with the engine on the (emulated) device: the experts it records are the ones the
-// CPU trainer replays, for 100 % of tokens, and the logprobs agree bit for bit.
+// The MoE gates with the engine and the trainer on the (emulated) device: the experts the engine
+// records are the ones the trainer replays, for 100 % of tokens, the logprobs agree bit for bit,
+// and the model-parallel layouts (run on the CPU: a device trainer is data-parallel only) give the
+// device trainer's gradient norm.
 TEST(Check, MoeModelOnADeviceEngineReplaysEveryRoutedExpert) {
   MILES_REQUIRE_SHARED();
-  Checked c = check("configs/ci_check_moe.yaml", "moe_device", "rollout.engine_device=emulated");
+  Checked c = check("configs/ci_check_moe.yaml", "moe_device",
+                    "rollout.engine_device=emulated trainer.device=emulated");
   ASSERT_EQ(c.exit_code, 0) << c.out;
   EXPECT_EQ((*gate(c.report, "r3_agreement_replay_on"))["value"], 1.0);
   EXPECT_EQ((*gate(c.report, "routed_experts_shape_mismatches"))["value"], 0.0);
   EXPECT_EQ((*gate(c.report, "logp_abs_diff_max"))["value"], 0.0);
+  EXPECT_EQ((*gate(c.report, "grad_norm_pp=2_rel_diff"))["value"], 0.0);
+  EXPECT_TRUE(c.report["passed"].get<bool>()) << c.report.dump();
 }
 
 TEST(Check, AGateThatDoesNotHoldFailsTheCommand) {
