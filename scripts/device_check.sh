@@ -12,8 +12,8 @@
 #        (inference, routed experts, the training pass's gradients), then SmolLM2- and
 #        Qwen3-0.6B-shaped models bit for bit and timed;
 #     2. runs the bundled `miles` itself: `miles sft --device cuda` against `--device cpu` (the
-#        same losses and grad norms), and the CI RL job with engines and trainer on the GPU against
-#        the CPU run (the same numbers, |Δlogp| = 0).
+#        same losses and grad norms), `miles bench train` on both, and the CI RL job with engines
+#        and trainer on the GPU against the CPU run (the same numbers, |Δlogp| = 0).
 #
 # The device tool's call:  run(command="bash scripts/device_check.sh run", carry=[".device"],
 #                              timeout_s=540)
@@ -89,6 +89,11 @@ for d in cpu "$device"; do
   timeout 200 "$miles" run configs/quickstart_ci.yaml --run-dir "$out/rl_$d" logging.progress=lines \
     rollout.engine_device="$d" trainer.device="$d" > "$out/rl_$d.log" 2>&1 ||
     { echo "miles run on $d failed:"; tail -8 "$out/rl_$d.log"; rc=1; }
+done
+echo "== 2. miles bench train (stories260K, 4 x 256 tokens per step) on the CPU and on $device"
+for d in cpu "$device"; do
+  timeout 120 "$miles" bench train --model .device/models/stories260K/stories260K.bin --steps 3 \
+    --device "$d" --no-breakdown 2>&1 | grep -E "^miles bench train|tokens/s \(median|step time" || true
 done
 python3 - "$out" "$device" <<'EOF' || rc=1
 import json, sys
