@@ -44,6 +44,16 @@ fi
 [[ -f .device/include/nlohmann/json.hpp ]] || { echo "no .device/: run '$0 prepare' here first and carry .device" >&2; exit 2; }
 
 device="${MILES_DEVICE:-cuda}"
+# One deadline for the whole run (the device tool allows 600 s a call): each step gets at most its
+# own limit and what is left, and is skipped, saying so, when under 20 s are left.
+deadline=$(( $(date +%s) + ${MILES_DEVICE_CHECK_SECONDS:-500} ))
+bounded() {  # bounded MAX_SECONDS COMMAND...: run it within MAX_SECONDS and the deadline
+  local max=$1 left
+  shift
+  left=$(( deadline - $(date +%s) ))
+  (( left < 20 )) && { echo "(skipped, out of time: $*)"; return 1; }
+  timeout $(( max < left ? max : left )) "$@"
+}
 out="${OUT:-/tmp/device_check_out}"
 mkdir -p "$out"
 log="$out/device_check.log"
@@ -63,14 +73,16 @@ check="$build/miles_device_check"
 rc=0
 echo "== 1. bits: test models and stories260K"
 # Each run bounded, so that a slow kernel still leaves the others' results in the log.
-timeout 180 "$check" --device "$device" --train tests/data/models/llama tests/data/models/llama_tied \
+bounded 120 "$check" --device "$device" --train tests/data/models/llama tests/data/models/llama_tied \
   tests/data/models/llama_rope_yarn tests/data/models/llama_rope_llama3 tests/data/models/qwen3 \
   tests/data/models/qwen3_bf16 tests/data/models/qwen3_moe tests/data/models/qwen3_moe_nonorm \
   .device/models/stories260K/stories260K.bin || rc=1
 if [[ "$device" == cuda ]]; then
   echo "== 1. bits and time: SmolLM2-135M and Qwen3-0.6B shapes (random weights)"
-  timeout 200 "$check" --device cuda --time --train smollm2-shape || rc=1
-  timeout 120 "$check" --device cuda --time qwen3-0.6b-shape || rc=1
+  bounded 100 "$check" --device cuda --time --train smollm2-shape || rc=1
+  echo "== 1. the same with one thread per GEMM output (MILES_DEVICE_GEMM=simple), to compare"
+  MILES_DEVICE_GEMM=simple bounded 100 "$check" --device cuda --time --train smollm2-shape || rc=1
+  bounded 80 "$check" --device cuda --time qwen3-0.6b-shape || rc=1
 fi
 
 echo "== 2. the whole program: miles sft and miles run with --device $device against the CPU"
@@ -82,17 +94,17 @@ miles="$bundle/miles"
 sft=(sft --model .device/models/stories260K/stories260K.bin --data tests/data/sft/stories.jsonl
      --steps 5 --lr 2e-3 --batch-size 4)
 for d in cpu "$device"; do
-  timeout 120 "$miles" "${sft[@]}" --device "$d" > "$out/sft_$d.jsonl" 2> "$out/sft_$d.err" ||
+  bounded 60 "$miles" "${sft[@]}" --device "$d" > "$out/sft_$d.jsonl" 2> "$out/sft_$d.err" ||
     { echo "miles sft --device $d failed:"; tail -5 "$out/sft_$d.err"; rc=1; }
 done
 for d in cpu "$device"; do
-  timeout 200 "$miles" run configs/quickstart_ci.yaml --run-dir "$out/rl_$d" logging.progress=lines \
+  bounded 100 "$miles" run configs/quickstart_ci.yaml --run-dir "$out/rl_$d" logging.progress=lines \
     rollout.engine_device="$d" trainer.device="$d" > "$out/rl_$d.log" 2>&1 ||
     { echo "miles run on $d failed:"; tail -8 "$out/rl_$d.log"; rc=1; }
 done
 echo "== 2. miles bench train (stories260K, 4 x 256 tokens per step) on the CPU and on $device"
 for d in cpu "$device"; do
-  timeout 120 "$miles" bench train --model .device/models/stories260K/stories260K.bin --steps 3 \
+  bounded 60 "$miles" bench train --model .device/models/stories260K/stories260K.bin --steps 3 \
     --device "$d" --no-breakdown 2>&1 | grep -E "^miles bench train|tokens/s \(median|step time" || true
 done
 python3 - "$out" "$device" <<'EOF' || rc=1

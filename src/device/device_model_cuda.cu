@@ -18,6 +18,18 @@ __global__ void run_items(K k, int64_t n) {
   if (i < n) k(i);
 }
 
+// A block kernel's phases with a barrier after each (device_tiled_gemm.h).
+template <class K>
+__global__ void __launch_bounds__(K::kThreads) run_blocks(K k) {
+  __shared__ typename K::Shared sh;
+  typename K::State st;
+  const int phases = k.phases();
+  for (int p = 0; p < phases; ++p) {
+    k.run(p, blockIdx.x, static_cast<int>(threadIdx.x), st, sh);
+    __syncthreads();
+  }
+}
+
 Status cuda_error(const char* what, cudaError_t e) {
   return Status::Error(std::string("CUDA ") + what + ": " + cudaGetErrorName(e) + " (" +
                        cudaGetErrorString(e) + ")");
@@ -52,6 +64,13 @@ class CudaBackend {
     run_items<<<static_cast<unsigned>(blocks), kThreads>>>(k, n);
     if (cudaError_t e = cudaGetLastError(); e != cudaSuccess && first_.ok())
       (void)(first_ = cuda_error("launching a kernel", e));
+  }
+  template <class K>
+  void launch_blocks(int64_t blocks, const K& k) {
+    if (blocks <= 0) return;
+    run_blocks<<<static_cast<unsigned>(blocks), K::kThreads>>>(k);
+    if (cudaError_t e = cudaGetLastError(); e != cudaSuccess && first_.ok())
+      (void)(first_ = cuda_error("launching a block kernel", e));
   }
   Status sync() {
     if (cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess && first_.ok())

@@ -10,11 +10,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "device/device_kernels.h"
+#include "device/device_tiled_gemm.h"
 #include "miles/device_model.h"
 #include "miles/kernels.h"
 #include "model/model_weights.h"
@@ -363,8 +365,20 @@ class BackendModel final : public DeviceModel {
     return s.p;
   }
 
+  // The tiled kernel where the reduction fits it (every matrix of the usual shapes but the LM
+  // head's d x), else one thread per output; the same bits either way. MILES_DEVICE_GEMM=simple
+  // forces the latter (to time one against the other).
   void gemm(const float* x, int64_t m, int64_t lda, const DevMatrix& w, float* y, int64_t ldy) {
     if (m == 0) return;
+    static const bool simple = [] {
+      const char* e = std::getenv("MILES_DEVICE_GEMM");
+      return e != nullptr && std::string(e) == "simple";
+    }();
+    if (!simple && TiledGemmKernel::fits(w.k, w.chunk)) {
+      const TiledGemmKernel tk{x, lda, w.data, m, w.n, w.k, w.chunk, y, ldy};
+      b_->launch_blocks(tk.blocks(), tk);
+      return;
+    }
     b_->launch(GemmKernel::items(m, w.n), GemmKernel{x, lda, w.data, m, w.n, w.k, w.chunk, y, ldy});
   }
 
