@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "device/device_backward_kernels.h"
+#include "device/device_forward_impl.h"
 #include "device/device_model_impl.h"
 #include "miles/flat_params.h"
 
