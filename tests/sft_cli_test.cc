@@ -211,9 +211,11 @@ std::string file_bytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
-TEST(SftCli, ResumedRunContinuesBitIdentically) {
-  MILES_REQUIRE_SHARED();
-  const std::string dir = test::binary_dir() + "/sft_cli_resume";
+// Four straight steps (checkpoints at 2 and 4) against two steps, then a resume from step 2 with
+// `resume_flags` for two more: the resumed steps and the final checkpoint's bytes are the straight
+// run's.
+void expect_resume_bit_identical(const std::string& name, const std::string& resume_flags) {
+  const std::string dir = test::binary_dir() + "/" + name;
   std::filesystem::remove_all(dir);
   const std::string job = "sft --model " + stories() + " --data " + data("ids.jsonl") +
                           " --lr 1e-3 --warmup-steps 2 --batch-size 4 --micro-batch-size 2 ";
@@ -222,7 +224,7 @@ TEST(SftCli, ResumedRunContinuesBitIdentically) {
   CliRun first = run_miles(job + "--steps 2 --save-dir " + dir + "/b", false);
   ASSERT_EQ(first.exit_code, 0) << first.out;
   CliRun resumed =
-      run_miles(job + "--steps 4 --resume --layout dp=2,pp=2 --save-dir " + dir + "/b", false);
+      run_miles(job + "--steps 4 --resume " + resume_flags + " --save-dir " + dir + "/b", false);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
   const auto a = steps_of(straight.out), b = steps_of(resumed.out);
   ASSERT_EQ(a.size(), 4u);
@@ -239,32 +241,15 @@ TEST(SftCli, ResumedRunContinuesBitIdentically) {
   }
 }
 
-// Checkpoints cross devices: two steps on the CPU, then resumed on a device trainer (emulated) for
-// two more: the steps and the final checkpoint's bytes are the straight CPU run's.
+TEST(SftCli, ResumedRunContinuesBitIdentically) {
+  MILES_REQUIRE_SHARED();
+  expect_resume_bit_identical("sft_cli_resume", "--layout dp=2,pp=2");
+}
+
+// Checkpoints cross devices: two steps on the CPU, then resumed on a device trainer (emulated).
 TEST(SftCli, ACpuCheckpointResumesOnADeviceBitIdentically) {
   MILES_REQUIRE_SHARED();
-  const std::string dir = test::binary_dir() + "/sft_cli_resume_device";
-  std::filesystem::remove_all(dir);
-  const std::string job = "sft --model " + stories() + " --data " + data("ids.jsonl") +
-                          " --lr 1e-3 --warmup-steps 2 --batch-size 4 --micro-batch-size 2 ";
-  CliRun straight = run_miles(job + "--steps 4 --save-every 2 --save-dir " + dir + "/a", false);
-  ASSERT_EQ(straight.exit_code, 0) << straight.out;
-  CliRun first = run_miles(job + "--steps 2 --save-dir " + dir + "/b", false);
-  ASSERT_EQ(first.exit_code, 0) << first.out;
-  CliRun resumed =
-      run_miles(job + "--steps 4 --resume --device emulated --save-dir " + dir + "/b", false);
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
-  const auto a = steps_of(straight.out), b = steps_of(resumed.out);
-  ASSERT_EQ(a.size(), 4u);
-  ASSERT_EQ(b.size(), 2u);
-  for (int i = 0; i < 2; ++i) {
-    EXPECT_EQ(b[i]["loss"].get<double>(), a[i + 2]["loss"].get<double>());
-    EXPECT_EQ(b[i]["grad_norm"].get<double>(), a[i + 2]["grad_norm"].get<double>());
-  }
-  for (const char* f : {"model.safetensors", "optimizer.safetensors"})
-    EXPECT_TRUE(file_bytes(dir + "/a/step_00000004/" + f) ==
-                file_bytes(dir + "/b/step_00000004/" + f))
-        << f << " differs after the device resume";
+  expect_resume_bit_identical("sft_cli_resume_device", "--device emulated");
 }
 
 TEST(SftCli, TensorParallelRunResumesBitIdentically) {
