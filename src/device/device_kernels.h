@@ -13,7 +13,7 @@
 
 namespace miles::device {
 
-inline constexpr int64_t kPanel = 32;  // kernels::kPanel
+inline constexpr int64_t kPanel = kernels::kPanel;
 
 // out[t, :] = table[ids[t], :]. Items: T * d.
 struct EmbedKernel {

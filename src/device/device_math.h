@@ -12,6 +12,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/exp_constants.h"
+#include "miles/kernels.h"
+
 #if defined(__CUDACC__)
 #define MILES_HD __host__ __device__
 #else
@@ -20,8 +23,8 @@
 
 namespace miles::device {
 
-inline constexpr int64_t kChunk = 128;     // kernels::kGemmChunk
-inline constexpr int64_t kAttnBlock = 32;  // kernels::kAttnBlock
+inline constexpr int64_t kChunk = kernels::kGemmChunk;
+inline constexpr int64_t kAttnBlock = kernels::kAttnBlock;
 inline constexpr int64_t kMaxHeadDim = 256;
 
 MILES_HD inline float bits_to_float(uint32_t b) {
@@ -67,19 +70,20 @@ MILES_HD inline float max_f(float a, float b) { return a < b ? b : a; }
 
 // kernels::detail::exp_f32, operation for operation (src/kernels/exp.h).
 MILES_HD inline float exp_f32(float x) {
+  using namespace kernels::detail::exp_constants;
   if (is_nan(x)) return x;
-  x = x < -104.0f ? -104.0f : x;
-  x = x > 89.0f ? 89.0f : x;
-  const float kf = round_even(x * 1.44269504088896341f);
-  float r = fma_f(-kf, 0.693359375f, x);
-  r = fma_f(-kf, -2.12194440e-4f, r);
+  x = x < kLo ? kLo : x;
+  x = x > kHi ? kHi : x;
+  const float kf = round_even(x * kLog2e);
+  float r = fma_f(-kf, kC1, x);
+  r = fma_f(-kf, kC2, r);
   const float z = r * r;
-  float p = 1.9875691500e-4f;
-  p = fma_f(p, r, 1.3981999507e-3f);
-  p = fma_f(p, r, 8.3334519073e-3f);
-  p = fma_f(p, r, 4.1665795894e-2f);
-  p = fma_f(p, r, 1.6666665459e-1f);
-  p = fma_f(p, r, 5.0000001201e-1f);
+  float p = kP5;
+  p = fma_f(p, r, kP4);
+  p = fma_f(p, r, kP3);
+  p = fma_f(p, r, kP2);
+  p = fma_f(p, r, kP1);
+  p = fma_f(p, r, kP0);
   const float y = fma_f(p, z, r) + 1.0f;
   const int32_t n = static_cast<int32_t>(kf);
   const int32_t n1 = n >> 1;

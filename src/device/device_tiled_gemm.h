@@ -18,7 +18,7 @@ namespace miles::device {
 
 struct TiledGemmKernel {
   static constexpr int kThreads = 128;
-  static constexpr int64_t kPanel = 32;
+  static constexpr int64_t kPanel = kernels::kPanel;
   static constexpr int64_t kSubRows = 4, kSubCols = 4;
   static constexpr int64_t kColGroups = kPanel / kSubCols;                // 8
   static constexpr int64_t kTileRows = kThreads / kColGroups * kSubRows;  // 64
