@@ -64,7 +64,7 @@ void expect_layouts_match(const std::string& model, int64_t micro_batch_size,
   const auto ref = steps_of(one.out);
   ASSERT_EQ(ref.size(), 3u);
   for (const char* layout : layouts) {
-    CliRun r = run_miles(job + "--layout " + layout, false);
+    CliRun r = run_miles(job + "--layout " + layout);  // stderr too: a failing rank says why
     ASSERT_EQ(r.exit_code, 0) << layout << ": " << r.out;
     const auto got = steps_of(r.out);
     ASSERT_EQ(got.size(), 3u) << layout << ": only rank 0 prints";
@@ -113,7 +113,7 @@ TEST(SftCli, TensorParallelLayoutsGiveTheSingleProcessLossBitwiseAndGradNormWith
     ASSERT_EQ(ref.size(), 2u);
     std::vector<nlohmann::json> first_tp;
     for (const char* layout : {"tp=2", "dp=2,tp=2", "pp=2,tp=2"}) {
-      CliRun r = run_miles(job + "--layout " + layout, false);
+      CliRun r = run_miles(job + "--layout " + layout);  // stderr too: a failing rank says why
       ASSERT_EQ(r.exit_code, 0) << layout << ": " << r.out;
       const auto got = steps_of(r.out);
       ASSERT_EQ(got.size(), 2u) << layout;
