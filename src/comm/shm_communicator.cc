@@ -283,7 +283,9 @@ class ShmCommunicator final : public Communicator {
         for (int r = 0; r < world_; ++r) {
           if (r == rank_ || (peer >= 0 && r != peer)) continue;
           const int pid = block(r).pid.load(std::memory_order_relaxed);
-          if (pid > 0 && !alive(pid))
+          // A peer may publish what we wait for and exit between our ready() and this check (the
+          // last barrier of a job): its stores precede its exit, so ask ready() once more.
+          if (pid > 0 && !alive(pid) && !ready())
             return error(
                 op, "rank " + std::to_string(r) + " (pid " + std::to_string(pid) + ") has exited");
         }
