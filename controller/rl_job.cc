@@ -155,10 +155,11 @@ Status RlJob::setup() {
     return rank->join_weight_groups(store, prefix, world, timeout_s);
   };
   senders.send = [rank](int64_t version) { return rank->send_stage_weights(version); };
-  MILES_ASSIGN_OR_RETURN(publisher_, WeightPublisher::create(
-                                         cfg_.weight_sync, *full, cfg_.controller.host,
-                                         [this](const std::string& s) { log_line(s); },
-                                         rank->layout(), std::move(senders)));
+  MILES_ASSIGN_OR_RETURN(publisher_,
+                         WeightPublisher::create(
+                             cfg_.weight_sync, *full, cfg_.controller.host,
+                             [this](const std::string& s) { log_line(s); }, rank->layout(),
+                             std::move(senders), static_cast<int>(cfg_.rollout.engine_tp)));
   const int64_t version = full->steps_done();
   MILES_RETURN_IF_ERROR(publisher_->drop_newer_than(version));
   MILES_RETURN_IF_ERROR(publisher_->publish(version, *full));

@@ -266,10 +266,12 @@ void TrainerRank::send_weight_version(const std::vector<uint8_t>& payload) {
   Status s;
   std::string sent;  // the log line of a send that happened
   if (cfg_.weight_sync.transport == "p2p") {
-    // This rank's own shards, straight to every engine (ranks of dp > 0 send nothing).
+    // This rank's own shards, straight to every engine rank (ranks of dp > 0 send nothing).
     const Trainer& t = *trainer_;
     const TensorSource local = [&t](const std::string& name) { return t.params().get(name); };
-    const P2pRoles roles{layout_, weight_group_->size() - layout_.world_size()};
+    const int engine_tp = static_cast<int>(cfg_.rollout.engine_tp);
+    const P2pRoles roles{layout_, (weight_group_->size() - layout_.world_size()) / engine_tp,
+                         engine_tp};
     s = p2p_send_weights(*weight_group_, *weight_plan_, version, local, roles);
     if (groups_.coord.dp == 0)
       sent = "rank " + std::to_string(world_->rank()) + ": sent its shards of weight version " + v +

@@ -44,6 +44,8 @@ Result<std::unique_ptr<WeightGroup>> WeightGroup::create(WeightGroupOptions opti
   g->p2p_ = g->options_.transport == "p2p";
   g->stages_ = g->p2p_ ? 1 : plan_stages(g->plan_);
   g->trainer_ranks_ = g->p2p_ ? g->options_.trainer.world_size() : 1;
+  g->engine_tp_ = g->p2p_ ? g->options_.engine_tp : 1;
+  if (g->engine_tp_ < 1) return Status::Error("weight group: engine_tp must be >= 1");
   const bool others = g->stages_ > 1 || g->trainer_ranks_ > 1;
   if (others && (!g->options_.senders.join || !g->options_.senders.send))
     return Status::Error("weight group: other trainer ranks send, but no senders were given");
@@ -73,18 +75,20 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
   // under a new prefix, so that every rank of the group is a member that said yes.
   while (!joining.empty()) {
     prefix = "wsync-" + std::to_string(++generation_);
-    const int world = static_cast<int>(joining.size()) + trainer_ranks_;
+    const int world = static_cast<int>(joining.size()) * engine_tp_ + trainer_ranks_;
     std::vector<size_t> accepted;
     for (size_t k = 0; k < joining.size(); ++k) {
       const EngineClient& e = *engines[joining[k]];
-      GroupJoin join{store_address_,
-                     prefix,
-                     e.address().host,
-                     plan_digest_,
-                     trainer_ranks_ + static_cast<int>(k),
-                     world,
-                     timeout_s};
+      GroupJoin join;
+      join.store = store_address_;
+      join.prefix = prefix;
+      join.host = e.address().host;
+      join.plan_digest = plan_digest_;
+      join.rank = trainer_ranks_ + static_cast<int>(k) * engine_tp_;
+      join.world_size = world;
+      join.timeout_s = timeout_s;
       if (p2p_) join.trainer_layout = options_.trainer.to_string();
+      join.engine_tp = engine_tp_;
       join.stages = stages_;
       Status s;
       for (int st = 0; st < stages_ && s.ok(); ++st) {  // p2p: one group (stages_ is 1)
@@ -104,7 +108,7 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
   if (joining.empty()) return out;
   CommOptions o;
   o.rank = 0;
-  o.world_size = static_cast<int>(joining.size()) + trainer_ranks_;
+  o.world_size = static_cast<int>(joining.size()) * engine_tp_ + trainer_ranks_;
   o.store_address = store_address_;
   o.prefix = p2p_ ? prefix : weight_stage_prefix(prefix, 0);
   if (stages_ > 1 || trainer_ranks_ > 1) {
@@ -132,7 +136,10 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
       (members_.size() == 1 ? "" : "s") +
       (stages_ > 1 ? ", one group per pipeline stage (" + std::to_string(stages_) + ")" : "") +
       (p2p_ ? ", p2p from " + std::to_string(trainer_ranks_) + " trainer rank" +
-                  (trainer_ranks_ == 1 ? "" : "s") + " (" + options_.trainer.to_string() + ")"
+                  (trainer_ranks_ == 1 ? "" : "s") + " (" + options_.trainer.to_string() + ")" +
+                  (engine_tp_ > 1 ? " straight to each engine's " + std::to_string(engine_tp_) +
+                                        " tensor-parallel ranks"
+                                  : "")
             : "") +
       " (" + store_address_ + ", " + fixed2(seconds_since(t0)) + " s)");
   return out;
@@ -162,8 +169,9 @@ std::vector<Status> WeightGroup::update(const std::vector<std::shared_ptr<Engine
   // its own shards (p2p).
   Status sent = stages_ > 1 || trainer_ranks_ > 1 ? options_.senders.send(version) : Status::Ok();
   if (sent.ok())
-    sent = p2p_ ? p2p_send_weights(*comm_, plan_, version, options_.senders.local,
-                                   P2pRoles{options_.trainer, static_cast<int>(members_.size())})
+    sent = p2p_ ? p2p_send_weights(
+                      *comm_, plan_, version, options_.senders.local,
+                      P2pRoles{options_.trainer, static_cast<int>(members_.size()), engine_tp_})
                 : send_stage_weights(*comm_, plan_, 0, version, source, known_xxh3);
   // A failed send leaves receivers waiting on this rank; closing its connections fails them now
   // rather than at their timeout.

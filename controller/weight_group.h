@@ -64,6 +64,9 @@ struct WeightGroupOptions {
   // the engines: the plan is then made for `trainer`).
   std::string transport = "broadcast";
   ParallelLayout trainer;
+  // p2p: the engines' tensor-parallel ranks; each engine takes this many consecutive ranks and
+  // every one of them receives its own shard straight from the trainer ranks.
+  int engine_tp = 1;
 };
 
 class WeightGroup {
@@ -101,6 +104,7 @@ class WeightGroup {
   int stages_ = 1;
   bool p2p_ = false;
   int trainer_ranks_ = 1;               // p2p: the engines are ranks trainer_ranks_..
+  int engine_tp_ = 1;                   // p2p: ranks per engine
   std::unique_ptr<Communicator> comm_;  // stage 0's group; null: no group
   std::vector<std::shared_ptr<EngineClient>> members_;  // group rank i + 1
 };

@@ -30,14 +30,27 @@ std::map<std::string, std::string> checksums_of(const Trainer& trainer, const Tr
 
 using Checksums = std::map<std::string, std::string>;
 
-// OK when the engine holds version v with the expected checksums; else what differs.
+// The checksums a tensor-parallel engine of `engine_tp` ranks reports after a direct p2p transfer.
+Checksums sharded_checksums_of(const Trainer& trainer, const TransferPlan& plan, int engine_tp) {
+  Checksums out;
+  for (const Bucket& b : plan.buckets)
+    for (const PlannedTensor& t : b.tensors)
+      out[t.name] = sharded_checksum_of(t.name, t.shape, trainer.params().get(t.name), engine_tp);
+  return out;
+}
+
+// OK when the engine holds version v with the expected checksums (whole tensors, or `sharded`'s
+// per-shard form when given); else what differs.
 Status compare_held(const EngineClient& engine, int64_t v,
-                    const std::pair<int64_t, Checksums>& held, const Checksums& expected) {
+                    const std::pair<int64_t, Checksums>& held, const Checksums& expected,
+                    const Checksums& sharded = {}) {
   int64_t bad = 0;
   std::string first;
   for (const auto& [name, sum] : expected) {
     auto it = held.second.find(name);
-    if (it == held.second.end() || it->second != sum) {
+    auto alt = sharded.find(name);
+    if (it == held.second.end() ||
+        (it->second != sum && (alt == sharded.end() || it->second != alt->second))) {
       if (!bad++) first = name;
     }
   }
@@ -59,14 +72,15 @@ void for_each_parallel(size_t n, const std::function<void(size_t)>& fn) {
 
 Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
     const WeightSyncSection& cfg, const Trainer& trainer, const std::string& host,
-    std::function<void(const std::string&)> log, const ParallelLayout& layout,
-    StageSenders senders) {
+    std::function<void(const std::string&)> log, const ParallelLayout& layout, StageSenders senders,
+    int engine_tp) {
   if (cfg.transport != "disk_delta" && cfg.transport != "broadcast" && cfg.transport != "p2p")
     return Status::Error("weight_sync.transport: '" + cfg.transport +
                          "' is not available to `miles run` (known: disk_delta, broadcast, p2p)");
   auto p = std::unique_ptr<WeightPublisher>(new WeightPublisher());
   p->cfg_ = cfg;
   p->log_ = std::move(log);
+  p->engine_tp_ = cfg.transport == "p2p" ? engine_tp : 1;
   // Engines are told this path; one on another host (Slurm, Kubernetes) resolves a relative path
   // against its own working directory, so send the absolute one.
   p->cfg_.dir = fs::absolute(cfg.dir).lexically_normal().string();
@@ -93,6 +107,7 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
     go.transport = cfg.transport;
     go.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.group_timeout_s * 1000));
     go.trainer = layout;
+    go.engine_tp = p->engine_tp_;
     MILES_ASSIGN_OR_RETURN(TransferPlan group_plan,
                            weight_group_plan(cfg.transport, trainer.model_config(),
                                              trainer.params().layout(), layout));
@@ -122,9 +137,13 @@ Status WeightPublisher::publish(int64_t version, const Trainer& trainer) {
   Status sent = adopt ? Status::Ok() : sender_->send(version, source_of(trainer));
   sending_sums_ = nullptr;
   MILES_RETURN_IF_ERROR(sent);
+  Checksums sharded = engine_tp_ > 1 && cfg_.check_checksums
+                          ? sharded_checksums_of(trainer, plan_, engine_tp_)
+                          : Checksums{};
   std::lock_guard<std::mutex> lock(mu_);
   current_ = version;
   checksums_ = std::move(sums);
+  sharded_ = std::move(sharded);
   return Status::Ok();
 }
 
@@ -135,11 +154,12 @@ int64_t WeightPublisher::current() const {
 
 Status WeightPublisher::bring(EngineClient& engine, const PauseMode* pause) const {
   int64_t v;
-  std::map<std::string, std::string> expected;
+  std::map<std::string, std::string> expected, sharded;
   {
     std::lock_guard<std::mutex> lock(mu_);
     v = current_;
     if (cfg_.check_checksums) expected = checksums_;
+    sharded = sharded_;
   }
   if (pause) MILES_RETURN_IF_ERROR(engine.pause(*pause));
   MILES_ASSIGN_OR_RETURN(auto held, engine.weight_checksums());
@@ -154,7 +174,7 @@ Status WeightPublisher::bring(EngineClient& engine, const PauseMode* pause) cons
     }
   }
   if (cfg_.check_checksums) {
-    if (Status s = compare_held(engine, v, held, expected); !s.ok()) {
+    if (Status s = compare_held(engine, v, held, expected, sharded); !s.ok()) {
       if (pause) (void)engine.resume();
       return s;
     }
@@ -168,10 +188,12 @@ std::vector<Status> WeightPublisher::broadcast(
     const PauseMode* pause) {
   int64_t v;
   Checksums expected;  // of version v: the bucket headers' checksums, and the engines' check
+  Checksums sharded;   // the same per shard (p2p into tensor-parallel engines)
   {
     std::lock_guard<std::mutex> lock(mu_);
     v = current_;
     expected = checksums_;
+    sharded = sharded_;
   }
   std::vector<Status> out(engines.size());
   if (pause)
@@ -202,7 +224,7 @@ std::vector<Status> WeightPublisher::broadcast(
     }
     if (s.ok() && cfg_.check_checksums) {
       auto held = e.weight_checksums();
-      s = held.ok() ? compare_held(e, v, *held, expected) : held.status();
+      s = held.ok() ? compare_held(e, v, *held, expected, sharded) : held.status();
     }
     if (pause) {
       Status r = e.resume();

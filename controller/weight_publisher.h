@@ -36,7 +36,7 @@ class WeightPublisher {
   static Result<std::unique_ptr<WeightPublisher>> create(
       const WeightSyncSection& cfg, const Trainer& trainer, const std::string& host = "127.0.0.1",
       std::function<void(const std::string&)> log = nullptr, const ParallelLayout& layout = {},
-      StageSenders senders = {});
+      StageSenders senders = {}, int engine_tp = 1);
   // Publishes the trainer's current weights as `version` (> every published one); a version that
   // is already on disk with the same checksums (a resumed run) is adopted instead.
   Status publish(int64_t version, const Trainer& trainer);
@@ -65,6 +65,10 @@ class WeightPublisher {
   mutable std::mutex mu_;
   int64_t current_ = -1;
   std::map<std::string, std::string> checksums_;  // of `current_`
+  // p2p into tensor-parallel engines (engine_tp_ > 1): the checksums of `current_` as such an
+  // engine reports them after a direct transfer (sharded_checksum_of); empty otherwise.
+  int engine_tp_ = 1;
+  std::map<std::string, std::string> sharded_;
   // During publish(): the checksums just computed, lent to the disk-delta writer (known_xxh3).
   const std::map<std::string, std::string>* sending_sums_ = nullptr;
 };

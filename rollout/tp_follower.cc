@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include "miles/model.h"
 #include "miles/tensor_parallel.h"
@@ -61,7 +62,11 @@ class TableKvStore final : public KvStore {
 
 class Follower {
  public:
-  Follower(Communicator& comm, ThreadPool* pool) : comm_(comm), pool_(pool) {}
+  Follower(Communicator& comm, ThreadPool* pool, FollowerIntake* intake)
+      : comm_(comm), pool_(pool), intake_(intake) {}
+  ~Follower() {
+    if (intake_thread_.joinable()) intake_thread_.join();
+  }
   Status run();
 
  private:
@@ -69,6 +74,9 @@ class Follower {
   Status init(const std::vector<uint8_t>& payload);
   Status load(int64_t generation, const std::vector<uint8_t>& meta);
   Status forward(int64_t generation, const std::vector<uint8_t>& payload);
+  void start_intake(int64_t generation, const std::vector<uint8_t>& request);
+  Status adopt(int64_t generation, const std::vector<uint8_t>& payload);
+  Result<std::unique_ptr<Model>> build(const ShardWeights& shard) const;
   // This rank's status into the step's all-gather; a transport error ends the loop.
   Status report(const Status& mine) {
     const tp_wire::StatusSlot slot = tp_wire::to_slot(mine);
@@ -85,6 +93,12 @@ class Follower {
   std::unique_ptr<TableKvStore> kv_;
   std::map<int64_t, std::unique_ptr<Model>> models_;  // by weight generation
   TensorParallel tp_;
+  // Direct intake: the receive of `intake_generation_` runs on `intake_thread_` into
+  // `intake_result_` while the loop goes on serving forwards; adopt() joins it.
+  FollowerIntake* intake_;
+  std::thread intake_thread_;
+  int64_t intake_generation_ = 0;
+  Result<ShardWeights> intake_result_ = Status::Error("no weight intake was started");
 };
 
 Status Follower::receive(tp_wire::Header& h, std::vector<uint8_t>& payload) {
@@ -120,6 +134,15 @@ Status Follower::run() {
         break;
       case Op::kDrop:
         models_.erase(h.generation);
+        break;
+      case Op::kJoinIntake:
+        if (intake_ && kv_) intake_->join(payload, comm_.rank(), full_);
+        break;
+      case Op::kIntake:
+        start_intake(h.generation, payload);
+        break;
+      case Op::kAdopt:
+        s = adopt(h.generation, payload);
         break;
       case Op::kPing:
         break;
@@ -188,6 +211,59 @@ Status Follower::load(int64_t generation, const std::vector<uint8_t>& meta) {
   return report(built);
 }
 
+void Follower::start_intake(int64_t generation, const std::vector<uint8_t>& request) {
+  if (intake_thread_.joinable()) intake_thread_.join();  // a receive never adopted: dropped
+  intake_generation_ = generation;
+  if (!intake_ || !kv_) {
+    intake_result_ = Status::Error(kv_ ? "this follower was started without a weight intake"
+                                       : "weight intake before init");
+    return;
+  }
+  intake_thread_ =
+      std::thread([this, request] { intake_result_ = intake_->receive(request, comm_.rank()); });
+}
+
+Result<std::unique_ptr<Model>> Follower::build(const ShardWeights& shard) const {
+  TensorMap map;
+  for (const auto& [name, values] : shard.tensors)
+    map.insert(name, Tensor::view(DType::kF32, shard.shapes.at(name), values.data(), nullptr),
+               "this rank's received shard");
+  return Model::from_weights(local_, map);
+}
+
+// Builds the received shard as `generation`, then two all-gathers: every rank's status, and every
+// rank's checksums (payload: how many tensors; each rank's in name order, blank when it has none).
+Status Follower::adopt(int64_t generation, const std::vector<uint8_t>& payload) {
+  if (intake_thread_.joinable()) intake_thread_.join();
+  tp_wire::Reader r(payload);
+  int64_t count = 0;
+  MILES_RETURN_IF_ERROR(r.get(count));
+  if (count < 0 || count > (1 << 20)) return Status::Error("garbled adopt command");
+  Status built = intake_result_.status();
+  if (built.ok() && generation != intake_generation_)
+    built = Status::Error("adopt of generation " + std::to_string(generation) +
+                          " after an intake of " + std::to_string(intake_generation_));
+  if (built.ok() && static_cast<int64_t>(intake_result_->checksums.size()) != count)
+    built = Status::Error("received " + std::to_string(intake_result_->checksums.size()) +
+                          " tensors, rank 0 expects " + std::to_string(count));
+  if (built.ok()) {
+    auto model = build(*intake_result_);
+    if (model.ok()) models_[generation] = std::move(model).value();
+    built = model.status();
+  }
+  std::vector<char> mine(static_cast<size_t>(count) * tp_wire::kChecksumBytes, 0);
+  if (built.ok()) {
+    size_t i = 0;
+    for (const auto& [name, sum] : intake_result_->checksums)
+      std::memcpy(mine.data() + tp_wire::kChecksumBytes * i++, sum.data(),
+                  std::min(sum.size(), tp_wire::kChecksumBytes));
+  }
+  intake_result_ = Status::Error("no weight intake was started");  // the shard is built or gone
+  MILES_RETURN_IF_ERROR(report(built));
+  std::vector<char> all(mine.size() * comm_.size());
+  return comm_.allgather(mine.data(), mine.size(), all.data());
+}
+
 Status Follower::forward(int64_t generation, const std::vector<uint8_t>& payload) {
   auto c = tp_wire::ForwardCommand::decode(payload);
   auto it = models_.find(generation);
@@ -221,9 +297,9 @@ Status Follower::forward(int64_t generation, const std::vector<uint8_t>& payload
 
 }  // namespace
 
-Status run_tp_engine_follower(Communicator& comm, ThreadPool* pool) {
+Status run_tp_engine_follower(Communicator& comm, ThreadPool* pool, FollowerIntake* intake) {
   if (comm.rank() == 0) return Status::Error("rank 0 runs the engine, not the follower loop");
-  return Follower(comm, pool).run();
+  return Follower(comm, pool, intake).run();
 }
 
 }  // namespace miles::rollout

@@ -165,6 +165,15 @@ class TpModelRunner final : public ModelRunner {
   Result<ForwardOutput> forward(std::span<const int32_t> tokens, std::span<const SeqSpan> seqs,
                                 KvStore& kv, const ForwardOptions& options) override;
 
+  // Takes generation `generation` (every follower holds its shard) with rank 0's shard `model`.
+  void adopt(int64_t generation, std::unique_ptr<Model> model) {
+    generation_ = generation;
+    model_ = std::move(model);
+  }
+  const std::shared_ptr<TpEngineGroup>& group() const { return group_; }
+  const ModelConfig& local() const { return local_; }
+  ThreadPool* pool() const { return pool_; }
+
  private:
   std::shared_ptr<TpEngineGroup> group_;
   ModelConfig full_, local_;
@@ -243,6 +252,80 @@ Result<ForwardOutput> TpModelRunner::forward(std::span<const int32_t> tokens,
 }
 
 }  // namespace
+
+Result<std::shared_ptr<TpShardIntake>> TpShardIntake::of(const ModelRunner& runner) {
+  const auto* tp = dynamic_cast<const TpModelRunner*>(&runner);
+  if (!tp) return Status::Error("the engine is not tensor-parallel");
+  return std::make_shared<TpShardIntake>(tp->group(), tp->config(), tp->local(), tp->pool());
+}
+
+int TpShardIntake::size() const { return group_->size(); }
+
+Status TpShardIntake::join_followers(const std::vector<uint8_t>& request) {
+  auto l = group_->lock();
+  return group_->command(Op::kJoinIntake, 0, request);
+}
+
+Result<TpShardIntake::Received> TpShardIntake::receive(
+    const std::vector<uint8_t>& request,
+    const std::function<Result<ShardWeights>()>& receive_mine) {
+  int64_t generation = 0;
+  {
+    auto l = group_->lock();
+    generation = group_->next_generation();
+    MILES_RETURN_IF_ERROR(group_->command(Op::kIntake, generation, request));
+  }
+  // Forwards go on (under the lock, command by command) while every rank receives.
+  Result<ShardWeights> mine = receive_mine();
+  auto l = group_->lock();
+  const int64_t count = static_cast<int64_t>(ParamLayout::for_model(local_)->specs().size());
+  tp_wire::Writer w;
+  w.put<int64_t>(count);
+  MILES_RETURN_IF_ERROR(group_->command(Op::kAdopt, generation, w.bytes()));
+  Status built = mine.status();
+  if (built.ok() && static_cast<int64_t>(mine->checksums.size()) != count)
+    built = Status::Error("rank 0 received " + std::to_string(mine->checksums.size()) +
+                          " tensors of " + std::to_string(count));
+  std::unique_ptr<Model> model;
+  if (built.ok()) {
+    TensorMap map;
+    for (const auto& [name, values] : mine->tensors)
+      map.insert(name, Tensor::view(DType::kF32, mine->shapes.at(name), values.data(), nullptr),
+                 "rank 0's received shard");
+    auto m = Model::from_weights(local_, map);
+    built = m.status();
+    if (m.ok()) model = std::move(m).value();
+  }
+  const Status all = group_->gather_status(built, "receiving weights");
+  // The checksum all-gather follows the status round whatever it said (every follower takes part).
+  const size_t per_rank = static_cast<size_t>(count) * tp_wire::kChecksumBytes;
+  std::vector<char> sums(per_rank, 0), gathered(per_rank * group_->size());
+  if (built.ok()) {
+    size_t i = 0;
+    for (const auto& [name, sum] : mine->checksums)
+      std::memcpy(sums.data() + tp_wire::kChecksumBytes * i++, sum.data(),
+                  std::min(sum.size(), tp_wire::kChecksumBytes));
+  }
+  if (Status s = group_->comm().allgather(sums.data(), sums.size(), gathered.data()); !s.ok())
+    return group_->fail("gathering weight checksums: " + s.message());
+  if (!all.ok()) {
+    (void)group_->command(Op::kDrop, generation, {});  // followers that built it let it go
+    return all;
+  }
+  Received out;
+  size_t i = 0;
+  for (const auto& [name, sum] : mine->checksums) {
+    std::vector<std::string>& per = out.shard_checksums[name];
+    for (int r = 0; r < group_->size(); ++r)
+      per.emplace_back(gathered.data() + r * per_rank + tp_wire::kChecksumBytes * i,
+                       tp_wire::kChecksumBytes);
+    ++i;
+  }
+  auto runner = std::make_unique<TpModelRunner>(group_, full_, local_, pool_);
+  runner->adopt(generation, std::move(model));
+  out.runner = std::move(runner);
+  return out;
+}
 
 Result<std::unique_ptr<ModelRunner>> make_tp_model_runner(std::unique_ptr<Communicator> comm,
                                                           const ModelConfig& full,

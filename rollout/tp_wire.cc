@@ -19,6 +19,12 @@ const char* op_name(Op op) {
       return "ping";
     case Op::kStop:
       return "stop";
+    case Op::kJoinIntake:
+      return "join weight intake";
+    case Op::kIntake:
+      return "weight intake";
+    case Op::kAdopt:
+      return "adopt received weights";
   }
   return "unknown";
 }

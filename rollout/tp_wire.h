@@ -14,7 +14,20 @@
 
 namespace miles::rollout::tp_wire {
 
-enum class Op : uint32_t { kInit = 1, kLoad, kForward, kDrop, kPing, kStop };
+// kJoinIntake / kIntake / kAdopt: direct weight intake (tp_engine.h's TpShardIntake) — join a
+// weight group, receive this rank's shard of a version on a thread of its own, build it as a
+// generation.
+enum class Op : uint32_t {
+  kInit = 1,
+  kLoad,
+  kForward,
+  kDrop,
+  kPing,
+  kStop,
+  kJoinIntake,
+  kIntake,
+  kAdopt
+};
 const char* op_name(Op op);
 
 struct Header {
@@ -32,6 +45,7 @@ constexpr size_t kCommandBytes = 8192;
 constexpr size_t kInlineBytes = kCommandBytes - sizeof(Header);
 constexpr uint32_t kHeaderTag = 0x7470'0001;
 constexpr uint32_t kPayloadTag = 0x7470'0002;
+constexpr size_t kChecksumBytes = 32;  // an xxh3-128 in hex, in the adopt step's all-gather
 // A status every rank contributes to an all-gather: code 0 ok, else the message (truncated).
 struct StatusSlot {
   int32_t code = 0;

@@ -4,7 +4,7 @@
 // weight update that reshards new weights; a bad update leaves v - 1 serving. Then `miles serve
 // --tp 2` as real processes: the same bits over HTTP as `miles serve`, a size that does not split
 // is refused naming the dimension, and a killed follower ends the server with an error naming the
-// group instead of a hang.
+// group instead of a hang; p2p weight sync hands each rank its own shard straight from the trainer.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -31,6 +32,8 @@
 #include "miles/tcp_store.h"
 #include "miles/tensor_parallel.h"
 #include "miles/thread_pool.h"
+#include "miles/trainer.h"
+#include "miles/weight_sync.h"
 #include "rollout/tp_engine.h"
 #include "test_paths.h"
 
@@ -278,6 +281,168 @@ TEST(ServeTp, FollowerStartedElsewhereJoinsThroughTheStore) {
   EXPECT_FALSE(worker->alive());
   EXPECT_EQ(worker->exit_description().find("signal"), std::string::npos)
       << worker->exit_description();
+}
+
+// p2p weight sync into `miles serve --tp 2` with engine_tp 2: the test is the trainer (one rank)
+// and sends each engine rank only its shard; rank 0 never sees the follower's. Afterwards the
+// engine generates what a one-process engine brought to the same weights (with engine_tp 1, whole
+// tensors) generates, bit for bit, and reports per-shard checksums equal to the trainer's weights
+// sliced the engine's way. A join whose engine_tp is not the engine's is refused; a transfer cut
+// by the sender leaves version 1 serving, and the next version after a new join arrives whole.
+struct P2pTrainer {
+  Result<ModelFiles> files = load_model_files(test::data_dir() + "/models/qwen3_moe");
+  ThreadPool pool{1};
+  std::unique_ptr<Trainer> trainer;
+  TransferPlan plan;
+  std::unique_ptr<TcpStoreServer> store;
+  TensorSource source = [this](const std::string& n) { return trainer->params().get(n); };
+
+  Status start() {
+    MILES_RETURN_IF_ERROR(files.status());
+    TrainerConfig tc;
+    tc.lr.lr = 1e-2;
+    MILES_ASSIGN_OR_RETURN(trainer, Trainer::create(files->config, files->weights, tc, &pool));
+    MILES_ASSIGN_OR_RETURN(plan,
+                           make_transfer_plan(files->config, *ParamLayout::for_model(files->config),
+                                              ParallelLayout{}));
+    MILES_ASSIGN_OR_RETURN(store, TcpStoreServer::start({}));
+    return Status::Ok();
+  }
+  Status step() {
+    TrainSample x;
+    x.tokens = {1, 5, 9, 200, 31, 7, 8};
+    x.response_length = 6;
+    x.loss_mask.assign(6, 1.0f);
+    std::vector<TrainSample> batch{x};
+    return trainer->step(batch, sft_objective(batch, 6)).status();
+  }
+  json join(const std::string& prefix, int engine_tp) const {
+    json j = {{"store", store->address()},
+              {"prefix", prefix},
+              {"rank", 1},
+              {"world_size", 1 + engine_tp},
+              {"timeout_s", 20},
+              {"transport", "p2p"},
+              {"trainer_layout", "dp=1,pp=1,tp=1"},
+              {"plan_digest", transfer_plan_digest(plan)}};
+    if (engine_tp > 1) j["engine_tp"] = engine_tp;
+    return j;
+  }
+  Result<std::unique_ptr<Communicator>> connect(const std::string& prefix, int world) const {
+    CommOptions o;
+    o.rank = 0;
+    o.world_size = world;
+    o.store_address = store->address();
+    o.prefix = prefix;
+    o.timeout = std::chrono::seconds(20);
+    return connect_gloo(o);
+  }
+};
+
+json post(int port, const std::string& path, const json& body, int* status) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(120);
+  auto r = c.Post(path, body.dump(), "application/json");
+  *status = r ? r->status : -1;
+  return r ? json::parse(r->body, nullptr, false) : json();
+}
+
+// Joins `prefix` (engine_tp ranks), then sends `version` while the engine receives it; `cut`: the
+// sender drops the group instead of sending. The update's HTTP status and reply.
+std::pair<int, json> p2p_update(const P2pTrainer& t, int port, const std::string& prefix,
+                                int engine_tp, int64_t version, bool cut = false) {
+  int status = 0;
+  json j = post(port, "/join_weight_group", t.join(prefix, engine_tp), &status);
+  if (status != 200) return {status, j};
+  auto comm = t.connect(prefix, 1 + engine_tp);
+  if (!comm.ok()) return {-1, json{{"message", comm.message()}}};
+  auto update = std::async(std::launch::async, [&] {
+    int st = 0;
+    json r = post(port, "/update_weights_from_group", {{"weight_version", version}}, &st);
+    return std::make_pair(st, r);
+  });
+  if (cut) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    comm->reset();
+  } else {
+    Status s = p2p_send_weights(**comm, t.plan, version, t.source,
+                                P2pRoles{ParallelLayout{}, 1, engine_tp});
+    if (!s.ok()) return {-1, json{{"message", s.message()}}};
+  }
+  return update.get();
+}
+
+// The samples' tokens, logprobs, routed experts and weight versions (not their request ids).
+json samples_of(const json& generated) {
+  json out = json::array();
+  if (!generated.is_array()) return out;
+  for (const json& g : generated) {
+    json m;
+    for (const char* k : {"output_token_logprobs", "output_token_raw_logprobs", "routed_experts",
+                          "output_token_weight_versions"})
+      m[k] = g["meta_info"][k];
+    out.push_back(m);
+  }
+  return out;
+}
+
+json checksums_of(int port) {
+  httplib::Client c("127.0.0.1", port);
+  auto r = c.Get("/weight_checksums");
+  return r && r->status == 200 ? json::parse(r->body, nullptr, false) : json();
+}
+
+TEST(ServeTp, P2pSendsEachRankItsShardStraightFromTheTrainer) {
+  P2pTrainer t;
+  ASSERT_TRUE(t.start().ok());
+  ServeProcess one, two;
+  ASSERT_TRUE(one.start("p2p_one", {}).ok());
+  Status s = two.start("p2p_two", {"--tp", "2"});
+  ASSERT_TRUE(s.ok()) << s.message();
+  const json before = generate(two.port);
+
+  int status = 0;
+  json j = post(two.port, "/join_weight_group", t.join("bad", 3), &status);
+  EXPECT_EQ(status, 400) << j.dump();
+  EXPECT_NE(j["message"].get<std::string>().find("this engine has 2 tensor-parallel ranks"),
+            std::string::npos)
+      << j.dump();
+
+  ASSERT_TRUE(t.step().ok());
+  auto [st1, r1] = p2p_update(t, one.port, "whole-1", 1, 1);
+  ASSERT_EQ(st1, 200) << r1.dump();
+  auto [st2, r2] = p2p_update(t, two.port, "shards-1", 2, 1);
+  ASSERT_EQ(st2, 200) << r2.dump();
+  const json a = samples_of(generate(one.port)), b = samples_of(generate(two.port));
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_NE(b, samples_of(before)) << "the update changed nothing: the test cannot tell";
+  EXPECT_EQ(a, b);
+  const json held = checksums_of(two.port);
+  EXPECT_EQ(held["weight_version"], 1);
+  int sharded = 0;
+  const auto layout = ParamLayout::for_model(t.files->config);
+  for (const ParamSpec& p : layout->specs()) {
+    const std::string want = sharded_checksum_of(p.name, p.shape, t.source(p.name), 2);
+    EXPECT_EQ(held["checksums"][p.name], want) << p.name;
+    sharded += want.rfind("tp2:", 0) == 0;
+  }
+  EXPECT_GT(sharded, 0);
+
+  // A cut transfer: version 2 does not arrive, version 1 keeps serving; a new join brings v3.
+  ASSERT_TRUE(t.step().ok());
+  auto [st3, r3] = p2p_update(t, two.port, "shards-2", 2, 2, /*cut=*/true);
+  EXPECT_EQ(st3, 400) << r3.dump();
+  EXPECT_EQ(checksums_of(two.port)["weight_version"], 1);
+  EXPECT_EQ(samples_of(generate(two.port)), b);
+  ASSERT_TRUE(t.step().ok());
+  auto [st4, r4] = p2p_update(t, two.port, "shards-3", 2, 3);
+  ASSERT_EQ(st4, 200) << r4.dump();
+  auto [st5, r5] = p2p_update(t, one.port, "whole-3", 1, 3);
+  ASSERT_EQ(st5, 200) << r5.dump();
+  const json c = samples_of(generate(two.port));
+  EXPECT_EQ(c, samples_of(generate(one.port)));
+  EXPECT_NE(c, b);
+  EXPECT_EQ(checksums_of(two.port)["weight_version"], 3);
 }
 
 TEST(ServeTp, ASizeThatDoesNotSplitIsRefusedNamingTheDimension) {

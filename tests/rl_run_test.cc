@@ -215,13 +215,15 @@ TEST(RlRun, BroadcastTransportGivesTheDiskDeltaRun) {
 }
 
 // Runs the CI job for 3 rollouts plainly (`common` overrides) and with `variant` overrides: the two
-// runs agree number for number, |Δlogp| exactly 0, and engine 0's log says `engine_says`.
+// runs agree number for number, |Δlogp| exactly 0, and engine 0's log says `engine_says`. `out`:
+// the variant run's output.
 void expect_same_run(const std::string& name, const std::string& common, const std::string& variant,
-                     const std::string& engine_says) {
+                     const std::string& engine_says, std::string* out = nullptr) {
   const std::string ref = temp_dir(name + "_ref"), dir = temp_dir(name);
   ASSERT_EQ(run_here(std::string(kCi) + " --run-dir " + ref + common).exit_code, 0);
   auto r = run_here(std::string(kCi) + " --run-dir " + dir + common + variant);
   ASSERT_EQ(r.exit_code, 0) << r.out;
+  if (out) *out = r.out;
   std::ifstream log(dir + "/engines/engine_0.log");
   const std::string engine_log((std::istreambuf_iterator<char>(log)), {});
   EXPECT_NE(engine_log.find(engine_says), std::string::npos) << engine_log;
@@ -241,6 +243,21 @@ TEST(RlRun, TensorParallelEnginesGiveTheSingleProcessEngineRun) {
   MILES_REQUIRE_SHARED();
   expect_same_run("engine_tp", " rollout.num_rollouts=3 weight_sync.transport=broadcast",
                   " rollout.engine_tp=2", "tensor parallel over 2 processes");
+}
+
+// p2p into tensor-parallel engines: a tp = 2 trainer's two ranks send every engine rank
+// (rollout.engine_tp=2: two processes per engine) only its own shard, with no second hop inside the
+// engine; the engines' per-shard checksums pass the controller's check after every version, and
+// the run equals the run with single-process engines over p2p number for number, |Δlogp| 0.
+TEST(RlRun, P2pHandsEachTensorParallelEngineRankItsShard) {
+  MILES_REQUIRE_SHARED();
+  std::string out;
+  expect_same_run("p2p_etp", " rollout.num_rollouts=3 parallel.tp=2 weight_sync.transport=p2p",
+                  " rollout.engine_tp=2", "tensor parallel over 2 processes", &out);
+  EXPECT_NE(out.find("straight to each engine's 2 tensor-parallel ranks"), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("over disk-delta"), std::string::npos) << out;  // no fallback
+  EXPECT_EQ(count(out, "formed:"), 1u) << out;
 }
 
 // Engines and a trainer whose forwards (and backward) run the device kernels (here emulated on the

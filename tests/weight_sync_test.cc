@@ -13,6 +13,7 @@
 #include "miles/comm.h"
 #include "miles/engine.h"
 #include "miles/flat_params.h"
+#include "miles/tensor_parallel.h"
 #include "miles/thread_pool.h"
 #include "miles/trainer.h"
 #include "multiprocess.h"
@@ -211,8 +212,18 @@ TEST(WeightSync, ASenderKilledMidTransferLeavesEnginesOnTheOldVersion) {
   }
 }
 
-// P2P: trainer ranks in a tp / pp layout send their own shards to two engines, which assemble them.
-std::string run_p2p_rank(int rank, const std::string& store, const std::string& spec) {
+// P2P: trainer ranks in a tp / pp layout send their own shards to two engines. With engine_tp 1
+// each engine assembles the whole version and generates; with engine_tp > 1 every engine rank
+// receives only its own shard (printed as its checksums, which the test compares with the
+// trainer's weights sliced the engine's way).
+std::string shard_sums(const ReceivedWeights& set) {
+  std::string out;
+  for (const auto& [name, sum] : set.checksums) out += name + ":" + sum + " ";
+  return out;
+}
+
+std::string run_p2p_rank(int rank, const std::string& store, const std::string& spec,
+                         int engine_tp) {
   const ParallelLayout layout = *ParallelLayout::parse(spec);
   const int trainers = layout.world_size();
   auto files = load_model_files(test::data_dir() + "/models/qwen3_moe");
@@ -220,19 +231,26 @@ std::string run_p2p_rank(int rank, const std::string& store, const std::string& 
   const auto full_layout = ParamLayout::for_model(files->config, &files->weights);
   auto plan = make_transfer_plan(files->config, *full_layout, layout, {.bucket_bytes = 30000});
   if (!plan.ok()) return "status=" + plan.message();
-  const P2pRoles roles{layout, 2};
+  const P2pRoles roles{layout, 2, engine_tp};
   ThreadPool pool(1);
   CommOptions co;
   co.rank = rank;
-  co.world_size = trainers + 2;
+  co.world_size = roles.world_size();
   co.store_address = store;
   co.timeout = std::chrono::milliseconds(10000);
   auto world = connect_gloo(co);
   if (!world.ok()) return "status=" + world.message();
   if (rank >= trainers) {
+    ReceivedWeights set;
+    if (engine_tp > 1) {
+      Status st = p2p_receive_weights(**world, *plan, 1, roles, &set);
+      int64_t floats = 0;
+      for (const auto& [name, v] : set.tensors) floats += static_cast<int64_t>(v.size());
+      return "status=" + std::string(st.ok() ? "ok" : st.message()) + "\nsums=" + shard_sums(set) +
+             "\nfloats=" + std::to_string(floats);
+    }
     auto e = engine_on(files->config, files->weights, &pool);
     const std::string before = generate(*e);
-    ReceivedWeights set;
     Status st = p2p_receive_weights(**world, *plan, 1, roles, &set);
     if (st.ok()) st = apply_to_engine(*e, files->config, set, *plan, &pool);
     return "status=" + std::string(st.ok() ? "ok" : st.message()) + "\nbefore=" + before +
@@ -261,7 +279,7 @@ std::string run_p2p_rank(int rank, const std::string& store, const std::string& 
   Status st = p2p_send_weights(
       **world, *plan, 1, [&](const std::string& n) { return (*tr)->params().get(n); }, roles);
   if (!st.ok()) return "status=" + st.message();
-  // The reference: the whole model gathered on every trainer rank, generating on an engine.
+  // The reference: the whole model gathered on every trainer rank.
   if (groups->pp && !(*tr)->gather_pipeline_state(*groups->pp).ok()) return "status=gather pp";
   std::unique_ptr<Trainer> full;
   if (layout.tp() > 1) {
@@ -269,8 +287,24 @@ std::string run_p2p_rank(int rank, const std::string& store, const std::string& 
     if (!g.ok()) return "status=" + g.message();
     full = std::move(*g);
   }
-  const TensorMap view = (full ? *full : **tr).params().as_tensor_map();
-  auto e = engine_on(files->config, view, &pool);
+  const FlatTensors& params = (full ? *full : **tr).params();
+  if (engine_tp > 1) {
+    // Each engine rank's shard, cut from the gathered weights by tensor_parallel::slice.
+    std::string out = "status=ok";
+    FlatTensors shard(
+        ParamLayout::for_model(*tensor_parallel::local_config(files->config, engine_tp)));
+    for (int j = 0; j < engine_tp; ++j) {
+      tensor_parallel::slice(params, shard, j, engine_tp);
+      ReceivedWeights want;
+      for (const ParamSpec& p : shard.layout().specs()) {
+        std::span<const float> v = std::as_const(shard).get(p.name);
+        want.checksums[p.name] = xxh3_128_hex(v.data(), v.size_bytes());
+      }
+      out += "\nshard" + std::to_string(j) + "=" + shard_sums(want);
+    }
+    return out;
+  }
+  auto e = engine_on(files->config, params.as_tensor_map(), &pool);
   return "status=ok\ntokens=" + generate(*e);
 }
 
@@ -281,7 +315,7 @@ TEST(WeightSync, P2pShardsFromEveryTrainerRankAssembleOnTheEngines) {
     const std::string addr = store.address();
     const int trainers = ParallelLayout::parse(spec)->world_size();
     auto results = run_processes(
-        trainers + 2, [&](int rank) { return run_p2p_rank(rank, addr, spec); },
+        trainers + 2, [&](int rank) { return run_p2p_rank(rank, addr, spec, 1); },
         std::chrono::seconds(90));
     const auto ref = results[0].fields();
     ASSERT_EQ(ref.at("status"), "ok") << spec << ": " << results[0].describe();
@@ -292,6 +326,31 @@ TEST(WeightSync, P2pShardsFromEveryTrainerRankAssembleOnTheEngines) {
       EXPECT_NE(f.at("tokens"), f.at("before"))
           << "the update changed nothing: the test cannot tell";
     }
+  }
+}
+
+// Two engines of two tensor-parallel ranks each: every engine rank gets exactly its own shard,
+// straight from the trainer ranks, whatever the trainer's tensor-parallel size (1: each trainer
+// rank's tensor splits over both engine ranks; 2: the splits line up).
+TEST(WeightSync, P2pSendsEachTensorParallelEngineRankItsShard) {
+  for (const char* spec : {"tp=2", "pp=2,tp=2", "dp=2", "pp=2"}) {
+    StoreProcess store;
+    ASSERT_TRUE(store.ok());
+    const std::string addr = store.address();
+    const int trainers = ParallelLayout::parse(spec)->world_size();
+    auto results = run_processes(
+        trainers + 4, [&](int rank) { return run_p2p_rank(rank, addr, spec, 2); },
+        std::chrono::seconds(90));
+    const auto ref = results[0].fields();
+    ASSERT_EQ(ref.at("status"), "ok") << spec << ": " << results[0].describe();
+    ASSERT_NE(ref.at("shard0"), ref.at("shard1"));
+    for (int e = 0; e < 2; ++e)
+      for (int j = 0; j < 2; ++j) {
+        const auto f = results[trainers + e * 2 + j].fields();
+        ASSERT_EQ(f.at("status"), "ok") << spec << ": " << results[trainers + e * 2 + j].describe();
+        EXPECT_EQ(f.at("sums"), ref.at("shard" + std::to_string(j)))
+            << spec << " engine " << e << " rank " << j;
+      }
   }
 }
 

@@ -1,6 +1,7 @@
-// The p2p transport: per bucket and tensor-parallel rank, one message (version, shard checksums,
-// shard bytes) from that trainer rank to every engine; engines assemble full tensors
-// (weight_sync.h).
+// The p2p transport: per bucket, trainer tensor-parallel rank k and engine tensor-parallel rank j,
+// one message (version, a checksum per piece, the pieces) from trainer rank k to rank j of every
+// engine; each engine rank places the pieces straight into its own shard (weight_sync.h).
+#include <algorithm>
 #include <cstring>
 
 #include "miles/comm.h"
@@ -14,25 +15,88 @@ namespace {
 constexpr size_t kHex = 32;
 using tensor_parallel::Split;
 
-// Bytes of tensor t that tensor-parallel rank k of `tp` ranks sends.
-int64_t shard_bytes(const PlannedTensor& t, int k, int tp) {
-  if (tensor_parallel::split_of(t.name) == Split::kReplicated) return k == 0 ? t.bytes : 0;
-  return t.bytes / tp;
+int64_t numel_of(const PlannedTensor& t) { return t.bytes / static_cast<int64_t>(sizeof(float)); }
+
+// Floats of tensor t that one of `n` tensor-parallel ranks holds.
+int64_t local_numel(const PlannedTensor& t, int n) {
+  return tensor_parallel::split_of(t.name) == Split::kReplicated ? numel_of(t) : numel_of(t) / n;
+}
+
+// The shape of one of `n` ranks' shards of t (tensor_parallel::local_config's split).
+std::vector<int64_t> local_shape(const PlannedTensor& t, int n) {
+  std::vector<int64_t> s = t.shape;
+  switch (tensor_parallel::split_of(t.name)) {
+    case Split::kReplicated:
+      break;
+    case Split::kRows:
+      s[0] /= n;
+      break;
+    case Split::kCols:
+      s[1] /= n;
+      break;
+  }
+  return s;
+}
+
+// The part of tensor t that trainer tensor-parallel rank k (of nt) holds and engine rank j (of ne)
+// needs: `rows` runs of `len` floats, at src + i * src_stride in the trainer's shard and dst + i *
+// dst_stride in the engine's. Empty (len 0) when they share nothing; a replicated tensor comes
+// whole from trainer rank 0.
+struct Piece {
+  int64_t rows = 0, len = 0, src = 0, src_stride = 0, dst = 0, dst_stride = 0;
+  int64_t floats() const { return rows * len; }
+};
+
+Piece piece_of(const PlannedTensor& t, int k, int nt, int j, int ne) {
+  const Split split = tensor_parallel::split_of(t.name);
+  if (split == Split::kReplicated) return k == 0 ? Piece{1, numel_of(t), 0, 0, 0, 0} : Piece{};
+  // Rows: element ranges of the flat tensor; columns: column ranges of every row.
+  const int64_t extent = split == Split::kRows ? numel_of(t) : t.shape[1];
+  const int64_t rows = split == Split::kRows ? 1 : t.shape[0];
+  const int64_t a0 = k * extent / nt, a1 = (k + 1) * extent / nt;
+  const int64_t b0 = j * extent / ne, b1 = (j + 1) * extent / ne;
+  const int64_t lo = std::max(a0, b0), hi = std::min(a1, b1);
+  if (hi <= lo) return Piece{};
+  return Piece{rows, hi - lo, lo - a0, extent / nt, lo - b0, extent / ne};
 }
 
 uint32_t tag_of(size_t bucket, int k) { return static_cast<uint32_t>(bucket * 1024 + k); }
 
 struct Message {
-  std::vector<char> header;  // version, then a checksum per tensor (blank when not sent)
-  std::vector<char> data;    // the shards, in bucket order
+  std::vector<char> header;  // version, then a checksum per tensor (blank when no piece)
+  std::vector<char> data;    // the pieces, in bucket order, each run after run
 };
 
-Message layout_message(const Bucket& b, int k, int tp) {
+Message layout_message(const Bucket& b, int k, int nt, int j, int ne) {
   Message m;
   m.header.assign(sizeof(int64_t) + kHex * b.tensors.size(), 0);
-  int64_t bytes = 0;
-  for (const PlannedTensor& t : b.tensors) bytes += shard_bytes(t, k, tp);
-  m.data.assign(static_cast<size_t>(bytes), 0);
+  int64_t floats = 0;
+  for (const PlannedTensor& t : b.tensors) floats += piece_of(t, k, nt, j, ne).floats();
+  m.data.assign(static_cast<size_t>(floats) * sizeof(float), 0);
+  return m;
+}
+
+// The message trainer rank k sends engine rank j for bucket b.
+Result<Message> pack(const Bucket& b, int64_t version, const TensorSource& local_shards, int k,
+                     int nt, int j, int ne) {
+  Message m = layout_message(b, k, nt, j, ne);
+  std::memcpy(m.header.data(), &version, sizeof(version));
+  float* out = reinterpret_cast<float*>(m.data.data());
+  for (size_t i = 0; i < b.tensors.size(); ++i) {
+    const PlannedTensor& t = b.tensors[i];
+    const Piece p = piece_of(t, k, nt, j, ne);
+    if (p.floats() == 0) continue;
+    std::span<const float> v = local_shards(t.name);
+    if (static_cast<int64_t>(v.size()) != local_numel(t, nt))
+      return Status::Error("p2p weight send: this rank's shard of " + t.name + " has " +
+                           std::to_string(v.size_bytes()) + " bytes, expected " +
+                           std::to_string(local_numel(t, nt) * sizeof(float)));
+    for (int64_t r = 0; r < p.rows; ++r)
+      std::copy_n(v.data() + p.src + r * p.src_stride, p.len, out + r * p.len);
+    const std::string sum = xxh3_128_hex(out, p.floats() * sizeof(float));
+    std::memcpy(m.header.data() + sizeof(int64_t) + i * kHex, sum.data(), kHex);
+    out += p.floats();
+  }
   return m;
 }
 
@@ -42,35 +106,26 @@ Status p2p_send_weights(Communicator& world, const TransferPlan& plan, int64_t v
                         const TensorSource& local_shards, const P2pRoles& roles) {
   const RankCoord me = roles.trainer.coord(world.rank());
   if (me.dp != 0) return Status::Ok();
-  const int tp = roles.trainer.tp();
+  const int nt = roles.trainer.tp(), ne = roles.engine_tp;
   for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
     const Bucket& b = plan.buckets[bi];
     if (b.stage != me.pp) continue;
-    Message m = layout_message(b, me.tp, tp);
-    std::memcpy(m.header.data(), &version, sizeof(version));
-    int64_t off = 0;
-    for (size_t i = 0; i < b.tensors.size(); ++i) {
-      const PlannedTensor& t = b.tensors[i];
-      const int64_t n = shard_bytes(t, me.tp, tp);
-      if (n == 0) continue;
-      std::span<const float> v = local_shards(t.name);
-      if (static_cast<int64_t>(v.size_bytes()) != n)
-        return Status::Error("p2p weight send: this rank's shard of " + t.name + " has " +
-                             std::to_string(v.size_bytes()) + " bytes, expected " +
-                             std::to_string(n));
-      std::memcpy(m.data.data() + off, v.data(), n);
-      const std::string sum = xxh3_128_hex(v.data(), n);
-      std::memcpy(m.header.data() + sizeof(int64_t) + i * kHex, sum.data(), kHex);
-      off += n;
-    }
+    // One message per engine rank j (the same for every engine), all in flight at once.
+    std::vector<Message> messages;
     std::vector<std::unique_ptr<PendingSend>> pending;
-    for (int e = 0; e < roles.num_engines; ++e) {
-      const int dst = roles.engine_rank(e);
-      for (const std::vector<char>* part : {&m.header, &m.data}) {
-        if (part->empty()) continue;
-        MILES_ASSIGN_OR_RETURN(auto p, world.isend(part->data(), part->size(), dst,
-                                                   tag_of(bi, me.tp) * 2 + (part == &m.data)));
-        pending.push_back(std::move(p));
+    messages.reserve(ne);
+    for (int j = 0; j < ne; ++j) {
+      MILES_ASSIGN_OR_RETURN(Message m, pack(b, version, local_shards, me.tp, nt, j, ne));
+      messages.push_back(std::move(m));
+      for (int e = 0; e < roles.num_engines; ++e) {
+        const int dst = roles.engine_rank(e, j);
+        for (const std::vector<char>* part : {&messages[j].header, &messages[j].data}) {
+          if (part->empty()) continue;
+          const bool data = part == &messages[j].data;
+          MILES_ASSIGN_OR_RETURN(
+              auto p, world.isend(part->data(), part->size(), dst, tag_of(bi, me.tp) * 2 + data));
+          pending.push_back(std::move(p));
+        }
       }
     }
     for (auto& p : pending) MILES_RETURN_IF_ERROR(p->wait());
@@ -84,16 +139,23 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
   out->tensors.clear();
   out->shapes.clear();
   out->checksums.clear();
-  const int tp = roles.trainer.tp();
+  const int nt = roles.trainer.tp(), ne = roles.engine_tp;
+  const int offset = world.rank() - roles.trainer.world_size();
+  if (offset < 0 || offset >= roles.num_engines * ne)
+    return Status::Error("p2p weight receive: rank " + std::to_string(world.rank()) +
+                         " is not an engine rank");
+  const int j = offset % ne;
   for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
     const Bucket& b = plan.buckets[bi];
     const std::string at =
         "weight version " + std::to_string(version) + ", bucket " + std::to_string(bi);
-    // gathered[t]: the tp shards of tensor t in rank order (tensor_parallel::assemble's input).
-    std::vector<std::vector<float>> gathered(b.tensors.size());
-    for (int k = 0; k < tp; ++k) {
+    for (const PlannedTensor& t : b.tensors) {
+      out->tensors[t.name].assign(static_cast<size_t>(local_numel(t, ne)), 0.0f);
+      out->shapes[t.name] = local_shape(t, ne);
+    }
+    for (int k = 0; k < nt; ++k) {
       const int src = roles.trainer.rank_of({0, b.stage, k});
-      Message m = layout_message(b, k, tp);
+      Message m = layout_message(b, k, nt, j, ne);
       Status s = world.recv(m.header.data(), m.header.size(), src, tag_of(bi, k) * 2);
       if (s.ok() && !m.data.empty())
         s = world.recv(m.data.data(), m.data.size(), src, tag_of(bi, k) * 2 + 1);
@@ -103,32 +165,52 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
       if (got != version)
         return Status::Error(at + ": trainer rank " + std::to_string(src) + " sent version " +
                              std::to_string(got));
-      int64_t off = 0;
+      const float* in = reinterpret_cast<const float*>(m.data.data());
       for (size_t i = 0; i < b.tensors.size(); ++i) {
         const PlannedTensor& t = b.tensors[i];
-        const int64_t n = shard_bytes(t, k, tp);
-        if (n == 0) continue;
+        const Piece p = piece_of(t, k, nt, j, ne);
+        if (p.floats() == 0) continue;
         const std::string want(m.header.data() + sizeof(int64_t) + i * kHex, kHex);
-        if (xxh3_128_hex(m.data.data() + off, n) != want)
-          return Status::Error(at + ": checksum mismatch for " + t.name + " shard " +
-                               std::to_string(k) + " from trainer rank " + std::to_string(src));
-        const size_t before = gathered[i].size();
-        gathered[i].resize(before + n / sizeof(float));
-        std::memcpy(gathered[i].data() + before, m.data.data() + off, n);
-        off += n;
+        if (xxh3_128_hex(in, p.floats() * sizeof(float)) != want)
+          return Status::Error(at + ": checksum mismatch for " + t.name + " (piece from trainer " +
+                               "rank " + std::to_string(src) + ")");
+        float* dst = out->tensors[t.name].data();
+        for (int64_t r = 0; r < p.rows; ++r)
+          std::copy_n(in + r * p.len, p.len, dst + p.dst + r * p.dst_stride);
+        in += p.floats();
       }
     }
-    for (size_t i = 0; i < b.tensors.size(); ++i) {
-      const PlannedTensor& t = b.tensors[i];
-      std::vector<float>& full = out->tensors[t.name];
-      full.resize(static_cast<size_t>(t.bytes / sizeof(float)));
-      const bool replicated = tensor_parallel::split_of(t.name) == Split::kReplicated;
-      tensor_parallel::assemble(t.name, t.shape, gathered[i], replicated ? 1 : tp, full);
-      out->shapes[t.name] = t.shape;
-      out->checksums[t.name] = xxh3_128_hex(full.data(), t.bytes);
+    for (const PlannedTensor& t : b.tensors) {
+      const std::vector<float>& v = out->tensors[t.name];
+      out->checksums[t.name] = xxh3_128_hex(v.data(), v.size() * sizeof(float));
     }
   }
   return Status::Ok();
+}
+
+std::string sharded_checksum(const std::string& name, std::span<const std::string> shard_sums) {
+  if (shard_sums.size() == 1 || tensor_parallel::split_of(name) == Split::kReplicated)
+    return shard_sums.empty() ? std::string() : shard_sums[0];
+  std::string all;
+  for (const std::string& s : shard_sums) all += s;
+  return "tp" + std::to_string(shard_sums.size()) + ":" + xxh3_128_hex(all.data(), all.size());
+}
+
+std::string sharded_checksum_of(const std::string& name, const std::vector<int64_t>& shape,
+                                std::span<const float> full, int engine_tp) {
+  if (engine_tp <= 1 || tensor_parallel::split_of(name) == Split::kReplicated)
+    return xxh3_128_hex(full.data(), full.size_bytes());
+  const PlannedTensor t{name, shape, 0, static_cast<int64_t>(full.size_bytes())};
+  std::vector<std::string> sums;
+  std::vector<float> shard(static_cast<size_t>(local_numel(t, engine_tp)));
+  for (int j = 0; j < engine_tp; ++j) {
+    const Piece p = piece_of(t, 0, 1, j, engine_tp);  // the full tensor as one "trainer" shard
+    for (int64_t r = 0; r < p.rows; ++r)
+      std::copy_n(full.data() + p.src + r * p.src_stride, p.len,
+                  shard.data() + p.dst + r * p.dst_stride);
+    sums.push_back(xxh3_128_hex(shard.data(), shard.size() * sizeof(float)));
+  }
+  return sharded_checksum(name, sums);
 }
 
 }  // namespace miles

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "weight_sync/serve_state.h"
+#include "weight_sync/tp_intake.h"
 
 namespace miles {
 
@@ -36,7 +37,7 @@ Result<CommOptions> join_options(const json& body) {
       "join_weight_group needs {\"store\": \"host:port\", \"prefix\": string, \"rank\": integer, "
       "\"world_size\": integer, optional \"timeout_s\": number, \"host\": string, "
       "\"plan_digest\": string, \"stage\": integer, \"stages\": integer, \"transport\": "
-      "\"broadcast\" | \"p2p\", \"trainer_layout\": \"dp=A,pp=B,tp=C\"}";
+      "\"broadcast\" | \"p2p\", \"trainer_layout\": \"dp=A,pp=B,tp=C\", \"engine_tp\": integer}";
   if (body.is_discarded() || !body.is_object() || !has(body, "store", json::value_t::string) ||
       !has(body, "prefix", json::value_t::string) ||
       !has(body, "rank", json::value_t::number_integer) ||
@@ -47,7 +48,8 @@ Result<CommOptions> join_options(const json& body) {
       (body.contains("stage") && !has(body, "stage", json::value_t::number_integer)) ||
       (body.contains("stages") && !has(body, "stages", json::value_t::number_integer)) ||
       (body.contains("transport") && !has(body, "transport", json::value_t::string)) ||
-      (body.contains("trainer_layout") && !has(body, "trainer_layout", json::value_t::string)))
+      (body.contains("trainer_layout") && !has(body, "trainer_layout", json::value_t::string)) ||
+      (body.contains("engine_tp") && !has(body, "engine_tp", json::value_t::number_integer)))
     return Status::Error(usage);
   CommOptions o;
   o.store_address = body["store"].get<std::string>();
@@ -73,7 +75,9 @@ struct JoinKind {
   std::optional<P2pRoles> p2p;
 };
 
-Result<JoinKind> join_kind(const json& body, const CommOptions& o, const ModelConfig& config) {
+// `engine_tp`: this engine's tensor-parallel ranks (1 for a one-process engine).
+Result<JoinKind> join_kind(const json& body, const CommOptions& o, const ModelConfig& config,
+                           int engine_tp) {
   JoinKind k;
   const std::string transport = body.value("transport", std::string("broadcast"));
   if (transport == "p2p") {
@@ -84,7 +88,20 @@ Result<JoinKind> join_kind(const json& body, const CommOptions& o, const ModelCo
       return Status::Error("join_weight_group: p2p rank " + std::to_string(o.rank) +
                            " is a trainer rank of " + k.layout.to_string() +
                            " (engines are ranks " + std::to_string(w) + "..world_size − 1)");
-    k.p2p = P2pRoles{k.layout, o.world_size - w};
+    // Without engine_tp (or 1) the trainer sends this engine's rank 0 whole tensors, which it
+    // reshards over its own group; with engine_tp every rank of it takes its own shard.
+    const int64_t n = body.value("engine_tp", int64_t{1});
+    if (n != 1 && n != engine_tp)
+      return Status::Error("join_weight_group: engine_tp " + std::to_string(n) +
+                           ", but this engine has " + std::to_string(engine_tp) +
+                           " tensor-parallel rank" + (engine_tp == 1 ? "" : "s"));
+    if ((o.rank - w) % n != 0 || (o.world_size - w) % n != 0)
+      return Status::Error("join_weight_group: with engine_tp " + std::to_string(n) +
+                           " every engine takes " + std::to_string(n) +
+                           " consecutive ranks after the trainer's " + std::to_string(w) +
+                           "; rank " + std::to_string(o.rank) + " of world_size " +
+                           std::to_string(o.world_size) + " is not the first of such a run");
+    k.p2p = P2pRoles{k.layout, static_cast<int>((o.world_size - w) / n), static_cast<int>(n)};
     return k;
   }
   if (transport != "broadcast")
@@ -101,6 +118,37 @@ Result<JoinKind> join_kind(const json& body, const CommOptions& o, const ModelCo
   return k;
 }
 
+// A tensor-parallel engine in a p2p group with engine_tp: every rank receives its own shard (the
+// followers on their intake threads, this rank here), then the engine swaps in the runner over
+// them. Under st.mu.
+void receive_shards(WeightSyncRoutes& st, rollout::EngineDriver& driver, Communicator& comm,
+                    const TransferPlan& plan, const P2pRoles& roles, int64_t v,
+                    const std::vector<std::shared_ptr<WeightGroupJoin>>& gs,
+                    httplib::Response& res) {
+  auto got =
+      st.tp_intake->receive(intake_receive_request(v), [&]() -> Result<rollout::ShardWeights> {
+        ReceivedWeights mine;
+        MILES_RETURN_IF_ERROR(p2p_receive_weights(comm, plan, v, roles, &mine));
+        return to_shard(std::move(mine));
+      });
+  if (!got.ok()) {
+    st.drop_groups(gs);
+    return reply_failure(res, 400,
+                         got.status().with_context("weight group " + gs.front()->prefix).message());
+  }
+  std::map<std::string, std::string> sums;
+  for (const auto& [name, shards] : got->shard_checksums)
+    sums[name] = sharded_checksum(name, shards);
+  std::string error;
+  if (int code = st.apply_runner(driver, std::move(got->runner), v, std::move(sums), &error);
+      code != 200) {
+    st.drop_groups(gs);
+    return reply_failure(res, code, error);
+  }
+  st.receivers.clear();  // a disk-delta receiver's copy is older than the engine now
+  reply_json(res, 200, json{{"success", true}, {"weight_version", v}});
+}
+
 }  // namespace
 
 void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes> st,
@@ -111,7 +159,7 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
     if (!o.ok()) return reply_failure(res, 400, o.message());
     // Broadcast: one group per pipeline stage of the sender, `stage` of `stages` (default 0 of 1).
     // p2p: one group of the trainer's ranks and the engines.
-    auto kind = join_kind(body, *o, st->config);
+    auto kind = join_kind(body, *o, st->config, st->tp_intake ? st->tp_intake->size() : 1);
     if (!kind.ok()) return reply_failure(res, 400, kind.message());
     std::lock_guard<std::mutex> lock(st->group_mu);
     auto plan = st->plan_for(kind->layout);
@@ -142,6 +190,13 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
       st->groups.assign(kind->stages, nullptr);
     st->groups[kind->stage] = g;
     st->p2p = kind->p2p;
+    // The followers join beside this rank (each as rank + its tensor-parallel rank).
+    if (kind->p2p && kind->p2p->engine_tp > 1)
+      if (Status f = st->tp_intake->join_followers(intake_join_request(*o, *kind->p2p)); !f.ok()) {
+        st->groups.clear();
+        st->p2p.reset();
+        return reply_failure(res, 500, f.with_context("join_weight_group").message());
+      }
     st->joins.push_back({std::thread([g, finished, options = std::move(*o)] {
                            auto comm = connect_gloo(options);
                            {
@@ -196,6 +251,8 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
              comms.push_back(*comm);
            }
            std::lock_guard<std::mutex> lock(st->mu);
+           if (p2p && p2p->engine_tp > 1)
+             return receive_shards(*st, driver, *comms.front(), *plan, *p2p, v, gs, res);
            // Every member must take part in the transfer, even one that will refuse to swap; the
            // stages arrive one after the other, each over its own group.
            ReceivedWeights received;

@@ -48,6 +48,27 @@ int WeightSyncRoutes::apply(rollout::EngineDriver& driver, const ReceivedWeights
   return 200;
 }
 
+int WeightSyncRoutes::apply_runner(rollout::EngineDriver& driver,
+                                   std::unique_ptr<ModelRunner> runner, int64_t v,
+                                   std::map<std::string, std::string> sums, std::string* error) {
+  Status applied;
+  driver.run_sync([&](Engine& e) {
+    applied = e.begin_weight_update();
+    if (!applied.ok()) return;
+    applied = e.update_weights(std::move(runner));
+    if (applied.ok()) e.update_weight_version(v);
+    const Status end = e.end_weight_update();
+    if (applied.ok()) applied = end;
+  });
+  if (!applied.ok()) {
+    *error = applied.message();
+    return applied.message().find("pause it first") != std::string::npos ? 409 : 400;
+  }
+  checksums = std::move(sums);
+  version = v;
+  return 200;
+}
+
 void WeightSyncRoutes::drop_groups(const std::vector<std::shared_ptr<WeightGroupJoin>>& gs) {
   std::lock_guard<std::mutex> lock(group_mu);
   if (groups == gs) groups.clear();
@@ -62,12 +83,12 @@ Result<const TransferPlan*> WeightSyncRoutes::plan_for(const ParallelLayout& lay
   return &plans.emplace(key, std::move(plan)).first->second;
 }
 
-std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(httplib::Server& s,
-                                                              rollout::EngineDriver& driver,
-                                                              const ModelConfig& config,
-                                                              const std::string& model_path,
-                                                              ThreadPool* pool) {
+std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(
+    httplib::Server& s, rollout::EngineDriver& driver, const ModelConfig& config,
+    const std::string& model_path, ThreadPool* pool,
+    std::shared_ptr<rollout::TpShardIntake> tp_intake) {
   auto st = std::make_shared<WeightSyncRoutes>();
+  st->tp_intake = std::move(tp_intake);
   st->config = config;
   st->model_path = model_path;
   st->pool = pool;

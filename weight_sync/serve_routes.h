@@ -10,6 +10,10 @@
 //        sends; the engines are ranks 1..W − 1) on a thread of its own, binding A (default
 //        127.0.0.1), and replies at once; a later join replaces the group. The optional plan digest
 //        (transfer_plan_digest) must be the engine's own: otherwise 400 at once.
+//        p2p ("transport": "p2p", "trainer_layout": L): one group of the trainer's ranks and the
+//        engines; "engine_tp": N (a tensor-parallel engine's N ranks are ranks r..r+N−1, N its
+//        --tp) makes every rank of this engine join and receive its own shard straight from the
+//        trainer; its checksums are then reported per shard (sharded_checksum in weight_sync.h).
 //   POST /update_weights_from_group {"weight_version": N}
 //        waits for the join, receives version N over the group (broadcast_weights from rank 0),
 //        verifies and swaps it in as the disk-delta route does (409 while generating and not
@@ -24,6 +28,7 @@
 
 #include "miles/model_config.h"
 #include "rollout/engine_driver.h"
+#include "rollout/tp_engine.h"
 
 namespace httplib {
 class Server;
@@ -35,10 +40,9 @@ class ThreadPool;
 struct WeightSyncRoutes;  // state shared by the handlers (current checksums, delta receivers)
 
 // `model_path` is where the served weights came from (their checksums are computed on first use).
-std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(httplib::Server& server,
-                                                              rollout::EngineDriver& driver,
-                                                              const ModelConfig& config,
-                                                              const std::string& model_path,
-                                                              ThreadPool* pool);
+std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(
+    httplib::Server& server, rollout::EngineDriver& driver, const ModelConfig& config,
+    const std::string& model_path, ThreadPool* pool,
+    std::shared_ptr<rollout::TpShardIntake> tp_intake = nullptr);
 
 }  // namespace miles

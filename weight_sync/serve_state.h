@@ -21,6 +21,7 @@
 #include "miles/status.h"
 #include "miles/weight_sync.h"
 #include "rollout/engine_driver.h"
+#include "rollout/tp_engine.h"
 
 namespace miles {
 
@@ -62,6 +63,9 @@ struct WeightSyncRoutes {
   ModelConfig config;
   std::string model_path;
   ThreadPool* pool = nullptr;
+  // A tensor-parallel engine's handle on its followers: with it, p2p joins that give engine_tp
+  // have every rank receive its own shard (tp_intake.h). Null for a one-process engine.
+  std::shared_ptr<rollout::TpShardIntake> tp_intake;
   TransferPlan plan;
   std::string plan_digest;  // transfer_plan_digest(plan)
 
@@ -87,6 +91,9 @@ struct WeightSyncRoutes {
   // Swaps a staged version into the engine and records its version and checksums. Under `mu`.
   // Returns the HTTP status: 200, 409 (generating and not paused) or 400.
   int apply(rollout::EngineDriver& driver, const ReceivedWeights& got, std::string* error);
+  // The same for a runner built from shards received directly, with its (sharded) checksums.
+  int apply_runner(rollout::EngineDriver& driver, std::unique_ptr<ModelRunner> runner,
+                   int64_t version, std::map<std::string, std::string> sums, std::string* error);
   // Forgets `gs` if they are still the current groups (after an error: the controller re-forms
   // them).
   void drop_groups(const std::vector<std::shared_ptr<WeightGroupJoin>>& gs);

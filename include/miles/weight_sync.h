@@ -76,21 +76,36 @@ Status receive_stage_weights(std::span<Communicator* const> groups, const Transf
                              int64_t version, ReceivedWeights* out);
 
 // P2P transport: every trainer rank of data-parallel replica 0 sends its own tensor-parallel shards
-// straight to every engine, bucket by bucket following the plan (no gather on the trainer side);
-// engines verify each shard's xxh3-128 and assemble the full tensors. World ranks: the trainer's
-// [0, trainer.world_size()) in its layout's order, then the engines.
+// straight to the engine ranks that need them, bucket by bucket following the plan (no gather on
+// the trainer side, no second hop inside an engine). An engine of `engine_tp` tensor-parallel ranks
+// takes part with every rank: rank j receives exactly its shard (tensor_parallel.h's split over
+// engine_tp), each piece from the trainer rank that holds it, with a checksum per piece. World
+// ranks: the trainer's [0, trainer.world_size()) in its layout's order, then engine e's tensor-
+// parallel ranks 0..engine_tp-1.
 struct P2pRoles {
   ParallelLayout trainer;
   int num_engines = 1;
-  int engine_rank(int e) const { return trainer.world_size() + e; }
+  int engine_tp = 1;
+  int engine_rank(int e, int j = 0) const { return trainer.world_size() + e * engine_tp + j; }
+  int world_size() const { return trainer.world_size() + num_engines * engine_tp; }
 };
 // On a trainer rank: `local_shards` gives this rank's piece of a tensor of its stage (the whole
 // tensor without tensor parallelism). Ranks with dp > 0 return at once.
 Status p2p_send_weights(Communicator& world, const TransferPlan& plan, int64_t version,
                         const TensorSource& local_shards, const P2pRoles& roles);
-// On an engine rank: stages the full version into `out` (checksums of the assembled tensors).
+// On an engine rank: stages this rank's part of the version into `out`: the full tensors when
+// engine_tp is 1, else this rank's shard of each (local shapes); checksums are of those bytes.
 Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_t version,
                            const P2pRoles& roles, ReceivedWeights* out);
+
+// The checksum a tensor-parallel engine whose ranks received their shards directly reports for a
+// tensor (GET /weight_checksums): a replicated tensor's own xxh3-128 (every rank holds it whole);
+// for a split one "tp<N>:" and the xxh3-128 of its N shards' checksums (hex, in rank order).
+std::string sharded_checksum(const std::string& name, std::span<const std::string> shard_sums);
+// The same from the full tensor (the trainer's side of a check), sliced as tensor_parallel::slice
+// does; engine_tp 1 gives the plain xxh3-128.
+std::string sharded_checksum_of(const std::string& name, const std::vector<int64_t>& shape,
+                                std::span<const float> full, int engine_tp);
 
 // ---- One interface over the transports ------------------------------------------------------
 // A trainer rank holds a WeightSender, every engine a WeightReceiver, both made once for a plan.

@@ -52,6 +52,7 @@ int run_serve(ServeOptions o) {
   ThreadPool pool(o.threads);
   std::unique_ptr<ModelRunner> runner;
   ServeTpGroup tp_group;  // followers of a tensor-parallel engine (killed with this process)
+  std::shared_ptr<rollout::TpShardIntake> tp_intake;  // their direct p2p weight intake
   auto device = parse_device(o.device);
   if (!device.ok()) return fail("serve", device.message());
   if (*device != Device::kCpu && o.tp.tp > 1)
@@ -71,6 +72,9 @@ int run_serve(ServeOptions o) {
     if (!g.ok()) return fail("serve", g.message());
     tp_group = std::move(g).value();
     runner = std::move(tp_group.runner);
+    auto intake = rollout::TpShardIntake::of(*runner);
+    if (!intake.ok()) return fail("serve", intake.message());
+    tp_intake = std::move(intake).value();
   } else {
     auto model = Model::load(o.model);
     if (!model.ok()) return fail("serve", model.message());
@@ -105,7 +109,7 @@ int run_serve(ServeOptions o) {
   o.server.model_path = o.model;
   std::shared_ptr<WeightSyncRoutes> weight_sync;  // /update_weights_from_disk_delta, checksums
   o.server.extra_routes = [&](httplib::Server& s, rollout::EngineDriver& d) {
-    weight_sync = register_weight_sync_routes(s, d, config, o.model, &pool);
+    weight_sync = register_weight_sync_routes(s, d, config, o.model, &pool, tp_intake);
   };
   rollout::HttpServer server(driver, config, tok, chat, &pool, o.server);
   if (Status s = server.start(); !s.ok()) return fail("serve", s.message());

@@ -13,6 +13,7 @@
 #include "miles/tensor_parallel.h"
 #include "miles/thread_pool.h"
 #include "rollout/tp_engine.h"
+#include "weight_sync/tp_intake.h"
 
 namespace miles::cli {
 
@@ -109,7 +110,7 @@ void register_engine_tp_worker(CLI::App& app) {
   sub->add_option("--transport", o->transport, "shm (rank 0 on this host) or gloo")
       ->capture_default_str()
       ->check(CLI::IsMember({"shm", "gloo"}));
-  sub->callback([o] {
+  sub->callback([o, sub] {
     if (o->rank < 1 || o->rank >= o->world)
       throw CLI::ValidationError("--rank", "must be in [1, world - 1]");
     CommOptions c;
@@ -122,7 +123,10 @@ void register_engine_tp_worker(CLI::App& app) {
     auto comm = o->transport == "shm" ? connect_shm(c) : connect_gloo(c);
     if (!comm.ok()) throw CLI::RuntimeError(fail("engine-tp-worker", comm.message()));
     ThreadPool pool(o->threads);
-    Status s = rollout::run_tp_engine_follower(**comm, &pool);
+    // Direct p2p weights bind --host when given, else the address rank 0 joined with (a local
+    // launch's followers share its machine).
+    auto intake = make_p2p_follower_intake(sub->count("--host") ? o->host : "");
+    Status s = rollout::run_tp_engine_follower(**comm, &pool, intake.get());
     if (!s.ok())
       throw CLI::RuntimeError(
           fail("engine-tp-worker", "rank " + std::to_string(o->rank) + ": " + s.message()));
