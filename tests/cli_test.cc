@@ -118,6 +118,12 @@ TEST(Cli, BenchSyncMeasuresEveryTransportBetweenProcesses) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
   for (const char* t : {"| broadcast |", "| p2p |", "| disk-delta |", "memcpy", "of full"})
     EXPECT_NE(r.out.find(t), std::string::npos) << t << " missing in:\n" << r.out;
+  // Tensor-parallel engines: each rank's shard straight from the sender, and via rank 0.
+  r = run_miles("bench sync --model " + m +
+                " --repeats 1 --engines 1 --engine-tp 2 --transport p2p,p2p-hop");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  for (const char* t : {"| p2p |", "| p2p-hop |", "| 1 x 2 |"})
+    EXPECT_NE(r.out.find(t), std::string::npos) << t << " missing in:\n" << r.out;
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "miles/model.h"
 #include "miles/rl_objective.h"
 #include "miles/tcp_store.h"
+#include "miles/tensor_parallel.h"
 #include "miles/trainer.h"
 #include "miles/weight_sync.h"
 
@@ -33,6 +34,10 @@ struct SyncOptions {
   std::string model, transports = "broadcast,p2p,disk-delta", out, role, store, transport;
   int64_t synthetic_mb = 0, bucket_mb = 512;
   int engines = 1, repeats = 3, rank = 0;
+  // Tensor-parallel ranks per engine: p2p then sends each engine rank its own shard ("p2p"), or,
+  // for comparison, whole tensors to each engine's rank 0, which slices them and sends each
+  // follower its shard ("p2p-hop": what a tensor-parallel engine does with whole tensors).
+  int engine_tp = 1;
 };
 
 // A ~N MB Llama-shaped model config (hidden 1024, intermediate 4096, vocab 32000), layers to fit.
@@ -171,6 +176,34 @@ int run_disk_delta(const SyncOptions& o, Weights& w) {
   return 0;
 }
 
+// p2p-hop, one transfer: the sender sends whole tensors to every engine's rank 0 (ranks
+// 1..engines), which verifies them, slices them as a tensor-parallel engine does
+// (tensor_parallel::slice) and sends each follower its shard (engine e's follower j is rank 1 +
+// engines + e * (engine_tp − 1) + j − 1).
+Status hop_transfer(Communicator& comm, const SyncOptions& o, const Weights& w,
+                    const TransferPlan& plan, int64_t version, const TensorSource& source) {
+  const int n = o.engine_tp, first_follower = 1 + o.engines;
+  const P2pRoles to_leaders{ParallelLayout{}, o.engines, 1};
+  MILES_ASSIGN_OR_RETURN(ModelConfig local, tensor_parallel::local_config(w.config, n));
+  FlatTensors shard(ParamLayout::for_model(local));
+  if (comm.rank() == 0) return p2p_send_weights(comm, plan, version, source, to_leaders);
+  if (comm.rank() < first_follower) {
+    ReceivedWeights got;
+    MILES_RETURN_IF_ERROR(p2p_receive_weights(comm, plan, version, to_leaders, &got));
+    MILES_RETURN_IF_ERROR(verify_received_weights(got, plan));
+    MILES_ASSIGN_OR_RETURN(FlatTensors full, FlatTensors::from_tensor_map(w.layout, got.view()));
+    const int e = comm.rank() - 1;
+    for (int j = 1; j < n; ++j) {
+      tensor_parallel::slice(full, shard, j, n);
+      MILES_RETURN_IF_ERROR(comm.send(shard.all().data(), shard.all().size_bytes(),
+                                      first_follower + e * (n - 1) + j - 1, 7));
+    }
+    return Status::Ok();
+  }
+  const int e = (comm.rank() - first_follower) / (n - 1);
+  return comm.recv(shard.all().data(), shard.all().size_bytes(), 1 + e, 7);
+}
+
 // One process of the measurement: rank 0 sends, the others receive (and verify) each repeat.
 Status run_worker(const SyncOptions& o) {
   MILES_ASSIGN_OR_RETURN(Weights w, load_weights(o));
@@ -179,13 +212,13 @@ Status run_worker(const SyncOptions& o) {
                                             {.bucket_bytes = o.bucket_mb << 20}));
   CommOptions co;
   co.rank = o.rank;
-  co.world_size = 1 + o.engines;
+  co.world_size = 1 + o.engines * o.engine_tp;
   co.store_address = o.store;
   co.prefix = "bench-sync-" + o.transport;
   co.timeout = std::chrono::milliseconds(600'000);
   MILES_ASSIGN_OR_RETURN(auto comm, connect_gloo(co));
   const TensorSource source = [&](const std::string& n) { return std::as_const(w.values).get(n); };
-  const P2pRoles roles{ParallelLayout{}, o.engines};
+  const P2pRoles roles{ParallelLayout{}, o.engines, o.engine_tp};
   double best = 1e30;
   for (int r = 0; r < o.repeats; ++r) {
     MILES_RETURN_IF_ERROR(comm->barrier());
@@ -198,12 +231,18 @@ Status run_worker(const SyncOptions& o) {
       if (o.rank == 0) {
         MILES_RETURN_IF_ERROR(p2p_send_weights(*comm, plan, r + 1, source, roles));
       } else {
+        // Every piece's checksum is verified on arrival; a whole-tensor receiver also checks
+        // the assembled tensors.
         MILES_RETURN_IF_ERROR(p2p_receive_weights(*comm, plan, r + 1, roles, &got));
+        if (o.engine_tp == 1) MILES_RETURN_IF_ERROR(verify_received_weights(got, plan));
       }
+    } else if (o.transport == "p2p-hop") {
+      MILES_RETURN_IF_ERROR(hop_transfer(*comm, o, w, plan, r + 1, source));
     } else {
-      return Status::Error("unknown transport '" + o.transport + "' (broadcast, p2p)");
+      return Status::Error("unknown transport '" + o.transport + "' (broadcast, p2p, p2p-hop)");
     }
-    if (o.rank != 0) MILES_RETURN_IF_ERROR(verify_received_weights(got, plan));
+    if (o.rank != 0 && o.transport == "broadcast")
+      MILES_RETURN_IF_ERROR(verify_received_weights(got, plan));
     MILES_RETURN_IF_ERROR(comm->barrier());
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }
@@ -218,7 +257,8 @@ Status run_worker(const SyncOptions& o) {
 int run_bench(const SyncOptions& o) {
   const double copy = memcpy_gbps();
   std::printf("memcpy (1 thread, 256 MB, best of 5): %.2f GB/s\n", copy);
-  std::printf("| transport | weights | MB | buckets | engines | seconds | GB/s | / memcpy |\n");
+  std::printf(
+      "| transport | weights | MB | buckets | engines x tp ranks | seconds | GB/s | / memcpy |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   std::string list = o.transports + ",";
   for (size_t pos = 0, next; (next = list.find(',', pos)) != std::string::npos; pos = next + 1) {
@@ -234,7 +274,14 @@ int run_bench(const SyncOptions& o) {
     if (!store.ok()) return fail("bench sync", store.message());
     const std::string out = "/tmp/miles-bench-sync-" + std::to_string(getpid()) + ".json";
     std::vector<std::vector<std::string>> argvs;
-    for (int r = 0; r <= o.engines; ++r) {
+    if (t == "broadcast" && o.engine_tp > 1) {
+      std::printf("| broadcast | (whole tensors to each engine's rank 0: see p2p-hop) |\n");
+      continue;
+    }
+    if (t == "p2p-hop" && o.engine_tp < 2)
+      return fail("bench sync", "p2p-hop needs --engine-tp >= 2");
+    const int procs = 1 + o.engines * o.engine_tp;
+    for (int r = 0; r < procs; ++r) {
       std::vector<std::string> a{self_executable(),
                                  "bench",
                                  "sync-worker",
@@ -250,6 +297,8 @@ int run_bench(const SyncOptions& o) {
                                  std::to_string(o.repeats),
                                  "--bucket-mb",
                                  std::to_string(o.bucket_mb),
+                                 "--engine-tp",
+                                 std::to_string(o.engine_tp),
                                  "--out",
                                  out};
       if (o.synthetic_mb > 0) {
@@ -259,19 +308,18 @@ int run_bench(const SyncOptions& o) {
       }
       argvs.push_back(std::move(a));
     }
-    if (Status s = run_local_workers(o.engines + 1, argvs); !s.ok())
-      return fail("bench sync", s.message());
+    if (Status s = run_local_workers(procs, argvs); !s.ok()) return fail("bench sync", s.message());
     std::ifstream in(out);
     nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
     std::remove(out.c_str());
     if (j.is_discarded()) return fail("bench sync", "no result from the sender");
     const double secs = j["seconds"].get<double>(), bytes = j["bytes"].get<double>();
     const double gbps = bytes * o.engines / secs / 1e9;  // bytes delivered
-    std::printf("| %s | %s | %.1f | %lld | %d | %.4f | %.2f | %.2f |\n", t.c_str(),
+    std::printf("| %s | %s | %.1f | %lld | %d x %d | %.4f | %.2f | %.2f |\n", t.c_str(),
                 o.synthetic_mb > 0 ? ("synthetic " + std::to_string(o.synthetic_mb) + " MB").c_str()
                                    : o.model.c_str(),
                 bytes / (1 << 20), static_cast<long long>(j["buckets"].get<int64_t>()), o.engines,
-                secs, gbps, gbps / copy);
+                o.engine_tp, secs, gbps, gbps / copy);
   }
   std::printf(
       "GB/s counts the bytes delivered to all engines; each receiver verifies every xxh3-128.\n");
@@ -285,6 +333,8 @@ void add_common(CLI::App* s, SyncOptions* o) {
   s->add_option("--engines", o->engines, "receiving processes");
   s->add_option("--repeats", o->repeats, "transfers; the fastest counts");
   s->add_option("--bucket-mb", o->bucket_mb, "bucket size");
+  s->add_option("--engine-tp", o->engine_tp,
+                "tensor-parallel ranks per engine (p2p: each gets its shard; p2p-hop: via rank 0)");
 }
 
 }  // namespace
@@ -293,7 +343,8 @@ void register_bench_sync(CLI::App& bench) {
   auto o = std::make_shared<SyncOptions>();
   CLI::App* s = bench.add_subcommand("sync", "Weight transfer time and bandwidth per transport");
   add_common(s, o.get());
-  s->add_option("--transport", o->transports, "comma-separated: broadcast,p2p,disk-delta");
+  s->add_option("--transport", o->transports,
+                "comma-separated: broadcast,p2p,disk-delta (p2p-hop with --engine-tp)");
   s->callback([o] {
     if (o->model.empty() && o->synthetic_mb <= 0)
       std::exit(fail("bench sync", "--model or --synthetic-mb"));
