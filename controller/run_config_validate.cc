@@ -9,6 +9,7 @@
 #include <string>
 
 #include "controller/run_config_internal.h"
+#include "miles/device_model.h"
 #include "miles/parallel_layout.h"
 
 namespace miles::run_config_internal {
@@ -39,12 +40,20 @@ class Checker {
 
   void one_of(std::string_view key, const std::string& value,
               std::initializer_list<std::string_view> accepted) {
+    one_of(key, value, std::vector<std::string_view>(accepted));
+  }
+  void one_of(std::string_view key, const std::string& value,
+              const std::vector<std::string>& accepted) {
+    one_of(key, value, std::vector<std::string_view>(accepted.begin(), accepted.end()));
+  }
+  void one_of(std::string_view key, const std::string& value,
+              const std::vector<std::string_view>& accepted) {
     std::string list;
     for (std::string_view a : accepted) {
       if (a == value) return;
       list += (list.empty() ? "" : " | ") + std::string(a);
     }
-    std::string near = nearest(value, {accepted.begin(), accepted.end()});
+    std::string near = nearest(value, accepted);
     fail(key, "expected one of " + list + ", got " + double_quoted(value) +
                   (near.empty() ? "" : " (did you mean " + near + "?)"));
   }
@@ -170,7 +179,7 @@ void check_rollout(const RunConfig& c, Checker& check) {
   }
   check.positive("rollout.engine_threads", r.engine_threads);
   check.positive("rollout.engine_tp", r.engine_tp);
-  check.one_of("rollout.engine_device", r.engine_device, {"cpu", "cuda", "emulated"});
+  check.one_of("rollout.engine_device", r.engine_device, device_names());
   if (r.engine_device != "cpu" && r.engine_tp > 1)
     check.fail({"rollout.engine_device", "rollout.engine_tp"},
                "rollout.engine_device: " + r.engine_device +
@@ -195,7 +204,7 @@ void check_trainer(const RunConfig& c, Checker& check) {
   }
   check.at_least<int64_t>("trainer.warmup_steps", t.warmup_steps, 0);
   check.one_of("trainer.decay", t.decay, {"constant", "cosine"});
-  check.one_of("trainer.device", t.device, {"cpu", "cuda", "emulated"});
+  check.one_of("trainer.device", t.device, device_names());
   if (t.device != "cpu" && (c.parallel.tp > 1 || c.parallel.pp > 1))
     check.fail({"trainer.device", "parallel.tp", "parallel.pp"},
                "trainer.device: " + t.device +

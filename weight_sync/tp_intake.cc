@@ -84,18 +84,24 @@ class P2pFollowerIntake final : public rollout::FollowerIntake {
     if (!j.contains("version") || !j["version"].is_number_integer())
       return Status::Error("weight intake request without a version");
     const int64_t version = j["version"].get<int64_t>();
-    Communicator* comm = nullptr;
+    std::shared_ptr<Communicator> comm;  // kept alive if a new join replaces it meanwhile
+    TransferPlan plan;
+    P2pRoles roles;
     {
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait(l, [this] { return done_; });
       if (!joined_.ok()) return joined_.with_context("joining the weight group");
-      comm = comm_.get();
+      comm = comm_;
+      plan = plan_;
+      roles = roles_;
     }
     ReceivedWeights set;
-    if (Status s = p2p_receive_weights(*comm, plan_, version, roles_, &set); !s.ok()) {
+    if (Status s = p2p_receive_weights(*comm, plan, version, roles, &set); !s.ok()) {
       std::lock_guard<std::mutex> l(mu_);
-      comm_.reset();  // out of step with the senders: rank 0's controller forms a new group
-      joined_ = s.with_context("an earlier transfer");
+      if (comm_ == comm) {  // out of step with the senders: rank 0's controller forms a new group
+        comm_.reset();
+        joined_ = s.with_context("an earlier transfer");
+      }
       return s;
     }
     return to_shard(std::move(set));
@@ -107,7 +113,7 @@ class P2pFollowerIntake final : public rollout::FollowerIntake {
   std::condition_variable cv_;
   bool done_ = true;  // false while a join runs
   Status joined_ = Status::Error("this engine rank was never asked to join a weight group");
-  std::unique_ptr<Communicator> comm_;
+  std::shared_ptr<Communicator> comm_;
   std::thread joining_;
   P2pRoles roles_;
   TransferPlan plan_;

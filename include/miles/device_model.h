@@ -28,6 +28,8 @@ class FlatTensors;
 
 enum class Device { kCpu, kCuda, kEmulated };
 const char* device_name(Device d);
+// Every device's name, in the enum's order: what --device options and config keys accept.
+const std::vector<std::string>& device_names();
 // "cpu", "cuda" or "emulated"; anything else is an error naming the choices.
 Result<Device> parse_device(const std::string& name);
 // Ok when this build has the CUDA backend and a GPU can be used; else why not.

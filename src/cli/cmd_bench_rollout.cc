@@ -313,7 +313,7 @@ void register_bench_rollout(CLI::App& bench) {
       ->check(CLI::Range(1, 64));
   r->add_option("--device", o->device, "where forwards run: cpu, cuda or emulated")
       ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda", "emulated"}));
+      ->check(CLI::IsMember(device_names()));
   r->add_option("--group", o->group, "GRPO group size")->capture_default_str();
   r->add_option("--groups", o->groups, "GRPO groups sent at once (0: skip the GRPO comparison)")
       ->capture_default_str();

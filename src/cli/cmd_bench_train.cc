@@ -30,6 +30,7 @@
 #include "cli/commands.h"
 #include "cli/model_files.h"
 #include "miles/checkpoint.h"
+#include "miles/device_model.h"
 #include "miles/flat_params.h"
 #include "miles/kernels.h"
 #include "miles/logprob.h"
@@ -398,7 +399,7 @@ void register_bench_train(CLI::App& bench) {
   t->add_flag("--no-breakdown", o->no_breakdown, "skip the timed piece-by-piece step");
   t->add_option("--device", o->device, "where forward and backward run: cpu, cuda or emulated")
       ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda", "emulated"}));
+      ->check(CLI::IsMember(device_names()));
   t->add_option("--json", o->json, "also write the results (and the token ids) as JSON");
   t->add_option("--export-hf", o->export_hf,
                 "write the model as an HF Llama directory (config.json + safetensors) and exit")

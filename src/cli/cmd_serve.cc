@@ -206,7 +206,7 @@ void register_serve(CLI::App& app) {
                   "where forwards run: cpu, cuda (a GPU) or emulated (the device "
                   "kernels as host loops, for checking)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"cpu", "cuda", "emulated"}));
+      ->check(CLI::IsMember(device_names()));
   sub->add_flag("!--no-prefix-cache", o->engine.enable_prefix_cache,
                 "disable the radix prefix cache");
   sub->add_option("--served-model-name", o->server.served_model_name, "name in OpenAI responses")

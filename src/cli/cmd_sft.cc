@@ -15,6 +15,7 @@
 #include "cli/model_files.h"
 #include "cli/worker_launch.h"
 #include "miles/comm.h"
+#include "miles/device_model.h"
 #include "miles/sft_data.h"
 #include "miles/tcp_store.h"
 #include "miles/thread_pool.h"
@@ -251,7 +252,7 @@ void add_job_options(CLI::App* sub, SftOptions* o) {
   sub->add_option("--device", o->device,
                   "where forward and backward run: cpu, cuda (a GPU) or emulated; "
                   "the same bits on each")
-      ->check(CLI::IsMember({"cpu", "cuda", "emulated"}));
+      ->check(CLI::IsMember(device_names()));
 }
 
 // The arguments after the subcommand name, to forward to workers.

@@ -28,9 +28,16 @@ const char* device_name(Device d) {
   return "?";
 }
 
+const std::vector<std::string>& device_names() {
+  static const std::vector<std::string> names = {
+      device_name(Device::kCpu), device_name(Device::kCuda), device_name(Device::kEmulated)};
+  return names;
+}
+
 Result<Device> parse_device(const std::string& name) {
-  for (const Device d : {Device::kCpu, Device::kCuda, Device::kEmulated})
-    if (name == device_name(d)) return d;
+  const std::vector<std::string>& names = device_names();
+  for (size_t i = 0; i < names.size(); ++i)
+    if (name == names[i]) return static_cast<Device>(i);
   return Status::Error("unknown device '" + name + "' (expected cpu, cuda or emulated)");
 }
 
