@@ -167,8 +167,8 @@ Status EngineClient::join_weight_group(const GroupJoin& j) const {
   } else {
     body["transport"] = "p2p";
     body["trainer_layout"] = j.trainer_layout;
-    if (j.engine_tp > 1) body["engine_tp"] = j.engine_tp;
   }
+  if (j.engine_tp > 1) body["engine_tp"] = j.engine_tp;
   return post_json(address_, "/join_weight_group", body, 30);
 }
 

@@ -63,8 +63,8 @@ struct GroupJoin {
   double timeout_s = 60;
   int stage = 0, stages = 1;
   std::string trainer_layout;  // non-empty: p2p
-  // p2p: the engine's tensor-parallel ranks, ranks rank..rank+engine_tp−1, each taking its own
-  // shard (1: the engine's rank 0 takes whole tensors).
+  // The engine's tensor-parallel ranks, ranks rank..rank+engine_tp−1 of the group(s), each taking
+  // its own shard (1: the engine's rank 0 takes whole tensors).
   int engine_tp = 1;
 };
 

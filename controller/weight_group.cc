@@ -44,7 +44,7 @@ Result<std::unique_ptr<WeightGroup>> WeightGroup::create(WeightGroupOptions opti
   g->p2p_ = g->options_.transport == "p2p";
   g->stages_ = g->p2p_ ? 1 : plan_stages(g->plan_);
   g->trainer_ranks_ = g->p2p_ ? g->options_.trainer.world_size() : 1;
-  g->engine_tp_ = g->p2p_ ? g->options_.engine_tp : 1;
+  g->engine_tp_ = g->options_.engine_tp;
   if (g->engine_tp_ < 1) return Status::Error("weight group: engine_tp must be >= 1");
   const bool others = g->stages_ > 1 || g->trainer_ranks_ > 1;
   if (others && (!g->options_.senders.join || !g->options_.senders.send))
@@ -136,11 +136,11 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
       (members_.size() == 1 ? "" : "s") +
       (stages_ > 1 ? ", one group per pipeline stage (" + std::to_string(stages_) + ")" : "") +
       (p2p_ ? ", p2p from " + std::to_string(trainer_ranks_) + " trainer rank" +
-                  (trainer_ranks_ == 1 ? "" : "s") + " (" + options_.trainer.to_string() + ")" +
-                  (engine_tp_ > 1 ? " straight to each engine's " + std::to_string(engine_tp_) +
-                                        " tensor-parallel ranks"
-                                  : "")
+                  (trainer_ranks_ == 1 ? "" : "s") + " (" + options_.trainer.to_string() + ")"
             : "") +
+      (engine_tp_ > 1 ? ", straight to each engine's " + std::to_string(engine_tp_) +
+                            " tensor-parallel ranks (each keeps its shard)"
+                      : "") +
       " (" + store_address_ + ", " + fixed2(seconds_since(t0)) + " s)");
   return out;
 }

@@ -64,8 +64,9 @@ struct WeightGroupOptions {
   // the engines: the plan is then made for `trainer`).
   std::string transport = "broadcast";
   ParallelLayout trainer;
-  // p2p: the engines' tensor-parallel ranks; each engine takes this many consecutive ranks and
-  // every one of them receives its own shard straight from the trainer ranks.
+  // The engines' tensor-parallel ranks: each engine takes this many consecutive ranks of every
+  // group and each of them receives its own shard (p2p: only its pieces, from the trainer ranks
+  // holding them; broadcast: every bucket, keeping its slice).
   int engine_tp = 1;
 };
 
@@ -104,7 +105,7 @@ class WeightGroup {
   int stages_ = 1;
   bool p2p_ = false;
   int trainer_ranks_ = 1;               // p2p: the engines are ranks trainer_ranks_..
-  int engine_tp_ = 1;                   // p2p: ranks per engine
+  int engine_tp_ = 1;                   // ranks per engine
   std::unique_ptr<Communicator> comm_;  // stage 0's group; null: no group
   std::vector<std::shared_ptr<EngineClient>> members_;  // group rank i + 1
 };

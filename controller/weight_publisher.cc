@@ -30,7 +30,8 @@ std::map<std::string, std::string> checksums_of(const Trainer& trainer, const Tr
 
 using Checksums = std::map<std::string, std::string>;
 
-// The checksums a tensor-parallel engine of `engine_tp` ranks reports after a direct p2p transfer.
+// The checksums a tensor-parallel engine of `engine_tp` ranks reports after a weight group brought
+// every rank its own shard.
 Checksums sharded_checksums_of(const Trainer& trainer, const TransferPlan& plan, int engine_tp) {
   Checksums out;
   for (const Bucket& b : plan.buckets)
@@ -80,7 +81,7 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
   auto p = std::unique_ptr<WeightPublisher>(new WeightPublisher());
   p->cfg_ = cfg;
   p->log_ = std::move(log);
-  p->engine_tp_ = cfg.transport == "p2p" ? engine_tp : 1;
+  p->engine_tp_ = cfg.transport == "disk_delta" ? 1 : engine_tp;
   // Engines are told this path; one on another host (Slurm, Kubernetes) resolves a relative path
   // against its own working directory, so send the absolute one.
   p->cfg_.dir = fs::absolute(cfg.dir).lexically_normal().string();

@@ -65,8 +65,8 @@ class WeightPublisher {
   mutable std::mutex mu_;
   int64_t current_ = -1;
   std::map<std::string, std::string> checksums_;  // of `current_`
-  // p2p into tensor-parallel engines (engine_tp_ > 1): the checksums of `current_` as such an
-  // engine reports them after a direct transfer (sharded_checksum_of); empty otherwise.
+  // Weight groups into tensor-parallel engines (engine_tp_ > 1): the checksums of `current_` as
+  // such an engine reports them after a direct transfer (sharded_checksum_of); empty otherwise.
   int engine_tp_ = 1;
   std::map<std::string, std::string> sharded_;
   // During publish(): the checksums just computed, lent to the disk-delta writer (known_xxh3).

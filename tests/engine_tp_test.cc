@@ -283,13 +283,15 @@ TEST(ServeTp, FollowerStartedElsewhereJoinsThroughTheStore) {
       << worker->exit_description();
 }
 
-// p2p weight sync into `miles serve --tp 2` with engine_tp 2: the test is the trainer (one rank)
-// and sends each engine rank only its shard; rank 0 never sees the follower's. Afterwards the
-// engine generates what a one-process engine brought to the same weights (with engine_tp 1, whole
-// tensors) generates, bit for bit, and reports per-shard checksums equal to the trainer's weights
-// sliced the engine's way. A join whose engine_tp is not the engine's is refused; a transfer cut
-// by the sender leaves version 1 serving, and the next version after a new join arrives whole.
-struct P2pTrainer {
+// Weight groups into `miles serve --tp 2` with engine_tp 2, both transports: the test is the
+// trainer (one rank). p2p sends each engine rank only its shard; broadcast reaches every rank,
+// which keeps its slice; rank 0 never relays a follower's shard. Afterwards the engine generates
+// what a one-process engine brought to the same weights (engine_tp 1, whole tensors) generates, bit
+// for bit, and reports per-shard checksums equal to the trainer's weights sliced the engine's way.
+// A join whose engine_tp is not the engine's is refused; a transfer cut by the sender leaves
+// version 1 serving, and the next version after a new join arrives whole.
+struct GroupTrainer {
+  std::string transport = "p2p";
   Result<ModelFiles> files = load_model_files(test::data_dir() + "/models/qwen3_moe");
   ThreadPool pool{1};
   std::unique_ptr<Trainer> trainer;
@@ -322,9 +324,9 @@ struct P2pTrainer {
               {"rank", 1},
               {"world_size", 1 + engine_tp},
               {"timeout_s", 20},
-              {"transport", "p2p"},
-              {"trainer_layout", "dp=1,pp=1,tp=1"},
+              {"transport", transport},
               {"plan_digest", transfer_plan_digest(plan)}};
+    if (transport == "p2p") j["trainer_layout"] = "dp=1,pp=1,tp=1";
     if (engine_tp > 1) j["engine_tp"] = engine_tp;
     return j;
   }
@@ -349,8 +351,8 @@ json post(int port, const std::string& path, const json& body, int* status) {
 
 // Joins `prefix` (engine_tp ranks), then sends `version` while the engine receives it; `cut`: the
 // sender drops the group instead of sending. The update's HTTP status and reply.
-std::pair<int, json> p2p_update(const P2pTrainer& t, int port, const std::string& prefix,
-                                int engine_tp, int64_t version, bool cut = false) {
+std::pair<int, json> group_update(const GroupTrainer& t, int port, const std::string& prefix,
+                                  int engine_tp, int64_t version, bool cut = false) {
   int status = 0;
   json j = post(port, "/join_weight_group", t.join(prefix, engine_tp), &status);
   if (status != 200) return {status, j};
@@ -365,8 +367,9 @@ std::pair<int, json> p2p_update(const P2pTrainer& t, int port, const std::string
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     comm->reset();
   } else {
-    Status s = p2p_send_weights(**comm, t.plan, version, t.source,
-                                P2pRoles{ParallelLayout{}, 1, engine_tp});
+    Status s = t.transport == "p2p" ? p2p_send_weights(**comm, t.plan, version, t.source,
+                                                       P2pRoles{ParallelLayout{}, 1, engine_tp})
+                                    : send_stage_weights(**comm, t.plan, 0, version, t.source);
     if (!s.ok()) return {-1, json{{"message", s.message()}}};
   }
   return update.get();
@@ -392,12 +395,15 @@ json checksums_of(int port) {
   return r && r->status == 200 ? json::parse(r->body, nullptr, false) : json();
 }
 
-TEST(ServeTp, P2pSendsEachRankItsShardStraightFromTheTrainer) {
-  P2pTrainer t;
+class ServeTpGroups : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ServeTpGroups, EveryRankTakesItsShardStraightFromTheTrainer) {
+  GroupTrainer t;
+  t.transport = GetParam();
   ASSERT_TRUE(t.start().ok());
   ServeProcess one, two;
-  ASSERT_TRUE(one.start("p2p_one", {}).ok());
-  Status s = two.start("p2p_two", {"--tp", "2"});
+  ASSERT_TRUE(one.start(t.transport + "_one", {}).ok());
+  Status s = two.start(t.transport + "_two", {"--tp", "2"});
   ASSERT_TRUE(s.ok()) << s.message();
   const json before = generate(two.port);
 
@@ -409,9 +415,9 @@ TEST(ServeTp, P2pSendsEachRankItsShardStraightFromTheTrainer) {
       << j.dump();
 
   ASSERT_TRUE(t.step().ok());
-  auto [st1, r1] = p2p_update(t, one.port, "whole-1", 1, 1);
+  auto [st1, r1] = group_update(t, one.port, "whole-1", 1, 1);
   ASSERT_EQ(st1, 200) << r1.dump();
-  auto [st2, r2] = p2p_update(t, two.port, "shards-1", 2, 1);
+  auto [st2, r2] = group_update(t, two.port, "shards-1", 2, 1);
   ASSERT_EQ(st2, 200) << r2.dump();
   const json a = samples_of(generate(one.port)), b = samples_of(generate(two.port));
   ASSERT_EQ(b.size(), 4u);
@@ -430,20 +436,22 @@ TEST(ServeTp, P2pSendsEachRankItsShardStraightFromTheTrainer) {
 
   // A cut transfer: version 2 does not arrive, version 1 keeps serving; a new join brings v3.
   ASSERT_TRUE(t.step().ok());
-  auto [st3, r3] = p2p_update(t, two.port, "shards-2", 2, 2, /*cut=*/true);
+  auto [st3, r3] = group_update(t, two.port, "shards-2", 2, 2, /*cut=*/true);
   EXPECT_EQ(st3, 400) << r3.dump();
   EXPECT_EQ(checksums_of(two.port)["weight_version"], 1);
   EXPECT_EQ(samples_of(generate(two.port)), b);
   ASSERT_TRUE(t.step().ok());
-  auto [st4, r4] = p2p_update(t, two.port, "shards-3", 2, 3);
+  auto [st4, r4] = group_update(t, two.port, "shards-3", 2, 3);
   ASSERT_EQ(st4, 200) << r4.dump();
-  auto [st5, r5] = p2p_update(t, one.port, "whole-3", 1, 3);
+  auto [st5, r5] = group_update(t, one.port, "whole-3", 1, 3);
   ASSERT_EQ(st5, 200) << r5.dump();
   const json c = samples_of(generate(two.port));
   EXPECT_EQ(c, samples_of(generate(one.port)));
   EXPECT_NE(c, b);
   EXPECT_EQ(checksums_of(two.port)["weight_version"], 3);
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, ServeTpGroups, ::testing::Values("p2p", "broadcast"));
 
 TEST(ServeTp, ASizeThatDoesNotSplitIsRefusedNamingTheDimension) {
   ServeProcess three;

@@ -237,12 +237,17 @@ void expect_same_run(const std::string& name, const std::string& common, const s
 }
 
 // Engines of two tensor-parallel processes each (`miles serve --tp 2`, rollout.engine_tp=2) over
-// the broadcast transport: the run is the single-process-engine run number for number (stories260K
-// splits over 2 on chunk boundaries, so every logit is the same bits), |Δlogp| exactly 0.
+// the broadcast transport, both processes of each engine in the group (each keeps its shard): the
+// run is the single-process-engine run number for number (stories260K splits over 2 on chunk
+// boundaries, so every logit is the same bits), |Δlogp| exactly 0, the checksums checked.
 TEST(RlRun, TensorParallelEnginesGiveTheSingleProcessEngineRun) {
   MILES_REQUIRE_SHARED();
+  std::string out;
   expect_same_run("engine_tp", " rollout.num_rollouts=3 weight_sync.transport=broadcast",
-                  " rollout.engine_tp=2", "tensor parallel over 2 processes");
+                  " rollout.engine_tp=2", "tensor parallel over 2 processes", &out);
+  EXPECT_NE(out.find("straight to each engine's 2 tensor-parallel ranks"), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("over disk-delta"), std::string::npos) << out;  // no fallback
 }
 
 // p2p into tensor-parallel engines: a tp = 2 trainer's two ranks send every engine rank

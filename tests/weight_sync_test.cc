@@ -56,6 +56,17 @@ std::unique_ptr<Engine> engine_on(const ModelConfig& c, const TensorMap& w, Thre
       EngineOptions{.num_blocks = 64, .block_tokens = 8});
 }
 
+// Rank `rank` of a Gloo world of `world` ranks meeting at `store`.
+Result<std::unique_ptr<Communicator>> join_world(int rank, int world, const std::string& store,
+                                                 int timeout_ms) {
+  CommOptions co;
+  co.rank = rank;
+  co.world_size = world;
+  co.store_address = store;
+  co.timeout = std::chrono::milliseconds(timeout_ms);
+  return connect_gloo(co);
+}
+
 struct SyncSetup {
   ModelFiles files;
   TransferPlan plan;
@@ -76,12 +87,7 @@ SyncSetup setup(int64_t bucket_bytes) {
 std::string run_rank(int rank, const std::string& store, int64_t bucket_bytes, int die_at_bucket) {
   SyncSetup s = setup(bucket_bytes);
   ThreadPool pool(1);
-  CommOptions co;
-  co.rank = rank;
-  co.world_size = 3;
-  co.store_address = store;
-  co.timeout = std::chrono::milliseconds(5000);
-  auto comm = connect_gloo(co);
+  auto comm = join_world(rank, 3, store, 5000);
   if (!comm.ok()) return "error=" + comm.message();
   if (rank == 0) {
     auto tr = Trainer::create(s.files.config, s.files.weights, TrainerConfig{}, &pool);
@@ -142,12 +148,7 @@ TEST(WeightSync, BroadcastTakesKnownChecksumsAndAWrongOneIsCaught) {
       2,
       [&](int rank) -> std::string {
         SyncSetup s = setup(40000);
-        CommOptions co;
-        co.rank = rank;
-        co.world_size = 2;
-        co.store_address = addr;
-        co.timeout = std::chrono::milliseconds(5000);
-        auto comm = connect_gloo(co);
+        auto comm = join_world(rank, 2, addr, 5000);
         if (!comm.ok()) return "error=" + comm.message();
         const std::string wrong_name = s.plan.buckets.back().tensors.back().name;
         if (rank == 0) {
@@ -222,6 +223,23 @@ std::string shard_sums(const ReceivedWeights& set) {
   return out;
 }
 
+// "shard<j>=" lines: each of `engine_tp` engine ranks' shard checksums of `full`, cut by
+// tensor_parallel::slice.
+std::string expected_shards(const ModelConfig& config, const FlatTensors& full, int engine_tp) {
+  std::string out;
+  FlatTensors shard(ParamLayout::for_model(*tensor_parallel::local_config(config, engine_tp)));
+  for (int j = 0; j < engine_tp; ++j) {
+    tensor_parallel::slice(full, shard, j, engine_tp);
+    ReceivedWeights want;
+    for (const ParamSpec& p : shard.layout().specs()) {
+      std::span<const float> v = std::as_const(shard).get(p.name);
+      want.checksums[p.name] = xxh3_128_hex(v.data(), v.size_bytes());
+    }
+    out += "\nshard" + std::to_string(j) + "=" + shard_sums(want);
+  }
+  return out;
+}
+
 std::string run_p2p_rank(int rank, const std::string& store, const std::string& spec,
                          int engine_tp) {
   const ParallelLayout layout = *ParallelLayout::parse(spec);
@@ -233,12 +251,7 @@ std::string run_p2p_rank(int rank, const std::string& store, const std::string& 
   if (!plan.ok()) return "status=" + plan.message();
   const P2pRoles roles{layout, 2, engine_tp};
   ThreadPool pool(1);
-  CommOptions co;
-  co.rank = rank;
-  co.world_size = roles.world_size();
-  co.store_address = store;
-  co.timeout = std::chrono::milliseconds(10000);
-  auto world = connect_gloo(co);
+  auto world = join_world(rank, roles.world_size(), store, 10000);
   if (!world.ok()) return "status=" + world.message();
   if (rank >= trainers) {
     ReceivedWeights set;
@@ -289,20 +302,7 @@ std::string run_p2p_rank(int rank, const std::string& store, const std::string& 
   }
   const FlatTensors& params = (full ? *full : **tr).params();
   if (engine_tp > 1) {
-    // Each engine rank's shard, cut from the gathered weights by tensor_parallel::slice.
-    std::string out = "status=ok";
-    FlatTensors shard(
-        ParamLayout::for_model(*tensor_parallel::local_config(files->config, engine_tp)));
-    for (int j = 0; j < engine_tp; ++j) {
-      tensor_parallel::slice(params, shard, j, engine_tp);
-      ReceivedWeights want;
-      for (const ParamSpec& p : shard.layout().specs()) {
-        std::span<const float> v = std::as_const(shard).get(p.name);
-        want.checksums[p.name] = xxh3_128_hex(v.data(), v.size_bytes());
-      }
-      out += "\nshard" + std::to_string(j) + "=" + shard_sums(want);
-    }
-    return out;
+    return "status=ok" + expected_shards(files->config, params, engine_tp);
   }
   auto e = engine_on(files->config, params.as_tensor_map(), &pool);
   return "status=ok\ntokens=" + generate(*e);
@@ -351,6 +351,63 @@ TEST(WeightSync, P2pSendsEachTensorParallelEngineRankItsShard) {
         EXPECT_EQ(f.at("sums"), ref.at("shard" + std::to_string(j)))
             << spec << " engine " << e << " rank " << j;
       }
+  }
+}
+
+// Broadcast into tensor-parallel engines: two engines of two ranks each are members of the group;
+// every rank checks each whole tensor as its bucket arrives and keeps only its shard. A sender
+// whose header lies about one tensor's checksum fails every rank, naming the tensor.
+std::string run_shard_broadcast_rank(int rank, const std::string& store, bool lie) {
+  auto files = load_model_files(test::data_dir() + "/models/qwen3_moe");
+  if (!files.ok()) return "status=" + files.message();
+  const auto layout = ParamLayout::for_model(files->config, &files->weights);
+  auto plan = make_transfer_plan(files->config, *layout, ParallelLayout{}, {.bucket_bytes = 30000});
+  if (!plan.ok()) return "status=" + plan.message();
+  auto full = FlatTensors::from_tensor_map(layout, files->weights);
+  if (!full.ok()) return "status=" + full.message();
+  auto comm = join_world(rank, 5, store, 10000);
+  if (!comm.ok()) return "status=" + comm.message();
+  if (rank == 0) {
+    BroadcastOptions bo;
+    if (lie)
+      bo.known_xxh3 = [](const std::string& n) {
+        return n == "model.layers.1.mlp.experts.3.up_proj.weight" ? std::string(32, 'a') : "";
+      };
+    const TensorSource source = [&](const std::string& n) { return std::as_const(*full).get(n); };
+    Status st = broadcast_weights(**comm, *plan, 1, source, nullptr, bo);
+    return "status=" + std::string(st.ok() ? "ok" : st.message()) +
+           expected_shards(files->config, *full, 2);
+  }
+  BroadcastOptions bo;
+  bo.shard_rank = (rank - 1) % 2;
+  bo.shard_size = 2;
+  ReceivedWeights set;
+  Status st = broadcast_weights(**comm, *plan, 1, {}, &set, bo);
+  return "status=" + std::string(st.ok() ? "ok" : st.message()) + "\nsums=" + shard_sums(set);
+}
+
+TEST(WeightSync, BroadcastReceiversKeepTheirTensorParallelShard) {
+  for (bool lie : {false, true}) {
+    StoreProcess store;
+    ASSERT_TRUE(store.ok());
+    const std::string addr = store.address();
+    auto results = run_processes(
+        5, [&](int rank) { return run_shard_broadcast_rank(rank, addr, lie); },
+        std::chrono::seconds(60));
+    const auto ref = results[0].fields();
+    // Receivers that found the lie leave, so the sender's later buckets fail too.
+    if (!lie) ASSERT_EQ(ref.at("status"), "ok") << results[0].describe();
+    for (int r = 1; r < 5; ++r) {
+      const auto f = results[r].fields();
+      if (lie) {
+        EXPECT_NE(f.at("status").find("checksum mismatch for model.layers.1.mlp.experts.3.up_proj"),
+                  std::string::npos)
+            << results[r].describe();
+        continue;
+      }
+      ASSERT_EQ(f.at("status"), "ok") << results[r].describe();
+      EXPECT_EQ(f.at("sums"), ref.at("shard" + std::to_string((r - 1) % 2))) << "rank " << r;
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "miles/comm.h"
 #include "miles/weight_sync.h"
+#include "weight_sync/shard_pieces.h"
 
 namespace miles {
 
@@ -72,11 +73,23 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
     if (!out || sending) continue;
     for (size_t i = 0; i < b.tensors.size(); ++i) {
       const PlannedTensor& t = b.tensors[i];
+      const std::string sum(header.data() + sizeof(int64_t) + i * kHex, kHex);
+      if (options.shard_size > 1) {  // check the whole tensor now: only the shard is kept
+        const float* full = reinterpret_cast<const float*>(data.data() + t.offset);
+        if (xxh3_128_hex(full, t.bytes) != sum)
+          return Status::Error(at + "checksum mismatch for " + t.name);
+        std::vector<float> shard =
+            shard_pieces::shard_of(t, full, options.shard_rank, options.shard_size);
+        out->checksums[t.name] = xxh3_128_hex(shard.data(), shard.size() * sizeof(float));
+        out->shapes[t.name] = shard_pieces::local_shape(t, options.shard_size);
+        out->tensors[t.name] = std::move(shard);
+        continue;
+      }
       std::vector<float>& dst = out->tensors[t.name];
       dst.resize(static_cast<size_t>(t.bytes / sizeof(float)));
       std::memcpy(dst.data(), data.data() + t.offset, t.bytes);
       out->shapes[t.name] = t.shape;
-      out->checksums[t.name] = std::string(header.data() + sizeof(int64_t) + i * kHex, kHex);
+      out->checksums[t.name] = sum;
     }
   }
   return Status::Ok();
@@ -87,13 +100,16 @@ Status send_stage_weights(Communicator& group, const TransferPlan& plan, int sta
                           std::function<std::string(const std::string&)> known_xxh3) {
   if (group.rank() != 0)
     return Status::Error("stage " + std::to_string(stage) + ": the sender is rank 0 of its group");
-  return broadcast_weights(group, stage_plan(plan, stage), version, source, nullptr,
-                           BroadcastOptions{[](int) { return 0; }, std::move(known_xxh3)})
+  BroadcastOptions bo;
+  bo.sender_group_rank = [](int) { return 0; };
+  bo.known_xxh3 = std::move(known_xxh3);
+  return broadcast_weights(group, stage_plan(plan, stage), version, source, nullptr, bo)
       .with_context("stage " + std::to_string(stage));
 }
 
 Status receive_stage_weights(std::span<Communicator* const> groups, const TransferPlan& plan,
-                             int64_t version, ReceivedWeights* out) {
+                             int64_t version, ReceivedWeights* out, int shard_rank,
+                             int shard_size) {
   const int stages = plan_stages(plan);
   if (static_cast<int>(groups.size()) != stages)
     return Status::Error("the plan has " + std::to_string(stages) + " pipeline stages, " +
@@ -104,8 +120,11 @@ Status receive_stage_weights(std::span<Communicator* const> groups, const Transf
   out->shapes.clear();
   for (int s = 0; s < stages; ++s) {
     ReceivedWeights part;
-    MILES_RETURN_IF_ERROR(broadcast_weights(*groups[s], stage_plan(plan, s), version, {}, &part,
-                                            BroadcastOptions{[](int) { return 0; }})
+    BroadcastOptions bo;
+    bo.sender_group_rank = [](int) { return 0; };
+    bo.shard_rank = shard_rank;
+    bo.shard_size = shard_size;
+    MILES_RETURN_IF_ERROR(broadcast_weights(*groups[s], stage_plan(plan, s), version, {}, &part, bo)
                               .with_context("stage " + std::to_string(s)));
     for (auto& [name, t] : part.tensors) out->tensors[name] = std::move(t);
     for (auto& [name, shape] : part.shapes) out->shapes[name] = std::move(shape);

@@ -7,58 +7,18 @@
 #include "miles/comm.h"
 #include "miles/tensor_parallel.h"
 #include "miles/weight_sync.h"
+#include "weight_sync/shard_pieces.h"
 
 namespace miles {
 
 namespace {
 
 constexpr size_t kHex = 32;
+using shard_pieces::local_numel;
+using shard_pieces::local_shape;
+using shard_pieces::Piece;
+using shard_pieces::piece_of;
 using tensor_parallel::Split;
-
-int64_t numel_of(const PlannedTensor& t) { return t.bytes / static_cast<int64_t>(sizeof(float)); }
-
-// Floats of tensor t that one of `n` tensor-parallel ranks holds.
-int64_t local_numel(const PlannedTensor& t, int n) {
-  return tensor_parallel::split_of(t.name) == Split::kReplicated ? numel_of(t) : numel_of(t) / n;
-}
-
-// The shape of one of `n` ranks' shards of t (tensor_parallel::local_config's split).
-std::vector<int64_t> local_shape(const PlannedTensor& t, int n) {
-  std::vector<int64_t> s = t.shape;
-  switch (tensor_parallel::split_of(t.name)) {
-    case Split::kReplicated:
-      break;
-    case Split::kRows:
-      s[0] /= n;
-      break;
-    case Split::kCols:
-      s[1] /= n;
-      break;
-  }
-  return s;
-}
-
-// The part of tensor t that trainer tensor-parallel rank k (of nt) holds and engine rank j (of ne)
-// needs: `rows` runs of `len` floats, at src + i * src_stride in the trainer's shard and dst + i *
-// dst_stride in the engine's. Empty (len 0) when they share nothing; a replicated tensor comes
-// whole from trainer rank 0.
-struct Piece {
-  int64_t rows = 0, len = 0, src = 0, src_stride = 0, dst = 0, dst_stride = 0;
-  int64_t floats() const { return rows * len; }
-};
-
-Piece piece_of(const PlannedTensor& t, int k, int nt, int j, int ne) {
-  const Split split = tensor_parallel::split_of(t.name);
-  if (split == Split::kReplicated) return k == 0 ? Piece{1, numel_of(t), 0, 0, 0, 0} : Piece{};
-  // Rows: element ranges of the flat tensor; columns: column ranges of every row.
-  const int64_t extent = split == Split::kRows ? numel_of(t) : t.shape[1];
-  const int64_t rows = split == Split::kRows ? 1 : t.shape[0];
-  const int64_t a0 = k * extent / nt, a1 = (k + 1) * extent / nt;
-  const int64_t b0 = j * extent / ne, b1 = (j + 1) * extent / ne;
-  const int64_t lo = std::max(a0, b0), hi = std::min(a1, b1);
-  if (hi <= lo) return Piece{};
-  return Piece{rows, hi - lo, lo - a0, extent / nt, lo - b0, extent / ne};
-}
 
 uint32_t tag_of(size_t bucket, int k) { return static_cast<uint32_t>(bucket * 1024 + k); }
 
@@ -221,12 +181,8 @@ std::string sharded_checksum_of(const std::string& name, const std::vector<int64
     return xxh3_128_hex(full.data(), full.size_bytes());
   const PlannedTensor t{name, shape, 0, static_cast<int64_t>(full.size_bytes())};
   std::vector<std::string> sums;
-  std::vector<float> shard(static_cast<size_t>(local_numel(t, engine_tp)));
   for (int j = 0; j < engine_tp; ++j) {
-    const Piece p = piece_of(t, 0, 1, j, engine_tp);  // the full tensor as one "trainer" shard
-    for (int64_t r = 0; r < p.rows; ++r)
-      std::copy_n(full.data() + p.src + r * p.src_stride, p.len,
-                  shard.data() + p.dst + r * p.dst_stride);
+    const std::vector<float> shard = shard_pieces::shard_of(t, full.data(), j, engine_tp);
     sums.push_back(xxh3_128_hex(shard.data(), shard.size() * sizeof(float)));
   }
   return sharded_checksum(name, sums);

@@ -68,11 +68,13 @@ Result<CommOptions> join_options(const json& body) {
 }
 
 // What a join is for: one stage's broadcast group (of `stages`), or the p2p group of the trainer's
-// ranks and the engines; and the layout whose plan the sender follows.
+// ranks and the engines; the layout whose plan the sender follows; and how many ranks of this
+// engine take part (engine_tp: each receiving its own shard; 1: rank 0 takes whole tensors).
 struct JoinKind {
   int stage = 0, stages = 1;
   ParallelLayout layout;  // broadcast: dp=1,pp=stages,tp=1; p2p: the trainer's
   std::optional<P2pRoles> p2p;
+  int engine_tp = 1;
 };
 
 // `engine_tp`: this engine's tensor-parallel ranks (1 for a one-process engine).
@@ -80,57 +82,60 @@ Result<JoinKind> join_kind(const json& body, const CommOptions& o, const ModelCo
                            int engine_tp) {
   JoinKind k;
   const std::string transport = body.value("transport", std::string("broadcast"));
+  if (transport != "broadcast" && transport != "p2p")
+    return Status::Error("join_weight_group: transport '" + transport +
+                         "' (known: broadcast, p2p)");
+  // The senders: the trainer's ranks (p2p) or one stage leader (broadcast).
+  int senders = 1;
   if (transport == "p2p") {
     MILES_ASSIGN_OR_RETURN(k.layout,
                            ParallelLayout::parse(body.value("trainer_layout", std::string())));
-    const int w = k.layout.world_size();
-    if (o.rank < w)
+    senders = k.layout.world_size();
+    if (o.rank < senders)
       return Status::Error("join_weight_group: p2p rank " + std::to_string(o.rank) +
                            " is a trainer rank of " + k.layout.to_string() +
-                           " (engines are ranks " + std::to_string(w) + "..world_size − 1)");
-    // Without engine_tp (or 1) the trainer sends this engine's rank 0 whole tensors, which it
-    // reshards over its own group; with engine_tp every rank of it takes its own shard.
-    const int64_t n = body.value("engine_tp", int64_t{1});
-    if (n != 1 && n != engine_tp)
-      return Status::Error("join_weight_group: engine_tp " + std::to_string(n) +
-                           ", but this engine has " + std::to_string(engine_tp) +
-                           " tensor-parallel rank" + (engine_tp == 1 ? "" : "s"));
-    if ((o.rank - w) % n != 0 || (o.world_size - w) % n != 0)
-      return Status::Error("join_weight_group: with engine_tp " + std::to_string(n) +
-                           " every engine takes " + std::to_string(n) +
-                           " consecutive ranks after the trainer's " + std::to_string(w) +
-                           "; rank " + std::to_string(o.rank) + " of world_size " +
-                           std::to_string(o.world_size) + " is not the first of such a run");
-    k.p2p = P2pRoles{k.layout, static_cast<int>((o.world_size - w) / n), static_cast<int>(n)};
-    return k;
+                           " (engines are ranks " + std::to_string(senders) + "..world_size − 1)");
+  } else {
+    const int64_t stages = body.value("stages", int64_t{1}),
+                  stage = body.value("stage", int64_t{0});
+    if (stages < 1 || stages > config.num_layers || stage < 0 || stage >= stages)
+      return Status::Error("join_weight_group: stage " + std::to_string(stage) + " of " +
+                           std::to_string(stages) + ": need 0 <= stage < stages <= " +
+                           std::to_string(config.num_layers) + " (the model's layers)");
+    k.stage = static_cast<int>(stage);
+    k.stages = static_cast<int>(stages);
+    MILES_ASSIGN_OR_RETURN(k.layout, ParallelLayout::create(1, k.stages, 1));
   }
-  if (transport != "broadcast")
-    return Status::Error("join_weight_group: transport '" + transport +
-                         "' (known: broadcast, p2p)");
-  const int64_t stages = body.value("stages", int64_t{1}), stage = body.value("stage", int64_t{0});
-  if (stages < 1 || stages > config.num_layers || stage < 0 || stage >= stages)
-    return Status::Error("join_weight_group: stage " + std::to_string(stage) + " of " +
-                         std::to_string(stages) + ": need 0 <= stage < stages <= " +
-                         std::to_string(config.num_layers) + " (the model's layers)");
-  k.stage = static_cast<int>(stage);
-  k.stages = static_cast<int>(stages);
-  MILES_ASSIGN_OR_RETURN(k.layout, ParallelLayout::create(1, k.stages, 1));
+  // Without engine_tp (or 1) the senders reach this engine's rank 0 only, which reshards over its
+  // own group; with engine_tp every rank of it is a member and takes its own shard.
+  const int64_t n = body.value("engine_tp", int64_t{1});
+  if (n != 1 && n != engine_tp)
+    return Status::Error("join_weight_group: engine_tp " + std::to_string(n) +
+                         ", but this engine has " + std::to_string(engine_tp) +
+                         " tensor-parallel rank" + (engine_tp == 1 ? "" : "s"));
+  if ((o.rank - senders) % n != 0 || (o.world_size - senders) % n != 0)
+    return Status::Error("join_weight_group: with engine_tp " + std::to_string(n) +
+                         " every engine takes " + std::to_string(n) +
+                         " consecutive ranks after the senders' " + std::to_string(senders) +
+                         "; rank " + std::to_string(o.rank) + " of world_size " +
+                         std::to_string(o.world_size) + " is not the first of such a run");
+  k.engine_tp = static_cast<int>(n);
+  if (transport == "p2p")
+    k.p2p = P2pRoles{k.layout, static_cast<int>((o.world_size - senders) / n), static_cast<int>(n)};
   return k;
 }
 
-// A tensor-parallel engine in a p2p group with engine_tp: every rank receives its own shard (the
-// followers on their intake threads, this rank here), then the engine swaps in the runner over
-// them. Under st.mu.
-void receive_shards(WeightSyncRoutes& st, rollout::EngineDriver& driver, Communicator& comm,
-                    const TransferPlan& plan, const P2pRoles& roles, int64_t v,
+// A tensor-parallel engine whose every rank is in the group(s) (engine_tp): every rank receives
+// its own shard (the followers on their intake threads, this rank here), then the engine swaps in
+// the runner over them. Under st.mu.
+void receive_shards(WeightSyncRoutes& st, rollout::EngineDriver& driver,
+                    std::span<Communicator* const> comms, const TransferPlan& plan,
+                    const IntakeGroup& group, int64_t v,
                     const std::vector<std::shared_ptr<WeightGroupJoin>>& gs,
                     httplib::Response& res) {
-  auto got =
-      st.tp_intake->receive(intake_receive_request(v), [&]() -> Result<rollout::ShardWeights> {
-        ReceivedWeights mine;
-        MILES_RETURN_IF_ERROR(p2p_receive_weights(comm, plan, v, roles, &mine));
-        return to_shard(std::move(mine));
-      });
+  auto got = st.tp_intake->receive(intake_receive_request(v), [&] {
+    return receive_shard(comms, plan, group, v, /*tp_rank=*/0);
+  });
   if (!got.ok()) {
     st.drop_groups(gs);
     return reply_failure(res, 400,
@@ -191,12 +196,19 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
     st->groups[kind->stage] = g;
     st->p2p = kind->p2p;
     // The followers join beside this rank (each as rank + its tensor-parallel rank).
-    if (kind->p2p && kind->p2p->engine_tp > 1)
-      if (Status f = st->tp_intake->join_followers(intake_join_request(*o, *kind->p2p)); !f.ok()) {
+    st->engine_tp = kind->engine_tp;
+    if (kind->engine_tp > 1) {
+      IntakeGroup ig;
+      ig.transport = kind->p2p ? "p2p" : "broadcast";
+      ig.stage = kind->stage;
+      ig.stages = kind->stages;
+      ig.roles = kind->p2p ? *kind->p2p : P2pRoles{ParallelLayout{}, 1, kind->engine_tp};
+      if (Status f = st->tp_intake->join_followers(intake_join_request(*o, ig)); !f.ok()) {
         st->groups.clear();
         st->p2p.reset();
         return reply_failure(res, 500, f.with_context("join_weight_group").message());
       }
+    }
     st->joins.push_back({std::thread([g, finished, options = std::move(*o)] {
                            auto comm = connect_gloo(options);
                            {
@@ -223,10 +235,12 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
            std::vector<std::shared_ptr<WeightGroupJoin>> gs;
            const TransferPlan* plan = nullptr;
            std::optional<P2pRoles> p2p;
+           int engine_tp = 1;
            {
              std::lock_guard<std::mutex> lock(st->group_mu);
              gs = st->groups;
              p2p = st->p2p;
+             engine_tp = st->engine_tp;
              if (!gs.empty()) {
                const ParallelLayout layout =
                    p2p ? p2p->trainer : *ParallelLayout::create(1, static_cast<int>(gs.size()), 1);
@@ -251,8 +265,13 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
              comms.push_back(*comm);
            }
            std::lock_guard<std::mutex> lock(st->mu);
-           if (p2p && p2p->engine_tp > 1)
-             return receive_shards(*st, driver, *comms.front(), *plan, *p2p, v, gs, res);
+           if (engine_tp > 1) {
+             IntakeGroup ig;
+             ig.transport = p2p ? "p2p" : "broadcast";
+             ig.stages = static_cast<int>(gs.size());
+             ig.roles = p2p ? *p2p : P2pRoles{ParallelLayout{}, 1, engine_tp};
+             return receive_shards(*st, driver, comms, *plan, ig, v, gs, res);
+           }
            // Every member must take part in the transfer, even one that will refuse to swap; the
            // stages arrive one after the other, each over its own group.
            ReceivedWeights received;

@@ -81,6 +81,9 @@ struct WeightSyncRoutes {
   std::vector<JoinThread> joins;
   // p2p instead of broadcast: the trainer's ranks and the engines in one group (groups holds it).
   std::optional<P2pRoles> p2p;
+  // This engine's ranks in the current groups: > 1 when every rank of a tensor-parallel engine is a
+  // member and receives its own shard (tp_intake.h); 1: rank 0 receives whole tensors.
+  int engine_tp = 1;
   // The plan a sender with trainer layout `layout` follows (made once per layout): broadcast uses
   // dp=1,pp=S,tp=1 for S stages, p2p the trainer's own layout. Under `group_mu`.
   Result<const TransferPlan*> plan_for(const ParallelLayout& layout);

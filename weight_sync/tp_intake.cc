@@ -1,4 +1,4 @@
-// Requests and the follower's intake of the direct p2p transport (tp_intake.h).
+// Requests and the follower's intake of weight groups into tensor-parallel engines (tp_intake.h).
 #include "weight_sync/tp_intake.h"
 
 #include <condition_variable>
@@ -26,122 +26,179 @@ Result<json> parse(const std::vector<uint8_t>& request, const char* what) {
   return j;
 }
 
-class P2pFollowerIntake final : public rollout::FollowerIntake {
- public:
-  explicit P2pFollowerIntake(std::string host) : host_(std::move(host)) {}
-  ~P2pFollowerIntake() override {
-    if (joining_.joinable()) joining_.join();
-  }
+// One group's join: connect_gloo on a thread of its own (it blocks until every member joined).
+struct Join {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status = Status::Error("joining");
+  std::shared_ptr<Communicator> comm;
+  std::thread thread;
 
-  void join(const std::vector<uint8_t>& request, int tp_rank, const ModelConfig& full) override {
-    if (joining_.joinable()) joining_.join();  // bounded by its timeout
-    std::lock_guard<std::mutex> l(mu_);
-    comm_.reset();
-    done_ = false;
-    joined_ = Status::Error("joining");
-    auto j = parse(request, "weight group join");
-    Status ok = j.status();
-    CommOptions o;
-    if (ok.ok()) {
-      try {
-        o.store_address = (*j)["store"].get<std::string>();
-        o.prefix = (*j)["prefix"].get<std::string>();
-        o.rank = (*j)["rank"].get<int>() + tp_rank;
-        o.world_size = (*j)["world_size"].get<int>();
-        o.host = host_.empty() ? (*j)["host"].get<std::string>() : host_;
-        o.timeout = std::chrono::milliseconds((*j)["timeout_ms"].get<int64_t>());
-        auto layout = ParallelLayout::parse((*j)["trainer_layout"].get<std::string>());
-        ok = layout.status();
-        if (ok.ok())
-          roles_ = P2pRoles{*layout, (*j)["engines"].get<int>(), (*j)["engine_tp"].get<int>()};
-      } catch (const json::exception& e) {
-        ok = Status::Error(std::string("weight group join request: ") + e.what());
-      }
-    }
-    if (ok.ok()) {
-      auto plan = make_transfer_plan(full, *ParamLayout::for_model(full), roles_.trainer);
-      ok = plan.status();
-      if (ok.ok()) plan_ = std::move(plan).value();
-    }
-    if (!ok.ok()) {
-      joined_ = ok;
-      done_ = true;
-      cv_.notify_all();
-      return;
-    }
-    joining_ = std::thread([this, o] {
-      auto comm = connect_gloo(o);
-      std::lock_guard<std::mutex> l(mu_);
-      joined_ = comm.status();
-      if (comm.ok()) comm_ = std::move(comm).value();
-      done_ = true;
-      cv_.notify_all();
+  explicit Join(CommOptions o) {
+    thread = std::thread([this, o] {
+      auto c = connect_gloo(o);
+      std::lock_guard<std::mutex> l(mu);
+      status = c.status();
+      if (c.ok()) comm = std::move(c).value();
+      done = true;
+      cv.notify_all();
     });
   }
+  ~Join() {
+    if (thread.joinable()) thread.join();  // bounded by the join's timeout
+  }
+  Result<std::shared_ptr<Communicator>> wait() {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [this] { return done; });
+    if (!status.ok()) return status;
+    return comm;
+  }
+};
 
-  Result<rollout::ShardWeights> receive(const std::vector<uint8_t>& request, int) override {
+class GroupIntake final : public rollout::FollowerIntake {
+ public:
+  explicit GroupIntake(std::string host) : host_(std::move(host)) {}
+
+  void join(const std::vector<uint8_t>& request, int tp_rank, const ModelConfig& full) override {
+    CommOptions o;
+    IntakeGroup g;
+    Status ok = parse_join(request, tp_rank, &o, &g);
+    std::lock_guard<std::mutex> l(mu_);
+    broken_ = Status::Ok();
+    if (!ok.ok()) {
+      broken_ = ok;
+      return;
+    }
+    // A join of another kind (transport, stage count) or a p2p join starts a new set of groups.
+    if (g.transport != group_.transport || g.stages != group_.stages || g.transport == "p2p" ||
+        joins_.empty()) {
+      joins_.assign(g.stages, nullptr);
+      group_ = g;
+      // The plan the senders follow: p2p the trainer's layout, broadcast one sender per stage.
+      auto senders = g.transport == "p2p" ? Result<ParallelLayout>(g.roles.trainer)
+                                          : ParallelLayout::create(1, g.stages, 1);
+      if (!senders.ok()) {
+        broken_ = senders.status();
+        return;
+      }
+      auto plan = make_transfer_plan(full, *ParamLayout::for_model(full), *senders);
+      if (!plan.ok()) {
+        broken_ = plan.status();
+        return;
+      }
+      plan_ = std::move(plan).value();
+    }
+    group_.stage = g.stage;
+    joins_[g.stage] = std::make_shared<Join>(o);
+  }
+
+  Result<rollout::ShardWeights> receive(const std::vector<uint8_t>& request, int tp_rank) override {
     MILES_ASSIGN_OR_RETURN(json j, parse(request, "weight intake"));
     if (!j.contains("version") || !j["version"].is_number_integer())
       return Status::Error("weight intake request without a version");
-    const int64_t version = j["version"].get<int64_t>();
-    std::shared_ptr<Communicator> comm;  // kept alive if a new join replaces it meanwhile
+    std::vector<std::shared_ptr<Join>> joins;
     TransferPlan plan;
-    P2pRoles roles;
+    IntakeGroup group;
     {
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [this] { return done_; });
-      if (!joined_.ok()) return joined_.with_context("joining the weight group");
-      comm = comm_;
-      plan = plan_;
-      roles = roles_;
-    }
-    ReceivedWeights set;
-    if (Status s = p2p_receive_weights(*comm, plan, version, roles, &set); !s.ok()) {
       std::lock_guard<std::mutex> l(mu_);
-      if (comm_ == comm) {  // out of step with the senders: rank 0's controller forms a new group
-        comm_.reset();
-        joined_ = s.with_context("an earlier transfer");
-      }
-      return s;
+      if (!broken_.ok()) return broken_;
+      joins = joins_;
+      plan = plan_;
+      group = group_;
     }
-    return to_shard(std::move(set));
+    if (joins.empty()) return Status::Error("this engine rank was never asked to join a group");
+    std::vector<std::shared_ptr<Communicator>> held;
+    std::vector<Communicator*> comms;
+    for (size_t s = 0; s < joins.size(); ++s) {
+      if (!joins[s])
+        return Status::Error("the group of pipeline stage " + std::to_string(s) +
+                             " was never joined");
+      auto c = joins[s]->wait();
+      if (!c.ok()) return c.status().with_context("joining the weight group");
+      held.push_back(*c);
+      comms.push_back(c->get());
+    }
+    auto got = receive_shard(comms, plan, group, j["version"].get<int64_t>(), tp_rank);
+    if (!got.ok()) {
+      std::lock_guard<std::mutex> l(mu_);
+      // Out of step with the senders: refuse until rank 0's controller forms new groups.
+      if (joins_ == joins) broken_ = got.status().with_context("an earlier transfer");
+    }
+    return got;
   }
 
  private:
+  Status parse_join(const std::vector<uint8_t>& request, int tp_rank, CommOptions* o,
+                    IntakeGroup* g) const {
+    MILES_ASSIGN_OR_RETURN(json j, parse(request, "weight group join"));
+    try {
+      o->store_address = j["store"].get<std::string>();
+      o->prefix = j["prefix"].get<std::string>();
+      o->rank = j["rank"].get<int>() + tp_rank;
+      o->world_size = j["world_size"].get<int>();
+      o->host = host_.empty() ? j["host"].get<std::string>() : host_;
+      o->timeout = std::chrono::milliseconds(j["timeout_ms"].get<int64_t>());
+      g->transport = j["transport"].get<std::string>();
+      g->stage = j["stage"].get<int>();
+      g->stages = j["stages"].get<int>();
+      MILES_ASSIGN_OR_RETURN(g->roles.trainer,
+                             ParallelLayout::parse(j["trainer_layout"].get<std::string>()));
+      g->roles.num_engines = j["engines"].get<int>();
+      g->roles.engine_tp = j["engine_tp"].get<int>();
+    } catch (const json::exception& e) {
+      return Status::Error(std::string("weight group join request: ") + e.what());
+    }
+    if (g->stages < 1 || g->stage < 0 || g->stage >= g->stages)
+      return Status::Error("weight group join request: stage " + std::to_string(g->stage) + " of " +
+                           std::to_string(g->stages));
+    return Status::Ok();
+  }
+
   std::string host_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = true;  // false while a join runs
-  Status joined_ = Status::Error("this engine rank was never asked to join a weight group");
-  std::shared_ptr<Communicator> comm_;
-  std::thread joining_;
-  P2pRoles roles_;
+  std::mutex mu_;  // guards the fields below
+  IntakeGroup group_;
   TransferPlan plan_;
+  std::vector<std::shared_ptr<Join>> joins_;  // by stage (p2p: one)
+  Status broken_;                             // an error every receive reports until a new join
 };
 
 }  // namespace
 
-std::vector<uint8_t> intake_join_request(const CommOptions& o, const P2pRoles& roles) {
+std::vector<uint8_t> intake_join_request(const CommOptions& o, const IntakeGroup& g) {
   return bytes_of(json{{"store", o.store_address},
                        {"prefix", o.prefix},
                        {"rank", o.rank},
                        {"world_size", o.world_size},
                        {"host", o.host},
                        {"timeout_ms", o.timeout.count()},
-                       {"trainer_layout", roles.trainer.to_string()},
-                       {"engines", roles.num_engines},
-                       {"engine_tp", roles.engine_tp}});
+                       {"transport", g.transport},
+                       {"stage", g.stage},
+                       {"stages", g.stages},
+                       {"trainer_layout", g.roles.trainer.to_string()},
+                       {"engines", g.roles.num_engines},
+                       {"engine_tp", g.roles.engine_tp}});
 }
 
 std::vector<uint8_t> intake_receive_request(int64_t version) {
   return bytes_of(json{{"version", version}});
 }
 
-std::unique_ptr<rollout::FollowerIntake> make_p2p_follower_intake(std::string host) {
-  return std::make_unique<P2pFollowerIntake>(std::move(host));
+std::unique_ptr<rollout::FollowerIntake> make_weight_group_intake(std::string host) {
+  return std::make_unique<GroupIntake>(std::move(host));
 }
 
-rollout::ShardWeights to_shard(ReceivedWeights&& set) {
+Result<rollout::ShardWeights> receive_shard(std::span<Communicator* const> comms,
+                                            const TransferPlan& plan, const IntakeGroup& group,
+                                            int64_t version, int tp_rank) {
+  ReceivedWeights set;
+  if (group.transport == "p2p") {
+    if (comms.size() != 1) return Status::Error("p2p weights come over one group");
+    MILES_RETURN_IF_ERROR(p2p_receive_weights(*comms[0], plan, version, group.roles, &set));
+  } else {
+    MILES_RETURN_IF_ERROR(
+        receive_stage_weights(comms, plan, version, &set, tp_rank, group.roles.engine_tp));
+  }
   rollout::ShardWeights out;
   out.tensors = std::move(set.tensors);
   out.shapes = std::move(set.shapes);

@@ -1,10 +1,12 @@
-// The p2p transport into a tensor-parallel engine, every rank taking its own shard (weight_sync.h's
-// P2pRoles.engine_tp): the requests rank 0 relays to its followers (rollout/tp_engine.h) and the
-// followers' intake that acts on them.
+// Weight groups into a tensor-parallel engine, every rank taking its own shard: the requests rank 0
+// relays to its followers (rollout/tp_engine.h) and the followers' intake that acts on them. p2p:
+// each rank receives only its shard, piece by piece from the trainer ranks that hold it; broadcast:
+// each rank is a member of every stage's group, checks each whole tensor as it arrives and keeps
+// its shard (one bucket at a time, so no rank ever stages the whole model).
 //
-// Why: without it the trainer sends whole tensors to the engine's rank 0, which slices them and
-// sends every follower its shard: a second hop over the engine's group for (tp − 1)/tp of the
-// bytes.
+// Why: otherwise the engine's rank 0 receives whole tensors, stages the whole version, slices it
+// and sends every follower its shard: a second hop over the engine's group for (tp − 1)/tp of the
+// bytes, and the whole model in rank 0's memory.
 #pragma once
 
 #include <cstdint>
@@ -18,18 +20,29 @@
 
 namespace miles {
 
-// A follower's join: the group rank 0 joins (rank 0 is `options.rank`, follower j joins as
-// options.rank + j) and the roles. JSON bytes.
-std::vector<uint8_t> intake_join_request(const CommOptions& options, const P2pRoles& roles);
-// One version's receive. JSON bytes.
+// The weight group a tensor-parallel engine's ranks join (rank 0 as CommOptions::rank, follower j
+// as that rank + j).
+struct IntakeGroup {
+  std::string transport = "p2p";  // or "broadcast"
+  int stage = 0, stages = 1;      // broadcast: which stage's group, of how many
+  // p2p: the trainer's layout and the engines; both: engine_tp, this engine's ranks.
+  P2pRoles roles;
+};
+
+// A follower's join request (JSON bytes).
+std::vector<uint8_t> intake_join_request(const CommOptions& options, const IntakeGroup& group);
+// One version's receive (JSON bytes).
 std::vector<uint8_t> intake_receive_request(int64_t version);
 
-// The followers' intake of `miles engine-tp-worker`: joins the p2p group with Gloo, binding `host`
+// The followers' intake of `miles engine-tp-worker`: joins the groups with Gloo, binding `host`
 // ("": the address rank 0 joined with, the same machine for a local launch), and receives this
-// rank's shard with p2p_receive_weights.
-std::unique_ptr<rollout::FollowerIntake> make_p2p_follower_intake(std::string host);
+// rank's shard of each version.
+std::unique_ptr<rollout::FollowerIntake> make_weight_group_intake(std::string host);
 
-// Rank 0's shard as the tensor-parallel intake takes it.
-rollout::ShardWeights to_shard(ReceivedWeights&& set);
+// This rank's shard of `version` over the groups it joined (`comms`: p2p one, broadcast one per
+// stage, in order), as every rank of the engine receives it: rank 0 calls it for itself.
+Result<rollout::ShardWeights> receive_shard(std::span<Communicator* const> comms,
+                                            const TransferPlan& plan, const IntakeGroup& group,
+                                            int64_t version, int tp_rank);
 
 }  // namespace miles

@@ -54,6 +54,11 @@ struct BroadcastOptions {
   // has it ("" or unset: hash it here). Saves a pass over every weight; a wrong value is caught by
   // every receiver's check.
   std::function<std::string(const std::string& name)> known_xxh3;
+  // On a receiver: keep only shard `shard_rank` of `shard_size` of every tensor (tensor_parallel's
+  // split: a rank of a tensor-parallel engine), after checking the whole tensor's checksum on
+  // arrival; the staged tensors, shapes and checksums are then the shard's. 1: whole tensors
+  // (checked later by verify_received_weights).
+  int shard_rank = 0, shard_size = 1;
 };
 // Sender and receivers must hold the same plan (bucket bytes, tensors, offsets, senders): its
 // digest (xxh3-128 hex over all of them) lets them compare before they form a group.
@@ -72,8 +77,10 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
 Status send_stage_weights(Communicator& group, const TransferPlan& plan, int stage, int64_t version,
                           const TensorSource& source,
                           std::function<std::string(const std::string&)> known_xxh3 = {});
+// `shard_rank` / `shard_size`: BroadcastOptions' (a tensor-parallel engine rank keeps its shard).
 Status receive_stage_weights(std::span<Communicator* const> groups, const TransferPlan& plan,
-                             int64_t version, ReceivedWeights* out);
+                             int64_t version, ReceivedWeights* out, int shard_rank = 0,
+                             int shard_size = 1);
 
 // P2P transport: every trainer rank of data-parallel replica 0 sends its own tensor-parallel shards
 // straight to the engine ranks that need them, bucket by bucket following the plan (no gather on

@@ -34,9 +34,10 @@ struct SyncOptions {
   std::string model, transports = "broadcast,p2p,disk-delta", out, role, store, transport;
   int64_t synthetic_mb = 0, bucket_mb = 512;
   int engines = 1, repeats = 3, rank = 0;
-  // Tensor-parallel ranks per engine: p2p then sends each engine rank its own shard ("p2p"), or,
-  // for comparison, whole tensors to each engine's rank 0, which slices them and sends each
-  // follower its shard ("p2p-hop": what a tensor-parallel engine does with whole tensors).
+  // Tensor-parallel ranks per engine: p2p then sends each engine rank its own shard, broadcast
+  // reaches every rank (each keeps its shard), or, for comparison, whole tensors go to each
+  // engine's rank 0, which slices them and sends each follower its shard ("p2p-hop": what a
+  // tensor-parallel engine does with whole tensors).
   int engine_tp = 1;
 };
 
@@ -225,8 +226,12 @@ Status run_worker(const SyncOptions& o) {
     const auto t0 = Clock::now();
     ReceivedWeights got;
     if (o.transport == "broadcast") {
+      // Tensor-parallel engines: every rank is a member, checks each tensor and keeps its shard.
+      BroadcastOptions bo;
+      bo.shard_rank = o.rank > 0 ? (o.rank - 1) % o.engine_tp : 0;
+      bo.shard_size = o.engine_tp;
       MILES_RETURN_IF_ERROR(broadcast_weights(*comm, plan, r + 1, o.rank == 0 ? source : nullptr,
-                                              o.rank ? &got : nullptr));
+                                              o.rank ? &got : nullptr, bo));
     } else if (o.transport == "p2p") {
       if (o.rank == 0) {
         MILES_RETURN_IF_ERROR(p2p_send_weights(*comm, plan, r + 1, source, roles));
@@ -241,7 +246,7 @@ Status run_worker(const SyncOptions& o) {
     } else {
       return Status::Error("unknown transport '" + o.transport + "' (broadcast, p2p, p2p-hop)");
     }
-    if (o.rank != 0 && o.transport == "broadcast")
+    if (o.rank != 0 && o.transport == "broadcast" && o.engine_tp == 1)
       MILES_RETURN_IF_ERROR(verify_received_weights(got, plan));
     MILES_RETURN_IF_ERROR(comm->barrier());
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
@@ -274,10 +279,6 @@ int run_bench(const SyncOptions& o) {
     if (!store.ok()) return fail("bench sync", store.message());
     const std::string out = "/tmp/miles-bench-sync-" + std::to_string(getpid()) + ".json";
     std::vector<std::vector<std::string>> argvs;
-    if (t == "broadcast" && o.engine_tp > 1) {
-      std::printf("| broadcast | (whole tensors to each engine's rank 0: see p2p-hop) |\n");
-      continue;
-    }
     if (t == "p2p-hop" && o.engine_tp < 2)
       return fail("bench sync", "p2p-hop needs --engine-tp >= 2");
     const int procs = 1 + o.engines * o.engine_tp;
@@ -334,7 +335,7 @@ void add_common(CLI::App* s, SyncOptions* o) {
   s->add_option("--repeats", o->repeats, "transfers; the fastest counts");
   s->add_option("--bucket-mb", o->bucket_mb, "bucket size");
   s->add_option("--engine-tp", o->engine_tp,
-                "tensor-parallel ranks per engine (p2p: each gets its shard; p2p-hop: via rank 0)");
+                "tensor-parallel ranks per engine (each keeps its shard; p2p-hop: via rank 0)");
 }
 
 }  // namespace

@@ -125,7 +125,7 @@ void register_engine_tp_worker(CLI::App& app) {
     ThreadPool pool(o->threads);
     // Direct p2p weights bind --host when given, else the address rank 0 joined with (a local
     // launch's followers share its machine).
-    auto intake = make_p2p_follower_intake(sub->count("--host") ? o->host : "");
+    auto intake = make_weight_group_intake(sub->count("--host") ? o->host : "");
     Status s = rollout::run_tp_engine_follower(**comm, &pool, intake.get());
     if (!s.ok())
       throw CLI::RuntimeError(
