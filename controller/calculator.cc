@@ -74,7 +74,7 @@ struct Parser {
 }  // namespace
 
 Result<double> evaluate_arithmetic(const std::string& expr) {
-  Parser p{expr};
+  Parser p{expr, 0, {}};
   double v = 0;
   if (!p.expr(v, 0)) return Status::Error(p.error);
   p.skip();

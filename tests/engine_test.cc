@@ -137,7 +137,9 @@ TEST(Engine, RequestIsBitIdenticalAloneAmong63AndWithPrefixHit) {
     run_until_idle(e);
     const SampleEvent& got = c.finals.at({others[0], 0});
     EXPECT_TRUE(same_outputs(alone, got)) << "round " << round;
-    if (round == 1) EXPECT_EQ(got.cached_tokens, 32);  // 4 whole blocks of 8 out of 37
+    if (round == 1) {
+      EXPECT_EQ(got.cached_tokens, 32);  // 4 whole blocks of 8 out of 37
+    }
   }
   EXPECT_GT(e.stats().cached_prompt_tokens, 0);
 }

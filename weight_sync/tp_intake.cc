@@ -5,6 +5,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <vector>
 
 #include "miles/flat_params.h"
 
@@ -48,6 +49,10 @@ struct Join {
   ~Join() {
     if (thread.joinable()) thread.join();  // bounded by the join's timeout
   }
+  bool finished() {
+    std::lock_guard<std::mutex> l(mu);
+    return done;
+  }
   Result<std::shared_ptr<Communicator>> wait() {
     std::unique_lock<std::mutex> l(mu);
     cv.wait(l, [this] { return done; });
@@ -65,6 +70,9 @@ class GroupIntake final : public rollout::FollowerIntake {
     IntakeGroup g;
     Status ok = parse_join(request, tp_rank, &o, &g);
     std::lock_guard<std::mutex> l(mu_);
+    // Joins replaced earlier are let go once their connect has ended (a replaced join still
+    // connecting would block this loop, which serves forwards, until its timeout).
+    std::erase_if(retired_, [](const std::shared_ptr<Join>& j) { return j->finished(); });
     broken_ = Status::Ok();
     if (!ok.ok()) {
       broken_ = ok;
@@ -73,6 +81,8 @@ class GroupIntake final : public rollout::FollowerIntake {
     // A join of another kind (transport, stage count) or a p2p join starts a new set of groups.
     if (g.transport != group_.transport || g.stages != group_.stages || g.transport == "p2p" ||
         joins_.empty()) {
+      for (auto& j : joins_)
+        if (j) retired_.push_back(std::move(j));
       joins_.assign(g.stages, nullptr);
       group_ = g;
       // The plan the senders follow: p2p the trainer's layout, broadcast one sender per stage.
@@ -90,6 +100,7 @@ class GroupIntake final : public rollout::FollowerIntake {
       plan_ = std::move(plan).value();
     }
     group_.stage = g.stage;
+    if (joins_[g.stage]) retired_.push_back(std::move(joins_[g.stage]));
     joins_[g.stage] = std::make_shared<Join>(o);
   }
 
@@ -159,8 +170,9 @@ class GroupIntake final : public rollout::FollowerIntake {
   std::mutex mu_;  // guards the fields below
   IntakeGroup group_;
   TransferPlan plan_;
-  std::vector<std::shared_ptr<Join>> joins_;  // by stage (p2p: one)
-  Status broken_;                             // an error every receive reports until a new join
+  std::vector<std::shared_ptr<Join>> joins_;    // by stage (p2p: one)
+  std::vector<std::shared_ptr<Join>> retired_;  // replaced, maybe still connecting
+  Status broken_;                               // an error every receive reports until a new join
 };
 
 }  // namespace

@@ -14,7 +14,7 @@ Result<std::unique_ptr<Tokenizer>> find_tokenizer(const std::string& model_path,
   std::error_code ec;
   if (fs::is_directory(model_path, ec)) return load_tokenizer(model_path, vocab_size);
   const fs::path dir = fs::path(model_path).parent_path();
-  for (const std::string name : {"tok" + std::to_string(vocab_size) + ".bin", std::string("tokenizer.bin")}) {
+  for (const std::string& name : {"tok" + std::to_string(vocab_size) + ".bin", std::string("tokenizer.bin")}) {
     if (fs::exists(dir / name, ec)) return load_tokenizer((dir / name).string(), vocab_size);
   }
   return Status::Error("no tokenizer found beside " + model_path + " (looked for tok" +
