@@ -236,33 +236,32 @@ void expect_same_run(const std::string& name, const std::string& common, const s
   }
 }
 
-// Engines of two tensor-parallel processes each (`miles serve --tp 2`, rollout.engine_tp=2) over
-// the broadcast transport, both processes of each engine in the group (each keeps its shard): the
-// run is the single-process-engine run number for number (stories260K splits over 2 on chunk
-// boundaries, so every logit is the same bits), |Δlogp| exactly 0, the checksums checked.
-TEST(RlRun, TensorParallelEnginesGiveTheSingleProcessEngineRun) {
-  MILES_REQUIRE_SHARED();
+// The CI job with `common` overrides, against the same with engines of two tensor-parallel
+// processes each (`miles serve --tp 2`, rollout.engine_tp=2) whose every process is in the weight
+// group and keeps its own shard: the runs agree number for number (stories260K splits over 2 on
+// chunk boundaries, so every logit is the same bits), |Δlogp| exactly 0, the per-shard checksums
+// checked after every version, one group formed and no engine brought over disk-delta instead.
+void expect_engine_tp_run(const std::string& name, const std::string& common) {
   std::string out;
-  expect_same_run("engine_tp", " rollout.num_rollouts=3 weight_sync.transport=broadcast",
-                  " rollout.engine_tp=2", "tensor parallel over 2 processes", &out);
-  EXPECT_NE(out.find("straight to each engine's 2 tensor-parallel ranks"), std::string::npos)
-      << out;
-  EXPECT_EQ(out.find("over disk-delta"), std::string::npos) << out;  // no fallback
-}
-
-// p2p into tensor-parallel engines: a tp = 2 trainer's two ranks send every engine rank
-// (rollout.engine_tp=2: two processes per engine) only its own shard, with no second hop inside the
-// engine; the engines' per-shard checksums pass the controller's check after every version, and
-// the run equals the run with single-process engines over p2p number for number, |Δlogp| 0.
-TEST(RlRun, P2pHandsEachTensorParallelEngineRankItsShard) {
-  MILES_REQUIRE_SHARED();
-  std::string out;
-  expect_same_run("p2p_etp", " rollout.num_rollouts=3 parallel.tp=2 weight_sync.transport=p2p",
-                  " rollout.engine_tp=2", "tensor parallel over 2 processes", &out);
+  expect_same_run(name, common, " rollout.engine_tp=2", "tensor parallel over 2 processes", &out);
   EXPECT_NE(out.find("straight to each engine's 2 tensor-parallel ranks"), std::string::npos)
       << out;
   EXPECT_EQ(out.find("over disk-delta"), std::string::npos) << out;  // no fallback
   EXPECT_EQ(count(out, "formed:"), 1u) << out;
+}
+
+// Broadcast: every engine process receives each bucket and keeps its slice.
+TEST(RlRun, TensorParallelEnginesGiveTheSingleProcessEngineRun) {
+  MILES_REQUIRE_SHARED();
+  expect_engine_tp_run("engine_tp", " rollout.num_rollouts=3 weight_sync.transport=broadcast");
+}
+
+// p2p: a tp = 2 trainer's two ranks send every engine process only its own shard, with no second
+// hop inside the engine.
+TEST(RlRun, P2pHandsEachTensorParallelEngineRankItsShard) {
+  MILES_REQUIRE_SHARED();
+  expect_engine_tp_run("p2p_etp",
+                       " rollout.num_rollouts=3 parallel.tp=2 weight_sync.transport=p2p");
 }
 
 // Engines and a trainer whose forwards (and backward) run the device kernels (here emulated on the
