@@ -53,6 +53,7 @@ struct ShardWeights {
   std::map<std::string, std::vector<float>> tensors;
   std::map<std::string, std::vector<int64_t>> shapes;
   std::map<std::string, std::string> checksums;
+  TensorMap view() const;  // views of `tensors` for Model::from_weights
 };
 
 // Where a follower's weights come from when every rank receives its own shard straight from the

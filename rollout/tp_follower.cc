@@ -76,7 +76,6 @@ class Follower {
   Status forward(int64_t generation, const std::vector<uint8_t>& payload);
   void start_intake(int64_t generation, const std::vector<uint8_t>& request);
   Status adopt(int64_t generation, const std::vector<uint8_t>& payload);
-  Result<std::unique_ptr<Model>> build(const ShardWeights& shard) const;
   // This rank's status into the step's all-gather; a transport error ends the loop.
   Status report(const Status& mine) {
     const tp_wire::StatusSlot slot = tp_wire::to_slot(mine);
@@ -223,14 +222,6 @@ void Follower::start_intake(int64_t generation, const std::vector<uint8_t>& requ
       std::thread([this, request] { intake_result_ = intake_->receive(request, comm_.rank()); });
 }
 
-Result<std::unique_ptr<Model>> Follower::build(const ShardWeights& shard) const {
-  TensorMap map;
-  for (const auto& [name, values] : shard.tensors)
-    map.insert(name, Tensor::view(DType::kF32, shard.shapes.at(name), values.data(), nullptr),
-               "this rank's received shard");
-  return Model::from_weights(local_, map);
-}
-
 // Builds the received shard as `generation`, then two all-gathers: every rank's status, and every
 // rank's checksums (payload: how many tensors; each rank's in name order, blank when it has none).
 Status Follower::adopt(int64_t generation, const std::vector<uint8_t>& payload) {
@@ -247,17 +238,12 @@ Status Follower::adopt(int64_t generation, const std::vector<uint8_t>& payload) 
     built = Status::Error("received " + std::to_string(intake_result_->checksums.size()) +
                           " tensors, rank 0 expects " + std::to_string(count));
   if (built.ok()) {
-    auto model = build(*intake_result_);
+    auto model = Model::from_weights(local_, intake_result_->view());
     if (model.ok()) models_[generation] = std::move(model).value();
     built = model.status();
   }
-  std::vector<char> mine(static_cast<size_t>(count) * tp_wire::kChecksumBytes, 0);
-  if (built.ok()) {
-    size_t i = 0;
-    for (const auto& [name, sum] : intake_result_->checksums)
-      std::memcpy(mine.data() + tp_wire::kChecksumBytes * i++, sum.data(),
-                  std::min(sum.size(), tp_wire::kChecksumBytes));
-  }
+  const std::vector<char> mine = tp_wire::checksum_slots(
+      built.ok() ? intake_result_->checksums : std::map<std::string, std::string>{}, count);
   intake_result_ = Status::Error("no weight intake was started");  // the shard is built or gone
   MILES_RETURN_IF_ERROR(report(built));
   std::vector<char> all(mine.size() * comm_.size());

@@ -253,6 +253,14 @@ Result<ForwardOutput> TpModelRunner::forward(std::span<const int32_t> tokens,
 
 }  // namespace
 
+TensorMap ShardWeights::view() const {
+  TensorMap m;
+  for (const auto& [name, values] : tensors)
+    m.insert(name, Tensor::view(DType::kF32, shapes.at(name), values.data(), nullptr),
+             "a received shard");
+  return m;
+}
+
 Result<std::shared_ptr<TpShardIntake>> TpShardIntake::of(const ModelRunner& runner) {
   const auto* tp = dynamic_cast<const TpModelRunner*>(&runner);
   if (!tp) return Status::Error("the engine is not tensor-parallel");
@@ -288,24 +296,16 @@ Result<TpShardIntake::Received> TpShardIntake::receive(
                           " tensors of " + std::to_string(count));
   std::unique_ptr<Model> model;
   if (built.ok()) {
-    TensorMap map;
-    for (const auto& [name, values] : mine->tensors)
-      map.insert(name, Tensor::view(DType::kF32, mine->shapes.at(name), values.data(), nullptr),
-                 "rank 0's received shard");
-    auto m = Model::from_weights(local_, map);
+    auto m = Model::from_weights(local_, mine->view());
     built = m.status();
     if (m.ok()) model = std::move(m).value();
   }
   const Status all = group_->gather_status(built, "receiving weights");
   // The checksum all-gather follows the status round whatever it said (every follower takes part).
   const size_t per_rank = static_cast<size_t>(count) * tp_wire::kChecksumBytes;
-  std::vector<char> sums(per_rank, 0), gathered(per_rank * group_->size());
-  if (built.ok()) {
-    size_t i = 0;
-    for (const auto& [name, sum] : mine->checksums)
-      std::memcpy(sums.data() + tp_wire::kChecksumBytes * i++, sum.data(),
-                  std::min(sum.size(), tp_wire::kChecksumBytes));
-  }
+  std::vector<char> sums = tp_wire::checksum_slots(
+      built.ok() ? mine->checksums : std::map<std::string, std::string>{}, count);
+  std::vector<char> gathered(per_rank * group_->size());
   if (Status s = group_->comm().allgather(sums.data(), sums.size(), gathered.data()); !s.ok())
     return group_->fail("gathering weight checksums: " + s.message());
   if (!all.ok()) {

@@ -29,6 +29,16 @@ const char* op_name(Op op) {
   return "unknown";
 }
 
+std::vector<char> checksum_slots(const std::map<std::string, std::string>& sums, int64_t count) {
+  std::vector<char> out(static_cast<size_t>(count) * kChecksumBytes, 0);
+  if (static_cast<int64_t>(sums.size()) != count) return out;
+  size_t i = 0;
+  for (const auto& [name, sum] : sums)
+    std::memcpy(out.data() + kChecksumBytes * i++, sum.data(),
+                std::min(sum.size(), kChecksumBytes));
+  return out;
+}
+
 StatusSlot to_slot(const Status& s) {
   StatusSlot slot;
   if (s.ok()) return slot;

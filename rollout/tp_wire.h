@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,9 @@ struct StatusSlot {
 };
 static_assert(sizeof(StatusSlot) == 256);
 StatusSlot to_slot(const Status& s);
+// A rank's checksums (name order) in its slot of the adopt step's all-gather: `count` slots of
+// kChecksumBytes, all blank unless it holds exactly `count` of them.
+std::vector<char> checksum_slots(const std::map<std::string, std::string>& sums, int64_t count);
 
 class Writer {
  public:

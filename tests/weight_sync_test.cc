@@ -396,7 +396,9 @@ TEST(WeightSync, BroadcastReceiversKeepTheirTensorParallelShard) {
         std::chrono::seconds(60));
     const auto ref = results[0].fields();
     // Receivers that found the lie leave, so the sender's later buckets fail too.
-    if (!lie) ASSERT_EQ(ref.at("status"), "ok") << results[0].describe();
+    if (!lie) {
+      ASSERT_EQ(ref.at("status"), "ok") << results[0].describe();
+    }
     for (int r = 1; r < 5; ++r) {
       const auto f = results[r].fields();
       if (lie) {

@@ -29,6 +29,8 @@ std::string transfer_plan_digest(const TransferPlan& plan) {
 Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t version,
                          const TensorSource& source, ReceivedWeights* out,
                          const BroadcastOptions& options) {
+  if (out && options.shard_size > 1)
+    MILES_RETURN_IF_ERROR(shard_pieces::check_splits(plan, {options.shard_size}));
   if (out) {
     out->version = version;
     out->tensors.clear();

@@ -60,23 +60,6 @@ Result<Message> pack(const Bucket& b, int64_t version, const TensorSource& local
   return m;
 }
 
-// Every split tensor's split dimension must divide over both sides' tensor-parallel ranks.
-Status check_splits(const TransferPlan& plan, int nt, int ne) {
-  for (const Bucket& b : plan.buckets)
-    for (const PlannedTensor& t : b.tensors) {
-      const Split split = tensor_parallel::split_of(t.name);
-      if (split == Split::kReplicated) continue;
-      const int64_t extent = split == Split::kRows ? t.shape[0] : t.shape[1];
-      for (int n : {nt, ne})
-        if (extent % n != 0)
-          return Status::Error("p2p weights: " + t.name + " (" + std::to_string(extent) +
-                               (split == Split::kRows ? " rows" : " columns") +
-                               ") does not split over " + std::to_string(n) +
-                               " tensor-parallel ranks");
-    }
-  return Status::Ok();
-}
-
 }  // namespace
 
 Status p2p_send_weights(Communicator& world, const TransferPlan& plan, int64_t version,
@@ -84,7 +67,7 @@ Status p2p_send_weights(Communicator& world, const TransferPlan& plan, int64_t v
   const RankCoord me = roles.trainer.coord(world.rank());
   if (me.dp != 0) return Status::Ok();
   const int nt = roles.trainer.tp(), ne = roles.engine_tp;
-  MILES_RETURN_IF_ERROR(check_splits(plan, nt, ne));
+  MILES_RETURN_IF_ERROR(shard_pieces::check_splits(plan, {nt, ne}));
   for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
     const Bucket& b = plan.buckets[bi];
     if (b.stage != me.pp) continue;
@@ -123,7 +106,7 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
     return Status::Error("p2p weight receive: rank " + std::to_string(world.rank()) +
                          " is not an engine rank");
   const int j = offset % ne;
-  MILES_RETURN_IF_ERROR(check_splits(plan, nt, ne));
+  MILES_RETURN_IF_ERROR(shard_pieces::check_splits(plan, {nt, ne}));
   for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
     const Bucket& b = plan.buckets[bi];
     const std::string at =

@@ -196,7 +196,7 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
     st->groups[kind->stage] = g;
     st->p2p = kind->p2p;
     // The followers join beside this rank (each as rank + its tensor-parallel rank).
-    st->engine_tp = kind->engine_tp;
+    st->direct.reset();
     if (kind->engine_tp > 1) {
       IntakeGroup ig;
       ig.transport = kind->p2p ? "p2p" : "broadcast";
@@ -208,6 +208,7 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
         st->p2p.reset();
         return reply_failure(res, 500, f.with_context("join_weight_group").message());
       }
+      st->direct = ig;
     }
     st->joins.push_back({std::thread([g, finished, options = std::move(*o)] {
                            auto comm = connect_gloo(options);
@@ -235,12 +236,12 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
            std::vector<std::shared_ptr<WeightGroupJoin>> gs;
            const TransferPlan* plan = nullptr;
            std::optional<P2pRoles> p2p;
-           int engine_tp = 1;
+           std::optional<IntakeGroup> direct;
            {
              std::lock_guard<std::mutex> lock(st->group_mu);
              gs = st->groups;
              p2p = st->p2p;
-             engine_tp = st->engine_tp;
+             direct = st->direct;
              if (!gs.empty()) {
                const ParallelLayout layout =
                    p2p ? p2p->trainer : *ParallelLayout::create(1, static_cast<int>(gs.size()), 1);
@@ -265,13 +266,7 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
              comms.push_back(*comm);
            }
            std::lock_guard<std::mutex> lock(st->mu);
-           if (engine_tp > 1) {
-             IntakeGroup ig;
-             ig.transport = p2p ? "p2p" : "broadcast";
-             ig.stages = static_cast<int>(gs.size());
-             ig.roles = p2p ? *p2p : P2pRoles{ParallelLayout{}, 1, engine_tp};
-             return receive_shards(*st, driver, comms, *plan, ig, v, gs, res);
-           }
+           if (direct) return receive_shards(*st, driver, comms, *plan, *direct, v, gs, res);
            // Every member must take part in the transfer, even one that will refuse to swap; the
            // stages arrive one after the other, each over its own group.
            ReceivedWeights received;

@@ -39,27 +39,19 @@ int WeightSyncRoutes::apply(rollout::EngineDriver& driver, const ReceivedWeights
                             std::string* error) {
   Status applied;
   driver.run_sync([&](Engine& e) { applied = apply_to_engine(e, config, got, plan, pool); });
-  if (!applied.ok()) {
-    *error = applied.message();
-    return applied.message().find("pause it first") != std::string::npos ? 409 : 400;
-  }
-  checksums = got.checksums;
-  version = got.version;
-  return 200;
+  return record(applied, got.version, got.checksums, error);
 }
 
 int WeightSyncRoutes::apply_runner(rollout::EngineDriver& driver,
                                    std::unique_ptr<ModelRunner> runner, int64_t v,
                                    std::map<std::string, std::string> sums, std::string* error) {
   Status applied;
-  driver.run_sync([&](Engine& e) {
-    applied = e.begin_weight_update();
-    if (!applied.ok()) return;
-    applied = e.update_weights(std::move(runner));
-    if (applied.ok()) e.update_weight_version(v);
-    const Status end = e.end_weight_update();
-    if (applied.ok()) applied = end;
-  });
+  driver.run_sync([&](Engine& e) { applied = apply_runner_to_engine(e, std::move(runner), v); });
+  return record(applied, v, std::move(sums), error);
+}
+
+int WeightSyncRoutes::record(const Status& applied, int64_t v,
+                             std::map<std::string, std::string> sums, std::string* error) {
   if (!applied.ok()) {
     *error = applied.message();
     return applied.message().find("pause it first") != std::string::npos ? 409 : 400;

@@ -22,6 +22,7 @@
 #include "miles/weight_sync.h"
 #include "rollout/engine_driver.h"
 #include "rollout/tp_engine.h"
+#include "weight_sync/tp_intake.h"
 
 namespace miles {
 
@@ -81,9 +82,9 @@ struct WeightSyncRoutes {
   std::vector<JoinThread> joins;
   // p2p instead of broadcast: the trainer's ranks and the engines in one group (groups holds it).
   std::optional<P2pRoles> p2p;
-  // This engine's ranks in the current groups: > 1 when every rank of a tensor-parallel engine is a
-  // member and receives its own shard (tp_intake.h); 1: rank 0 receives whole tensors.
-  int engine_tp = 1;
+  // Set when every rank of this tensor-parallel engine is a member of the current groups and
+  // receives its own shard (tp_intake.h); unset: rank 0 receives whole tensors.
+  std::optional<IntakeGroup> direct;
   // The plan a sender with trainer layout `layout` follows (made once per layout): broadcast uses
   // dp=1,pp=S,tp=1 for S stages, p2p the trainer's own layout. Under `group_mu`.
   Result<const TransferPlan*> plan_for(const ParallelLayout& layout);
@@ -97,6 +98,9 @@ struct WeightSyncRoutes {
   // The same for a runner built from shards received directly, with its (sharded) checksums.
   int apply_runner(rollout::EngineDriver& driver, std::unique_ptr<ModelRunner> runner,
                    int64_t version, std::map<std::string, std::string> sums, std::string* error);
+  // Their end: on success the engine's version and checksums are `v` and `sums`; the HTTP status.
+  int record(const Status& applied, int64_t v, std::map<std::string, std::string> sums,
+             std::string* error);
   // Forgets `gs` if they are still the current groups (after an error: the controller re-forms
   // them).
   void drop_groups(const std::vector<std::shared_ptr<WeightGroupJoin>>& gs);

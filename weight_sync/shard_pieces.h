@@ -6,8 +6,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
+#include "miles/status.h"
 #include "miles/tensor_parallel.h"
 #include "miles/transfer_plan.h"
 
@@ -59,6 +62,24 @@ inline Piece piece_of(const PlannedTensor& t, int k, int nt, int j, int ne) {
   const int64_t lo = std::max(a0, b0), hi = std::min(a1, b1);
   if (hi <= lo) return Piece{};
   return Piece{rows, hi - lo, lo - a0, extent / nt, lo - b0, extent / ne};
+}
+
+// Ok when every split tensor's split dimension divides over each of `sizes` tensor-parallel ranks
+// (the pieces above assume it); else an error naming the tensor.
+inline Status check_splits(const TransferPlan& plan, std::initializer_list<int> sizes) {
+  for (const Bucket& b : plan.buckets)
+    for (const PlannedTensor& t : b.tensors) {
+      const Split split = tensor_parallel::split_of(t.name);
+      if (split == Split::kReplicated) continue;
+      const int64_t extent = split == Split::kRows ? t.shape[0] : t.shape[1];
+      for (int n : sizes)
+        if (n < 1 || extent % n != 0)
+          return Status::Error("weight sync: " + t.name + " (" + std::to_string(extent) +
+                               (split == Split::kRows ? " rows" : " columns") +
+                               ") does not split over " + std::to_string(n) +
+                               " tensor-parallel ranks");
+    }
+  return Status::Ok();
 }
 
 // Engine rank j's shard (of ne) of the whole tensor `full`.

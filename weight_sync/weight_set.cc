@@ -64,16 +64,29 @@ Status check_weights(const std::map<std::string, std::string>& engine_checksums,
                        (bad.size() > 5 ? ", …" : "") + ")");
 }
 
+namespace {
+// begin → update → version → end; on any error the engine keeps its weights and version.
+Status swap_in(Engine& engine, int64_t version, const std::function<Status()>& update) {
+  MILES_RETURN_IF_ERROR(engine.begin_weight_update());
+  Status s = update();
+  if (s.ok()) engine.update_weight_version(version);
+  Status end = engine.end_weight_update();
+  MILES_RETURN_IF_ERROR(s);
+  return end;
+}
+}  // namespace
+
 Status apply_to_engine(Engine& engine, const ModelConfig& config, const ReceivedWeights& set,
                        const TransferPlan& plan, ThreadPool* pool) {
   MILES_RETURN_IF_ERROR(verify_received_weights(set, plan));
   const TensorMap view = set.view();
-  MILES_RETURN_IF_ERROR(engine.begin_weight_update());
-  Status s = engine.update_weights(view);  // the engine's runner builds (and reshards) the model
-  if (s.ok()) engine.update_weight_version(set.version);
-  Status end = engine.end_weight_update();
-  MILES_RETURN_IF_ERROR(s);
-  return end;
+  // The engine's runner builds (and reshards) the model.
+  return swap_in(engine, set.version, [&] { return engine.update_weights(view); });
+}
+
+Status apply_runner_to_engine(Engine& engine, std::unique_ptr<ModelRunner> runner,
+                              int64_t version) {
+  return swap_in(engine, version, [&] { return engine.update_weights(std::move(runner)); });
 }
 
 }  // namespace miles

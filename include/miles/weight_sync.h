@@ -26,6 +26,7 @@ namespace miles {
 
 class Communicator;
 class Engine;
+class ModelRunner;
 class ThreadPool;
 
 // xxh3-128 of bytes, as 32 hex digits.
@@ -159,5 +160,8 @@ Status check_weights(const std::map<std::string, std::string>& engine_checksums,
 // update_weight_version → end. On any error the engine keeps its current weights and version.
 Status apply_to_engine(Engine& engine, const ModelConfig& config, const ReceivedWeights& set,
                        const TransferPlan& plan, ThreadPool* pool);
+// The same for a runner already built over a version whose every piece was verified on arrival
+// (a tensor-parallel engine whose ranks received their own shards).
+Status apply_runner_to_engine(Engine& engine, std::unique_ptr<ModelRunner> runner, int64_t version);
 
 }  // namespace miles

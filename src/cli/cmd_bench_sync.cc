@@ -335,7 +335,8 @@ void add_common(CLI::App* s, SyncOptions* o) {
   s->add_option("--repeats", o->repeats, "transfers; the fastest counts");
   s->add_option("--bucket-mb", o->bucket_mb, "bucket size");
   s->add_option("--engine-tp", o->engine_tp,
-                "tensor-parallel ranks per engine (each keeps its shard; p2p-hop: via rank 0)");
+                "tensor-parallel ranks per engine (each keeps its shard; p2p-hop: via rank 0)")
+      ->check(CLI::Range(1, 1024));
 }
 
 }  // namespace
