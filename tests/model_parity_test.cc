@@ -235,9 +235,10 @@ TEST(BatchInvariance, SequenceAloneEqualsInsideBatchOf64) {
       ForwardOutput alone = run_one(m, seqs[i], nullptr);
       ASSERT_EQ(std::memcmp(alone.logits.data(), batch->logits.data() + row * v, alone.logits.size() * 4), 0)
           << name << " sequence " << i << " (length " << seqs[i].size() << ")";
-      if (per_tok > 0)
+      if (per_tok > 0) {
         ASSERT_TRUE(std::equal(alone.experts.begin(), alone.experts.end(),
                                batch->experts.begin() + row * per_tok));
+      }
       row += seqs[i].size();
     }
   }

@@ -74,6 +74,9 @@ class PackedMatrix {
   // The packed form of aᵀ for a row-major a[rows, cols] with row stride lda: a [cols, rows] matrix
   // whose reduction runs over a's rows (the backward's d W = d yᵀ · x).
   static PackedMatrix pack_transposed(const float* a, int64_t rows, int64_t cols, int64_t lda);
+  // pack_transposed into this matrix, reusing its storage, its panels spread over the pool.
+  void assign_transposed(const float* a, int64_t rows, int64_t cols, int64_t lda,
+                         ThreadPool* pool);
 
  private:
   int64_t n_ = 0, k_ = 0;
@@ -84,6 +87,11 @@ class PackedMatrix {
 // y[M, N] = x[M, K] · Wᵀ. x row stride lda (>= K), y row stride ldy (>= N).
 void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* y, int64_t ldy,
           ThreadPool* pool, Isa isa = detect_isa());
+// gemm with x given transposed: xt [K, M] row-major (stride ldt >= M), so row i of the product's
+// left operand is column i of xt (the backward's d W = d yᵀ · x without a transposed copy of d y).
+// The same bits as gemm on the transposed copy.
+void gemm_xt(const float* xt, int64_t m, int64_t ldt, const PackedMatrix& w, float* y,
+             int64_t ldy, ThreadPool* pool, Isa isa = detect_isa());
 // The definition of the numerics: one output element computed by the contract, scalar code
 // (chunk 0: gemm_chunk(k)).
 float gemm_reference_dot(const float* x, const float* w_row, int64_t k, int64_t chunk = 0);

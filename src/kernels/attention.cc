@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/attention_lanes.h"
 #include "kernels/attention_simd.h"
 #include "kernels/exp.h"
 #include "kernels/reduce.h"
@@ -83,38 +84,51 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
   st.acc.assign(static_cast<size_t>(lanes * hd), 0.0f);
   int64_t last_all = 0;
   for (int64_t i = 0; i < t; ++i) last_all = std::max<int64_t>(last_all, positions[i]);
-  float scores[kAttnBlock], p[kAttnBlock];
+  float scores[detail::kMaxLanes][kAttnBlock], p[detail::kMaxLanes][kAttnBlock];
   for (int64_t b0 = 0; b0 <= last_all; b0 += kAttnBlock) {
     kb.load(kv, kh, b0, std::min<int64_t>(kAttnBlock, last_all + 1 - b0), simd);
     for (int64_t i = 0; i < t; ++i) {
       const int64_t last = positions[i];
       if (last < b0) continue;
       const int64_t n = std::min<int64_t>(kAttnBlock, last + 1 - b0);
-      for (int64_t g = 0; g < group; ++g) {
-        const float* qg = q + i * ldq + (kh * group + g) * hd;
+      // The group's heads a few at a time: their dots and p·v rows share the key and value loads.
+      detail::for_lane_chunks(group, [&]<int L>(int64_t g0) {
+        const float* qg[L];
+        float* sc[L];
+        const float* pl[L];
+        float* accl[L];
+        for (int l = 0; l < L; ++l) {
+          qg[l] = q + i * ldq + (kh * group + g0 + l) * hd;
+          sc[l] = scores[l];
+          pl[l] = p[l];
+          accl[l] = st.acc.data() + (i * group + g0 + l) * hd;
+        }
         if (simd) {
-          detail::dots_segments(qg, kb.seg, kb.ld, hd, n, scores);
+          detail::dots_segments_lanes<L>(qg, kb.seg, kb.ld, hd, n, sc);
         } else {
-          for (int64_t j = 0; j < n; ++j) scores[j] = detail::dot(qg, kb.key_row(j, hd), hd);
+          for (int l = 0; l < L; ++l)
+            for (int64_t j = 0; j < n; ++j) sc[l][j] = detail::dot(qg[l], kb.key_row(j, hd), hd);
         }
-        float block_max = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-          scores[j] = scores[j] * scale;
-          block_max = std::max(block_max, scores[j]);
+        for (int l = 0; l < L; ++l) {
+          float block_max = -INFINITY;
+          for (int64_t j = 0; j < n; ++j) {
+            sc[l][j] = sc[l][j] * scale;
+            block_max = std::max(block_max, sc[l][j]);
+          }
+          const int64_t lane = i * group + g0 + l;
+          float& running_max = st.max[lane];
+          float& denom = st.denom[lane];
+          const float new_max = std::max(running_max, block_max);
+          const float alpha =
+              std::isinf(running_max) ? 0.0f : detail::exp_f32(running_max - new_max);
+          denom = denom * alpha;
+          detail::scale_row(alpha, accl[l], hd);
+          detail::exp_shifted(sc[l], new_max, n, p[l]);
+          for (int64_t j = 0; j < n; ++j) denom = denom + p[l][j];
+          running_max = new_max;
         }
-        const int64_t lane = i * group + g;
-        float& running_max = st.max[lane];
-        float& denom = st.denom[lane];
-        float* acc = st.acc.data() + lane * hd;
-        const float new_max = std::max(running_max, block_max);
-        const float alpha = std::isinf(running_max) ? 0.0f : detail::exp_f32(running_max - new_max);
-        denom = denom * alpha;
-        detail::scale_row(alpha, acc, hd);
-        detail::exp_shifted(scores, new_max, n, p);
-        for (int64_t j = 0; j < n; ++j) denom = denom + p[j];
-        detail::fma_rows(p, kb.values, n, hd, acc);
-        running_max = new_max;
-      }
+        detail::fma_rows_lanes<L>(pl, kb.values, n, hd, accl);
+      });
     }
   }
   for (int64_t i = 0; i < t; ++i)

@@ -6,15 +6,19 @@
 // eight keys' chains side by side in SIMD lanes over a transposed copy of K (and V for
 // dp_j = d_out_i · v_j), so every lane performs exactly kernels::detail::dot's chain; softmax
 // (two-pass, exp_f32); ds_ij = p_ij (dp_ij − Σ_j p dp) · scale; dq_i = Σ_j ds_ij k_j (ascending j,
-// accumulated in registers). P and dS of the block are kept.
+// accumulated in registers). P and dS of the block are kept. The group's heads go a few at a time
+// (attention_lanes.h), sharing the loads of K, V and the k rows; each head's operations are as
+// above.
 // Phase 2, per key j up to the block's last query: dk_j += Σ ds_ij q_i and dv_j += Σ p_ij d_out_i
-// over the block's (head, query) pairs in ascending (head, query) order, accumulated in registers.
+// over the block's (head, query) pairs in ascending (head, query) order, accumulated in registers,
+// four keys at a time sharing the loads of the q and d_out rows (key_lanes).
 // So dk / dv sum over (query block, head, query) in that order; every sum's order is fixed by the
 // sequence alone (not the thread count, the batch or the layout).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "kernels/attention_lanes.h"
 #include "kernels/attention_simd.h"
 #include "kernels/backward.h"
 #include "kernels/exp.h"
@@ -24,10 +28,72 @@ namespace miles::kernels {
 
 namespace {
 constexpr int64_t kQueryBlock = 64;  // queries whose P and dS are held at once
+
+// The rows a query block's dk (q rows, coefficients dS) or dv (d_out rows, coefficients P) sum
+// over: row (g, i) = base + g * head_stride + i * row_stride for the group's heads g and queries
+// i in [i0, i1); coefficient (g, i, key j) = coef[(g * qb + i - i0) * t + j].
+struct BlockRows {
+  const float* base;
+  int64_t head_stride, row_stride, group, qb, t, i0, i1;
+  const float* row(int64_t g, int64_t i) const { return base + g * head_stride + i * row_stride; }
+  int64_t coef_at(int64_t g, int64_t i) const { return (g * qb + i - i0) * t; }
+};
+
+// acc of keys j0 .. j0 + L - 1 (rows acc + l * ld_acc): acc_l[e] = fma(coef(g, i, j0 + l),
+// row(g, i)[e], acc_l[e]) over g ascending, then i ascending from max(i0, j0 + l): the per-key
+// order of fma_rows over the (head, query) pairs that see the key, with each row loaded once for
+// all L keys. A key skips the rows of queries before it (their coefficients are not computed).
+template <int L>
+void key_lanes(const float* coef, const BlockRows& b, int64_t j0, int64_t hd, float* acc,
+               int64_t ld_acc) {
+  int64_t e = 0;
+#ifdef MILES_ATTN_SIMD_AVX
+  constexpr int C = L <= 3 ? 4 : 2;
+  auto pass = [&]<int W>(int64_t e0) {  // W vectors of 8 per key
+    __m256 a[L][W];
+    MILES_UNROLL
+    for (int l = 0; l < L; ++l) {
+      MILES_UNROLL
+      for (int c = 0; c < W; ++c) a[l][c] = _mm256_loadu_ps(acc + l * ld_acc + e0 + 8 * c);
+    }
+    for (int64_t g = 0; g < b.group; ++g)
+      for (int64_t i = std::max(b.i0, j0); i < b.i1; ++i) {
+        const float* r = b.row(g, i) + e0;
+        const float* cf = coef + b.coef_at(g, i) + j0;
+        __m256 rv[W];
+        MILES_UNROLL
+        for (int c = 0; c < W; ++c) rv[c] = _mm256_loadu_ps(r + 8 * c);
+        MILES_UNROLL
+        for (int l = 0; l < L; ++l) {
+          if (i < j0 + l) continue;
+          const __m256 cl = _mm256_set1_ps(cf[l]);
+          MILES_UNROLL
+          for (int c = 0; c < W; ++c) a[l][c] = _mm256_fmadd_ps(cl, rv[c], a[l][c]);
+        }
+      }
+    MILES_UNROLL
+    for (int l = 0; l < L; ++l) {
+      MILES_UNROLL
+      for (int c = 0; c < W; ++c) _mm256_storeu_ps(acc + l * ld_acc + e0 + 8 * c, a[l][c]);
+    }
+  };
+  for (; e + 8 * C <= hd; e += 8 * C) pass.template operator()<C>(e);
+  for (; e + 8 <= hd; e += 8) pass.template operator()<1>(e);
+#endif
+  for (; e < hd; ++e)
+    for (int64_t g = 0; g < b.group; ++g)
+      for (int64_t i = std::max(b.i0, j0); i < b.i1; ++i)
+        for (int l = 0; l < L; ++l)
+          if (i >= j0 + l) {
+            float& a = acc[l * ld_acc + e];
+            a = std::fma(coef[b.coef_at(g, i) + j0 + l], b.row(g, i)[e], a);
+          }
+}
+
 }  // namespace
 
-using detail::dots_transposed;
-using detail::fma_rows;
+using detail::dots_transposed_lanes;
+using detail::fma_rows_lanes;
 using detail::transpose_rows;
 
 void attention_backward_kv_head(const float* q, const float* k, const float* v, int64_t ldq,
@@ -52,64 +118,81 @@ void attention_backward_kv_head(const float* q, const float* k, const float* v, 
   const int64_t qb = std::min(kQueryBlock, t);
   // P and dS of the block: [head of the group][query of the block][key], keys < the block's end.
   std::vector<float> pb(static_cast<size_t>(group * qb * t)), dsb(pb.size());
-  std::vector<float> dp(static_cast<size_t>(ldt));
-  std::vector<float> coef(static_cast<size_t>(group * qb));
-  std::vector<const float*> rows(static_cast<size_t>(group * qb));
+  std::vector<float> dp(static_cast<size_t>(detail::kMaxLanes * ldt));
   for (int64_t i0 = 0; i0 < t; i0 += qb) {
     const int64_t i1 = std::min(t, i0 + qb);
-    for (int64_t g = 0; g < group; ++g) {
-      const int64_t h = kh * group + g;
-      for (int64_t i = i0; i < i1; ++i) {
-        const float* qi = q + i * ldq + h * hd;
-        const float* doi = d_out + (i * heads + h) * hd;
-        float* p = pb.data() + (g * qb + (i - i0)) * t;
-        float* ds = dsb.data() + (g * qb + (i - i0)) * t;
+    // Per query, the group's heads a few at a time: their dots and dq rows share the K, V loads.
+    for (int64_t i = i0; i < i1; ++i) {
+      detail::for_lane_chunks(group, [&]<int L>(int64_t g0) {
+        const float *qi[L], *doi[L], *dsl[L];
+        float *p[L], *ds[L], *dpl[L], *dqi[L];
+        for (int l = 0; l < L; ++l) {
+          const int64_t g = g0 + l, h = kh * group + g;
+          qi[l] = q + i * ldq + h * hd;
+          doi[l] = d_out + (i * heads + h) * hd;
+          p[l] = pb.data() + (g * qb + (i - i0)) * t;
+          ds[l] = dsb.data() + (g * qb + (i - i0)) * t;
+          dsl[l] = ds[l];
+          dpl[l] = dp.data() + l * ldt;
+          dqi[l] = dq + i * ldq + h * hd;
+        }
         if (simd) {
-          dots_transposed(qi, kt.data(), ldt, hd, i + 1, p);
-          dots_transposed(doi, vt.data(), ldt, hd, i + 1, dp.data());
+          dots_transposed_lanes<L>(qi, kt.data(), ldt, hd, i + 1, p);
+          dots_transposed_lanes<L>(doi, vt.data(), ldt, hd, i + 1, dpl);
         } else {
+          for (int l = 0; l < L; ++l)
+            for (int64_t j = 0; j <= i; ++j) {
+              p[l][j] = detail::dot(qi[l], k_rows[j], hd);
+              dpl[l][j] = detail::dot(doi[l], v + j * ldkv + kh * hd, hd);
+            }
+        }
+        for (int l = 0; l < L; ++l) {
+          float* pr = p[l];
+          const float* dpr = dpl[l];
+          float mx = -INFINITY;
           for (int64_t j = 0; j <= i; ++j) {
-            p[j] = detail::dot(qi, k_rows[j], hd);
-            dp[j] = detail::dot(doi, v + j * ldkv + kh * hd, hd);
+            pr[j] = pr[j] * scale;
+            mx = std::max(mx, pr[j]);
           }
+          float sum = 0.0f;
+          detail::exp_shifted(pr, mx, i + 1, pr);
+          for (int64_t j = 0; j <= i; ++j) sum = sum + pr[j];
+          // D = Σ p·dp, with dp_j = d_out · v_j.
+          float dsum = 0.0f;
+          for (int64_t j = 0; j <= i; ++j) {
+            pr[j] = pr[j] / sum;
+            dsum = std::fma(pr[j], dpr[j], dsum);
+          }
+          for (int64_t j = 0; j <= i; ++j) ds[l][j] = pr[j] * (dpr[j] - dsum) * scale;
+          std::fill(dqi[l], dqi[l] + hd, 0.0f);
         }
-        float mx = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
-          p[j] = p[j] * scale;
-          mx = std::max(mx, p[j]);
-        }
-        float sum = 0.0f;
-        detail::exp_shifted(p, mx, i + 1, p);
-        for (int64_t j = 0; j <= i; ++j) sum = sum + p[j];
-        // D = Σ p·dp, with dp_j = d_out · v_j.
-        float dsum = 0.0f;
-        for (int64_t j = 0; j <= i; ++j) {
-          p[j] = p[j] / sum;
-          dsum = std::fma(p[j], dp[j], dsum);
-        }
-        for (int64_t j = 0; j <= i; ++j) ds[j] = p[j] * (dp[j] - dsum) * scale;
-        float* dqi = dq + i * ldq + h * hd;
-        std::fill(dqi, dqi + hd, 0.0f);
-        fma_rows(ds, k_rows.data(), i + 1, hd, dqi);
-      }
+        fma_rows_lanes<L>(dsl, k_rows.data(), i + 1, hd, dqi);
+      });
     }
-    // dk_j and dv_j over the block's (head, query) pairs that see key j (queries i >= j).
-    for (int64_t j = 0; j < i1; ++j) {
-      const int64_t first = std::max(i0, j);
-      int64_t n = 0;
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t i = first; i < i1; ++i, ++n) {
-          coef[n] = dsb[(g * qb + (i - i0)) * t + j];
-          rows[n] = q + i * ldq + (kh * group + g) * hd;
-        }
-      fma_rows(coef.data(), rows.data(), n, hd, dk + j * ldkv + kh * hd);
-      n = 0;
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t i = first; i < i1; ++i, ++n) {
-          coef[n] = pb[(g * qb + (i - i0)) * t + j];
-          rows[n] = d_out + (i * heads + kh * group + g) * hd;
-        }
-      fma_rows(coef.data(), rows.data(), n, hd, dv + j * ldkv + kh * hd);
+    // dk_j and dv_j over the block's (head, query) pairs that see key j (queries i >= j), a few
+    // keys at a time sharing the loads of the q and d_out rows.
+    const int64_t lanes = 4;
+    for (int64_t j0 = 0; j0 < i1; j0 += lanes) {
+      const BlockRows qr{q + kh * group * hd, hd, ldq, group, qb, t, i0, i1};
+      const BlockRows dor{d_out + kh * group * hd, hd, heads * hd, group, qb, t, i0, i1};
+      auto both = [&]<int L>() {
+        key_lanes<L>(dsb.data(), qr, j0, hd, dk + j0 * ldkv + kh * hd, ldkv);
+        key_lanes<L>(pb.data(), dor, j0, hd, dv + j0 * ldkv + kh * hd, ldkv);
+      };
+      switch (std::min(lanes, i1 - j0)) {
+        case 4:
+          both.template operator()<4>();
+          break;
+        case 3:
+          both.template operator()<3>();
+          break;
+        case 2:
+          both.template operator()<2>();
+          break;
+        default:
+          both.template operator()<1>();
+          break;
+      }
     }
   }
 }

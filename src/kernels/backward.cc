@@ -13,7 +13,6 @@ namespace miles::kernels {
 
 namespace {
 constexpr int64_t kNormRows = 16;  // rows per RMSNorm-backward work item
-constexpr int64_t kTile = 32;      // transpose tile edge
 }  // namespace
 
 void rmsnorm_backward(const float* x, const float* dy, int64_t m, int64_t d, const float* weight,
@@ -87,19 +86,11 @@ void gemm_weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx,
     std::fill(dw, dw + n * k, 0.0f);
     return;
   }
-  // dyᵀ [N, M] as the GEMM's rows; xᵀ [K, M] packed as its weight: dW[n, k] = Σ_m dy[m, n] x[m, k].
-  // The transpose moves values only, in tiles of kTile × kTile, column tiles in parallel.
-  std::vector<float> dyt(static_cast<size_t>(n * m));
-  parallel_for(pool, (n + kTile - 1) / kTile, [&](int64_t cb) {
-    const int64_t c0 = cb * kTile, c1 = std::min(n, c0 + kTile);
-    for (int64_t r0 = 0; r0 < m; r0 += kTile) {
-      const int64_t r1 = std::min(m, r0 + kTile);
-      for (int64_t c = c0; c < c1; ++c)
-        for (int64_t r = r0; r < r1; ++r) dyt[c * m + r] = dy[r * ldy + c];
-    }
-  });
-  const PackedMatrix xt = PackedMatrix::pack_transposed(x, m, k, ldx);
-  gemm(dyt.data(), n, m, xt, dw, k, pool);
+  // dyᵀ [N, M] as the GEMM's rows (packed straight from dy's columns: gemm_xt), xᵀ [K, M] packed
+  // as its weight: dW[n, k] = Σ_m dy[m, n] x[m, k]. Packing moves values only.
+  thread_local PackedMatrix xt;
+  xt.assign_transposed(x, m, k, ldx, pool);
+  gemm_xt(dy, n, ldy, xt, dw, k, pool);
 }
 
 }  // namespace miles::kernels

@@ -140,6 +140,27 @@ void pack_rows(const float* x, int64_t m, int64_t lda, int64_t k, int tile_rows,
   }
 }
 
+// pack_rows for an x given transposed: element (row, kk) at xt[kk * ldt + row]. Every tile is a
+// straight copy of tile_rows consecutive floats per kk (rows past M are zero).
+void pack_cols(const float* xt, int64_t m, int64_t ldt, int64_t k, int tile_rows, int64_t t0,
+               int64_t t1, float* out) {
+  for (int64_t t = t0; t < t1; ++t) {
+    float* dst = out + t * k * tile_rows;
+    const int64_t row0 = t * tile_rows, w = std::min<int64_t>(tile_rows, m - row0);
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const float* src = xt + kk * ldt + row0;
+      float* d = dst + kk * tile_rows;
+      int64_t i = 0;  // a few floats per kk: inline copies, not a library call each
+#if defined(__AVX__)
+      for (; i + 8 <= w; i += 8) _mm256_storeu_ps(d + i, _mm256_loadu_ps(src + i));
+      for (; i + 4 <= w; i += 4) _mm_storeu_ps(d + i, _mm_loadu_ps(src + i));
+#endif
+      for (; i < w; ++i) d[i] = src[i];
+      for (; i < tile_rows; ++i) d[i] = 0.0f;
+    }
+  }
+}
+
 void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMatrix& w,
                int64_t panel, float* y, int64_t ldy, TileKernel kern, std::vector<float>& stack) {
   const int64_t k = w.k(), chunk = w.chunk();
@@ -180,12 +201,11 @@ void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMa
   }
 }
 
-}  // namespace
-
-void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* y, int64_t ldy,
-          ThreadPool* pool, Isa isa) {
-  if (m <= 0 || w.n() == 0) return;
-  MILES_CHECK(lda >= w.k() && ldy >= w.n());
+// The driver after the operand's layout is known: pack(t0, t1, out) packs tiles [t0, t1) of the
+// M rows (pack_rows or pack_cols), then the (row block, panel) items run.
+template <typename Pack>
+void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, ThreadPool* pool, Isa isa,
+                 Pack pack) {
   const TileKernel kern = tile_kernel(isa);
   const int64_t row_blocks = (m + kRowBlock - 1) / kRowBlock;
   const int64_t panels = w.num_panels();
@@ -204,15 +224,34 @@ void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* 
       2.0 * m * w.n() * w.k() >= kMinParallelFlops || w.n() * w.k() >= kMinParallelWeights;
   ThreadPool* use = big ? pool : nullptr;
   float* const packed = a_packed.data();  // this thread's buffer (a_packed is thread_local)
-  parallel_ranges(use, tiles, w.k() * kern.rows, [&](int64_t t0, int64_t t1) {
-    pack_rows(x, m, lda, w.k(), kern.rows, t0, t1, packed);
-  });
+  parallel_ranges(use, tiles, w.k() * kern.rows,
+                  [&](int64_t t0, int64_t t1) { pack(kern.rows, t0, t1, packed); });
   const float* ap = packed;
   parallel_for(use, row_blocks * panels, [&](int64_t item) {
     thread_local std::vector<float> stack;
     const int64_t rb = item / panels;
     const int64_t row0 = rb * kRowBlock;
     gemm_item(ap, row0, std::min(kRowBlock, m - row0), w, item % panels, y, ldy, kern, stack);
+  });
+}
+
+}  // namespace
+
+void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* y, int64_t ldy,
+          ThreadPool* pool, Isa isa) {
+  if (m <= 0 || w.n() == 0) return;
+  MILES_CHECK(lda >= w.k() && ldy >= w.n());
+  gemm_driver(m, w, y, ldy, pool, isa, [&](int rows, int64_t t0, int64_t t1, float* out) {
+    pack_rows(x, m, lda, w.k(), rows, t0, t1, out);
+  });
+}
+
+void gemm_xt(const float* xt, int64_t m, int64_t ldt, const PackedMatrix& w, float* y, int64_t ldy,
+             ThreadPool* pool, Isa isa) {
+  if (m <= 0 || w.n() == 0) return;
+  MILES_CHECK(ldt >= m && ldy >= w.n());
+  gemm_driver(m, w, y, ldy, pool, isa, [&](int rows, int64_t t0, int64_t t1, float* out) {
+    pack_cols(xt, m, ldt, w.k(), rows, t0, t1, out);
   });
 }
 

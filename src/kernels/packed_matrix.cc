@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "miles/kernels.h"
+#include "miles/thread_pool.h"
 
 namespace miles::kernels {
 
@@ -109,15 +110,24 @@ void PackedMatrix::transpose_into(PackedMatrix& t) const {
 PackedMatrix PackedMatrix::pack_transposed(const float* a, int64_t rows, int64_t cols,
                                            int64_t lda) {
   PackedMatrix t;
-  t.n_ = cols;
-  t.k_ = rows;
-  t.data_.assign(static_cast<size_t>(t.num_panels() * t.k_ * kPanel), 0.0f);
-  for (int64_t p = 0; p < t.num_panels(); ++p) {
-    const int64_t c0 = p * kPanel, width = std::min(kPanel, cols - c0);
-    float* dst = t.data_.data() + p * rows * kPanel;
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(a + r * lda + c0, width, dst + r * kPanel);
-  }
+  t.assign_transposed(a, rows, cols, lda, nullptr);
   return t;
+}
+
+void PackedMatrix::assign_transposed(const float* a, int64_t rows, int64_t cols, int64_t lda,
+                                     ThreadPool* pool) {
+  n_ = cols;
+  k_ = rows;
+  chunk_ = 0;
+  data_.resize(static_cast<size_t>(num_panels() * k_ * kPanel));  // every element written below
+  parallel_for(pool, num_panels(), [&](int64_t p) {
+    const int64_t c0 = p * kPanel, width = std::min(kPanel, cols - c0);
+    float* dst = data_.data() + p * rows * kPanel;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::copy_n(a + r * lda + c0, width, dst + r * kPanel);
+      std::fill(dst + r * kPanel + width, dst + (r + 1) * kPanel, 0.0f);
+    }
+  });
 }
 
 }  // namespace miles::kernels

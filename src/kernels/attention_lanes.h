@@ -1,0 +1,183 @@
+// Several query heads of one KV head at once (the GQA group): their dot products against the same
+// keys and their fma rows over the same value (or key) rows share every load of those rows. Each
+// lane performs exactly the operations of the one-lane helpers in attention_simd.h, in the same
+// order (dots_segments: one fma chain over the head dimension from 0 per key; fma_rows: rows in
+// ascending order, element-wise), so the bits are theirs: only the memory traffic changes. The
+// rows of a block no longer fit in L1 in the backward pass, so one load per fma made the one-lane
+// helpers wait on L2; L lanes need one load per L fmas.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/attention_simd.h"
+
+// Fully unrolled fixed-size loops, so that the per-lane accumulator arrays live in registers.
+#define MILES_UNROLL _Pragma("GCC unroll 16")
+
+namespace miles::kernels::detail {
+
+inline constexpr int kMaxLanes = 4;  // query heads handled together
+
+// Segments per pass of the L-lane dots: L * S chains in flight (at least 8, to cover the fma
+// latency) within AVX2's 16 registers.
+template <int L>
+inline constexpr int kLaneSegments = L <= 3 ? 4 : 2;
+
+#ifdef MILES_ATTN_SIMD_AVX
+// One pass of dots_segments_lanes over segments [0, S): out[l][j] for j < keep.
+template <int L, int S>
+inline void dots_pass(const float* const* x, const float* const* seg, const int64_t* ld, int64_t hd,
+                      int64_t keep, float* const* out) {
+  __m256 a[L][S];
+  MILES_UNROLL
+  for (int l = 0; l < L; ++l) {
+    MILES_UNROLL
+    for (int c = 0; c < S; ++c) a[l][c] = _mm256_setzero_ps();
+  }
+  for (int64_t e = 0; e < hd; ++e) {
+    __m256 k[S];
+    MILES_UNROLL
+    for (int c = 0; c < S; ++c) k[c] = _mm256_loadu_ps(seg[c] + e * ld[c]);
+    MILES_UNROLL
+    for (int l = 0; l < L; ++l) {
+      const __m256 xe = _mm256_set1_ps(x[l][e]);
+      MILES_UNROLL
+      for (int c = 0; c < S; ++c) a[l][c] = _mm256_fmadd_ps(xe, k[c], a[l][c]);
+    }
+  }
+  MILES_UNROLL
+  for (int l = 0; l < L; ++l) {
+    float lanes[8 * S];
+    MILES_UNROLL
+    for (int c = 0; c < S; ++c) _mm256_storeu_ps(lanes + 8 * c, a[l][c]);
+    std::copy_n(lanes, keep, out[l]);
+  }
+}
+#endif
+
+// out[l][j] = dots_segments(x[l], seg, ld, hd, n)[j] for l < L.
+template <int L>
+inline void dots_segments_lanes(const float* const* x, const float* const* seg, const int64_t* ld,
+                                int64_t hd, int64_t n, float* const* out) {
+#ifdef MILES_ATTN_SIMD_AVX
+  constexpr int S = kLaneSegments<L>;
+  const int64_t segs = (n + 7) / 8;
+  float* o[L];
+  for (int64_t s = 0; s < segs; s += S) {
+    MILES_UNROLL
+    for (int l = 0; l < L; ++l) o[l] = out[l] + 8 * s;
+    const int64_t keep = std::min<int64_t>(8 * S, n - 8 * s);
+    switch (std::min<int64_t>(S, segs - s)) {
+      case 4:
+        dots_pass<L, (S >= 4 ? 4 : 1)>(x, seg + s, ld + s, hd, keep, o);
+        break;
+      case 3:
+        dots_pass<L, (S >= 3 ? 3 : 1)>(x, seg + s, ld + s, hd, keep, o);
+        break;
+      case 2:
+        dots_pass<L, 2>(x, seg + s, ld + s, hd, keep, o);
+        break;
+      default:
+        dots_pass<L, 1>(x, seg + s, ld + s, hd, keep, o);
+        break;
+    }
+  }
+#else
+  MILES_UNROLL
+  for (int l = 0; l < L; ++l) dots_segments(x[l], seg, ld, hd, n, out[l]);
+#endif
+}
+
+// out[l][j] = dots_transposed(x[l], kt, ldt, hd, n)[j] for l < L (kt as there: [hd][ldt], ldt a
+// multiple of 8, zero-padded columns).
+template <int L>
+inline void dots_transposed_lanes(const float* const* x, const float* kt, int64_t ldt, int64_t hd,
+                                  int64_t n, float* const* out) {
+  constexpr int S = kLaneSegments<L>;
+  const float* seg[S];
+  int64_t ld[S];
+  float* o[L];
+  for (int64_t j = 0; j < n; j += 8 * S) {
+    MILES_UNROLL
+    for (int c = 0; c < S; ++c) {
+      seg[c] = kt + j + 8 * c;
+      ld[c] = ldt;
+    }
+    MILES_UNROLL
+    for (int l = 0; l < L; ++l) o[l] = out[l] + j;
+    dots_segments_lanes<L>(x, seg, ld, hd, std::min<int64_t>(8 * S, n - j), o);
+  }
+}
+
+// fma_rows(p[l], rows, n, hd, acc[l]) for l < L.
+template <int L>
+inline void fma_rows_lanes(const float* const* p, const float* const* rows, int64_t n, int64_t hd,
+                           float* const* acc) {
+  int64_t e = 0;
+#ifdef MILES_ATTN_SIMD_AVX
+  constexpr int C = L <= 3 ? 4 : 2;  // vectors of 8 per lane per pass: L * C accumulators
+  for (; e + 8 * C <= hd; e += 8 * C) {
+    __m256 a[L][C];
+    MILES_UNROLL
+    for (int l = 0; l < L; ++l) {
+      MILES_UNROLL
+      for (int c = 0; c < C; ++c) a[l][c] = _mm256_loadu_ps(acc[l] + e + 8 * c);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const float* r = rows[j] + e;
+      __m256 pj[L];
+      MILES_UNROLL
+      for (int l = 0; l < L; ++l) pj[l] = _mm256_set1_ps(p[l][j]);
+      MILES_UNROLL
+      for (int c = 0; c < C; ++c) {
+        const __m256 rv = _mm256_loadu_ps(r + 8 * c);
+        MILES_UNROLL
+        for (int l = 0; l < L; ++l) a[l][c] = _mm256_fmadd_ps(pj[l], rv, a[l][c]);
+      }
+    }
+    MILES_UNROLL
+    for (int l = 0; l < L; ++l) {
+      MILES_UNROLL
+      for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc[l] + e + 8 * c, a[l][c]);
+    }
+  }
+#endif
+  // The rest of the head dimension, lane by lane (element-wise: the same bits).
+#ifdef MILES_ATTN_SIMD_AVX
+  for (; e + 8 <= hd; e += 8)
+    for (int l = 0; l < L; ++l) {
+      __m256 a = _mm256_loadu_ps(acc[l] + e);
+      for (int64_t j = 0; j < n; ++j)
+        a = _mm256_fmadd_ps(_mm256_set1_ps(p[l][j]), _mm256_loadu_ps(rows[j] + e), a);
+      _mm256_storeu_ps(acc[l] + e, a);
+    }
+#endif
+  for (; e < hd; ++e)
+    for (int l = 0; l < L; ++l)
+      for (int64_t j = 0; j < n; ++j) acc[l][e] = std::fma(p[l][j], rows[j][e], acc[l][e]);
+}
+
+// Calls fn.template operator()<L>(g0) for consecutive chunks [g0, g0 + L) of [0, group), L at
+// most kMaxLanes: the group's heads, a few at a time.
+template <typename Fn>
+inline void for_lane_chunks(int64_t group, Fn&& fn) {
+  int64_t g0 = 0;
+  for (; g0 + 4 <= group; g0 += 4) fn.template operator()<4>(g0);
+  switch (group - g0) {
+    case 3:
+      fn.template operator()<3>(g0);
+      break;
+    case 2:
+      fn.template operator()<2>(g0);
+      break;
+    case 1:
+      fn.template operator()<1>(g0);
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace miles::kernels::detail
