@@ -27,7 +27,7 @@ struct Reader {
     pos += sizeof n;
     if (n > (b.size() - pos) / sizeof(T)) return false;
     v.resize(n);
-    std::memcpy(v.data(), b.data() + pos, n * sizeof(T));
+    if (n > 0) std::memcpy(v.data(), b.data() + pos, n * sizeof(T));  // v.data() may be null
     pos += n * sizeof(T);
     return true;
   }

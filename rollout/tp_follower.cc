@@ -108,7 +108,7 @@ Status Follower::receive(tp_wire::Header& h, std::vector<uint8_t>& payload) {
     return Status::Error("garbled command header from rank 0");
   payload.resize(static_cast<size_t>(h.payload_bytes));
   const size_t inline_bytes = std::min(payload.size(), tp_wire::kInlineBytes);
-  std::memcpy(payload.data(), message.data() + sizeof(h), inline_bytes);
+  if (inline_bytes > 0) std::memcpy(payload.data(), message.data() + sizeof(h), inline_bytes);
   if (payload.size() > inline_bytes)
     MILES_RETURN_IF_ERROR(comm_.recv(payload.data() + inline_bytes, payload.size() - inline_bytes,
                                      0, tp_wire::kPayloadTag));

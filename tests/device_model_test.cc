@@ -26,6 +26,13 @@
 namespace miles {
 namespace {
 
+// Equal float vectors, byte for byte (memcmp on empty vectors would pass it null).
+template <typename A, typename B>
+bool same_floats(const A& a, const B& b) {
+  return a.size() == b.size() &&
+         (a.size() == 0 || std::memcmp(a.data(), b.data(), 4 * a.size()) == 0);
+}
+
 using test::expect_same_bits;
 using test::Finals;
 using test::kEngine;
@@ -130,13 +137,10 @@ void expect_forward_bits(Device device, const std::string& model_dir) {
   auto b = (*dev)->forward(b1);
   ASSERT_TRUE(b.ok()) << b.message();
   ASSERT_EQ(a->logits.size(), b->logits.size());
-  EXPECT_EQ(std::memcmp(a->logits.data(), b->logits.data(), 4 * a->logits.size()), 0)
-      << "prefill logits differ";
+  EXPECT_TRUE(same_floats(a->logits, b->logits)) << "prefill logits differ";
   EXPECT_EQ(a->experts, b->experts);  // R3 capture: the same routed experts
   ASSERT_EQ(a->expert_weights.size(), b->expert_weights.size());
-  EXPECT_EQ(
-      std::memcmp(a->expert_weights.data(), b->expert_weights.data(), 4 * a->expert_weights.size()),
-      0);
+  EXPECT_TRUE(same_floats(a->expert_weights, b->expert_weights));
   if (moe) {
     EXPECT_EQ(static_cast<int64_t>(b->experts.size()),
               (29 + 17) * c.num_moe_layers() * c.moe.top_k);
@@ -152,8 +156,7 @@ void expect_forward_bits(Device device, const std::string& model_dir) {
   b = (*dev)->forward(b2);
   ASSERT_TRUE(b.ok()) << b.message();
   ASSERT_EQ(b->rows, 2);
-  EXPECT_EQ(std::memcmp(a->logits.data(), b->logits.data(), 4 * a->logits.size()), 0)
-      << "decode logits differ";
+  EXPECT_TRUE(same_floats(a->logits, b->logits)) << "decode logits differ";
   EXPECT_EQ(a->experts, b->experts);
 }
 
@@ -211,7 +214,7 @@ void expect_training_bits(Device device, const std::string& model_dir, bool tied
   auto b = (*dev)->forward_train(tokens, seqs, true, forced);
   ASSERT_TRUE(b.ok()) << b.message();
   ASSERT_EQ(a->logits.size(), b->logits.size());
-  EXPECT_EQ(std::memcmp(a->logits.data(), b->logits.data(), 4 * a->logits.size()), 0);
+  EXPECT_TRUE(same_floats(a->logits, b->logits));
   EXPECT_EQ(a->experts, b->experts);
   if (replay) {
     for (size_t i = 0; i < forced.size(); ++i) ASSERT_EQ(b->experts[i], forced[i]) << i;
@@ -229,9 +232,9 @@ void expect_training_bits(Device device, const std::string& model_dir, bool tied
   ASSERT_TRUE((*dev)->backward(dlogits, gb, tb).ok());
   for (const ParamSpec& spec : layout->specs()) {
     const auto x = ga.get(spec.name), y = gb.get(spec.name);
-    EXPECT_EQ(std::memcmp(x.data(), y.data(), 4 * x.size()), 0) << spec.name;
+    EXPECT_TRUE(same_floats(x, y)) << spec.name;
   }
-  EXPECT_EQ(std::memcmp(ta.data(), tb.data(), 4 * ta.size()), 0) << "tied head share";
+  EXPECT_TRUE(same_floats(ta, tb)) << "tied head share";
   bool nonzero = false;
   for (float v : gb.all()) nonzero = nonzero || v != 0.0f;
   EXPECT_TRUE(nonzero);
