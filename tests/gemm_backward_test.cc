@@ -4,23 +4,17 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "kernels/backward.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
+#include "random_vec.h"
 
 namespace miles::kernels {
 namespace {
 
-std::vector<float> random_vec(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test::random_vec;
 
 struct Dims {
   int64_t m, n, k;  // dW [n, k] summed over m rows

@@ -40,8 +40,8 @@ struct BlockRows {
 };
 
 // acc of keys j0 .. j0 + L - 1 (rows acc + l * ld_acc): acc_l[e] = fma(coef(g, i, j0 + l),
-// row(g, i)[e], acc_l[e]) over g ascending, then i ascending from max(i0, j0 + l): the per-key
-// order of fma_rows over the (head, query) pairs that see the key, with each row loaded once for
+// row(g, i)[e], acc_l[e]) over g ascending, then i ascending from max(i0, j0 + l): for each key,
+// one ascending fma pass over the (head, query) pairs that see it, with each row loaded once for
 // all L keys. A key skips the rows of queries before it (their coefficients are not computed).
 template <int L>
 void key_lanes(const float* coef, const BlockRows& b, int64_t j0, int64_t hd, float* acc,

@@ -1,10 +1,10 @@
 // Several query heads of one KV head at once (the GQA group): their dot products against the same
 // keys and their fma rows over the same value (or key) rows share every load of those rows. Each
-// lane performs exactly the operations of the one-lane helpers in attention_simd.h, in the same
-// order (dots_segments: one fma chain over the head dimension from 0 per key; fma_rows: rows in
-// ascending order, element-wise), so the bits are theirs: only the memory traffic changes. The
-// rows of a block no longer fit in L1 in the backward pass, so one load per fma made the one-lane
-// helpers wait on L2; L lanes need one load per L fmas.
+// lane performs exactly the operations of one head alone, in the same order (a dot: dots_segments'
+// one fma chain over the head dimension from 0 per key; fma rows: rows in ascending order,
+// element-wise), so the bits do not depend on how many heads go together: only the memory traffic
+// changes. The rows of a block do not fit in L1 in the backward pass, so one head at a time made
+// one L2 load per fma; L lanes need one load per L fmas.
 #pragma once
 
 #include <algorithm>
@@ -90,8 +90,8 @@ inline void dots_segments_lanes(const float* const* x, const float* const* seg, 
 #endif
 }
 
-// out[l][j] = dots_transposed(x[l], kt, ldt, hd, n)[j] for l < L (kt as there: [hd][ldt], ldt a
-// multiple of 8, zero-padded columns).
+// out[l][j] = detail::dot(x[l], column j of kt) for j < n and l < L: dots_segments_lanes over kt's
+// columns; kt is [hd][ldt] with ldt a multiple of 8 and columns past n readable (zero padding).
 template <int L>
 inline void dots_transposed_lanes(const float* const* x, const float* kt, int64_t ldt, int64_t hd,
                                   int64_t n, float* const* out) {
@@ -111,7 +111,9 @@ inline void dots_transposed_lanes(const float* const* x, const float* kt, int64_
   }
 }
 
-// fma_rows(p[l], rows, n, hd, acc[l]) for l < L.
+// acc[l][e] = fma(p[l][j], rows[j][e], acc[l][e]) for j = 0, 1, ..., n - 1 in that order, every
+// e < hd and l < L: element-wise, so any vector width gives the same bits; the accumulators stay in
+// registers across the rows.
 template <int L>
 inline void fma_rows_lanes(const float* const* p, const float* const* rows, int64_t n, int64_t hd,
                            float* const* acc) {

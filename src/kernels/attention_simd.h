@@ -1,7 +1,8 @@
 // SIMD pieces shared by the attention kernels (attention.cc, attention_backward.cc): several keys'
 // dot products side by side in vector lanes over a transposed copy of K (or V), each lane the
 // contract's one fma chain over the head dimension from 0 (detail::dot for head_dim <= kGemmChunk),
-// so the bits are those of the scalar pair-by-pair code; and element-wise fma rows.
+// so the bits are those of the scalar pair-by-pair code; element-wise row helpers. The several-head
+// forms the kernels call are in attention_lanes.h.
 #pragma once
 
 #include <algorithm>
@@ -59,45 +60,6 @@ inline void dots_segments(const float* x, const float* const* seg, const int64_t
       out[8 * s + l] = acc;
     }
 #endif
-}
-
-// out[j] = detail::dot(x, column j of kt) for j in [0, n); kt is [hd][ldt] with ldt a multiple of 8
-// and columns past n readable (zero padding): dots_segments over kt's columns, 32 at a time.
-inline void dots_transposed(const float* x, const float* kt, int64_t ldt, int64_t hd, int64_t n,
-                            float* out) {
-  const float* seg[4];
-  const int64_t ld[4] = {ldt, ldt, ldt, ldt};
-  for (int64_t j = 0; j < n; j += 32) {
-    for (int s = 0; s < 4; ++s) seg[s] = kt + j + 8 * s;
-    dots_segments(x, seg, ld, hd, std::min<int64_t>(32, n - j), out + j);
-  }
-}
-
-// acc[e] = fma(p[j], rows[j][e], acc[e]) for j = 0, 1, ..., n - 1 in that order, every e < hd:
-// element-wise, so any vector width gives the same bits; the accumulators stay in registers across
-// the rows.
-inline void fma_rows(const float* p, const float* const* rows, int64_t n, int64_t hd, float* acc) {
-  int64_t e = 0;
-#ifdef MILES_ATTN_SIMD_AVX
-  for (; e + 64 <= hd; e += 64) {  // 8 accumulators of 8
-    __m256 a[8];
-    for (int c = 0; c < 8; ++c) a[c] = _mm256_loadu_ps(acc + e + 8 * c);
-    for (int64_t j = 0; j < n; ++j) {
-      const __m256 pj = _mm256_set1_ps(p[j]);
-      const float* r = rows[j] + e;
-      for (int c = 0; c < 8; ++c) a[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(r + 8 * c), a[c]);
-    }
-    for (int c = 0; c < 8; ++c) _mm256_storeu_ps(acc + e + 8 * c, a[c]);
-  }
-  for (; e + 8 <= hd; e += 8) {
-    __m256 a = _mm256_loadu_ps(acc + e);
-    for (int64_t j = 0; j < n; ++j)
-      a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(rows[j] + e), a);
-    _mm256_storeu_ps(acc + e, a);
-  }
-#endif
-  for (; e < hd; ++e)
-    for (int64_t j = 0; j < n; ++j) acc[e] = std::fma(p[j], rows[j][e], acc[e]);
 }
 
 // y[e] = y[e] * a, element-wise.
