@@ -71,10 +71,9 @@ class PackedMatrix {
   // t = the packed form of Wᵀ [K, N] (the backward's d x = d y · W), reusing t's storage. Moves
   // values only.
   void transpose_into(PackedMatrix& t) const;
-  // The packed form of aᵀ for a row-major a[rows, cols] with row stride lda: a [cols, rows] matrix
-  // whose reduction runs over a's rows (the backward's d W = d yᵀ · x).
-  static PackedMatrix pack_transposed(const float* a, int64_t rows, int64_t cols, int64_t lda);
-  // pack_transposed into this matrix, reusing its storage, its panels spread over the pool.
+  // This matrix = the packed form of aᵀ for a row-major a[rows, cols] with row stride lda: a
+  // [cols, rows] matrix whose reduction runs over a's rows (the backward's d W = d yᵀ · x). Reuses
+  // its storage; the panels are spread over the pool.
   void assign_transposed(const float* a, int64_t rows, int64_t cols, int64_t lda,
                          ThreadPool* pool);
 

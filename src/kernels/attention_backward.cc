@@ -171,29 +171,12 @@ void attention_backward_kv_head(const float* q, const float* k, const float* v, 
     }
     // dk_j and dv_j over the block's (head, query) pairs that see key j (queries i >= j), a few
     // keys at a time sharing the loads of the q and d_out rows.
-    const int64_t lanes = 4;
-    for (int64_t j0 = 0; j0 < i1; j0 += lanes) {
-      const BlockRows qr{q + kh * group * hd, hd, ldq, group, qb, t, i0, i1};
-      const BlockRows dor{d_out + kh * group * hd, hd, heads * hd, group, qb, t, i0, i1};
-      auto both = [&]<int L>() {
-        key_lanes<L>(dsb.data(), qr, j0, hd, dk + j0 * ldkv + kh * hd, ldkv);
-        key_lanes<L>(pb.data(), dor, j0, hd, dv + j0 * ldkv + kh * hd, ldkv);
-      };
-      switch (std::min(lanes, i1 - j0)) {
-        case 4:
-          both.template operator()<4>();
-          break;
-        case 3:
-          both.template operator()<3>();
-          break;
-        case 2:
-          both.template operator()<2>();
-          break;
-        default:
-          both.template operator()<1>();
-          break;
-      }
-    }
+    const BlockRows qr{q + kh * group * hd, hd, ldq, group, qb, t, i0, i1};
+    const BlockRows dor{d_out + kh * group * hd, hd, heads * hd, group, qb, t, i0, i1};
+    detail::for_lane_chunks(i1, [&]<int L>(int64_t j0) {
+      key_lanes<L>(dsb.data(), qr, j0, hd, dk + j0 * ldkv + kh * hd, ldkv);
+      key_lanes<L>(pb.data(), dor, j0, hd, dv + j0 * ldkv + kh * hd, ldkv);
+    });
   }
 }
 

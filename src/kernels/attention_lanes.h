@@ -145,9 +145,7 @@ inline void fma_rows_lanes(const float* const* p, const float* const* rows, int6
       for (int c = 0; c < C; ++c) _mm256_storeu_ps(acc[l] + e + 8 * c, a[l][c]);
     }
   }
-#endif
   // The rest of the head dimension, lane by lane (element-wise: the same bits).
-#ifdef MILES_ATTN_SIMD_AVX
   for (; e + 8 <= hd; e += 8)
     for (int l = 0; l < L; ++l) {
       __m256 a = _mm256_loadu_ps(acc[l] + e);
@@ -161,13 +159,14 @@ inline void fma_rows_lanes(const float* const* p, const float* const* rows, int6
       for (int64_t j = 0; j < n; ++j) acc[l][e] = std::fma(p[l][j], rows[j][e], acc[l][e]);
 }
 
-// Calls fn.template operator()<L>(g0) for consecutive chunks [g0, g0 + L) of [0, group), L at
-// most kMaxLanes: the group's heads, a few at a time.
+// Calls fn.template operator()<L>(g0) for consecutive chunks [g0, g0 + L) of [0, count), L at
+// most kMaxLanes (4 until fewer are left): a group's heads, or a block's keys, a few at a time.
 template <typename Fn>
-inline void for_lane_chunks(int64_t group, Fn&& fn) {
+inline void for_lane_chunks(int64_t count, Fn&& fn) {
+  static_assert(kMaxLanes == 4);
   int64_t g0 = 0;
-  for (; g0 + 4 <= group; g0 += 4) fn.template operator()<4>(g0);
-  switch (group - g0) {
+  for (; g0 + 4 <= count; g0 += 4) fn.template operator()<4>(g0);
+  switch (count - g0) {
     case 3:
       fn.template operator()<3>(g0);
       break;

@@ -107,13 +107,6 @@ void PackedMatrix::transpose_into(PackedMatrix& t) const {
   }
 }
 
-PackedMatrix PackedMatrix::pack_transposed(const float* a, int64_t rows, int64_t cols,
-                                           int64_t lda) {
-  PackedMatrix t;
-  t.assign_transposed(a, rows, cols, lda, nullptr);
-  return t;
-}
-
 void PackedMatrix::assign_transposed(const float* a, int64_t rows, int64_t cols, int64_t lda,
                                      ThreadPool* pool) {
   n_ = cols;
