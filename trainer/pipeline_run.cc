@@ -6,6 +6,7 @@
 
 namespace miles {
 
+using trainer_detail::fold_targets;
 using trainer_detail::Packed;
 
 // What a micro-batch keeps between its forward and its backward on this stage.
@@ -78,7 +79,8 @@ Status PipelineRun::forward(int64_t mb) {
   return Status::Ok();
 }
 
-Result<Trainer::MicroResult> PipelineRun::backward(int64_t mb) {
+Result<Trainer::MicroResult> PipelineRun::backward(int64_t mb,
+                                                   std::span<Trainer::MicroResult* const> lefts) {
   const PipelineStage& st = t_.stage_;
   auto it = live_.find(mb);
   MILES_CHECK(it != live_.end(), "pipeline backward before its forward");
@@ -98,13 +100,17 @@ Result<Trainer::MicroResult> PipelineRun::backward(int64_t mb) {
   BackwardIo io;
   if (!st.first()) io.d_input = &d_in;
   io.tp = t_.tp();
+  // Every stage hands its tied share over (zeros off the last stage) so that the backward folds
+  // it with the rest.
+  io.tied_head_grad = r.tied_head;
+  fold_targets(lefts, io.fold, io.tied_fold);
   if (st.last()) {
-    io.tied_head_grad = r.tied_head;
     r.loss = f->loss.loss;
     r.tokens = f->packed.rows.size();
     r.sums = std::move(f->loss.sums);
   }
   MILES_RETURN_IF_ERROR(t_.model_->backward(f->tape, d_out, r.grads, t_.pool_, io));
+  r.folded = !lefts.empty();
   if (!st.first()) {
     send_buffers_.push_back(std::move(d_in));
     const std::vector<float>& g = send_buffers_.back();
@@ -115,13 +121,13 @@ Result<Trainer::MicroResult> PipelineRun::backward(int64_t mb) {
   return r;
 }
 
-Result<Trainer::MicroResult> PipelineRun::next() {
+Result<Trainer::MicroResult> PipelineRun::next(std::span<Trainer::MicroResult* const> lefts) {
   while (cursor_ < actions_.size()) {
     const auto [kind, mb] = actions_[cursor_++];
     if (kind == 'F') {
       MILES_RETURN_IF_ERROR(forward(mb));
     } else {
-      return backward(mb);
+      return backward(mb, lefts);
     }
   }
   return Status::Error("pipeline schedule: no backward left");

@@ -100,11 +100,12 @@ Status Trainer::check_batch(std::span<const TrainSample> batch) const {
 }
 
 Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> batch, int64_t first,
-                                                 int64_t count, const TokenObjective& objective) {
+                                                 int64_t count, const TokenObjective& objective,
+                                                 std::span<MicroResult* const> lefts) {
   const bool replay =
       tc_.replay_experts && config_.num_moe_layers() > 0 && !batch[first].routed_experts.empty();
   const Packed p = pack(batch, first, count, replay);
-  if (device_model_) return device_micro_step(p, objective);
+  if (device_model_) return device_micro_step(p, objective);  // the tree folds its result
   auto kv = model_->make_kv_cache();
   ForwardTape tape;
   ForwardOptions opt;
@@ -123,7 +124,9 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   BackwardIo io;
   io.tied_head_grad = r.tied_head;
   io.tp = tp();
+  trainer_detail::fold_targets(lefts, io.fold, io.tied_fold);
   MILES_RETURN_IF_ERROR(model_->backward(tape, head.dlogits, r.grads, pool_, io));
+  r.folded = !lefts.empty();
   return r;
 }
 
@@ -268,12 +271,16 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
   if (pp) {
     PipelineRun run(*this, batch, objective, lo, hi, *pp);
     summed = trainer_detail::tree_sum(
-        lo, hi, [&](int64_t) { return run.next(); }, pool_, recycle_fn);
+        lo, hi, [&](int64_t, std::span<MicroResult* const> lefts) { return run.next(lefts); },
+        pool_, recycle_fn);
     MILES_RETURN_IF_ERROR(run.finish());
   } else {
     summed = trainer_detail::tree_sum(
-        lo, hi, [&](int64_t mb) { return micro_step(batch, mb * mbs, mbs, objective); }, pool_,
-        recycle_fn);
+        lo, hi,
+        [&](int64_t mb, std::span<MicroResult* const> lefts) {
+          return micro_step(batch, mb * mbs, mbs, objective, lefts);
+        },
+        pool_, recycle_fn);
   }
   if (!summed.ok()) return summed.status();
   MicroResult acc = std::move(summed).value();

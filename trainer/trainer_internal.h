@@ -20,6 +20,9 @@ struct Trainer::MicroResult {
   double loss = 0;
   int64_t tokens = 0;
   std::map<std::string, double> sums;
+  // A leaf whose backward stored its gradients (and tied share) folded into the pending partial
+  // sums it was given (tree_sum below): these buffers are scratch, the scalars still this leaf's.
+  bool folded = false;
 };
 
 namespace trainer_detail {
@@ -38,13 +41,20 @@ struct Packed {
 Packed pack(std::span<const TrainSample> batch, int64_t first, int64_t count, bool replay);
 
 // Σ leaf(i) for i in [lo, hi) by the halving tree (kernels.h's shape), leaves evaluated in
-// ascending order: a + b adds gradients, tied shares, losses and metric sums.
-// The sums run element-wise across the pool (disjoint slices); each consumed right operand goes to
-// `recycle` (when set) so that its buffers serve a later micro-batch.
-using Leaf = std::function<Result<Trainer::MicroResult>(int64_t)>;
+// ascending order and merged as soon as they are computed (post-order): a + b adds gradients, tied
+// shares, losses and metric sums, a the left operand. leaf(i, lefts) is given the pending left
+// operands of the merges that follow it (innermost first) and may fold its gradients into
+// lefts.back() itself as its backward stores them (MicroResult::folded, model/grad_sink.h: the same
+// additions in the same order); otherwise the tree adds them, element-wise across the pool.
+// Consumed buffers go to `recycle` (when set) so that they serve a later micro-batch.
+using Leaf =
+    std::function<Result<Trainer::MicroResult>(int64_t, std::span<Trainer::MicroResult* const>)>;
 using Recycle = std::function<void(Trainer::MicroResult&&)>;
 Result<Trainer::MicroResult> tree_sum(int64_t lo, int64_t hi, const Leaf& leaf, ThreadPool* pool,
                                       const Recycle& recycle);
+// The fold a leaf's backward takes: every left's gradient buffer and tied share, innermost first.
+void fold_targets(std::span<Trainer::MicroResult* const> lefts, std::vector<FlatTensors*>& grads,
+                  std::vector<std::span<float>>& tied);
 
 // The last stage's loss head: response-row logits → logp / entropy → objective → d logits of
 // every row ([T, vocab], zeros off the response rows). Rows run in parallel on the pool. The
@@ -71,13 +81,14 @@ class PipelineRun {
   PipelineRun(Trainer& trainer, std::span<const TrainSample> batch, const TokenObjective& objective,
               int64_t lo, int64_t hi, Communicator& pp);
   ~PipelineRun();
-  Result<Trainer::MicroResult> next();
+  // lefts: as tree_sum's leaves get them (the backward folds into them).
+  Result<Trainer::MicroResult> next(std::span<Trainer::MicroResult* const> lefts);
   Status finish();  // waits for the sends still in flight
 
  private:
   struct InFlight;
   Status forward(int64_t mb);
-  Result<Trainer::MicroResult> backward(int64_t mb);
+  Result<Trainer::MicroResult> backward(int64_t mb, std::span<Trainer::MicroResult* const> lefts);
 
   Trainer& t_;
   std::span<const TrainSample> batch_;

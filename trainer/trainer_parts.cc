@@ -4,6 +4,7 @@
 
 #include "miles/logprob.h"
 #include "miles/thread_pool.h"
+#include "model/grad_sink.h"
 #include "trainer/trainer_internal.h"
 
 namespace miles {
@@ -29,27 +30,88 @@ Packed pack(std::span<const TrainSample> batch, int64_t first, int64_t count, bo
   return p;
 }
 
-void add_parallel(std::span<float> a, std::span<const float> b, ThreadPool* pool) {
-  constexpr int64_t kSlice = int64_t{1} << 20;
-  const int64_t n = a.size();
-  parallel_for(pool, (n + kSlice - 1) / kSlice, [&](int64_t s) {
-    for (int64_t i = s * kSlice; i < std::min(n, (s + 1) * kSlice); ++i) a[i] = a[i] + b[i];
-  });
+namespace {
+
+// merges[i - lo]: how many merges follow leaf i at once in the post-order walk of the halving tree
+// over [lo, hi) (split at lo + ceil((hi - lo) / 2)).
+void tree_merges(int64_t lo, int64_t hi, std::vector<int>& merges) {
+  if (hi - lo == 1) {
+    merges.push_back(0);
+    return;
+  }
+  const int64_t mid = lo + (hi - lo + 1) / 2;  // kernels.h's split
+  tree_merges(lo, mid, merges);
+  tree_merges(mid, hi, merges);
+  ++merges.back();  // this subtree's merge follows its last leaf
+}
+
+// lefts.back() = lefts[m-1] + (… + (lefts[0] + r)): the scalars always, the buffers unless the
+// leaf's backward folded them already.
+void merge_leaf(std::span<Trainer::MicroResult* const> lefts, Trainer::MicroResult& r,
+                ThreadPool* pool) {
+  if (!r.folded) {
+    std::vector<FlatTensors*> grads;
+    std::vector<std::span<float>> tied;
+    fold_targets(lefts, grads, tied);
+    std::vector<std::span<float>> g;
+    for (FlatTensors* f : grads) g.push_back(f->all());
+    GradSink::fold_buffer(std::as_const(r.grads).all(), g, pool);
+    if (!r.tied_head.empty()) GradSink::fold_buffer(r.tied_head, tied, pool);
+  }
+  double loss = r.loss;
+  int64_t tokens = r.tokens;
+  std::map<std::string, double> sums = std::move(r.sums);
+  for (Trainer::MicroResult* l : lefts) {
+    loss = l->loss + loss;
+    tokens = l->tokens + tokens;
+    std::map<std::string, double> merged = l->sums;
+    for (const auto& [k, v] : sums) merged[k] += v;
+    sums = std::move(merged);
+  }
+  Trainer::MicroResult& dest = *lefts.back();
+  dest.loss = loss;
+  dest.tokens = tokens;
+  dest.sums = std::move(sums);
+}
+
+}  // namespace
+
+void fold_targets(std::span<Trainer::MicroResult* const> lefts, std::vector<FlatTensors*>& grads,
+                  std::vector<std::span<float>>& tied) {
+  grads.clear();
+  tied.clear();
+  for (Trainer::MicroResult* l : lefts) {
+    grads.push_back(&l->grads);
+    if (!l->tied_head.empty()) tied.push_back(l->tied_head);
+  }
 }
 
 Result<Trainer::MicroResult> tree_sum(int64_t lo, int64_t hi, const Leaf& leaf, ThreadPool* pool,
                                       const Recycle& recycle) {
-  if (hi - lo == 1) return leaf(lo);
-  const int64_t mid = lo + (hi - lo + 1) / 2;  // kernels.h's split
-  MILES_ASSIGN_OR_RETURN(Trainer::MicroResult a, tree_sum(lo, mid, leaf, pool, recycle));
-  MILES_ASSIGN_OR_RETURN(Trainer::MicroResult b, tree_sum(mid, hi, leaf, pool, recycle));
-  add_parallel(a.grads.all(), std::as_const(b.grads).all(), pool);
-  add_parallel(a.tied_head, b.tied_head, pool);
-  a.loss += b.loss;
-  a.tokens += b.tokens;
-  for (const auto& [k, v] : b.sums) a.sums[k] += v;
-  if (recycle) recycle(std::move(b));
-  return a;
+  std::vector<int> merges;
+  tree_merges(lo, hi, merges);
+  std::vector<Trainer::MicroResult> stack;  // pending partial sums, oldest first
+  stack.reserve(merges.size());             // no reallocation: leaves hold pointers into it
+  for (int64_t i = lo; i < hi; ++i) {
+    const int m = merges[i - lo];
+    std::vector<Trainer::MicroResult*> lefts;
+    for (int j = 0; j < m; ++j) lefts.push_back(&stack[stack.size() - 1 - j]);
+    MILES_ASSIGN_OR_RETURN(Trainer::MicroResult r, leaf(i, lefts));
+    if (m == 0) {
+      r.folded = false;
+      stack.push_back(std::move(r));
+      continue;
+    }
+    merge_leaf(lefts, r, pool);
+    r.folded = false;
+    if (recycle) recycle(std::move(r));
+    for (int j = 0; j + 1 < m; ++j) {  // merged into the outermost left: their buffers are free
+      if (recycle) recycle(std::move(stack.back()));
+      stack.pop_back();
+    }
+  }
+  MILES_CHECK(stack.size() == 1, "the micro-batch tree left more than one sum");
+  return std::move(stack.back());
 }
 
 namespace {

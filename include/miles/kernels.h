@@ -89,8 +89,13 @@ void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* 
 // gemm with x given transposed: xt [K, M] row-major (stride ldt >= M), so row i of the product's
 // left operand is column i of xt (the backward's d W = d yᵀ · x without a transposed copy of d y).
 // The same bits as gemm on the transposed copy.
+// With `lefts`, each output is folded into pending partial sums as it is stored:
+//   y = lefts[n-1] + (… + (lefts[1] + (lefts[0] + product)))
+// element-wise, each left with y's shape and row stride (the last may be y itself): the trainer's
+// halving tree over micro-batches, merged while a leaf's tile is still in registers.
+using GemmLefts = std::span<const float* const>;
 void gemm_xt(const float* xt, int64_t m, int64_t ldt, const PackedMatrix& w, float* y,
-             int64_t ldy, ThreadPool* pool, Isa isa = detect_isa());
+             int64_t ldy, ThreadPool* pool, Isa isa = detect_isa(), GemmLefts lefts = {});
 // The definition of the numerics: one output element computed by the contract, scalar code
 // (chunk 0: gemm_chunk(k)).
 float gemm_reference_dot(const float* x, const float* w_row, int64_t k, int64_t chunk = 0);

@@ -166,8 +166,10 @@ class Trainer {
   friend class PipelineRun;
   Trainer() = default;
   Status check_batch(std::span<const TrainSample> batch) const;
+  // lefts: the pending partial sums this micro-batch is folded into (trainer_internal.h tree_sum).
   Result<MicroResult> micro_step(std::span<const TrainSample> batch, int64_t first, int64_t count,
-                                 const TokenObjective& objective);
+                                 const TokenObjective& objective,
+                                 std::span<MicroResult* const> lefts);
   Result<MicroResult> device_micro_step(const trainer_detail::Packed& p,
                                         const TokenObjective& objective);
   MicroResult empty_result();     // gradient buffers, reused from spare_* when possible

@@ -132,9 +132,8 @@ FlopModel flop_model(const ModelConfig& c, const FlatTensors& params, int64_t se
 }
 
 struct Breakdown {
-  double forward = 0, loss_head = 0, backward = 0, backward_packs = 0, grad_sum = 0, optimizer = 0,
-         rebuild = 0;
-  double total() const { return forward + loss_head + backward + grad_sum + optimizer + rebuild; }
+  double forward = 0, loss_head = 0, backward = 0, backward_packs = 0, optimizer = 0, rebuild = 0;
+  double total() const { return forward + loss_head + backward + optimizer + rebuild; }
 };
 
 // One step through the public pieces Trainer::step is made of, timing each: the forward with its
@@ -150,7 +149,7 @@ Result<Breakdown> measure_breakdown(Trainer& tr, std::span<const TrainSample> ba
   const int64_t v = c.vocab_size;
   const double total_tokens = static_cast<double>(batch.size()) * (batch[0].tokens.size() - 1);
   const TokenObjective objective = sft_objective(batch, total_tokens);
-  FlatTensors acc(tr.params().layout_ptr());
+  FlatTensors acc(tr.params().layout_ptr()), scratch(tr.params().layout_ptr());
   for (int64_t first = 0; first < static_cast<int64_t>(batch.size()); first += mbs) {
     std::vector<int32_t> tokens;
     std::vector<SeqSpan> seqs;
@@ -186,22 +185,19 @@ Result<Breakdown> measure_breakdown(Trainer& tr, std::span<const TrainSample> ba
     std::copy(dsel.begin(), dsel.end(), dlogits.begin());
     b.loss_head += seconds_since(t0);
 
-    FlatTensors g(tr.params().layout_ptr());
+    // The sum over micro-batches is folded into the backward as its GEMMs store the weight
+    // gradients (BackwardIo::fold; a running sum here, the trainer's tree folds the same way).
+    BackwardIo io;
+    if (first > 0) io.fold = {&acc};
     t0 = Clock::now();
-    MILES_RETURN_IF_ERROR(m.backward(tape, dlogits, g, pool));
+    MILES_RETURN_IF_ERROR(m.backward(tape, dlogits, first > 0 ? scratch : acc, pool, io));
     const double first_backward = seconds_since(t0);
     b.backward += first_backward;
     if (first == 0) {
       t0 = Clock::now();
-      MILES_RETURN_IF_ERROR(m.backward(tape, dlogits, g, pool));
+      MILES_RETURN_IF_ERROR(m.backward(tape, dlogits, scratch, pool));
       b.backward_packs = std::max(0.0, first_backward - seconds_since(t0));
     }
-
-    t0 = Clock::now();
-    std::span<float> a = acc.all();
-    std::span<const float> gs = std::as_const(g).all();
-    for (size_t i = 0; i < a.size(); ++i) a[i] += gs[i];
-    b.grad_sum += seconds_since(t0);
   }
   auto t0 = Clock::now();
   clip_grad_norm(acc, tr.config().optimizer.clip_grad_norm);
@@ -333,9 +329,8 @@ int run_bench_train(const TrainBenchOptions& o) {
     };
     row("forward (with tape, all-position logits)", b.forward);
     row("loss head (logprobs, objective, their backward, copies)", b.loss_head);
-    row("backward (Model::backward)", b.backward);
+    row("backward (Model::backward, the micro-batch sum folded in)", b.backward);
     row("  of which transposed weight packs, rebuilt every step", b.backward_packs);
-    row("gradient sum over micro-batches", b.grad_sum);
     row("clip + AdamW", b.optimizer);
     row("model rebuild (Trainer::reload_model: repack weights)", b.rebuild);
   }
@@ -365,7 +360,7 @@ int run_bench_train(const TrainBenchOptions& o) {
     if (!o.no_breakdown && tc.device == Device::kCpu)
       j["breakdown_s"] = {{"forward", b.forward},   {"loss_head", b.loss_head},
                           {"backward", b.backward}, {"backward_packs", b.backward_packs},
-                          {"grad_sum", b.grad_sum}, {"optimizer", b.optimizer},
+                          {"optimizer", b.optimizer},
                           {"rebuild", b.rebuild}};
     std::vector<std::vector<int32_t>> ids;
     for (const TrainSample& s : batch) ids.push_back(s.tokens);

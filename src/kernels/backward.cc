@@ -81,16 +81,29 @@ void swiglu_backward(const float* gate, const float* up, const float* da, int64_
 }
 
 void gemm_weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx, int64_t m,
-                      int64_t n, int64_t k, float* dw, ThreadPool* pool) {
-  if (m == 0) {
-    std::fill(dw, dw + n * k, 0.0f);
+                      std::span<const WeightGradPart> parts, int64_t k, ThreadPool* pool) {
+  if (m == 0) {  // an empty sum: zeros, folded like any product
+    for (const WeightGradPart& p : parts)
+      for (int64_t i = 0; i < p.rows * k; ++i) {
+        float v = 0.0f;
+        for (const float* l : p.lefts) v = l[i] + v;
+        p.dw[i] = v;
+      }
     return;
   }
   // dyᵀ [N, M] as the GEMM's rows (packed straight from dy's columns: gemm_xt), xᵀ [K, M] packed
-  // as its weight: dW[n, k] = Σ_m dy[m, n] x[m, k]. Packing moves values only.
+  // once as its weight: dW[n, k] = Σ_m dy[m, n] x[m, k]. Packing moves values only, and every
+  // output element keeps its chain whichever part (and so whichever GEMM call) holds it.
   thread_local PackedMatrix xt;
   xt.assign_transposed(x, m, k, ldx, pool);
-  gemm_xt(dy, n, ldy, xt, dw, k, pool);
+  for (const WeightGradPart& p : parts)
+    gemm_xt(dy + p.row0, p.rows, ldy, xt, p.dw, k, pool, detect_isa(), p.lefts);
+}
+
+void gemm_weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx, int64_t m,
+                      int64_t n, int64_t k, float* dw, ThreadPool* pool) {
+  const WeightGradPart whole{0, n, dw, {}};
+  gemm_weight_grad(dy, ldy, x, ldx, m, std::span<const WeightGradPart>(&whole, 1), k, pool);
 }
 
 }  // namespace miles::kernels

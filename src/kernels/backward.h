@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "miles/kernels.h"
 
@@ -42,5 +43,16 @@ void attention_backward_kv_head(const float* q, const float* k, const float* v, 
 // dy[M, N] (stride ldy), x[M, K] (stride ldx), dw[N, K] overwritten.
 void gemm_weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx, int64_t m,
                       int64_t n, int64_t k, float* dw, ThreadPool* pool);
+// Rows [row0, row0 + rows) of a stacked dW (fused q/k/v, gate/up) and where they go: dw [rows, K],
+// folded into `lefts` as gemm_xt defines.
+struct WeightGradPart {
+  int64_t row0 = 0, rows = 0;
+  float* dw = nullptr;
+  GemmLefts lefts;
+};
+// gemm_weight_grad by parts, Xᵀ packed once for all of them: each part's rows get the bits the
+// whole product gives them.
+void gemm_weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx, int64_t m,
+                      std::span<const WeightGradPart> parts, int64_t k, ThreadPool* pool);
 
 }  // namespace miles::kernels

@@ -90,16 +90,33 @@ void add_into(float* a, const float* b, int64_t n) {
   for (; i < n; ++i) a[i] = a[i] + b[i];
 }
 
-// One output row of a panel (a library memmove call per 32 floats costs more than the copy).
-void copy_row(const float* src, int64_t cols, float* dst) {
+// One output row of a panel (a library memmove call per 32 floats costs more than the copy),
+// folded into the lefts at the same offset (gemm_xt's contract) when there are any.
+void store_row(const float* src, int64_t cols, float* dst, GemmLefts lefts, int64_t offset) {
+  if (lefts.empty()) {
 #if defined(__AVX__)
-  if (cols == kPanel) {
-    static_assert(kPanel % 8 == 0);
-    for (int64_t j = 0; j < kPanel; j += 8) _mm256_storeu_ps(dst + j, _mm256_loadu_ps(src + j));
+    if (cols == kPanel) {
+      static_assert(kPanel % 8 == 0);
+      for (int64_t j = 0; j < kPanel; j += 8) _mm256_storeu_ps(dst + j, _mm256_loadu_ps(src + j));
+      return;
+    }
+#endif
+    std::copy_n(src, cols, dst);
     return;
   }
+  int64_t j = 0;
+#if defined(__AVX__)
+  for (; j + 8 <= cols; j += 8) {  // element-wise adds: any vector width gives the same bits
+    __m256 v = _mm256_loadu_ps(src + j);
+    for (const float* l : lefts) v = _mm256_add_ps(_mm256_loadu_ps(l + offset + j), v);
+    _mm256_storeu_ps(dst + j, v);
+  }
 #endif
-  std::copy_n(src, cols, dst);
+  for (; j < cols; ++j) {
+    float v = src[j];
+    for (const float* l : lefts) v = l[offset + j] + v;
+    dst[j] = v;
+  }
 }
 
 // x packed as tiles of kern.rows rows: tile t holds [K][kern.rows] (rows past M are zero). Tiles
@@ -162,7 +179,8 @@ void pack_cols(const float* xt, int64_t m, int64_t ldt, int64_t k, int tile_rows
 }
 
 void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMatrix& w,
-               int64_t panel, float* y, int64_t ldy, TileKernel kern, std::vector<float>& stack) {
+               int64_t panel, float* y, int64_t ldy, GemmLefts lefts, TileKernel kern,
+               std::vector<float>& stack) {
   const int64_t k = w.k(), chunk = w.chunk();
   const int64_t chunks = std::max<int64_t>(1, (k + chunk - 1) / chunk);
   thread_local std::vector<int8_t> steps;
@@ -196,16 +214,18 @@ void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMa
         add_into(stack.data() + (top - 1) * slot, stack.data() + top * slot, tr * kPanel);
       }
     }
-    for (int i = 0; i < tr; ++i)
-      copy_row(stack.data() + i * kPanel, cols, y + (row0 + r + i) * ldy + col0);
+    for (int i = 0; i < tr; ++i) {
+      const int64_t offset = (row0 + r + i) * ldy + col0;
+      store_row(stack.data() + i * kPanel, cols, y + offset, lefts, offset);
+    }
   }
 }
 
 // The driver after the operand's layout is known: pack(t0, t1, out) packs tiles [t0, t1) of the
 // M rows (pack_rows or pack_cols), then the (row block, panel) items run.
 template <typename Pack>
-void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, ThreadPool* pool, Isa isa,
-                 Pack pack) {
+void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, GemmLefts lefts,
+                 ThreadPool* pool, Isa isa, Pack pack) {
   const TileKernel kern = tile_kernel(isa);
   const int64_t row_blocks = (m + kRowBlock - 1) / kRowBlock;
   const int64_t panels = w.num_panels();
@@ -231,7 +251,8 @@ void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, Thread
     thread_local std::vector<float> stack;
     const int64_t rb = item / panels;
     const int64_t row0 = rb * kRowBlock;
-    gemm_item(ap, row0, std::min(kRowBlock, m - row0), w, item % panels, y, ldy, kern, stack);
+    gemm_item(ap, row0, std::min(kRowBlock, m - row0), w, item % panels, y, ldy, lefts, kern,
+              stack);
   });
 }
 
@@ -241,16 +262,16 @@ void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* 
           ThreadPool* pool, Isa isa) {
   if (m <= 0 || w.n() == 0) return;
   MILES_CHECK(lda >= w.k() && ldy >= w.n());
-  gemm_driver(m, w, y, ldy, pool, isa, [&](int rows, int64_t t0, int64_t t1, float* out) {
+  gemm_driver(m, w, y, ldy, {}, pool, isa, [&](int rows, int64_t t0, int64_t t1, float* out) {
     pack_rows(x, m, lda, w.k(), rows, t0, t1, out);
   });
 }
 
 void gemm_xt(const float* xt, int64_t m, int64_t ldt, const PackedMatrix& w, float* y, int64_t ldy,
-             ThreadPool* pool, Isa isa) {
+             ThreadPool* pool, Isa isa, GemmLefts lefts) {
   if (m <= 0 || w.n() == 0) return;
   MILES_CHECK(ldt >= m && ldy >= w.n());
-  gemm_driver(m, w, y, ldy, pool, isa, [&](int rows, int64_t t0, int64_t t1, float* out) {
+  gemm_driver(m, w, y, ldy, lefts, pool, isa, [&](int rows, int64_t t0, int64_t t1, float* out) {
     pack_cols(xt, m, ldt, w.k(), rows, t0, t1, out);
   });
 }

@@ -18,6 +18,7 @@
 #include "miles/thread_pool.h"
 #include "model/backward_weights.h"
 #include "model/forward_tape.h"
+#include "model/grad_sink.h"
 #include "model/model_weights.h"
 
 namespace miles {
@@ -33,42 +34,28 @@ void add_into(float* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = dst[i] + src[i];
 }
 
-// Zero-fills x in slices across the pool (disjoint writes).
-void zero_parallel(std::span<float> x, ThreadPool* pool) {
-  constexpr int64_t kSlice = int64_t{1} << 20;
-  const int64_t n = x.size();
-  parallel_for(pool, (n + kSlice - 1) / kSlice, [&](int64_t b) {
-    std::fill(x.data() + b * kSlice, x.data() + std::min(n, (b + 1) * kSlice), 0.0f);
-  });
-}
-
 // Column sums of rows [M, N] (stride ld) into out[N], ascending rows.
 void column_sums(const float* x, int64_t m, int64_t n, int64_t ld, float* out) {
   for (int64_t r = 0; r < m; ++r)
     for (int64_t j = 0; j < n; ++j) out[j] = out[j] + x[r * ld + j];
 }
 
-// Copies a [rows, cols] block of a stacked gradient into named tensors split by rows.
-void split_rows(const float* src, int64_t cols, FlatTensors& g,
-                const std::vector<std::pair<std::string, int64_t>>& parts) {
-  int64_t row = 0;
-  for (const auto& [name, rows] : parts) {
-    std::span<float> dst = g.get(name);
-    std::copy_n(src + row * cols, rows * cols, dst.data());
-    row += rows;
-  }
-}
-
 class Backward {
  public:
   Backward(const ModelConfig& c, const ModelWeights& w, const BackwardWeights& bw,
            const ForwardTape::Impl& tape, FlatTensors& g, ThreadPool* pool, const BackwardIo& io)
-      : c_(c), w_(w), bw_(bw), tape_(tape), g_(g), pool_(pool), io_(io), t_(tape.tokens.size()) {}
+      : c_(c),
+        w_(w),
+        bw_(bw),
+        tape_(tape),
+        g_(g, io.fold, pool),
+        pool_(pool),
+        io_(io),
+        t_(tape.tokens.size()) {}
 
   Status status() const { return err_; }
 
   void run(std::span<const float> d_output) {
-    zero_parallel(g_.all(), pool_);
     std::vector<float> dh = tape_.layer_end == c_.num_layers
                                 ? head(d_output)
                                 : std::vector<float>(d_output.begin(), d_output.end());
@@ -86,6 +73,8 @@ class Backward {
     } else if (io_.d_input) {
       *io_.d_input = std::move(dh);
     }
+    g_.finish();
+    if (!tied_stored_) GradSink::fold_buffer(io_.tied_head_grad, io_.tied_fold, pool_);
   }
 
  private:
@@ -105,18 +94,23 @@ class Backward {
     reduce(dnormed.data(), t_ * d);  // vocabulary-parallel head
     // Tied: the head's gradient lands in io.tied_head_grad when given, else in the embedding's (the
     // embedding's own scatter then adds to it).
-    float* head_grad = nullptr;
     if (!c_.tie_word_embeddings) {
-      head_grad = g_.get("lm_head.weight").data();
+      g_.weight_grad(dlogits.data(), v, tape_.normed.data(), d, t_, d, {{"lm_head.weight", v}});
     } else if (!io_.tied_head_grad.empty()) {
-      head_grad = io_.tied_head_grad.data();
+      std::vector<const float*> lefts;
+      for (const std::span<float>& l : io_.tied_fold) lefts.push_back(l.data());
+      const kernels::WeightGradPart part{
+          0, v, io_.tied_fold.empty() ? io_.tied_head_grad.data() : io_.tied_fold.back().data(),
+          lefts};
+      gemm_weight_grad(dlogits.data(), v, tape_.normed.data(), d, t_, {&part, 1}, d, pool_);
+      tied_stored_ = true;
     } else {
-      head_grad = g_.get("model.embed_tokens.weight").data();
+      gemm_weight_grad(dlogits.data(), v, tape_.normed.data(), d, t_, v, d,
+                       g_.overwrite("model.embed_tokens.weight"), pool_);
     }
-    gemm_weight_grad(dlogits.data(), v, tape_.normed.data(), d, t_, v, d, head_grad, pool_);
     std::vector<float> dh(static_cast<size_t>(t_ * d));
     kernels::rmsnorm_backward(tape_.h_final.data(), dnormed.data(), t_, d, w_.final_norm.data(),
-                              eps(), dh.data(), g_.get("model.norm.weight").data(), pool_);
+                              eps(), dh.data(), g_.accumulate("model.norm.weight"), pool_);
     return dh;
   }
 
@@ -127,13 +121,11 @@ class Backward {
     const int64_t d = c_.hidden_size, f = c_.intermediate_size;
     std::vector<float> dact(static_cast<size_t>(t_ * f)), dgu(static_cast<size_t>(t_ * 2 * f));
     gemm(dh.data(), t_, d, wt.down_t, dact.data(), f, pool_);
-    gemm_weight_grad(dh.data(), d, lt.act.data(), f, t_, d, f,
-                     g_.get(p + "mlp.down_proj.weight").data(), pool_);
+    g_.weight_grad(dh.data(), d, lt.act.data(), f, t_, f, {{p + "mlp.down_proj.weight", d}});
     kernels::swiglu_backward(lt.gate_up.data(), lt.gate_up.data() + f, dact.data(), t_, f, 2 * f,
                              dgu.data(), dgu.data() + f, 2 * f);
-    std::vector<float> dw(static_cast<size_t>(2 * f * d));
-    gemm_weight_grad(dgu.data(), 2 * f, lt.xn2.data(), d, t_, 2 * f, d, dw.data(), pool_);
-    split_rows(dw.data(), d, g_, {{p + "mlp.gate_proj.weight", f}, {p + "mlp.up_proj.weight", f}});
+    g_.weight_grad(dgu.data(), 2 * f, lt.xn2.data(), d, t_, d,
+                   {{p + "mlp.gate_proj.weight", f}, {p + "mlp.up_proj.weight", f}});
     std::vector<float> dxn(static_cast<size_t>(t_ * d));
     gemm(dgu.data(), t_, 2 * f, wt.gate_up_t, dxn.data(), d, pool_);
     reduce(dxn.data(), t_ * d);  // column-parallel input gradient
@@ -146,7 +138,7 @@ class Backward {
     const LayerTape& lt = tape_.layers[layer];
     kernels::rmsnorm_backward(lt.h_mid.data(), dxn.data(), t_, c_.hidden_size,
                               w_.layers[layer].post_norm.data(), eps(), dxn.data(),
-                              g_.get(p + "post_attention_layernorm.weight").data(), pool_);
+                              g_.accumulate(p + "post_attention_layernorm.weight"), pool_);
     add_into(dh.data(), dxn.data(), t_ * c_.hidden_size);
   }
 
@@ -165,7 +157,7 @@ class Backward {
     for (int64_t ex = 0; ex < e; ++ex) {
       const ExpertTape& et = mt.experts[ex];
       const std::string xp = p + "mlp.experts." + std::to_string(ex) + ".";
-      if (et.slots.empty()) continue;  // its gradients stay zero
+      if (et.slots.empty()) continue;  // its gradients stay zero (GradSink::finish)
       const int64_t n = et.slots.size();
       std::vector<float> dy(static_cast<size_t>(n * d)), xs(static_cast<size_t>(n * d));
       for (int64_t r = 0; r < n; ++r) {
@@ -176,13 +168,11 @@ class Backward {
       }
       std::vector<float> dact(static_cast<size_t>(n * f)), dgu(static_cast<size_t>(n * 2 * f));
       gemm(dy.data(), n, d, wt.experts[ex].down_t, dact.data(), f, pool_);
-      gemm_weight_grad(dy.data(), d, et.act.data(), f, n, d, f,
-                       g_.get(xp + "down_proj.weight").data(), pool_);
+      g_.weight_grad(dy.data(), d, et.act.data(), f, n, f, {{xp + "down_proj.weight", d}});
       kernels::swiglu_backward(et.gate_up.data(), et.gate_up.data() + f, dact.data(), n, f, 2 * f,
                                dgu.data(), dgu.data() + f, 2 * f);
-      std::vector<float> dwm(static_cast<size_t>(2 * f * d));
-      gemm_weight_grad(dgu.data(), 2 * f, xs.data(), d, n, 2 * f, d, dwm.data(), pool_);
-      split_rows(dwm.data(), d, g_, {{xp + "gate_proj.weight", f}, {xp + "up_proj.weight", f}});
+      g_.weight_grad(dgu.data(), 2 * f, xs.data(), d, n, d,
+                     {{xp + "gate_proj.weight", f}, {xp + "up_proj.weight", f}});
       std::vector<float> dxs(static_cast<size_t>(n * d));
       gemm(dgu.data(), n, 2 * f, wt.experts[ex].gate_up_t, dxs.data(), d, pool_);
       for (int64_t r = 0; r < n; ++r)
@@ -210,8 +200,7 @@ class Backward {
       for (int64_t x = 0; x < e; ++x) pd = std::fma(prob[x], dp[x], pd);
       for (int64_t x = 0; x < e; ++x) dzi[x] = prob[x] * (dp[x] - pd);
     }
-    gemm_weight_grad(dz.data(), e, lt.xn2.data(), d, t_, e, d, g_.get(p + "mlp.gate.weight").data(),
-                     pool_);
+    g_.weight_grad(dz.data(), e, lt.xn2.data(), d, t_, d, {{p + "mlp.gate.weight", e}});
     std::vector<float> dxr(static_cast<size_t>(t_ * d));
     gemm(dz.data(), t_, e, wt.router_t, dxr.data(), d, pool_);
     add_into(dxn.data(), dxr.data(), t_ * d);
@@ -228,10 +217,9 @@ class Backward {
     // o_proj
     std::vector<float> dattn(static_cast<size_t>(t_ * qd));
     gemm(dh.data(), t_, d, wt.o_t, dattn.data(), qd, pool_);
-    gemm_weight_grad(dh.data(), d, lt.attn.data(), qd, t_, d, qd,
-                     g_.get(p + "self_attn.o_proj.weight").data(), pool_);
+    g_.weight_grad(dh.data(), d, lt.attn.data(), qd, t_, qd, {{p + "self_attn.o_proj.weight", d}});
     if (!l.o_bias.empty())
-      column_sums(dh.data(), t_, d, d, g_.get(p + "self_attn.o_proj.bias").data());
+      column_sums(dh.data(), t_, d, d, g_.accumulate(p + "self_attn.o_proj.bias"));
     // attention per sequence, then RoPE and q/k norm backward per token
     std::vector<float> dqkv(static_cast<size_t>(t_ * ld));
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -271,34 +259,31 @@ class Backward {
     if (!l.q_norm.empty()) {
       reduce(dnorm_q.data(), hd);  // heads are split; the norm weights are shared
       reduce(dnorm_k.data(), hd);
-      std::copy(dnorm_q.begin(), dnorm_q.end(), g_.get(p + "self_attn.q_norm.weight").begin());
-      std::copy(dnorm_k.begin(), dnorm_k.end(), g_.get(p + "self_attn.k_norm.weight").begin());
+      std::copy(dnorm_q.begin(), dnorm_q.end(), g_.overwrite(p + "self_attn.q_norm.weight"));
+      std::copy(dnorm_k.begin(), dnorm_k.end(), g_.overwrite(p + "self_attn.k_norm.weight"));
     }
     if (!l.qkv_bias.empty()) {
       std::vector<float> db(static_cast<size_t>(ld), 0.0f);
       column_sums(dqkv.data(), t_, ld, ld, db.data());
-      split_rows(db.data(), 1, g_,
-                 {{p + "self_attn.q_proj.bias", qd},
-                  {p + "self_attn.k_proj.bias", kvd},
-                  {p + "self_attn.v_proj.bias", kvd}});
+      std::copy_n(db.data(), qd, g_.overwrite(p + "self_attn.q_proj.bias"));
+      std::copy_n(db.data() + qd, kvd, g_.overwrite(p + "self_attn.k_proj.bias"));
+      std::copy_n(db.data() + qd + kvd, kvd, g_.overwrite(p + "self_attn.v_proj.bias"));
     }
-    std::vector<float> dw(static_cast<size_t>(ld * d));
-    gemm_weight_grad(dqkv.data(), ld, lt.xn1.data(), d, t_, ld, d, dw.data(), pool_);
-    split_rows(dw.data(), d, g_,
-               {{p + "self_attn.q_proj.weight", qd},
-                {p + "self_attn.k_proj.weight", kvd},
-                {p + "self_attn.v_proj.weight", kvd}});
+    g_.weight_grad(dqkv.data(), ld, lt.xn1.data(), d, t_, d,
+                   {{p + "self_attn.q_proj.weight", qd},
+                    {p + "self_attn.k_proj.weight", kvd},
+                    {p + "self_attn.v_proj.weight", kvd}});
     std::vector<float> dxn(static_cast<size_t>(t_ * d));
     gemm(dqkv.data(), t_, ld, wt.qkv_t, dxn.data(), d, pool_);
     reduce(dxn.data(), t_ * d);  // column-parallel input gradient
     kernels::rmsnorm_backward(lt.h_in.data(), dxn.data(), t_, d, l.input_norm.data(), eps(),
-                              dxn.data(), g_.get(p + "input_layernorm.weight").data(), pool_);
+                              dxn.data(), g_.accumulate(p + "input_layernorm.weight"), pool_);
     add_into(dh.data(), dxn.data(), t_ * d);
   }
 
   void embedding(const std::vector<float>& dh) {
     const int64_t d = c_.hidden_size;
-    float* de = g_.get("model.embed_tokens.weight").data();
+    float* de = g_.accumulate("model.embed_tokens.weight");
     const int64_t vb = io_.tp ? io_.tp->vocab_begin : 0, vl = c_.vocab_size;
     for (int64_t i = 0; i < t_; ++i) {
       const int64_t row = tape_.tokens[i] - vb;  // vocabulary-parallel: this rank's rows only
@@ -310,10 +295,11 @@ class Backward {
   const ModelWeights& w_;
   const BackwardWeights& bw_;
   const ForwardTape::Impl& tape_;
-  FlatTensors& g_;
+  GradSink g_;
   ThreadPool* pool_;
   const BackwardIo& io_;
   const int64_t t_;
+  bool tied_stored_ = false;  // the tied head's share written (folded) by head()
   Status err_;
 };
 
@@ -337,6 +323,14 @@ Status Model::backward(const ForwardTape& tape, std::span<const float> d_output,
     return Status::Error("backward: tied_head_grad needs a tied model and vocab × hidden values");
   if (grads.layout().total() != ParamLayout::for_model(config_)->total())
     return Status::Error("backward: the gradient buffer's layout does not match this model");
+  for (const FlatTensors* f : io.fold)
+    if (f == nullptr || f->layout().total() != grads.layout().total())
+      return Status::Error("backward: a buffer to fold into does not match the gradients' layout");
+  if (!io.tied_fold.empty() && io.tied_head_grad.empty())
+    return Status::Error("backward: tied_fold needs tied_head_grad");
+  for (const std::span<float>& l : io.tied_fold)
+    if (l.size() != io.tied_head_grad.size())
+      return Status::Error("backward: a tied share to fold into has the wrong size");
   Backward b(config_, *w_, backward_weights(pool), t, grads, pool, io);
   b.run(d_output);
   return b.status();
