@@ -8,6 +8,7 @@
 
 #include "grad_case.h"
 #include "miles/optimizer.h"
+#include "miles/thread_pool.h"
 
 namespace miles {
 namespace {
@@ -117,6 +118,37 @@ TEST(AdamW, StepIsDeterministicAndClipScalesOnlyAboveTheLimit) {
   EXPECT_EQ(0, std::memcmp(g2.all().data(), a.grads.all().data(), g2.all().size() * 4));
   clip_grad_norm(g2, n / 2);
   EXPECT_NEAR(global_grad_norm(g2), n / 2, 1e-5 * n);
+}
+
+// AdamW with grad_scale (the trainer's clipping without a pass over the gradients) gives the bits
+// of clip_grad_norm's scaled gradients followed by a plain step.
+TEST(AdamW, GradScaleIsClippingTheGradientsFirst) {
+  test::Case c = test::load_case("llama");
+  test::GradRun a = test::run_grad(c, nullptr);
+  auto layout = ParamLayout::for_model(c.config, &c.weights);
+  auto p0 = FlatTensors::from_tensor_map(layout, c.weights);
+  ASSERT_TRUE(p0.ok());
+  AdamWConfig ac;
+  ac.weight_decay = 0.1;
+  const double norm = global_grad_norm(a.grads);
+  const double max_norm = norm / 3;
+  const float coef = static_cast<float>(max_norm / (norm + 1e-6));
+  FlatTensors clipped = a.grads;
+  clip_grad_norm(clipped, max_norm);
+  FlatTensors want = *p0, got = *p0;
+  AdamW first(layout, ac), second(layout, ac);
+  ThreadPool pool(2);
+  for (int k = 0; k < 3; ++k) {
+    first.step(want, clipped, 1e-3, nullptr, &pool);
+    second.step(got, a.grads, 1e-3, nullptr, &pool, coef);
+  }
+  EXPECT_EQ(0, std::memcmp(want.all().data(), got.all().data(), want.all().size() * 4));
+  EXPECT_EQ(0, std::memcmp(first.exp_avg_sq().all().data(), second.exp_avg_sq().all().data(),
+                           want.all().size() * 4));
+  FlatTensors unscaled = *p0;
+  AdamW third(layout, ac);
+  third.step(unscaled, a.grads, 1e-3, nullptr, &pool);
+  EXPECT_NE(0, std::memcmp(unscaled.all().data(), got.all().data(), want.all().size() * 4));
 }
 
 }  // namespace

@@ -49,7 +49,8 @@ AdamW::AdamW(std::shared_ptr<const ParamLayout> layout, AdamWConfig config)
     : config_(config), m_(layout), v_(layout) {}
 
 void AdamW::step(FlatTensors& params, const FlatTensors& grads, double lr,
-                 const std::vector<bool>* only, ThreadPool* pool) {
+                 const std::vector<bool>* only, ThreadPool* pool, float grad_scale) {
+  const bool scaled = grad_scale != 1.0f;
   ++step_;
   const double bc1 = 1.0 - std::pow(config_.beta1, static_cast<double>(step_));
   const double bc2 = 1.0 - std::pow(config_.beta2, static_cast<double>(step_));
@@ -84,10 +85,11 @@ void AdamW::step(FlatTensors& params, const FlatTensors& grads, double lr,
     const __m256 vdecay = _mm256_set1_ps(decay), vb1 = _mm256_set1_ps(one_minus_b1),
                  vb2 = _mm256_set1_ps(b2), v1b2 = _mm256_set1_ps(one_minus_b2),
                  vbc2 = _mm256_set1_ps(bc2_sqrt), veps = _mm256_set1_ps(eps),
-                 vstep = _mm256_set1_ps(step_size);
+                 vstep = _mm256_set1_ps(step_size), vscale = _mm256_set1_ps(grad_scale);
     for (; i + 8 <= end; i += 8) {
       __m256 pi = _mm256_loadu_ps(p + i);
-      const __m256 gi = _mm256_loadu_ps(g + i);
+      __m256 gi = _mm256_loadu_ps(g + i);
+      if (scaled) gi = _mm256_mul_ps(gi, vscale);
       if (wd != 0.0) pi = _mm256_mul_ps(pi, vdecay);
       __m256 mi = _mm256_loadu_ps(m + i);
       mi = _mm256_add_ps(mi, _mm256_mul_ps(vb1, _mm256_sub_ps(gi, mi)));
@@ -101,9 +103,10 @@ void AdamW::step(FlatTensors& params, const FlatTensors& grads, double lr,
     }
 #endif
     for (; i < end; ++i) {
+      const float gi = scaled ? g[i] * grad_scale : g[i];
       if (wd != 0.0) p[i] = p[i] * decay;
-      m[i] = m[i] + one_minus_b1 * (g[i] - m[i]);
-      v[i] = v[i] * b2 + one_minus_b2 * (g[i] * g[i]);
+      m[i] = m[i] + one_minus_b1 * (gi - m[i]);
+      v[i] = v[i] * b2 + one_minus_b2 * (gi * gi);
       const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
       p[i] = p[i] - step_size * (m[i] / denom);
     }

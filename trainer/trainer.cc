@@ -300,20 +300,13 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
   StepResult r;
   r.grad_norm = owned_grad_norm(acc, pp);
   if (r.grad_norm < 0) return Status::Error("pipeline group: gathering the gradient norm failed");
+  // Clipping: AdamW reads every gradient times c (clip_grad_norm's coefficient and rounding).
   const double max_norm = tc_.optimizer.clip_grad_norm;
-  if (max_norm > 0 && max_norm / (r.grad_norm + 1e-6) < 1.0) {
-    const float c = static_cast<float>(max_norm / (r.grad_norm + 1e-6));
-    std::span<float> all = acc.grads.all();
-    constexpr int64_t kSlice = int64_t{1} << 18;  // element-wise: any split gives the same bits
-    const int64_t n = static_cast<int64_t>(all.size());
-    parallel_for(pool_, (n + kSlice - 1) / kSlice, [&](int64_t b) {
-      float* g = all.data() + b * kSlice;
-      const int64_t len = std::min(kSlice, n - b * kSlice);
-      for (int64_t i = 0; i < len; ++i) g[i] = g[i] * c;
-    });
-  }
+  float clip = 1.0f;
+  if (max_norm > 0 && max_norm / (r.grad_norm + 1e-6) < 1.0)
+    clip = static_cast<float>(max_norm / (r.grad_norm + 1e-6));
   r.lr = tc_.lr.at(opt_->steps());
-  opt_->step(params_, acc.grads, r.lr, &owned_, pool_);
+  opt_->step(params_, acc.grads, r.lr, &owned_, pool_, clip);
   MILES_RETURN_IF_ERROR(reload_model());
   r.step = opt_->steps();
   r.loss = acc.loss;

@@ -55,8 +55,11 @@ class AdamW {
   // p ← p − lr / (1 − β1^t) · m / (√v / √(1 − β2^t) + eps)).
   // `only` (optional, per tensor in layout order): update just those tensors (a pipeline stage's).
   // Element-wise, so slices run across `pool` (optional) with identical results.
+  // grad_scale ≠ 1 (gradient clipping): every g is read as g · grad_scale (one float multiply), the
+  // bits of scaling the gradients first without the pass over them.
   void step(FlatTensors& params, const FlatTensors& grads, double lr,
-            const std::vector<bool>* only = nullptr, ThreadPool* pool = nullptr);
+            const std::vector<bool>* only = nullptr, ThreadPool* pool = nullptr,
+            float grad_scale = 1.0f);
   int64_t steps() const { return step_; }
   const AdamWConfig& config() const { return config_; }
   // State for checkpoints.

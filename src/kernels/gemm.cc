@@ -90,6 +90,18 @@ void add_into(float* a, const float* b, int64_t n) {
   for (; i < n; ++i) a[i] = a[i] + b[i];
 }
 
+// Asks for the cache lines of cols floats at p (a hint: never changes a result).
+inline void prefetch_row(const float* p, int64_t cols) {
+#if defined(__AVX__)
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < cols * 4; b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
+  _mm_prefetch(c + cols * 4 - 1, _MM_HINT_T0);
+#else
+  (void)p;
+  (void)cols;
+#endif
+}
+
 // One output row of a panel (a library memmove call per 32 floats costs more than the copy),
 // folded into the lefts at the same offset (gemm_xt's contract) when there are any.
 void store_row(const float* src, int64_t cols, float* dst, GemmLefts lefts, int64_t offset) {
@@ -200,6 +212,10 @@ void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMa
   for (int64_t r = 0; r < rows; r += kern.rows) {
     const int tr = static_cast<int>(std::min<int64_t>(kern.rows, rows - r));
     const float* a_tile = a_packed + ((row0 + r) / kern.rows) * k * kern.rows;
+    // The lefts' rows of this tile come from memory (partial sums of whole gradients): ask for
+    // them now, so that they arrive while the tile computes.
+    for (const float* l : lefts)
+      for (int i = 0; i < tr; ++i) prefetch_row(l + (row0 + r + i) * ldy + col0, cols);
     int64_t top = 0, c = 0;  // stack height; next chunk
     for (const int8_t step : steps) {
       if (step != kMerge) {
