@@ -31,15 +31,16 @@ class ThreadPool {
 
  private:
   void worker_loop();
-  void run_items();
+  void run_items(const std::function<void(int64_t)>* fn, int64_t n);
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable wake_, done_;
   const std::function<void(int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
-  int64_t next_ = 0;
-  // Written under mu_; atomic so that the spinning waits may read them without it.
+  // Items are claimed and counted without the lock (fetch_add); reset under mu_ between
+  // generations, when no worker is inside run_items.
+  std::atomic<int64_t> next_{0};
   std::atomic<int64_t> finished_{0};
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> active_{0};

@@ -1,8 +1,8 @@
-// ThreadPool: each parallel_for is a generation whose items are claimed one at a time under the lock
-// (items are coarse: a GEMM panel, an attention head row). Between generations a worker first spins
-// briefly on the generation counter, then sleeps on a condition variable: a forward calls
-// parallel_for hundreds of times with items of a few microseconds, and waking a sleeping thread
-// costs about as much as such an item (measured ~11 us on the 2-core CI machine).
+// ThreadPool: each parallel_for is a generation whose items are claimed one at a time with an
+// atomic counter (items are coarse: a GEMM panel, an attention head row). Between generations a
+// worker first spins briefly on the generation counter, then sleeps on a condition variable: a
+// forward calls parallel_for hundreds of times with items of a few microseconds, and waking a
+// sleeping thread costs about as much as such an item (measured ~11 us on the 2-core CI machine).
 #include "miles/thread_pool.h"
 
 #include <chrono>
@@ -48,26 +48,22 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::run_items() {
+void ThreadPool::run_items(const std::function<void(int64_t)>* fn, int64_t n) {
   for (;;) {
-    int64_t i;
-    const std::function<void(int64_t)>* fn;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (next_ >= n_) return;
-      i = next_++;
-      fn = fn_;
-    }
+    const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
+    if (i >= n) return;
     (*fn)(i);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (++finished_ == n_) done_.notify_all();
+    if (finished_.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
+      std::lock_guard<std::mutex> lock(mu_);  // a waiter checks under mu_: no lost wake-up
+      done_.notify_all();
     }
   }
 }
 
 void ThreadPool::worker_loop() {
   uint64_t seen = 0;
+  const std::function<void(int64_t)>* fn = nullptr;
+  int64_t n = 0;
   for (;;) {
     spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; }, kWorkerSpin);
     {
@@ -75,9 +71,15 @@ void ThreadPool::worker_loop() {
       wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
       if (stop_) return;
       seen = generation_;
+      // A generation is open from its start until its caller, having seen every item finished and
+      // no worker active, clears fn_ (all under mu_). A worker arriving after that must not run:
+      // the caller may already be resetting the counters for the next one.
+      if (fn_ == nullptr) continue;
       ++active_;
+      fn = fn_;
+      n = n_;
     }
-    run_items();
+    run_items(fn, n);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (--active_ == 0) done_.notify_all();
@@ -96,7 +98,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t)>& fn)
     ++generation_;
   }
   wake_.notify_all();
-  run_items();
+  run_items(&fn, n);
   spin_until([&] { return finished_.load(std::memory_order_acquire) == n && active_.load() == 0; },
              kCallerSpin);
   std::unique_lock<std::mutex> lock(mu_);
