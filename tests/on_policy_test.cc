@@ -100,7 +100,9 @@ TEST_P(OnPolicy, TrainerLogprobsEqualRolloutBitForBitAndStepZeroIsExact) {
         }
       }
       EXPECT_EQ(equal, tokens) << "replay " << replay << ": logprobs differing from the rollout's";
-      if (moe) EXPECT_EQ(experts_equal, experts) << "replay " << replay;
+      if (moe) {
+        EXPECT_EQ(experts_equal, experts) << "replay " << replay;
+      }
     }
     // PPO step 0 with old = rollout logprobs: ratio exactly 1 everywhere.
     std::vector<float> rewards;

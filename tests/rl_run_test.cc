@@ -387,8 +387,12 @@ TEST(RlRun, AsyncKeepsTheStalenessBoundThroughPartialRollouts) {
       EXPECT_EQ(s["samples"], 32) << mode;
       EXPECT_LE(s["staleness_max"].get<double>(), 1.0) << mode << " " << s.dump();
       partial += s["multi_version_samples"].get<int64_t>();
-      if (std::string(mode) == "in_place") EXPECT_EQ(s["groups_stale_dropped"], 0) << s.dump();
-      if (std::string(mode) != "abort") EXPECT_EQ(s["continued_samples"], 0) << mode;
+      if (std::string(mode) == "in_place") {
+        EXPECT_EQ(s["groups_stale_dropped"], 0) << s.dump();
+      }
+      if (std::string(mode) != "abort") {
+        EXPECT_EQ(s["continued_samples"], 0) << mode;
+      }
     }
   }
   EXPECT_GT(partial, 0) << "no sample crossed a weight update in 15 async steps";
@@ -592,8 +596,9 @@ TEST(RlRun, CommandRewardWithOverSamplingAndZeroVarianceFilter) {
     EXPECT_EQ(s["reward_errors"], 0.0) << s.dump();
     EXPECT_GE(s["groups_launched"].get<int64_t>(), 6);
     EXPECT_EQ(s["reward_mean"], s["reward_dog_mean"]);
-    if (!s["filled_with_filtered"].get<bool>())  // every group kept has signal
+    if (!s["filled_with_filtered"].get<bool>()) {  // every group kept has signal
       EXPECT_GT(s["reward_std"].get<double>(), 0.0) << s.dump();
+    }
   }
 }
 
