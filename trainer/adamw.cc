@@ -34,14 +34,17 @@ double global_grad_norm(const FlatTensors& grads) {
   return std::sqrt(total);
 }
 
+float clip_scale(double norm, double max_norm) {
+  if (max_norm <= 0) return 1.0f;
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+}
+
 double clip_grad_norm(FlatTensors& grads, double max_norm) {
   const double norm = global_grad_norm(grads);
-  if (max_norm <= 0) return norm;
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    const float c = static_cast<float>(coef);
+  const float c = clip_scale(norm, max_norm);
+  if (c != 1.0f)
     for (float& g : grads.all()) g = g * c;
-  }
   return norm;
 }
 

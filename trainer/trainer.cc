@@ -300,13 +300,10 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
   StepResult r;
   r.grad_norm = owned_grad_norm(acc, pp);
   if (r.grad_norm < 0) return Status::Error("pipeline group: gathering the gradient norm failed");
-  // Clipping: AdamW reads every gradient times c (clip_grad_norm's coefficient and rounding).
-  const double max_norm = tc_.optimizer.clip_grad_norm;
-  float clip = 1.0f;
-  if (max_norm > 0 && max_norm / (r.grad_norm + 1e-6) < 1.0)
-    clip = static_cast<float>(max_norm / (r.grad_norm + 1e-6));
+  // Clipping: AdamW reads every gradient times clip_grad_norm's factor.
   r.lr = tc_.lr.at(opt_->steps());
-  opt_->step(params_, acc.grads, r.lr, &owned_, pool_, clip);
+  opt_->step(params_, acc.grads, r.lr, &owned_, pool_,
+             clip_scale(r.grad_norm, tc_.optimizer.clip_grad_norm));
   MILES_RETURN_IF_ERROR(reload_model());
   r.step = opt_->steps();
   r.loss = acc.loss;

@@ -46,6 +46,9 @@ double global_grad_norm(const FlatTensors& grads);
 // Scales grads by max_norm / (norm + 1e-6) when that is below 1 (torch's clip_grad_norm_). Returns
 // the norm before clipping.
 double clip_grad_norm(FlatTensors& grads, double max_norm);
+// The factor clip_grad_norm multiplies every gradient by (1 when max_norm <= 0 or the norm is
+// within it): what the trainer hands AdamW as grad_scale instead of scaling the gradients.
+float clip_scale(double norm, double max_norm);
 
 class AdamW {
  public:

@@ -200,10 +200,7 @@ Result<Breakdown> measure_breakdown(Trainer& tr, std::span<const TrainSample> ba
     }
   }
   auto t0 = Clock::now();
-  const double norm = global_grad_norm(acc), max_norm = tr.config().optimizer.clip_grad_norm;
-  const float clip = max_norm > 0 && max_norm / (norm + 1e-6) < 1.0
-                         ? static_cast<float>(max_norm / (norm + 1e-6))
-                         : 1.0f;
+  const float clip = clip_scale(global_grad_norm(acc), tr.config().optimizer.clip_grad_norm);
   tr.optimizer().step(tr.mutable_params(), acc, lr, nullptr, pool, clip);  // as Trainer::step
   b.optimizer = seconds_since(t0);
   t0 = Clock::now();
