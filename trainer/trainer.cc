@@ -12,6 +12,7 @@
 #include "miles/logprob.h"
 #include "miles/tensor_parallel.h"
 #include "miles/thread_pool.h"
+#include "model/grad_sink.h"
 #include "trainer/trainer_internal.h"
 
 namespace miles {
@@ -200,14 +201,8 @@ Status Trainer::reduce_across_stages(MicroResult& acc, Communicator* pp) {
     }
   }
   if (tied && (stage_.first() || stage_.last())) {  // embedding = scatter share + head share
-    std::span<float> embed = acc.grads.get("model.embed_tokens.weight");
-    const float* head = acc.tied_head.data();
-    constexpr int64_t kSlice = int64_t{1} << 18;  // element-wise: any split gives the same bits
-    const int64_t n = static_cast<int64_t>(embed.size());
-    parallel_for(pool_, (n + kSlice - 1) / kSlice, [&](int64_t b) {
-      const int64_t end = std::min(n, (b + 1) * kSlice);
-      for (int64_t i = b * kSlice; i < end; ++i) embed[i] = embed[i] + head[i];
-    });
+    const std::span<float> embed[] = {acc.grads.get("model.embed_tokens.weight")};
+    GradSink::fold_buffer(acc.tied_head, embed, pool_);  // embed = embed + head, element-wise
   }
   return Status::Ok();
 }
