@@ -78,9 +78,11 @@ class PackedMatrix {
                          ThreadPool* pool);
 
  private:
+  void zero_padding_lanes();  // the last panel's lanes past n_ (rows that do not exist) = 0
+
   int64_t n_ = 0, k_ = 0;
   int64_t chunk_ = 0;  // 0: gemm_chunk(k_)
-  std::vector<float> data_;  // (num_panels, K, kPanel)
+  std::vector<float> data_;  // (num_panels, K, kPanel) first (reused storage may be longer)
 };
 
 // y[M, N] = x[M, K] · Wᵀ. x row stride lda (>= K), y row stride ldy (>= N).

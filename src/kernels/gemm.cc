@@ -205,17 +205,26 @@ void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMa
   const int64_t slot = kern.rows * kPanel;  // one partial: [tile rows][kPanel]
   int64_t depth = 2;  // the schedule never holds more than ceil(log2(chunks)) + 1 partials
   for (int64_t x = 1; x < chunks; x <<= 1) ++depth;
-  stack.resize(static_cast<size_t>(depth * slot));
+  if (stack.size() < static_cast<size_t>(depth * slot)) stack.resize(depth * slot);  // grows only
   const float* b = w.panel(panel);
   const int64_t col0 = panel * kPanel;
   const int64_t cols = std::min(kPanel, w.n() - col0);
+  const auto prefetch_tile = [&](int64_t r) {
+    const int64_t n = std::min<int64_t>(kern.rows, rows - r);
+    if (lefts.empty()) {
+      for (int64_t i = 0; i < n; ++i) prefetch_row(y + (row0 + r + i) * ldy + col0, cols);
+    } else {
+      for (const float* l : lefts)
+        for (int64_t i = 0; i < n; ++i) prefetch_row(l + (row0 + r + i) * ldy + col0, cols);
+    }
+  };
   for (int64_t r = 0; r < rows; r += kern.rows) {
     const int tr = static_cast<int>(std::min<int64_t>(kern.rows, rows - r));
     const float* a_tile = a_packed + ((row0 + r) / kern.rows) * k * kern.rows;
-    // The lefts' rows of this tile come from memory (partial sums of whole gradients): ask for
-    // them now, so that they arrive while the tile computes.
-    for (const float* l : lefts)
-      for (int i = 0; i < tr; ++i) prefetch_row(l + (row0 + r + i) * ldy + col0, cols);
+    // The rows this tile stores to (and folds from: partial sums of whole gradients) are in
+    // memory, not cache, for a large output: ask for them now, so that they arrive while the tile
+    // computes instead of stalling its stores.
+    prefetch_tile(r);
     int64_t top = 0, c = 0;  // stack height; next chunk
     for (const int8_t step : steps) {
       if (step != kMerge) {
@@ -250,7 +259,9 @@ void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, GemmLe
   // Packing only moves values: every output element keeps its fma chain.
   thread_local std::vector<float> a_packed;
   const int64_t tiles = (m + kern.rows - 1) / kern.rows;
-  a_packed.resize(static_cast<size_t>(tiles * w.k() * kern.rows));
+  // Grows only: shrinking and growing back would zero-fill what packing overwrites anyway.
+  if (a_packed.size() < static_cast<size_t>(tiles * w.k() * kern.rows))
+    a_packed.resize(tiles * w.k() * kern.rows);
   // Small products run on the calling thread: waking workers costs more than they save — unless the
   // weights are large enough that streaming them from memory (a decode step's GEMV) is what takes
   // the time. (Threads never change results, so this is purely a speed choice.)

@@ -54,12 +54,23 @@ void PackedMatrix::assign_rows(const std::vector<const Tensor*>& parts) {
     MILES_CHECK(t->ndim() == 2 && t->dim(1) == k_, "stacked matrices must share K");
     n_ += t->dim(0);
   }
-  data_.assign(static_cast<size_t>(num_panels() * k_ * kPanel), 0.0f);  // keeps the capacity
+  // Every lane of rows < n_ is written by the scatter; only the last panel's lanes past n_ are
+  // zeroed (no fill of the whole matrix before it is overwritten; the capacity is kept).
+  data_.resize(static_cast<size_t>(num_panels() * k_ * kPanel));
   int64_t row = 0;
   for (const Tensor* t : parts) {
     scatter_tensor(data_, k_, row, *t);
     row += t->dim(0);
   }
+  zero_padding_lanes();
+}
+
+void PackedMatrix::zero_padding_lanes() {
+  const int64_t used = n_ - (num_panels() - 1) * kPanel;  // lanes of the last panel in use
+  if (n_ == 0 || used == kPanel) return;
+  float* last = data_.data() + (num_panels() - 1) * k_ * kPanel;
+  for (int64_t kk = 0; kk < k_; ++kk)
+    std::fill(last + kk * kPanel + used, last + (kk + 1) * kPanel, 0.0f);
 }
 
 PackedMatrix PackedMatrix::pack_rows(const std::vector<const Tensor*>& parts) {
@@ -92,7 +103,7 @@ void PackedMatrix::transpose_into(PackedMatrix& t) const {
   t.n_ = k_;
   t.k_ = n_;
   t.chunk_ = 0;
-  t.data_.assign(static_cast<size_t>(t.num_panels() * t.k_ * kPanel), 0.0f);
+  t.data_.resize(static_cast<size_t>(t.num_panels() * t.k_ * kPanel));  // all lanes < t.n_ written
   // kPanel × kPanel tiles: input panel ip holds columns n = ip·kPanel + a, output panel op holds
   // rows kk = op·kPanel + b; element (n, kk) goes to t's panel op, row n, lane b.
   for (int64_t ip = 0; ip < num_panels(); ++ip) {
@@ -105,6 +116,7 @@ void PackedMatrix::transpose_into(PackedMatrix& t) const {
         for (int64_t b = 0; b < kw; ++b) dst[a * kPanel + b] = src[(op * kPanel + b) * kPanel + a];
     }
   }
+  t.zero_padding_lanes();
 }
 
 void PackedMatrix::assign_transposed(const float* a, int64_t rows, int64_t cols, int64_t lda,
@@ -112,7 +124,9 @@ void PackedMatrix::assign_transposed(const float* a, int64_t rows, int64_t cols,
   n_ = cols;
   k_ = rows;
   chunk_ = 0;
-  data_.resize(static_cast<size_t>(num_panels() * k_ * kPanel));  // every element written below
+  // Every element is written below; the buffer only grows (a growth would zero-fill first).
+  const size_t need = static_cast<size_t>(num_panels() * k_ * kPanel);
+  if (data_.size() < need) data_.resize(need);
   parallel_for(pool, num_panels(), [&](int64_t p) {
     const int64_t c0 = p * kPanel, width = std::min(kPanel, cols - c0);
     float* dst = data_.data() + p * rows * kPanel;
