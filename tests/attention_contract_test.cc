@@ -13,6 +13,7 @@
 #include "kernels/backward.h"
 #include "kernels/exp.h"
 #include "miles/kernels.h"
+#include "miles/thread_pool.h"
 #include "random_vec.h"
 
 namespace miles::kernels {
@@ -209,6 +210,56 @@ TEST(AttentionContract, BackwardForEveryGroupSize) {
     EXPECT_TRUE(same_bits(got.dq, want.dq)) << "dq, " << what;
     EXPECT_TRUE(same_bits(got.dk, want.dk)) << "dk, " << what;
     EXPECT_TRUE(same_bits(got.dv, want.dv)) << "dv, " << what;
+  }
+}
+
+// The batched backward over the pool: sequences of a packed batch, one long enough that its
+// query blocks' P and dS take two windows (the window boundary inside one kv head), each equal to
+// the contract whatever the thread count.
+TEST(AttentionContract, BatchedBackwardOverThreadsAndWindows) {
+  const int64_t heads = 6, kvh = 2, hd = 8, ldq = heads * hd, ldkv = kvh * hd;
+  const std::vector<int64_t> lens = {70, 1, 1100, 129};
+  int64_t total = 0;
+  for (const int64_t t : lens) total += t;
+  auto q = random_vec(total * ldq, 41), k = random_vec(total * ldkv, 42),
+       v = random_vec(total * ldkv, 43), d_out = random_vec(total * ldq, 44);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<Grads> want;
+  for (int64_t s = 0, off = 0; s < static_cast<int64_t>(lens.size()); off += lens[s++]) {
+    const int64_t t = lens[s];
+    auto part = [&](const std::vector<float>& x, int64_t ld) {
+      return std::vector<float>(x.begin() + off * ld, x.begin() + (off + t) * ld);
+    };
+    want.push_back(backward_contract(part(q, ldq), part(k, ldkv), part(v, ldkv), part(d_out, ldq),
+                                     Shape{heads, kvh, hd, t}, scale));
+  }
+  for (const int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    Grads got{std::vector<float>(total * ldq, 7.0f), std::vector<float>(total * ldkv, 7.0f),
+              std::vector<float>(total * ldkv, 7.0f)};
+    std::vector<AttentionSeq> seqs;
+    for (int64_t s = 0, off = 0; s < static_cast<int64_t>(lens.size()); off += lens[s++])
+      seqs.push_back({q.data() + off * ldq, k.data() + off * ldkv, v.data() + off * ldkv,
+                      d_out.data() + off * ldq, got.dq.data() + off * ldq,
+                      got.dk.data() + off * ldkv, got.dv.data() + off * ldkv, lens[s]});
+    attention_backward_batch(seqs, ldq, ldkv, heads, kvh, hd, scale, threads > 1 ? &pool : nullptr);
+    for (int64_t s = 0, off = 0; s < static_cast<int64_t>(lens.size()); off += lens[s++]) {
+      const int64_t t = lens[s];
+      const std::string what =
+          "sequence " + std::to_string(s) + ", threads " + std::to_string(threads);
+      EXPECT_TRUE(same_bits(
+          std::vector<float>(got.dq.begin() + off * ldq, got.dq.begin() + (off + t) * ldq),
+          want[s].dq))
+          << "dq, " << what;
+      EXPECT_TRUE(same_bits(
+          std::vector<float>(got.dk.begin() + off * ldkv, got.dk.begin() + (off + t) * ldkv),
+          want[s].dk))
+          << "dk, " << what;
+      EXPECT_TRUE(same_bits(
+          std::vector<float>(got.dv.begin() + off * ldkv, got.dv.begin() + (off + t) * ldkv),
+          want[s].dv))
+          << "dv, " << what;
+    }
   }
 }
 

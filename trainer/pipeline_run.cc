@@ -12,9 +12,9 @@ using trainer_detail::Packed;
 // What a micro-batch keeps between its forward and its backward on this stage.
 struct PipelineRun::InFlight {
   Packed packed;
-  ForwardTape tape;
-  std::vector<float> dlogits;  // last stage
-  TokenLoss loss;              // last stage
+  std::unique_ptr<ForwardTape> tape;  // from the trainer's spares, handed back after the backward
+  std::vector<float> dlogits;         // last stage
+  TokenLoss loss;                     // last stage
 };
 
 namespace {
@@ -47,7 +47,8 @@ Status PipelineRun::forward(int64_t mb) {
   const int64_t t = f->packed.tokens.size();
   std::vector<float> input;
   ForwardOptions opt;
-  opt.tape = &f->tape;
+  f->tape = t_.take_tape();
+  opt.tape = f->tape.get();
   opt.forced_experts = f->packed.forced;
   opt.layer_begin = st.layer_begin;
   opt.layer_end = st.layer_end;
@@ -109,7 +110,8 @@ Result<Trainer::MicroResult> PipelineRun::backward(int64_t mb,
     r.tokens = f->packed.rows.size();
     r.sums = std::move(f->loss.sums);
   }
-  MILES_RETURN_IF_ERROR(t_.model_->backward(f->tape, d_out, r.grads, t_.pool_, io));
+  MILES_RETURN_IF_ERROR(t_.model_->backward(*f->tape, d_out, r.grads, t_.pool_, io));
+  t_.recycle(std::move(f->tape));
   r.folded = !lefts.empty();
   if (!st.first()) {
     send_buffers_.push_back(std::move(d_in));

@@ -108,9 +108,9 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   const Packed p = pack(batch, first, count, replay);
   if (device_model_) return device_micro_step(p, objective);  // the tree folds its result
   auto kv = model_->make_kv_cache();
-  ForwardTape tape;
+  std::unique_ptr<ForwardTape> tape = take_tape();
   ForwardOptions opt;
-  opt.tape = &tape;
+  opt.tape = tape.get();
   opt.forced_experts = p.forced;
   opt.tp = tp();
   MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(p.tokens, p.seqs, *kv, opt, pool_));
@@ -126,7 +126,8 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   io.tied_head_grad = r.tied_head;
   io.tp = tp();
   trainer_detail::fold_targets(lefts, io.fold, io.tied_fold);
-  MILES_RETURN_IF_ERROR(model_->backward(tape, head.dlogits, r.grads, pool_, io));
+  MILES_RETURN_IF_ERROR(model_->backward(*tape, head.dlogits, r.grads, pool_, io));
+  recycle(std::move(tape));
   r.folded = !lefts.empty();
   return r;
 }

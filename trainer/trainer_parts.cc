@@ -217,6 +217,17 @@ Trainer::MicroResult Trainer::empty_result() {
   return r;
 }
 
+std::unique_ptr<ForwardTape> Trainer::take_tape() {
+  if (spare_tapes_.empty()) return std::make_unique<ForwardTape>();
+  std::unique_ptr<ForwardTape> t = std::move(spare_tapes_.back());
+  spare_tapes_.pop_back();
+  return t;
+}
+
+void Trainer::recycle(std::unique_ptr<ForwardTape> tape) {
+  if (tape) spare_tapes_.push_back(std::move(tape));
+}
+
 void Trainer::recycle(MicroResult&& r) {
   if (r.grads.all().empty()) return;
   spare_grads_.push_back(std::move(r.grads));

@@ -174,6 +174,9 @@ class Trainer {
                                         const TokenObjective& objective);
   MicroResult empty_result();     // gradient buffers, reused from spare_* when possible
   void recycle(MicroResult&& r);  // keeps r's buffers for a later micro-batch
+  // A forward tape whose activation buffers are reused (no fresh pages per micro-batch).
+  std::unique_ptr<ForwardTape> take_tape();
+  void recycle(std::unique_ptr<ForwardTape> tape);
   Status reduce_across_stages(MicroResult& acc, Communicator* pp);
   double owned_grad_norm(const MicroResult& acc, Communicator* pp);
 
@@ -195,6 +198,7 @@ class Trainer {
   std::vector<bool> owned_;                     // (tensors) this stage computes and updates them
   std::vector<FlatTensors> spare_grads_;        // consumed micro-batch gradient buffers
   std::vector<std::vector<float>> spare_tied_;  // and their tied-head shares
+  std::vector<std::unique_ptr<ForwardTape>> spare_tapes_;  // tapes of finished backwards
 };
 
 // SFT: token-mean negative log-likelihood over the step's loss-masked tokens, `total_tokens` of

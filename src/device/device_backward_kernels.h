@@ -152,10 +152,10 @@ struct EmbedBackwardKernel {
   }
 };
 
-// One sequence's causal attention backward, phase 1 (kernels::attention_backward_kv_head's first
-// phase): for query i and head h, the probabilities p_ij (recomputed, two-pass softmax), dS_ij =
-// p_ij (dp_ij − Σ p dp) · scale, kept in p[h][i][j] and ds[h][i][j] (j <= i), and dq_i. Items:
-// every sequence's (head, query) pairs, item = seq_item0[s] + h * n_s + i.
+// One sequence's causal attention backward, phase 1 (block_phase1 in attention_backward.cc): for
+// query i and head h, the probabilities p_ij (recomputed, two-pass softmax), dS_ij = p_ij (dp_ij −
+// Σ p dp) · scale, kept in p[h][i][j] and ds[h][i][j] (j <= i), and dq_i. Items: every sequence's
+// (head, query) pairs, item = seq_item0[s] + h * n_s + i.
 struct AttnBackwardRowsKernel {
   const float* qkv;  // the forward's rows after q/k norm and RoPE, stride ld
   int64_t ld, q_dim, kv_dim, heads, kv_heads, head_dim;

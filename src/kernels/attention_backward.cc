@@ -1,5 +1,7 @@
-// Backward of causal attention (backward.h), one (sequence, kv head) at a time, in blocks of
-// kQueryBlock queries.
+// Backward of causal attention (backward.h) per (sequence, kv head), in blocks of kQueryBlock
+// queries. Phase 1 of every block of a window of blocks runs first (one work item per block), then
+// phase 2 over runs of keys (one work item per run), so the work spreads over more threads than
+// there are kv heads; a window holds as many blocks' P and dS as kMaxKeptFloats allows.
 //
 // Phase 1, per query head h of the group and query i of the block: the scores p_ij = q_i · k_j are
 // the contract's dot (one fma chain over the head dimension from 0, for head_dim <= kGemmChunk),
@@ -11,7 +13,8 @@
 // above.
 // Phase 2, per key j up to the block's last query: dk_j += Σ ds_ij q_i and dv_j += Σ p_ij d_out_i
 // over the block's (head, query) pairs in ascending (head, query) order, accumulated in registers,
-// four keys at a time sharing the loads of the q and d_out rows (key_lanes).
+// four keys at a time sharing the loads of the q and d_out rows (key_lanes); a key's blocks are
+// taken in ascending order (within a window by its run's item, windows one after another).
 // So dk / dv sum over (query block, head, query) in that order; every sum's order is fixed by the
 // sequence alone (not the thread count, the batch or the layout).
 #include <algorithm>
@@ -23,6 +26,7 @@
 #include "kernels/backward.h"
 #include "kernels/exp.h"
 #include "kernels/reduce.h"
+#include "miles/thread_pool.h"
 
 namespace miles::kernels {
 
@@ -96,96 +100,190 @@ using detail::dots_transposed_lanes;
 using detail::fma_rows_lanes;
 using detail::transpose_rows;
 
-void attention_backward_kv_head(const float* q, const float* k, const float* v, int64_t ldq,
-                                int64_t ldkv, const float* d_out, int64_t t, int64_t heads,
-                                int64_t kv_heads, int64_t head_dim, float scale, int64_t kh,
-                                float* dq, float* dk, float* dv) {
-  MILES_CHECK(heads % kv_heads == 0);
-  const int64_t group = heads / kv_heads, hd = head_dim;
-  for (int64_t i = 0; i < t; ++i) {
-    std::fill(dk + i * ldkv + kh * hd, dk + i * ldkv + (kh + 1) * hd, 0.0f);
-    std::fill(dv + i * ldkv + kh * hd, dv + i * ldkv + (kh + 1) * hd, 0.0f);
-  }
-  const bool simd = hd <= kGemmChunk;  // one chain per dot; longer heads take the scalar dot
-  const int64_t ldt = (t + 7) / 8 * 8;
+namespace {
+
+// One (sequence, kv head): its K and V transposed for the lanes, its k rows, and where its
+// sequence's rows are.
+struct HeadWork {
+  const AttentionSeq* seq;
+  int64_t kh;
   std::vector<float> kt, vt;
-  if (simd) {
-    transpose_rows(k + kh * hd, ldkv, t, hd, ldt, kt);
-    transpose_rows(v + kh * hd, ldkv, t, hd, ldt, vt);
+  std::vector<const float*> k_rows;
+};
+
+// The shape every (sequence, kv head) shares.
+struct Shape {
+  int64_t ldq, ldkv, heads, kv_heads, hd, group;
+  float scale;
+  bool simd;  // one chain per dot (head_dim <= kGemmChunk); longer heads take the scalar dot
+};
+
+void prepare(const Shape& sh, HeadWork& w) {
+  const AttentionSeq& s = *w.seq;
+  const int64_t t = s.t, hd = sh.hd, kh = w.kh;
+  for (int64_t i = 0; i < t; ++i) {
+    std::fill(s.dk + i * sh.ldkv + kh * hd, s.dk + i * sh.ldkv + (kh + 1) * hd, 0.0f);
+    std::fill(s.dv + i * sh.ldkv + kh * hd, s.dv + i * sh.ldkv + (kh + 1) * hd, 0.0f);
   }
-  std::vector<const float*> k_rows(static_cast<size_t>(t));
-  for (int64_t j = 0; j < t; ++j) k_rows[j] = k + j * ldkv + kh * hd;
-  const int64_t qb = std::min(kQueryBlock, t);
-  // P and dS of the block: [head of the group][query of the block][key], keys < the block's end.
-  std::vector<float> pb(static_cast<size_t>(group * qb * t)), dsb(pb.size());
-  std::vector<float> dp(static_cast<size_t>(detail::kMaxLanes * ldt));
-  for (int64_t i0 = 0; i0 < t; i0 += qb) {
-    const int64_t i1 = std::min(t, i0 + qb);
-    // Per query, the group's heads a few at a time: their dots and dq rows share the K, V loads.
-    for (int64_t i = i0; i < i1; ++i) {
-      detail::for_lane_chunks(group, [&]<int L>(int64_t g0) {
-        const float *qi[L], *doi[L], *dsl[L];
-        float *p[L], *ds[L], *dpl[L], *dqi[L];
-        for (int l = 0; l < L; ++l) {
-          const int64_t g = g0 + l, h = kh * group + g;
-          qi[l] = q + i * ldq + h * hd;
-          doi[l] = d_out + (i * heads + h) * hd;
-          p[l] = pb.data() + (g * qb + (i - i0)) * t;
-          ds[l] = dsb.data() + (g * qb + (i - i0)) * t;
-          dsl[l] = ds[l];
-          dpl[l] = dp.data() + l * ldt;
-          dqi[l] = dq + i * ldq + h * hd;
-        }
-        if (simd) {
-          dots_transposed_lanes<L>(qi, kt.data(), ldt, hd, i + 1, p);
-          dots_transposed_lanes<L>(doi, vt.data(), ldt, hd, i + 1, dpl);
-        } else {
-          for (int l = 0; l < L; ++l)
-            for (int64_t j = 0; j <= i; ++j) {
-              p[l][j] = detail::dot(qi[l], k_rows[j], hd);
-              dpl[l][j] = detail::dot(doi[l], v + j * ldkv + kh * hd, hd);
-            }
-        }
-        for (int l = 0; l < L; ++l) {
-          float* pr = p[l];
-          const float* dpr = dpl[l];
-          float mx = -INFINITY;
+  const int64_t ldt = (t + 7) / 8 * 8;
+  if (sh.simd) {
+    transpose_rows(s.k + kh * hd, sh.ldkv, t, hd, ldt, w.kt);
+    transpose_rows(s.v + kh * hd, sh.ldkv, t, hd, ldt, w.vt);
+  }
+  w.k_rows.resize(static_cast<size_t>(t));
+  for (int64_t j = 0; j < t; ++j) w.k_rows[j] = s.k + j * sh.ldkv + kh * hd;
+}
+
+// Phase 1 of queries [i0, i1) (a block of kQueryBlock): P and dS into pb / dsb ([head of the
+// group][query of the block][key]) and the dq rows of the group's heads.
+void block_phase1(const Shape& sh, const HeadWork& w, int64_t i0, int64_t i1, float* pb,
+                  float* dsb) {
+  const AttentionSeq& s = *w.seq;
+  const int64_t t = s.t, hd = sh.hd, kh = w.kh, group = sh.group, qb = kQueryBlock;
+  const int64_t ldt = (t + 7) / 8 * 8;
+  thread_local std::vector<float> dp;
+  if (dp.size() < static_cast<size_t>(detail::kMaxLanes * ldt)) dp.resize(detail::kMaxLanes * ldt);
+  // Per query, the group's heads a few at a time: their dots and dq rows share the K, V loads.
+  for (int64_t i = i0; i < i1; ++i) {
+    detail::for_lane_chunks(group, [&]<int L>(int64_t g0) {
+      const float *qi[L], *doi[L], *dsl[L];
+      float *p[L], *ds[L], *dpl[L], *dqi[L];
+      for (int l = 0; l < L; ++l) {
+        const int64_t g = g0 + l, h = kh * group + g;
+        qi[l] = s.q + i * sh.ldq + h * hd;
+        doi[l] = s.d_out + (i * sh.heads + h) * hd;
+        p[l] = pb + (g * qb + (i - i0)) * t;
+        ds[l] = dsb + (g * qb + (i - i0)) * t;
+        dsl[l] = ds[l];
+        dpl[l] = dp.data() + l * ldt;
+        dqi[l] = s.dq + i * sh.ldq + h * hd;
+      }
+      if (sh.simd) {
+        dots_transposed_lanes<L>(qi, w.kt.data(), ldt, hd, i + 1, p);
+        dots_transposed_lanes<L>(doi, w.vt.data(), ldt, hd, i + 1, dpl);
+      } else {
+        for (int l = 0; l < L; ++l)
           for (int64_t j = 0; j <= i; ++j) {
-            pr[j] = pr[j] * scale;
-            mx = std::max(mx, pr[j]);
+            p[l][j] = detail::dot(qi[l], w.k_rows[j], hd);
+            dpl[l][j] = detail::dot(doi[l], s.v + j * sh.ldkv + kh * hd, hd);
           }
-          float sum = 0.0f;
-          detail::exp_shifted(pr, mx, i + 1, pr);
-          for (int64_t j = 0; j <= i; ++j) sum = sum + pr[j];
-          // D = Σ p·dp, with dp_j = d_out · v_j.
-          float dsum = 0.0f;
-          for (int64_t j = 0; j <= i; ++j) {
-            pr[j] = pr[j] / sum;
-            dsum = std::fma(pr[j], dpr[j], dsum);
-          }
-          for (int64_t j = 0; j <= i; ++j) ds[l][j] = pr[j] * (dpr[j] - dsum) * scale;
-          std::fill(dqi[l], dqi[l] + hd, 0.0f);
+      }
+      for (int l = 0; l < L; ++l) {
+        float* pr = p[l];
+        const float* dpr = dpl[l];
+        float mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          pr[j] = pr[j] * sh.scale;
+          mx = std::max(mx, pr[j]);
         }
-        fma_rows_lanes<L>(dsl, k_rows.data(), i + 1, hd, dqi);
-      });
-    }
-    // dk_j and dv_j over the block's (head, query) pairs that see key j (queries i >= j), a few
-    // keys at a time sharing the loads of the q and d_out rows.
-    const BlockRows qr{q + kh * group * hd, hd, ldq, group, qb, t, i0, i1};
-    const BlockRows dor{d_out + kh * group * hd, hd, heads * hd, group, qb, t, i0, i1};
-    detail::for_lane_chunks(i1, [&]<int L>(int64_t j0) {
-      key_lanes<L>(dsb.data(), qr, j0, hd, dk + j0 * ldkv + kh * hd, ldkv);
-      key_lanes<L>(pb.data(), dor, j0, hd, dv + j0 * ldkv + kh * hd, ldkv);
+        float sum = 0.0f;
+        detail::exp_shifted(pr, mx, i + 1, pr);
+        for (int64_t j = 0; j <= i; ++j) sum = sum + pr[j];
+        // D = Σ p·dp, with dp_j = d_out · v_j.
+        float dsum = 0.0f;
+        for (int64_t j = 0; j <= i; ++j) {
+          pr[j] = pr[j] / sum;
+          dsum = std::fma(pr[j], dpr[j], dsum);
+        }
+        for (int64_t j = 0; j <= i; ++j) ds[l][j] = pr[j] * (dpr[j] - dsum) * sh.scale;
+        std::fill(dqi[l], dqi[l] + hd, 0.0f);
+      }
+      fma_rows_lanes<L>(dsl, w.k_rows.data(), i + 1, hd, dqi);
     });
+  }
+}
+
+// Phase 2 of queries [i0, i1) for keys [j0, j1): dk_j and dv_j over the block's (head, query)
+// pairs that see key j (queries i >= j), a few keys at a time sharing the loads of the q and d_out
+// rows.
+void block_phase2(const Shape& sh, const HeadWork& w, int64_t i0, int64_t i1, const float* pb,
+                  const float* dsb, int64_t j0, int64_t j1) {
+  const AttentionSeq& s = *w.seq;
+  const int64_t t = s.t, hd = sh.hd, kh = w.kh, group = sh.group, qb = kQueryBlock;
+  j1 = std::min(j1, i1);
+  if (j0 >= j1) return;
+  const BlockRows qr{s.q + kh * group * hd, hd, sh.ldq, group, qb, t, i0, i1};
+  const BlockRows dor{s.d_out + kh * group * hd, hd, sh.heads * hd, group, qb, t, i0, i1};
+  detail::for_lane_chunks(j1 - j0, [&]<int L>(int64_t c) {
+    const int64_t j = j0 + c;
+    key_lanes<L>(dsb, qr, j, hd, s.dk + j * sh.ldkv + kh * hd, sh.ldkv);
+    key_lanes<L>(pb, dor, j, hd, s.dv + j * sh.ldkv + kh * hd, sh.ldkv);
+  });
+}
+
+// P and dS kept at once, at most (floats): windows of query blocks are sized to it.
+constexpr int64_t kMaxKeptFloats = int64_t{1} << 23;  // 32 MB
+constexpr int64_t kKeyRun = 64;                       // keys per phase-2 work item
+
+}  // namespace
+
+void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, int64_t ldkv,
+                              int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
+                              ThreadPool* pool) {
+  MILES_CHECK(heads % kv_heads == 0);
+  const Shape sh{
+      ldq, ldkv, heads, kv_heads, head_dim, heads / kv_heads, scale, head_dim <= kGemmChunk};
+  std::vector<HeadWork> work;
+  for (const AttentionSeq& s : seqs)
+    for (int64_t kh = 0; kh < kv_heads && s.t > 0; ++kh) work.push_back({&s, kh, {}, {}, {}});
+  parallel_for(pool, work.size(), [&](int64_t w) { prepare(sh, work[w]); });
+  // Every (sequence, kv head, query block), in order; windows of them whose P and dS fit in
+  // kMaxKeptFloats run phase 1 for all their blocks, then phase 2 for all their keys.
+  struct Block {
+    int64_t w, i0, i1;
+    int64_t kept;  // offset of its P (dS follows) in the window's storage
+  };
+  std::vector<Block> blocks;
+  for (int64_t w = 0; w < static_cast<int64_t>(work.size()); ++w)
+    for (int64_t i0 = 0; i0 < work[w].seq->t; i0 += kQueryBlock)
+      blocks.push_back({w, i0, std::min(work[w].seq->t, i0 + kQueryBlock), 0});
+  std::vector<float> kept;
+  for (size_t b0 = 0; b0 < blocks.size();) {
+    size_t b1 = b0;
+    int64_t floats = 0;
+    while (b1 < blocks.size()) {
+      const int64_t need = 2 * sh.group * kQueryBlock * work[blocks[b1].w].seq->t;
+      if (b1 > b0 && floats + need > kMaxKeptFloats) break;
+      blocks[b1++].kept = floats;
+      floats += need;
+    }
+    if (kept.size() < static_cast<size_t>(floats)) kept.resize(floats);
+    // Phase 1: one item per block, the longest (latest) blocks first.
+    const int64_t nb = static_cast<int64_t>(b1 - b0);
+    parallel_for(pool, nb, [&](int64_t x) {
+      const Block& b = blocks[b1 - 1 - x];
+      const int64_t t = work[b.w].seq->t;
+      float* pb = kept.data() + b.kept;
+      block_phase1(sh, work[b.w], b.i0, b.i1, pb, pb + sh.group * kQueryBlock * t);
+    });
+    // Phase 2: one item per (sequence, kv head, run of keys); each key sums the window's blocks
+    // in ascending order, as a single pass over the blocks would.
+    std::vector<std::pair<size_t, int64_t>> runs;  // (first block of the head, first key)
+    for (size_t b = b0; b < b1; ++b) {
+      if (b != b0 && blocks[b].w == blocks[b - 1].w) continue;
+      int64_t end = 0;
+      for (size_t c = b; c < b1 && blocks[c].w == blocks[b].w; ++c) end = blocks[c].i1;
+      for (int64_t j = 0; j < end; j += kKeyRun) runs.emplace_back(b, j);
+    }
+    parallel_for(pool, runs.size(), [&](int64_t r) {
+      const auto [first, j0] = runs[r];
+      for (size_t c = first; c < b1 && blocks[c].w == blocks[first].w; ++c) {
+        const Block& b = blocks[c];
+        const int64_t t = work[b.w].seq->t;
+        const float* pb = kept.data() + b.kept;
+        block_phase2(sh, work[b.w], b.i0, b.i1, pb, pb + sh.group * kQueryBlock * t, j0,
+                     j0 + kKeyRun);
+      }
+    });
+    b0 = b1;
   }
 }
 
 void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
                         const float* d_out, int64_t t, int64_t heads, int64_t kv_heads,
                         int64_t head_dim, float scale, float* dq, float* dk, float* dv) {
-  for (int64_t kh = 0; kh < kv_heads; ++kh)
-    attention_backward_kv_head(q, k, v, ldq, ldkv, d_out, t, heads, kv_heads, head_dim, scale, kh,
-                               dq, dk, dv);
+  const AttentionSeq s{q, k, v, d_out, dq, dk, dv, t};
+  attention_backward_batch({&s, 1}, ldq, ldkv, heads, kv_heads, head_dim, scale, nullptr);
 }
 
 }  // namespace miles::kernels

@@ -32,12 +32,20 @@ void swiglu_backward(const float* gate, const float* up, const float* da, int64_
 void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
                         const float* d_out, int64_t t, int64_t heads, int64_t kv_heads,
                         int64_t head_dim, float scale, float* dq, float* dk, float* dv);
-// The part of attention_backward for kv head `kh`: its dk / dv columns and the dq of its query
-// heads, bit-identical to the whole (the backward runs one work item per (sequence, kv head)).
-void attention_backward_kv_head(const float* q, const float* k, const float* v, int64_t ldq,
-                                int64_t ldkv, const float* d_out, int64_t t, int64_t heads,
-                                int64_t kv_heads, int64_t head_dim, float scale, int64_t kh,
-                                float* dq, float* dk, float* dv);
+// One sequence of a packed batch for attention_backward_batch: its rows of q, k, v (strides ldq,
+// ldkv) and d_out ([t, H, hd]), and where its dq, dk, dv rows go.
+struct AttentionSeq {
+  const float *q, *k, *v, *d_out;
+  float *dq, *dk, *dv;
+  int64_t t;
+};
+// attention_backward for every sequence, spread over the pool: work items are (sequence, kv head,
+// block of queries) for the scores and dq, then (sequence, kv head, run of keys) for dk / dv, so a
+// few kv heads still fill many threads. Bit-identical to attention_backward per sequence: every
+// dq row is one query's, and every dk / dv row sums its query blocks in ascending order.
+void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, int64_t ldkv,
+                              int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
+                              ThreadPool* pool);
 
 // dW[N, K] = dYᵀ · X summed over the M rows with the GEMM's chunk-and-tree rule over rows:
 // dy[M, N] (stride ldy), x[M, K] (stride ldx), dw[N, K] overwritten.

@@ -2,6 +2,7 @@
 #include "model/grad_sink.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "kernels/backward.h"
 #include "miles/status.h"
@@ -30,6 +31,11 @@ void fold_range(const float* src, const std::vector<const float*>& lefts, float*
       for (int64_t i = 0; i < n; ++i) v[i] = l[b + i] + v[i];
     std::copy_n(v, n, dest + b);
   }
+}
+
+// dst[i] = dst[i] + src[i]: a scatter-add of one row.
+void add_rows(float* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = dst[i] + src[i];
 }
 
 void zero_fill(std::span<float> x, ThreadPool* pool) {
@@ -92,6 +98,52 @@ void GradSink::weight_grad(const float* dy, int64_t ldy, const float* x, int64_t
     row += rows;
   }
   kernels::gemm_weight_grad(dy, ldy, x, ldx, m, out, k, pool_);
+}
+
+void GradSink::scatter_rows(const std::string& name, std::span<const int64_t> rows,
+                            const float* src, int64_t d) {
+  const size_t t = index_of(name);
+  // Not folding, or added to what is already there (the tied head's share written in place): the
+  // rows go into the scratch, zero-filled on first use, and finish() folds it whole.
+  if (fold_.empty() || state_[t] != State::kUntouched) {
+    float* g = accumulate(name);
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i] >= 0) add_rows(g + rows[i] * d, src + i * d, d);
+    return;
+  }
+  state_[t] = State::kStored;
+  const ParamSpec& spec = scratch_.layout().specs()[t];
+  MILES_CHECK(spec.numel % d == 0, "a scattered gradient's rows do not match its tensor");
+  // The touched rows' sums, in order of first appearance, each from zero in ascending token order.
+  std::vector<int64_t> touched, slot(rows.size(), -1);
+  std::unordered_map<int64_t, int64_t> where;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0) continue;
+    MILES_CHECK(rows[i] * d < spec.numel, "a scattered row is outside its tensor");
+    const auto [it, fresh] = where.emplace(rows[i], static_cast<int64_t>(touched.size()));
+    if (fresh) touched.push_back(rows[i]);
+    slot[i] = it->second;
+  }
+  std::vector<float> sums(touched.size() * d, 0.0f);
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (slot[i] >= 0) add_rows(sums.data() + slot[i] * d, src + i * d, d);
+  // Touched rows folded first (the dense fold below overwrites fold_.back(), one of their lefts).
+  std::vector<const float*> lefts(fold_.size());
+  for (size_t u = 0; u < touched.size(); ++u) {
+    for (size_t j = 0; j < fold_.size(); ++j)
+      lefts[j] = fold_[j]->all().data() + spec.offset + touched[u] * d;
+    fold_range(sums.data() + u * d, lefts, sums.data() + u * d, d);
+  }
+  float* dest = fold_.back()->all().data() + spec.offset;
+  if (fold_.size() > 1) {  // the other rows: the lefts' own sum (with one left, dest is it)
+    parallel_for(pool_, (spec.numel + kSlice - 1) / kSlice, [&](int64_t b) {
+      std::vector<const float*> l;
+      for (const FlatTensors* f : fold_) l.push_back(f->all().data() + spec.offset + b * kSlice);
+      fold_range(nullptr, l, dest + b * kSlice, std::min(kSlice, spec.numel - b * kSlice));
+    });
+  }
+  for (size_t u = 0; u < touched.size(); ++u)
+    std::copy_n(sums.data() + u * d, d, dest + touched[u] * d);
 }
 
 void GradSink::finish() {

@@ -35,6 +35,12 @@ class GradSink {
   // rows, in order: (name, rows) each. Stored in place (folded when folding).
   void weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx, int64_t m, int64_t k,
                    std::initializer_list<std::pair<std::string, int64_t>> parts);
+  // The embedding's scatter-add: row rows[i] of tensor `name` ([rows, d]) gains src row i, for
+  // i ascending (rows[i] < 0: skipped), from zero. Folding, only the touched rows are summed
+  // apart: the other rows take the fold of the lefts alone (the bits of adding their zeros, as no
+  // partial sum here is ever -0), so no zero-filled [rows, d] scratch is made and read.
+  void scatter_rows(const std::string& name, std::span<const int64_t> rows, const float* src,
+                    int64_t d);
   // Tensors never written are zero (an expert no token chose); the scratch ones are folded.
   void finish();
 

@@ -38,6 +38,12 @@ BatchPlan plan_batch(std::span<const SeqSpan> seqs, int64_t t) {
   return p;
 }
 
+// x sized to n values (kept ones are overwritten by the caller; capacity is reused) and its data.
+float* tape_buffer(std::vector<float>& x, int64_t n) {
+  x.resize(static_cast<size_t>(n));
+  return x.data();
+}
+
 struct Scratch {
   std::vector<float> xn, qkv, attn, proj, gate_up, act;
 };
@@ -80,17 +86,19 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
   const LayerWeights& l = w.layers[layer];
   const int64_t d = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
   const int64_t ld = qd + 2 * kvd;
-  rmsnorm_rows(h, t, d, l.input_norm, c.rms_norm_eps, s.xn.data(), pool);
-  kernels::gemm(s.xn.data(), t, d, l.qkv, s.qkv.data(), ld, pool);
-  add_bias(s.qkv.data(), t, ld, ld, l.qkv_bias, pool);
-  if (tape) {
-    tape->h_in.assign(h, h + t * d);
-    tape->xn1.assign(s.xn.begin(), s.xn.begin() + t * d);
-    tape->qkv_raw.assign(s.qkv.begin(), s.qkv.begin() + t * ld);
-  }
+  // With a tape, the phases write straight into its buffers (reused from the tape's last forward:
+  // no copies, no fresh pages); without one, into the scratch.
+  float* xn = tape ? tape_buffer(tape->xn1, t * d) : s.xn.data();
+  float* raw = tape ? tape_buffer(tape->qkv_raw, t * ld) : s.qkv.data();
+  float* qkv = tape ? tape_buffer(tape->qkv, t * ld) : s.qkv.data();
+  if (tape) tape->h_in.assign(h, h + t * d);
+  rmsnorm_rows(h, t, d, l.input_norm, c.rms_norm_eps, xn, pool);
+  kernels::gemm(xn, t, d, l.qkv, raw, ld, pool);
+  add_bias(raw, t, ld, ld, l.qkv_bias, pool);
   parallel_ranges(pool, t, 4 * (qd + kvd), [&](int64_t i0, int64_t i1) {
+    if (qkv != raw) std::copy(raw + i0 * ld, raw + i1 * ld, qkv + i0 * ld);
     for (int64_t i = i0; i < i1; ++i) {
-      float* q = s.qkv.data() + i * ld;
+      float* q = qkv + i * ld;
       float* k = q + qd;
       if (!l.q_norm.empty()) {
         const float eps = static_cast<float>(c.rms_norm_eps);
@@ -101,7 +109,6 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
       kernels::rope_apply(k, 1, c.num_kv_heads, hd, &plan.positions[i], w.rope);
     }
   });
-  if (tape) tape->qkv.assign(s.qkv.begin(), s.qkv.begin() + t * ld);
   // Keys and values into the cache, then each sequence's block list.
   const int64_t bt = kv.block_tokens();
   std::vector<std::vector<float*>> kb(seqs.size()), vb(seqs.size());
@@ -109,7 +116,7 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
     kv.blocks(seqs[si].kv_slot, layer, kb[si], vb[si]);
     for (int64_t j = 0; j < seqs[si].n_tokens; ++j) {
       const int64_t i = plan.offset[si] + j, pos = plan.positions[i];
-      const float* row = s.qkv.data() + i * ld + qd;
+      const float* row = qkv + i * ld + qd;
       kernels::kv_block_store(row, row + kvd, pos % bt, bt, c.num_kv_heads, hd, kb[si][pos / bt],
                               vb[si][pos / bt]);
     }
@@ -122,16 +129,16 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
   for (size_t si = 0; si < seqs.size(); ++si)
     for (int64_t j = 0; j < seqs[si].n_tokens; j += kQueriesPerItem)
       items.emplace_back(plan.offset[si] + j, std::min(kQueriesPerItem, seqs[si].n_tokens - j));
+  float* attn = tape ? tape_buffer(tape->attn, t * qd) : s.attn.data();
   parallel_for(t >= 8 ? pool : nullptr, static_cast<int64_t>(items.size()), [&](int64_t it) {
     const auto [i, n] = items[it];
     const int32_t si = plan.seq_of[i];
     std::vector<const float*> kc(kb[si].begin(), kb[si].end()), vc(vb[si].begin(), vb[si].end());
     kernels::KvSpan span{kc, vc, bt};
-    kernels::attention(s.qkv.data() + i * ld, ld, n, c.num_heads, c.num_kv_heads, hd,
-                       &plan.positions[i], span, scale, s.attn.data() + i * qd, qd);
+    kernels::attention(qkv + i * ld, ld, n, c.num_heads, c.num_kv_heads, hd, &plan.positions[i],
+                       span, scale, attn + i * qd, qd);
   });
-  if (tape) tape->attn.assign(s.attn.begin(), s.attn.begin() + t * qd);
-  kernels::gemm(s.attn.data(), t, qd, l.o, s.proj.data(), d, pool);
+  kernels::gemm(attn, t, qd, l.o, s.proj.data(), d, pool);
   MILES_RETURN_IF_ERROR(tp_all_reduce(tp, s.proj.data(), t * d));
   add_bias(s.proj.data(), t, d, d, l.o_bias, pool);
   add_residual(h, s.proj.data(), t * d, pool);
@@ -141,21 +148,17 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
 Status dense_mlp_block(const ModelConfig& c, const LayerWeights& l, float* h, int64_t t, Scratch& s,
                        LayerTape* tape, const TensorParallel* tp, ThreadPool* pool) {
   const int64_t d = c.hidden_size, f = c.intermediate_size;
-  rmsnorm_rows(h, t, d, l.post_norm, c.rms_norm_eps, s.xn.data(), pool);
-  s.gate_up.resize(static_cast<size_t>(t * 2 * f));
-  s.act.resize(static_cast<size_t>(t * f));
-  kernels::gemm(s.xn.data(), t, d, l.gate_up, s.gate_up.data(), 2 * f, pool);
+  float* xn = tape ? tape_buffer(tape->xn2, t * d) : s.xn.data();
+  float* gate_up = tape ? tape_buffer(tape->gate_up, t * 2 * f) : tape_buffer(s.gate_up, t * 2 * f);
+  float* act = tape ? tape_buffer(tape->act, t * f) : tape_buffer(s.act, t * f);
+  if (tape) tape->h_mid.assign(h, h + t * d);
+  rmsnorm_rows(h, t, d, l.post_norm, c.rms_norm_eps, xn, pool);
+  kernels::gemm(xn, t, d, l.gate_up, gate_up, 2 * f, pool);
   parallel_ranges(pool, t, 8 * f, [&](int64_t r0, int64_t r1) {
-    kernels::swiglu(s.gate_up.data() + r0 * 2 * f, s.gate_up.data() + r0 * 2 * f + f, r1 - r0, f,
-                    2 * f, s.act.data() + r0 * f);
+    kernels::swiglu(gate_up + r0 * 2 * f, gate_up + r0 * 2 * f + f, r1 - r0, f, 2 * f,
+                    act + r0 * f);
   });
-  if (tape) {
-    tape->h_mid.assign(h, h + t * d);
-    tape->xn2.assign(s.xn.begin(), s.xn.begin() + t * d);
-    tape->gate_up = s.gate_up;
-    tape->act = s.act;
-  }
-  kernels::gemm(s.act.data(), t, f, l.down, s.proj.data(), d, pool);
+  kernels::gemm(act, t, f, l.down, s.proj.data(), d, pool);
   MILES_RETURN_IF_ERROR(tp_all_reduce(tp, s.proj.data(), t * d));
   add_residual(h, s.proj.data(), t * d, pool);
   return Status::Ok();
@@ -291,7 +294,7 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     tape->seqs.assign(seqs.begin(), seqs.end());
     tape->offset = plan.offset;
     tape->positions = plan.positions;
-    tape->layers.assign(static_cast<size_t>(c.num_layers), LayerTape{});
+    tape->layers.resize(static_cast<size_t>(c.num_layers));  // buffers of a reused tape kept
     tape->layer_begin = begin;
     tape->layer_end = end;
   }

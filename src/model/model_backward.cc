@@ -40,6 +40,12 @@ void column_sums(const float* x, int64_t m, int64_t n, int64_t ld, float* out) {
     for (int64_t j = 0; j < n; ++j) out[j] = out[j] + x[r * ld + j];
 }
 
+// x resized to n values without touching those it has (the caller overwrites them all).
+std::vector<float>& sized(std::vector<float>& x, int64_t n) {
+  x.resize(static_cast<size_t>(n));
+  return x;
+}
+
 class Backward {
  public:
   Backward(const ModelConfig& c, const ModelWeights& w, const BackwardWeights& bw,
@@ -119,14 +125,18 @@ class Backward {
     const LayerTape& lt = tape_.layers[layer];
     const LayerWeightsT& wt = bw_.layers[layer];
     const int64_t d = c_.hidden_size, f = c_.intermediate_size;
-    std::vector<float> dact(static_cast<size_t>(t_ * f)), dgu(static_cast<size_t>(t_ * 2 * f));
+    std::vector<float>& dact = sized(dact_, t_ * f);
+    std::vector<float>& dgu = sized(dgu_, t_ * 2 * f);
     gemm(dh.data(), t_, d, wt.down_t, dact.data(), f, pool_);
     g_.weight_grad(dh.data(), d, lt.act.data(), f, t_, f, {{p + "mlp.down_proj.weight", d}});
-    kernels::swiglu_backward(lt.gate_up.data(), lt.gate_up.data() + f, dact.data(), t_, f, 2 * f,
-                             dgu.data(), dgu.data() + f, 2 * f);
+    parallel_ranges(pool_, t_, 16 * f, [&](int64_t r0, int64_t r1) {  // rows are independent
+      kernels::swiglu_backward(lt.gate_up.data() + r0 * 2 * f, lt.gate_up.data() + r0 * 2 * f + f,
+                               dact.data() + r0 * f, r1 - r0, f, 2 * f, dgu.data() + r0 * 2 * f,
+                               dgu.data() + r0 * 2 * f + f, 2 * f);
+    });
     g_.weight_grad(dgu.data(), 2 * f, lt.xn2.data(), d, t_, d,
                    {{p + "mlp.gate_proj.weight", f}, {p + "mlp.up_proj.weight", f}});
-    std::vector<float> dxn(static_cast<size_t>(t_ * d));
+    std::vector<float>& dxn = sized(dxn_, t_ * d);
     gemm(dgu.data(), t_, 2 * f, wt.gate_up_t, dxn.data(), d, pool_);
     reduce(dxn.data(), t_ * d);  // column-parallel input gradient
     post_norm(layer, p, dxn, dh);
@@ -215,26 +225,26 @@ class Backward {
     const int64_t d = c_.hidden_size, qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim;
     const int64_t ld = qd + 2 * kvd;
     // o_proj
-    std::vector<float> dattn(static_cast<size_t>(t_ * qd));
+    std::vector<float>& dattn = sized(dattn_, t_ * qd);
     gemm(dh.data(), t_, d, wt.o_t, dattn.data(), qd, pool_);
     g_.weight_grad(dh.data(), d, lt.attn.data(), qd, t_, qd, {{p + "self_attn.o_proj.weight", d}});
     if (!l.o_bias.empty())
       column_sums(dh.data(), t_, d, d, g_.accumulate(p + "self_attn.o_proj.bias"));
     // attention per sequence, then RoPE and q/k norm backward per token
-    std::vector<float> dqkv(static_cast<size_t>(t_ * ld));
+    std::vector<float>& dqkv = sized(dqkv_, t_ * ld);  // every row written by its kv heads
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    // One work item per (sequence, kv head): it owns that head's dK / dV rows and its query
-    // heads' dQ, and keeps the (head, query, key) order of every sum.
-    const int64_t kvh = c_.num_kv_heads;
-    parallel_for(pool_, tape_.seqs.size() * kvh, [&](int64_t item) {
-      const int64_t s = item / kvh, kh = item % kvh;
-      const int64_t off = tape_.offset[s], n = tape_.seqs[s].n_tokens;
+    // Work items over (sequence, kv head, query block), then (sequence, kv head, run of keys);
+    // every sum keeps its (head, query, key) order.
+    std::vector<kernels::AttentionSeq> seqs;
+    for (size_t s = 0; s < tape_.seqs.size(); ++s) {
+      const int64_t off = tape_.offset[s];
       const float* q = lt.qkv.data() + off * ld;
       float* dq = dqkv.data() + off * ld;
-      kernels::attention_backward_kv_head(q, q + qd, q + qd + kvd, ld, ld, dattn.data() + off * qd,
-                                          n, c_.num_heads, kvh, hd, scale, kh, dq, dq + qd,
-                                          dq + qd + kvd);
-    });
+      seqs.push_back({q, q + qd, q + qd + kvd, dattn.data() + off * qd, dq, dq + qd, dq + qd + kvd,
+                      tape_.seqs[s].n_tokens});
+    }
+    kernels::attention_backward_batch(seqs, ld, ld, c_.num_heads, c_.num_kv_heads, hd, scale,
+                                      pool_);
     std::vector<float> dnorm_q, dnorm_k;
     if (!l.q_norm.empty()) {
       dnorm_q.assign(static_cast<size_t>(hd), 0.0f);
@@ -273,7 +283,7 @@ class Backward {
                    {{p + "self_attn.q_proj.weight", qd},
                     {p + "self_attn.k_proj.weight", kvd},
                     {p + "self_attn.v_proj.weight", kvd}});
-    std::vector<float> dxn(static_cast<size_t>(t_ * d));
+    std::vector<float>& dxn = sized(dxn_, t_ * d);
     gemm(dqkv.data(), t_, ld, wt.qkv_t, dxn.data(), d, pool_);
     reduce(dxn.data(), t_ * d);  // column-parallel input gradient
     kernels::rmsnorm_backward(lt.h_in.data(), dxn.data(), t_, d, l.input_norm.data(), eps(),
@@ -282,13 +292,13 @@ class Backward {
   }
 
   void embedding(const std::vector<float>& dh) {
-    const int64_t d = c_.hidden_size;
-    float* de = g_.accumulate("model.embed_tokens.weight");
     const int64_t vb = io_.tp ? io_.tp->vocab_begin : 0, vl = c_.vocab_size;
+    std::vector<int64_t> rows(static_cast<size_t>(t_));
     for (int64_t i = 0; i < t_; ++i) {
       const int64_t row = tape_.tokens[i] - vb;  // vocabulary-parallel: this rank's rows only
-      if (row >= 0 && row < vl) add_into(de + row * d, dh.data() + i * d, d);
+      rows[i] = row >= 0 && row < vl ? row : -1;
     }
+    g_.scatter_rows("model.embed_tokens.weight", rows, dh.data(), c_.hidden_size);
   }
 
   const ModelConfig& c_;
@@ -300,6 +310,8 @@ class Backward {
   const BackwardIo& io_;
   const int64_t t_;
   bool tied_stored_ = false;  // the tied head's share written (folded) by head()
+  // Per-layer temporaries, sized once and reused by every layer (each use overwrites them whole).
+  std::vector<float> dact_, dgu_, dxn_, dattn_, dqkv_;
   Status err_;
 };
 
