@@ -137,11 +137,12 @@ struct Breakdown {
 };
 
 // One step through the public pieces Trainer::step is made of, timing each: the forward with its
-// tape, the loss head (logprobs, SFT objective, their backward, logits copies as the trainer makes
-// them), Model::backward (whose first call on a freshly built Model also builds its transposed
-// weight packs: measured as the first micro-batch's backward minus a second backward on the same
-// tape), the gradient sum, clip + AdamW, and Trainer::reload_model (the Model rebuilt, i.e. every
-// weight repacked, from the new parameters).
+// tape (buffers reused across micro-batches, as the trainer's), the loss head (logprobs, SFT
+// objective, their backward, over the pool and in place as the trainer's), Model::backward with
+// the micro-batch sum folded in (whose first call on a freshly built Model also builds its
+// transposed weight packs: measured as the first micro-batch's backward minus a second backward on
+// the same tape), clip + AdamW, and Trainer::reload_model (the Model rebuilt, i.e. every weight
+// repacked, from the new parameters).
 Result<Breakdown> measure_breakdown(Trainer& tr, std::span<const TrainSample> batch, int64_t mbs,
                                     double lr, ThreadPool* pool) {
   Breakdown b;
@@ -150,6 +151,7 @@ Result<Breakdown> measure_breakdown(Trainer& tr, std::span<const TrainSample> ba
   const double total_tokens = static_cast<double>(batch.size()) * (batch[0].tokens.size() - 1);
   const TokenObjective objective = sft_objective(batch, total_tokens);
   FlatTensors acc(tr.params().layout_ptr()), scratch(tr.params().layout_ptr());
+  ForwardTape tape;  // reused by every micro-batch, as the trainer does
   for (int64_t first = 0; first < static_cast<int64_t>(batch.size()); first += mbs) {
     std::vector<int32_t> tokens;
     std::vector<SeqSpan> seqs;
@@ -164,25 +166,33 @@ Result<Breakdown> measure_breakdown(Trainer& tr, std::span<const TrainSample> ba
       offsets.push_back(static_cast<int64_t>(targets.size()));
     }
     const Model& m = tr.model();
-    auto t0 = Clock::now();
-    auto kv = m.make_kv_cache();
-    ForwardTape tape;
     ForwardOptions fo;
     fo.tape = &tape;
+    if (first == 0) {  // the trainer reuses its tapes' buffers: fill this one once, untimed
+      auto kv = m.make_kv_cache();
+      MILES_RETURN_IF_ERROR(m.forward(tokens, seqs, *kv, fo, pool).status());
+    }
+    auto t0 = Clock::now();
+    auto kv = m.make_kv_cache();
     MILES_ASSIGN_OR_RETURN(ForwardOutput out, m.forward(tokens, seqs, *kv, fo, pool));
     b.forward += seconds_since(t0);
 
     t0 = Clock::now();
+    // As the trainer's loss head does it: rows spread over the pool, d logits written over the
+    // logits in place (each row's kernel reads its logits whole first). Every row is trained here.
     const int64_t n = static_cast<int64_t>(targets.size());
-    std::vector<float> sel(out.logits.begin(), out.logits.begin() + n * v);
+    MILES_CHECK(static_cast<int64_t>(out.logits.size()) == n * v);
     std::vector<float> logp(n);
-    token_logprobs(sel.data(), n, v, targets.data(), logp.data(), nullptr);
+    parallel_ranges(pool, n, 4 * v, [&](int64_t r0, int64_t r1) {
+      token_logprobs(out.logits.data() + r0 * v, r1 - r0, v, targets.data() + r0, logp.data() + r0,
+                     nullptr);
+    });
     MILES_ASSIGN_OR_RETURN(TokenLoss loss, objective(TokenView{samples, offsets, logp, {}}));
-    std::vector<float> dsel(static_cast<size_t>(n * v));
-    token_logprobs_backward(sel.data(), n, v, targets.data(), loss.dlogp.data(), nullptr,
-                            dsel.data());
-    std::vector<float> dlogits(out.logits.size(), 0.0f);
-    std::copy(dsel.begin(), dsel.end(), dlogits.begin());
+    std::vector<float> dlogits = std::move(out.logits);
+    parallel_ranges(pool, n, 8 * v, [&](int64_t r0, int64_t r1) {
+      token_logprobs_backward(dlogits.data() + r0 * v, r1 - r0, v, targets.data() + r0,
+                              loss.dlogp.data() + r0, nullptr, dlogits.data() + r0 * v);
+    });
     b.loss_head += seconds_since(t0);
 
     // The sum over micro-batches is folded into the backward as its GEMMs store the weight
@@ -328,7 +338,7 @@ int run_bench_train(const TrainBenchOptions& o) {
       std::printf("  %-58s %8.4f s %5.1f %%\n", what, s, 100.0 * s / tot);
     };
     row("forward (with tape, all-position logits)", b.forward);
-    row("loss head (logprobs, objective, their backward, copies)", b.loss_head);
+    row("loss head (logprobs, objective, their backward)", b.loss_head);
     row("backward (Model::backward, the micro-batch sum folded in)", b.backward);
     row("  of which transposed weight packs, rebuilt every step", b.backward_packs);
     row("clip + AdamW", b.optimizer);

@@ -109,24 +109,29 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
           for (int l = 0; l < L; ++l)
             for (int64_t j = 0; j < n; ++j) sc[l][j] = detail::dot(qg[l], kb.key_row(j, hd), hd);
         }
-        for (int l = 0; l < L; ++l) {
-          float block_max = -INFINITY;
-          for (int64_t j = 0; j < n; ++j) {
+        // The group's heads' chains side by side (each keeps its own order; interleaving them
+        // only overlaps their latencies).
+        float block_max[L], den[L];
+        for (int l = 0; l < L; ++l) block_max[l] = -INFINITY;
+        for (int64_t j = 0; j < n; ++j)
+          for (int l = 0; l < L; ++l) {
             sc[l][j] = sc[l][j] * scale;
-            block_max = std::max(block_max, sc[l][j]);
+            block_max[l] = std::max(block_max[l], sc[l][j]);
           }
+        for (int l = 0; l < L; ++l) {
           const int64_t lane = i * group + g0 + l;
           float& running_max = st.max[lane];
-          float& denom = st.denom[lane];
-          const float new_max = std::max(running_max, block_max);
+          const float new_max = std::max(running_max, block_max[l]);
           const float alpha =
               std::isinf(running_max) ? 0.0f : detail::exp_f32(running_max - new_max);
-          denom = denom * alpha;
+          den[l] = st.denom[lane] * alpha;
           detail::scale_row(alpha, accl[l], hd);
           detail::exp_shifted(sc[l], new_max, n, p[l]);
-          for (int64_t j = 0; j < n; ++j) denom = denom + p[l][j];
           running_max = new_max;
         }
+        for (int64_t j = 0; j < n; ++j)
+          for (int l = 0; l < L; ++l) den[l] = den[l] + p[l][j];
+        for (int l = 0; l < L; ++l) st.denom[i * group + g0 + l] = den[l];
         detail::fma_rows_lanes<L>(pl, kb.values, n, hd, accl);
       });
     }

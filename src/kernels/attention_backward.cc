@@ -168,24 +168,29 @@ void block_phase1(const Shape& sh, const HeadWork& w, int64_t i0, int64_t i1, fl
             dpl[l][j] = detail::dot(doi[l], s.v + j * sh.ldkv + kh * hd, hd);
           }
       }
+      // The softmax and D = Σ p·dp (dp_j = d_out · v_j) of the group's heads side by side: each
+      // head's chains keep their own order; interleaving them only overlaps their latencies.
+      float mx[L], sum[L], dsum[L];
       for (int l = 0; l < L; ++l) {
-        float* pr = p[l];
-        const float* dpr = dpl[l];
-        float mx = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
-          pr[j] = pr[j] * sh.scale;
-          mx = std::max(mx, pr[j]);
+        mx[l] = -INFINITY;
+        sum[l] = 0.0f;
+        dsum[l] = 0.0f;
+      }
+      for (int64_t j = 0; j <= i; ++j)
+        for (int l = 0; l < L; ++l) {
+          p[l][j] = p[l][j] * sh.scale;
+          mx[l] = std::max(mx[l], p[l][j]);
         }
-        float sum = 0.0f;
-        detail::exp_shifted(pr, mx, i + 1, pr);
-        for (int64_t j = 0; j <= i; ++j) sum = sum + pr[j];
-        // D = Σ p·dp, with dp_j = d_out · v_j.
-        float dsum = 0.0f;
-        for (int64_t j = 0; j <= i; ++j) {
-          pr[j] = pr[j] / sum;
-          dsum = std::fma(pr[j], dpr[j], dsum);
+      for (int l = 0; l < L; ++l) detail::exp_shifted(p[l], mx[l], i + 1, p[l]);
+      for (int64_t j = 0; j <= i; ++j)
+        for (int l = 0; l < L; ++l) sum[l] = sum[l] + p[l][j];
+      for (int64_t j = 0; j <= i; ++j)
+        for (int l = 0; l < L; ++l) {
+          p[l][j] = p[l][j] / sum[l];
+          dsum[l] = std::fma(p[l][j], dpl[l][j], dsum[l]);
         }
-        for (int64_t j = 0; j <= i; ++j) ds[l][j] = pr[j] * (dpr[j] - dsum) * sh.scale;
+      for (int l = 0; l < L; ++l) {
+        for (int64_t j = 0; j <= i; ++j) ds[l][j] = p[l][j] * (dpl[l][j] - dsum[l]) * sh.scale;
         std::fill(dqi[l], dqi[l] + hd, 0.0f);
       }
       fma_rows_lanes<L>(dsl, w.k_rows.data(), i + 1, hd, dqi);
