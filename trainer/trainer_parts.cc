@@ -146,6 +146,8 @@ Result<HeadResult> loss_head(const Packed& p, std::vector<float>&& logits, int64
       std::copy_n(logits.data() + p.rows[i] * v, v, sel.data() + i * v);
   }
   std::vector<float> logp(n), entropy(need_entropy ? n : 0);
+  // Each row's log-softmax normaliser, kept from the forward for the backward.
+  std::vector<kernels::LogSoftmaxStats> stats(tp ? 0 : n);
   if (tp) {
     MILES_RETURN_IF_ERROR(token_logprobs_vocab_parallel(sel.data(), n, v, tp->vocab_begin,
                                                         p.targets.data(), *tp->comm, logp.data(),
@@ -153,7 +155,7 @@ Result<HeadResult> loss_head(const Packed& p, std::vector<float>&& logits, int64
   } else {
     for_row_runs(p, pool, [&](int64_t i, int64_t count) {
       token_logprobs(logits.data() + p.rows[i] * v, count, v, p.targets.data() + i, logp.data() + i,
-                     need_entropy ? entropy.data() + i : nullptr);
+                     need_entropy ? entropy.data() + i : nullptr, stats.data() + i);
     });
   }
   HeadResult h;
@@ -175,8 +177,8 @@ Result<HeadResult> loss_head(const Packed& p, std::vector<float>&& logits, int64
   } else {  // in place: each response row's kernel reads its logits whole, then writes d logits
     for_row_runs(p, pool, [&](int64_t i, int64_t count) {
       token_logprobs_backward(d + p.rows[i] * v, count, v, p.targets.data() + i,
-                              h.loss.dlogp.data() + i, dent ? dent + i : nullptr,
-                              d + p.rows[i] * v);
+                              h.loss.dlogp.data() + i, dent ? dent + i : nullptr, d + p.rows[i] * v,
+                              stats.data() + i);
     });
   }
   // Rows that are not response rows (prompts, the rows between samples) get zeros.

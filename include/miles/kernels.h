@@ -130,6 +130,13 @@ void log_softmax_row(const float* x, int64_t n, float* out);
 float logsumexp_row(const float* x, int64_t n);
 // log_softmax_row(x)[i] alone (the same bits, no row written).
 float log_softmax_at(const float* x, int64_t n, int64_t i);
+// The row's normaliser as log_softmax_row computes it: out[i] = (x[i] - max) - log_sum.
+struct LogSoftmaxStats {
+  float max = 0.0f, log_sum = 0.0f;
+};
+LogSoftmaxStats log_softmax_stats(const float* x, int64_t n);
+// log_softmax_row from stats already computed for this row (log_softmax_stats): the same bits.
+void log_softmax_row(const float* x, int64_t n, const LogSoftmaxStats& stats, float* out);
 // Both of a row at once, one exp per value: probs has softmax_row's bits and logp
 // log_softmax_row's (the same max, the same exp terms summed in the same order).
 void softmax_log_softmax_row(const float* x, int64_t n, float* probs, float* logp);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "miles/kernels.h"
 #include "miles/status.h"
 
 namespace miles {
@@ -15,15 +16,17 @@ class Communicator;
 
 // For each row r of logits [rows, vocab]: logp[r] = log_softmax(logits[r])[targets[r]] and, when
 // entropy is not null, entropy[r] = −Σ_v p_v log p_v (chunked fixed-order sum).
+// With `stats` (rows of them), each row's log-softmax normaliser is kept for the backward.
 void token_logprobs(const float* logits, int64_t rows, int64_t vocab, const int32_t* targets,
-                    float* logp, float* entropy);
+                    float* logp, float* entropy, kernels::LogSoftmaxStats* stats = nullptr);
 
 // d logits[r] = dlogp[r] · (onehot(target) − p) + dentropy[r] · (−p ⊙ (log p + H)).
 // dentropy may be null (no entropy term). Rows whose coefficients are both 0 get zeros. dlogits
-// may be logits itself (each row is read whole before it is written).
+// may be logits itself (each row is read whole before it is written). `stats`, when given, are
+// token_logprobs' for these rows of these logits (not recomputed; the same bits).
 void token_logprobs_backward(const float* logits, int64_t rows, int64_t vocab,
                              const int32_t* targets, const float* dlogp, const float* dentropy,
-                             float* dlogits);
+                             float* dlogits, const kernels::LogSoftmaxStats* stats = nullptr);
 
 // Vocabulary-parallel versions: each rank of `comm` holds logits [rows, vocab_local] for the
 // vocabulary ids [vocab_begin, vocab_begin + vocab_local). The same formulas, with the row max

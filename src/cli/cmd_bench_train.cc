@@ -183,15 +183,17 @@ Result<Breakdown> measure_breakdown(Trainer& tr, std::span<const TrainSample> ba
     const int64_t n = static_cast<int64_t>(targets.size());
     MILES_CHECK(static_cast<int64_t>(out.logits.size()) == n * v);
     std::vector<float> logp(n);
+    std::vector<kernels::LogSoftmaxStats> stats(n);
     parallel_ranges(pool, n, 4 * v, [&](int64_t r0, int64_t r1) {
       token_logprobs(out.logits.data() + r0 * v, r1 - r0, v, targets.data() + r0, logp.data() + r0,
-                     nullptr);
+                     nullptr, stats.data() + r0);
     });
     MILES_ASSIGN_OR_RETURN(TokenLoss loss, objective(TokenView{samples, offsets, logp, {}}));
     std::vector<float> dlogits = std::move(out.logits);
     parallel_ranges(pool, n, 8 * v, [&](int64_t r0, int64_t r1) {
       token_logprobs_backward(dlogits.data() + r0 * v, r1 - r0, v, targets.data() + r0,
-                              loss.dlogp.data() + r0, nullptr, dlogits.data() + r0 * v);
+                              loss.dlogp.data() + r0, nullptr, dlogits.data() + r0 * v,
+                              stats.data() + r0);
     });
     b.loss_head += seconds_since(t0);
 

@@ -24,14 +24,17 @@ float entropy_of(const float* logp, int64_t n) {
 }  // namespace
 
 void token_logprobs(const float* logits, int64_t rows, int64_t vocab, const int32_t* targets,
-                    float* logp, float* entropy) {
+                    float* logp, float* entropy, kernels::LogSoftmaxStats* stats) {
   std::vector<float> lp(static_cast<size_t>(entropy ? vocab : 0));
   for (int64_t r = 0; r < rows; ++r) {
+    const float* x = logits + r * vocab;
+    const kernels::LogSoftmaxStats st = kernels::log_softmax_stats(x, vocab);
+    if (stats) stats[r] = st;
     if (!entropy) {  // the target's value alone: log_softmax_row's bits without the row
-      logp[r] = kernels::log_softmax_at(logits + r * vocab, vocab, targets[r]);
+      logp[r] = (x[targets[r]] - st.max) - st.log_sum;
       continue;
     }
-    kernels::log_softmax_row(logits + r * vocab, vocab, lp.data());
+    kernels::log_softmax_row(x, vocab, st, lp.data());
     logp[r] = lp[targets[r]];
     if (entropy) entropy[r] = entropy_of(lp.data(), vocab);
   }
@@ -39,7 +42,7 @@ void token_logprobs(const float* logits, int64_t rows, int64_t vocab, const int3
 
 void token_logprobs_backward(const float* logits, int64_t rows, int64_t vocab,
                              const int32_t* targets, const float* dlogp, const float* dentropy,
-                             float* dlogits) {
+                             float* dlogits, const kernels::LogSoftmaxStats* stats) {
   std::vector<float> lp(static_cast<size_t>(vocab));
   for (int64_t r = 0; r < rows; ++r) {
     float* out = dlogits + r * vocab;
@@ -48,7 +51,9 @@ void token_logprobs_backward(const float* logits, int64_t rows, int64_t vocab,
       std::fill(out, out + vocab, 0.0f);
       continue;
     }
-    kernels::log_softmax_row(logits + r * vocab, vocab, lp.data());
+    const float* x = logits + r * vocab;
+    kernels::log_softmax_row(x, vocab, stats ? stats[r] : kernels::log_softmax_stats(x, vocab),
+                             lp.data());
     const float h = ge != 0.0f ? entropy_of(lp.data(), vocab) : 0.0f;
     kernels::detail::exp_shifted(lp.data(), 0.0f, vocab, out);  // p = exp(lp), then the gradient
     for (int64_t v = 0; v < vocab; ++v) {

@@ -22,16 +22,22 @@ float logsumexp_row(const float* x, int64_t n) {
   return m + std::log(exp_sum(x, m, n, detail::exp_scratch(n)));
 }
 
-void log_softmax_row(const float* x, int64_t n, float* out) {
+LogSoftmaxStats log_softmax_stats(const float* x, int64_t n) {
   const float m = detail::max_of(x, n);
-  const float log_s = std::log(exp_sum(x, m, n, detail::exp_scratch(n)));
-  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] - m) - log_s;
+  return {m, std::log(exp_sum(x, m, n, detail::exp_scratch(n)))};
+}
+
+void log_softmax_row(const float* x, int64_t n, const LogSoftmaxStats& stats, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] - stats.max) - stats.log_sum;
+}
+
+void log_softmax_row(const float* x, int64_t n, float* out) {
+  log_softmax_row(x, n, log_softmax_stats(x, n), out);
 }
 
 float log_softmax_at(const float* x, int64_t n, int64_t i) {
-  const float m = detail::max_of(x, n);
-  const float s = exp_sum(x, m, n, detail::exp_scratch(n));
-  return (x[i] - m) - std::log(s);
+  const LogSoftmaxStats st = log_softmax_stats(x, n);
+  return (x[i] - st.max) - st.log_sum;
 }
 
 void softmax_log_softmax_row(const float* x, int64_t n, float* probs, float* logp) {
