@@ -49,6 +49,7 @@ Status PipelineRun::forward(int64_t mb) {
   ForwardOptions opt;
   f->tape = t_.take_tape();
   opt.tape = f->tape.get();
+  if (st.last()) opt.logits_storage = &t_.spare_logits_;
   opt.forced_experts = f->packed.forced;
   opt.layer_begin = st.layer_begin;
   opt.layer_end = st.layer_end;
@@ -112,6 +113,7 @@ Result<Trainer::MicroResult> PipelineRun::backward(int64_t mb,
   }
   MILES_RETURN_IF_ERROR(t_.model_->backward(*f->tape, d_out, r.grads, t_.pool_, io));
   t_.recycle(std::move(f->tape));
+  if (st.last()) t_.spare_logits_ = std::move(d_out);
   r.folded = !lefts.empty();
   if (!st.first()) {
     send_buffers_.push_back(std::move(d_in));

@@ -111,6 +111,7 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   std::unique_ptr<ForwardTape> tape = take_tape();
   ForwardOptions opt;
   opt.tape = tape.get();
+  opt.logits_storage = &spare_logits_;
   opt.forced_experts = p.forced;
   opt.tp = tp();
   MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(p.tokens, p.seqs, *kv, opt, pool_));
@@ -128,6 +129,7 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   trainer_detail::fold_targets(lefts, io.fold, io.tied_fold);
   MILES_RETURN_IF_ERROR(model_->backward(*tape, head.dlogits, r.grads, pool_, io));
   recycle(std::move(tape));
+  spare_logits_ = std::move(head.dlogits);
   r.folded = !lefts.empty();
   return r;
 }

@@ -80,6 +80,9 @@ struct ForwardOptions {
   // Training: keep the activations backward needs here. Needs all_logits and sequences that start
   // at position 0 (whole sequences, no cached prefix).
   ForwardTape* tape = nullptr;
+  // Storage for the logits, taken over (moved into ForwardOutput::logits): a trainer hands back
+  // the last micro-batch's buffer so that tens of MB of fresh pages are not faulted in every time.
+  std::vector<float>* logits_storage = nullptr;
 };
 
 struct ForwardOutput {

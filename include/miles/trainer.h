@@ -199,6 +199,7 @@ class Trainer {
   std::vector<FlatTensors> spare_grads_;        // consumed micro-batch gradient buffers
   std::vector<std::vector<float>> spare_tied_;  // and their tied-head shares
   std::vector<std::unique_ptr<ForwardTape>> spare_tapes_;  // tapes of finished backwards
+  std::vector<float> spare_logits_;  // a finished backward's d logits: the next forward's logits
 };
 
 // SFT: token-mean negative log-likelihood over the step's loss-masked tokens, `total_tokens` of

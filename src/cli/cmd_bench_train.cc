@@ -151,7 +151,8 @@ Result<Breakdown> measure_breakdown(Trainer& tr, std::span<const TrainSample> ba
   const double total_tokens = static_cast<double>(batch.size()) * (batch[0].tokens.size() - 1);
   const TokenObjective objective = sft_objective(batch, total_tokens);
   FlatTensors acc(tr.params().layout_ptr()), scratch(tr.params().layout_ptr());
-  ForwardTape tape;  // reused by every micro-batch, as the trainer does
+  ForwardTape tape;  // reused by every micro-batch, as the trainer does, and so are the logits
+  std::vector<float> logits_storage;
   for (int64_t first = 0; first < static_cast<int64_t>(batch.size()); first += mbs) {
     std::vector<int32_t> tokens;
     std::vector<SeqSpan> seqs;
@@ -168,6 +169,7 @@ Result<Breakdown> measure_breakdown(Trainer& tr, std::span<const TrainSample> ba
     const Model& m = tr.model();
     ForwardOptions fo;
     fo.tape = &tape;
+    fo.logits_storage = &logits_storage;
     if (first == 0) {  // the trainer reuses its tapes' buffers: fill this one once, untimed
       auto kv = m.make_kv_cache();
       MILES_RETURN_IF_ERROR(m.forward(tokens, seqs, *kv, fo, pool).status());
@@ -210,6 +212,7 @@ Result<Breakdown> measure_breakdown(Trainer& tr, std::span<const TrainSample> ba
       MILES_RETURN_IF_ERROR(m.backward(tape, dlogits, scratch, pool));
       b.backward_packs = std::max(0.0, first_backward - seconds_since(t0));
     }
+    logits_storage = std::move(dlogits);
   }
   auto t0 = Clock::now();
   const float clip = clip_scale(global_grad_norm(acc), tr.config().optimizer.clip_grad_norm);

@@ -346,7 +346,8 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
   if (tape) tape->normed = sel;
   out.rows = rows.size();
   out.vocab = c.vocab_size;
-  out.logits.resize(static_cast<size_t>(out.rows * c.vocab_size));
+  if (options.logits_storage) out.logits = std::move(*options.logits_storage);
+  out.logits.resize(static_cast<size_t>(out.rows * c.vocab_size));  // all written by the GEMM
   kernels::gemm(sel.data(), out.rows, d, w_->lm_head, out.logits.data(), c.vocab_size, pool);
   return out;
 }
