@@ -44,6 +44,12 @@ float* tape_buffer(std::vector<float>& x, int64_t n) {
   return x.data();
 }
 
+// dst[0, n) = src[0, n), spread over the pool.
+void copy_over(const float* src, int64_t n, float* dst, ThreadPool* pool) {
+  parallel_ranges(pool, n, 1,
+                  [&](int64_t i0, int64_t i1) { std::copy(src + i0, src + i1, dst + i0); });
+}
+
 struct Scratch {
   std::vector<float> xn, qkv, attn, proj, gate_up, act;
 };
@@ -91,7 +97,7 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
   float* xn = tape ? tape_buffer(tape->xn1, t * d) : s.xn.data();
   float* raw = tape ? tape_buffer(tape->qkv_raw, t * ld) : s.qkv.data();
   float* qkv = tape ? tape_buffer(tape->qkv, t * ld) : s.qkv.data();
-  if (tape) tape->h_in.assign(h, h + t * d);
+  if (tape) copy_over(h, t * d, tape_buffer(tape->h_in, t * d), pool);
   rmsnorm_rows(h, t, d, l.input_norm, c.rms_norm_eps, xn, pool);
   kernels::gemm(xn, t, d, l.qkv, raw, ld, pool);
   add_bias(raw, t, ld, ld, l.qkv_bias, pool);
@@ -130,8 +136,9 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
     for (int64_t j = 0; j < seqs[si].n_tokens; j += kQueriesPerItem)
       items.emplace_back(plan.offset[si] + j, std::min(kQueriesPerItem, seqs[si].n_tokens - j));
   float* attn = tape ? tape_buffer(tape->attn, t * qd) : s.attn.data();
+  // The latest queries (the most keys) first, so that the last items to finish are short ones.
   parallel_for(t >= 8 ? pool : nullptr, static_cast<int64_t>(items.size()), [&](int64_t it) {
-    const auto [i, n] = items[it];
+    const auto [i, n] = items[items.size() - 1 - it];
     const int32_t si = plan.seq_of[i];
     std::vector<const float*> kc(kb[si].begin(), kb[si].end()), vc(vb[si].begin(), vb[si].end());
     kernels::KvSpan span{kc, vc, bt};
@@ -151,7 +158,7 @@ Status dense_mlp_block(const ModelConfig& c, const LayerWeights& l, float* h, in
   float* xn = tape ? tape_buffer(tape->xn2, t * d) : s.xn.data();
   float* gate_up = tape ? tape_buffer(tape->gate_up, t * 2 * f) : tape_buffer(s.gate_up, t * 2 * f);
   float* act = tape ? tape_buffer(tape->act, t * f) : tape_buffer(s.act, t * f);
-  if (tape) tape->h_mid.assign(h, h + t * d);
+  if (tape) copy_over(h, t * d, tape_buffer(tape->h_mid, t * d), pool);
   rmsnorm_rows(h, t, d, l.post_norm, c.rms_norm_eps, xn, pool);
   kernels::gemm(xn, t, d, l.gate_up, gate_up, 2 * f, pool);
   parallel_ranges(pool, t, 8 * f, [&](int64_t r0, int64_t r1) {

@@ -34,6 +34,12 @@ void add_into(float* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = dst[i] + src[i];
 }
 
+// add_into over the pool (element-wise: any split gives the same bits).
+void add_into(float* dst, const float* src, int64_t n, ThreadPool* pool) {
+  parallel_ranges(pool, n, 1,
+                  [&](int64_t i0, int64_t i1) { add_into(dst + i0, src + i0, i1 - i0); });
+}
+
 // Column sums of rows [M, N] (stride ld) into out[N], ascending rows.
 void column_sums(const float* x, int64_t m, int64_t n, int64_t ld, float* out) {
   for (int64_t r = 0; r < m; ++r)
@@ -149,7 +155,7 @@ class Backward {
     kernels::rmsnorm_backward(lt.h_mid.data(), dxn.data(), t_, c_.hidden_size,
                               w_.layers[layer].post_norm.data(), eps(), dxn.data(),
                               g_.accumulate(p + "post_attention_layernorm.weight"), pool_);
-    add_into(dh.data(), dxn.data(), t_ * c_.hidden_size);
+    add_into(dh.data(), dxn.data(), t_ * c_.hidden_size, pool_);
   }
 
   void moe(int64_t layer, const std::string& p, std::vector<float>& dh) {
@@ -213,7 +219,7 @@ class Backward {
     g_.weight_grad(dz.data(), e, lt.xn2.data(), d, t_, d, {{p + "mlp.gate.weight", e}});
     std::vector<float> dxr(static_cast<size_t>(t_ * d));
     gemm(dz.data(), t_, e, wt.router_t, dxr.data(), d, pool_);
-    add_into(dxn.data(), dxr.data(), t_ * d);
+    add_into(dxn.data(), dxr.data(), t_ * d, pool_);
     post_norm(layer, p, dxn, dh);
   }
 
@@ -288,7 +294,7 @@ class Backward {
     reduce(dxn.data(), t_ * d);  // column-parallel input gradient
     kernels::rmsnorm_backward(lt.h_in.data(), dxn.data(), t_, d, l.input_norm.data(), eps(),
                               dxn.data(), g_.accumulate(p + "input_layernorm.weight"), pool_);
-    add_into(dh.data(), dxn.data(), t_ * d);
+    add_into(dh.data(), dxn.data(), t_ * d, pool_);
   }
 
   void embedding(const std::vector<float>& dh) {
