@@ -163,6 +163,38 @@ TEST(Gemm, FusedRowsEqualSeparateMatrices) {
   }
 }
 
+// Packing moves values only: stacked parts whose rows do not start on a lane group, K not a
+// multiple of 8, and a reused matrix repacked with other values (its padding lanes zeroed), each
+// element where unpack_row says; the transposed pack is the pack of the explicit transpose.
+TEST(PackedMatrix, PacksAndTransposesExactly) {
+  for (const int64_t k : {64, 70, 5}) {
+    auto wa = random_vec(40 * k, 51), wb = random_vec(27 * k, 52), wc = random_vec(9 * k, 53);
+    Tensor ta = Tensor::from_f32({40, k}, wa), tb = Tensor::from_f32({27, k}, wb),
+           tc = Tensor::from_f32({9, k}, wc);
+    PackedMatrix m = PackedMatrix::pack_rows({&tb, &ta});  // a bigger matrix first: reuse below
+    m.assign_rows({&ta, &tb, &tc});
+    ASSERT_EQ(m.n(), 76);
+    for (int64_t r = 0; r < 76; ++r) {
+      const float* src = r < 40 ? wa.data() + r * k
+                                : (r < 67 ? wb.data() + (r - 40) * k : wc.data() + (r - 67) * k);
+      ASSERT_EQ(m.unpack_row(r), std::vector<float>(src, src + k)) << "row " << r << " k " << k;
+    }
+    const float* last = m.panel(m.num_panels() - 1);
+    for (int64_t kk = 0; kk < k; ++kk)
+      for (int64_t lane = 76 % kPanel; lane < kPanel; ++lane)
+        ASSERT_EQ(last[kk * kPanel + lane], 0.0f) << "padding lane " << lane;
+    std::vector<float> all(76 * k), allt(k * 76);
+    for (int64_t r = 0; r < 76; ++r) {
+      const std::vector<float> row = m.unpack_row(r);
+      for (int64_t kk = 0; kk < k; ++kk) allt[kk * 76 + r] = row[kk];
+    }
+    PackedMatrix t, want = PackedMatrix::pack_f32(allt.data(), k, 76);
+    m.transpose_into(t);
+    ASSERT_EQ(t.n(), k);
+    for (int64_t r = 0; r < k; ++r) ASSERT_EQ(t.unpack_row(r), want.unpack_row(r)) << "row " << r;
+  }
+}
+
 TEST(RmsNorm, MatchesDoubleAndIsRowInvariant) {
   const int64_t d = 300, m = 64;
   auto x = random_vec(m * d, 31), w = random_vec(d, 32);

@@ -2,12 +2,57 @@
 // micro-kernels.
 #include <algorithm>
 
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
 
 namespace miles::kernels {
 
 namespace {
+
+#if defined(__AVX__)
+// d[j * ldd + i] = s[i * lds + j] for i, j < 8: an 8 × 8 block transposed in registers.
+inline void transpose8(const float* s, int64_t lds, float* d, int64_t ldd) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(s + i * lds);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(d + i * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(d + (i + 4) * ldd, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+#endif
+
+// Rows [r0, r0 + 8) of a row-major f32 [rows, k] source into the packed layout at row `n0` (a
+// multiple of 8, so the eight rows are eight lanes of one panel), 8 × 8 blocks at a time.
+// Returns false (nothing written) where that does not apply.
+bool scatter_eight_rows(std::vector<float>& data, int64_t k, int64_t n0, const float* src) {
+#if defined(__AVX__)
+  if (n0 % 8 != 0) return false;
+  float* panel = data.data() + (n0 / kPanel) * k * kPanel + (n0 % kPanel);
+  int64_t kk = 0;
+  for (; kk + 8 <= k; kk += 8) transpose8(src + kk, k, panel + kk * kPanel, kPanel);
+  for (; kk < k; ++kk)
+    for (int64_t i = 0; i < 8; ++i) panel[kk * kPanel + i] = src[i * k + kk];
+  return true;
+#else
+  (void)data, (void)k, (void)n0, (void)src;
+  return false;
+#endif
+}
+
 // Copies rows [row0, row0 + rows) of a row-major [rows, k] source into the packed layout at row
 // `dst_row`.
 template <typename Load>
@@ -24,7 +69,10 @@ void scatter_tensor(std::vector<float>& data, int64_t k, int64_t dst_row, const 
   switch (w.dtype()) {
     case DType::kF32: {
       const float* p = w.data<float>();
-      scatter_rows(data, k, dst_row, rows, [&](int64_t r, int64_t kk) { return p[r * k + kk]; });
+      int64_t r = 0;  // whole groups of eight lanes by transposed blocks, the rest row by row
+      while (r + 8 <= rows && scatter_eight_rows(data, k, dst_row + r, p + r * k)) r += 8;
+      scatter_rows(data, k, dst_row + r, rows - r,
+                   [&](int64_t i, int64_t kk) { return p[(r + i) * k + kk]; });
       break;
     }
     case DType::kBF16: {
@@ -112,6 +160,14 @@ void PackedMatrix::transpose_into(PackedMatrix& t) const {
     for (int64_t op = 0; op < t.num_panels(); ++op) {
       const int64_t kw = std::min(kPanel, k_ - op * kPanel);
       float* dst = t.data_.data() + op * t.k_ * kPanel + ip * kPanel * kPanel;
+#if defined(__AVX__)
+      if (nw == kPanel && kw == kPanel) {  // a whole tile: 8 × 8 blocks in registers
+        for (int64_t b = 0; b < kPanel; b += 8)
+          for (int64_t a = 0; a < kPanel; a += 8)
+            transpose8(src + (op * kPanel + b) * kPanel + a, kPanel, dst + a * kPanel + b, kPanel);
+        continue;
+      }
+#endif
       for (int64_t a = 0; a < nw; ++a)
         for (int64_t b = 0; b < kw; ++b) dst[a * kPanel + b] = src[(op * kPanel + b) * kPanel + a];
     }
