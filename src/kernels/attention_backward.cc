@@ -1,7 +1,8 @@
 // Backward of causal attention (backward.h) per (sequence, kv head), in blocks of kQueryBlock
 // queries. Phase 1 of every block of a window of blocks runs first (one work item per block), then
 // phase 2 over runs of keys (one work item per run), so the work spreads over more threads than
-// there are kv heads; a window holds as many blocks' P and dS as kMaxKeptFloats allows.
+// there are kv heads; a window holds as many blocks' P and dS as kMaxKeptFloats allows, and at least
+// one block per thread (the memory one (sequence, kv head) item per thread used to hold).
 //
 // Phase 1, per query head h of the group and query i of the block: the scores p_ij = q_i · k_j are
 // the contract's dot (one fma chain over the head dimension from 0, for head_dim <= kGemmChunk),
@@ -243,12 +244,14 @@ void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, i
     for (int64_t i0 = 0; i0 < work[w].seq->t; i0 += kQueryBlock)
       blocks.push_back({w, i0, std::min(work[w].seq->t, i0 + kQueryBlock), 0});
   std::vector<float> kept;
+  const int64_t threads = pool ? pool->num_threads() : 1;
   for (size_t b0 = 0; b0 < blocks.size();) {
     size_t b1 = b0;
     int64_t floats = 0;
     while (b1 < blocks.size()) {
       const int64_t need = 2 * sh.group * kQueryBlock * work[blocks[b1].w].seq->t;
-      if (b1 > b0 && floats + need > kMaxKeptFloats) break;
+      const int64_t budget = std::max(kMaxKeptFloats, threads * need);
+      if (b1 > b0 && floats + need > budget) break;
       blocks[b1++].kept = floats;
       floats += need;
     }
