@@ -1,8 +1,8 @@
 // Backward of causal attention (backward.h) per (sequence, kv head), in blocks of kQueryBlock
 // queries. Phase 1 of every block of a window of blocks runs first (one work item per block), then
 // phase 2 over runs of keys (one work item per run), so the work spreads over more threads than
-// there are kv heads; a window holds as many blocks' P and dS as kMaxKeptFloats allows, and at least
-// one block per thread (the memory one (sequence, kv head) item per thread used to hold).
+// there are kv heads; a window holds as many blocks' P and dS as kMaxKeptFloats allows, and at
+// least one block per thread (the memory one (sequence, kv head) item per thread used to hold).
 //
 // Phase 1, per query head h of the group and query i of the block: the scores p_ij = q_i · k_j are
 // the contract's dot (one fma chain over the head dimension from 0, for head_dim <= kGemmChunk),
