@@ -7,6 +7,7 @@
 #include "kernels/backward.h"
 #include "miles/status.h"
 #include "miles/thread_pool.h"
+#include "model/elementwise.h"
 
 namespace miles {
 
@@ -31,11 +32,6 @@ void fold_range(const float* src, const std::vector<const float*>& lefts, float*
       for (int64_t i = 0; i < n; ++i) v[i] = l[b + i] + v[i];
     std::copy_n(v, n, dest + b);
   }
-}
-
-// dst[i] = dst[i] + src[i]: a scatter-add of one row.
-void add_rows(float* dst, const float* src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = dst[i] + src[i];
 }
 
 void zero_fill(std::span<float> x, ThreadPool* pool) {
@@ -108,7 +104,7 @@ void GradSink::scatter_rows(const std::string& name, std::span<const int64_t> ro
   if (fold_.empty() || state_[t] != State::kUntouched) {
     float* g = accumulate(name);
     for (size_t i = 0; i < rows.size(); ++i)
-      if (rows[i] >= 0) add_rows(g + rows[i] * d, src + i * d, d);
+      if (rows[i] >= 0) add_into(g + rows[i] * d, src + i * d, d);
     return;
   }
   state_[t] = State::kStored;
@@ -126,7 +122,7 @@ void GradSink::scatter_rows(const std::string& name, std::span<const int64_t> ro
   }
   std::vector<float> sums(touched.size() * d, 0.0f);
   for (size_t i = 0; i < rows.size(); ++i)
-    if (slot[i] >= 0) add_rows(sums.data() + slot[i] * d, src + i * d, d);
+    if (slot[i] >= 0) add_into(sums.data() + slot[i] * d, src + i * d, d);
   // Touched rows folded first (the dense fold below overwrites fold_.back(), one of their lefts).
   std::vector<const float*> lefts(fold_.size());
   for (size_t u = 0; u < touched.size(); ++u) {

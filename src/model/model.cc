@@ -8,6 +8,7 @@
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
 #include "model/backward_weights.h"
+#include "model/elementwise.h"
 #include "model/forward_tape.h"
 #include "model/model_weights.h"
 #include "model/moe.h"
@@ -36,12 +37,6 @@ BatchPlan plan_batch(std::span<const SeqSpan> seqs, int64_t t) {
     }
   }
   return p;
-}
-
-// x sized to n values (kept ones are overwritten by the caller; capacity is reused) and its data.
-float* tape_buffer(std::vector<float>& x, int64_t n) {
-  x.resize(static_cast<size_t>(n));
-  return x.data();
 }
 
 // dst[0, n) = src[0, n), spread over the pool.
@@ -78,12 +73,6 @@ Status tp_all_reduce(const TensorParallel* tp, float* x, int64_t n) {
   return tp->comm->all_reduce_sum_deterministic(std::span<float>(x, static_cast<size_t>(n)));
 }
 
-void add_residual(float* h, const float* y, int64_t n, ThreadPool* pool) {
-  parallel_ranges(pool, n, 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) h[i] = h[i] + y[i];
-  });
-}
-
 // Self-attention of one layer, output added into h.
 Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t layer,
                        std::span<const SeqSpan> seqs, const BatchPlan& plan, KvStore& kv, float* h,
@@ -94,10 +83,10 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
   const int64_t ld = qd + 2 * kvd;
   // With a tape, the phases write straight into its buffers (reused from the tape's last forward:
   // no copies, no fresh pages); without one, into the scratch.
-  float* xn = tape ? tape_buffer(tape->xn1, t * d) : s.xn.data();
-  float* raw = tape ? tape_buffer(tape->qkv_raw, t * ld) : s.qkv.data();
-  float* qkv = tape ? tape_buffer(tape->qkv, t * ld) : s.qkv.data();
-  if (tape) copy_over(h, t * d, tape_buffer(tape->h_in, t * d), pool);
+  float* xn = tape ? sized(tape->xn1, t * d).data() : s.xn.data();
+  float* raw = tape ? sized(tape->qkv_raw, t * ld).data() : s.qkv.data();
+  float* qkv = tape ? sized(tape->qkv, t * ld).data() : s.qkv.data();
+  if (tape) copy_over(h, t * d, sized(tape->h_in, t * d).data(), pool);
   rmsnorm_rows(h, t, d, l.input_norm, c.rms_norm_eps, xn, pool);
   kernels::gemm(xn, t, d, l.qkv, raw, ld, pool);
   add_bias(raw, t, ld, ld, l.qkv_bias, pool);
@@ -135,7 +124,7 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
   for (size_t si = 0; si < seqs.size(); ++si)
     for (int64_t j = 0; j < seqs[si].n_tokens; j += kQueriesPerItem)
       items.emplace_back(plan.offset[si] + j, std::min(kQueriesPerItem, seqs[si].n_tokens - j));
-  float* attn = tape ? tape_buffer(tape->attn, t * qd) : s.attn.data();
+  float* attn = tape ? sized(tape->attn, t * qd).data() : s.attn.data();
   // The latest queries (the most keys) first, so that the last items to finish are short ones.
   parallel_for(t >= 8 ? pool : nullptr, static_cast<int64_t>(items.size()), [&](int64_t it) {
     const auto [i, n] = items[items.size() - 1 - it];
@@ -148,17 +137,18 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
   kernels::gemm(attn, t, qd, l.o, s.proj.data(), d, pool);
   MILES_RETURN_IF_ERROR(tp_all_reduce(tp, s.proj.data(), t * d));
   add_bias(s.proj.data(), t, d, d, l.o_bias, pool);
-  add_residual(h, s.proj.data(), t * d, pool);
+  add_into(h, s.proj.data(), t * d, pool);  // the residual
   return Status::Ok();
 }
 
 Status dense_mlp_block(const ModelConfig& c, const LayerWeights& l, float* h, int64_t t, Scratch& s,
                        LayerTape* tape, const TensorParallel* tp, ThreadPool* pool) {
   const int64_t d = c.hidden_size, f = c.intermediate_size;
-  float* xn = tape ? tape_buffer(tape->xn2, t * d) : s.xn.data();
-  float* gate_up = tape ? tape_buffer(tape->gate_up, t * 2 * f) : tape_buffer(s.gate_up, t * 2 * f);
-  float* act = tape ? tape_buffer(tape->act, t * f) : tape_buffer(s.act, t * f);
-  if (tape) copy_over(h, t * d, tape_buffer(tape->h_mid, t * d), pool);
+  float* xn = tape ? sized(tape->xn2, t * d).data() : s.xn.data();
+  float* gate_up =
+      tape ? sized(tape->gate_up, t * 2 * f).data() : sized(s.gate_up, t * 2 * f).data();
+  float* act = tape ? sized(tape->act, t * f).data() : sized(s.act, t * f).data();
+  if (tape) copy_over(h, t * d, sized(tape->h_mid, t * d).data(), pool);
   rmsnorm_rows(h, t, d, l.post_norm, c.rms_norm_eps, xn, pool);
   kernels::gemm(xn, t, d, l.gate_up, gate_up, 2 * f, pool);
   parallel_ranges(pool, t, 8 * f, [&](int64_t r0, int64_t r1) {
@@ -167,7 +157,7 @@ Status dense_mlp_block(const ModelConfig& c, const LayerWeights& l, float* h, in
   });
   kernels::gemm(act, t, f, l.down, s.proj.data(), d, pool);
   MILES_RETURN_IF_ERROR(tp_all_reduce(tp, s.proj.data(), t * d));
-  add_residual(h, s.proj.data(), t * d, pool);
+  add_into(h, s.proj.data(), t * d, pool);  // the residual
   return Status::Ok();
 }
 
@@ -285,8 +275,10 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
   }
   Scratch s;
   s.xn.resize(t * d);
-  s.qkv.resize(t * (c.q_dim() + 2 * c.kv_dim()));
-  s.attn.resize(t * c.q_dim());
+  if (!options.tape) {  // a training forward writes these into its tape instead
+    s.qkv.resize(t * (c.q_dim() + 2 * c.kv_dim()));
+    s.attn.resize(t * c.q_dim());
+  }
   s.proj.resize(t * d);
 
   ForwardOutput out;
@@ -328,7 +320,7 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     float* wts = out.expert_weights.empty() ? nullptr : out.expert_weights.data() + moe_index * k;
     MILES_RETURN_IF_ERROR(moe_block(c, l, s.xn.data(), t, forced, stride, s.proj.data(), ids, wts,
                                     stride, lt ? &lt->moe : nullptr, options.tp, pool));
-    add_residual(h.data(), s.proj.data(), t * d, pool);
+    add_into(h.data(), s.proj.data(), t * d, pool);  // the residual
     ++moe_index;
   }
 

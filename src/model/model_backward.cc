@@ -17,6 +17,7 @@
 #include "miles/model.h"
 #include "miles/thread_pool.h"
 #include "model/backward_weights.h"
+#include "model/elementwise.h"
 #include "model/forward_tape.h"
 #include "model/grad_sink.h"
 #include "model/model_weights.h"
@@ -30,26 +31,10 @@ using kernels::gemm_weight_grad;
 
 constexpr int64_t kRopeRows = 16;  // tokens per RoPE-backward work item
 
-void add_into(float* dst, const float* src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = dst[i] + src[i];
-}
-
-// add_into over the pool (element-wise: any split gives the same bits).
-void add_into(float* dst, const float* src, int64_t n, ThreadPool* pool) {
-  parallel_ranges(pool, n, 1,
-                  [&](int64_t i0, int64_t i1) { add_into(dst + i0, src + i0, i1 - i0); });
-}
-
 // Column sums of rows [M, N] (stride ld) into out[N], ascending rows.
 void column_sums(const float* x, int64_t m, int64_t n, int64_t ld, float* out) {
   for (int64_t r = 0; r < m; ++r)
     for (int64_t j = 0; j < n; ++j) out[j] = out[j] + x[r * ld + j];
-}
-
-// x resized to n values without touching those it has (the caller overwrites them all).
-std::vector<float>& sized(std::vector<float>& x, int64_t n) {
-  x.resize(static_cast<size_t>(n));
-  return x;
 }
 
 class Backward {
