@@ -1,6 +1,7 @@
 // The weight gradient's GEMM (dW = dYᵀ · X, packed straight from dY's columns) and gemm_xt against
-// the contract's scalar dot, bit for bit, at shapes that leave partial tiles, panels and chunks,
-// with row strides past the width, on one thread and on pools.
+// the contract's scalar dot (over rows in chunks of kWeightGradChunk), bit for bit, at shapes that
+// leave partial tiles, panels and chunks, with row strides past the width, on one thread and on
+// pools.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -33,7 +34,8 @@ TEST(GemmBackward, WeightGradientIsTheContractDotOverRows) {
           col_dy[r] = dy[r * ldy + i];
           col_x[r] = x[r * ldx + j];
         }
-        want[i * d.k + j] = gemm_reference_dot(col_dy.data(), col_x.data(), d.m);
+        want[i * d.k + j] =
+            gemm_reference_dot(col_dy.data(), col_x.data(), d.m, kWeightGradChunk);
       }
     for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
       std::vector<float> got(d.n * d.k, 9.0f);

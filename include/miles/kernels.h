@@ -37,6 +37,11 @@ inline constexpr int64_t kGemmChunk = 128;  // K positions per row-reduction chu
 // (the last chunk shorter). A pure function of k: every layout and batch shape of one K reduce alike.
 // Examples: 2048 → 16 × 128, 576 → 8 × 72, 1536 → 16 × 96, 172 → 4 × 43, 64 → 8 × 8.
 int64_t gemm_chunk(int64_t k);
+// The chunk length of a weight gradient's reduction over its M token rows (dW = dYᵀ·X, every
+// backend): kGemmChunk, the last chunk shorter. No layout splits a micro-batch's tokens between
+// ranks, so this reduction needs none of gemm_chunk's equal splits for tensor parallelism, and
+// fewer, longer chunks keep the GEMM tile in its fma loop (256 tokens: 2 × 128, not 8 × 32).
+inline constexpr int64_t kWeightGradChunk = kGemmChunk;
 inline constexpr int64_t kPanel = 32;       // output columns per packed weight panel
 inline constexpr int64_t kAttnBlock = 32;   // key positions per online-softmax block
 

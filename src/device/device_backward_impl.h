@@ -84,7 +84,7 @@ class BackendBackward {
   // dW [n, k] of y = x Wᵀ over the tape's tokens, rows split into up to three named tensors.
   void weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx, int64_t n, int64_t k,
                    std::initializer_list<std::pair<float*, int64_t>> parts) {
-    WeightGradKernel w{dy, ldy, x, ldx, t_, n, k, kernels::gemm_chunk(t_), {}, {}};
+    WeightGradKernel w{dy, ldy, x, ldx, t_, n, k, kernels::kWeightGradChunk, {}, {}};
     int i = 0;
     int64_t end = 0;
     for (const auto& [dst, rows] : parts) {
@@ -185,7 +185,7 @@ class BackendBackward {
                             n,
                             d,
                             f,
-                            kernels::gemm_chunk(n),
+                            kernels::kWeightGradChunk,
                             {grad(xp + "down_proj.weight"), nullptr, nullptr},
                             {d, d + 1, d + 1},
                             rows,
@@ -199,7 +199,7 @@ class BackendBackward {
                           n,
                           2 * f,
                           d,
-                          kernels::gemm_chunk(n),
+                          kernels::kWeightGradChunk,
                           {grad(xp + "gate_proj.weight"), grad(xp + "up_proj.weight"), nullptr},
                           {f, 2 * f, 2 * f + 1},
                           rows,

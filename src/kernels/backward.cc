@@ -92,10 +92,12 @@ void gemm_weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx,
     return;
   }
   // dyᵀ [N, M] as the GEMM's rows (packed straight from dy's columns: gemm_xt), xᵀ [K, M] packed
-  // once as its weight: dW[n, k] = Σ_m dy[m, n] x[m, k]. Packing moves values only, and every
-  // output element keeps its chain whichever part (and so whichever GEMM call) holds it.
+  // once as its weight: dW[n, k] = Σ_m dy[m, n] x[m, k], in chunks of kWeightGradChunk rows.
+  // Packing moves values only, and every output element keeps its chain whichever part (and so
+  // whichever GEMM call) holds it.
   thread_local PackedMatrix xt;
   xt.assign_transposed(x, m, k, ldx, pool);
+  xt.set_chunk(kWeightGradChunk);
   for (const WeightGradPart& p : parts)
     gemm_xt(dy + p.row0, p.rows, ldy, xt, p.dw, k, pool, detect_isa(), p.lefts);
 }

@@ -47,7 +47,8 @@ void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, i
                               int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
                               ThreadPool* pool);
 
-// dW[N, K] = dYᵀ · X summed over the M rows with the GEMM's chunk-and-tree rule over rows:
+// dW[N, K] = dYᵀ · X summed over the M rows with the GEMM's chunk-and-tree rule over rows, in
+// chunks of kWeightGradChunk rows:
 // dy[M, N] (stride ldy), x[M, K] (stride ldx), dw[N, K] overwritten.
 void gemm_weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx, int64_t m,
                       int64_t n, int64_t k, float* dw, ThreadPool* pool);
