@@ -47,19 +47,23 @@ TEST(GemmBackward, WeightGradientIsTheContractDotOverRows) {
 }
 
 TEST(GemmBackward, TransposedOperandGivesGemmsBitsOnEveryIsa) {
-  const int64_t m = 50, k = 300, n = 70, ldt = m + 6;
-  const auto xt = random_vec(k * ldt, 7), w = random_vec(n * k, 8);
-  std::vector<float> x(m * k);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t kk = 0; kk < k; ++kk) x[i * k + kk] = xt[kk * ldt + i];
-  const PackedMatrix pw = PackedMatrix::pack_f32(w.data(), n, k);
-  ThreadPool pool(2);
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    if (static_cast<int>(isa) > static_cast<int>(detect_isa())) continue;
-    std::vector<float> want(m * n), got(m * n, 5.0f);
-    gemm(x.data(), m, k, pw, want.data(), n, &pool, isa);
-    gemm_xt(xt.data(), m, ldt, pw, got.data(), n, &pool, isa);
-    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << isa_name(isa);
+  // The second shape's rows are wide enough (an LM head's vocabulary) for the grouped packing.
+  for (const Dims d : {Dims{50, 70, 300}, Dims{8205, 40, 19}}) {
+    const int64_t m = d.m, k = d.k, n = d.n, ldt = m + 6;
+    const auto xt = random_vec(k * ldt, 7), w = random_vec(n * k, 8);
+    std::vector<float> x(m * k);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t kk = 0; kk < k; ++kk) x[i * k + kk] = xt[kk * ldt + i];
+    const PackedMatrix pw = PackedMatrix::pack_f32(w.data(), n, k);
+    ThreadPool pool(2);
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+      if (static_cast<int>(isa) > static_cast<int>(detect_isa())) continue;
+      std::vector<float> want(m * n), got(m * n, 5.0f);
+      gemm(x.data(), m, k, pw, want.data(), n, &pool, isa);
+      gemm_xt(xt.data(), m, ldt, pw, got.data(), n, &pool, isa);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0)
+          << isa_name(isa) << " m " << m;
+    }
   }
 }
 

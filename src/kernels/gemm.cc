@@ -171,21 +171,29 @@ void pack_rows(const float* x, int64_t m, int64_t lda, int64_t k, int tile_rows,
 
 // pack_rows for an x given transposed: element (row, kk) at xt[kk * ldt + row]. Every tile is a
 // straight copy of tile_rows consecutive floats per kk (rows past M are zero).
+// For wide rows of xt (the LM head's vocabulary) tiles go 16 at a time, kk outermost: each kk
+// reads the group's columns as one contiguous run of its row. (A tile at a time reads a few floats
+// of each of k rows whose stride maps them to a few cache sets: the next tile finds none of those
+// lines left. Narrow rows stay in cache either way, and one tile at a time is faster there.)
 void pack_cols(const float* xt, int64_t m, int64_t ldt, int64_t k, int tile_rows, int64_t t0,
                int64_t t1, float* out) {
-  for (int64_t t = t0; t < t1; ++t) {
-    float* dst = out + t * k * tile_rows;
-    const int64_t row0 = t * tile_rows, w = std::min<int64_t>(tile_rows, m - row0);
+  const int64_t group = m >= 8192 ? 16 : 1;
+  for (int64_t g0 = t0; g0 < t1; g0 += group) {
+    const int64_t g1 = std::min(t1, g0 + group);
     for (int64_t kk = 0; kk < k; ++kk) {
-      const float* src = xt + kk * ldt + row0;
-      float* d = dst + kk * tile_rows;
-      int64_t i = 0;  // a few floats per kk: inline copies, not a library call each
+      const float* row = xt + kk * ldt;
+      for (int64_t t = g0; t < g1; ++t) {
+        const int64_t row0 = t * tile_rows, w = std::min<int64_t>(tile_rows, m - row0);
+        const float* src = row + row0;
+        float* d = out + (t * k + kk) * tile_rows;
+        int64_t i = 0;  // a few floats per tile: inline copies, not a library call each
 #if defined(__AVX__)
-      for (; i + 8 <= w; i += 8) _mm256_storeu_ps(d + i, _mm256_loadu_ps(src + i));
-      for (; i + 4 <= w; i += 4) _mm_storeu_ps(d + i, _mm_loadu_ps(src + i));
+        for (; i + 8 <= w; i += 8) _mm256_storeu_ps(d + i, _mm256_loadu_ps(src + i));
+        for (; i + 4 <= w; i += 4) _mm_storeu_ps(d + i, _mm_loadu_ps(src + i));
 #endif
-      for (; i < w; ++i) d[i] = src[i];
-      for (; i < tile_rows; ++i) d[i] = 0.0f;
+        for (; i < w; ++i) d[i] = src[i];
+        for (; i < tile_rows; ++i) d[i] = 0.0f;
+      }
     }
   }
 }
