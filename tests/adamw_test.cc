@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "grad_case.h"
 #include "miles/optimizer.h"
@@ -118,6 +119,50 @@ TEST(AdamW, StepIsDeterministicAndClipScalesOnlyAboveTheLimit) {
   EXPECT_EQ(0, std::memcmp(g2.all().data(), a.grads.all().data(), g2.all().size() * 4));
   clip_grad_norm(g2, n / 2);
   EXPECT_NEAR(global_grad_norm(g2), n / 2, 1e-5 * n);
+}
+
+// squared_norm's order spelled out one element at a time: the vectorised lanes give its bits, for
+// every tail length, and a tensor sums its slices in ascending order.
+double scalar_slice(const float* g, int64_t n) {
+  double lane[16] = {};
+  for (int64_t i = 0; i < n; ++i) lane[i % 16] = lane[i % 16] + static_cast<double>(g[i]) * g[i];
+  for (int half = 8; half >= 1; half /= 2)
+    for (int j = 0; j < half; ++j) lane[j] = lane[j] + lane[j + half];
+  return lane[0];
+}
+
+TEST(AdamW, SquaredNormIsItsDocumentedOrder) {
+  std::vector<float> g(3 * kNormSlice + 5);
+  uint32_t x = 12345;
+  for (float& v : g) {
+    x = x * 1664525u + 1013904223u;
+    // Magnitudes 2^-20 .. 2^20: the squares' sums round, so another order shows in the bits.
+    v = std::ldexp(static_cast<float>(static_cast<int32_t>(x)) * 0x1p-31f, (x >> 7) % 41 - 20);
+  }
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{1000},
+                    kNormSlice - 1, kNormSlice}) {
+    const double got = squared_norm_slice(g.data() + 3, n), want = scalar_slice(g.data() + 3, n);
+    EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0) << "n = " << n;
+  }
+  double want = 0.0;
+  for (int64_t b = 0; b < static_cast<int64_t>(g.size()); b += kNormSlice)
+    want = want + scalar_slice(g.data() + b, std::min<int64_t>(kNormSlice, g.size() - b));
+  const double got = squared_norm(g.data(), static_cast<int64_t>(g.size()));
+  EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0);
+  // The tree itself: 2^54 (ulp 4) in lane 0 keeps four 1s that meet each other first (lanes 1, 9,
+  // 5, 13: pairs at the first two levels) and loses two that meet it one at a time (lanes 1, 2).
+  for (const int64_t n : {int64_t{14}, int64_t{16}}) {  // the scalar tail and the vector loop
+    std::vector<float> t(n, 0.0f);
+    t[0] = 0x1p27f;
+    t[1] = t[9] = t[5] = t[13] = 1.0f;
+    EXPECT_EQ(squared_norm_slice(t.data(), n), 0x1p54 + 4) << "n = " << n;
+    t[9] = t[5] = t[13] = 0.0f;
+    t[2] = 1.0f;
+    EXPECT_EQ(squared_norm_slice(t.data(), n), 0x1p54) << "n = " << n;
+  }
+  long double exact = 0;  // and it is the sum of squares
+  for (float v : g) exact += static_cast<long double>(v) * v;
+  EXPECT_NEAR(got, static_cast<double>(exact), 1e-12 * static_cast<double>(exact));
 }
 
 // AdamW with grad_scale (the trainer's clipping without a pass over the gradients) gives the bits

@@ -215,15 +215,21 @@ Status Trainer::reduce_across_stages(MicroResult& acc, Communicator* pp) {
 double Trainer::owned_grad_norm(const MicroResult& acc, Communicator* pp) {
   const std::vector<ParamSpec>& specs = layout_->specs();
   std::vector<double> sq(specs.size(), 0.0);
-  parallel_for(pool_, specs.size(), [&](int64_t i) {  // one tensor per work item, ascending inside
+  // Work items are slices (squared_norm's), summed per tensor in ascending order afterwards.
+  std::vector<std::pair<size_t, int64_t>> slices;  // (tensor, first element)
+  for (size_t i = 0; i < specs.size(); ++i) {
     const bool report = owned_[i] && !(specs[i].name == "model.embed_tokens.weight" &&
                                        !stage_.first());  // a tied embedding counts once
-    if (!report) return;
-    const float* g = acc.grads.all().data() + specs[i].offset;
-    double s = 0;
-    for (int64_t k = 0; k < specs[i].numel; ++k) s += static_cast<double>(g[k]) * g[k];
-    sq[i] = s;
+    if (report)
+      for (int64_t b = 0; b < specs[i].numel; b += kNormSlice) slices.emplace_back(i, b);
+  }
+  std::vector<double> part(slices.size());
+  parallel_for(pool_, slices.size(), [&](int64_t j) {
+    const auto [i, b] = slices[j];
+    part[j] = squared_norm_slice(acc.grads.all().data() + specs[i].offset + b,
+                                 std::min(kNormSlice, specs[i].numel - b));
   });
+  for (size_t j = 0; j < slices.size(); ++j) sq[slices[j].first] = sq[slices[j].first] + part[j];
   if (tp_.comm && tp_.comm->size() > 1) {  // shards add up; a replicated tensor counts once
     if (tp_.comm->rank() != 0)
       for (size_t i = 0; i < specs.size(); ++i)

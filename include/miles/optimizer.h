@@ -40,8 +40,15 @@ struct LrSchedule {
   Status validate() const;
 };
 
-// √(Σ g²) over every gradient: each tensor's sum of squares in double in ascending element order,
-// tensors summed in layout order (torch's norm of per-tensor norms, in double).
+// Σ g² of one tensor in double, in a fixed order that vectorises and spreads over threads: slices
+// of kNormSlice elements in ascending order, each slice in 16 interleaved lanes (lane l adds the
+// squares of its elements ≡ l mod 16 in ascending order) combined by a fixed pairwise tree. A pure
+// function of the values: any thread count, instruction set or pipeline split gives its bits.
+inline constexpr int64_t kNormSlice = int64_t{1} << 16;
+double squared_norm_slice(const float* g, int64_t n);  // one slice: n <= kNormSlice
+double squared_norm(const float* g, int64_t n);        // Σ of its slices' squared_norm_slice
+// √(Σ g²) over every gradient: each tensor's squared_norm, tensors summed in layout order (torch's
+// norm of per-tensor norms, in double).
 double global_grad_norm(const FlatTensors& grads);
 // Scales grads by max_norm / (norm + 1e-6) when that is below 1 (torch's clip_grad_norm_). Returns
 // the norm before clipping.
