@@ -19,12 +19,12 @@
 namespace miles::kernels {
 namespace detail {
 
-void chunk_tile_scalar(const float* a_tile, int rows, const float* b, int64_t kc, const float* left,
-                       float* part) {
+void chunk_tile_scalar(const float* a_tile, int64_t lda, int rows, const float* b, int64_t kc,
+                       const float* left, float* part) {
   for (int r = 0; r < rows; ++r) {
     float acc[kPanel] = {};
     for (int64_t k = 0; k < kc; ++k) {
-      const float a = a_tile[k * kTileRowsScalar + r];
+      const float a = a_tile[k * lda + r];
       for (int64_t j = 0; j < kPanel; ++j) acc[j] = std::fma(a, b[k * kPanel + j], acc[j]);
     }
     if (left)
@@ -171,13 +171,16 @@ void pack_rows(const float* x, int64_t m, int64_t lda, int64_t k, int tile_rows,
 
 // pack_rows for an x given transposed: element (row, kk) at xt[kk * ldt + row]. Every tile is a
 // straight copy of tile_rows consecutive floats per kk (rows past M are zero).
+// Rows of xt at least this wide are packed before the GEMM (gemm_xt).
+constexpr int64_t kWideRows = 8192;
+
 // For wide rows of xt (the LM head's vocabulary) tiles go 16 at a time, kk outermost: each kk
 // reads the group's columns as one contiguous run of its row. (A tile at a time reads a few floats
 // of each of k rows whose stride maps them to a few cache sets: the next tile finds none of those
 // lines left. Narrow rows stay in cache either way, and one tile at a time is faster there.)
 void pack_cols(const float* xt, int64_t m, int64_t ldt, int64_t k, int tile_rows, int64_t t0,
                int64_t t1, float* out) {
-  const int64_t group = m >= 8192 ? 16 : 1;
+  const int64_t group = m >= kWideRows ? 16 : 1;
   for (int64_t g0 = t0; g0 < t1; g0 += group) {
     const int64_t g1 = std::min(t1, g0 + group);
     for (int64_t kk = 0; kk < k; ++kk) {
@@ -198,7 +201,16 @@ void pack_cols(const float* xt, int64_t m, int64_t ldt, int64_t k, int tile_rows
   }
 }
 
-void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMatrix& w,
+// Where a tile's rows come from: packed k-major ([k][tile rows] per tile), or for the whole tiles
+// [0, direct_tiles) of gemm_xt straight from xt (row r of the tile at k: xt[k * ldt + r]), which
+// already holds a tile's rows side by side for every k.
+struct ATiles {
+  const float* packed;
+  const float* direct;
+  int64_t ldt, direct_tiles;
+};
+
+void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& w,
                int64_t panel, float* y, int64_t ldy, GemmLefts lefts, TileKernel kern,
                std::vector<float>& stack) {
   const int64_t k = w.k(), chunk = w.chunk();
@@ -228,7 +240,10 @@ void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMa
   };
   for (int64_t r = 0; r < rows; r += kern.rows) {
     const int tr = static_cast<int>(std::min<int64_t>(kern.rows, rows - r));
-    const float* a_tile = a_packed + ((row0 + r) / kern.rows) * k * kern.rows;
+    const int64_t t = (row0 + r) / kern.rows;
+    const bool direct = t < a.direct_tiles;
+    const float* a_tile = direct ? a.direct + t * kern.rows : a.packed + t * k * kern.rows;
+    const int64_t lda = direct ? a.ldt : kern.rows;
     // The rows this tile stores to (and folds from: partial sums of whole gradients) are in
     // memory, not cache, for a large output: ask for them now, so that they arrive while the tile
     // computes instead of stalling its stores.
@@ -238,7 +253,7 @@ void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMa
       if (step != kMerge) {
         const int64_t k0 = c * chunk;
         float* left = step == kLeafMerge ? stack.data() + (top - 1) * slot : nullptr;
-        kern.fn(a_tile + k0 * kern.rows, tr, b + k0 * kPanel, std::min(chunk, k - k0), left,
+        kern.fn(a_tile + k0 * lda, lda, tr, b + k0 * kPanel, std::min(chunk, k - k0), left,
                 left ? left : stack.data() + top * slot);
         if (!left) ++top;
         ++c;
@@ -258,7 +273,8 @@ void gemm_item(const float* a_packed, int64_t row0, int64_t rows, const PackedMa
 // M rows (pack_rows or pack_cols), then the (row block, panel) items run.
 template <typename Pack>
 void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, GemmLefts lefts,
-                 ThreadPool* pool, Isa isa, Pack pack) {
+                 ThreadPool* pool, Isa isa, Pack pack, const float* direct = nullptr,
+                 int64_t ldt = 0) {
   const TileKernel kern = tile_kernel(isa);
   const int64_t row_blocks = (m + kRowBlock - 1) / kRowBlock;
   const int64_t panels = w.num_panels();
@@ -279,9 +295,11 @@ void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, GemmLe
       2.0 * m * w.n() * w.k() >= kMinParallelFlops || w.n() * w.k() >= kMinParallelWeights;
   ThreadPool* use = big ? pool : nullptr;
   float* const packed = a_packed.data();  // this thread's buffer (a_packed is thread_local)
-  parallel_ranges(use, tiles, w.k() * kern.rows,
-                  [&](int64_t t0, int64_t t1) { pack(kern.rows, t0, t1, packed); });
-  const float* ap = packed;
+  const int64_t direct_tiles = direct ? m / kern.rows : 0;
+  parallel_ranges(use, tiles - direct_tiles, w.k() * kern.rows, [&](int64_t t0, int64_t t1) {
+    pack(kern.rows, direct_tiles + t0, direct_tiles + t1, packed);
+  });
+  const ATiles ap{packed, direct, ldt, direct_tiles};
   // Consecutive items share an operand that stays in cache while the other one streams past:
   // the row block (row-major order) or the weight panel (panel-major). Re-reading the smaller
   // operand is cheaper: panel-major when x has fewer rows than W (a training micro-batch against
@@ -312,9 +330,14 @@ void gemm_xt(const float* xt, int64_t m, int64_t ldt, const PackedMatrix& w, flo
              ThreadPool* pool, Isa isa, GemmLefts lefts) {
   if (m <= 0 || w.n() == 0) return;
   MILES_CHECK(ldt >= m && ldy >= w.n());
-  gemm_driver(m, w, y, ldy, lefts, pool, isa, [&](int rows, int64_t t0, int64_t t1, float* out) {
-    pack_cols(xt, m, ldt, w.k(), rows, t0, t1, out);
-  });
+  // The tiles read xt in place, except for wide rows (an LM head's vocabulary: every k a new page,
+  // each tile's rows in a few cache sets), which pack_cols copies first.
+  gemm_driver(
+      m, w, y, ldy, lefts, pool, isa,
+      [&](int rows, int64_t t0, int64_t t1, float* out) {
+        pack_cols(xt, m, ldt, w.k(), rows, t0, t1, out);
+      },
+      m < kWideRows ? xt : nullptr, ldt);
 }
 
 int64_t gemm_chunk(int64_t k) {

@@ -9,7 +9,8 @@ namespace miles::kernels::detail {
 namespace {
 
 template <int R>
-void half_tile(const float* a, const float* b, int64_t kc, const float* left, float* part) {
+void half_tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
+               float* part) {
   __m256 acc0[R], acc1[R];
   #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
@@ -21,7 +22,7 @@ void half_tile(const float* a, const float* b, int64_t kc, const float* left, fl
     const __m256 b1 = _mm256_loadu_ps(b + k * 32 + 8);
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m256 av = _mm256_set1_ps(a[k * kTileRowsAvx2 + r]);
+      const __m256 av = _mm256_set1_ps(a[k * lda + r]);
       acc0[r] = _mm256_fmadd_ps(av, b0, acc0[r]);
       acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
     }
@@ -41,22 +42,23 @@ void half_tile(const float* a, const float* b, int64_t kc, const float* left, fl
 }
 
 template <int R>
-void tile(const float* a, const float* b, int64_t kc, const float* left, float* part) {
-  half_tile<R>(a, b, kc, left, part);
-  half_tile<R>(a, b + 16, kc, left ? left + 16 : nullptr, part + 16);
+void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
+          float* part) {
+  half_tile<R>(a, lda, b, kc, left, part);
+  half_tile<R>(a, lda, b + 16, kc, left ? left + 16 : nullptr, part + 16);
 }
 
 }  // namespace
 
-void chunk_tile_avx2(const float* a, int rows, const float* b, int64_t kc, const float* left,
-                     float* part) {
+void chunk_tile_avx2(const float* a, int64_t lda, int rows, const float* b, int64_t kc,
+                     const float* left, float* part) {
   switch (rows) {
-    case 6: return tile<6>(a, b, kc, left, part);
-    case 5: return tile<5>(a, b, kc, left, part);
-    case 4: return tile<4>(a, b, kc, left, part);
-    case 3: return tile<3>(a, b, kc, left, part);
-    case 2: return tile<2>(a, b, kc, left, part);
-    case 1: return tile<1>(a, b, kc, left, part);
+    case 6: return tile<6>(a, lda, b, kc, left, part);
+    case 5: return tile<5>(a, lda, b, kc, left, part);
+    case 4: return tile<4>(a, lda, b, kc, left, part);
+    case 3: return tile<3>(a, lda, b, kc, left, part);
+    case 2: return tile<2>(a, lda, b, kc, left, part);
+    case 1: return tile<1>(a, lda, b, kc, left, part);
     default: break;
   }
 }

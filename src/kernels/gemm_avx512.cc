@@ -9,7 +9,8 @@ namespace miles::kernels::detail {
 namespace {
 
 template <int R>
-void tile(const float* a, const float* b, int64_t kc, const float* left, float* part) {
+void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
+          float* part) {
   static_assert(kPanel == 32);
   __m512 acc0[R], acc1[R];
   #pragma GCC unroll 16
@@ -22,7 +23,7 @@ void tile(const float* a, const float* b, int64_t kc, const float* left, float* 
     const __m512 b1 = _mm512_loadu_ps(b + k * 32 + 16);
     #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m512 av = _mm512_set1_ps(a[k * kTileRowsAvx512 + r]);
+      const __m512 av = _mm512_set1_ps(a[k * lda + r]);
       acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
       acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
     }
@@ -43,21 +44,21 @@ void tile(const float* a, const float* b, int64_t kc, const float* left, float* 
 
 }  // namespace
 
-void chunk_tile_avx512(const float* a, int rows, const float* b, int64_t kc, const float* left,
-                       float* part) {
+void chunk_tile_avx512(const float* a, int64_t lda, int rows, const float* b, int64_t kc,
+                       const float* left, float* part) {
   switch (rows) {
-    case 12: return tile<12>(a, b, kc, left, part);
-    case 11: return tile<11>(a, b, kc, left, part);
-    case 10: return tile<10>(a, b, kc, left, part);
-    case 9: return tile<9>(a, b, kc, left, part);
-    case 8: return tile<8>(a, b, kc, left, part);
-    case 7: return tile<7>(a, b, kc, left, part);
-    case 6: return tile<6>(a, b, kc, left, part);
-    case 5: return tile<5>(a, b, kc, left, part);
-    case 4: return tile<4>(a, b, kc, left, part);
-    case 3: return tile<3>(a, b, kc, left, part);
-    case 2: return tile<2>(a, b, kc, left, part);
-    case 1: return tile<1>(a, b, kc, left, part);
+    case 12: return tile<12>(a, lda, b, kc, left, part);
+    case 11: return tile<11>(a, lda, b, kc, left, part);
+    case 10: return tile<10>(a, lda, b, kc, left, part);
+    case 9: return tile<9>(a, lda, b, kc, left, part);
+    case 8: return tile<8>(a, lda, b, kc, left, part);
+    case 7: return tile<7>(a, lda, b, kc, left, part);
+    case 6: return tile<6>(a, lda, b, kc, left, part);
+    case 5: return tile<5>(a, lda, b, kc, left, part);
+    case 4: return tile<4>(a, lda, b, kc, left, part);
+    case 3: return tile<3>(a, lda, b, kc, left, part);
+    case 2: return tile<2>(a, lda, b, kc, left, part);
+    case 1: return tile<1>(a, lda, b, kc, left, part);
     default: break;
   }
 }

@@ -4,27 +4,29 @@
 //   part[r * kPanel + j] = fma(a[kc-1][r], b[kc-1][j], ... fma(a[1][r], b[1][j], a[0][r] *
 //   b[0][j]))
 // — an fma chain in ascending k from zero — so all instruction sets give identical bits. The rows
-// come packed k-major ([kc][tile_rows], the ISA's tile height) so that one cache line feeds every
-// row of a k step (row-major rows 8 KB apart alias in L1 and throttle the kernel).
+// come k-major (row r at k: a[k * lda + r]) so that one cache line feeds every row of a k step
+// (row-major rows 8 KB apart alias in L1 and throttle the kernel): packed ([kc][tile_rows], lda =
+// the ISA's tile height), or a transposed operand read in place (lda = its row stride).
 #pragma once
 
 #include <cstdint>
 
 namespace miles::kernels::detail {
 
-// a: the packed tile at the chunk's first k ([kc][tile_rows]); b: the panel at the chunk's first k
+// a: the tile at the chunk's first k (row r at k: a[k * lda + r]); b: the panel at the chunk's
+// first k
 // ([kc][kPanel]); part: [rows][kPanel]; rows <= tile_rows. With `left` (may equal part), part =
 // left + chain element-wise instead: the reduction tree's merge of this chunk into its left
 // sibling, done while the chain is still in registers.
-using ChunkTileFn = void (*)(const float* a, int rows, const float* b, int64_t kc,
+using ChunkTileFn = void (*)(const float* a, int64_t lda, int rows, const float* b, int64_t kc,
                              const float* left, float* part);
 
-void chunk_tile_scalar(const float* a, int rows, const float* b, int64_t kc, const float* left,
-                       float* part);
-void chunk_tile_avx2(const float* a, int rows, const float* b, int64_t kc, const float* left,
-                     float* part);
-void chunk_tile_avx512(const float* a, int rows, const float* b, int64_t kc, const float* left,
-                       float* part);
+void chunk_tile_scalar(const float* a, int64_t lda, int rows, const float* b, int64_t kc,
+                       const float* left, float* part);
+void chunk_tile_avx2(const float* a, int64_t lda, int rows, const float* b, int64_t kc,
+                     const float* left, float* part);
+void chunk_tile_avx512(const float* a, int64_t lda, int rows, const float* b, int64_t kc,
+                       const float* left, float* part);
 
 inline constexpr int kTileRowsScalar = 4;
 inline constexpr int kTileRowsAvx2 = 6;
