@@ -14,6 +14,7 @@
 
 #include "kernels/backward.h"
 #include "kernels/exp.h"
+#include "kernels/reduce.h"
 #include "miles/comm.h"
 #include "miles/thread_pool.h"
 
@@ -192,6 +193,22 @@ TEST(PackedMatrix, PacksAndTransposesExactly) {
     m.transpose_into(t);
     ASSERT_EQ(t.n(), k);
     for (int64_t r = 0; r < k; ++r) ASSERT_EQ(t.unpack_row(r), want.unpack_row(r)) << "row " << r;
+  }
+}
+
+// dot_rows (eight rows' chains side by side) gives every row dot's bits: full groups and the rest,
+// one chunk or many, a ragged last chunk, strides past the width, and rows with more chunks than
+// its side-by-side buffer (the per-row fallback).
+TEST(Reduce, DotRowsIsDotPerRow) {
+  for (const int64_t n : {0, 1, 127, 128, 300, 576, 64 * 128 + 5}) {
+    const int64_t rows = 19, lda = n + 3, ldb = n + 7;
+    const auto a = random_vec(rows * lda + 1, 41 + n), b = random_vec(rows * ldb + 1, 42 + n);
+    std::vector<float> got(rows);
+    detail::dot_rows(a.data(), lda, b.data(), ldb, rows, n, got.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float want = detail::dot(a.data() + r * lda, b.data() + r * ldb, n);
+      EXPECT_TRUE(same_bits(&want, &got[r], 1)) << "n " << n << " row " << r;
+    }
   }
 }
 

@@ -22,10 +22,11 @@ void rmsnorm_backward(const float* x, const float* dy, int64_t m, int64_t d, con
   std::vector<float> inv(static_cast<size_t>(m));
   const int64_t blocks = (m + kNormRows - 1) / kNormRows;
   parallel_for(pool, blocks, [&](int64_t b) {
-    for (int64_t r = b * kNormRows; r < std::min(m, (b + 1) * kNormRows); ++r) {
-      const float* xr = x + r * d;
-      inv[r] = 1.0f / std::sqrt(detail::dot(xr, xr, d) / static_cast<float>(d) + eps);
-    }
+    const int64_t r0 = b * kNormRows, rows = std::min(m, r0 + kNormRows) - r0;
+    float sum_sq[kNormRows];
+    detail::dot_rows(x + r0 * d, d, x + r0 * d, d, rows, d, sum_sq);
+    for (int64_t r = 0; r < rows; ++r)
+      inv[r0 + r] = 1.0f / std::sqrt(sum_sq[r] / static_cast<float>(d) + eps);
   });
   if (dw) {
     for (int64_t r = 0; r < m; ++r) {
@@ -35,16 +36,23 @@ void rmsnorm_backward(const float* x, const float* dy, int64_t m, int64_t d, con
     }
   }
   parallel_for(pool, blocks, [&](int64_t b) {
-    std::vector<float> gw(static_cast<size_t>(d));
-    for (int64_t r = b * kNormRows; r < std::min(m, (b + 1) * kNormRows); ++r) {
-      const float* xr = x + r * d;
-      const float* dyr = dy + r * d;
-      for (int64_t i = 0; i < d; ++i) gw[i] = dyr[i] * weight[i];
+    const int64_t r0 = b * kNormRows, rows = std::min(m, r0 + kNormRows) - r0;
+    thread_local std::vector<float> gw;  // the block's rows of dy · weight
+    if (gw.size() < static_cast<size_t>(kNormRows * d)) gw.resize(kNormRows * d);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* dyr = dy + (r0 + r) * d;
+      for (int64_t i = 0; i < d; ++i) gw[r * d + i] = dyr[i] * weight[i];
+    }
+    float dot_gx[kNormRows];
+    detail::dot_rows(gw.data(), d, x + r0 * d, d, rows, d, dot_gx);
+    for (int64_t j = 0; j < rows; ++j) {
       // dx = inv · gw − x · inv³ / d · Σ gw·x
-      const float dot_gx = detail::dot(gw.data(), xr, d);
-      const float coef = dot_gx * inv[r] * inv[r] * inv[r] / static_cast<float>(d);
+      const int64_t r = r0 + j;
+      const float* xr = x + r * d;
+      const float* g = gw.data() + j * d;
+      const float coef = dot_gx[j] * inv[r] * inv[r] * inv[r] / static_cast<float>(d);
       float* dxr = dx + r * d;
-      for (int64_t i = 0; i < d; ++i) dxr[i] = gw[i] * inv[r] - xr[i] * coef;
+      for (int64_t i = 0; i < d; ++i) dxr[i] = g[i] * inv[r] - xr[i] * coef;
     }
   });
 }

@@ -14,6 +14,16 @@
 
 namespace miles::kernels::detail {
 
+// The halving tree over chunk partials p[lo, hi): split at lo + ceil((hi - lo) / 2), left + right
+// (the shape of gemm.cc's schedule).
+inline float tree_combine(const float* p, int64_t lo, int64_t hi) {
+  if (hi - lo == 1) return p[lo];
+  const int64_t mid = lo + (hi - lo + 1) / 2;
+  const float a = tree_combine(p, lo, mid);
+  const float b = tree_combine(p, mid, hi);
+  return a + b;
+}
+
 // Σ f(i) for i in [0, n): chunks of `chunk` summed in ascending i, partials combined by the halving
 // tree. `step(i, acc)` returns the accumulator after adding term i (so callers choose fma or add).
 template <typename Step>
@@ -45,17 +55,7 @@ float chunked_sum_by(int64_t n, int64_t chunk, Step step) {
     for (int64_t i = c * chunk; i < end; ++i) acc = step(i, acc);
     parts[c] = acc;
   }
-  // Halving tree, iteratively: same shape as gemm.cc's tree_combine.
-  struct Rec {
-    static float combine(const float* p, int64_t lo, int64_t hi) {
-      if (hi - lo == 1) return p[lo];
-      const int64_t mid = lo + (hi - lo + 1) / 2;
-      const float a = combine(p, lo, mid);
-      const float b = combine(p, mid, hi);
-      return a + b;
-    }
-  };
-  return Rec::combine(parts, 0, chunks);
+  return tree_combine(parts, 0, chunks);
 }
 
 // The row-reduction rule: chunks of kGemmChunk.
@@ -66,6 +66,31 @@ float chunked_sum(int64_t n, Step step) {
 
 inline float dot(const float* a, const float* b, int64_t n) {
   return chunked_sum(n, [&](int64_t i, float acc) { return std::fma(a[i], b[i], acc); });
+}
+
+// out[r] = dot(a + r * lda, b + r * ldb, n) for r < rows, bit for bit: eight rows' chunk chains
+// side by side (one row's few chunks leave a lone fma chain waiting an fma's latency per term).
+inline void dot_rows(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t rows,
+                     int64_t n, float* out) {
+  constexpr int kRows = 8;
+  constexpr int64_t kMaxChunks = 64;
+  const int64_t chunks = std::max<int64_t>(1, (n + kGemmChunk - 1) / kGemmChunk);
+  int64_t r0 = 0;
+  if (chunks <= kMaxChunks) {
+    for (; r0 + kRows <= rows; r0 += kRows) {
+      float parts[kRows][kMaxChunks];
+      for (int64_t c = 0; c < chunks; ++c) {
+        float acc[kRows] = {};
+        const int64_t end = std::min(n, (c + 1) * kGemmChunk);
+        for (int64_t i = c * kGemmChunk; i < end; ++i)
+          for (int l = 0; l < kRows; ++l)
+            acc[l] = std::fma(a[(r0 + l) * lda + i], b[(r0 + l) * ldb + i], acc[l]);
+        for (int l = 0; l < kRows; ++l) parts[l][c] = acc[l];
+      }
+      for (int l = 0; l < kRows; ++l) out[r0 + l] = tree_combine(parts[l], 0, chunks);
+    }
+  }
+  for (; r0 < rows; ++r0) out[r0] = dot(a + r0 * lda, b + r0 * ldb, n);
 }
 
 // The first of the largest values (std::max from -inf in ascending i; NaN never wins). Lanes find
