@@ -177,21 +177,20 @@ void block_phase1(const Shape& sh, const HeadWork& w, int64_t i0, int64_t i1, fl
         sum[l] = 0.0f;
         dsum[l] = 0.0f;
       }
-      for (int64_t j = 0; j <= i; ++j)
-        for (int l = 0; l < L; ++l) {
-          p[l][j] = p[l][j] * sh.scale;
-          mx[l] = std::max(mx[l], p[l][j]);
-        }
-      for (int l = 0; l < L; ++l) detail::exp_shifted(p[l], mx[l], i + 1, p[l]);
+      // Element-wise steps a row at a time in vector lanes (scale, max, exp, divide); the sums'
+      // chains over j side by side.
+      for (int l = 0; l < L; ++l) {
+        detail::scale_row(sh.scale, p[l], i + 1);
+        mx[l] = detail::max_of(p[l], i + 1);  // std::max from -inf in ascending j
+        detail::exp_shifted(p[l], mx[l], i + 1, p[l]);
+      }
       for (int64_t j = 0; j <= i; ++j)
         for (int l = 0; l < L; ++l) sum[l] = sum[l] + p[l][j];
+      for (int l = 0; l < L; ++l) detail::divide_row(p[l], sum[l], p[l], i + 1);
       for (int64_t j = 0; j <= i; ++j)
-        for (int l = 0; l < L; ++l) {
-          p[l][j] = p[l][j] / sum[l];
-          dsum[l] = std::fma(p[l][j], dpl[l][j], dsum[l]);
-        }
+        for (int l = 0; l < L; ++l) dsum[l] = std::fma(p[l][j], dpl[l][j], dsum[l]);
       for (int l = 0; l < L; ++l) {
-        for (int64_t j = 0; j <= i; ++j) ds[l][j] = p[l][j] * (dpl[l][j] - dsum[l]) * sh.scale;
+        detail::softmax_grad_row(p[l], dpl[l], dsum[l], sh.scale, ds[l], i + 1);
         std::fill(dqi[l], dqi[l] + hd, 0.0f);
       }
       fma_rows_lanes<L>(dsl, w.k_rows.data(), i + 1, hd, dqi);

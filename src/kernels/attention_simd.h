@@ -72,6 +72,20 @@ inline void scale_row(float a, float* y, int64_t n) {
   for (; e < n; ++e) y[e] = y[e] * a;
 }
 
+// ds[j] = p[j] * (dp[j] - d) * scale (left to right), element-wise: the softmax backward's dS.
+inline void softmax_grad_row(const float* p, const float* dp, float d, float scale, float* ds,
+                             int64_t n) {
+  int64_t j = 0;
+#ifdef MILES_ATTN_SIMD_AVX
+  const __m256 dv = _mm256_set1_ps(d), sv = _mm256_set1_ps(scale);
+  for (; j + 8 <= n; j += 8) {
+    const __m256 diff = _mm256_sub_ps(_mm256_loadu_ps(dp + j), dv);
+    _mm256_storeu_ps(ds + j, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(p + j), diff), sv));
+  }
+#endif
+  for (; j < n; ++j) ds[j] = p[j] * (dp[j] - d) * scale;
+}
+
 // out[e] = x[e] / d, element-wise.
 inline void divide_row(const float* x, float d, float* out, int64_t n) {
   int64_t e = 0;
