@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_run.h"
+#include "scratch_dir.h"
 #include "test_paths.h"
 
 namespace miles {
@@ -24,10 +25,7 @@ struct Checked {
 };
 
 Checked check(const std::string& config, const std::string& name, const std::string& extra = "") {
-  const std::string dir =
-      (fs::temp_directory_path() / ("miles_check_" + name + "_" + std::to_string(getpid())))
-          .string();
-  fs::remove_all(dir);
+  const std::string dir = test::scratch_dir("miles_check_", name);  // removed when the test exits
   const test::CliRun r =
       test::run_miles_in_source("check " + config + " --run-dir " + dir + " " + extra);
   Checked c{r.exit_code, r.out, json()};

@@ -24,6 +24,7 @@
 #include "cli_run.h"
 #include "miles/device_model.h"
 #include "miles/v1/controller.grpc.pb.h"
+#include "scratch_dir.h"
 #include "test_paths.h"
 
 namespace miles {
@@ -33,9 +34,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 std::string temp_dir(const std::string& name) {
-  const std::string d =
-      (fs::temp_directory_path() / ("miles_rl_" + name + "_" + std::to_string(getpid()))).string();
-  fs::remove_all(d);
+  const std::string d = test::scratch_dir("miles_rl_", name);  // removed when the test exits
   fs::create_directories(d);
   return d;
 }

@@ -123,8 +123,8 @@ void prepare(const Shape& sh, HeadWork& w) {
   const AttentionSeq& s = *w.seq;
   const int64_t t = s.t, hd = sh.hd, kh = w.kh;
   for (int64_t i = 0; i < t; ++i) {
-    std::fill(s.dk + i * sh.ldkv + kh * hd, s.dk + i * sh.ldkv + (kh + 1) * hd, 0.0f);
-    std::fill(s.dv + i * sh.ldkv + kh * hd, s.dv + i * sh.ldkv + (kh + 1) * hd, 0.0f);
+    detail::zero_row(s.dk + i * sh.ldkv + kh * hd, hd);
+    detail::zero_row(s.dv + i * sh.ldkv + kh * hd, hd);
   }
   const int64_t ldt = (t + 7) / 8 * 8;
   if (sh.simd) {
@@ -191,7 +191,7 @@ void block_phase1(const Shape& sh, const HeadWork& w, int64_t i0, int64_t i1, fl
         for (int l = 0; l < L; ++l) dsum[l] = std::fma(p[l][j], dpl[l][j], dsum[l]);
       for (int l = 0; l < L; ++l) {
         detail::softmax_grad_row(p[l], dpl[l], dsum[l], sh.scale, ds[l], i + 1);
-        std::fill(dqi[l], dqi[l] + hd, 0.0f);
+        detail::zero_row(dqi[l], hd);
       }
       fma_rows_lanes<L>(dsl, w.k_rows.data(), i + 1, hd, dqi);
     });
@@ -242,7 +242,9 @@ void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, i
   for (int64_t w = 0; w < static_cast<int64_t>(work.size()); ++w)
     for (int64_t i0 = 0; i0 < work[w].seq->t; i0 += kQueryBlock)
       blocks.push_back({w, i0, std::min(work[w].seq->t, i0 + kQueryBlock), 0});
-  std::vector<float> kept;
+  // Every P / dS element phase 2 reads, phase 1 wrote first: the storage grows only and is never
+  // cleared (it was a 5 MB zero-fill per call for SmolLM2).
+  thread_local std::vector<float> kept;
   const int64_t threads = pool ? pool->num_threads() : 1;
   for (size_t b0 = 0; b0 < blocks.size();) {
     size_t b1 = b0;
@@ -255,12 +257,13 @@ void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, i
       floats += need;
     }
     if (kept.size() < static_cast<size_t>(floats)) kept.resize(floats);
+    float* const store = kept.data();  // this thread's buffer, for the pool's threads too
     // Phase 1: one item per block, the longest (latest) blocks first.
     const int64_t nb = static_cast<int64_t>(b1 - b0);
     parallel_for(pool, nb, [&](int64_t x) {
       const Block& b = blocks[b1 - 1 - x];
       const int64_t t = work[b.w].seq->t;
-      float* pb = kept.data() + b.kept;
+      float* pb = store + b.kept;
       block_phase1(sh, work[b.w], b.i0, b.i1, pb, pb + sh.group * kQueryBlock * t);
     });
     // Phase 2: one item per (sequence, kv head, run of keys); each key sums the window's blocks
@@ -277,7 +280,7 @@ void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, i
       for (size_t c = first; c < b1 && blocks[c].w == blocks[first].w; ++c) {
         const Block& b = blocks[c];
         const int64_t t = work[b.w].seq->t;
-        const float* pb = kept.data() + b.kept;
+        const float* pb = store + b.kept;
         block_phase2(sh, work[b.w], b.i0, b.i1, pb, pb + sh.group * kQueryBlock * t, j0,
                      j0 + kKeyRun);
       }

@@ -47,12 +47,20 @@ inline void dots_pass(const float* const* x, const float* const* seg, const int6
       for (int c = 0; c < S; ++c) a[l][c] = _mm256_fmadd_ps(xe, k[c], a[l][c]);
     }
   }
+  if (keep == 8 * S) {  // whole segments: straight to the rows (no library copy per lane)
+    MILES_UNROLL
+    for (int l = 0; l < L; ++l) {
+      MILES_UNROLL
+      for (int c = 0; c < S; ++c) _mm256_storeu_ps(out[l] + 8 * c, a[l][c]);
+    }
+    return;
+  }
   MILES_UNROLL
   for (int l = 0; l < L; ++l) {
     float lanes[8 * S];
     MILES_UNROLL
     for (int c = 0; c < S; ++c) _mm256_storeu_ps(lanes + 8 * c, a[l][c]);
-    std::copy_n(lanes, keep, out[l]);
+    for (int64_t j = 0; j < keep; ++j) out[l][j] = lanes[j];
   }
 }
 #endif

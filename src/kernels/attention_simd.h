@@ -62,6 +62,15 @@ inline void dots_segments(const float* x, const float* const* seg, const int64_t
 #endif
 }
 
+// y[e] = +0 for e < n: inline stores (a head's row is too short to pay for a library call).
+inline void zero_row(float* y, int64_t n) {
+  int64_t e = 0;
+#ifdef MILES_ATTN_SIMD_AVX
+  for (; e + 8 <= n; e += 8) _mm256_storeu_ps(y + e, _mm256_setzero_ps());
+#endif
+  for (; e < n; ++e) y[e] = 0.0f;
+}
+
 // y[e] = y[e] * a, element-wise.
 inline void scale_row(float a, float* y, int64_t n) {
   int64_t e = 0;
