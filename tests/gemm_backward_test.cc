@@ -34,8 +34,7 @@ TEST(GemmBackward, WeightGradientIsTheContractDotOverRows) {
           col_dy[r] = dy[r * ldy + i];
           col_x[r] = x[r * ldx + j];
         }
-        want[i * d.k + j] =
-            gemm_reference_dot(col_dy.data(), col_x.data(), d.m, kWeightGradChunk);
+        want[i * d.k + j] = gemm_reference_dot(col_dy.data(), col_x.data(), d.m, kWeightGradChunk);
       }
     for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
       std::vector<float> got(d.n * d.k, 9.0f);

@@ -33,9 +33,9 @@ inline ScratchDirs& scratch_dirs() {
 // <temp>/<prefix><name>_<pid>, emptied now and removed at exit. Not created: the caller (or the
 // program it runs) creates it.
 inline std::string scratch_dir(const std::string& prefix, const std::string& name) {
-  const std::string d = (std::filesystem::temp_directory_path() /
-                         (prefix + name + "_" + std::to_string(::getpid())))
-                            .string();
+  const std::string d =
+      (std::filesystem::temp_directory_path() / (prefix + name + "_" + std::to_string(::getpid())))
+          .string();
   std::filesystem::remove_all(d);
   detail::ScratchDirs& s = detail::scratch_dirs();
   const std::lock_guard<std::mutex> lock(s.mu);

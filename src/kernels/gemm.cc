@@ -210,9 +210,8 @@ struct ATiles {
   int64_t ldt, direct_tiles;
 };
 
-void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& w,
-               int64_t panel, float* y, int64_t ldy, GemmLefts lefts, TileKernel kern,
-               std::vector<float>& stack) {
+void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& w, int64_t panel,
+               float* y, int64_t ldy, GemmLefts lefts, TileKernel kern, std::vector<float>& stack) {
   const int64_t k = w.k(), chunk = w.chunk();
   const int64_t chunks = std::max<int64_t>(1, (k + chunk - 1) / chunk);
   thread_local std::vector<int8_t> steps;
@@ -310,8 +309,7 @@ void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, GemmLe
     const int64_t rb = panel_major ? item % row_blocks : item / panels;
     const int64_t panel = panel_major ? item / row_blocks : item % panels;
     const int64_t row0 = rb * kRowBlock;
-    gemm_item(ap, row0, std::min(kRowBlock, m - row0), w, panel, y, ldy, lefts, kern,
-              stack);
+    gemm_item(ap, row0, std::min(kRowBlock, m - row0), w, panel, y, ldy, lefts, kern, stack);
   });
 }
 
