@@ -6,6 +6,7 @@
 #include <random>
 #include <thread>
 
+#include "cli/bench_gemm_shapes.h"
 #include "cli/bench_peak.h"
 #include "cli/commands.h"
 #include "cli/model_files.h"
@@ -29,21 +30,6 @@ struct BenchOptions {
   std::string model;
   double min_seconds = 0.5;
 };
-
-// Seconds per call of fn: the fastest of the calls made in min_seconds (after one warm-up call). The
-// minimum is the figure least disturbed by other work on the machine.
-template <typename Fn>
-double time_per_call(Fn fn, double min_seconds) {
-  fn();
-  double best = 1e30;
-  const auto t0 = Clock::now();
-  do {
-    const auto a = Clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - a).count());
-  } while (std::chrono::duration<double>(Clock::now() - t0).count() < min_seconds);
-  return best;
-}
 
 }  // namespace
 
@@ -100,6 +86,7 @@ void bench_gemm(const BenchOptions& o, int all_threads) {
     }
     if (all_threads == 1) break;
   }
+  bench_train_gemm_shapes(all_threads, peak_all, o.min_seconds);
 }
 
 std::string default_model() {

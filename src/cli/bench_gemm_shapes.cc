@@ -1,0 +1,86 @@
+// The training step's GEMM shapes (bench_gemm_shapes.h).
+#include "cli/bench_gemm_shapes.h"
+
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "cli/bench_peak.h"
+#include "kernels/backward.h"
+#include "miles/kernels.h"
+#include "miles/thread_pool.h"
+
+namespace miles::cli {
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t n, k;      // W [n, k]
+  int64_t per_step;  // GEMMs of this shape per micro-batch
+};
+
+std::vector<float> random_values(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+}  // namespace
+
+void bench_train_gemm_shapes(int threads, double peak_gflops, double min_seconds) {
+  constexpr int64_t kTokens = 255, kMicroBatches = 4;
+  constexpr int64_t kColdBytes = int64_t{64} << 20;  // gradient buffers cycled past the L3
+  const Shape shapes[] = {{"q/k/v", 960, 576, 30},
+                          {"o", 576, 576, 30},
+                          {"gate/up", 3072, 576, 30},
+                          {"down", 576, 1536, 30},
+                          {"lm head", 49152, 576, 1}};
+  ThreadPool pool(threads);
+  const kernels::Isa isa = kernels::detect_isa();
+  std::printf("\nSmolLM2-135M training GEMMs, %lld tokens, %d threads (%% of %.1f GFLOP/s):\n",
+              static_cast<long long>(kTokens), threads, peak_gflops);
+  std::printf("%-8s %6s %5s %9s %9s %9s   ms: fwd / d-input / weight grad\n", "matrix", "N", "K",
+              "forward", "d-input", "w-grad");
+  double step_s = 0, step_flops = 0;
+  for (const Shape& s : shapes) {
+    const auto w = random_values(s.n * s.k, 1), x = random_values(kTokens * s.k, 2);
+    const auto dy = random_values(kTokens * s.n, 3);
+    const kernels::PackedMatrix pw = kernels::PackedMatrix::pack_f32(w.data(), s.n, s.k);
+    kernels::PackedMatrix pwt;
+    pw.transpose_into(pwt);
+    std::vector<float> y(kTokens * s.n), dx(kTokens * s.k);
+    const int64_t buffers = std::max<int64_t>(2, kColdBytes / (s.n * s.k * 4) + 1);
+    std::vector<std::vector<float>> grads;
+    for (int64_t b = 0; b < buffers; ++b) grads.push_back(random_values(s.n * s.k, 4 + b));
+    int64_t next = 0;
+    const double fwd = time_per_call(
+        [&] { kernels::gemm(x.data(), kTokens, s.k, pw, y.data(), s.n, &pool, isa); }, min_seconds);
+    const double din = time_per_call(
+        [&] { kernels::gemm(dy.data(), kTokens, s.n, pwt, dx.data(), s.k, &pool, isa); },
+        min_seconds);
+    const double wgrad = time_per_call(
+        [&] {
+          float* g = grads[next++ % buffers].data();
+          const float* left = g;
+          const kernels::WeightGradPart part{0, s.n, g, {&left, 1}};
+          kernels::gemm_weight_grad(dy.data(), s.n, x.data(), s.k, kTokens, {&part, 1}, s.k, &pool);
+        },
+        min_seconds);
+    const double flops = 2.0 * kTokens * s.n * s.k;
+    const auto pct = [&](double secs) { return 100.0 * flops / secs / 1e9 / peak_gflops; };
+    std::printf("%-8s %6lld %5lld %8.1f%% %8.1f%% %8.1f%%   %.3f / %.3f / %.3f\n", s.name,
+                static_cast<long long>(s.n), static_cast<long long>(s.k), pct(fwd), pct(din),
+                pct(wgrad), fwd * 1e3, din * 1e3, wgrad * 1e3);
+    step_s += kMicroBatches * s.per_step * (fwd + din + wgrad);
+    step_flops += kMicroBatches * s.per_step * 3 * flops;
+  }
+  std::printf(
+      "a step's GEMMs (%lld micro-batches): %.3f s, %.1f%% of the peak (%.3f s at the peak)\n",
+      static_cast<long long>(kMicroBatches), step_s,
+      100.0 * step_flops / step_s / 1e9 / peak_gflops, step_flops / 1e9 / peak_gflops);
+}
+
+}  // namespace miles::cli

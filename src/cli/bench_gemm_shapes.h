@@ -1,0 +1,13 @@
+// `miles bench kernels`: a training step's GEMMs at SmolLM2-135M's shapes, as % of the FMA peak.
+#pragma once
+
+namespace miles::cli {
+
+// One micro-batch of 255 tokens through each of SmolLM2-135M's matrices (fused q/k/v, o, fused
+// gate/up, down, the LM head): forward y = x·Wᵀ, d-input dx = dy·W (through W's transposed pack)
+// and weight gradient dW = dyᵀ·x folded in place into a gradient buffer that is cold in cache, as
+// the trainer folds its micro-batches. Prints each against peak_gflops (measured in the same run)
+// and the step's GEMM time they add up to (4 micro-batches, 30 layers).
+void bench_train_gemm_shapes(int threads, double peak_gflops, double min_seconds);
+
+}  // namespace miles::cli
