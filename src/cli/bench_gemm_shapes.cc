@@ -1,8 +1,8 @@
 // The training step's GEMM shapes (bench_gemm_shapes.h).
 #include "cli/bench_gemm_shapes.h"
 
+#include <algorithm>
 #include <cstdio>
-#include <random>
 #include <vector>
 
 #include "cli/bench_peak.h"
@@ -19,14 +19,6 @@ struct Shape {
   int64_t n, k;      // W [n, k]
   int64_t per_step;  // GEMMs of this shape per micro-batch
 };
-
-std::vector<float> random_values(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 }  // namespace
 

@@ -1,9 +1,13 @@
 // The FMA peak of this machine, measured in the same run as a benchmark so that ratios to it (MFU,
-// % of peak) are taken under the same clock and contention.
+// % of peak) are taken under the same clock and contention; the timing and operand helpers the
+// `miles bench` tables share.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <random>
+#include <vector>
 
 #include "miles/kernels.h"
 
@@ -23,6 +27,15 @@ double time_per_call(Fn fn, double min_seconds) {
     best = std::min(best, std::chrono::duration<double>(Clock::now() - a).count());
   } while (std::chrono::duration<double>(Clock::now() - t0).count() < min_seconds);
   return best;
+}
+
+// n values drawn from N(0, 1) with the given seed: benchmark operands.
+inline std::vector<float> random_values(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
 }
 
 // GFLOP/s of independent fma chains on `threads` threads at once: the fastest of the calls made in

@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <random>
 #include <thread>
 
 #include "cli/bench_gemm_shapes.h"
@@ -66,11 +65,8 @@ void bench_gemm(const BenchOptions& o, int all_threads) {
   std::printf("isa %s; FMA peak measured: %.1f GFLOP/s (1 thread), %.1f GFLOP/s (%d threads)\n",
               kernels::isa_name(isa), peak1, peak_all, all_threads);
   const int64_t n = 2048, k = 2048;
-  std::mt19937 rng(1);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> w(n * k), x(512 * k), y(512 * n);
-  for (auto& v : w) v = dist(rng);
-  for (auto& v : x) v = dist(rng);
+  const std::vector<float> w = random_values(n * k, 1), x = random_values(512 * k, 2);
+  std::vector<float> y(512 * n);
   const kernels::PackedMatrix pw = kernels::PackedMatrix::pack_f32(w.data(), n, k);
   std::printf("%-22s %8s %10s %8s\n", "gemm M x N x K", "threads", "GFLOP/s", "% peak");
   for (int threads : {1, all_threads}) {

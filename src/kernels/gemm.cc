@@ -169,11 +169,12 @@ void pack_rows(const float* x, int64_t m, int64_t lda, int64_t k, int tile_rows,
   }
 }
 
-// pack_rows for an x given transposed: element (row, kk) at xt[kk * ldt + row]. Every tile is a
-// straight copy of tile_rows consecutive floats per kk (rows past M are zero).
-// Rows of xt at least this wide are packed before the GEMM (gemm_xt).
+// Rows of xt at least this wide are packed before the GEMM (gemm_xt); narrower ones are read in
+// place.
 constexpr int64_t kWideRows = 8192;
 
+// pack_rows for an x given transposed: element (row, kk) at xt[kk * ldt + row]. Every tile is a
+// straight copy of tile_rows consecutive floats per kk (rows past M are zero).
 // For wide rows of xt (the LM head's vocabulary) tiles go 16 at a time, kk outermost: each kk
 // reads the group's columns as one contiguous run of its row. (A tile at a time reads a few floats
 // of each of k rows whose stride maps them to a few cache sets: the next tile finds none of those
