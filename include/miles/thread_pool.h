@@ -40,9 +40,10 @@ class ThreadPool {
   int64_t n_ = 0;
   // Items are claimed and counted without the lock (fetch_add); reset under mu_ between
   // generations, when no worker is inside run_items.
-  std::atomic<int64_t> next_{0};
-  std::atomic<int64_t> finished_{0};
-  std::atomic<uint64_t> generation_{0};
+  // Each on its own cache line: next_ is claimed per item, finished_ written once per thread.
+  alignas(64) std::atomic<int64_t> next_{0};
+  alignas(64) std::atomic<int64_t> finished_{0};
+  alignas(64) std::atomic<uint64_t> generation_{0};
   std::atomic<int> active_{0};
   bool stop_ = false;
 };
