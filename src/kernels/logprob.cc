@@ -40,10 +40,37 @@ void token_logprobs(const float* logits, int64_t rows, int64_t vocab, const int3
   }
 }
 
+namespace {
+// out[v] = -gl · p_v − ge · p_v · (lp_v + h) with lp_v = (x_v − max) − log_sum and p_v = exp(lp_v),
+// in one pass over the row (in place allowed: each block of x is read before its out is written).
+// The same operations lane by lane as the three-pass form (log_softmax_row, exp_shifted by 0,
+// then the gradient): the same bits.
+void row_gradient(const float* x, int64_t vocab, kernels::LogSoftmaxStats st, float gl, float ge,
+                  float h, float* out) {
+  int64_t v = 0;
+#ifdef MILES_EXP_SIMD_AVX
+  const __m256 mx = _mm256_set1_ps(st.max), ls = _mm256_set1_ps(st.log_sum);
+  const __m256 ngl = _mm256_set1_ps(-gl), vge = _mm256_set1_ps(ge), vh = _mm256_set1_ps(h);
+  for (; v + 8 <= vocab; v += 8) {
+    const __m256 lp = _mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(x + v), mx), ls);
+    const __m256 p = kernels::detail::exp_f32x8(lp);  // exp_shifted(lp, 0): lp − 0 is lp
+    _mm256_storeu_ps(out + v,
+                     _mm256_sub_ps(_mm256_mul_ps(ngl, p),
+                                   _mm256_mul_ps(_mm256_mul_ps(vge, p), _mm256_add_ps(lp, vh))));
+  }
+#endif
+  for (; v < vocab; ++v) {
+    const float lp = (x[v] - st.max) - st.log_sum;
+    const float p = kernels::detail::exp_f32(lp);
+    out[v] = -gl * p - ge * p * (lp + h);
+  }
+}
+}  // namespace
+
 void token_logprobs_backward(const float* logits, int64_t rows, int64_t vocab,
                              const int32_t* targets, const float* dlogp, const float* dentropy,
                              float* dlogits, const kernels::LogSoftmaxStats* stats) {
-  std::vector<float> lp(static_cast<size_t>(vocab));
+  std::vector<float> lp;  // the row's log-softmax, for the entropy's gradient only
   for (int64_t r = 0; r < rows; ++r) {
     float* out = dlogits + r * vocab;
     const float gl = dlogp ? dlogp[r] : 0.0f, ge = dentropy ? dentropy[r] : 0.0f;
@@ -52,14 +79,14 @@ void token_logprobs_backward(const float* logits, int64_t rows, int64_t vocab,
       continue;
     }
     const float* x = logits + r * vocab;
-    kernels::log_softmax_row(x, vocab, stats ? stats[r] : kernels::log_softmax_stats(x, vocab),
-                             lp.data());
-    const float h = ge != 0.0f ? entropy_of(lp.data(), vocab) : 0.0f;
-    kernels::detail::exp_shifted(lp.data(), 0.0f, vocab, out);  // p = exp(lp), then the gradient
-    for (int64_t v = 0; v < vocab; ++v) {
-      const float p = out[v];
-      out[v] = -gl * p - ge * p * (lp[v] + h);
+    const kernels::LogSoftmaxStats st = stats ? stats[r] : kernels::log_softmax_stats(x, vocab);
+    float h = 0.0f;
+    if (ge != 0.0f) {  // the entropy of the whole row first
+      lp.resize(static_cast<size_t>(vocab));
+      kernels::log_softmax_row(x, vocab, st, lp.data());
+      h = entropy_of(lp.data(), vocab);
     }
+    row_gradient(x, vocab, st, gl, ge, h, out);
     out[targets[r]] = out[targets[r]] + gl;
   }
 }
