@@ -100,8 +100,8 @@ Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t laye
         kernels::rmsnorm(q, c.num_heads, hd, l.q_norm.data(), eps, q);
         kernels::rmsnorm(k, c.num_kv_heads, hd, l.k_norm.data(), eps, k);
       }
-      kernels::rope_apply(q, 1, c.num_heads, hd, &plan.positions[i], w.rope);
-      kernels::rope_apply(k, 1, c.num_kv_heads, hd, &plan.positions[i], w.rope);
+      // q's heads then k's, side by side in the row: one rotation table lookup for both.
+      kernels::rope_apply(q, 1, c.num_heads + c.num_kv_heads, hd, &plan.positions[i], w.rope);
     }
   });
   // Keys and values into the cache, then each sequence's block list.

@@ -245,8 +245,9 @@ class Backward {
     parallel_for(pool_, (t_ + kRopeRows - 1) / kRopeRows, [&](int64_t b) {
       for (int64_t i = b * kRopeRows; i < std::min(t_, (b + 1) * kRopeRows); ++i) {
         float* dq = dqkv.data() + i * ld;
-        kernels::rope_backward(dq, 1, c_.num_heads, hd, &tape_.positions[i], w_.rope);
-        kernels::rope_backward(dq + qd, 1, c_.num_kv_heads, hd, &tape_.positions[i], w_.rope);
+        // dq's heads then dk's, side by side in the row (k at qd = num_heads · hd).
+        kernels::rope_backward(dq, 1, c_.num_heads + c_.num_kv_heads, hd, &tape_.positions[i],
+                               w_.rope);
       }
     });
     for (int64_t i = 0; i < t_ && !l.q_norm.empty(); ++i) {
