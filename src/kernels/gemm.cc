@@ -137,23 +137,28 @@ void pack_rows(const float* x, int64_t m, int64_t lda, int64_t k, int tile_rows,
     float* dst = out + t * k * tile_rows;
     int r = 0;
 #if defined(__AVX__)
-    // Groups of 4 whole rows: 4 × 4 blocks transposed in registers.
-    for (; r + 4 <= tile_rows && t * tile_rows + r + 4 <= m; r += 4) {
-      const float* s0 = x + (t * tile_rows + r) * lda;
-      int64_t kk = 0;
-      for (; kk + 4 <= k; kk += 4) {
-        __m128 a = _mm_loadu_ps(s0 + kk), b = _mm_loadu_ps(s0 + lda + kk);
-        __m128 c = _mm_loadu_ps(s0 + 2 * lda + kk), d = _mm_loadu_ps(s0 + 3 * lda + kk);
+    // The tile's whole groups of 4 rows: 4 × 4 blocks transposed in registers, every group for one
+    // k block before the next k block, so that a k block's floats are written as one run.
+    const int whole =
+        static_cast<int>(std::clamp<int64_t>(m - t * tile_rows, 0, tile_rows)) / 4 * 4;
+    const float* s0 = x + t * tile_rows * lda;
+    int64_t k0 = 0;
+    for (; k0 + 4 <= k && whole > 0; k0 += 4) {
+      for (int g = 0; g < whole; g += 4) {
+        const float* s = s0 + g * lda + k0;
+        __m128 a = _mm_loadu_ps(s), b = _mm_loadu_ps(s + lda);
+        __m128 c = _mm_loadu_ps(s + 2 * lda), d = _mm_loadu_ps(s + 3 * lda);
         _MM_TRANSPOSE4_PS(a, b, c, d);
-        float* o = dst + kk * tile_rows + r;
+        float* o = dst + k0 * tile_rows + g;
         _mm_storeu_ps(o, a);
         _mm_storeu_ps(o + tile_rows, b);
         _mm_storeu_ps(o + 2 * tile_rows, c);
         _mm_storeu_ps(o + 3 * tile_rows, d);
       }
-      for (; kk < k; ++kk)
-        for (int i = 0; i < 4; ++i) dst[kk * tile_rows + r + i] = s0[i * lda + kk];
     }
+    for (; k0 < k; ++k0)
+      for (int i = 0; i < whole; ++i) dst[k0 * tile_rows + i] = s0[i * lda + k0];
+    r = whole;
 #endif
     for (; r < tile_rows; ++r) {
       const int64_t row = t * tile_rows + r;
