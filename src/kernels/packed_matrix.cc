@@ -35,20 +35,25 @@ inline void transpose8(const float* s, int64_t lds, float* d, int64_t ldd) {
 }
 #endif
 
-// Rows [r0, r0 + 8) of a row-major f32 [rows, k] source into the packed layout at row `n0` (a
-// multiple of 8, so the eight rows are eight lanes of one panel), 8 × 8 blocks at a time.
-// Returns false (nothing written) where that does not apply.
-bool scatter_eight_rows(std::vector<float>& data, int64_t k, int64_t n0, const float* src) {
+// Rows [n0, n0 + lanes) of a row-major f32 [rows, k] source into the packed layout (n0 a multiple
+// of 8, lanes 8 or kPanel, inside one panel), 8 × 8 blocks at a time: for each block of 8 k, the
+// lanes' blocks one after another, so that a whole panel's 8 × kPanel floats of that block are
+// written together (one contiguous run of whole cache lines). Returns false (nothing written)
+// where that does not apply.
+bool scatter_lanes(std::vector<float>& data, int64_t k, int64_t n0, int64_t lanes,
+                   const float* src) {
 #if defined(__AVX__)
-  if (n0 % 8 != 0) return false;
+  if (n0 % 8 != 0 || n0 % kPanel + lanes > kPanel) return false;
   float* panel = data.data() + (n0 / kPanel) * k * kPanel + (n0 % kPanel);
   int64_t kk = 0;
-  for (; kk + 8 <= k; kk += 8) transpose8(src + kk, k, panel + kk * kPanel, kPanel);
+  for (; kk + 8 <= k; kk += 8)
+    for (int64_t g = 0; g < lanes; g += 8)
+      transpose8(src + g * k + kk, k, panel + kk * kPanel + g, kPanel);
   for (; kk < k; ++kk)
-    for (int64_t i = 0; i < 8; ++i) panel[kk * kPanel + i] = src[i * k + kk];
+    for (int64_t i = 0; i < lanes; ++i) panel[kk * kPanel + i] = src[i * k + kk];
   return true;
 #else
-  (void)data, (void)k, (void)n0, (void)src;
+  (void)data, (void)k, (void)n0, (void)lanes, (void)src;
   return false;
 #endif
 }
@@ -69,8 +74,11 @@ void scatter_tensor(std::vector<float>& data, int64_t k, int64_t dst_row, const 
   switch (w.dtype()) {
     case DType::kF32: {
       const float* p = w.data<float>();
-      int64_t r = 0;  // whole groups of eight lanes by transposed blocks, the rest row by row
-      while (r + 8 <= rows && scatter_eight_rows(data, k, dst_row + r, p + r * k)) r += 8;
+      int64_t r = 0;  // whole panels, then groups of eight lanes by transposed blocks, the rest
+                      // row by row
+      while (r + kPanel <= rows && scatter_lanes(data, k, dst_row + r, kPanel, p + r * k))
+        r += kPanel;
+      while (r + 8 <= rows && scatter_lanes(data, k, dst_row + r, 8, p + r * k)) r += 8;
       scatter_rows(data, k, dst_row + r, rows - r,
                    [&](int64_t i, int64_t kk) { return p[(r + i) * k + kk]; });
       break;
