@@ -266,6 +266,15 @@ def main() -> None:
               f"{100 * g / peak:.1f} % | {fwd:.4g} | {bwd:.4g} | {opt:.4g} |")
     print()
     print(f"**miles / torch = {m / t:.2f}** (tokens/s, medians; aim >= 1.5)")
+    # The machine's speed drifts between modes that both sides see; a mode change inside the run
+    # moves the ratio of medians. Two checks against that: each round's ratio (torch, then miles
+    # right after it) and the ratio of the best steps (each side at its fastest).
+    per_round = [o["tokens_per_s"] / h["tokens_per_s"] for o, h in zip(ours, theirs)]
+    best_o = max(x["tokens_per_s_best"] for x in ours)
+    best_t = max(x["tokens_per_s_best"] for x in theirs)
+    print(f"per round: {', '.join(f'{r:.2f}' for r in per_round)} (median "
+          f"{statistics.median(per_round):.2f}); best steps: {best_o:.1f} / {best_t:.1f} = "
+          f"{best_o / best_t:.2f}")
     if "breakdown_s" in o0:
         b = o0["breakdown_s"]
         print(f"miles breakdown (one extra step): forward {b['forward']:.3f} s, loss head {b['loss_head']:.3f} s, "
