@@ -47,11 +47,12 @@ struct Shape {
 };
 
 // Group sizes 1..7 (one head at a time, pairs, triples, fours and their remainders), head
-// dimensions below one vector pass, at one, between and past one chunk (the scalar dot).
+// dimensions below one vector pass, at one, between and past one chunk (the scalar dot), and
+// every width of the AVX-512 backward's key sums (16, 32, 48 and 64: one to four zmm per row).
 std::vector<Shape> shapes() {
-  return {{4, 4, 64, 70},  {6, 3, 64, 70}, {6, 2, 64, 150}, {8, 2, 64, 70},
-          {5, 1, 20, 70},  {7, 1, 16, 40}, {6, 1, 8, 33},   {6, 2, 72, 70},
-          {4, 1, 160, 40}, {9, 3, 64, 1},  {9, 3, 64, 129}, {2, 1, 24, 65}};
+  return {{4, 4, 64, 70},  {6, 3, 64, 70}, {6, 2, 64, 150}, {8, 2, 64, 70},  {5, 1, 20, 70},
+          {7, 1, 16, 40},  {6, 1, 8, 33},  {6, 2, 72, 70},  {4, 1, 160, 40}, {9, 3, 64, 1},
+          {9, 3, 64, 129}, {2, 1, 24, 65}, {4, 2, 32, 70},  {3, 1, 48, 70}};
 }
 
 // Forward: per head and query, key blocks of kAttnBlock, scores scaled, online softmax, p · v by

@@ -14,7 +14,9 @@
 // above.
 // Phase 2, per key j up to the block's last query: dk_j += Σ ds_ij q_i and dv_j += Σ p_ij d_out_i
 // over the block's (head, query) pairs in ascending (head, query) order, accumulated in registers,
-// four keys at a time sharing the loads of the q and d_out rows (key_lanes); a key's blocks are
+// four keys at a time sharing the loads of the q and d_out rows (key_lanes; on AVX-512 with a head
+// dimension of 16–64, key_lanes_avx512 holds the four keys' whole rows in registers, the same
+// chains); a key's blocks are
 // taken in ascending order (within a window by its run's item, windows one after another).
 // So dk / dv sum over (query block, head, query) in that order; every sum's order is fixed by the
 // sequence alone (not the thread count, the batch or the layout).
@@ -22,6 +24,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/attention_keys.h"
 #include "kernels/attention_lanes.h"
 #include "kernels/attention_simd.h"
 #include "kernels/backward.h"
@@ -31,18 +34,10 @@
 
 namespace miles::kernels {
 
+using detail::BlockRows;
+
 namespace {
 constexpr int64_t kQueryBlock = 64;  // queries whose P and dS are held at once
-
-// The rows a query block's dk (q rows, coefficients dS) or dv (d_out rows, coefficients P) sum
-// over: row (g, i) = base + g * head_stride + i * row_stride for the group's heads g and queries
-// i in [i0, i1); coefficient (g, i, key j) = coef[(g * qb + i - i0) * t + j].
-struct BlockRows {
-  const float* base;
-  int64_t head_stride, row_stride, group, qb, t, i0, i1;
-  const float* row(int64_t g, int64_t i) const { return base + g * head_stride + i * row_stride; }
-  int64_t coef_at(int64_t g, int64_t i) const { return (g * qb + i - i0) * t; }
-};
 
 // acc of keys j0 .. j0 + L - 1 (rows acc + l * ld_acc): acc_l[e] = fma(coef(g, i, j0 + l),
 // row(g, i)[e], acc_l[e]) over g ascending, then i ascending from max(i0, j0 + l): for each key,
@@ -116,7 +111,8 @@ struct HeadWork {
 struct Shape {
   int64_t ldq, ldkv, heads, kv_heads, hd, group;
   float scale;
-  bool simd;  // one chain per dot (head_dim <= kGemmChunk); longer heads take the scalar dot
+  bool simd;     // one chain per dot (head_dim <= kGemmChunk); longer heads take the scalar dot
+  bool keys512;  // phase 2 by key_lanes_avx512 (the same bits, the head's rows in zmm registers)
 };
 
 void prepare(const Shape& sh, HeadWork& w) {
@@ -211,8 +207,15 @@ void block_phase2(const Shape& sh, const HeadWork& w, int64_t i0, int64_t i1, co
   const BlockRows dor{s.d_out + kh * group * hd, hd, sh.heads * hd, group, qb, t, i0, i1};
   detail::for_lane_chunks(j1 - j0, [&]<int L>(int64_t c) {
     const int64_t j = j0 + c;
-    key_lanes<L>(dsb, qr, j, hd, s.dk + j * sh.ldkv + kh * hd, sh.ldkv);
-    key_lanes<L>(pb, dor, j, hd, s.dv + j * sh.ldkv + kh * hd, sh.ldkv);
+    float* dk = s.dk + j * sh.ldkv + kh * hd;
+    float* dv = s.dv + j * sh.ldkv + kh * hd;
+    if (sh.keys512) {
+      detail::key_lanes_avx512(L, dsb, qr, j, hd, dk, sh.ldkv);
+      detail::key_lanes_avx512(L, pb, dor, j, hd, dv, sh.ldkv);
+    } else {
+      key_lanes<L>(dsb, qr, j, hd, dk, sh.ldkv);
+      key_lanes<L>(pb, dor, j, hd, dv, sh.ldkv);
+    }
   });
 }
 
@@ -226,8 +229,15 @@ void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, i
                               int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
                               ThreadPool* pool) {
   MILES_CHECK(heads % kv_heads == 0);
-  const Shape sh{
-      ldq, ldkv, heads, kv_heads, head_dim, heads / kv_heads, scale, head_dim <= kGemmChunk};
+  const Shape sh{ldq,
+                 ldkv,
+                 heads,
+                 kv_heads,
+                 head_dim,
+                 heads / kv_heads,
+                 scale,
+                 head_dim <= kGemmChunk,
+                 detect_isa() == Isa::kAvx512 && detail::key_lanes_avx512_fits(head_dim)};
   std::vector<HeadWork> work;
   for (const AttentionSeq& s : seqs)
     for (int64_t kh = 0; kh < kv_heads && s.t > 0; ++kh) work.push_back({&s, kh, {}, {}, {}});
