@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/attention_avx512.h"
 #include "kernels/attention_lanes.h"
 #include "kernels/attention_simd.h"
 #include "kernels/exp.h"
@@ -78,6 +79,8 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
                     int64_t hd, int64_t kh, const int32_t* positions, const KvReader& kv,
                     float scale, float* out, int64_t ldo, SoftmaxState& st, KeyBlock& kb) {
   const bool simd = hd <= kGemmChunk;  // one chain per dot; longer heads take the scalar dot
+  // p · v rows by the AVX-512 row sums where they fit (the same fma chains: the same bits).
+  const bool wide_rows = detect_isa() == Isa::kAvx512 && detail::attention_avx512_fits(hd);
   const int64_t lanes = t * group;
   st.max.assign(static_cast<size_t>(lanes), -INFINITY);
   st.denom.assign(static_cast<size_t>(lanes), 0.0f);
@@ -132,7 +135,11 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
         for (int64_t j = 0; j < n; ++j)
           for (int l = 0; l < L; ++l) den[l] = den[l] + p[l][j];
         for (int l = 0; l < L; ++l) st.denom[i * group + g0 + l] = den[l];
-        detail::fma_rows_lanes<L>(pl, kb.values, n, hd, accl);
+        if (wide_rows) {
+          detail::fma_rows_avx512(L, pl, kb.values, n, hd, accl);
+        } else {
+          detail::fma_rows_lanes<L>(pl, kb.values, n, hd, accl);
+        }
       });
     }
   }

@@ -24,7 +24,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/attention_keys.h"
+#include "kernels/attention_avx512.h"
 #include "kernels/attention_lanes.h"
 #include "kernels/attention_simd.h"
 #include "kernels/backward.h"
@@ -111,8 +111,8 @@ struct HeadWork {
 struct Shape {
   int64_t ldq, ldkv, heads, kv_heads, hd, group;
   float scale;
-  bool simd;     // one chain per dot (head_dim <= kGemmChunk); longer heads take the scalar dot
-  bool keys512;  // phase 2 by key_lanes_avx512 (the same bits, the head's rows in zmm registers)
+  bool simd;    // one chain per dot (head_dim <= kGemmChunk); longer heads take the scalar dot
+  bool avx512;  // dq and phase 2 by the AVX-512 row sums (the same bits, rows in zmm registers)
 };
 
 void prepare(const Shape& sh, HeadWork& w) {
@@ -189,7 +189,11 @@ void block_phase1(const Shape& sh, const HeadWork& w, int64_t i0, int64_t i1, fl
         detail::softmax_grad_row(p[l], dpl[l], dsum[l], sh.scale, ds[l], i + 1);
         detail::zero_row(dqi[l], hd);
       }
-      fma_rows_lanes<L>(dsl, w.k_rows.data(), i + 1, hd, dqi);
+      if (sh.avx512) {
+        detail::fma_rows_avx512(L, dsl, w.k_rows.data(), i + 1, hd, dqi);
+      } else {
+        fma_rows_lanes<L>(dsl, w.k_rows.data(), i + 1, hd, dqi);
+      }
     });
   }
 }
@@ -209,7 +213,7 @@ void block_phase2(const Shape& sh, const HeadWork& w, int64_t i0, int64_t i1, co
     const int64_t j = j0 + c;
     float* dk = s.dk + j * sh.ldkv + kh * hd;
     float* dv = s.dv + j * sh.ldkv + kh * hd;
-    if (sh.keys512) {
+    if (sh.avx512) {
       detail::key_lanes_avx512(L, dsb, qr, j, hd, dk, sh.ldkv);
       detail::key_lanes_avx512(L, pb, dor, j, hd, dv, sh.ldkv);
     } else {
@@ -237,7 +241,7 @@ void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, i
                  heads / kv_heads,
                  scale,
                  head_dim <= kGemmChunk,
-                 detect_isa() == Isa::kAvx512 && detail::key_lanes_avx512_fits(head_dim)};
+                 detect_isa() == Isa::kAvx512 && detail::attention_avx512_fits(head_dim)};
   std::vector<HeadWork> work;
   for (const AttentionSeq& s : seqs)
     for (int64_t kh = 0; kh < kv_heads && s.t > 0; ++kh) work.push_back({&s, kh, {}, {}, {}});

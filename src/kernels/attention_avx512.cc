@@ -1,10 +1,10 @@
-// key_lanes_avx512 (attention_keys.h): four keys × the whole head dimension (up to 4 zmm each) in
-// 16 of AVX-512's 32 registers. Compiled with -mavx512f.
+// The AVX-512 row sums of attention (attention_avx512.h): up to four keys or heads × the whole head
+// dimension (up to 4 zmm each) in 16 of AVX-512's 32 registers. Compiled with -mavx512f.
+#include "kernels/attention_avx512.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
-
-#include "kernels/attention_keys.h"
 
 namespace miles::kernels::detail {
 namespace {
@@ -56,7 +56,66 @@ void for_width(int64_t hd, const float* coef, const BlockRows& b, int64_t j0, fl
   }
 }
 
+template <int L, int C>  // L heads, C zmm per row
+void rows(const float* const* p, const float* const* r, int64_t n, float* const* acc) {
+  __m512 a[L][C];
+#pragma GCC unroll 16
+  for (int l = 0; l < L; ++l) {
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) a[l][c] = _mm512_loadu_ps(acc[l] + 16 * c);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 rv[C];
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) rv[c] = _mm512_loadu_ps(r[j] + 16 * c);
+#pragma GCC unroll 16
+    for (int l = 0; l < L; ++l) {
+      const __m512 pl = _mm512_set1_ps(p[l][j]);
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) a[l][c] = _mm512_fmadd_ps(pl, rv[c], a[l][c]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int l = 0; l < L; ++l) {
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc[l] + 16 * c, a[l][c]);
+  }
+}
+
+template <int L>
+void rows_for_width(int64_t hd, const float* const* p, const float* const* r, int64_t n,
+                    float* const* acc) {
+  switch (hd / 16) {
+    case 1:
+      return rows<L, 1>(p, r, n, acc);
+    case 2:
+      return rows<L, 2>(p, r, n, acc);
+    case 3:
+      return rows<L, 3>(p, r, n, acc);
+    case 4:
+      return rows<L, 4>(p, r, n, acc);
+    default:
+      break;
+  }
+}
+
 }  // namespace
+
+void fma_rows_avx512(int lanes, const float* const* p, const float* const* rows, int64_t n,
+                     int64_t hd, float* const* acc) {
+  switch (lanes) {
+    case 1:
+      return rows_for_width<1>(hd, p, rows, n, acc);
+    case 2:
+      return rows_for_width<2>(hd, p, rows, n, acc);
+    case 3:
+      return rows_for_width<3>(hd, p, rows, n, acc);
+    case 4:
+      return rows_for_width<4>(hd, p, rows, n, acc);
+    default:
+      break;
+  }
+}
 
 void key_lanes_avx512(int keys, const float* coef, const BlockRows& b, int64_t j0, int64_t hd,
                       float* acc, int64_t ld_acc) {
