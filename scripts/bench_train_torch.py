@@ -19,6 +19,11 @@ Why: `miles bench train` reports tokens/s and MFU; this names the baseline (desi
 Before each measurement it waits until the CPUs are --min-idle idle (others compile on this machine)
 and records that idle share and the cores each side actually got (CPU seconds / wall seconds).
 
+The machine's speed drifts between modes over minutes, and both sides see it. --repeats N runs N
+rounds (all torch steps, then all miles steps right after); --paired instead keeps both alive and
+alternates their steps (torch, miles, then miles, torch, ...; miles waits on `--paced`), so each pair's
+two steps are seconds apart: the median of the pairs' ratios is the figure least moved by the drift.
+
 Run with the reference venv (build miles first):
     /root/.venvs/miles-ref/bin/python scripts/bench_train_torch.py --model models/smollm2-135m-instruct \
         --threads 1 --miles-bin build/bin/miles
@@ -106,7 +111,9 @@ def wait_for_quiet(min_idle: float, timeout_s: float) -> float:
 # ---- PyTorch --------------------------------------------------------------------------------------------
 
 
-def torch_bench(a, hf_dir: Path, ids: list[list[int]]) -> dict:
+def torch_setup(a, hf_dir: Path, ids: list[list[int]]):
+    """The torch side: returns (step, params); step() runs one whole training step and returns
+    (loss, {forward, backward, optimizer} seconds)."""
     import torch
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
@@ -144,23 +151,39 @@ def torch_bench(a, hf_dir: Path, ids: list[list[int]]) -> dict:
         t["optimizer"] = time.perf_counter() - t0
         return loss_sum, t
 
+    return step, sum(p.numel() for p in params)
+
+
+def timed_torch_step(step, k: int, a) -> tuple[float, float, float, dict]:
+    """One torch step: (wall s, cores, loss, breakdown); prints it as `torch step ...`."""
+    total = a.batch * (a.seq_len - 1)
+    c0, w0 = time.process_time(), time.perf_counter()
+    loss, t = step()
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    say(f"  torch step {'warm' if k < a.warmup else k - a.warmup + 1}: {wall:.3f} s, "
+        f"{total / wall:.1f} tokens/s, loss {loss:.6f}, cores {cpu / wall:.2f}")
+    return wall, cpu / wall, loss, t
+
+
+def torch_bench(a, hf_dir: Path, ids: list[list[int]]) -> dict:
+    step, n_params = torch_setup(a, hf_dir, ids)
+    total = a.batch * (a.seq_len - 1)
     initial_loss, times, cores, parts = None, [], [], []
     for k in range(a.warmup + a.steps):
-        c0, w0 = time.process_time(), time.perf_counter()
-        loss, t = step()
-        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        wall, c, loss, t = timed_torch_step(step, k, a)
         if k == 0:
             initial_loss = loss
-        warm = k < a.warmup
-        say(f"  torch step {'warm' if warm else k - a.warmup + 1}: {wall:.3f} s, "
-            f"{total / wall:.1f} tokens/s, loss {loss:.6f}, cores {cpu / wall:.2f}")
-        if not warm:
-            times.append(wall), cores.append(cpu / wall), parts.append(t)
+        if k >= a.warmup:
+            times.append(wall), cores.append(c), parts.append(t)
+    return torch_result(total, times, cores, parts, initial_loss, n_params)
+
+
+def torch_result(total, times, cores, parts, initial_loss, n_params) -> dict:
     med = statistics.median(times)
     return {"tokens_per_s": total / med, "tokens_per_s_best": total / min(times), "step_times_s": times,
             "cores": statistics.median(cores), "initial_loss": initial_loss,
             "breakdown_s": {k: statistics.median(p[k] for p in parts) for k in parts[0]},
-            "params": sum(p.numel() for p in params)}
+            "params": n_params}
 
 
 # ---- miles ----------------------------------------------------------------------------------------------
@@ -168,14 +191,87 @@ def torch_bench(a, hf_dir: Path, ids: list[list[int]]) -> dict:
 
 def miles_bench(a) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [str(a.miles_bin), "bench", "train", "--model", str(a.model), "--batch", str(a.batch),
-               "--seq-len", str(a.seq_len), "--threads", str(a.threads), "--steps", str(a.steps),
-               "--warmup", str(a.warmup), "--micro-batch-size", str(a.micro_batch_size),
-               "--seed", str(a.seed), "--lr", str(a.lr), "--json", f.name]
+        cmd = miles_cmd(a, f.name)
         say("running " + " ".join(cmd))
         if subprocess.call(cmd) != 0:
             die("miles bench train failed")
         return json.load(open(f.name))
+
+
+def miles_cmd(a, json_path: str) -> list[str]:
+    return [str(a.miles_bin), "bench", "train", "--model", str(a.model), "--batch", str(a.batch),
+            "--seq-len", str(a.seq_len), "--threads", str(a.threads), "--steps", str(a.steps),
+            "--warmup", str(a.warmup), "--micro-batch-size", str(a.micro_batch_size),
+            "--seed", str(a.seed), "--lr", str(a.lr), "--json", json_path]
+
+
+class PacedMiles:
+    """`miles bench train --paced` as a child that takes a step when told (its stdout echoed)."""
+
+    def __init__(self, a, json_path: str):
+        cmd = miles_cmd(a, json_path) + ["--paced"]
+        say("running " + " ".join(cmd))
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.until_waiting()
+
+    def until_waiting(self) -> list[str]:
+        """Echoes miles' lines until it waits for the driver; returns its `paced: step` lines."""
+        steps = []
+        for line in self.p.stdout:
+            print(line, end="", flush=True)
+            if line.startswith("paced: step "):
+                steps.append(line)
+            if line.startswith("paced: waiting"):
+                return steps
+        die("miles bench train --paced exited early")
+
+    def go(self) -> list[str]:
+        self.p.stdin.write("go\n")
+        self.p.stdin.flush()
+        return self.until_waiting()
+
+    def finish(self) -> None:
+        self.p.stdin.write("go\n")  # the breakdown step
+        self.p.stdin.close()
+        for line in self.p.stdout:
+            print(line, end="", flush=True)
+        if self.p.wait() != 0:
+            die("miles bench train --paced failed")
+
+
+def paired_bench(a, hf_dir: Path, ids: list[list[int]], idle: list[float]) -> tuple[dict, dict, list[float]]:
+    """Both sides alive at once, their steps alternating (torch first in even pairs, miles first in
+    odd ones), a --pause of idle between any two steps: each pair's two steps see the same machine.
+    Returns (miles' JSON, torch's results, each measured pair's miles / torch ratio)."""
+    total = a.batch * (a.seq_len - 1)
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        miles = PacedMiles(a, f.name)  # loaded, waiting before its FMA peak
+        step, n_params = torch_setup(a, hf_dir, ids)
+        idle.append(wait_for_quiet(a.min_idle, a.quiet_timeout))
+        miles.go()  # the FMA peak, alone on the machine
+        time.sleep(a.pause)
+        initial_loss, times, cores, parts, ratios = None, [], [], [], []
+        for k in range(a.warmup + a.steps):
+            order = ("torch", "miles") if k % 2 == 0 else ("miles", "torch")
+            for side in order:
+                if side == "torch":
+                    wall, c, loss, t = timed_torch_step(step, k, a)
+                    if k == 0:
+                        initial_loss = loss
+                else:
+                    done = miles.go()
+                    if len(done) != 1:
+                        die(f"expected one `paced: step` line, got {len(done)}")
+                    miles_wall = float(done[0].split()[3])
+                time.sleep(a.pause)
+            if k >= a.warmup:
+                times.append(wall), cores.append(c), parts.append(t)
+                ratios.append(wall / miles_wall)
+                say(f"  pair {k - a.warmup + 1}: torch {wall:.3f} s, miles {miles_wall:.3f} s, "
+                    f"miles / torch {wall / miles_wall:.3f}")
+        miles.finish()
+        ours = json.load(open(f.name))
+    return ours, torch_result(total, times, cores, parts, initial_loss, n_params), ratios
 
 
 def hf_dir_for(a) -> Path:
@@ -202,6 +298,11 @@ def main() -> None:
     ap.add_argument("--adamw", choices=["single", "foreach", "fused"], default="single",
                     help="torch.optim.AdamW implementation (single: foreach=False, torch's CPU default)")
     ap.add_argument("--repeats", type=int, default=1, help="alternating torch / miles rounds (medians)")
+    ap.add_argument("--paired", action="store_true",
+                    help="one round with both sides alive, their steps alternating (miles --paced): "
+                         "prints each pair's ratio and their median")
+    ap.add_argument("--pause", type=float, default=0.5,
+                    help="--paired: idle seconds between any two steps (threads spinning down)")
     ap.add_argument("--min-idle", type=float, default=0.9,
                     help="before each measurement, wait until the CPUs are this idle over 5 s")
     ap.add_argument("--quiet-timeout", type=float, default=600, help="longest wait for that, seconds")
@@ -221,8 +322,13 @@ def main() -> None:
     say(f"{a.model.name}: batch {a.batch} x seq-len {a.seq_len}, micro-batch {a.micro_batch_size}, "
         f"{a.threads} threads, torch {torch.__version__} (AdamW {a.adamw}), {a.repeats} round(s)")
 
-    ours, theirs, idle = [], [], []
-    for r in range(a.repeats):
+    ours, theirs, idle, pair_ratios = [], [], [], []
+    if a.paired:
+        o, t_res, pair_ratios = paired_bench(a, hf_dir, ids, idle)
+        ours.append(o), theirs.append(t_res)
+        if o["tokens"] != ids:
+            die("miles bench train used other token ids than this script's generator")
+    for r in range(0 if a.paired else a.repeats):
         idle.append(wait_for_quiet(a.min_idle, a.quiet_timeout))
         theirs.append(torch_bench(a, hf_dir, ids))
         idle.append(wait_for_quiet(a.min_idle, a.quiet_timeout))
@@ -275,6 +381,10 @@ def main() -> None:
     print(f"per round: {', '.join(f'{r:.2f}' for r in per_round)} (median "
           f"{statistics.median(per_round):.2f}); best steps: {best_o:.1f} / {best_t:.1f} = "
           f"{best_o / best_t:.2f}")
+    if pair_ratios:
+        print(f"**paired steps (alternating, {a.pause:g} s apart): miles / torch = "
+              f"{statistics.median(pair_ratios):.2f}** (median of {len(pair_ratios)} pairs: "
+              f"{', '.join(f'{r:.2f}' for r in pair_ratios)})")
     if "breakdown_s" in o0:
         b = o0["breakdown_s"]
         print(f"miles breakdown (one extra step): forward {b['forward']:.3f} s, loss head {b['loss_head']:.3f} s, "

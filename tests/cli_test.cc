@@ -1,6 +1,6 @@
 // The `miles` program as a user runs it: generate reproduces llama2.c's reference text for
 // stories260K, score prints HF-matching logprobs and experts as JSON, bad input exits 1 with a
-// message, and `bench train` runs a step.
+// message, and `bench train` runs a step (or steps paced by a driver on stdin).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -109,6 +109,30 @@ TEST(Cli, BenchTrainRunsAStepAndReportsTokensPerSecond) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("MFU"), std::string::npos) << r.out;
+}
+
+// --paced: one line from stdin before the peak and before each step (no breakdown here), a
+// "paced: step" line after each; a driver that stops sending ends the run with an error.
+TEST(Cli, BenchTrainPacedWaitsForTheDriverBeforeEachStep) {
+  MILES_REQUIRE_SHARED();
+  const std::string m = test::shared_dir() + "/models/stories260K/stories260K.bin";
+  const std::string args = " bench train --model " + m +
+                           " --steps 2 --warmup 1 --batch 1 --seq-len 16 --threads 1"
+                           " --peak-seconds 0.05 --no-breakdown --paced 2>&1";
+  CliRun ok = test::run_shell("printf 'p\\n1\\n2\\n3\\n' | " + miles_binary() + args);
+  EXPECT_EQ(ok.exit_code, 0) << ok.out;
+  size_t waits = 0, steps = 0;
+  for (size_t at = 0; (at = ok.out.find("paced: waiting", at)) != std::string::npos; ++at) ++waits;
+  for (size_t at = 0; (at = ok.out.find("paced: step ", at)) != std::string::npos; ++at) ++steps;
+  EXPECT_EQ(waits, 4u) << ok.out;
+  EXPECT_EQ(steps, 3u) << ok.out;
+  EXPECT_NE(ok.out.find("paced: step 0 "), std::string::npos) << ok.out;  // the warm-up step
+  EXPECT_NE(ok.out.find("paced: step 2 "), std::string::npos) << ok.out;
+
+  CliRun cut = test::run_shell("printf 'p\\n1\\n' | " + miles_binary() + args);
+  EXPECT_EQ(cut.exit_code, 1) << cut.out;
+  EXPECT_NE(cut.out.find("--paced: stdin closed"), std::string::npos) << cut.out;
+  EXPECT_EQ(cut.out.find("paced: step 2 "), std::string::npos) << cut.out;
 }
 
 TEST(Cli, BenchSyncMeasuresEveryTransportBetweenProcesses) {

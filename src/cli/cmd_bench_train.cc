@@ -12,6 +12,12 @@
 // token after the first is trained (response_length = seq_len − 1, loss mask 1): the SFT token-mean
 // NLL.
 //
+// --paced hands the pace to a driver on stdin, so that another framework's steps can alternate
+// with these in one run (scripts/bench_train_torch.py --paired): the machine's speed drifts, and
+// steps taken seconds apart see the same machine. Protocol: "paced: waiting" on stdout, then one
+// line read from stdin before the FMA peak, before each step and before the breakdown; after each
+// step "paced: step K SECONDS LOSS CORES" (K = 0 for warm-up steps). A closed stdin stops the run.
+//
 // Hidden --export-hf DIR writes the loaded model (e.g. a llama2.c file) as an HF Llama directory
 // (config.json + model.safetensors) so that transformers trains the same weights.
 #include <time.h>
@@ -21,6 +27,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -53,6 +60,7 @@ struct TrainBenchOptions {
   double lr = 1e-5;
   double peak_seconds = 0.5;
   bool no_breakdown = false;
+  bool paced = false;  // wait for a line on stdin before the peak, each step and the breakdown
   std::string device = "cpu";  // where forward and backward run (TrainerConfig::device)
 };
 
@@ -238,6 +246,15 @@ Status export_hf(const ModelFiles& files, const std::string& dir) {
   return write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
 }
 
+// --paced: says it waits, then blocks until the driver sends a line; false once stdin is closed.
+bool wait_for_driver(bool paced) {
+  if (!paced) return true;
+  std::printf("paced: waiting\n");
+  std::fflush(stdout);
+  std::string line;
+  return static_cast<bool>(std::getline(std::cin, line));
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -260,8 +277,6 @@ int run_bench_train(const TrainBenchOptions& o) {
   ThreadPool pool(o.threads);
   const int threads = pool.num_threads();
   const kernels::Isa isa = kernels::detect_isa();
-  const double peak =
-      isa == kernels::Isa::kScalar ? 0.0 : fma_peak_gflops(isa, threads, o.peak_seconds);
 
   TrainerConfig tc;
   tc.lr.lr = o.lr;
@@ -274,6 +289,10 @@ int run_bench_train(const TrainBenchOptions& o) {
   Trainer& tr = **trainer;
   const FlopModel fm = flop_model(config, tr.params(), o.seq_len);
   const TokenObjective objective = sft_objective(batch, static_cast<double>(tokens_per_step));
+  const auto driver_gone = [] { return fail("bench train", "--paced: stdin closed"); };
+  if (!wait_for_driver(o.paced)) return driver_gone();
+  const double peak =
+      isa == kernels::Isa::kScalar ? 0.0 : fma_peak_gflops(isa, threads, o.peak_seconds);
 
   const std::string name = std::filesystem::path(o.model).filename().string();
   std::printf(
@@ -284,14 +303,16 @@ int run_bench_train(const TrainBenchOptions& o) {
       static_cast<long long>(o.micro_batch_size), o.lr);
   std::printf("FMA peak measured now on %d threads: %.1f GFLOP/s\n", threads, peak);
   if (tc.device != Device::kCpu)
-    std::printf("forward and backward on %s (the loss head and AdamW on the host): MFU below is "
-                "against the CPU's peak, for scale only; no piece-by-piece breakdown\n",
-                o.device.c_str());
+    std::printf(
+        "forward and backward on %s (the loss head and AdamW on the host): MFU below is "
+        "against the CPU's peak, for scale only; no piece-by-piece breakdown\n",
+        o.device.c_str());
   std::printf("%5s %10s %10s %12s %6s\n", "step", "time s", "tokens/s", "loss", "cores");
 
   double initial_loss = 0;
   std::vector<double> times, cores;
   for (int64_t k = 0; k < o.warmup + o.steps; ++k) {
+    if (!wait_for_driver(o.paced)) return driver_gone();
     const double c0 = process_cpu_seconds();
     const auto t0 = Clock::now();
     auto r = tr.step(batch, objective);
@@ -302,6 +323,9 @@ int run_bench_train(const TrainBenchOptions& o) {
     std::printf("%5s %10.3f %10.1f %12.6f %6.2f\n",
                 warm ? "warm" : std::to_string(k - o.warmup + 1).c_str(), secs,
                 tokens_per_step / secs, r->loss, cpu / secs);
+    if (o.paced)
+      std::printf("paced: step %lld %.6f %.6f %.4f\n",
+                  static_cast<long long>(warm ? 0 : k - o.warmup + 1), secs, r->loss, cpu / secs);
     std::fflush(stdout);
     if (!warm) {
       times.push_back(secs);
@@ -334,6 +358,7 @@ int run_bench_train(const TrainBenchOptions& o) {
 
   Breakdown b;
   if (!o.no_breakdown && tc.device == Device::kCpu) {
+    if (!wait_for_driver(o.paced)) return driver_gone();
     auto r = measure_breakdown(tr, batch, o.micro_batch_size, o.lr, &pool);
     if (!r.ok()) return fail("bench train", r.message());
     b = *r;
@@ -373,10 +398,9 @@ int run_bench_train(const TrainBenchOptions& o) {
     j["initial_loss"] = initial_loss;
     j["device"] = o.device;
     if (!o.no_breakdown && tc.device == Device::kCpu)
-      j["breakdown_s"] = {{"forward", b.forward},   {"loss_head", b.loss_head},
-                          {"backward", b.backward}, {"backward_packs", b.backward_packs},
-                          {"optimizer", b.optimizer},
-                          {"rebuild", b.rebuild}};
+      j["breakdown_s"] = {{"forward", b.forward},     {"loss_head", b.loss_head},
+                          {"backward", b.backward},   {"backward_packs", b.backward_packs},
+                          {"optimizer", b.optimizer}, {"rebuild", b.rebuild}};
     std::vector<std::vector<int32_t>> ids;
     for (const TrainSample& s : batch) ids.push_back(s.tokens);
     j["tokens"] = ids;
@@ -407,6 +431,9 @@ void register_bench_train(CLI::App& bench) {
   t->add_option("--peak-seconds", o->peak_seconds, "time for the FMA peak measurement")
       ->capture_default_str();
   t->add_flag("--no-breakdown", o->no_breakdown, "skip the timed piece-by-piece step");
+  t->add_flag("--paced", o->paced,
+              "wait for a line on stdin before the peak, each step and the breakdown (for a driver "
+              "that alternates another framework's steps with these)");
   t->add_option("--device", o->device, "where forward and backward run: cpu, cuda or emulated")
       ->capture_default_str()
       ->check(CLI::IsMember(device_names()));
