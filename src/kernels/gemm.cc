@@ -80,6 +80,23 @@ void tree_schedule(int64_t lo, int64_t hi, std::vector<int8_t>& steps) {
   }
 }
 
+// out row r = a row r + b row r (rows of kPanel floats in a and b, ldo apart in out):
+// element-wise, any vector width gives the same bits. The last merge of a tile whose output rows
+// take the sum as it is: no trip through the stack.
+void add_rows(float* out, int64_t ldo, const float* a, const float* b, int rows) {
+  for (int r = 0; r < rows; ++r) {
+    float* o = out + r * ldo;
+    const float* x = a + r * kPanel;
+    const float* z = b + r * kPanel;
+    int64_t j = 0;
+#if defined(__AVX__)
+    for (; j + 8 <= kPanel; j += 8)
+      _mm256_storeu_ps(o + j, _mm256_add_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(z + j)));
+#endif
+    for (; j < kPanel; ++j) o[j] = x[j] + z[j];
+  }
+}
+
 // a[i] = a[i] + b[i], element-wise (any vector width gives the same bits).
 void add_into(float* a, const float* b, int64_t n) {
   int64_t i = 0;
@@ -242,20 +259,30 @@ void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& 
     // load them now, so that they arrive while the tile computes instead of stalling its fold.
     for (const float* l : lefts)
       for (int i = 0; i < tr; ++i) touch_row(l + (row0 + r + i) * ldy + col0, cols);
+    // A whole panel with nothing to fold whose tree ends in a merge: that merge writes the output
+    // rows. (A last merge inside the kernel writing them measured slower than the copy from the
+    // stack, in the weight gradients: there the stack stays.)
+    const bool to_output = lefts.empty() && cols == kPanel && steps.back() == kMerge;
     int64_t top = 0, c = 0;  // stack height; next chunk
-    for (const int8_t step : steps) {
-      if (step != kMerge) {
+    for (size_t s = 0; s < steps.size(); ++s) {
+      if (steps[s] != kMerge) {
         const int64_t k0 = c * chunk;
-        float* left = step == kLeafMerge ? stack.data() + (top - 1) * slot : nullptr;
+        float* left = steps[s] == kLeafMerge ? stack.data() + (top - 1) * slot : nullptr;
         kern.fn(a_tile + k0 * lda, lda, tr, b + k0 * kPanel, std::min(chunk, k - k0), left,
                 left ? left : stack.data() + top * slot);
         if (!left) ++top;
         ++c;
       } else {
         --top;
-        add_into(stack.data() + (top - 1) * slot, stack.data() + top * slot, tr * kPanel);
+        if (to_output && s + 1 == steps.size()) {
+          add_rows(y + (row0 + r) * ldy + col0, ldy, stack.data() + (top - 1) * slot,
+                   stack.data() + top * slot, tr);
+        } else {
+          add_into(stack.data() + (top - 1) * slot, stack.data() + top * slot, tr * kPanel);
+        }
       }
     }
+    if (to_output) continue;
     for (int i = 0; i < tr; ++i) {
       const int64_t offset = (row0 + r + i) * ldy + col0;
       store_row(stack.data() + i * kPanel, cols, y + offset, lefts, offset);
