@@ -1,6 +1,7 @@
 // PackedMatrix: W [N, K] rearranged into k-major panels of kPanel output columns for the
 // micro-kernels.
 #include <algorithm>
+#include <cstring>
 
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -194,6 +195,11 @@ void PackedMatrix::assign_transposed(const float* a, int64_t rows, int64_t cols,
   parallel_for(pool, num_panels(), [&](int64_t p) {
     const int64_t c0 = p * kPanel, width = std::min(kPanel, cols - c0);
     float* dst = data_.data() + p * rows * kPanel;
+    if (width == kPanel) {  // a fixed-size copy the compiler inlines, not a library call per row
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(dst + r * kPanel, a + r * lda + c0, kPanel * sizeof(float));
+      return;
+    }
     for (int64_t r = 0; r < rows; ++r) {
       std::copy_n(a + r * lda + c0, width, dst + r * kPanel);
       std::fill(dst + r * kPanel + width, dst + (r + 1) * kPanel, 0.0f);
