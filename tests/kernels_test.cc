@@ -196,6 +196,37 @@ TEST(PackedMatrix, PacksAndTransposesExactly) {
   }
 }
 
+// assign_rows with the transposed pack made in the same pass (the trainer's per-step repack) gives
+// exactly assign_rows + transpose_into: stacked parts starting inside a panel, K a multiple of
+// kPanel (the fused path) or not, a bf16 part (both fall back), and reused matrices holding other
+// shapes first. Padding lanes included.
+TEST(PackedMatrix, FusedTransposedPackIsTheTwoPasses) {
+  const auto panels_equal = [](const PackedMatrix& a, const PackedMatrix& b) {
+    if (a.n() != b.n() || a.k() != b.k() || a.chunk() != b.chunk()) return false;
+    for (int64_t p = 0; p < a.num_panels(); ++p)
+      if (!same_bits(a.panel(p), b.panel(p), a.k() * kPanel)) return false;
+    return true;
+  };
+  for (const int64_t k : {64, 96, 70, 5}) {
+    for (const bool with_bf16 : {false, true}) {
+      auto wa = random_vec(40 * k, 61), wb = random_vec(27 * k, 62), wc = random_vec(9 * k, 63);
+      Tensor ta = Tensor::from_f32({40, k}, wa), tb = Tensor::from_f32({27, k}, wb),
+             tc = Tensor::from_f32({9, k}, wc);
+      if (with_bf16) {
+        tb = Tensor::zeros(DType::kBF16, {27, k});
+        for (int64_t i = 0; i < 27 * k; ++i) tb.mutable_data<uint16_t>()[i] = f32_to_bf16(wb[i]);
+      }
+      const std::vector<const Tensor*> parts = {&ta, &tb, &tc};
+      PackedMatrix want = PackedMatrix::pack_rows(parts), want_t;
+      want.transpose_into(want_t);
+      PackedMatrix got = PackedMatrix::pack_rows({&tc}), got_t = PackedMatrix::pack_rows({&ta});
+      got.assign_rows(parts, got_t);
+      EXPECT_TRUE(panels_equal(got, want)) << "k " << k << " bf16 " << with_bf16;
+      EXPECT_TRUE(panels_equal(got_t, want_t)) << "k " << k << " bf16 " << with_bf16;
+    }
+  }
+}
+
 // dot_rows (eight rows' chains side by side) gives every row dot's bits: full groups and the rest,
 // one chunk or many, a ragged last chunk, strides past the width, and rows with more chunks than
 // its side-by-side buffer (the per-row fallback).

@@ -1,19 +1,21 @@
 // CPU kernels of the shared model, batch-invariant by construction.
 //
-// Why: the rollout engine and the trainer must compute identical bits for a token whatever batch it sits
-// in. Every kernel here reduces in a fixed order that depends only on the reduced length — never on the
-// number of rows, a row's position in the batch, the thread count or the instruction set — so a row computed
-// alone and inside a batch of 64 gives identical bits (tests/kernels_test.cc proves it per kernel).
+// Why: the rollout engine and the trainer must compute identical bits for a token whatever batch it
+// sits in. Every kernel here reduces in a fixed order that depends only on the reduced length —
+// never on the number of rows, a row's position in the batch, the thread count or the instruction
+// set — so a row computed alone and inside a batch of 64 gives identical bits
+// (tests/kernels_test.cc proves it per kernel).
 //
 // The numerics contract (docs/architecture.md, "Numerics"):
 //  * dot products over K (GEMM): K is cut into equal chunks of gemm_chunk(K) (at most kGemmChunk);
 //    inside a chunk the products are accumulated with fma in ascending k from 0; chunk partials are
-//    combined by a balanced halving tree (split [lo, hi) at lo + ceil((hi - lo) / 2)). The chunk count
-//    is a multiple of 8 (else 4, else 2) where K allows, so a tensor-parallel split of K into 2, 4 or 8
-//    equal parts falls on subtree boundaries and the ranks' partials, summed by the same tree over
-//    ranks, give the single-process bits.
+//    combined by a balanced halving tree (split [lo, hi) at lo + ceil((hi - lo) / 2)). The chunk
+//    count is a multiple of 8 (else 4, else 2) where K allows, so a tensor-parallel split of K into
+//    2, 4 or 8 equal parts falls on subtree boundaries and the ranks' partials, summed by the same
+//    tree over ranks, give the single-process bits.
 //  * row reductions (RMSNorm sum of squares, softmax sums): chunks of kGemmChunk, the same tree.
-//  * attention: online softmax over key blocks of kAttnBlock positions starting at position 0, ascending.
+//  * attention: online softmax over key blocks of kAttnBlock positions starting at position 0,
+//  ascending.
 //  * exp: miles' exp_f32 (src/kernels/exp.h), the same bits in scalar and SIMD code, never libm's.
 #pragma once
 
@@ -31,28 +33,29 @@ class ThreadPool;
 
 namespace miles::kernels {
 
-inline constexpr int64_t kGemmChunk = 128;  // K positions per row-reduction chunk; GEMM chunks' bound
+inline constexpr int64_t kGemmChunk =
+    128;  // K positions per row-reduction chunk; GEMM chunks' bound
 // The GEMM chunk length for a reduction of length k: k / n, where n is the fewest chunks of at most
 // kGemmChunk rounded up to a multiple of 8 (else 4, else 2), when n divides k; otherwise kGemmChunk
-// (the last chunk shorter). A pure function of k: every layout and batch shape of one K reduce alike.
-// Examples: 2048 → 16 × 128, 576 → 8 × 72, 1536 → 16 × 96, 172 → 4 × 43, 64 → 8 × 8.
+// (the last chunk shorter). A pure function of k: every layout and batch shape of one K reduce
+// alike. Examples: 2048 → 16 × 128, 576 → 8 × 72, 1536 → 16 × 96, 172 → 4 × 43, 64 → 8 × 8.
 int64_t gemm_chunk(int64_t k);
 // The chunk length of a weight gradient's reduction over its M token rows (dW = dYᵀ·X, every
 // backend): kGemmChunk, the last chunk shorter. No layout splits a micro-batch's tokens between
 // ranks, so this reduction needs none of gemm_chunk's equal splits for tensor parallelism, and
 // fewer, longer chunks keep the GEMM tile in its fma loop (256 tokens: 2 × 128, not 8 × 32).
 inline constexpr int64_t kWeightGradChunk = kGemmChunk;
-inline constexpr int64_t kPanel = 32;       // output columns per packed weight panel
-inline constexpr int64_t kAttnBlock = 32;   // key positions per online-softmax block
+inline constexpr int64_t kPanel = 32;      // output columns per packed weight panel
+inline constexpr int64_t kAttnBlock = 32;  // key positions per online-softmax block
 
 enum class Isa { kScalar, kAvx2, kAvx512 };
 // Best instruction set this CPU supports (overridable with MILES_ISA=scalar|avx2|avx512).
 Isa detect_isa();
 const char* isa_name(Isa isa);
 
-// A weight matrix W [N, K] (row-major, y = W x) repacked for the GEMM micro-kernels: panels of kPanel
-// output columns, each stored k-major as [K][kPanel] floats (zero-padded past N). Packing only moves
-// values (bf16 widened exactly), so it never changes results.
+// A weight matrix W [N, K] (row-major, y = W x) repacked for the GEMM micro-kernels: panels of
+// kPanel output columns, each stored k-major as [K][kPanel] floats (zero-padded past N). Packing
+// only moves values (bf16 widened exactly), so it never changes results.
 class PackedMatrix {
  public:
   PackedMatrix() = default;
@@ -63,10 +66,15 @@ class PackedMatrix {
   // pack_rows into this matrix, reusing its storage (a same-shaped repack allocates nothing); the
   // chunk goes back to gemm_chunk(K).
   void assign_rows(const std::vector<const Tensor*>& parts);
+  // assign_rows, and t = the packed form of the stacked Wᵀ (as transpose_into) made in the same
+  // pass over the source while its rows are in cache: a row of W is a run of kPanel floats in each
+  // of t's panels. (Falls back to assign_rows + transpose_into for bf16/f16 parts or a K that is
+  // not a multiple of kPanel.) Same values as the two calls.
+  void assign_rows(const std::vector<const Tensor*>& parts, PackedMatrix& t);
   int64_t n() const { return n_; }
   int64_t k() const { return k_; }
-  // The K chunk length of this matrix's products: gemm_chunk(k()) unless set. A row-parallel shard of
-  // a K_full matrix sets gemm_chunk(K_full) so that its chunks are the full product's chunks.
+  // The K chunk length of this matrix's products: gemm_chunk(k()) unless set. A row-parallel shard
+  // of a K_full matrix sets gemm_chunk(K_full) so that its chunks are the full product's chunks.
   int64_t chunk() const { return chunk_ > 0 ? chunk_ : gemm_chunk(k_); }
   void set_chunk(int64_t chunk);
   int64_t num_panels() const { return (n_ + kPanel - 1) / kPanel; }
@@ -79,14 +87,13 @@ class PackedMatrix {
   // This matrix = the packed form of aᵀ for a row-major a[rows, cols] with row stride lda: a
   // [cols, rows] matrix whose reduction runs over a's rows (the backward's d W = d yᵀ · x). Reuses
   // its storage; the panels are spread over the pool.
-  void assign_transposed(const float* a, int64_t rows, int64_t cols, int64_t lda,
-                         ThreadPool* pool);
+  void assign_transposed(const float* a, int64_t rows, int64_t cols, int64_t lda, ThreadPool* pool);
 
  private:
   void zero_padding_lanes();  // the last panel's lanes past n_ (rows that do not exist) = 0
 
   int64_t n_ = 0, k_ = 0;
-  int64_t chunk_ = 0;  // 0: gemm_chunk(k_)
+  int64_t chunk_ = 0;        // 0: gemm_chunk(k_)
   std::vector<float> data_;  // (num_panels, K, kPanel) first (reused storage may be longer)
 };
 
@@ -101,8 +108,8 @@ void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* 
 // element-wise, each left with y's shape and row stride (the last may be y itself): the trainer's
 // halving tree over micro-batches, merged while a leaf's tile is still in registers.
 using GemmLefts = std::span<const float* const>;
-void gemm_xt(const float* xt, int64_t m, int64_t ldt, const PackedMatrix& w, float* y,
-             int64_t ldy, ThreadPool* pool, Isa isa = detect_isa(), GemmLefts lefts = {});
+void gemm_xt(const float* xt, int64_t m, int64_t ldt, const PackedMatrix& w, float* y, int64_t ldy,
+             ThreadPool* pool, Isa isa = detect_isa(), GemmLefts lefts = {});
 // The definition of the numerics: one output element computed by the contract, scalar code
 // (chunk 0: gemm_chunk(k)).
 float gemm_reference_dot(const float* x, const float* w_row, int64_t k, int64_t chunk = 0);
@@ -110,15 +117,16 @@ float gemm_reference_dot(const float* x, const float* w_row, int64_t k, int64_t 
 // x[M, D] -> out[M, D] = x / sqrt(mean(x²) + eps) * weight. `out` may alias `x`.
 void rmsnorm(const float* x, int64_t m, int64_t d, const float* weight, float eps, float* out);
 
-// Rotary tables: inv_freq[rotary_dim / 2] and attention scaling, from a RopeConfig (model_config.h).
+// Rotary tables: inv_freq[rotary_dim / 2] and attention scaling, from a RopeConfig
+// (model_config.h).
 struct RopeTable {
   std::vector<float> inv_freq;  // (rotary_dim / 2)
   int64_t rotary_dim = 0;
   float attention_scaling = 1.0f;  // yarn multiplies cos and sin by it
 };
-// The table for a config (HF's rope_init_fn for default, linear, llama3 and yarn, in float32). "dynamic"
-// is refused: it makes a token's rotation depend on the sequence's current length, which breaks batch
-// and chunked-prefill invariance.
+// The table for a config (HF's rope_init_fn for default, linear, llama3 and yarn, in float32).
+// "dynamic" is refused: it makes a token's rotation depend on the sequence's current length, which
+// breaks batch and chunked-prefill invariance.
 Result<RopeTable> make_rope_table(const RopeConfig& rope, int64_t head_dim);
 // x[T, H, head_dim] rotated in place, half-split pairs (i, i + rotary_dim/2) as HF's rotate_half;
 // dims past rotary_dim are left as they are (partial rotary).
@@ -159,12 +167,12 @@ struct KvSpan {
 // Stores one position's key and value (k, v: [kv_heads * head_dim]) at `slot` of its block.
 void kv_block_store(const float* k, const float* v, int64_t slot, int64_t block_tokens,
                     int64_t kv_heads, int64_t head_dim, float* k_block, float* v_block);
-// Causal attention with GQA for the queries q[T, H, hd] of one sequence at positions[T]: query t sees
-// keys 0..positions[t]. out[T, H, hd]. scale is usually 1/sqrt(hd).
+// Causal attention with GQA for the queries q[T, H, hd] of one sequence at positions[T]: query t
+// sees keys 0..positions[t]. out[T, H, hd]. scale is usually 1/sqrt(hd).
 void attention(const float* q, int64_t t, int64_t heads, int64_t kv_heads, int64_t head_dim,
                const int32_t* positions, const KvSpan& kv, float scale, float* out);
-// The same with row strides: query i at q + i * ldq, its output at out + i * ldo. The queries of one
-// call share each key block's transposition; a query's bits never depend on the others.
+// The same with row strides: query i at q + i * ldq, its output at out + i * ldo. The queries of
+// one call share each key block's transposition; a query's bits never depend on the others.
 void attention(const float* q, int64_t ldq, int64_t t, int64_t heads, int64_t kv_heads,
                int64_t head_dim, const int32_t* positions, const KvSpan& kv, float scale,
                float* out, int64_t ldo);

@@ -70,20 +70,23 @@ void scatter_rows(std::vector<float>& data, int64_t k, int64_t dst_row, int64_t 
   }
 }
 
+// Rows of a row-major f32 [rows, k] source: whole panels, then groups of eight lanes by transposed
+// blocks, the rest row by row.
+void scatter_f32(std::vector<float>& data, int64_t k, int64_t dst_row, int64_t rows,
+                 const float* p) {
+  int64_t r = 0;
+  while (r + kPanel <= rows && scatter_lanes(data, k, dst_row + r, kPanel, p + r * k)) r += kPanel;
+  while (r + 8 <= rows && scatter_lanes(data, k, dst_row + r, 8, p + r * k)) r += 8;
+  scatter_rows(data, k, dst_row + r, rows - r,
+               [&](int64_t i, int64_t kk) { return p[(r + i) * k + kk]; });
+}
+
 void scatter_tensor(std::vector<float>& data, int64_t k, int64_t dst_row, const Tensor& w) {
   const int64_t rows = w.dim(0);
   switch (w.dtype()) {
-    case DType::kF32: {
-      const float* p = w.data<float>();
-      int64_t r = 0;  // whole panels, then groups of eight lanes by transposed blocks, the rest
-                      // row by row
-      while (r + kPanel <= rows && scatter_lanes(data, k, dst_row + r, kPanel, p + r * k))
-        r += kPanel;
-      while (r + 8 <= rows && scatter_lanes(data, k, dst_row + r, 8, p + r * k)) r += 8;
-      scatter_rows(data, k, dst_row + r, rows - r,
-                   [&](int64_t i, int64_t kk) { return p[(r + i) * k + kk]; });
+    case DType::kF32:
+      scatter_f32(data, k, dst_row, rows, w.data<float>());
       break;
-    }
     case DType::kBF16: {
       const uint16_t* p = w.data<uint16_t>();
       scatter_rows(data, k, dst_row, rows,
@@ -118,6 +121,49 @@ void PackedMatrix::assign_rows(const std::vector<const Tensor*>& parts) {
   for (const Tensor* t : parts) {
     scatter_tensor(data_, k_, row, *t);
     row += t->dim(0);
+  }
+  zero_padding_lanes();
+}
+
+void PackedMatrix::assign_rows(const std::vector<const Tensor*>& parts, PackedMatrix& t) {
+  MILES_CHECK(&t != this && !parts.empty());
+  const bool f32 = std::all_of(parts.begin(), parts.end(),
+                               [](const Tensor* p) { return p->dtype() == DType::kF32; });
+  if (!f32 || parts[0]->dim(1) % kPanel != 0) {
+    assign_rows(parts);
+    transpose_into(t);
+    return;
+  }
+  k_ = parts[0]->dim(1);
+  n_ = 0;
+  chunk_ = 0;
+  for (const Tensor* p : parts) {
+    MILES_CHECK(p->ndim() == 2 && p->dim(1) == k_, "stacked matrices must share K");
+    n_ += p->dim(0);
+  }
+  data_.resize(static_cast<size_t>(num_panels() * k_ * kPanel));
+  t.n_ = k_;
+  t.k_ = n_;
+  t.chunk_ = 0;
+  t.data_.resize(static_cast<size_t>(t.num_panels() * t.k_ * kPanel));  // K % kPanel == 0: all
+  // Blocks of rows up to the next panel boundary: each block is scattered into this matrix, then,
+  // still in cache, copied into t, where row n of W is t's row n in every panel (panel op holds
+  // W[n, op·kPanel …] at n·kPanel).
+  int64_t row = 0;
+  for (const Tensor* part : parts) {
+    const float* src = part->data<float>();
+    const int64_t rows = part->dim(0);
+    for (int64_t r = 0; r < rows;) {
+      const int64_t block = std::min(rows - r, kPanel - (row + r) % kPanel);
+      scatter_f32(data_, k_, row + r, block, src + r * k_);
+      for (int64_t i = r; i < r + block; ++i) {
+        float* dst = t.data_.data() + (row + i) * kPanel;
+        for (int64_t op = 0; op < t.num_panels(); ++op)
+          std::memcpy(dst + op * t.k_ * kPanel, src + i * k_ + op * kPanel, kPanel * sizeof(float));
+      }
+      r += block;
+    }
+    row += rows;
   }
   zero_padding_lanes();
 }

@@ -1,5 +1,6 @@
 // Model::backward_weights: the transposed packs of every matrix (backward_weights.h), built on the
-// first backward, one matrix per work item, and rebuilt in place by Model::reload_weights.
+// first backward, one matrix per work item, and rebuilt in place by Model::reload_weights (as the
+// weights are repacked: reload_model_weights).
 #include "model/backward_weights.h"
 
 #include <memory>
@@ -44,8 +45,8 @@ void build_backward_weights(const ModelWeights& w, BackwardWeights& bw, ThreadPo
 }  // namespace
 
 Status Model::reload_weights(const TensorMap& weights, ThreadPool* pool) {
-  MILES_RETURN_IF_ERROR(reload_model_weights(config_, weights, *w_, pool));
-  if (bw_) build_backward_weights(*w_, *bw_, pool);  // built already: keep it current
+  // Built already: kept current in the same pass over each matrix.
+  MILES_RETURN_IF_ERROR(reload_model_weights(config_, weights, *w_, pool, bw_.get()));
   return Status::Ok();
 }
 

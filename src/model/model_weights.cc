@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "miles/thread_pool.h"
+#include "model/backward_weights.h"
 
 namespace miles {
 
@@ -15,7 +16,17 @@ using kernels::PackedMatrix;
 
 class Loader {
  public:
-  Loader(const ModelConfig& c, const TensorMap& w) : c_(c), w_(w) {}
+  // With bw, the transposed packs are rebuilt in the same pass (PackedMatrix::assign_rows).
+  Loader(const ModelConfig& c, const TensorMap& w, BackwardWeights* bw = nullptr)
+      : c_(c), w_(w), bw_(bw) {}
+
+  static void pack(PackedMatrix& m, const std::vector<const Tensor*>& parts, PackedMatrix* t) {
+    if (t) {
+      m.assign_rows(parts, *t);
+    } else {
+      m.assign_rows(parts);
+    }
+  }
 
   Status vec(const std::string& name, int64_t n, std::vector<float>& out) {
     MILES_ASSIGN_OR_RETURN(Tensor t, w_.get(name, {n}));
@@ -32,14 +43,14 @@ class Loader {
     if (c_.tensor_parallel > 1) m.set_chunk(kernels::gemm_chunk(m.k() * c_.tensor_parallel));
   }
 
-  Status attention(const std::string& p, LayerWeights& l) {
+  Status attention(const std::string& p, LayerWeights& l, LayerWeightsT* t) {
     const int64_t d = c_.hidden_size, q = c_.q_dim(), kv = c_.kv_dim();
     MILES_ASSIGN_OR_RETURN(Tensor wq, mat(p + "self_attn.q_proj.weight", q, d));
     MILES_ASSIGN_OR_RETURN(Tensor wk, mat(p + "self_attn.k_proj.weight", kv, d));
     MILES_ASSIGN_OR_RETURN(Tensor wv, mat(p + "self_attn.v_proj.weight", kv, d));
     MILES_ASSIGN_OR_RETURN(Tensor wo, mat(p + "self_attn.o_proj.weight", d, q));
-    l.qkv.assign_rows({&wq, &wk, &wv});
-    l.o.assign_rows({&wo});
+    pack(l.qkv, {&wq, &wk, &wv}, t ? &t->qkv_t : nullptr);
+    pack(l.o, {&wo}, t ? &t->o_t : nullptr);
     keep_full_chunks(l.o);
     l.qkv_bias.clear();
     l.o_bias.clear();
@@ -60,38 +71,44 @@ class Loader {
     return Status::Ok();
   }
 
-  Status dense_mlp(const std::string& p, int64_t inter, PackedMatrix& gate_up, PackedMatrix& down) {
+  Status dense_mlp(const std::string& p, int64_t inter, PackedMatrix& gate_up, PackedMatrix& down,
+                   PackedMatrix* gate_up_t, PackedMatrix* down_t) {
     const int64_t d = c_.hidden_size;
     MILES_ASSIGN_OR_RETURN(Tensor g, mat(p + "gate_proj.weight", inter, d));
     MILES_ASSIGN_OR_RETURN(Tensor u, mat(p + "up_proj.weight", inter, d));
     MILES_ASSIGN_OR_RETURN(Tensor dn, mat(p + "down_proj.weight", d, inter));
-    gate_up.assign_rows({&g, &u});
-    down.assign_rows({&dn});
+    pack(gate_up, {&g, &u}, gate_up_t);
+    pack(down, {&dn}, down_t);
     keep_full_chunks(down);
     return Status::Ok();
   }
 
-  Status moe(const std::string& p, LayerWeights& l) {
+  Status moe(const std::string& p, LayerWeights& l, LayerWeightsT* t) {
     const int64_t e = c_.moe.num_experts;
     MILES_ASSIGN_OR_RETURN(Tensor router, mat(p + "mlp.gate.weight", e, c_.hidden_size));
-    l.router.assign_rows({&router});
+    pack(l.router, {&router}, t ? &t->router_t : nullptr);
     l.experts.resize(static_cast<size_t>(e));
+    if (t) t->experts.resize(static_cast<size_t>(e));
     for (int64_t i = 0; i < e; ++i) {
+      ExpertWeightsT* et = t ? &t->experts[i] : nullptr;
       MILES_RETURN_IF_ERROR(dense_mlp(p + "mlp.experts." + std::to_string(i) + ".",
                                       c_.moe.moe_intermediate_size, l.experts[i].gate_up,
-                                      l.experts[i].down));
+                                      l.experts[i].down, et ? &et->gate_up_t : nullptr,
+                                      et ? &et->down_t : nullptr));
     }
     return Status::Ok();
   }
 
   Status layer(int64_t i, LayerWeights& l) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
+    LayerWeightsT* t = bw_ ? &bw_->layers[i] : nullptr;
     MILES_RETURN_IF_ERROR(vec(p + "input_layernorm.weight", c_.hidden_size, l.input_norm));
     MILES_RETURN_IF_ERROR(vec(p + "post_attention_layernorm.weight", c_.hidden_size, l.post_norm));
-    MILES_RETURN_IF_ERROR(attention(p, l));
+    MILES_RETURN_IF_ERROR(attention(p, l, t));
     l.moe = c_.is_moe_layer(i);
-    if (l.moe) return moe(p, l);
-    return dense_mlp(p + "mlp.", c_.intermediate_size, l.gate_up, l.down);
+    if (l.moe) return moe(p, l, t);
+    return dense_mlp(p + "mlp.", c_.intermediate_size, l.gate_up, l.down,
+                     t ? &t->gate_up_t : nullptr, t ? &t->down_t : nullptr);
   }
 
   // Fills m, reusing the storage it already has (a reload of same-shaped weights allocates
@@ -106,10 +123,11 @@ class Loader {
       MILES_ASSIGN_OR_RETURN(head, mat("lm_head.weight", c_.vocab_size, c_.hidden_size));
     }
     m.layers.resize(static_cast<size_t>(c_.num_layers));
+    if (bw_) bw_->layers.resize(static_cast<size_t>(c_.num_layers));
     std::vector<Status> got(static_cast<size_t>(c_.num_layers + 2));
     parallel_for(pool, c_.num_layers + 2, [&](int64_t i) {
       if (i == 0) {
-        m.lm_head.assign_rows({&head});
+        pack(m.lm_head, {&head}, bw_ ? &bw_->lm_head_t : nullptr);
       } else if (i == 1) {
         emb.to_f32(m.embed);
       } else {
@@ -125,6 +143,7 @@ class Loader {
  private:
   const ModelConfig& c_;
   const TensorMap& w_;
+  BackwardWeights* bw_;
 };
 
 }  // namespace
@@ -137,8 +156,8 @@ Result<ModelWeights> load_model_weights(const ModelConfig& config, const TensorM
 }
 
 Status reload_model_weights(const ModelConfig& config, const TensorMap& weights, ModelWeights& m,
-                            ThreadPool* pool) {
-  return Loader(config, weights).all(m, pool);
+                            ThreadPool* pool, BackwardWeights* transposed) {
+  return Loader(config, weights, transposed).all(m, pool);
 }
 
 }  // namespace miles

@@ -1,7 +1,8 @@
 // ModelWeights: every parameter of the shared model, converted once into the kernels' layouts.
 //
-// Matrices are PackedMatrix (float32 panels); norms and biases are float32 vectors. Fused matrices stack
-// rows ([q; k; v], [gate; up]) so one GEMM computes them; fusing never changes any output's bits.
+// Matrices are PackedMatrix (float32 panels); norms and biases are float32 vectors. Fused matrices
+// stack rows ([q; k; v], [gate; up]) so one GEMM computes them; fusing never changes any output's
+// bits.
 #pragma once
 
 #include <vector>
@@ -12,6 +13,8 @@
 
 namespace miles {
 
+struct BackwardWeights;
+
 class ThreadPool;
 
 struct ExpertWeights {
@@ -20,33 +23,34 @@ struct ExpertWeights {
 };
 
 struct LayerWeights {
-  std::vector<float> input_norm;     // (hidden)
-  kernels::PackedMatrix qkv;         // (q_dim + 2 * kv_dim, hidden)
-  std::vector<float> qkv_bias;       // (q_dim + 2 * kv_dim) when attention_bias, else empty
+  std::vector<float> input_norm;      // (hidden)
+  kernels::PackedMatrix qkv;          // (q_dim + 2 * kv_dim, hidden)
+  std::vector<float> qkv_bias;        // (q_dim + 2 * kv_dim) when attention_bias, else empty
   std::vector<float> q_norm, k_norm;  // (head_dim) for Qwen3, else empty
-  kernels::PackedMatrix o;           // (hidden, q_dim)
-  std::vector<float> o_bias;         // (hidden) when attention_bias
-  std::vector<float> post_norm;      // (hidden)
+  kernels::PackedMatrix o;            // (hidden, q_dim)
+  std::vector<float> o_bias;          // (hidden) when attention_bias
+  std::vector<float> post_norm;       // (hidden)
   bool moe = false;
-  kernels::PackedMatrix gate_up;     // dense: (2 * intermediate, hidden)
-  kernels::PackedMatrix down;        // dense: (hidden, intermediate)
-  kernels::PackedMatrix router;      // moe: (num_experts, hidden)
+  kernels::PackedMatrix gate_up;  // dense: (2 * intermediate, hidden)
+  kernels::PackedMatrix down;     // dense: (hidden, intermediate)
+  kernels::PackedMatrix router;   // moe: (num_experts, hidden)
   std::vector<ExpertWeights> experts;
 };
 
 struct ModelWeights {
-  std::vector<float> embed;            // (vocab, hidden)
+  std::vector<float> embed;  // (vocab, hidden)
   std::vector<LayerWeights> layers;
-  std::vector<float> final_norm;       // (hidden)
-  kernels::PackedMatrix lm_head;       // (vocab, hidden); the embedding when tied
+  std::vector<float> final_norm;  // (hidden)
+  kernels::PackedMatrix lm_head;  // (vocab, hidden); the embedding when tied
   kernels::RopeTable rope;
 };
 
 Result<ModelWeights> load_model_weights(const ModelConfig& config, const TensorMap& weights,
                                         ThreadPool* pool = nullptr);
-// The same into an existing ModelWeights of this config, reusing its buffers. On an error the
-// weights are partly replaced: the caller must not use them.
+// The same into an existing ModelWeights of this config, reusing its buffers; with `transposed`,
+// its packs (the backward's, backward_weights.h) are rebuilt from the same pass over each matrix.
+// On an error the weights are partly replaced: the caller must not use them.
 Status reload_model_weights(const ModelConfig& config, const TensorMap& weights, ModelWeights& m,
-                            ThreadPool* pool = nullptr);
+                            ThreadPool* pool = nullptr, BackwardWeights* transposed = nullptr);
 
 }  // namespace miles
