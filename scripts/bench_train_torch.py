@@ -388,8 +388,8 @@ def main() -> None:
     if "breakdown_s" in o0:
         b = o0["breakdown_s"]
         print(f"miles breakdown (one extra step): forward {b['forward']:.3f} s, loss head {b['loss_head']:.3f} s, "
-              f"backward {b['backward']:.3f} s (transposed packs {b['backward_packs']:.3f} s; the micro-batch "
-              f"sum folded in), clip + AdamW {b['optimizer']:.3f} s, model rebuild {b['rebuild']:.3f} s; "
+              f"backward {b['backward']:.3f} s (the micro-batch sum folded in), clip + AdamW "
+              f"{b['optimizer']:.3f} s, model rebuild (both weight packs) {b['rebuild']:.3f} s; "
               f"torch opt = clip + AdamW + zero_grad")
     if not ok:
         die("initial losses differ by more than 1e-4: not the same model or batch")

@@ -140,17 +140,15 @@ FlopModel flop_model(const ModelConfig& c, const FlatTensors& params, int64_t se
 }
 
 struct Breakdown {
-  double forward = 0, loss_head = 0, backward = 0, backward_packs = 0, optimizer = 0, rebuild = 0;
+  double forward = 0, loss_head = 0, backward = 0, optimizer = 0, rebuild = 0;
   double total() const { return forward + loss_head + backward + optimizer + rebuild; }
 };
 
 // One step through the public pieces Trainer::step is made of, timing each: the forward with its
 // tape (buffers reused across micro-batches, as the trainer's), the loss head (logprobs, SFT
 // objective, their backward, over the pool and in place as the trainer's), Model::backward with
-// the micro-batch sum folded in (whose first call on a freshly built Model also builds its
-// transposed weight packs: measured as the first micro-batch's backward minus a second backward on
-// the same tape), clip + AdamW, and Trainer::reload_model (the Model rebuilt, i.e. every weight
-// repacked, from the new parameters).
+// the micro-batch sum folded in, clip + AdamW, and Trainer::reload_model (every weight repacked
+// from the new parameters, the backward's transposed packs in the same pass).
 Result<Breakdown> measure_breakdown(Trainer& tr, std::span<const TrainSample> batch, int64_t mbs,
                                     double lr, ThreadPool* pool) {
   Breakdown b;
@@ -213,13 +211,7 @@ Result<Breakdown> measure_breakdown(Trainer& tr, std::span<const TrainSample> ba
     if (first > 0) io.fold = {&acc};
     t0 = Clock::now();
     MILES_RETURN_IF_ERROR(m.backward(tape, dlogits, first > 0 ? scratch : acc, pool, io));
-    const double first_backward = seconds_since(t0);
-    b.backward += first_backward;
-    if (first == 0) {
-      t0 = Clock::now();
-      MILES_RETURN_IF_ERROR(m.backward(tape, dlogits, scratch, pool));
-      b.backward_packs = std::max(0.0, first_backward - seconds_since(t0));
-    }
+    b.backward += seconds_since(t0);
     logits_storage = std::move(dlogits);
   }
   auto t0 = Clock::now();
@@ -370,9 +362,8 @@ int run_bench_train(const TrainBenchOptions& o) {
     row("forward (with tape, all-position logits)", b.forward);
     row("loss head (logprobs, objective, their backward)", b.loss_head);
     row("backward (Model::backward, the micro-batch sum folded in)", b.backward);
-    row("  of which transposed weight packs, rebuilt every step", b.backward_packs);
     row("clip + AdamW", b.optimizer);
-    row("model rebuild (Trainer::reload_model: repack weights)", b.rebuild);
+    row("model rebuild (Trainer::reload_model: both weight packs)", b.rebuild);
   }
 
   if (!o.json.empty()) {
@@ -398,9 +389,11 @@ int run_bench_train(const TrainBenchOptions& o) {
     j["initial_loss"] = initial_loss;
     j["device"] = o.device;
     if (!o.no_breakdown && tc.device == Device::kCpu)
-      j["breakdown_s"] = {{"forward", b.forward},     {"loss_head", b.loss_head},
-                          {"backward", b.backward},   {"backward_packs", b.backward_packs},
-                          {"optimizer", b.optimizer}, {"rebuild", b.rebuild}};
+      j["breakdown_s"] = {{"forward", b.forward},
+                          {"loss_head", b.loss_head},
+                          {"backward", b.backward},
+                          {"optimizer", b.optimizer},
+                          {"rebuild", b.rebuild}};
     std::vector<std::vector<int32_t>> ids;
     for (const TrainSample& s : batch) ids.push_back(s.tokens);
     j["tokens"] = ids;
