@@ -90,6 +90,10 @@ class PackedMatrix {
   void assign_transposed(const float* a, int64_t rows, int64_t cols, int64_t lda, ThreadPool* pool);
 
  private:
+  // An n × k shape, the chunk back to gemm_chunk(k), the panels sized (the caller writes every lane
+  // of rows < n; the storage's capacity is kept).
+  void reshape(int64_t n, int64_t k);
+  void reshape_for(const std::vector<const Tensor*>& parts);  // stacked: they must share K
   void zero_padding_lanes();  // the last panel's lanes past n_ (rows that do not exist) = 0
 
   int64_t n_ = 0, k_ = 0;

@@ -80,9 +80,9 @@ void tree_schedule(int64_t lo, int64_t hi, std::vector<int8_t>& steps) {
   }
 }
 
-// out row r = a row r + b row r (rows of kPanel floats in a and b, ldo apart in out):
-// element-wise, any vector width gives the same bits. The last merge of a tile whose output rows
-// take the sum as it is: no trip through the stack.
+// out row r = a row r + b row r (rows of kPanel floats in a and b, ldo apart in out; out may be
+// a): element-wise, any vector width gives the same bits. The tree's merges in the stack, and the
+// last merge of a tile whose output rows take the sum as it is (no trip through the stack).
 void add_rows(float* out, int64_t ldo, const float* a, const float* b, int rows) {
   for (int r = 0; r < rows; ++r) {
     float* o = out + r * ldo;
@@ -95,16 +95,6 @@ void add_rows(float* out, int64_t ldo, const float* a, const float* b, int rows)
 #endif
     for (; j < kPanel; ++j) o[j] = x[j] + z[j];
   }
-}
-
-// a[i] = a[i] + b[i], element-wise (any vector width gives the same bits).
-void add_into(float* a, const float* b, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX__)
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-#endif
-  for (; i < n; ++i) a[i] = a[i] + b[i];
 }
 
 // Loads one float of every cache line of the cols floats at p and drops it: a demand load, so the
@@ -274,12 +264,10 @@ void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& 
         ++c;
       } else {
         --top;
-        if (to_output && s + 1 == steps.size()) {
-          add_rows(y + (row0 + r) * ldy + col0, ldy, stack.data() + (top - 1) * slot,
-                   stack.data() + top * slot, tr);
-        } else {
-          add_into(stack.data() + (top - 1) * slot, stack.data() + top * slot, tr * kPanel);
-        }
+        float* left = stack.data() + (top - 1) * slot;
+        const bool out = to_output && s + 1 == steps.size();
+        add_rows(out ? y + (row0 + r) * ldy + col0 : left, out ? ldy : kPanel, left,
+                 stack.data() + top * slot, tr);
       }
     }
     if (to_output) continue;

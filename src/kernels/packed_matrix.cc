@@ -105,18 +105,28 @@ void scatter_tensor(std::vector<float>& data, int64_t k, int64_t dst_row, const 
 }
 }  // namespace
 
-void PackedMatrix::assign_rows(const std::vector<const Tensor*>& parts) {
-  MILES_CHECK(!parts.empty());
-  k_ = parts[0]->dim(1);
-  n_ = 0;
+void PackedMatrix::reshape(int64_t n, int64_t k) {
+  n_ = n;
+  k_ = k;
   chunk_ = 0;
-  for (const Tensor* t : parts) {
-    MILES_CHECK(t->ndim() == 2 && t->dim(1) == k_, "stacked matrices must share K");
-    n_ += t->dim(0);
-  }
-  // Every lane of rows < n_ is written by the scatter; only the last panel's lanes past n_ are
-  // zeroed (no fill of the whole matrix before it is overwritten; the capacity is kept).
   data_.resize(static_cast<size_t>(num_panels() * k_ * kPanel));
+}
+
+void PackedMatrix::reshape_for(const std::vector<const Tensor*>& parts) {
+  MILES_CHECK(!parts.empty());
+  const int64_t k = parts[0]->dim(1);
+  int64_t n = 0;
+  for (const Tensor* t : parts) {
+    MILES_CHECK(t->ndim() == 2 && t->dim(1) == k, "stacked matrices must share K");
+    n += t->dim(0);
+  }
+  reshape(n, k);
+}
+
+void PackedMatrix::assign_rows(const std::vector<const Tensor*>& parts) {
+  // Every lane of rows < n_ is written by the scatter; only the last panel's lanes past n_ are
+  // zeroed (no fill of the whole matrix before it is overwritten).
+  reshape_for(parts);
   int64_t row = 0;
   for (const Tensor* t : parts) {
     scatter_tensor(data_, k_, row, *t);
@@ -134,18 +144,8 @@ void PackedMatrix::assign_rows(const std::vector<const Tensor*>& parts, PackedMa
     transpose_into(t);
     return;
   }
-  k_ = parts[0]->dim(1);
-  n_ = 0;
-  chunk_ = 0;
-  for (const Tensor* p : parts) {
-    MILES_CHECK(p->ndim() == 2 && p->dim(1) == k_, "stacked matrices must share K");
-    n_ += p->dim(0);
-  }
-  data_.resize(static_cast<size_t>(num_panels() * k_ * kPanel));
-  t.n_ = k_;
-  t.k_ = n_;
-  t.chunk_ = 0;
-  t.data_.resize(static_cast<size_t>(t.num_panels() * t.k_ * kPanel));  // K % kPanel == 0: all
+  reshape_for(parts);
+  t.reshape(k_, n_);  // K % kPanel == 0: every lane of t is written below
   // Blocks of rows up to the next panel boundary: each block is scattered into this matrix, then,
   // still in cache, copied into t, where row n of W is t's row n in every panel (panel op holds
   // W[n, op·kPanel …] at n·kPanel).
@@ -203,10 +203,7 @@ std::vector<float> PackedMatrix::unpack_row(int64_t row) const {
 
 void PackedMatrix::transpose_into(PackedMatrix& t) const {
   MILES_CHECK(&t != this);
-  t.n_ = k_;
-  t.k_ = n_;
-  t.chunk_ = 0;
-  t.data_.resize(static_cast<size_t>(t.num_panels() * t.k_ * kPanel));  // all lanes < t.n_ written
+  t.reshape(k_, n_);  // all lanes < t.n_ written
   // kPanel × kPanel tiles: input panel ip holds columns n = ip·kPanel + a, output panel op holds
   // rows kk = op·kPanel + b; element (n, kk) goes to t's panel op, row n, lane b.
   for (int64_t ip = 0; ip < num_panels(); ++ip) {
