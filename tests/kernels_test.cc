@@ -243,6 +243,23 @@ TEST(Reduce, DotRowsIsDotPerRow) {
   }
 }
 
+// max_of's lanes (from 16 values on) against std::max from -inf in ascending order, on rows where
+// the largest value is +0 and -0 in either order, NaNs, -inf and ordinary values.
+TEST(Reduce, MaxOfIsTheAscendingScan) {
+  std::mt19937 gen(7);
+  const float kinds[] = {0.0f, -0.0f, NAN, -INFINITY, -1.5f, -3.0f};
+  for (int64_t n = 1; n <= 100; ++n)
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> x(n);
+      for (float& v : x)
+        v = trial < 10 ? kinds[gen() % 6] : std::ldexp(float(gen() % 2001) - 1000.0f, -4);
+      float want = -INFINITY;
+      for (const float v : x) want = std::max(want, v);
+      const float got = detail::max_of(x.data(), n);
+      EXPECT_TRUE(same_bits(&want, &got, 1)) << "n " << n << " trial " << trial << ": " << got;
+    }
+}
+
 TEST(RmsNorm, MatchesDoubleAndIsRowInvariant) {
   const int64_t d = 300, m = 64;
   auto x = random_vec(m * d, 31), w = random_vec(d, 32);

@@ -114,13 +114,13 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
         }
         // The group's heads' chains side by side (each keeps its own order; interleaving them
         // only overlaps their latencies).
+        // Scaling is element-wise and max_of is std::max from -inf in ascending j: in vector
+        // lanes, the bits of the scalar loop.
         float block_max[L], den[L];
-        for (int l = 0; l < L; ++l) block_max[l] = -INFINITY;
-        for (int64_t j = 0; j < n; ++j)
-          for (int l = 0; l < L; ++l) {
-            sc[l][j] = sc[l][j] * scale;
-            block_max[l] = std::max(block_max[l], sc[l][j]);
-          }
+        for (int l = 0; l < L; ++l) {
+          detail::scale_row(scale, sc[l], n);
+          block_max[l] = detail::max_of(sc[l], n);
+        }
         for (int l = 0; l < L; ++l) {
           const int64_t lane = i * group + g0 + l;
           float& running_max = st.max[lane];

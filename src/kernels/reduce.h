@@ -99,7 +99,7 @@ inline float max_of(const float* x, int64_t n) {
   float m = -INFINITY;
   int64_t i = 0;
 #if defined(__AVX__)
-  if (n >= 64) {
+  if (n >= 16) {
     __m256 a = _mm256_set1_ps(-INFINITY), b = a;
     for (; i + 16 <= n; i += 16) {  // max_ps(x, m) returns m when x is NaN
       a = _mm256_max_ps(_mm256_loadu_ps(x + i), a);
