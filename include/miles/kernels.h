@@ -14,8 +14,7 @@
 //    2, 4 or 8 equal parts falls on subtree boundaries and the ranks' partials, summed by the same
 //    tree over ranks, give the single-process bits.
 //  * row reductions (RMSNorm sum of squares, softmax sums): chunks of kGemmChunk, the same tree.
-//  * attention: online softmax over key blocks of kAttnBlock positions starting at position 0,
-//  ascending.
+//  * attention: online softmax over key blocks of kAttnBlock positions from position 0, ascending.
 //  * exp: miles' exp_f32 (src/kernels/exp.h), the same bits in scalar and SIMD code, never libm's.
 #pragma once
 
@@ -33,8 +32,8 @@ class ThreadPool;
 
 namespace miles::kernels {
 
-inline constexpr int64_t kGemmChunk =
-    128;  // K positions per row-reduction chunk; GEMM chunks' bound
+// K positions per row-reduction chunk; GEMM chunks' bound.
+inline constexpr int64_t kGemmChunk = 128;
 // The GEMM chunk length for a reduction of length k: k / n, where n is the fewest chunks of at most
 // kGemmChunk rounded up to a multiple of 8 (else 4, else 2), when n divides k; otherwise kGemmChunk
 // (the last chunk shorter). A pure function of k: every layout and batch shape of one K reduce

@@ -112,10 +112,8 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
           for (int l = 0; l < L; ++l)
             for (int64_t j = 0; j < n; ++j) sc[l][j] = detail::dot(qg[l], kb.key_row(j, hd), hd);
         }
-        // The group's heads' chains side by side (each keeps its own order; interleaving them
-        // only overlaps their latencies).
         // Scaling is element-wise and max_of is std::max from -inf in ascending j: in vector
-        // lanes, the bits of the scalar loop.
+        // lanes, the bits of a scalar loop.
         float block_max[L], den[L];
         for (int l = 0; l < L; ++l) {
           detail::scale_row(scale, sc[l], n);
@@ -132,6 +130,8 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
           detail::exp_shifted(sc[l], new_max, n, p[l]);
           running_max = new_max;
         }
+        // The group's heads' chains side by side (each keeps its own order; interleaving them
+        // only overlaps their latencies).
         for (int64_t j = 0; j < n; ++j)
           for (int l = 0; l < L; ++l) den[l] = den[l] + p[l][j];
         for (int l = 0; l < L; ++l) st.denom[i * group + g0 + l] = den[l];
