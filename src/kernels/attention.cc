@@ -132,8 +132,10 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
         }
         // The group's heads' chains side by side (each keeps its own order; interleaving them
         // only overlaps their latencies).
-        for (int64_t j = 0; j < n; ++j)
-          for (int l = 0; l < L; ++l) den[l] = den[l] + p[l][j];
+        for (int64_t j = 0; j < n; ++j) {
+          MILES_UNROLL  // the chains in registers (a loop over l kept them on the stack)
+              for (int l = 0; l < L; ++l) den[l] = den[l] + p[l][j];
+        }
         for (int l = 0; l < L; ++l) st.denom[i * group + g0 + l] = den[l];
         if (wide_rows) {
           detail::fma_rows_avx512(L, pl, kb.values, n, hd, accl);

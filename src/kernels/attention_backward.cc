@@ -180,11 +180,17 @@ void block_phase1(const Shape& sh, const HeadWork& w, int64_t i0, int64_t i1, fl
         mx[l] = detail::max_of(p[l], i + 1);  // std::max from -inf in ascending j
         detail::exp_shifted(p[l], mx[l], i + 1, p[l]);
       }
-      for (int64_t j = 0; j <= i; ++j)
+      // Unrolled over the lanes, so that the chains live in registers (a loop over l kept them
+      // on the stack: a store and a reload in every step of every chain).
+      for (int64_t j = 0; j <= i; ++j) {
+        MILES_UNROLL
         for (int l = 0; l < L; ++l) sum[l] = sum[l] + p[l][j];
+      }
       for (int l = 0; l < L; ++l) detail::divide_row(p[l], sum[l], p[l], i + 1);
-      for (int64_t j = 0; j <= i; ++j)
+      for (int64_t j = 0; j <= i; ++j) {
+        MILES_UNROLL
         for (int l = 0; l < L; ++l) dsum[l] = std::fma(p[l][j], dpl[l][j], dsum[l]);
+      }
       for (int l = 0; l < L; ++l) {
         detail::softmax_grad_row(p[l], dpl[l], dsum[l], sh.scale, ds[l], i + 1);
         detail::zero_row(dqi[l], hd);
