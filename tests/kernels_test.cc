@@ -16,6 +16,7 @@
 #include "kernels/exp.h"
 #include "kernels/reduce.h"
 #include "miles/comm.h"
+#include "miles/logprob.h"
 #include "miles/thread_pool.h"
 
 namespace miles::kernels {
@@ -398,6 +399,59 @@ TEST(Softmax, FastRowPathsEqualTheContractBitForBit) {
   for (int64_t i = 0; i < 300; ++i) {
     const float want = (z[i] - m) - log_s;
     ASSERT_EQ(std::memcmp(&ls[i], &want, 4), 0) << i;
+  }
+}
+
+// The row loops built on exp (16 lanes with AVX-512, 8 with AVX, then scalar tails) give, element
+// by element, the bits of the scalar formulas: SwiGLU, its backward and the log-probability
+// gradient, at lengths that leave every kind of tail, on arguments that reach exp's edges (±0,
+// ±inf, NaN, beyond the clamps, subnormal results).
+TEST(ExpRows, EveryLaneWidthGivesTheScalarFormulasBits) {
+  auto args = [](int64_t n, uint64_t seed) {
+    std::vector<float> v = random_vec(n, seed, 6.0f);
+    const float edges[] = {0.0f,   -0.0f,  INFINITY, -INFINITY, std::nanf(""),
+                           88.9f,  -88.9f, 104.5f,   -104.5f,   87.5f,
+                           -87.5f, 1e-30f, -1e-30f,  30.0f,     -30.0f};
+    for (int64_t i = 0; i < n; i += 3) v[i] = edges[(i / 3) % std::size(edges)];
+    return v;
+  };
+  for (int64_t n : {1, 7, 8, 15, 16, 17, 31, 33, 100, 1541}) {
+    const auto g = args(n, 61 + n), u = random_vec(n, 62 + n, 2.0f), a = random_vec(n, 63 + n);
+    std::vector<float> o(n), dg(n), du(n);
+    swiglu(g.data(), u.data(), 1, n, n, o.data());
+    swiglu_backward(g.data(), u.data(), a.data(), 1, n, n, dg.data(), du.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float den = 1.0f + detail::exp_f32(-g[i]);
+      const float sig = 1.0f / den, silu = g[i] / den;
+      const float want_o = (g[i] / (1.0f + detail::exp_f32(-g[i]))) * u[i];
+      const float want_du = a[i] * silu;
+      const float want_dg = (a[i] * u[i]) * (sig * (1.0f + g[i] * (1.0f - sig)));
+      ASSERT_TRUE(same_bits(&o[i], &want_o, 1)) << "n " << n << " g " << g[i];
+      ASSERT_TRUE(same_bits(&du[i], &want_du, 1)) << "n " << n << " g " << g[i];
+      ASSERT_TRUE(same_bits(&dg[i], &want_dg, 1)) << "n " << n << " g " << g[i];
+    }
+    // The gradient of a row's log-probability (and of its entropy) as token_logprobs_backward
+    // writes it, against the scalar formula with the same statistics.
+    const auto x = random_vec(n, 64 + n, 8.0f);
+    const int32_t target = static_cast<int32_t>(n / 2);
+    const float dlogp = 0.75f, dent = -0.3f;
+    LogSoftmaxStats st{};
+    float logp = 0.0f, ent = 0.0f;
+    token_logprobs(x.data(), 1, n, &target, &logp, &ent, &st);
+    std::vector<float> grad(n);
+    token_logprobs_backward(x.data(), 1, n, &target, &dlogp, &dent, grad.data(), &st);
+    std::vector<float> lp(n);
+    log_softmax_row(x.data(), n, st, lp.data());
+    std::vector<float> pe(n);
+    for (int64_t i = 0; i < n; ++i) pe[i] = detail::exp_f32(lp[i]);
+    const float h =
+        -detail::chunked_sum(n, [&](int64_t i, float acc) { return std::fma(pe[i], lp[i], acc); });
+    for (int64_t i = 0; i < n; ++i) {
+      const float l = (x[i] - st.max) - st.log_sum, p = detail::exp_f32(l);
+      float want = -dlogp * p - dent * p * (l + h);
+      if (i == target) want = want + dlogp;
+      ASSERT_TRUE(same_bits(&grad[i], &want, 1)) << "n " << n << " i " << i;
+    }
   }
 }
 

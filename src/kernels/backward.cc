@@ -65,7 +65,7 @@ void swiglu_backward(const float* gate, const float* up, const float* da, int64_
     const float* a = da + r * f;
     float* dg = d_gate + r * ld_out;
     float* du = d_up + r * ld_out;
-    int64_t i = 0;
+    int64_t i = detail::exp_avx512() ? detail::swiglu_backward_avx512(g, u, a, f, dg, du) : 0;
 #ifdef MILES_EXP_SIMD_AVX
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     for (; i + 8 <= f; i += 8) {  // the scalar loop's operations, 8 lanes at a time

@@ -17,7 +17,9 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/exp_avx512.h"
 #include "kernels/exp_constants.h"
+#include "miles/kernels.h"
 
 #if defined(__AVX__) && defined(__FMA__)
 #include <immintrin.h>
@@ -94,9 +96,14 @@ inline __m256 exp_f32x8(__m256 x) {
 }
 #endif
 
+// Whether the 16-lane row loops of exp_avx512.h run (an AVX-512 machine, unless MILES_ISA asks for
+// less): the same bits either way.
+inline bool exp_avx512() { return detect_isa() == Isa::kAvx512; }
+
 // out[i] = exp_f32(x[i] - shift) for i in [0, n) (x - shift rounded first, as the scalar code).
 inline void exp_shifted(const float* x, float shift, int64_t n, float* out) {
   int64_t i = 0;
+  if (n >= 16 && exp_avx512()) i = exp_shifted_avx512(x, shift, n, out);
 #ifdef MILES_EXP_SIMD_AVX
   const __m256 s = _mm256_set1_ps(shift);
   for (; i + 8 <= n; i += 8)

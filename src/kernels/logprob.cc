@@ -47,7 +47,9 @@ namespace {
 // then the gradient): the same bits.
 void row_gradient(const float* x, int64_t vocab, kernels::LogSoftmaxStats st, float gl, float ge,
                   float h, float* out) {
-  int64_t v = 0;
+  int64_t v = kernels::detail::exp_avx512() ? kernels::detail::logprob_gradient_avx512(
+                                                  x, vocab, st.max, st.log_sum, gl, ge, h, out)
+                                            : 0;
 #ifdef MILES_EXP_SIMD_AVX
   const __m256 mx = _mm256_set1_ps(st.max), ls = _mm256_set1_ps(st.log_sum);
   const __m256 ngl = _mm256_set1_ps(-gl), vge = _mm256_set1_ps(ge), vh = _mm256_set1_ps(h);

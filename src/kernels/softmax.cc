@@ -52,13 +52,19 @@ float exp_sum_only(const float* x, float m, int64_t n) {
 #ifdef MILES_EXP_SIMD_AVX
   static_assert(kChunk % 8 == 0);
   const __m256 ms = _mm256_set1_ps(m);
+  // With AVX-512 the eight chunks' terms are computed first, 16 lanes at a time (exp_avx512.h: the
+  // same bits), into an L1 block, and the sums read them back.
+  const bool wide = detail::exp_avx512();
+  alignas(64) float terms[8 * kChunk];
   for (; c + 8 <= full; c += 8) {
     __m256 acc = _mm256_setzero_ps();
     const float* base = x + c * kChunk;
+    if (wide) detail::exp_shifted_avx512(base, m, 8 * kChunk, terms);
     for (int64_t i = 0; i < kChunk; i += 8) {
       __m256 r[8];
       for (int l = 0; l < 8; ++l)
-        r[l] = detail::exp_f32x8(_mm256_sub_ps(_mm256_loadu_ps(base + l * kChunk + i), ms));
+        r[l] = wide ? _mm256_load_ps(terms + l * kChunk + i)
+                    : detail::exp_f32x8(_mm256_sub_ps(_mm256_loadu_ps(base + l * kChunk + i), ms));
       transpose8x8(r);  // r[k] lane l: term i + k of chunk c + l
       for (int k = 0; k < 8; ++k) acc = _mm256_add_ps(acc, r[k]);
     }

@@ -12,7 +12,7 @@ void swiglu(const float* gate, const float* up, int64_t m, int64_t f, int64_t ld
     const float* g = gate + r * ld_in;
     const float* u = up + r * ld_in;
     float* o = out + r * f;
-    int64_t i = 0;
+    int64_t i = detail::exp_avx512() ? detail::swiglu_avx512(g, u, f, o) : 0;
 #ifdef MILES_EXP_SIMD_AVX
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     for (; i + 8 <= f; i += 8) {
