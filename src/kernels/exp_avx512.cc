@@ -4,7 +4,9 @@
 
 // GCC 12 warns, wrongly, that the pass-through operand (_mm512_undefined_*) of the unmasked max,
 // min, round, convert and shift intrinsics may be used uninitialized: every lane is overwritten.
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include "kernels/exp_constants.h"
