@@ -488,6 +488,42 @@ TEST(Rope, DefaultRotatesHalfSplitPairsAndLeavesPartialTail) {
   EXPECT_TRUE(same_bits(z.data(), x.data(), 32));
 }
 
+// The table's cached cos / sin (the first positions) are the values rotate computes for the others:
+// a table with its cache dropped rotates every position, forward and backward, to the same bits,
+// with yarn's scaling too.
+TEST(Rope, CachedPositionsRotateAsComputedOnes) {
+  for (const bool yarn : {false, true}) {
+    RopeConfig cfg;
+    cfg.theta = 100000;
+    if (yarn) {
+      cfg.type = RopeConfig::Type::kYarn;
+      cfg.factor = 4.0;
+      cfg.original_max_position_embeddings = 2048;
+    }
+    auto table = make_rope_table(cfg, 64);
+    ASSERT_TRUE(table.ok());
+    ASSERT_GT(table->cached_positions, 4000);
+    RopeTable uncached = *table;
+    uncached.cos_sin.clear();
+    uncached.cached_positions = 0;
+    const std::vector<int32_t> pos = {0, 1, 7, 255, 1000, 4095, 4096, 9000, 123456};
+    const int64_t t = static_cast<int64_t>(pos.size()), heads = 3;
+    const auto x = random_vec(t * heads * 64, 91, 2.0f);
+    for (const bool backward : {false, true}) {
+      auto a = x, b = x;
+      if (backward) {
+        rope_backward(a.data(), t, heads, 64, pos.data(), *table);
+        rope_backward(b.data(), t, heads, 64, pos.data(), uncached);
+      } else {
+        rope_apply(a.data(), t, heads, 64, pos.data(), *table);
+        rope_apply(b.data(), t, heads, 64, pos.data(), uncached);
+      }
+      EXPECT_TRUE(same_bits(a.data(), b.data(), a.size())) << "yarn " << yarn;
+      EXPECT_FALSE(same_bits(a.data(), x.data(), a.size()));
+    }
+  }
+}
+
 TEST(Rope, DynamicIsRefusedWithAReason) {
   RopeConfig cfg;
   cfg.type = RopeConfig::Type::kDynamic;

@@ -126,6 +126,11 @@ struct RopeTable {
   std::vector<float> inv_freq;  // (rotary_dim / 2)
   int64_t rotary_dim = 0;
   float attention_scaling = 1.0f;  // yarn multiplies cos and sin by it
+  // cos and sin of positions [0, cached_positions), each times attention_scaling:
+  // [position][cos | sin][rotary_dim / 2], the values rope_apply computes for later positions
+  // (the same calls), looked up rather than recomputed for every token of every layer.
+  std::vector<float> cos_sin;
+  int64_t cached_positions = 0;
 };
 // The table for a config (HF's rope_init_fn for default, linear, llama3 and yarn, in float32).
 // "dynamic" is refused: it makes a token's rotation depend on the sequence's current length, which

@@ -82,6 +82,14 @@ void apply_yarn(const RopeConfig& r, float base, int64_t dim, std::vector<float>
   }
 }
 
+// cos(angle) · s and sin(angle) · s of pair j at position pos: the table's cache and rotate use
+// this one function, so a cached value is the computed one.
+void cos_sin_at(const RopeTable& table, int64_t pos, int64_t j, float& c, float& sn) {
+  const float angle = static_cast<float>(pos) * table.inv_freq[j];
+  c = std::cos(angle) * table.attention_scaling;
+  sn = std::sin(angle) * table.attention_scaling;
+}
+
 }  // namespace
 
 Result<RopeTable> make_rope_table(const RopeConfig& rope, int64_t head_dim) {
@@ -111,6 +119,17 @@ Result<RopeTable> make_rope_table(const RopeConfig& rope, int64_t head_dim) {
           "rope_type 'dynamic' is not supported: it changes a token's rotation with the sequence's "
           "current length, which breaks batch and chunked-prefill invariance");
   }
+  // The cache (rotate's values for the first kCachedPositions positions): 1 MB for a head
+  // dimension of 64, a few milliseconds to fill.
+  constexpr int64_t kCachedPositions = 4096;
+  const int64_t half = t.rotary_dim / 2;
+  t.cos_sin.resize(static_cast<size_t>(kCachedPositions * 2 * half));
+  for (int64_t pos = 0; pos < kCachedPositions; ++pos)
+    for (int64_t j = 0; j < half; ++j) {
+      float* row = t.cos_sin.data() + pos * 2 * half;
+      cos_sin_at(t, pos, j, row[j], row[half + j]);
+    }
+  t.cached_positions = kCachedPositions;
   return t;
 }
 
@@ -120,13 +139,19 @@ namespace {
 void rotate(float* x, int64_t t, int64_t heads, int64_t head_dim, const int32_t* positions,
             const RopeTable& table, bool inverse) {
   const int64_t half = table.rotary_dim / 2;
-  const float s = table.attention_scaling;
   for (int64_t i = 0; i < t; ++i) {
-    const float pos = static_cast<float>(positions[i]);
+    const int64_t pos = positions[i];
+    const float* cached =
+        pos < table.cached_positions ? table.cos_sin.data() + pos * 2 * half : nullptr;
     for (int64_t j = 0; j < half; ++j) {
-      const float angle = pos * table.inv_freq[j];
-      const float c = std::cos(angle) * s;
-      const float sn = inverse ? -(std::sin(angle) * s) : std::sin(angle) * s;
+      float c, sn;
+      if (cached) {
+        c = cached[j];
+        sn = cached[half + j];
+      } else {
+        cos_sin_at(table, pos, j, c, sn);
+      }
+      if (inverse) sn = -sn;
       for (int64_t h = 0; h < heads; ++h) {
         float* v = x + (i * heads + h) * head_dim;
         const float a = v[j], b = v[j + half];
