@@ -12,9 +12,7 @@
 #include <cstdint>
 
 #include "kernels/attention_simd.h"
-
-// Fully unrolled fixed-size loops, so that the per-lane accumulator arrays live in registers.
-#define MILES_UNROLL _Pragma("GCC unroll 16")
+#include "kernels/unroll.h"
 
 namespace miles::kernels::detail {
 

@@ -10,6 +10,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/unroll.h"
 #include "miles/kernels.h"
 
 namespace miles::kernels::detail {
@@ -82,9 +83,11 @@ inline void dot_rows(const float* a, int64_t lda, const float* b, int64_t ldb, i
       for (int64_t c = 0; c < chunks; ++c) {
         float acc[kRows] = {};
         const int64_t end = std::min(n, (c + 1) * kGemmChunk);
-        for (int64_t i = c * kGemmChunk; i < end; ++i)
-          for (int l = 0; l < kRows; ++l)
-            acc[l] = std::fma(a[(r0 + l) * lda + i], b[(r0 + l) * ldb + i], acc[l]);
+        for (int64_t i = c * kGemmChunk; i < end; ++i) {
+          MILES_UNROLL  // the chains in registers
+              for (int l = 0; l < kRows; ++l) acc[l] =
+                  std::fma(a[(r0 + l) * lda + i], b[(r0 + l) * ldb + i], acc[l]);
+        }
         for (int l = 0; l < kRows; ++l) parts[l][c] = acc[l];
       }
       for (int l = 0; l < kRows; ++l) out[r0 + l] = tree_combine(parts[l], 0, chunks);
