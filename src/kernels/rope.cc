@@ -142,7 +142,7 @@ void rotate(float* x, int64_t t, int64_t heads, int64_t head_dim, const int32_t*
   for (int64_t i = 0; i < t; ++i) {
     const int64_t pos = positions[i];
     const float* cached =
-        pos < table.cached_positions ? table.cos_sin.data() + pos * 2 * half : nullptr;
+        pos >= 0 && pos < table.cached_positions ? table.cos_sin.data() + pos * 2 * half : nullptr;
     for (int64_t j = 0; j < half; ++j) {
       float c, sn;
       if (cached) {
