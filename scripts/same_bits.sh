@@ -30,10 +30,11 @@ ids="tests/data/sft/ids.jsonl"
 rm -rf "$out"
 mkdir -p "$out"
 
-# 7 samples of 256 ids below 512 from a fixed LCG (no Python needed).
+# 7 samples of 256 ids in [3, 512) from MINSTD (s * 48271 mod 2^31 - 1: every product below 2^47,
+# exact in any awk's doubles, so every awk makes the same ids; no Python needed).
 long_ids="$out/long_ids.jsonl"
 awk 'BEGIN { s = 12345; for (n = 0; n < 7; ++n) { line = "{\"input_ids\": [1";
-       for (i = 1; i < 256; ++i) { s = (s * 1103515245 + 12345) % 2147483648;
+       for (i = 1; i < 256; ++i) { s = (s * 48271) % 2147483647;
          line = line ", " (3 + int(s / 65536) % 509) } print line "]}" } }' > "$long_ids"
 
 run() {  # name, then the sft arguments
