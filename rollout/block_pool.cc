@@ -40,6 +40,18 @@ void BlockPool::unref(int32_t block) {
   if (--refs_[block] == 0) free_.push_back(block);
 }
 
+void BlockPool::release_storage() {
+  MILES_CHECK(free_blocks() == num_blocks(), "release_storage with blocks in use");
+  std::vector<float>().swap(data_);
+  released_ = true;
+}
+
+void BlockPool::restore_storage() {
+  if (!released_) return;
+  data_.assign(static_cast<size_t>(num_blocks() * num_layers_ * 2 * block_tokens_ * kv_dim_), 0.0f);
+  released_ = false;
+}
+
 float* BlockPool::keys(int32_t block, int64_t layer) {
   return data_.data() + ((block * num_layers_ + layer) * 2) * block_tokens_ * kv_dim_;
 }

@@ -36,6 +36,11 @@ class BlockPool {
   // Routed expert ids of (block): [block_tokens][experts_per_position].
   int32_t* experts(int32_t block) { return experts_.data() + block * block_tokens_ * experts_per_pos_; }
   int64_t experts_per_position() const { return experts_per_pos_; }
+  // Frees the keys and values (every block must be free), and allocates them again (zeros): SGLang's
+  // release / resume_memory_occupation of the KV cache.
+  void release_storage();
+  void restore_storage();
+  bool storage_released() const { return released_; }
   // Copies the first `positions` rows of every layer from src to dst (copy-on-write of a partial block).
   void copy_prefix(int32_t src, int32_t dst, int64_t positions);
 
@@ -45,6 +50,7 @@ class BlockPool {
   std::vector<float> data_;      // (num_blocks, num_layers, 2, block_tokens, kv_dim)
   std::vector<int32_t> refs_;    // (num_blocks)
   std::vector<int32_t> free_;    // stack of free block ids
+  bool released_ = false;
 };
 
 }  // namespace miles::rollout

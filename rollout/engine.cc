@@ -1,8 +1,10 @@
-// Engine: request admission and validation, the weight lifecycle, and reporting. The iteration itself
-// (batch formation, forward, sampling) is in engine_step.cc.
-#include "rollout/engine_impl.h"
-
+// Engine: request admission and validation, the weight lifecycle, and reporting. The iteration
+// itself (batch formation, forward, sampling) is in engine_step.cc.
 #include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "rollout/engine_impl.h"
 
 namespace miles {
 
@@ -12,10 +14,14 @@ using rollout::SampleState;
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
   }
   return "?";
 }
@@ -29,25 +35,68 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, EngineOptions options,
   m.tok = std::move(tokenizer);
   const ModelConfig& c = m.runner->config();
   m.experts_per_pos = c.num_moe_layers() * c.moe.top_k;
-  m.pool = std::make_unique<rollout::BlockPool>(options.num_blocks, options.block_tokens,
-                                                c.num_layers, m.runner->kv_dim(),
-                                                m.experts_per_pos);
+  m.pool =
+      std::make_unique<rollout::BlockPool>(options.num_blocks, options.block_tokens, c.num_layers,
+                                           m.runner->kv_dim(), m.experts_per_pos);
   m.kv = std::make_unique<rollout::PagedKvCache>(*m.pool);
   m.radix = std::make_unique<rollout::RadixCache>(*m.pool);
+  m.seed_state = options.random_seed ? *options.random_seed
+                                     : (static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                                           std::random_device{}();
+}
+
+// splitmix64: a full-period sequence, so fresh seeds do not repeat within a server's lifetime.
+uint64_t Engine::Impl::fresh_seed() {
+  uint64_t z = (seed_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
 }
 
 Engine::~Engine() = default;
 
 const ModelConfig& Engine::config() const { return impl_->runner->config(); }
 
+namespace {
+
+constexpr int64_t kMaxTopLogprobs = 1024;
+
+Status validate_adjustments(const GenerateRequest& r, int64_t vocab) {
+  const LogitAdjustments& a = r.adjust;
+  auto range = [](const char* name, float v, float lo, float hi, bool open_lo) -> Status {
+    if (std::isfinite(v) && (open_lo ? v > lo : v >= lo) && v <= hi) return Status::Ok();
+    return Status::Error(std::string(name) + " = " + std::to_string(v) + " must be in " +
+                         (open_lo ? "(" : "[") + std::to_string(lo) + ", " + std::to_string(hi) +
+                         "]");
+  };
+  MILES_RETURN_IF_ERROR(range("repetition_penalty", a.repetition_penalty, 0.0f, 2.0f, true));
+  MILES_RETURN_IF_ERROR(range("frequency_penalty", a.frequency_penalty, -2.0f, 2.0f, false));
+  MILES_RETURN_IF_ERROR(range("presence_penalty", a.presence_penalty, -2.0f, 2.0f, false));
+  if (a.min_new_tokens < 0 || a.min_new_tokens > r.max_new_tokens)
+    return Status::Error("min_new_tokens = " + std::to_string(a.min_new_tokens) +
+                         " must be in [0, max_new_tokens = " + std::to_string(r.max_new_tokens) +
+                         "]");
+  for (const auto& [id, bias] : a.logit_bias) {
+    if (id < 0 || id >= vocab)
+      return Status::Error("logit_bias: token id " + std::to_string(id) +
+                           " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    if (!std::isfinite(bias) || std::fabs(bias) > 1e6f)
+      return Status::Error("logit_bias[" + std::to_string(id) + "] = " + std::to_string(bias) +
+                           " must be a finite number in [-1e6, 1e6]");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status Engine::Impl::validate(const GenerateRequest& r) const {
   const ModelConfig& c = runner->config();
   if (r.input_ids.empty()) return Status::Error("input_ids: the prompt is empty");
   for (size_t i = 0; i < r.input_ids.size(); ++i)
     if (r.input_ids[i] < 0 || r.input_ids[i] >= c.vocab_size)
-      return Status::Error("input_ids[" + std::to_string(i) + "] = " +
-                           std::to_string(r.input_ids[i]) + " is outside the vocabulary [0, " +
-                           std::to_string(c.vocab_size) + ")");
+      return Status::Error("input_ids[" + std::to_string(i) +
+                           "] = " + std::to_string(r.input_ids[i]) +
+                           " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
   const int64_t len = r.input_ids.size();
   if (len >= c.max_position_embeddings)
     return Status::Error("the prompt has " + std::to_string(len) +
@@ -57,13 +106,23 @@ Status Engine::Impl::validate(const GenerateRequest& r) const {
   if (r.max_new_tokens < 0 || r.max_new_tokens > c.max_position_embeddings)
     return Status::Error("max_new_tokens = " + std::to_string(r.max_new_tokens) +
                          " must be in [0, " + std::to_string(c.max_position_embeddings) + "]");
-  if (r.n < 1 || r.n > 1024) return Status::Error("n = " + std::to_string(r.n) + " must be in [1, 1024]");
+  if (r.n < 1 || r.n > 1024)
+    return Status::Error("n = " + std::to_string(r.n) + " must be in [1, 1024]");
   MILES_RETURN_IF_ERROR(r.sampling.validate());
   for (int32_t id : r.stop_token_ids)
     if (id < 0 || id >= c.vocab_size)
       return Status::Error("stop_token_ids: " + std::to_string(id) + " is outside the vocabulary");
   for (const auto& s : r.stop_strings)
     if (s.empty()) return Status::Error("stop: empty stop string");
+  MILES_RETURN_IF_ERROR(validate_adjustments(r, c.vocab_size));
+  if (r.top_logprobs < 0 || r.top_logprobs > std::min<int64_t>(c.vocab_size, kMaxTopLogprobs))
+    return Status::Error("top_logprobs_num = " + std::to_string(r.top_logprobs) +
+                         " must be in [0, " +
+                         std::to_string(std::min<int64_t>(c.vocab_size, kMaxTopLogprobs)) + "]");
+  if (r.logprob_start_len < -1 || r.logprob_start_len > len)
+    return Status::Error("logprob_start_len = " + std::to_string(r.logprob_start_len) +
+                         " must be -1 (no input logprobs) or in [0, " + std::to_string(len) +
+                         "] (the prompt's length); use a smaller logprob_start_len");
   if (!r.stop_strings.empty() && !tok)
     return Status::Error("stop strings need a tokenizer; this engine has none");
   const int64_t total = std::min<int64_t>(len + r.max_new_tokens, c.max_position_embeddings);
@@ -76,7 +135,13 @@ Status Engine::Impl::validate(const GenerateRequest& r) const {
 
 Result<uint64_t> Engine::submit(GenerateRequest request, SampleListener listener) {
   Impl& m = *impl_;
+  if (m.pool->storage_released())
+    return Status::Error("the KV cache memory is released; POST /resume_memory_occupation first");
   MILES_RETURN_IF_ERROR(m.validate(request));
+  if (request.draw_seed) {
+    request.sampling.seed = m.fresh_seed();
+    request.draw_seed = false;
+  }
   auto r = std::make_unique<Request>();
   r->id = m.next_request_id++;
   r->listener = std::move(listener);
@@ -94,6 +159,10 @@ Result<uint64_t> Engine::submit(GenerateRequest request, SampleListener listener
     if (i == 0) m.waiting.push_back(s.get());
     r->samples.push_back(std::move(s));
   }
+  if (request.logprob_start_len >= 0)
+    for (int64_t k = request.logprob_start_len; k < static_cast<int64_t>(request.input_ids.size());
+         ++k)
+      r->input_logprobs.push_back({request.input_ids[k], k == 0 ? NAN : 0.0f, {}});
   r->req = std::move(request);
   const uint64_t id = r->id;
   m.requests.emplace(id, std::move(r));
@@ -108,6 +177,16 @@ bool Engine::abort(uint64_t request_id) {
     if (s->state != SampleState::kFinished) m.finish(*s, FinishReason::kAbort, "");
   m.report_and_reap();
   return true;
+}
+
+int64_t Engine::abort_all() {
+  Impl& m = *impl_;
+  const int64_t n = static_cast<int64_t>(m.requests.size());
+  for (auto& [id, r] : m.requests)
+    for (auto& s : r->samples)
+      if (s->state != SampleState::kFinished) m.finish(*s, FinishReason::kAbort, "");
+  m.report_and_reap();
+  return n;
 }
 
 bool Engine::idle() const { return impl_->requests.empty(); }
@@ -188,6 +267,18 @@ Status Engine::update_weights(const TensorMap& weights) {
   return update_weights(std::move(next));
 }
 
+Status Engine::release_kv_memory() {
+  Impl& m = *impl_;
+  if (!m.requests.empty())
+    return Status::Error("release_memory_occupation: " + std::to_string(m.requests.size()) +
+                         " requests are in flight; abort or finish them first");
+  m.radix->clear();
+  if (!m.pool->storage_released()) m.pool->release_storage();
+  return Status::Ok();
+}
+
+void Engine::resume_kv_memory() { impl_->pool->restore_storage(); }
+
 EngineStats Engine::stats() const {
   const Impl& m = *impl_;
   EngineStats s = m.counters;
@@ -199,6 +290,7 @@ EngineStats Engine::stats() const {
   s.weight_version = m.version;
   s.paused = m.paused || m.updating;
   s.updating_weights = m.updating;
+  s.kv_released = m.pool->storage_released();
   return s;
 }
 

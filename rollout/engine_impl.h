@@ -34,6 +34,8 @@ struct Engine::Impl {
   bool updating = false;  // between begin_weight_update and end_weight_update
   IterationRecord last;
   EngineStats counters;
+  uint64_t seed_state = 0;  // the fresh-seed generator (splitmix64), EngineOptions::random_seed
+  uint64_t fresh_seed();
 
   Status validate(const GenerateRequest& r) const;
 
@@ -51,13 +53,21 @@ struct Engine::Impl {
   bool waits_for_prefix(const rollout::Sample& s,
                         const std::vector<const rollout::Sample*>& in_flight) const;
   void run_batch(const std::vector<Item>& items);
+  // Whether the item's positions include prompt positions whose input logprobs are still wanted.
+  bool needs_input_rows(const Item& it) const;
+  // Records the input logprobs of the item's positions from its rows of logits ([it.n, vocab]).
+  void record_input_logprobs(const Item& it, const float* rows, int64_t vocab);
   void complete_prefill(rollout::Sample& s, const float* logits);
   void fork_sibling(rollout::Sample& leader, rollout::Sample& sib, const float* logits);
   void sample_next(rollout::Sample& s, const float* logits);
   // Draws, across the runner's threads, the next token of every sample of the batch that will
   // sample from its row of `logits` (a pure function of logits, params and step), for sample_next.
-  void presample(const std::vector<Item>& items, const float* logits, int64_t vocab);
-  std::map<const rollout::Sample*, SampleResult> presampled;
+  void presample(const std::vector<Item>& items, const std::vector<const float*>& rows,
+                 int64_t vocab);
+  // The next token of `s` from its row of logits: the request's logit adjustments, the sampler,
+  // and the top logprobs when asked (a pure function of the row, the sample's record and params).
+  TokenOutput draw(const rollout::Sample& s, const float* logits) const;
+  std::map<const rollout::Sample*, TokenOutput> presampled;
   void finish(rollout::Sample& s, FinishReason why, std::string matched);
   void retract(rollout::Sample& s);
   void release(rollout::Sample& s);

@@ -47,6 +47,11 @@ struct Request {
   GenerateRequest req;
   SampleListener listener;
   std::vector<std::unique_ptr<Sample>> samples;
+  // Prompt positions logprob_start_len.. (req.logprob_start_len >= 0), filled by sample 0's
+  // prefill; once it completed, a re-prefill (retraction) may reuse cached blocks again.
+  std::vector<InputLogprob> input_logprobs;
+  bool input_logprobs_done = false;
+  bool wants_input_logprobs() const { return req.logprob_start_len >= 0 && !input_logprobs_done; }
 };
 
 }  // namespace miles::rollout

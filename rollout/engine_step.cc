@@ -6,8 +6,10 @@
 #include <cstring>
 
 #include "miles/check.h"
+#include "miles/kernels.h"
 #include "miles/thread_pool.h"
 #include "rollout/engine_impl.h"
+#include "rollout/logit_adjust.h"
 
 namespace miles {
 
@@ -40,8 +42,13 @@ void Engine::Impl::match_prefix(Sample& s) {
   s.matched_prefix = true;
   s.kv_epoch = weights_epoch;
   if (!opt.enable_prefix_cache) return;
-  // Keep at least the last token to compute: its logits start the generation.
-  const int64_t max_blocks = (static_cast<int64_t>(s.tokens.size()) - 1) / opt.block_tokens;
+  // Keep at least the last token to compute: its logits start the generation. Input logprobs need
+  // the logits of every position from logprob_start_len - 1 on: those are computed, not reused.
+  int64_t max_blocks = (static_cast<int64_t>(s.tokens.size()) - 1) / opt.block_tokens;
+  const rollout::Request& r = *requests.at(s.request_id);
+  if (s.index == 0 && r.wants_input_logprobs())
+    max_blocks =
+        std::min(max_blocks, std::max<int64_t>(0, r.req.logprob_start_len - 1) / opt.block_tokens);
   const std::vector<int32_t> hit = radix->match(s.tokens, max_blocks);
   if (hit.empty()) return;
   kv->adopt(s.slot, hit);
@@ -101,19 +108,28 @@ bool Engine::Impl::waits_for_prefix(const Sample& s,
 void Engine::Impl::run_batch(const std::vector<Item>& items) {
   std::vector<int32_t> tokens;
   std::vector<SeqSpan> seqs;
+  bool input_rows = false;
   for (const Item& it : items) {
     tokens.insert(tokens.end(), it.sample->tokens.begin() + it.start,
                   it.sample->tokens.begin() + it.start + it.n);
     seqs.push_back({it.sample->slot, it.start, it.n});
+    input_rows = input_rows || needs_input_rows(it);
   }
   ForwardOptions fo;
-  fo.all_logits = false;
+  // Every row's logits only when a prompt's input logprobs are asked for (the kernels give each
+  // row the same bits either way).
+  fo.all_logits = input_rows;
   fo.return_experts = experts_per_pos > 0;
   auto out = runner->forward(tokens, seqs, *kv, fo);
   if (!out.ok()) std::fprintf(stderr, "miles engine: forward failed: %s\n", out.message().c_str());
   MILES_CHECK(out.ok(), "engine forward failed on a validated batch");
   const int64_t v = out->vocab;
-  presample(items, out->logits.data(), v);
+  std::vector<const float*> last_rows(items.size());
+  for (int64_t i = 0, offset = 0; i < static_cast<int64_t>(items.size()); ++i) {
+    last_rows[i] = out->logits.data() + (input_rows ? offset + items[i].n - 1 : i) * v;
+    offset += items[i].n;
+  }
+  presample(items, last_rows, v);
   int64_t row = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
@@ -128,20 +144,51 @@ void Engine::Impl::run_batch(const std::vector<Item>& items) {
                     sizeof(int32_t) * experts_per_pos);
       }
     }
+    if (input_rows && needs_input_rows(it))
+      record_input_logprobs(it, out->logits.data() + row * v, v);
     row += it.n;
     s.computed += it.n;
     if (it.prefill) counters.prompt_tokens += it.n;
     if (s.computed < static_cast<int64_t>(s.tokens.size())) continue;  // more prefill to come
-    const float* logits = out->logits.data() + i * v;
     if (it.prefill) {
-      complete_prefill(s, logits);
+      complete_prefill(s, last_rows[i]);
     } else {
-      sample_next(s, logits);
+      sample_next(s, last_rows[i]);
     }
   }
 }
 
-void Engine::Impl::presample(const std::vector<Item>& items, const float* logits, int64_t vocab) {
+bool Engine::Impl::needs_input_rows(const Item& it) const {
+  const Sample& s = *it.sample;
+  if (!it.prefill || s.index != 0) return false;
+  const rollout::Request& r = *requests.at(s.request_id);
+  if (!r.wants_input_logprobs()) return false;
+  // Position p's logits give token p + 1's logprob: positions [start_len - 1, prompt_len - 2].
+  const int64_t first = std::max<int64_t>(0, r.req.logprob_start_len - 1);
+  const int64_t last = s.prompt_len - 2;
+  return it.start <= last && it.start + it.n > first;
+}
+
+void Engine::Impl::record_input_logprobs(const Item& it, const float* rows, int64_t vocab) {
+  const Sample& s = *it.sample;
+  rollout::Request& r = *requests.at(s.request_id);
+  const int64_t start_len = r.req.logprob_start_len;
+  SamplingParams raw;  // input logprobs are the raw model's: temperature 1, no filters
+  for (int64_t j = 0; j < it.n; ++j) {
+    const int64_t k = it.start + j + 1;  // the token this row predicts
+    if (k < std::max<int64_t>(start_len, 1) || k >= s.prompt_len) continue;
+    const std::span<const float> row(rows + j * vocab, static_cast<size_t>(vocab));
+    InputLogprob& e = r.input_logprobs[static_cast<size_t>(k - start_len)];
+    e.logprob = tempered_logprob(row, raw, s.tokens[k]);
+    e.top.clear();
+    if (r.req.top_logprobs > 0)
+      for (const TokenLogprob& x : top_logprobs(row, raw, r.req.top_logprobs))
+        e.top.push_back({x.token, x.logprob});
+  }
+}
+
+void Engine::Impl::presample(const std::vector<Item>& items, const std::vector<const float*>& rows,
+                             int64_t vocab) {
   presampled.clear();
   std::vector<std::pair<const Sample*, const float*>> work;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -149,16 +196,35 @@ void Engine::Impl::presample(const std::vector<Item>& items, const float* logits
     if (s.computed + items[i].n < static_cast<int64_t>(s.tokens.size())) continue;  // mid-prefill
     if (static_cast<int64_t>(s.output.size()) >= requests.at(s.request_id)->req.max_new_tokens)
       continue;
-    work.emplace_back(&s, logits + i * vocab);
+    work.emplace_back(&s, rows[i]);
   }
-  std::vector<SampleResult> got(work.size());
+  (void)vocab;
+  std::vector<TokenOutput> got(work.size());
   parallel_for(work.size() >= 2 ? runner->thread_pool() : nullptr,
-               static_cast<int64_t>(work.size()), [&](int64_t k) {
-                 const Sample& s = *work[k].first;
-                 got[k] = sample_token({work[k].second, static_cast<size_t>(vocab)}, s.sampling,
-                                       static_cast<uint64_t>(s.output.size()));
-               });
-  for (size_t k = 0; k < work.size(); ++k) presampled.emplace(work[k].first, got[k]);
+               static_cast<int64_t>(work.size()),
+               [&](int64_t k) { got[k] = draw(*work[k].first, work[k].second); });
+  for (size_t k = 0; k < work.size(); ++k) presampled.emplace(work[k].first, std::move(got[k]));
+}
+
+TokenOutput Engine::Impl::draw(const Sample& s, const float* logits) const {
+  const GenerateRequest& req = requests.at(s.request_id)->req;
+  const size_t vocab = static_cast<size_t>(runner->config().vocab_size);
+  std::span<const float> row(logits, vocab);
+  std::vector<float> adjusted;
+  if (req.adjust.any()) {
+    std::vector<int32_t> stops = req.stop_token_ids;  // SGLang masks EOS even with ignore_eos
+    if (tok && tok->eos_id() >= 0) stops.push_back(tok->eos_id());
+    adjusted = rollout::adjust_logits(row, req.adjust, s.tokens, s.output.size(), stops);
+    row = adjusted;
+  }
+  const SampleResult r = sample_token(row, s.sampling, static_cast<uint64_t>(s.output.size()));
+  TokenOutput t{r.token, r.logprob, r.raw_logprob, r.tempered_logprob, version, {}};
+  if (!adjusted.empty())  // the raw model's logprob, never the adjusted row's
+    t.raw_logprob = kernels::log_softmax_at(logits, static_cast<int64_t>(vocab), r.token);
+  if (req.top_logprobs > 0)
+    for (const TokenLogprob& x : top_logprobs(row, s.sampling, req.top_logprobs))
+      t.top.push_back({x.token, x.logprob});
+  return t;
 }
 
 void Engine::Impl::complete_prefill(Sample& s, const float* logits) {
@@ -168,9 +234,10 @@ void Engine::Impl::complete_prefill(Sample& s, const float* logits) {
   counters.cached_prompt_tokens += s.cached_tokens;
   if (opt.enable_prefix_cache && s.kv_epoch == weights_epoch)
     radix->insert(s.tokens, kv->table(s.slot));
+  rollout::Request& r = *requests.at(s.request_id);
+  if (s.index == 0) r.input_logprobs_done = true;
   sample_next(s, logits);
   if (s.index != 0 || s.output.size() > 1) return;
-  rollout::Request& r = *requests.at(s.request_id);
   for (auto& sib : r.samples)
     if (sib->state == SampleState::kForkWaiting) fork_sibling(s, *sib, logits);
 }
@@ -215,20 +282,21 @@ void Engine::Impl::sample_next(Sample& s, const float* logits) {
   // Drawn across threads before the batch's sequential bookkeeping when possible (presample); the
   // same pure function either way.
   auto pre = presampled.find(&s);
-  const SampleResult r =
-      pre != presampled.end()
-          ? pre->second
-          : sample_token({logits, static_cast<size_t>(runner->config().vocab_size)}, s.sampling,
-                         static_cast<uint64_t>(s.output.size()));
-  if (pre != presampled.end()) presampled.erase(pre);
-  const TokenOutput t{r.token, r.logprob, r.raw_logprob, version};
-  s.tokens.push_back(r.token);
+  TokenOutput t;
+  if (pre != presampled.end()) {
+    t = std::move(pre->second);
+    presampled.erase(pre);
+  } else {
+    t = draw(s, logits);
+  }
+  const int32_t token = t.id;
+  s.tokens.push_back(token);
   s.output.push_back(t);
-  s.pending.push_back(t);
+  s.pending.push_back(std::move(t));
   ++counters.generated_tokens;
-  const bool is_eos = tok && !req.ignore_eos && r.token == tok->eos_id();
-  if (is_eos || std::count(req.stop_token_ids.begin(), req.stop_token_ids.end(), r.token)) {
-    finish(s, FinishReason::kStop, std::to_string(r.token));
+  const bool is_eos = tok && !req.ignore_eos && token == tok->eos_id();
+  if (is_eos || std::count(req.stop_token_ids.begin(), req.stop_token_ids.end(), token)) {
+    finish(s, FinishReason::kStop, std::to_string(token));
     return;
   }
   if (!req.stop_strings.empty()) {
@@ -308,7 +376,9 @@ void Engine::Impl::report_and_reap() {
           ev.matched_stop = s.matched_stop;
           ev.prompt_tokens = s.prompt_len;
           ev.cached_tokens = s.cached_tokens;
+          ev.seed = s.sampling.seed;
           ev.output = s.output;
+          ev.input_logprobs = r->input_logprobs;
           ev.routed_experts = routed_experts(s);
           release(s);
           s.finish = FinishReason::kNone;  // reported once

@@ -39,6 +39,7 @@ class RolloutService final : public pb::RolloutEngine::Service {
     r.sampling.top_k = sp.top_k();
     r.sampling.min_p = sp.min_p();
     r.sampling.seed = sp.seed();
+    r.draw_seed = !sp.has_seed();
     r.max_new_tokens = sp.max_new_tokens();
     r.stop_token_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
     r.stop_strings.assign(sp.stop().begin(), sp.stop().end());
@@ -74,6 +75,7 @@ class RolloutService final : public pb::RolloutEngine::Service {
         msg.set_matched_stop(ev.matched_stop);
         msg.set_prompt_tokens(ev.prompt_tokens);
         msg.set_cached_tokens(ev.cached_tokens);
+        msg.set_sampling_seed(ev.seed);
         if (in->return_routed_experts() && per_token > 0) {
           msg.mutable_routed_experts()->Add(ev.routed_experts.begin(), ev.routed_experts.end());
           msg.add_routed_experts_shape(static_cast<int64_t>(ev.routed_experts.size()) / per_token);

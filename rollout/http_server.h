@@ -12,8 +12,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "miles/engine.h"
 #include "miles/tokenizer.h"
@@ -32,6 +35,8 @@ class ChatTemplate;
 namespace miles::rollout {
 
 struct OpenAiCall;
+struct GenerateBatch;
+struct ReplyContext;
 class SessionStore;
 
 struct ServerOptions {
@@ -41,6 +46,11 @@ struct ServerOptions {
   std::string model_path;  // reported by /get_model_info
   std::string served_model_name = "miles";
   size_t max_sessions = 4096;  // /sessions kept at once; creating one more drops the least recent
+  // Reported by /get_server_info and the load routes.
+  int64_t block_tokens = 16;
+  int tp_size = 1;
+  std::optional<uint64_t> random_seed;  // --random-seed (null: seeded at random at start-up)
+  std::string version = "miles";
   // More routes, registered after the built-in ones (e.g. weight_sync/serve_routes.h: receiving new
   // weight versions and reporting checksums), so that rollout/ depends on nothing above it.
   std::function<void(httplib::Server&, EngineDriver&)> extra_routes;
@@ -60,9 +70,19 @@ class HttpServer {
  private:
   void routes();
   void register_control_routes();  // http_control.cc
+  void register_load_routes();     // http_load.cc: health_generate, get_load, v1/loads, server info
+  void register_memory_routes();   // http_load.cc: release / resume_memory_occupation
+  static Result<std::string> read_version(const nlohmann::json& body, const char* key,
+                                          bool required);
+  int64_t adopt_version(const std::string& label, bool abort_all_requests);
   void register_openai_routes();   // http_openai.cc
   void register_session_routes();  // http_sessions.cc
   void serve_openai(OpenAiCall call, bool chat, httplib::Response& res);
+  void serve_generate(GenerateBatch batch, httplib::Response& res);
+  // SGLang types weight versions as strings: the label /update_weight_version gave version v, or
+  // its decimal digits.
+  std::string version_label(int64_t v) const;
+  ReplyContext reply_context() const;
   uint64_t register_rid(const std::string& rid, uint64_t id);
   void forget_rid(const std::string& rid);
 
@@ -80,6 +100,8 @@ class HttpServer {
   std::mutex rid_mu_;
   std::map<std::string, uint64_t> rids_;
   std::atomic<uint64_t> next_rid_{1};
+  mutable std::mutex version_mu_;
+  std::map<int64_t, std::string> version_labels_;
   std::atomic<uint64_t> http_requests_{0}, http_errors_{0};
 
   friend struct Handlers;

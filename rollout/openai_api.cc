@@ -26,10 +26,109 @@ Status get_number(const json& body, const char* key, T& out) {
   return Status::Ok();
 }
 
-const std::set<std::string> kCommon = {
-    "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop", "stream",
-    "stream_options", "seed", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty",
-    "user", "stop_token_ids", "ignore_eos", "skip_special_tokens", "logit_bias"};
+const std::set<std::string> kCommon = {"model",
+                                       "max_tokens",
+                                       "temperature",
+                                       "top_p",
+                                       "top_k",
+                                       "min_p",
+                                       "n",
+                                       "stop",
+                                       "stream",
+                                       "stream_options",
+                                       "seed",
+                                       "logprobs",
+                                       "top_logprobs",
+                                       "presence_penalty",
+                                       "frequency_penalty",
+                                       "repetition_penalty",
+                                       "min_tokens",
+                                       "user",
+                                       "stop_token_ids",
+                                       "ignore_eos",
+                                       "skip_special_tokens",
+                                       "logit_bias",
+                                       "spaces_between_special_tokens",
+                                       "no_stop_trim"};
+
+Status read_stop(const json& body, GenerateRequest& r) {
+  auto it = body.find("stop");
+  if (it == body.end() || it->is_null()) return Status::Ok();
+  if (it->is_string()) {
+    r.stop_strings = {it->get<std::string>()};
+    return Status::Ok();
+  }
+  if (!it->is_array()) return Status::Error("stop must be a string or a list of strings");
+  for (const auto& s : *it) {
+    if (!s.is_string()) return Status::Error("stop must be a string or a list of strings");
+    r.stop_strings.push_back(s.get<std::string>());
+  }
+  return Status::Ok();
+}
+
+Status read_stop_ids(const json& body, GenerateRequest& r) {
+  auto it = body.find("stop_token_ids");
+  if (it == body.end() || it->is_null()) return Status::Ok();
+  if (!it->is_array()) return Status::Error("stop_token_ids must be a list of token ids");
+  for (const auto& x : *it) {
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+      return Status::Error("stop_token_ids must be a list of token ids");
+    r.stop_token_ids.push_back(x.get<int32_t>());
+  }
+  return Status::Ok();
+}
+
+// OpenAI's logit_bias: {"token id": bias in [-100, 100]}.
+Status read_logit_bias(const json& body, GenerateRequest& r) {
+  auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return Status::Ok();
+  if (!it->is_object()) return Status::Error("logit_bias must be an object {\"token id\": bias}");
+  for (auto e = it->begin(); e != it->end(); ++e) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(e.key(), &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || used != e.key().size() || id < 0 || id > INT32_MAX)
+      return Status::Error("logit_bias: key '" + e.key() + "' is not a token id");
+    if (!e.value().is_number() ||
+        !(e.value().get<double>() >= -100 && e.value().get<double>() <= 100))
+      return Status::Error("logit_bias[\"" + e.key() + "\"] must be a number in [-100, 100]");
+    r.adjust.logit_bias.emplace_back(static_cast<int32_t>(id), e.value().get<float>());
+  }
+  return Status::Ok();
+}
+
+Status read_bool(const json& body, const char* key, bool& out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return Status::Ok();
+  if (!it->is_boolean()) return Status::Error(std::string(key) + " must be a boolean");
+  out = it->get<bool>();
+  return Status::Ok();
+}
+
+Status read_stream(const json& body, OpenAiCall& c) {
+  MILES_RETURN_IF_ERROR(read_bool(body, "stream", c.stream));
+  auto it = body.find("stream_options");
+  if (it == body.end() || it->is_null()) return Status::Ok();
+  if (!it->is_object()) return Status::Error("stream_options must be an object");
+  for (auto e = it->begin(); e != it->end(); ++e)
+    if (e.key() != "include_usage" && e.key() != "continuous_usage_stats")
+      return Status::Error("stream_options." + e.key() + " is not supported");
+  if (it->value("continuous_usage_stats", false) == true)
+    return Status::Error("stream_options.continuous_usage_stats is not supported");
+  return read_bool(*it, "include_usage", c.include_usage);
+}
+
+Status read_penalties(const json& body, GenerateRequest& r) {
+  MILES_RETURN_IF_ERROR(get_number(body, "presence_penalty", r.adjust.presence_penalty));
+  MILES_RETURN_IF_ERROR(get_number(body, "frequency_penalty", r.adjust.frequency_penalty));
+  MILES_RETURN_IF_ERROR(get_number(body, "repetition_penalty", r.adjust.repetition_penalty));
+  MILES_RETURN_IF_ERROR(get_number(body, "min_tokens", r.adjust.min_new_tokens));
+  return read_logit_bias(body, r);
+}
 
 }  // namespace
 
@@ -37,7 +136,10 @@ Status parse_openai_sampling(const json& body, OpenAiCall& c) {
   GenerateRequest& r = c.request;
   r.sampling.temperature = 1.0f;
   r.max_new_tokens = 16;
-  if (body.contains("model") && body["model"].is_string()) c.model = body["model"].get<std::string>();
+  if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return Status::Error("model must be a string");
+    c.model = it->get<std::string>();
+  }
   MILES_RETURN_IF_ERROR(get_number(body, "max_tokens", r.max_new_tokens));
   MILES_RETURN_IF_ERROR(get_number(body, "max_completion_tokens", r.max_new_tokens));
   MILES_RETURN_IF_ERROR(get_number(body, "temperature", r.sampling.temperature));
@@ -45,57 +147,32 @@ Status parse_openai_sampling(const json& body, OpenAiCall& c) {
   int64_t top_k = 0;
   MILES_RETURN_IF_ERROR(get_number(body, "top_k", top_k));
   if (top_k == -1) top_k = 0;
-  if (top_k < 0) return Status::Error("top_k must be -1, 0 or positive");
+  if (top_k < 0 || top_k > INT32_MAX) return Status::Error("top_k must be -1, 0 or positive");
   r.sampling.top_k = static_cast<int32_t>(top_k);
   MILES_RETURN_IF_ERROR(get_number(body, "min_p", r.sampling.min_p));
   int64_t n = 1;
   MILES_RETURN_IF_ERROR(get_number(body, "n", n));
   if (n < 1 || n > 1024) return Status::Error("n = " + std::to_string(n) + " must be in [1, 1024]");
   r.n = static_cast<int32_t>(n);
-  int64_t seed = 0;
-  MILES_RETURN_IF_ERROR(get_number(body, "seed", seed));
-  r.sampling.seed = static_cast<uint64_t>(seed);
-  for (const char* k : {"presence_penalty", "frequency_penalty"}) {
-    double v = 0;
-    MILES_RETURN_IF_ERROR(get_number(body, k, v));
-    if (v != 0) return Status::Error(std::string(k) + " is not supported (only 0)");
+  r.draw_seed = true;
+  if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_integer())
+      return Status::Error("seed must be an integer, got " + it->dump());
+    r.sampling.seed =
+        it->is_number_unsigned() ? it->get<uint64_t>() : static_cast<uint64_t>(it->get<int64_t>());
+    r.draw_seed = false;
   }
-  if (body.contains("top_logprobs") && body["top_logprobs"].is_number_integer() &&
-      body["top_logprobs"].get<int64_t>() > 0)
-    return Status::Error("top_logprobs is not supported");
-  if (body.contains("logit_bias") && !body["logit_bias"].is_null() && !body["logit_bias"].empty())
-    return Status::Error("logit_bias is not supported");
-  if (body.contains("stream") && !body["stream"].is_null()) {
-    if (!body["stream"].is_boolean()) return Status::Error("stream must be a boolean");
-    c.stream = body["stream"].get<bool>();
-  }
-  if (body.contains("logprobs") && !body["logprobs"].is_null()) {
-    const json& lp = body["logprobs"];
-    if (lp.is_boolean()) c.logprobs = lp.get<bool>();
-    else if (lp.is_number_integer()) c.logprobs = lp.get<int64_t>() >= 0;
-    else return Status::Error("logprobs must be a boolean or an integer");
-  }
-  if (body.contains("ignore_eos") && body["ignore_eos"].is_boolean()) r.ignore_eos = body["ignore_eos"].get<bool>();
-  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
-    if (it->is_string()) {
-      r.stop_strings = {it->get<std::string>()};
-    } else if (it->is_array()) {
-      for (const auto& s : *it) {
-        if (!s.is_string()) return Status::Error("stop must be a string or a list of strings");
-        r.stop_strings.push_back(s.get<std::string>());
-      }
-    } else {
-      return Status::Error("stop must be a string or a list of strings");
-    }
-  }
-  if (auto it = body.find("stop_token_ids"); it != body.end() && !it->is_null()) {
-    if (!it->is_array()) return Status::Error("stop_token_ids must be a list of token ids");
-    for (const auto& x : *it) {
-      if (!x.is_number_integer()) return Status::Error("stop_token_ids must be a list of token ids");
-      r.stop_token_ids.push_back(x.get<int32_t>());
-    }
-  }
-  return Status::Ok();
+  MILES_RETURN_IF_ERROR(read_penalties(body, r));
+  MILES_RETURN_IF_ERROR(read_stream(body, c));
+  MILES_RETURN_IF_ERROR(read_bool(body, "ignore_eos", r.ignore_eos));
+  MILES_RETURN_IF_ERROR(read_bool(body, "skip_special_tokens", c.skip_special_tokens));
+  bool spaces = true, no_stop_trim = false;
+  MILES_RETURN_IF_ERROR(read_bool(body, "spaces_between_special_tokens", spaces));
+  MILES_RETURN_IF_ERROR(read_bool(body, "no_stop_trim", no_stop_trim));
+  if (no_stop_trim)
+    return Status::Error("no_stop_trim is not supported on the OpenAI routes (use /generate)");
+  MILES_RETURN_IF_ERROR(read_stop(body, r));
+  return read_stop_ids(body, r);
 }
 
 Result<OpenAiCall> parse_completion(const json& body, const Tokenizer* tok) {
@@ -103,25 +180,64 @@ Result<OpenAiCall> parse_completion(const json& body, const Tokenizer* tok) {
   auto known = kCommon;
   known.insert({"prompt", "echo", "suffix", "best_of"});
   MILES_RETURN_IF_ERROR(check_fields(body, known));
-  if (body.contains("echo") && body["echo"].is_boolean() && body["echo"].get<bool>())
-    return Status::Error("echo is not supported");
-  if (body.contains("suffix") && !body["suffix"].is_null()) return Status::Error("suffix is not supported");
+  MILES_RETURN_IF_ERROR(read_bool(body, "echo", c.echo));
+  if (body.contains("suffix") && !body["suffix"].is_null())
+    return Status::Error("suffix is not supported");
   MILES_RETURN_IF_ERROR(parse_openai_sampling(body, c));
+  if (auto it = body.find("best_of"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() != c.request.n)
+      return Status::Error("best_of is not supported (only best_of = n)");
+  }
+  // Completions: logprobs is an integer, the number of most likely tokens per position (0: only the
+  // sampled token's logprob).
+  if (auto it = body.find("logprobs"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 20)
+      return Status::Error("logprobs must be an integer in [0, 20], got " + it->dump());
+    c.logprobs = true;
+    c.top_logprobs = it->get<int32_t>();
+  }
+  if (body.contains("top_logprobs") && !body["top_logprobs"].is_null())
+    return Status::Error("top_logprobs is a chat field; completions take logprobs = N");
+  c.request.top_logprobs = c.top_logprobs;
+  if (c.echo && c.logprobs) c.request.logprob_start_len = 0;
   if (!body.contains("prompt")) return Status::Error("prompt is required");
   const json& p = body["prompt"];
+  auto ids_of = [](const json& list, std::vector<int32_t>& out) -> Status {
+    for (const auto& x : list) {
+      if (!x.is_number_integer() || x.get<int64_t>() < INT32_MIN || x.get<int64_t>() > INT32_MAX)
+        return Status::Error("prompt: token ids must be integers, got " + x.dump());
+      out.push_back(x.get<int32_t>());
+    }
+    return Status::Ok();
+  };
+  auto text_of = [&](const json& t) -> Status {
+    if (!tok)
+      return Status::Error("text prompts need a tokenizer; this server has none (send token ids)");
+    c.prompts.push_back(tok->encode(t.get<std::string>(), /*add_special=*/true));
+    return Status::Ok();
+  };
   if (p.is_string()) {
-    if (!tok) return Status::Error("text prompts need a tokenizer; this server has none (send token ids)");
-    c.request.input_ids = tok->encode(p.get<std::string>(), /*add_special=*/true);
+    MILES_RETURN_IF_ERROR(text_of(p));
   } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
-    for (const auto& x : p) {
-      if (!x.is_number_integer()) return Status::Error("prompt: token ids must be integers");
-      const int64_t v = x.get<int64_t>();
-      if (v < INT32_MIN || v > INT32_MAX) return Status::Error("prompt: token id " + x.dump() + " is out of range");
-      c.request.input_ids.push_back(static_cast<int32_t>(v));
+    c.prompts.emplace_back();
+    MILES_RETURN_IF_ERROR(ids_of(p, c.prompts.back()));
+  } else if (p.is_array() && !p.empty()) {  // a batch: strings or lists of ids
+    for (const auto& e : p) {
+      if (e.is_string()) {
+        MILES_RETURN_IF_ERROR(text_of(e));
+      } else if (e.is_array()) {
+        c.prompts.emplace_back();
+        MILES_RETURN_IF_ERROR(ids_of(e, c.prompts.back()));
+      } else {
+        return Status::Error("prompt: a batch holds strings or lists of token ids, got " +
+                             e.dump());
+      }
     }
   } else {
-    return Status::Error("prompt must be a string or a list of token ids (batches: send one request each)");
+    return Status::Error(
+        "prompt must be a string, a list of token ids, or a non-empty list of either");
   }
+  c.request.input_ids = c.prompts.front();
   return c;
 }
 
@@ -132,6 +248,15 @@ Result<OpenAiCall> parse_chat(const json& body) {
                 "parallel_tool_calls", "response_format"});
   MILES_RETURN_IF_ERROR(check_fields(body, known));
   MILES_RETURN_IF_ERROR(parse_openai_sampling(body, c));
+  MILES_RETURN_IF_ERROR(read_bool(body, "logprobs", c.logprobs));
+  if (auto it = body.find("top_logprobs"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 20)
+      return Status::Error("top_logprobs must be an integer in [0, 20], got " + it->dump());
+    if (!c.logprobs && it->get<int64_t>() > 0)
+      return Status::Error("top_logprobs needs logprobs: true");
+    c.top_logprobs = it->get<int32_t>();
+  }
+  c.request.top_logprobs = c.top_logprobs;
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
     return Status::Error("messages must be a non-empty list");
   for (const auto& m : body["messages"])
@@ -142,11 +267,23 @@ Result<OpenAiCall> parse_chat(const json& body) {
     if (!body["tools"].is_array()) return Status::Error("tools must be a list");
     c.tools = body["tools"];
   }
+  bool parallel = true;
+  MILES_RETURN_IF_ERROR(read_bool(body, "parallel_tool_calls", parallel));
+  std::string choice = "auto";
+  if (auto it = body.find("tool_choice"); it != body.end() && !it->is_null()) {
+    if (!it->is_string() || (*it != "auto" && *it != "none"))
+      return Status::Error("tool_choice " + it->dump() +
+                           " is not supported (\"auto\" or \"none\"; a forced call needs "
+                           "constrained decoding, which miles does not do)");
+    choice = it->get<std::string>();
+  }
+  c.parse_tools = !c.tools.is_null() && !c.tools.empty() && choice != "none";
   if (body.contains("response_format") && !body["response_format"].is_null() &&
       body["response_format"].value("type", "text") != "text")
     return Status::Error("response_format other than text is not supported");
   if (body.contains("chat_template_kwargs") && !body["chat_template_kwargs"].is_null()) {
-    if (!body["chat_template_kwargs"].is_object()) return Status::Error("chat_template_kwargs must be an object");
+    if (!body["chat_template_kwargs"].is_object())
+      return Status::Error("chat_template_kwargs must be an object");
     c.template_kwargs = body["chat_template_kwargs"];
   }
   return c;
@@ -164,31 +301,42 @@ size_t utf8_complete_prefix(const std::string& t) {
   if (i == 0) return n;
   const unsigned char lead = static_cast<unsigned char>(t[i - 1]);
   int need = 0;
-  if (lead >= 0xF0) need = 3;
-  else if (lead >= 0xE0) need = 2;
-  else if (lead >= 0xC0) need = 1;
-  else return n;  // ASCII lead: complete
+  if (lead >= 0xF0)
+    need = 3;
+  else if (lead >= 0xE0)
+    need = 2;
+  else if (lead >= 0xC0)
+    need = 1;
+  else
+    return n;  // ASCII lead: complete
   return cont >= need ? n : i - 1;
 }
 
-std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump_json(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 const char* openai_finish_reason(FinishReason r) {
   switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
-    case FinishReason::kNone: break;
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+    case FinishReason::kNone:
+      break;
   }
   return nullptr;
 }
 
 std::string openai_final_text(const Tokenizer* tok, const GenerateRequest& req,
-                              const SampleEvent& fin, const std::vector<TokenOutput>& out) {
+                              const SampleEvent& fin, const std::vector<TokenOutput>& out,
+                              bool skip_special) {
   if (!tok) return "";
   std::vector<int32_t> ids;
   for (const auto& t : out) ids.push_back(t.id);
-  std::string text = tok->decode(ids);
+  std::string text = decode_text(*tok, ids, skip_special);
   if (fin.finish_reason == FinishReason::kStop)
     for (const auto& s : req.stop_strings)
       if (s == fin.matched_stop) {
@@ -198,7 +346,7 @@ std::string openai_final_text(const Tokenizer* tok, const GenerateRequest& req,
   // A stop token (EOS, <|im_end|>) is not part of the visible text.
   if (fin.finish_reason == FinishReason::kStop && !out.empty() &&
       std::to_string(out.back().id) == fin.matched_stop)
-    text = tok->decode(std::span(ids).first(ids.size() - 1));
+    text = decode_text(*tok, std::span(ids).first(ids.size() - 1), skip_special);
   return text;
 }
 

@@ -13,12 +13,18 @@
 namespace miles::rollout {
 
 struct OpenAiCall {
-  GenerateRequest request;
+  GenerateRequest request;  // the prompt's request (completions: one per prompt of `prompts`)
+  std::vector<std::vector<int32_t>> prompts;  // completions: a batched `prompt` gives several
   bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
   bool logprobs = false;
+  int32_t top_logprobs = 0;    // chat: top_logprobs; completions: logprobs = N
+  bool echo = false;           // completions: the prompt (and its logprobs) before the completion
+  bool skip_special_tokens = true;
   std::string model;
   nlohmann::json messages;  // chat only
   nlohmann::json tools;     // chat only (may be null)
+  bool parse_tools = false; // chat: tools given and tool_choice not "none"
   nlohmann::json template_kwargs = nlohmann::json::object();  // chat only: e.g. enable_thinking
 };
 
@@ -38,6 +44,7 @@ const char* openai_finish_reason(FinishReason r);
 // The text of a finished sample, with a matched stop string and a final stop token cut off (as
 // OpenAI does); empty without a tokenizer.
 std::string openai_final_text(const Tokenizer* tok, const GenerateRequest& req,
-                              const SampleEvent& fin, const std::vector<TokenOutput>& out);
+                              const SampleEvent& fin, const std::vector<TokenOutput>& out,
+                              bool skip_special = true);
 
 }  // namespace miles::rollout

@@ -58,8 +58,9 @@ fi
 pip_install() {
   "$MILES_VENV/bin/python" -m pip install --disable-pip-version-check -q "$@"
 }
-light=(numpy safetensors jinja2 gguf openai)
-if ! "$MILES_VENV/bin/python" -c "import numpy, safetensors, jinja2, gguf, openai" 2>/dev/null; then
+# openai and sglang-router: the real clients the engine's API is tested with (tests/clients).
+light=(numpy safetensors jinja2 gguf openai sglang-router==0.3.2)
+if ! "$MILES_VENV/bin/python" -c "import numpy, safetensors, jinja2, gguf, openai, sglang_router" 2>/dev/null; then
   pip_install "${light[@]}"
 fi
 if [ "$want_reference" = 1 ]; then

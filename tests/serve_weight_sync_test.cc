@@ -115,7 +115,7 @@ TEST(ServeWeightSync, DiskDeltaVersionsReachTheServerAndItsChecksumsMatchTheTrai
     ASSERT_EQ(status, 200) << j.dump();
     auto info = c.Get("/get_model_info");
     ASSERT_TRUE(info);
-    EXPECT_EQ(json::parse(info->body)["weight_version"], v);
+    EXPECT_EQ(json::parse(info->body)["weight_version"], std::to_string(v));
   }
   // The server's checksums are the trainer's.
   const json trainer_sums = checksums_of(**tr, *layout);
@@ -140,7 +140,7 @@ TEST(ServeWeightSync, DiskDeltaVersionsReachTheServerAndItsChecksumsMatchTheTrai
   post(c, "/check_weights", {{"nope", 1}}, &status);
   EXPECT_EQ(status, 400);
   auto info = c.Get("/get_model_info");
-  EXPECT_EQ(json::parse(info->body)["weight_version"], 2);
+  EXPECT_EQ(json::parse(info->body)["weight_version"], "2");
 }
 
 // The server's version and checksums (GET /weight_checksums).

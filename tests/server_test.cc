@@ -100,7 +100,9 @@ TEST(Server, GenerateEqualsTheEngineAndStreamsTheSameTokens) {
   for (size_t i = 0; i < 10; ++i) {
     EXPECT_EQ(r["output_ids"][i].get<int>(), fin.output[i].id);
     const float lp = r["meta_info"]["output_token_logprobs"][i][0].get<float>();
-    EXPECT_EQ(std::memcmp(&lp, &fin.output[i].logprob, 4), 0);
+    EXPECT_EQ(std::memcmp(&lp, &fin.output[i].tempered_logprob, 4), 0);
+    const float sampling = r["meta_info"]["output_token_sampling_logprobs"][i].get<float>();
+    EXPECT_EQ(std::memcmp(&sampling, &fin.output[i].logprob, 4), 0);
   }
 
   // Streamed: SSE chunks ending with [DONE]; the last chunk carries the same ids.
@@ -150,7 +152,7 @@ TEST(Server, BadRequestsGet4xxAndTheServerStaysUp) {
   expect_400(R"({"text": "hello"})", "tokenizer");
   expect_400(R"({"input_ids": [1], "text": "x"})", "exactly one");
   expect_400(R"([1, 2, 3])", "JSON object");
-  expect_400(R"({"input_ids": [1], "logprob_start_len": 0})", "logprob_start_len");
+  expect_400(R"({"input_ids": [1], "lora_path": "adapter"})", "lora_path");
   auto r = c.Post("/pause_generation", R"({"mode": "sideways"})", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
@@ -206,7 +208,7 @@ TEST(Server, WeightLifecycleEndpoints) {
   EXPECT_EQ(status, 200);
   auto info = c.Get("/get_model_info");
   ASSERT_TRUE(info);
-  EXPECT_EQ(json::parse(info->body)["weight_version"], 8);
+  EXPECT_EQ(json::parse(info->body)["weight_version"], "8");
   EXPECT_EQ(json::parse(info->body)["architecture"], "Qwen3MoeForCausalLM");
 }
 
@@ -233,7 +235,7 @@ TEST(Server, TextPromptsStopStringsAndAbortByRid) {
   EXPECT_EQ(r["meta_info"]["finish_reason"]["type"], "stop");
   auto missing = c.Post("/abort_request", R"({"rid": "nope"})", "application/json");
   ASSERT_TRUE(missing);
-  EXPECT_EQ(missing->status, 404);
+  EXPECT_EQ(missing->status, 200);  // SGLang's answer: the request may have finished already
 }
 
 // 256 concurrent clients, a quarter of them invalid: every valid request completes.

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -54,6 +55,9 @@ struct EngineOptions {
   int64_t max_batch_tokens = 2048;  // token budget of one iteration (decodes + prefill chunks)
   int64_t max_running = 256;      // requests decoding at once
   bool enable_prefix_cache = true;
+  // Seeds the generator of fresh sampling seeds (requests that give none, GenerateRequest::
+  // draw_seed); unset: a random start-up value, so a restarted server does not repeat its samples.
+  std::optional<uint64_t> random_seed;
 };
 
 // A runner whose forwards run on `device` (cuda or emulated, device_model.h), with every KV block
@@ -66,24 +70,69 @@ Result<std::unique_ptr<ModelRunner>> make_device_model_runner(Device device,
                                                               const EngineOptions& kv_geometry,
                                                               ThreadPool* pool);
 
+// Changes to a sample's logits before temperature and filters, in SGLang's order (docs/api.md,
+// "Sampling"): frequency and presence penalties, the min-new-tokens mask, the repetition penalty,
+// then logit_bias; the penalties count output tokens only. They shape the distribution a token is drawn from (the sampling logprob)
+// but never the raw model logprob.
+struct LogitAdjustments {
+  float repetition_penalty = 1.0f;  // (0, 2]: each token of the output: x < 0 ? x * r : x / r
+  float frequency_penalty = 0.0f;   // [-2, 2]: minus this times the token's count in the output
+  float presence_penalty = 0.0f;    // [-2, 2]: minus this once for each token in the output
+  int64_t min_new_tokens = 0;       // EOS and stop_token_ids masked (-inf) until this many outputs
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the logit of each id
+  bool any() const {
+    return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f ||
+           min_new_tokens > 0 || !logit_bias.empty();
+  }
+};
+
 struct GenerateRequest {
   std::vector<int32_t> input_ids;
   SamplingParams sampling;
+  // A request that gave no seed: the engine replaces sampling.seed with a fresh one from its
+  // generator (EngineOptions::random_seed), so two such requests draw different samples; the seed
+  // used is reported (SampleEvent::seed) and replays the sample bit for bit.
+  bool draw_seed = false;
+  LogitAdjustments adjust;
   int64_t max_new_tokens = 128;
   std::vector<int32_t> stop_token_ids;    // besides the tokenizer's EOS (unless ignore_eos)
   std::vector<std::string> stop_strings;  // needs the engine's tokenizer
   bool ignore_eos = false;
   int32_t n = 1;  // samples of this prompt (a GRPO group): the prompt is prefilled once
+  // Logprobs beyond the sampled token's (docs/api.md, "Logprobs"): the `top_logprobs` most likely
+  // tokens at every output position (and input position, below), under the tempered, unfiltered
+  // distribution; and the prompt's own tokens from position `logprob_start_len` on (-1: none; the
+  // prompt's length: none either), under the raw model (SGLang: no temperature on input tokens).
+  int32_t top_logprobs = 0;
+  int64_t logprob_start_len = -1;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort };
 const char* finish_reason_name(FinishReason r);
 
+// One of the most likely tokens at a position, under the tempered distribution.
+struct TopLogprob {
+  int32_t id = -1;
+  float logprob = 0;
+};
+
 struct TokenOutput {
   int32_t id = -1;
-  float logprob = 0;      // under the distribution it was sampled from
+  float logprob = 0;      // under the distribution it was sampled from (what the trainer recomputes)
   float raw_logprob = 0;  // under the untempered, untruncated model
+  // log_softmax(adjusted logits / temperature)[id] before top-k / top-p / min-p; temperature 1 for
+  // greedy requests: SGLang's output_token_logprobs, and OpenAI's logprobs.
+  float tempered_logprob = 0;
   int64_t weight_version = 0;
+  std::vector<TopLogprob> top;  // GenerateRequest::top_logprobs of them, most likely first
+};
+
+// A prompt token's logprob given the tokens before it under the raw model (the first prompt token
+// has none: NaN), and the most likely tokens at its position.
+struct InputLogprob {
+  int32_t id = -1;
+  float logprob = 0;
+  std::vector<TopLogprob> top;
 };
 
 // One sample's state as reported to its listener: new tokens since the last event, and when finished,
@@ -97,8 +146,11 @@ struct SampleEvent {
   std::string matched_stop;  // the stop string or token id that ended it
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // prompt positions served from the prefix cache
+  uint64_t seed = 0;          // this sample's own seed: a request with it and n = 1 replays it
   std::vector<TokenOutput> output;     // when finished: every output token
   std::vector<int32_t> routed_experts; // when finished, for MoE models
+  // When finished and GenerateRequest::logprob_start_len >= 0: prompt positions from there on.
+  std::vector<InputLogprob> input_logprobs;
 };
 using SampleListener = std::function<void(const SampleEvent&)>;
 
@@ -110,6 +162,7 @@ struct EngineStats {
   int64_t weight_version = 0;
   bool paused = false;
   bool updating_weights = false;
+  bool kv_released = false;
   uint64_t iterations = 0, generated_tokens = 0, prompt_tokens = 0, cached_prompt_tokens = 0;
   uint64_t retractions = 0;  // samples whose KV was dropped to be recomputed (memory or pause)
 };
@@ -138,6 +191,8 @@ class Engine {
   Result<uint64_t> submit(GenerateRequest request, SampleListener listener);
   // Finishes a request (all its samples) with kAbort and frees its blocks. False if unknown.
   bool abort(uint64_t request_id);
+  // Aborts every request; returns how many there were.
+  int64_t abort_all();
 
   // One scheduler iteration; false when there was nothing to run.
   bool step();
@@ -158,6 +213,10 @@ class Engine {
   // The same with the current runner's kind over new full weights (ModelRunner::with_weights):
   // what every weight-update path calls, so a tensor-parallel engine reshards them.
   Status update_weights(const TensorMap& weights);
+  // SGLang's release / resume_memory_occupation for the KV cache: frees the KV pool's memory (and
+  // the prefix cache); refused while requests are in flight. Until resumed, submit() is refused.
+  Status release_kv_memory();
+  void resume_kv_memory();
   EngineStats stats() const;
   const ModelConfig& config() const;
 

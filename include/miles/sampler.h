@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "miles/status.h"
 
@@ -40,6 +41,9 @@ struct SampleResult {
   float logprob = 0.0f;
   // log p(token) under the raw model: log_softmax(logits)[token], no temperature, no filters.
   float raw_logprob = 0.0f;
+  // log_softmax(logits / temperature)[token], before the filters; greedy: temperature 1 (= raw).
+  // SGLang's and OpenAI's reported logprob.
+  float tempered_logprob = 0.0f;
 };
 
 // Samples one token from `logits` (vocab) for output position `step` of a request.
@@ -52,6 +56,18 @@ struct SampleResult {
 // (-inf masks a token); anything else aborts with MILES_CHECK.
 SampleResult sample_token(std::span<const float> logits, const SamplingParams& params,
                           uint64_t step);
+
+// The `count` most likely tokens of log_softmax(logits / temperature) (temperature 1 when greedy),
+// most likely first, ties to the lower id; each value is the bits sample_token reports as
+// tempered_logprob for that token. Same preconditions on logits as sample_token.
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+};
+std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, const SamplingParams& params,
+                                       int32_t count);
+// log_softmax(logits / temperature)[token] (temperature 1 when greedy): tempered_logprob's value.
+float tempered_logprob(std::span<const float> logits, const SamplingParams& params, int32_t token);
 
 // The uniform number in [0, 1) used for output position `step` of a request seeded with `seed`: the
 // first two 32-bit words of Philox4x32-10(counter = {step lo, step hi, 0, 0}, key = {seed lo, seed

@@ -54,6 +54,10 @@ class Tokenizer {
   // its leading space, a `<0xNN>` piece becomes the raw byte NN, BOS and EOS print nothing).
   virtual std::string decode_piece(int32_t prev_id, int32_t id) const = 0;
 
+  // A special (control) token, which HF's decode(skip_special_tokens=True) leaves out: HF added
+  // tokens marked special (and BOS / EOS), GGUF control and unknown tokens, llama2.c's BOS and EOS.
+  virtual bool is_special(int32_t id) const { return id == bos_id() || id == eos_id(); }
+
   virtual int32_t vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;  // -1 when none
   virtual int32_t eos_id() const = 0;  // -1 when none
@@ -61,6 +65,9 @@ class Tokenizer {
   // piece).
   virtual std::string token_text(int32_t id) const = 0;
 };
+
+// decode(ids) without the special tokens when skip_special (HF's skip_special_tokens).
+std::string decode_text(const Tokenizer& tok, std::span<const int32_t> ids, bool skip_special);
 
 // A llama2.c tokenizer file (tokenizer.bin / tok512.bin, as written by llama2.c's tokenizer.py):
 // int32 max_token_length, then per id: float32 score, int32 len, len bytes. The file has no entry

@@ -35,6 +35,7 @@ struct ServeOptions {
   std::string advertise_host;  // the host the controller should call (default: --host)
   ServeTpOptions tp;
   std::string device = "cpu";  // cpu | cuda | emulated (miles/device_model.h)
+  int64_t random_seed = -1;    // -1: fresh seeds from a random start-up value
 };
 
 int run_serve(ServeOptions o) {
@@ -104,9 +105,13 @@ int run_serve(ServeOptions o) {
       std::fprintf(stderr, "miles serve: no chat template (%s)\n", tmpl.message().c_str());
     }
   }
+  if (o.random_seed >= 0) o.engine.random_seed = static_cast<uint64_t>(o.random_seed);
   auto engine = std::make_unique<Engine>(std::move(runner), o.engine, tok);
   rollout::EngineDriver driver(std::move(engine));
   o.server.model_path = o.model;
+  o.server.block_tokens = o.engine.block_tokens;
+  o.server.tp_size = o.tp.tp;
+  o.server.random_seed = o.engine.random_seed;
   std::shared_ptr<WeightSyncRoutes> weight_sync;  // /update_weights_from_disk_delta, checksums
   o.server.extra_routes = [&](httplib::Server& s, rollout::EngineDriver& d) {
     weight_sync = register_weight_sync_routes(s, d, config, o.model, &pool, tp_intake);
@@ -209,6 +214,10 @@ void register_serve(CLI::App& app) {
       ->check(CLI::IsMember(device_names()));
   sub->add_flag("!--no-prefix-cache", o->engine.enable_prefix_cache,
                 "disable the radix prefix cache");
+  sub->add_option("--random-seed", o->random_seed,
+                  "seeds the generator of fresh sampling seeds (requests without a seed): a "
+                  "reproducible server; default: random at start-up")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--served-model-name", o->server.served_model_name, "name in OpenAI responses")
       ->capture_default_str();
   sub->callback([o] {

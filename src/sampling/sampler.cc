@@ -147,7 +147,8 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
   const int64_t n = static_cast<int64_t>(logits.size());
   if (params.greedy()) {
     const int32_t token = argmax(logits);
-    return {token, 0.0f, kernels::log_softmax_at(logits.data(), n, token)};
+    const float raw = kernels::log_softmax_at(logits.data(), n, token);
+    return {token, 0.0f, raw, raw};
   }
 
   // logits / 1 is logits itself: the tempered row is the raw one then.
@@ -180,7 +181,53 @@ SampleResult sample_token(std::span<const float> logits, const SamplingParams& p
           : static_cast<float>(static_cast<double>(logp[token]) - std::log(kept_mass));
   const float raw_logprob =
       tempered == logits.data() ? logp[token] : kernels::log_softmax_at(logits.data(), n, token);
-  return {token, logprob, raw_logprob};
+  return {token, logprob, raw_logprob, logp[token]};
+}
+
+namespace {
+
+// log_softmax of the row sample_token normalises: logits / temperature (logits themselves for
+// temperature 1 and for greedy requests), through the same kernels.
+std::vector<float> tempered_log_softmax(std::span<const float> logits,
+                                        const SamplingParams& params) {
+  const int64_t n = static_cast<int64_t>(logits.size());
+  std::vector<float> logp(n);
+  if (params.greedy() || params.temperature == 1.0f) {
+    kernels::log_softmax_row(logits.data(), n, logp.data());
+    return logp;
+  }
+  std::vector<float> scaled(n), probs(n);
+  for (int64_t i = 0; i < n; ++i) scaled[i] = logits[i] / params.temperature;
+  kernels::softmax_log_softmax_row(scaled.data(), n, probs.data(), logp.data());
+  return logp;
+}
+
+}  // namespace
+
+std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, const SamplingParams& params,
+                                       int32_t count) {
+  MILES_CHECK(params.validate().ok(), "top_logprobs called with invalid SamplingParams");
+  check_logits(logits);
+  const std::vector<float> logp = tempered_log_softmax(logits, params);
+  const int64_t n = static_cast<int64_t>(logp.size());
+  const int64_t k = std::clamp<int64_t>(count, 0, n);
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    return logp[a] > logp[b] || (logp[a] == logp[b] && a < b);
+  });
+  std::vector<TokenLogprob> out(k);
+  for (int64_t i = 0; i < k; ++i) out[i] = {order[i], logp[order[i]]};
+  return out;
+}
+
+float tempered_logprob(std::span<const float> logits, const SamplingParams& params, int32_t token) {
+  MILES_CHECK(params.validate().ok(), "tempered_logprob called with invalid SamplingParams");
+  check_logits(logits);
+  MILES_CHECK(token >= 0 && static_cast<size_t>(token) < logits.size());
+  if (params.greedy() || params.temperature == 1.0f)
+    return kernels::log_softmax_at(logits.data(), static_cast<int64_t>(logits.size()), token);
+  return tempered_log_softmax(logits, params)[token];
 }
 
 }  // namespace miles

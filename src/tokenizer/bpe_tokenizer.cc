@@ -27,7 +27,13 @@ class BpeTokenizer final : public Tokenizer {
         eos_(spec.eos_id) {
     MILES_CHECK(token_text_.size() == token_bytes_.size());
     std::vector<AddedToken> raw, normalized;
-    for (AddedToken& t : spec.added_tokens) (t.normalized ? normalized : raw).push_back(t);
+    special_.assign(token_text_.size(), false);
+    for (AddedToken& t : spec.added_tokens) {
+      if (t.special && t.id >= 0 && t.id < vocab_size()) special_[t.id] = true;
+      (t.normalized ? normalized : raw).push_back(t);
+    }
+    for (int32_t id : {bos_, eos_})
+      if (id >= 0 && id < vocab_size()) special_[id] = true;
     raw_added_ = AddedTokenMatcher(std::move(raw), spec.added_strategy);
     normalized_added_ = AddedTokenMatcher(std::move(normalized), spec.added_strategy);
   }
@@ -69,6 +75,10 @@ class BpeTokenizer final : public Tokenizer {
   }
 
   int32_t vocab_size() const override { return static_cast<int32_t>(token_text_.size()); }
+  bool is_special(int32_t id) const override {
+    check_id(id);
+    return special_[id];
+  }
   int32_t bos_id() const override { return bos_; }
   int32_t eos_id() const override { return eos_; }
   std::string token_text(int32_t id) const override {
@@ -106,6 +116,7 @@ class BpeTokenizer final : public Tokenizer {
 
   std::vector<std::string> token_text_;
   std::vector<std::string> token_bytes_;
+  std::vector<bool> special_;  // [vocab] added tokens marked special, BOS, EOS
   BpeModel model_;
   bool nfc_;
   PreTokenizer pre_;

@@ -45,3 +45,16 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path,
 }
 
 }  // namespace miles
+
+namespace miles {
+
+std::string decode_text(const Tokenizer& tok, std::span<const int32_t> ids, bool skip_special) {
+  if (!skip_special) return tok.decode(ids);
+  std::vector<int32_t> kept;
+  kept.reserve(ids.size());
+  for (int32_t id : ids)
+    if (!tok.is_special(id)) kept.push_back(id);
+  return tok.decode(kept);
+}
+
+}  // namespace miles

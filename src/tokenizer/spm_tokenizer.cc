@@ -125,6 +125,10 @@ class SpmTokenizer final : public Tokenizer {
   }
 
   int32_t vocab_size() const override { return static_cast<int32_t>(spec_.pieces.size()); }
+  bool is_special(int32_t id) const override {
+    const int32_t t = spec_.types[static_cast<size_t>(id)];
+    return t == kTokenControl || t == kTokenUnknown || id == spec_.bos_id || id == spec_.eos_id;
+  }
   int32_t bos_id() const override { return spec_.bos_id; }
   int32_t eos_id() const override { return spec_.eos_id; }
   std::string token_text(int32_t id) const override {
