@@ -9,6 +9,7 @@
 
 #include "controller/engine_pool.h"
 #include "miles/host_port.h"
+#include "miles/secret.h"
 #include "miles/v1/controller.grpc.pb.h"
 
 namespace miles::controller {
@@ -32,10 +33,25 @@ std::string peer_host(const std::string& peer) {
 class ControllerService::Impl final : public pb::Controller::Service {
  public:
   Impl(EnginePool& pool, std::function<void(pb::ControllerStatus*)> status, std::atomic<bool>& stop)
-      : pool_(pool), status_(std::move(status)), stop_(stop) {}
+      : pool_(pool), status_(std::move(status)), stop_(stop), token_(run_token()) {}
+
+  // Every call presents the run token ("authorization: Bearer <token>") when the run has one.
+  grpc::Status authorize(grpc::ServerContext* ctx) const {
+    if (token_.empty()) return grpc::Status::OK;
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("authorization");
+    const std::string_view token =
+        it == md.end() ? std::string_view()
+                       : bearer_token(std::string_view(it->second.data(), it->second.size()));
+    if (!token.empty() && secret_equal(token, token_)) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "the controller needs the run's token (MILES_RUN_TOKEN on the controller, "
+                        "MILES_API_KEY on the engine)");
+  }
 
   grpc::Status RegisterEngine(grpc::ServerContext* ctx, const pb::RegisterEngineRequest* in,
                               pb::RegisterEngineResponse* out) override {
+    if (grpc::Status a = authorize(ctx); !a.ok()) return a;
     if (in->http_port() <= 0 || in->grpc_port() <= 0)
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "RegisterEngine needs http_port and grpc_port > 0");
@@ -50,8 +66,9 @@ class ControllerService::Impl final : public pb::Controller::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetStatus(grpc::ServerContext*, const pb::ControllerStatusRequest*,
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const pb::ControllerStatusRequest*,
                          pb::ControllerStatus* out) override {
+    if (grpc::Status a = authorize(ctx); !a.ok()) return a;
     if (status_) status_(out);
     for (const EngineInfo& e : pool_.snapshot()) {
       pb::EngineState* s = out->add_engines();
@@ -65,7 +82,8 @@ class ControllerService::Impl final : public pb::Controller::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Stop(grpc::ServerContext*, const pb::StopRequest*, pb::StopResponse* out) override {
+  grpc::Status Stop(grpc::ServerContext* ctx, const pb::StopRequest*, pb::StopResponse* out) override {
+    if (grpc::Status a = authorize(ctx); !a.ok()) return a;
     stop_ = true;
     out->set_accepted(true);
     return grpc::Status::OK;
@@ -75,6 +93,7 @@ class ControllerService::Impl final : public pb::Controller::Service {
   EnginePool& pool_;
   std::function<void(pb::ControllerStatus*)> status_;
   std::atomic<bool>& stop_;
+  std::string token_;
 };
 
 ControllerService::ControllerService(EnginePool& pool,
@@ -119,6 +138,7 @@ Result<int64_t> register_with_controller(const std::string& controller,
   while (std::chrono::steady_clock::now() < deadline) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    if (!reg.token.empty()) ctx.AddMetadata("authorization", "Bearer " + reg.token);
     pb::RegisterEngineResponse out;
     grpc::Status s = stub->RegisterEngine(&ctx, in, &out);
     if (s.ok()) {
@@ -127,6 +147,8 @@ Result<int64_t> register_with_controller(const std::string& controller,
       return out.engine_id();
     }
     last = s.error_message();
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED)
+      return Status::Error("the controller at " + controller + " refused: " + last);
     if (stop && stop()) return Status::Error("stopped while registering with " + controller);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }

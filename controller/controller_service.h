@@ -50,6 +50,7 @@ struct EngineRegistration {
   int64_t engine_id = -1;
   int64_t pid = 0;
   int64_t weight_version = 0;
+  std::string token;  // the run token the controller requires (the engine's API key)
 };
 Result<int64_t> register_with_controller(const std::string& controller,
                                          const EngineRegistration& reg, double timeout_s,

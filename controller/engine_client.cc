@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "miles/host_port.h"
+#include "miles/secret.h"
 #include "miles/v1/rollout.grpc.pb.h"
 
 namespace miles::controller {
@@ -28,10 +29,20 @@ Status from_grpc(const grpc::Status& s, const pb::StatusResponse& r, const std::
   return Status::Ok();
 }
 
+// The run token (secret.h) on every call to an engine: HTTP and gRPC.
+void authorize(httplib::Client& c) {
+  if (const std::string t = run_token(); !t.empty()) c.set_bearer_token_auth(t.c_str());
+}
+
+void authorize(grpc::ClientContext& ctx) {
+  if (const std::string t = run_token(); !t.empty()) ctx.AddMetadata("authorization", "Bearer " + t);
+}
+
 // POSTs JSON over HTTP; the reply must be 200 with {"success": true}.
 Status post_json(const EngineAddress& a, const std::string& path, const json& body,
                  double timeout_s) {
   httplib::Client c(a.host, a.http_port);
+  authorize(c);
   c.set_connection_timeout(std::chrono::milliseconds(2000));
   c.set_read_timeout(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
   auto res = c.Post(path, body.dump(), "application/json");
@@ -68,6 +79,8 @@ Result<std::vector<GeneratedSample>> EngineClient::generate(const GroupRequest& 
   in.set_return_routed_experts(request.return_routed_experts);
 
   grpc::ClientContext ctx;
+
+  authorize(ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);
     calls_.insert(&ctx);
@@ -122,6 +135,7 @@ int64_t EngineClient::in_flight() const {
 Status EngineClient::health(double timeout_s) const {
   auto stub = pb::RolloutEngine::NewStub(channel_);
   grpc::ClientContext ctx;
+  authorize(ctx);
   set_deadline(ctx, timeout_s);
   pb::StatusResponse r;
   return from_grpc(stub->Health(&ctx, pb::Empty(), &r), r, "health of " + address_.http());
@@ -130,6 +144,7 @@ Status EngineClient::health(double timeout_s) const {
 Status EngineClient::pause(PauseMode mode) const {
   auto stub = pb::RolloutEngine::NewStub(channel_);
   grpc::ClientContext ctx;
+  authorize(ctx);
   set_deadline(ctx, 30);
   pb::PauseRequest in;
   in.set_mode(mode == PauseMode::kRetract   ? pb::PauseRequest::RETRACT
@@ -142,6 +157,7 @@ Status EngineClient::pause(PauseMode mode) const {
 Status EngineClient::resume() const {
   auto stub = pb::RolloutEngine::NewStub(channel_);
   grpc::ClientContext ctx;
+  authorize(ctx);
   set_deadline(ctx, 30);
   pb::StatusResponse r;
   return from_grpc(stub->ContinueGeneration(&ctx, pb::Empty(), &r), r,
@@ -180,6 +196,7 @@ Status EngineClient::update_weights_from_group(int64_t version, double timeout_s
 Result<std::pair<int64_t, std::map<std::string, std::string>>> EngineClient::weight_checksums()
     const {
   httplib::Client c(address_.host, address_.http_port);
+  authorize(c);
   c.set_read_timeout(std::chrono::seconds(120));
   auto res = c.Get("/weight_checksums");
   if (!res)

@@ -2,6 +2,7 @@
 // prompts, weight publisher, controller service, engines.
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -9,6 +10,7 @@
 #include "miles/device_model.h"
 #include "miles/host_port.h"
 #include "miles/model.h"
+#include "miles/secret.h"
 #include "miles/tensor_parallel.h"
 #include "miles/train_checkpoint.h"
 
@@ -79,7 +81,18 @@ Status RlJob::setup_trainer() {
   return Status::Ok();
 }
 
+// The run token (secret.h): the one this process was given (MILES_RUN_TOKEN), else a fresh one.
+// The engines and ranks this process starts inherit it as their API keys; engines started
+// elsewhere are given the same secret as MILES_API_KEY (scripts/slurm, scripts/k8s).
+static void ensure_run_token() {
+  if (run_token().empty()) ::setenv("MILES_RUN_TOKEN", fresh_token().c_str(), 1);
+  const std::string t = run_token();
+  ::setenv("MILES_API_KEY", t.c_str(), 1);
+  ::setenv("MILES_ADMIN_API_KEY", t.c_str(), 1);
+}
+
 Status RlJob::setup_engines() {
+  ensure_run_token();
   EnginePoolOptions po;
   po.launch.model = cfg_.model.path;
   po.launch.tokenizer = cfg_.model.tokenizer;

@@ -12,20 +12,6 @@ using rollout::Request;
 using rollout::Sample;
 using rollout::SampleState;
 
-const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::kNone:
-      return "none";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kAbort:
-      return "abort";
-  }
-  return "?";
-}
-
 Engine::Engine(std::unique_ptr<ModelRunner> runner, EngineOptions options,
                std::shared_ptr<const Tokenizer> tokenizer)
     : impl_(std::make_unique<Impl>()) {
@@ -162,7 +148,8 @@ Result<uint64_t> Engine::submit(GenerateRequest request, SampleListener listener
   if (request.logprob_start_len >= 0)
     for (int64_t k = request.logprob_start_len; k < static_cast<int64_t>(request.input_ids.size());
          ++k)
-      r->input_logprobs.push_back({request.input_ids[k], k == 0 ? NAN : 0.0f, {}});
+      r->input_logprobs.push_back(
+          {request.input_ids[k], k == request.logprob_start_len ? NAN : 0.0f, {}});
   r->req = std::move(request);
   const uint64_t id = r->id;
   m.requests.emplace(id, std::move(r));

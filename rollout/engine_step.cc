@@ -43,12 +43,11 @@ void Engine::Impl::match_prefix(Sample& s) {
   s.kv_epoch = weights_epoch;
   if (!opt.enable_prefix_cache) return;
   // Keep at least the last token to compute: its logits start the generation. Input logprobs need
-  // the logits of every position from logprob_start_len - 1 on: those are computed, not reused.
+  // the logits of every position from logprob_start_len on: those are computed, not reused.
   int64_t max_blocks = (static_cast<int64_t>(s.tokens.size()) - 1) / opt.block_tokens;
   const rollout::Request& r = *requests.at(s.request_id);
   if (s.index == 0 && r.wants_input_logprobs())
-    max_blocks =
-        std::min(max_blocks, std::max<int64_t>(0, r.req.logprob_start_len - 1) / opt.block_tokens);
+    max_blocks = std::min(max_blocks, r.req.logprob_start_len / opt.block_tokens);
   const std::vector<int32_t> hit = radix->match(s.tokens, max_blocks);
   if (hit.empty()) return;
   kv->adopt(s.slot, hit);
@@ -163,8 +162,9 @@ bool Engine::Impl::needs_input_rows(const Item& it) const {
   if (!it.prefill || s.index != 0) return false;
   const rollout::Request& r = *requests.at(s.request_id);
   if (!r.wants_input_logprobs()) return false;
-  // Position p's logits give token p + 1's logprob: positions [start_len - 1, prompt_len - 2].
-  const int64_t first = std::max<int64_t>(0, r.req.logprob_start_len - 1);
+  // Position p's logits give token p + 1's logprob; the entry at logprob_start_len has none (as in
+  // SGLang): positions [start_len, prompt_len - 2].
+  const int64_t first = r.req.logprob_start_len;
   const int64_t last = s.prompt_len - 2;
   return it.start <= last && it.start + it.n > first;
 }
@@ -176,7 +176,7 @@ void Engine::Impl::record_input_logprobs(const Item& it, const float* rows, int6
   SamplingParams raw;  // input logprobs are the raw model's: temperature 1, no filters
   for (int64_t j = 0; j < it.n; ++j) {
     const int64_t k = it.start + j + 1;  // the token this row predicts
-    if (k < std::max<int64_t>(start_len, 1) || k >= s.prompt_len) continue;
+    if (k <= start_len || k >= s.prompt_len) continue;
     const std::span<const float> row(rows + j * vocab, static_cast<size_t>(vocab));
     InputLogprob& e = r.input_logprobs[static_cast<size_t>(k - start_len)];
     e.logprob = tempered_logprob(row, raw, s.tokens[k]);

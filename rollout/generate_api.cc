@@ -2,6 +2,7 @@
 #include "rollout/generate_api.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -92,7 +93,9 @@ Status read(const json& obj, const char* key, T& out, const std::string& where) 
   } else if constexpr (std::is_integral_v<T>) {
     ok = it->is_number_integer();
   } else if constexpr (std::is_floating_point_v<T>) {
-    ok = it->is_number() && std::isfinite(it->get<double>());
+    // A JSON number beyond the type's range (1e300 for a float) is an error, not a conversion.
+    ok = it->is_number() && std::isfinite(it->get<double>()) &&
+         std::fabs(it->get<double>()) <= static_cast<double>(std::numeric_limits<T>::max());
   } else if constexpr (std::is_same_v<T, std::string>) {
     ok = it->is_string();
   }
@@ -144,8 +147,8 @@ Status read_logit_bias(const json& obj, const std::string& where, LogitAdjustmen
     }
     if (used == 0 || used != e.key().size() || id < 0 || id > INT32_MAX)
       return Status::Error(where + ".logit_bias: key '" + e.key() + "' is not a token id");
-    if (!e.value().is_number() || !std::isfinite(e.value().get<double>()))
-      return Status::Error(where + ".logit_bias[\"" + e.key() + "\"] must be a finite number");
+    if (!e.value().is_number() || !(std::fabs(e.value().get<double>()) <= 1e6))
+      return Status::Error(where + ".logit_bias[\"" + e.key() + "\"] must be a number in [-1e6, 1e6]");
     a.logit_bias.emplace_back(static_cast<int32_t>(id), e.value().get<float>());
   }
   return Status::Ok();

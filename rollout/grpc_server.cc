@@ -6,11 +6,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <mutex>
 
 #include "miles/v1/rollout.grpc.pb.h"
 #include "miles/model.h"
+#include "miles/secret.h"
 
 namespace miles::rollout {
 
@@ -19,11 +22,17 @@ namespace pb = ::miles::v1;
 class RolloutService final : public pb::RolloutEngine::Service {
  public:
   RolloutService(EngineDriver& d, const ModelConfig& c, std::shared_ptr<const Tokenizer> tok,
-                 ThreadPool* pool, std::string model_path)
-      : driver_(d), config_(c), tok_(std::move(tok)), pool_(pool), model_path_(std::move(model_path)) {}
+                 ThreadPool* pool, std::string model_path, ApiKeys keys)
+      : driver_(d),
+        config_(c),
+        tok_(std::move(tok)),
+        pool_(pool),
+        model_path_(std::move(model_path)),
+        keys_(std::move(keys)) {}
 
   grpc::Status Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* in,
                         grpc::ServerWriter<pb::GenerateResponse>* out) override {
+    if (grpc::Status a = authorize(ctx, /*admin=*/false); !a.ok()) return a;
     GenerateRequest r;
     if (!in->text().empty()) {
       if (!in->input_ids().empty())
@@ -89,7 +98,8 @@ class RolloutService final : public pb::RolloutEngine::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Abort(grpc::ServerContext*, const pb::AbortRequest* in, pb::StatusResponse* out) override {
+  grpc::Status Abort(grpc::ServerContext* ctx, const pb::AbortRequest* in, pb::StatusResponse* out) override {
+    if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     uint64_t id = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -101,8 +111,9 @@ class RolloutService final : public pb::RolloutEngine::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status PauseGeneration(grpc::ServerContext*, const pb::PauseRequest* in,
+  grpc::Status PauseGeneration(grpc::ServerContext* ctx, const pb::PauseRequest* in,
                                pb::StatusResponse* out) override {
+    if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     PauseMode m = PauseMode::kAbort;
     if (in->mode() == pb::PauseRequest::RETRACT) m = PauseMode::kRetract;
     if (in->mode() == pb::PauseRequest::IN_PLACE) m = PauseMode::kInPlace;
@@ -111,13 +122,15 @@ class RolloutService final : public pb::RolloutEngine::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ContinueGeneration(grpc::ServerContext*, const pb::Empty*, pb::StatusResponse* out) override {
+  grpc::Status ContinueGeneration(grpc::ServerContext* ctx, const pb::Empty*, pb::StatusResponse* out) override {
+    if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     driver_.run_sync([](Engine& e) { e.resume(); });
     out->set_success(true);
     return grpc::Status::OK;
   }
 
-  grpc::Status FlushCache(grpc::ServerContext*, const pb::Empty*, pb::StatusResponse* out) override {
+  grpc::Status FlushCache(grpc::ServerContext* ctx, const pb::Empty*, pb::StatusResponse* out) override {
+    if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     Status st;
     driver_.run_sync([&](Engine& e) { st = e.flush_cache(); });
     if (!st.ok()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, st.message());
@@ -125,15 +138,18 @@ class RolloutService final : public pb::RolloutEngine::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status BeginWeightUpdate(grpc::ServerContext*, const pb::Empty*, pb::StatusResponse* out) override {
+  grpc::Status BeginWeightUpdate(grpc::ServerContext* ctx, const pb::Empty*, pb::StatusResponse* out) override {
+    if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     return bracket(true, out);
   }
-  grpc::Status EndWeightUpdate(grpc::ServerContext*, const pb::Empty*, pb::StatusResponse* out) override {
+  grpc::Status EndWeightUpdate(grpc::ServerContext* ctx, const pb::Empty*, pb::StatusResponse* out) override {
+    if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     return bracket(false, out);
   }
 
-  grpc::Status UpdateWeightsFromDisk(grpc::ServerContext*, const pb::UpdateWeightsFromDiskRequest* in,
+  grpc::Status UpdateWeightsFromDisk(grpc::ServerContext* ctx, const pb::UpdateWeightsFromDiskRequest* in,
                                      pb::StatusResponse* out) override {
+    if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     auto files = load_model_files(in->model_path());
     if (!files.ok()) return invalid(files.message());
     Status st;
@@ -146,15 +162,17 @@ class RolloutService final : public pb::RolloutEngine::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status UpdateWeightVersion(grpc::ServerContext*, const pb::UpdateWeightVersionRequest* in,
+  grpc::Status UpdateWeightVersion(grpc::ServerContext* ctx, const pb::UpdateWeightVersionRequest* in,
                                    pb::StatusResponse* out) override {
+    if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     const int64_t v = in->new_version();
     driver_.run_sync([v](Engine& e) { e.update_weight_version(v); });
     out->set_success(true);
     return grpc::Status::OK;
   }
 
-  grpc::Status GetModelInfo(grpc::ServerContext*, const pb::Empty*, pb::ModelInfo* out) override {
+  grpc::Status GetModelInfo(grpc::ServerContext* ctx, const pb::Empty*, pb::ModelInfo* out) override {
+    if (grpc::Status a = authorize(ctx, /*admin=*/false); !a.ok()) return a;
     const EngineStats st = driver_.call<EngineStats>([](Engine& e) { return e.stats(); });
     out->set_model_path(model_path_);
     out->set_architecture(config_.arch_name);
@@ -166,7 +184,8 @@ class RolloutService final : public pb::RolloutEngine::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetStats(grpc::ServerContext*, const pb::Empty*, pb::EngineStats* out) override {
+  grpc::Status GetStats(grpc::ServerContext* ctx, const pb::Empty*, pb::EngineStats* out) override {
+    if (grpc::Status a = authorize(ctx, /*admin=*/false); !a.ok()) return a;
     const EngineStats s = driver_.call<EngineStats>([](Engine& e) { return e.stats(); });
     out->set_free_blocks(s.free_blocks);
     out->set_total_blocks(s.total_blocks);
@@ -182,13 +201,26 @@ class RolloutService final : public pb::RolloutEngine::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Health(grpc::ServerContext*, const pb::Empty*, pb::StatusResponse* out) override {
+  grpc::Status Health(grpc::ServerContext* ctx, const pb::Empty*, pb::StatusResponse* out) override {
+    if (grpc::Status a = authorize(ctx, /*admin=*/false); !a.ok()) return a;
     out->set_success(true);
     out->set_message("ok");
     return grpc::Status::OK;
   }
 
  private:
+  // "authorization: Bearer <key>" metadata, as the HTTP routes take it.
+  grpc::Status authorize(grpc::ServerContext* ctx, bool admin) const {
+    if (!keys_.any()) return grpc::Status::OK;
+    std::string_view token;
+    const auto& md = ctx->client_metadata();
+    if (auto it = md.find("authorization"); it != md.end())
+      token = bearer_token(std::string_view(it->second.data(), it->second.size()));
+    if (keys_.allows(token, admin)) return grpc::Status::OK;
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        token.empty() ? "missing \"authorization: Bearer <key>\" metadata"
+                                      : "wrong key for this call");
+  }
   grpc::Status bracket(bool begin, pb::StatusResponse* out) {
     Status st;
     driver_.run_sync([&](Engine& e) { st = begin ? e.begin_weight_update() : e.end_weight_update(); });
@@ -218,6 +250,7 @@ class RolloutService final : public pb::RolloutEngine::Service {
   std::shared_ptr<const Tokenizer> tok_;
   ThreadPool* pool_;
   std::string model_path_;
+  ApiKeys keys_;
   std::mutex mu_;
   std::map<std::string, uint64_t> rids_;
   std::atomic<uint64_t> next_rid_{1};
@@ -225,15 +258,31 @@ class RolloutService final : public pb::RolloutEngine::Service {
 
 GrpcServer::GrpcServer(EngineDriver& driver, const ModelConfig& config,
                        std::shared_ptr<const Tokenizer> tok, ThreadPool* model_pool,
-                       std::string model_path)
+                       std::string model_path, ApiKeys keys)
     : service_(std::make_unique<RolloutService>(driver, config, std::move(tok), model_pool,
-                                                std::move(model_path))) {}
+                                                std::move(model_path), std::move(keys))) {}
 
 GrpcServer::~GrpcServer() { stop(); }
 
-Status GrpcServer::start(const std::string& host, int port) {
+Status GrpcServer::start(const std::string& host, int port, const std::string& ssl_certfile,
+                         const std::string& ssl_keyfile) {
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!ssl_certfile.empty()) {
+    auto read = [](const std::string& path) -> Result<std::string> {
+      std::ifstream in(path, std::ios::binary);
+      if (!in) return Status::Error("gRPC TLS: cannot read " + path);
+      std::ostringstream s;
+      s << in.rdbuf();
+      return s.str();
+    };
+    MILES_ASSIGN_OR_RETURN(std::string cert, read(ssl_certfile));
+    MILES_ASSIGN_OR_RETURN(std::string key, read(ssl_keyfile));
+    grpc::SslServerCredentialsOptions o;
+    o.pem_key_cert_pairs.push_back({key, cert});
+    creds = grpc::SslServerCredentials(o);
+  }
   grpc::ServerBuilder b;
-  b.AddListeningPort(host_port(host, port), grpc::InsecureServerCredentials(), &port_);
+  b.AddListeningPort(host_port(host, port), creds, &port_);
   b.RegisterService(service_.get());
   server_ = b.BuildAndStart();
   if (!server_ || port_ == 0)

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "miles/model_config.h"
+#include "miles/secret.h"
 #include "miles/tokenizer.h"
 #include "rollout/engine_driver.h"
 
@@ -23,11 +24,14 @@ class RolloutService;
 
 class GrpcServer {
  public:
+  // keys: what callers must present as "authorization: Bearer <key>" metadata (none: open).
   GrpcServer(EngineDriver& driver, const ModelConfig& config, std::shared_ptr<const Tokenizer> tok,
-             ThreadPool* model_pool, std::string model_path);
+             ThreadPool* model_pool, std::string model_path, ApiKeys keys = {});
   ~GrpcServer();
-  // Listens on host:port (port 0: any free port; see port()).
-  Status start(const std::string& host, int port);
+  // Listens on host:port (port 0: any free port; see port()); with TLS when given a certificate
+  // and key (PEM files).
+  Status start(const std::string& host, int port, const std::string& ssl_certfile = "",
+               const std::string& ssl_keyfile = "");
   void stop();
   int port() const { return port_; }
 

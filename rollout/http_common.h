@@ -17,6 +17,8 @@ inline Result<nlohmann::json> parse_json_body(const std::string& body) {
     return nlohmann::json::parse(body);
   } catch (const nlohmann::json::parse_error& e) {
     return Status::Error(std::string("malformed JSON: ") + e.what());
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number beyond a double (1e999)
+    return Status::Error(std::string("malformed JSON: ") + e.what());
   }
 }
 
@@ -30,7 +32,9 @@ inline void reply_error(httplib::Response& res, int status, const std::string& m
                        {{"message", message},
                         {"type", status < 500 ? "invalid_request_error" : "server_error"},
                         {"code", status}}}};
-  res.set_content(j.dump(), "application/json");
+  // The message may quote the client's bytes: invalid UTF-8 is replaced, never a throw (a 500).
+  res.set_content(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                  "application/json");
 }
 
 }  // namespace miles::rollout

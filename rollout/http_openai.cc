@@ -118,6 +118,64 @@ json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
 
 }  // namespace
 
+// The non-streamed response of an OpenAI call from its finished samples (choice i * n + j).
+std::string HttpServer::openai_body(const OpenAiCall& call, const std::vector<SampleEvent>& finals,
+                                    bool chat, const std::string& id, const std::string& model,
+                                    int64_t created, const char* object, int64_t prompt_tokens) {
+  const int32_t n = call.request.n;
+  const int32_t total = static_cast<int32_t>(finals.size());
+  json choices = json::array();
+  int64_t completion_tokens = 0;
+  for (int32_t i = 0; i < total; ++i) {
+    const SampleEvent& f = finals[i];
+    const std::vector<int32_t>& prompt = call.prompts[i / n];
+    std::string text =
+        openai_final_text(tok_.get(), call.request, f, f.output, call.skip_special_tokens);
+    std::string prefix;
+    if (call.echo && tok_) prefix = decode_text(*tok_, prompt, call.skip_special_tokens);
+    json choice = {{"index", i},
+                   {"finish_reason", openai_finish_reason(f.finish_reason)},
+                   {"token_ids", ids_of(f.output)},
+                   {"sampling_seed", f.seed}};
+    json logprobs;
+    if (call.logprobs) {
+      std::vector<LogprobRow> rows = output_rows(f.output);
+      if (call.echo) {
+        std::vector<LogprobRow> in = input_rows(f);
+        rows.insert(rows.begin(), in.begin(), in.end());
+      }
+      logprobs = chat ? chat_logprobs(tok_.get(), rows)
+                      : completion_logprobs(tok_.get(), rows, call.top_logprobs > 0, 0);
+    }
+    choice["logprobs"] = logprobs;
+    if (chat) {
+      json message = assistant_message(text);
+      if (call.parse_tools) {
+        ParsedToolCalls parsed = parse_tool_calls(text);
+        if (!parsed.calls.empty()) {
+          message["content"] = parsed.content.empty() ? json() : json(parsed.content);
+          message["tool_calls"] = tool_calls_json(parsed.calls, id + "_" + std::to_string(i));
+          if (f.finish_reason == FinishReason::kStop) choice["finish_reason"] = "tool_calls";
+        }
+      }
+      choice["message"] = message;
+    } else {
+      choice["text"] = prefix + text;
+    }
+    choices.push_back(choice);
+    completion_tokens += static_cast<int64_t>(f.output.size());
+  }
+  json body = {
+      {"id", id},
+      {"object", object},
+      {"created", created},
+      {"model", model},
+      {"choices", choices},
+      {"prompt_token_ids", call.prompts.size() == 1 ? json(call.prompts[0]) : json(call.prompts)},
+      {"usage", usage_json(prompt_tokens, completion_tokens)}};
+  return dump_json(body);
+}
+
 // Runs one OpenAI call (completion or chat; a batched completion submits each prompt) to the end
 // or as an SSE stream. Choice i * n + j is sample j of prompt i.
 void HttpServer::serve_openai(OpenAiCall call, bool chat, httplib::Response& res) {
@@ -126,6 +184,15 @@ void HttpServer::serve_openai(OpenAiCall call, bool chat, httplib::Response& res
   const int64_t created = now_seconds();
   if (call.prompts.empty()) call.prompts.push_back(call.request.input_ids);
   const int32_t n = call.request.n;
+  {
+    std::vector<GenerateRequest> all(call.prompts.size(), call.request);
+    std::vector<const GenerateRequest*> ptrs;
+    for (size_t p = 0; p < all.size(); ++p) {
+      all[p].input_ids = call.prompts[p];
+      ptrs.push_back(&all[p]);
+    }
+    if (!admit(ptrs, res)) return;
+  }
   auto stream = std::make_shared<RequestStream>();
   std::vector<uint64_t> engine_ids;
   int64_t prompt_tokens = 0;
@@ -147,65 +214,38 @@ void HttpServer::serve_openai(OpenAiCall call, bool chat, httplib::Response& res
   };
   const int32_t total = static_cast<int32_t>(engine_ids.size()) * n;
   const char* object = chat ? "chat.completion" : "text_completion";
+  auto abort_all_jobs = [this, engine_ids] {
+    for (uint64_t e : engine_ids) driver_.call<bool>([e](Engine& en) { return en.abort(e); });
+  };
   if (!call.stream) {
-    std::vector<SampleEvent> finals(total);
-    for (int32_t done = 0; done < total;) {
-      SampleEvent ev;
-      if (!stream->next(ev, 1000) || !ev.finished) continue;
-      const int32_t i = choice_of(ev);
-      finals[i] = std::move(ev);
-      ++done;
-    }
-    json choices = json::array();
-    int64_t completion_tokens = 0;
-    for (int32_t i = 0; i < total; ++i) {
-      const SampleEvent& f = finals[i];
-      const std::vector<int32_t>& prompt = call.prompts[i / n];
-      std::string text =
-          openai_final_text(tok_.get(), call.request, f, f.output, call.skip_special_tokens);
-      std::string prefix;
-      if (call.echo && tok_) prefix = decode_text(*tok_, prompt, call.skip_special_tokens);
-      json choice = {{"index", i},
-                     {"finish_reason", openai_finish_reason(f.finish_reason)},
-                     {"token_ids", ids_of(f.output)},
-                     {"sampling_seed", f.seed}};
-      json logprobs;
-      if (call.logprobs) {
-        std::vector<LogprobRow> rows = output_rows(f.output);
-        if (call.echo) {
-          std::vector<LogprobRow> in = input_rows(f);
-          rows.insert(rows.begin(), in.begin(), in.end());
-        }
-        logprobs = chat ? chat_logprobs(tok_.get(), rows)
-                        : completion_logprobs(tok_.get(), rows, call.top_logprobs > 0, 0);
-      }
-      choice["logprobs"] = logprobs;
-      if (chat) {
-        json message = assistant_message(text);
-        if (call.parse_tools) {
-          ParsedToolCalls parsed = parse_tool_calls(text);
-          if (!parsed.calls.empty()) {
-            message["content"] = parsed.content.empty() ? json() : json(parsed.content);
-            message["tool_calls"] = tool_calls_json(parsed.calls, id + "_" + std::to_string(i));
-            if (f.finish_reason == FinishReason::kStop) choice["finish_reason"] = "tool_calls";
+    // The body at the end, a space every second before it (see serve_generate): a client that
+    // has gone is noticed and its requests aborted.
+    auto finals = std::make_shared<std::vector<SampleEvent>>(total);
+    auto done = std::make_shared<int32_t>(0);
+    auto shared = std::make_shared<OpenAiCall>(std::move(call));
+    res.set_chunked_content_provider(
+        "application/json", [this, finals, done, shared, stream, choice_of, total, chat, id, model,
+                             created, object, prompt_tokens, abort_all_jobs](
+                                size_t, httplib::DataSink& sink) {
+          const auto beat = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+          while (*done < total && std::chrono::steady_clock::now() < beat) {
+            SampleEvent ev;
+            if (!stream->next(ev, 200) || !ev.finished) continue;
+            const int32_t i = choice_of(ev);
+            (*finals)[i] = std::move(ev);
+            ++*done;
           }
-        }
-        choice["message"] = message;
-      } else {
-        choice["text"] = prefix + text;
-      }
-      choices.push_back(choice);
-      completion_tokens += static_cast<int64_t>(f.output.size());
-    }
-    json body = {
-        {"id", id},
-        {"object", object},
-        {"created", created},
-        {"model", model},
-        {"choices", choices},
-        {"prompt_token_ids", call.prompts.size() == 1 ? json(call.prompts[0]) : json(call.prompts)},
-        {"usage", usage_json(prompt_tokens, completion_tokens)}};
-    res.set_content(dump_json(body), "application/json");
+          if (*done < total) {
+            if (sink.write(" ", 1)) return true;
+            abort_all_jobs();
+            return false;
+          }
+          const std::string body =
+              openai_body(*shared, *finals, chat, id, model, created, object, prompt_tokens);
+          sink.write(body.data(), body.size());
+          sink.done();
+          return true;
+        });
     return;
   }
   struct StreamState {
@@ -220,9 +260,6 @@ void HttpServer::serve_openai(OpenAiCall call, bool chat, httplib::Response& res
   st->outs.resize(total);
   st->sent.assign(total, 0);
   auto shared_call = std::make_shared<OpenAiCall>(std::move(call));
-  auto abort_all_jobs = [this, engine_ids] {
-    for (uint64_t e : engine_ids) driver_.call<bool>([e](Engine& en) { return en.abort(e); });
-  };
   res.set_chunked_content_provider(
       "text/event-stream",
       [this, st, stream, shared_call, chat, id, created, model, total, object, choice_of,
@@ -283,6 +320,17 @@ void HttpServer::serve_openai(OpenAiCall call, bool chat, httplib::Response& res
           for (const auto& s : shared_call->request.stop_strings)
             text.resize(text.size() > s.size() ? text.size() - s.size() + 1 : 0);
         }
+        // With tools, text from a <tool_call> on is held back and sent as tool_calls at the end.
+        std::vector<ToolCall> calls;
+        if (chat && shared_call->parse_tools) {
+          if (ev.finished) {
+            ParsedToolCalls parsed = parse_tool_calls(text);
+            calls = std::move(parsed.calls);
+            if (!calls.empty()) text.resize(tool_call_free_prefix(text));
+          } else {
+            text.resize(tool_call_free_prefix(text));
+          }
+        }
         std::string delta = text.size() > st->sent[index] ? text.substr(st->sent[index]) : "";
         st->sent[index] = std::max(st->sent[index], text.size());
         std::vector<int32_t> new_ids;
@@ -294,6 +342,11 @@ void HttpServer::serve_openai(OpenAiCall call, bool chat, httplib::Response& res
         if (ev.finished) choice["sampling_seed"] = ev.seed;
         if (chat)
           choice["delta"] = delta.empty() ? json::object() : json{{"content", delta}};
+        if (!calls.empty()) {
+          choice["delta"]["tool_calls"] =
+              tool_calls_json(calls, id + "_" + std::to_string(index));
+          if (ev.finish_reason == FinishReason::kStop) choice["finish_reason"] = "tool_calls";
+        }
         else
           choice["text"] = delta;
         if (shared_call->logprobs) {

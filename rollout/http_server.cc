@@ -3,6 +3,9 @@
 #include "rollout/http_server.h"
 
 #include <httplib.h>
+
+#include <chrono>
+#include <set>
 #include <sys/socket.h>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +20,28 @@ namespace miles::rollout {
 
 using nlohmann::json;
 
+namespace {
+
+// Plain HTTP, or HTTPS when the options name a certificate and key (PEM files).
+std::unique_ptr<httplib::Server> make_server(const ServerOptions& o) {
+  if (o.ssl_certfile.empty()) return std::make_unique<httplib::Server>();
+  return std::make_unique<httplib::SSLServer>(o.ssl_certfile.c_str(), o.ssl_keyfile.c_str());
+}
+
+}  // namespace
+
+bool is_admin_route(const std::string& path) {
+  static const std::set<std::string> kAdmin = {
+      "/pause_generation",         "/continue_generation",        "/flush_cache",
+      "/update_weights_from_disk", "/update_weights_from_disk_delta",
+      "/update_weights_from_group", "/update_weight_version",     "/join_weight_group",
+      "/begin_weight_update",      "/end_weight_update",          "/release_memory_occupation",
+      "/resume_memory_occupation", "/check_weights",              "/init_weights_update_group",
+      "/update_weights_from_distributed", "/update_weights_from_tensor",
+      "/destroy_weights_update_group", "/abort_request"};
+  return kAdmin.count(path) > 0;
+}
+
 HttpServer::HttpServer(EngineDriver& driver, const ModelConfig& config,
                        std::shared_ptr<const Tokenizer> tokenizer,
                        std::shared_ptr<const ChatTemplate> chat, ThreadPool* model_pool,
@@ -27,11 +52,33 @@ HttpServer::HttpServer(EngineDriver& driver, const ModelConfig& config,
       chat_(std::move(chat)),
       model_pool_(model_pool),
       opt_(std::move(options)),
-      svr_(std::make_unique<httplib::Server>()),
+      svr_(make_server(opt_)),
       sessions_(std::make_unique<SessionStore>(opt_.max_sessions)) {
   const int threads = opt_.http_threads;
   svr_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  svr_->set_payload_max_length(64 << 20);
+  if (opt_.max_body_bytes > 0) svr_->set_payload_max_length(opt_.max_body_bytes);
+  svr_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // GET /health stays open (liveness probes cannot carry a secret; it answers "ok", nothing more).
+    if (!opt_.keys.any() || (req.method == "GET" && req.path == "/health"))
+      return httplib::Server::HandlerResponse::Unhandled;
+    const std::string header = req.get_header_value("Authorization");
+    const std::string_view token = bearer_token(header);
+    if (opt_.keys.allows(token, is_admin_route(req.path)))
+      return httplib::Server::HandlerResponse::Unhandled;
+    ++http_errors_;
+    res.status = 401;
+    res.set_header("WWW-Authenticate", "Bearer");
+    res.set_content(json{{"error",
+                          {{"message", token.empty() ? "missing \"Authorization: Bearer <key>\""
+                                                     : is_admin_route(req.path)
+                                                           ? "this route needs the admin key"
+                                                           : "wrong API key"},
+                           {"type", "authentication_error"},
+                           {"code", 401}}}}
+                        .dump(),
+                    "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  });
   // httplib listens with a backlog of 5, which drops connections when hundreds of clients arrive at
   // once; remember the listening socket so start() can raise it.
   svr_->set_socket_options([this](int sock) {
@@ -52,7 +99,7 @@ HttpServer::HttpServer(EngineDriver& driver, const ModelConfig& config,
                           {{"message", message},
                            {"type", res.status < 500 ? "invalid_request_error" : "server_error"},
                            {"code", res.status}}}}
-                        .dump(),
+                        .dump(-1, ' ', false, json::error_handler_t::replace),
                     "application/json");
   });
   routes();
@@ -61,6 +108,9 @@ HttpServer::HttpServer(EngineDriver& driver, const ModelConfig& config,
 HttpServer::~HttpServer() { stop(); }
 
 Status HttpServer::start() {
+  if (!svr_->is_valid())
+    return Status::Error("TLS: cannot use the certificate " + opt_.ssl_certfile + " with the key " +
+                         opt_.ssl_keyfile + " (PEM files, the key matching the certificate)");
   if (opt_.port == 0) {
     port_ = svr_->bind_to_any_port(opt_.host);
     if (port_ <= 0) return Status::Error("cannot bind " + opt_.host + " to any port");
@@ -106,16 +156,53 @@ ReplyContext HttpServer::reply_context() const {
   return ctx;
 }
 
+// The server's bounds on one request (HTTP only; the controller's gRPC calls are trusted):
+// n x (prompt + max_new_tokens) tokens per request, and the samples already waiting.
+bool HttpServer::admit(const std::vector<const GenerateRequest*>& requests, httplib::Response& res) {
+  int64_t tokens = 0;
+  for (const GenerateRequest* r : requests)
+    tokens += static_cast<int64_t>(r->n) *
+              (static_cast<int64_t>(r->input_ids.size()) + std::max<int64_t>(0, r->max_new_tokens));
+  if (opt_.max_request_tokens > 0 && tokens > opt_.max_request_tokens) {
+    reply_error(res, 400,
+                "the request asks for up to " + std::to_string(tokens) +
+                    " tokens (n x (prompt + max_new_tokens), summed over its prompts); this server "
+                    "takes at most " + std::to_string(opt_.max_request_tokens) +
+                    " per request (--max-request-tokens)",
+                http_errors_);
+    return false;
+  }
+  if (opt_.max_waiting_samples > 0) {
+    const EngineStats st = driver_.call<EngineStats>([](Engine& e) { return e.stats(); });
+    if (st.waiting >= opt_.max_waiting_samples) {
+      res.set_header("Retry-After", "1");
+      reply_error(res, 429,
+                  std::to_string(st.waiting) + " samples are waiting for prefill (the limit is " +
+                      std::to_string(opt_.max_waiting_samples) + ", --max-waiting-samples); retry",
+                  http_errors_);
+      return false;
+    }
+  }
+  return true;
+}
+
 // Submits every prompt of a /generate body, then answers with their samples (prompt-major, n per
 // prompt: SGLang's order), at the end or as one SSE stream whose chunks carry that index.
 void HttpServer::serve_generate(GenerateBatch batch, httplib::Response& res) {
   auto stream = std::make_shared<RequestStream>();
+  const auto start = std::chrono::steady_clock::now();
+  auto seconds_since = [start] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   struct Job {
     GenerateCall call;
     uint64_t engine_id = 0;
     int32_t first = 0;  // index of its first sample in the response
   };
   auto jobs = std::make_shared<std::vector<Job>>();
+  std::vector<const GenerateRequest*> requests;
+  for (const GenerateCall& c : batch.calls) requests.push_back(&c.request);
+  if (!admit(requests, res)) return;
   int32_t total = 0;
   for (GenerateCall& c : batch.calls) {
     if (c.rid.empty()) c.rid = "miles-" + std::to_string(next_rid_++);
@@ -137,22 +224,6 @@ void HttpServer::serve_generate(GenerateBatch batch, httplib::Response& res) {
     return jobs->front();
   };
   const ReplyContext ctx = reply_context();
-  if (!batch.stream) {
-    json out = json::array();
-    for (int32_t i = 0; i < total; ++i) out.push_back(nullptr);
-    for (int32_t done = 0; done < total;) {
-      SampleEvent ev;
-      if (!stream->next(ev, 1000) || !ev.finished) continue;
-      const Job& j = job_of(ev.request_id);
-      out[j.first + ev.sample_index] = sample_json(j.call, ev.output, &ev, ctx);
-      ++done;
-    }
-    for (const Job& j : *jobs) forget_rid(j.call.rid);
-    res.set_content(dump_json(total == 1 && !batch.batched ? out[0] : out), "application/json");
-    return;
-  }
-  auto outputs = std::make_shared<std::vector<std::vector<TokenOutput>>>(total);
-  auto finished = std::make_shared<int32_t>(0);
   auto abort_all_jobs = [this, jobs] {
     for (const Job& j : *jobs) {
       const uint64_t id = j.engine_id;
@@ -160,9 +231,43 @@ void HttpServer::serve_generate(GenerateBatch batch, httplib::Response& res) {
       forget_rid(j.call.rid);
     }
   };
+  if (!batch.stream) {
+    // One JSON body at the end; meanwhile a space (JSON allows leading whitespace) every second,
+    // so that a client that has gone is noticed and its request aborted (its KV blocks freed).
+    auto out = std::make_shared<json>(json::array());
+    for (int32_t i = 0; i < total; ++i) out->push_back(nullptr);
+    auto done = std::make_shared<int32_t>(0);
+    const bool single = total == 1 && !batch.batched;
+    res.set_chunked_content_provider(
+        "application/json", [this, stream, jobs, job_of, out, done, total, single, ctx,
+                             abort_all_jobs, seconds_since](size_t, httplib::DataSink& sink) {
+          const auto beat = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+          while (*done < total && std::chrono::steady_clock::now() < beat) {
+            SampleEvent ev;
+            if (!stream->next(ev, 200) || !ev.finished) continue;
+            const Job& j = job_of(ev.request_id);
+            (*out)[j.first + ev.sample_index] = sample_json(j.call, ev.output, &ev, ctx);
+            (*out)[j.first + ev.sample_index]["meta_info"]["e2e_latency"] = seconds_since();
+            ++*done;
+          }
+          if (*done < total) {
+            if (sink.write(" ", 1)) return true;
+            abort_all_jobs();
+            return false;
+          }
+          for (const Job& j : *jobs) forget_rid(j.call.rid);
+          const std::string body = dump_json(single ? (*out)[0] : *out);
+          sink.write(body.data(), body.size());
+          sink.done();
+          return true;
+        });
+    return;
+  }
+  auto outputs = std::make_shared<std::vector<std::vector<TokenOutput>>>(total);
+  auto finished = std::make_shared<int32_t>(0);
   res.set_chunked_content_provider(
       "text/event-stream", [this, stream, jobs, job_of, outputs, finished, total, ctx,
-                            abort_all_jobs](size_t, httplib::DataSink& sink) {
+                            abort_all_jobs, seconds_since](size_t, httplib::DataSink& sink) {
         if (*finished == total) {
           sink.write("data: [DONE]\n\n", 14);
           sink.done();
@@ -182,6 +287,7 @@ void HttpServer::serve_generate(GenerateBatch batch, httplib::Response& res) {
         out.insert(out.end(), ev.new_tokens.begin(), ev.new_tokens.end());
         json chunk = sample_json(j.call, out, ev.finished ? &ev : nullptr, ctx);
         chunk["index"] = index;
+        if (ev.finished) chunk["meta_info"]["e2e_latency"] = seconds_since();
         const std::string line = "data: " + dump_json(chunk) + "\n\n";
         if (ev.finished && ++*finished == total)
           for (const Job& done : *jobs) forget_rid(done.call.rid);
@@ -219,7 +325,7 @@ void HttpServer::routes() {
       // SGLang matches by prefix ("abc" also aborts "abc_0") and answers an unknown rid with 200
       // (it may have finished already): so do we.
       const std::string prefix = all ? "" : (*body)["rid"].get<std::string>();
-      for (auto it = rids_.lower_bound(prefix);
+      for (auto it = rids_.lower_bound(prefix); (all || !prefix.empty()) &&
            it != rids_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
         ids.push_back(it->second);
     }

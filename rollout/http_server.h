@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "miles/engine.h"
+#include "miles/secret.h"
 #include "miles/tokenizer.h"
 #include "rollout/engine_driver.h"
 
@@ -51,10 +52,24 @@ struct ServerOptions {
   int tp_size = 1;
   std::optional<uint64_t> random_seed;  // --random-seed (null: seeded at random at start-up)
   std::string version = "miles";
+  // HTTPS with this certificate and private key (PEM files); empty: plain HTTP.
+  std::string ssl_certfile, ssl_keyfile;
+  // Bearer keys (none: open). Admin routes: is_admin_route.
+  ApiKeys keys;
+  // Request bodies above this are refused (413) before they are read; 0: no limit.
+  size_t max_body_bytes = 8u << 20;
+  // Per request: n x (prompt + max_new_tokens) above this is refused (400); and while this many
+  // samples already wait for prefill, new requests get 429 with Retry-After. 0: no limit.
+  int64_t max_request_tokens = int64_t{1} << 22;
+  int64_t max_waiting_samples = 4096;
   // More routes, registered after the built-in ones (e.g. weight_sync/serve_routes.h: receiving new
   // weight versions and reporting checksums), so that rollout/ depends on nothing above it.
   std::function<void(httplib::Server&, EngineDriver&)> extra_routes;
 };
+
+// Routes that change the engine (weights, versions, pause, cache, groups, memory, aborts): they
+// take the admin key when one is set.
+bool is_admin_route(const std::string& path);
 
 class HttpServer {
  public:
@@ -79,6 +94,11 @@ class HttpServer {
   void register_session_routes();  // http_sessions.cc
   void serve_openai(OpenAiCall call, bool chat, httplib::Response& res);
   void serve_generate(GenerateBatch batch, httplib::Response& res);
+  std::string openai_body(const OpenAiCall& call, const std::vector<SampleEvent>& finals, bool chat,
+                          const std::string& id, const std::string& model, int64_t created,
+                          const char* object, int64_t prompt_tokens);
+  // false (and the 400 / 429 answered) when the requests exceed the server's bounds.
+  bool admit(const std::vector<const GenerateRequest*>& requests, httplib::Response& res);
   // SGLang types weight versions as strings: the label /update_weight_version gave version v, or
   // its decimal digits.
   std::string version_label(int64_t v) const;

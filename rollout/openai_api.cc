@@ -1,6 +1,8 @@
 // OpenAI request parsing: strict about unknown fields (with the common client extras accepted).
 #include "rollout/openai_api.h"
 
+#include <cmath>
+#include <limits>
 #include <set>
 
 namespace miles::rollout {
@@ -22,6 +24,10 @@ Status get_number(const json& body, const char* key, T& out) {
   if (it == body.end() || it->is_null()) return Status::Ok();
   if (!it->is_number() || (std::is_integral_v<T> && !it->is_number_integer()))
     return Status::Error(std::string(key) + " must be a number, got " + it->dump());
+  // Out of the type's range (1e300 for a float, 2^40 for an int32) is an error, not a conversion.
+  const double v = it->get<double>();
+  if (!(std::fabs(v) <= static_cast<double>(std::numeric_limits<T>::max())))
+    return Status::Error(std::string(key) + " = " + it->dump() + " is out of range");
   out = it->get<T>();
   return Status::Ok();
 }

@@ -1,6 +1,8 @@
 // parse_tool_calls: <tool_call> blocks scanned left to right; each body parsed as JSON.
 #include "rollout/tool_calls.h"
 
+#include <algorithm>
+
 namespace miles::rollout {
 
 namespace {
@@ -60,6 +62,15 @@ ParsedToolCalls parse_tool_calls(const std::string& text) {
   if (at < text.size()) content += text.substr(at);
   out.content = out.calls.empty() ? text : trim(content);
   return out;
+}
+
+size_t tool_call_free_prefix(const std::string& text) {
+  const size_t open = text.find(kOpen);
+  if (open != std::string::npos) return open;
+  for (size_t keep = std::min(text.size(), kOpen.size() - 1); keep > 0; --keep)
+    if (text.compare(text.size() - keep, keep, kOpen.substr(0, keep)) == 0)
+      return text.size() - keep;
+  return text.size();
 }
 
 nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls, const std::string& id_prefix) {

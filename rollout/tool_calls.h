@@ -25,6 +25,10 @@ struct ParsedToolCalls {
 
 ParsedToolCalls parse_tool_calls(const std::string& text);
 
+// The length of `text` a stream may send as content: up to the first "<tool_call>", and short of
+// a trailing partial "<tool_c" that may still become one.
+size_t tool_call_free_prefix(const std::string& text);
+
 // The OpenAI `tool_calls` array; ids are "call_" + `id_prefix` + "_" + index.
 nlohmann::json tool_calls_json(const std::vector<ToolCall>& calls, const std::string& id_prefix);
 

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
+#include <fstream>
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -48,6 +50,15 @@ TEST(DeployExamples, SlurmScriptIsValidBash) {
   EXPECT_EQ(pclose(p), 0) << out;
 }
 
+// The Slurm script hands the run's token to the engine step by environment, not by argument.
+TEST(DeployExamples, SlurmScriptPassesTheRunToken) {
+  std::ifstream in(test::source_dir() + kSbatch);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("export MILES_RUN_TOKEN"), std::string::npos);
+  EXPECT_NE(text.find("--export=ALL,MILES_API_KEY"), std::string::npos);
+  EXPECT_EQ(text.find("--api-key "), std::string::npos);
+}
+
 TEST(DeployExamples, KubernetesManifestIsConsistent) {
   std::vector<YAML::Node> docs;
   ASSERT_NO_THROW(docs = YAML::LoadAllFromFile(test::source_dir() + kManifest));
@@ -70,6 +81,18 @@ TEST(DeployExamples, KubernetesManifestIsConsistent) {
   const std::vector<std::string> serve_args = strings(engine["args"]);
   ASSERT_EQ(run_args.at(0), "run");
   ASSERT_EQ(serve_args.at(0), "serve");
+
+  // The run's token: the controller's MILES_RUN_TOKEN and the engines' MILES_API_KEY come from the
+  // same Secret, never from args.
+  auto secret_of = [](const YAML::Node& container, const std::string& var) {
+    for (const YAML::Node& e : container["env"])
+      if (e["name"].as<std::string>() == var && e["valueFrom"]["secretKeyRef"])
+        return e["valueFrom"]["secretKeyRef"]["name"].as<std::string>() + "/" +
+               e["valueFrom"]["secretKeyRef"]["key"].as<std::string>();
+    return std::string();
+  };
+  EXPECT_FALSE(secret_of(controller, "MILES_RUN_TOKEN").empty());
+  EXPECT_EQ(secret_of(controller, "MILES_RUN_TOKEN"), secret_of(engine, "MILES_API_KEY"));
 
   // The job file with the controller's overrides is a valid config.
   std::vector<std::string> overrides;

@@ -207,7 +207,9 @@ void run_two_hosts(const Scenario& sc, std::string* ns_a, std::string* ns_b) {
   const std::string controller = std::string(kHostA) + ":" + port;
 
   // The engine first: it retries its registration until the controller listens.
-  Process engine({"ip", "netns", "exec", hosts.b(), test::miles_binary(), "serve", "--model",
+  // The engine knows the run's token (MILES_API_KEY = the controller's MILES_RUN_TOKEN).
+  Process engine({"ip", "netns", "exec", hosts.b(), "env", "MILES_API_KEY=netns-run-token",
+                  test::miles_binary(), "serve", "--model",
                   test::shared_dir() + "/models/stories260K/stories260K.bin", "--threads", "1",
                   "--host", sc.engine_host, "--port", "0", "--controller", controller},
                  engine_cwd, dir + "/engine.log");
@@ -216,7 +218,7 @@ void run_two_hosts(const Scenario& sc, std::string* ns_a, std::string* ns_b) {
   const std::string run_dir =
       sc.relative_run_dir ? fs::relative(dir, test::source_dir()).string() : dir;
   const std::string miles_run =
-      "cd " + quote(test::source_dir()) + " && exec timeout -k 5 300 " +
+      "cd " + quote(test::source_dir()) + " && MILES_RUN_TOKEN=netns-run-token exec timeout -k 5 300 " +
       quote(test::miles_binary()) + " run configs/quickstart_ci.yaml --run-dir " + quote(run_dir) +
       " rollout.num_rollouts=" + std::to_string(sc.rollouts) +
       " rollout.num_engines=0 rollout.engine_start_timeout_s=120 controller.host=" +

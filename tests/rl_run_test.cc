@@ -427,12 +427,16 @@ int free_loopback_port(bool ipv6) {
 // which then runs the job on it (extra: more overrides).
 std::string expect_engine_registers(const std::string& name, const std::string& host, bool ipv6,
                                     const std::string& extra) {
+  // The engine started by hand knows the run's token: the controller's MILES_RUN_TOKEN is its
+  // MILES_API_KEY (as in scripts/slurm and scripts/k8s).
+  ::setenv("MILES_RUN_TOKEN", "run-token-for-the-test", 1);
   const std::string dir = temp_dir(name);
   const int port = free_loopback_port(ipv6);
   EXPECT_GT(port, 0);
   const std::string controller = (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
   const std::string engine_log = dir + "/engine.log";
-  const std::string serve = test::miles_binary() + " serve --model " + test::shared_dir() +
+  const std::string serve = "MILES_API_KEY=run-token-for-the-test " + test::miles_binary() +
+                            " serve --model " + test::shared_dir() +
                             "/models/stories260K/stories260K.bin --threads 1 --port 0 --host " +
                             host + " --controller '" + controller + "' > " + engine_log +
                             " 2>&1 & echo $!";
@@ -445,6 +449,7 @@ std::string expect_engine_registers(const std::string& name, const std::string& 
                     " rollout.num_rollouts=2 rollout.num_engines=0 'controller.host=" + host +
                     "' controller.port=" + std::to_string(port) + extra);
   kill(engine, SIGTERM);
+  ::unsetenv("MILES_RUN_TOKEN");
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("controller listening on " + controller), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("engine 0 registered"), std::string::npos) << r.out;
@@ -452,6 +457,35 @@ std::string expect_engine_registers(const std::string& name, const std::string& 
   EXPECT_EQ(m.size(), 2u);
   for (const json& s : m) EXPECT_EQ(s["logp_abs_diff_max"], 0.0) << s.dump();
   return r.out;
+}
+
+// An engine without the run's token is refused by the controller, and says so.
+TEST(RlRun, EngineWithoutTheRunTokenIsRefused) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = temp_dir("refused");
+  const int port = free_loopback_port(false);
+  const std::string controller = "127.0.0.1:" + std::to_string(port);
+  const std::string engine_log = dir + "/engine.log";
+  const std::string serve = "MILES_API_KEY=not-the-token " + test::miles_binary() +
+                            " serve --model " + test::shared_dir() +
+                            "/models/stories260K/stories260K.bin --threads 1 --port 0 "
+                            "--controller '" + controller + "' > " + engine_log + " 2>&1 & echo $!";
+  FILE* p = popen(serve.c_str(), "r");
+  char buf[64] = {0};
+  EXPECT_TRUE(fgets(buf, sizeof buf, p));
+  pclose(p);
+  const pid_t engine = static_cast<pid_t>(std::atol(buf));
+  ::setenv("MILES_RUN_TOKEN", "the-run-token", 1);
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir +
+                    " rollout.num_rollouts=1 rollout.num_engines=0 rollout.engine_start_timeout_s=8 "
+                    "controller.host=127.0.0.1 controller.port=" + std::to_string(port));
+  ::unsetenv("MILES_RUN_TOKEN");
+  kill(engine, SIGTERM);
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  std::ifstream in(engine_log);
+  const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(log.find("refused"), std::string::npos) << log;
+  EXPECT_NE(log.find("token"), std::string::npos) << log;
 }
 
 TEST(RlRun, EngineStartedElsewhereRegistersItself) {

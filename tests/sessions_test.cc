@@ -238,16 +238,19 @@ TEST_F(Sessions, AgentLoopTrajectoryIsTheEngineRecord) {
                        {"return_logprob", true}});
   EXPECT_EQ(gen["output_ids"], t1["miles"]["output_ids"]);
   EXPECT_EQ(gen["meta_info"]["output_token_raw_logprobs"], t1["miles"]["raw_logprobs"]);
-  for (size_t i = 0; i < gen["meta_info"]["output_token_logprobs"].size(); ++i)
-    EXPECT_EQ(gen["meta_info"]["output_token_logprobs"][i][0], t1["miles"]["logprobs"][i]) << i;
-  const json plain = ok("POST", "/v1/chat/completions", chat_body(m1));
+  // The session records the sampling logprob (0 for greedy), /generate's explicit field.
+  EXPECT_EQ(gen["meta_info"]["output_token_sampling_logprobs"], t1["miles"]["logprobs"]);
+  json plain_body = chat_body(m1);
+  plain_body["skip_special_tokens"] = false;  // the session's text keeps them
+  const json plain = ok("POST", "/v1/chat/completions", plain_body);
   EXPECT_EQ(plain["prompt_token_ids"], t1["miles"]["prompt_ids"]);
   EXPECT_EQ(plain["choices"][0]["token_ids"], t1["miles"]["output_ids"]);
   EXPECT_EQ(plain["choices"][0]["message"], t1["choices"][0]["message"]);
   const json& content = plain["choices"][0]["logprobs"]["content"];
   ASSERT_EQ(content.size(), t1["miles"]["output_ids"].size());
   for (size_t i = 0; i < content.size(); ++i) {
-    EXPECT_EQ(content[i]["logprob"], t1["miles"]["logprobs"][i]) << i;
+    // OpenAI's logprob is SGLang's convention: for this greedy request, the model's log-softmax.
+    EXPECT_EQ(content[i]["logprob"], t1["miles"]["raw_logprobs"][i]) << i;
     EXPECT_EQ(content[i]["raw_logprob"], t1["miles"]["raw_logprobs"][i]) << i;
   }
 

@@ -127,8 +127,8 @@ struct TokenOutput {
   std::vector<TopLogprob> top;  // GenerateRequest::top_logprobs of them, most likely first
 };
 
-// A prompt token's logprob given the tokens before it under the raw model (the first prompt token
-// has none: NaN), and the most likely tokens at its position.
+// A prompt token's logprob given the tokens before it under the raw model (the first entry, at
+// logprob_start_len, has none: NaN, as in SGLang), and the most likely tokens at its position.
 struct InputLogprob {
   int32_t id = -1;
   float logprob = 0;

@@ -15,6 +15,7 @@
 #include "miles/chat_template.h"
 #include "miles/engine.h"
 #include "miles/host_port.h"
+#include "miles/secret.h"
 #include "miles/thread_pool.h"
 #include "rollout/grpc_server.h"
 #include "rollout/http_server.h"
@@ -36,7 +37,17 @@ struct ServeOptions {
   ServeTpOptions tp;
   std::string device = "cpu";  // cpu | cuda | emulated (miles/device_model.h)
   int64_t random_seed = -1;    // -1: fresh seeds from a random start-up value
+  std::string api_key, api_key_file, admin_api_key, admin_api_key_file;
 };
+
+// The bearer keys: a file, else MILES_API_KEY / MILES_ADMIN_API_KEY, else the flag.
+Result<ApiKeys> serve_keys(const ServeOptions& o) {
+  ApiKeys keys;
+  MILES_ASSIGN_OR_RETURN(keys.api, read_secret(o.api_key, o.api_key_file, "MILES_API_KEY"));
+  MILES_ASSIGN_OR_RETURN(keys.admin,
+                         read_secret(o.admin_api_key, o.admin_api_key_file, "MILES_ADMIN_API_KEY"));
+  return keys;
+}
 
 int run_serve(ServeOptions o) {
   // Block the stop signals before any thread starts, so that only sigwait below sees them.
@@ -109,6 +120,17 @@ int run_serve(ServeOptions o) {
   auto engine = std::make_unique<Engine>(std::move(runner), o.engine, tok);
   rollout::EngineDriver driver(std::move(engine));
   o.server.model_path = o.model;
+  if (o.server.ssl_certfile.empty() != o.server.ssl_keyfile.empty())
+    return fail("serve", "--ssl-certfile and --ssl-keyfile go together");
+  auto keys = serve_keys(o);
+  if (!keys.ok()) return fail("serve", keys.message());
+  o.server.keys = *keys;
+  if (!keys->any() && !is_loopback_host(o.server.host))
+    std::fprintf(stderr,
+                 "miles serve: WARNING: listening on %s without an API key: anyone who can reach "
+                 "this address can generate, swap weights and pause the engine (set "
+                 "MILES_API_KEY / --api-key-file; docs/security.md)\n",
+                 o.server.host.c_str());
   o.server.block_tokens = o.engine.block_tokens;
   o.server.tp_size = o.tp.tp;
   o.server.random_seed = o.engine.random_seed;
@@ -124,8 +146,10 @@ int run_serve(ServeOptions o) {
   if (!o.controller.empty() && o.grpc_port < 0)
     o.grpc_port = 0;  // the controller generates over gRPC
   if (o.grpc_port >= 0) {
-    grpc = std::make_unique<rollout::GrpcServer>(driver, config, tok, &pool, o.model);
-    if (Status s = grpc->start(o.server.host, o.grpc_port); !s.ok())
+    grpc = std::make_unique<rollout::GrpcServer>(driver, config, tok, &pool, o.model, o.server.keys);
+    if (Status s = grpc->start(o.server.host, o.grpc_port, o.server.ssl_certfile,
+                               o.server.ssl_keyfile);
+        !s.ok())
       return fail("serve", s.message());
     std::fprintf(stderr, "miles serve: gRPC on %s\n",
                  host_port(o.server.host, grpc->port()).c_str());
@@ -138,6 +162,7 @@ int run_serve(ServeOptions o) {
     reg.grpc_port = grpc->port();
     reg.engine_id = o.engine_id;
     reg.pid = getpid();
+    reg.token = o.server.keys.admin.empty() ? o.server.keys.api : o.server.keys.admin;
     // SIGTERM/SIGINT are blocked (sigwait below takes them): look for one between tries, so that
     // an engine whose controller never answers still stops when told (scancel, pod deletion).
     int stop_signal = 0;
@@ -214,6 +239,26 @@ void register_serve(CLI::App& app) {
       ->check(CLI::IsMember(device_names()));
   sub->add_flag("!--no-prefix-cache", o->engine.enable_prefix_cache,
                 "disable the radix prefix cache");
+  sub->add_option("--api-key", o->api_key,
+                  "bearer key every route requires (prefer MILES_API_KEY or --api-key-file: a "
+                  "flag shows in ps)");
+  sub->add_option("--api-key-file", o->api_key_file, "file holding the API key");
+  sub->add_option("--admin-api-key", o->admin_api_key,
+                  "bearer key the weight, pause, cache, group and abort routes require (default: "
+                  "the API key; or MILES_ADMIN_API_KEY)");
+  sub->add_option("--admin-api-key-file", o->admin_api_key_file, "file holding the admin key");
+  sub->add_option("--ssl-certfile", o->server.ssl_certfile,
+                  "serve HTTPS (and gRPC over TLS) with this PEM certificate");
+  sub->add_option("--ssl-keyfile", o->server.ssl_keyfile, "the certificate's PEM private key");
+  sub->add_option("--max-body-bytes", o->server.max_body_bytes,
+                  "request bodies above this are refused (413) before they are read; 0: no limit")
+      ->capture_default_str();
+  sub->add_option("--max-request-tokens", o->server.max_request_tokens,
+                  "n x (prompt + max_new_tokens) one request may ask for; 0: no limit")
+      ->capture_default_str();
+  sub->add_option("--max-waiting-samples", o->server.max_waiting_samples,
+                  "samples waiting for prefill beyond which new requests get 429; 0: no limit")
+      ->capture_default_str();
   sub->add_option("--random-seed", o->random_seed,
                   "seeds the generator of fresh sampling seeds (requests without a seed): a "
                   "reproducible server; default: random at start-up")

@@ -107,7 +107,9 @@ try:
 except openai.BadRequestError as e:
     assert "LoRA" in str(e), e
 
-# Tools: the chat template renders them, and an assistant tool call goes back in the next turn.
+# Tools: the request carries them through the chat template, and an assistant tool call and the
+# tool's result go back in the next turn (SmolLM2's template renders the call's message by its
+# content; tool calls parsed out of model text are pinned in tests/server_api_test.cc).
 tools = [{"type": "function", "function": {"name": "add", "description": "Adds two numbers",
           "parameters": {"type": "object", "properties": {"a": {"type": "number"},
                                                           "b": {"type": "number"}}}}}]
@@ -115,7 +117,7 @@ first = client.chat.completions.create(model="miles", messages=question, tools=t
                                        temperature=0)
 assert first.choices[0].message.role == "assistant"
 round_trip = question + [
-    {"role": "assistant", "content": None, "tool_calls": [
+    {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
     {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
 second = client.chat.completions.create(model="miles", messages=round_trip, tools=tools,
@@ -135,5 +137,60 @@ try:
     raise AssertionError("an empty message list was accepted")
 except openai.BadRequestError as e:
     print("rejected as expected:", e.status_code)
+
+# The calls sglang.RuntimeEndpoint makes (its package needs torch to import, so they are replayed
+# here): model info, a text /generate, and select()'s batched text with input logprobs and their
+# text.
+import json
+import urllib.request
+
+
+def native(path, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        raw = r.read()
+        return r.status, (json.loads(raw) if raw else None)
+
+
+status, info = native("/get_model_info")
+assert status == 200 and info["model_path"], info
+status, out = native("/generate", {"text": "The capital of France is",
+                                   "sampling_params": {"max_new_tokens": 0}})
+prompt_len = out["meta_info"]["prompt_tokens"]
+choices = [" Paris", " London"]
+status, outs = native("/generate", {
+    "text": ["The capital of France is" + c for c in choices],
+    "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+    "return_logprob": True, "return_text_in_logprobs": True,
+    "logprob_start_len": max(prompt_len - 2, 0)})
+assert isinstance(outs, list) and len(outs) == 2, outs
+for o in outs:
+    entries = o["meta_info"]["input_token_logprobs"]
+    assert entries[0][0] is None and isinstance(entries[0][2], str), entries[0]
+    assert all(e[0] is not None and e[0] < 0 for e in entries[1:]), entries
+scores = [sum(e[0] for e in o["meta_info"]["input_token_logprobs"][1:]) for o in outs]
+print("select scores:", scores)
+assert scores[0] > scores[1], "the model prefers London to Paris"
+
+# slime's exact rollout payload (slime/rollout/sglang_rollout.py), its abort sequence
+# (abort_all, then /v1/loads?include=core until idle) and GET /flush_cache.
+ids = client.completions.create(model="miles", prompt="Hi", max_tokens=1).model_extra["prompt_token_ids"]
+slime_payload = {"sampling_params": {"temperature": 1.0, "top_p": 1.0, "top_k": -1,
+                                     "max_new_tokens": 16, "stop": None, "stop_token_ids": None,
+                                     "skip_special_tokens": False, "no_stop_trim": True,
+                                     "spaces_between_special_tokens": False, "sampling_seed": 7},
+                 "return_logprob": True, "input_ids": ids}
+status, out = native("/generate", slime_payload)
+assert status == 200
+tokens = [t[1] for t in out["meta_info"]["output_token_logprobs"]]
+assert tokens == out["output_ids"] and out["meta_info"]["finish_reason"]["type"] in ("length", "stop")
+assert isinstance(out["meta_info"]["weight_version"], str)
+status, _ = native("/abort_request", {"abort_all": True})
+assert status == 200
+status, loads = native("/v1/loads?include=core")
+assert loads["loads"][0]["num_running_reqs"] + loads["loads"][0]["num_waiting_reqs"] == 0, loads
+status, _ = native("/flush_cache")
+assert status == 200
 
 print("openai client: all checks passed")
