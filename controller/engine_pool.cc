@@ -51,6 +51,10 @@ Status EnginePool::spawn(Entry& e) {
                                    l.controller_address,
                                    "--engine-id",
                                    std::to_string(e.id)};
+  if (!l.weights_dir.empty()) {
+    argv.push_back("--weights-dir");
+    argv.push_back(l.weights_dir);
+  }
   if (l.device != "cpu") {
     argv.push_back("--device");
     argv.push_back(l.device);

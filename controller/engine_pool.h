@@ -34,6 +34,7 @@ struct EngineLaunch {
   std::string device = "cpu";      // `miles serve --device`
   std::string log_dir;             // engine_K.log
   std::string controller_address;  // HOST:PORT the engine registers with
+  std::string weights_dir;         // `miles serve --weights-dir`: the disk-delta directory
 };
 
 struct EnginePoolOptions {

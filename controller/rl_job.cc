@@ -103,6 +103,12 @@ Status RlJob::setup_engines() {
   po.launch.max_batch_tokens = cfg_.rollout.engine_max_batch_tokens;
   po.launch.max_running = cfg_.rollout.engine_max_running;
   po.launch.log_dir = cfg_.logging.run_dir + "/engines";
+  // The engines load weight versions from the disk-delta directory only (docs/security.md).
+  po.launch.weights_dir =
+      std::filesystem::absolute(cfg_.weight_sync.dir.empty() ? cfg_.logging.run_dir + "/weights"
+                                                              : cfg_.weight_sync.dir)
+          .lexically_normal()
+          .string();
   po.health_interval_s = cfg_.rollout.health_check_interval_s;
   po.start_timeout_s = cfg_.rollout.engine_start_timeout_s;
   po.max_restarts = cfg_.rollout.max_engine_restarts;

@@ -218,7 +218,7 @@ TokenOutput Engine::Impl::draw(const Sample& s, const float* logits) const {
     row = adjusted;
   }
   const SampleResult r = sample_token(row, s.sampling, static_cast<uint64_t>(s.output.size()));
-  TokenOutput t{r.token, r.logprob, r.raw_logprob, r.tempered_logprob, version, {}};
+  TokenOutput t{r.token, r.logprob, r.raw_logprob, version, r.tempered_logprob, {}};
   if (!adjusted.empty())  // the raw model's logprob, never the adjusted row's
     t.raw_logprob = kernels::log_softmax_at(logits, static_cast<int64_t>(vocab), r.token);
   if (req.top_logprobs > 0)

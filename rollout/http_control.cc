@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "miles/model.h"
+#include "miles/path_guard.h"
 #include "rollout/http_common.h"
 #include "rollout/http_server.h"
 
@@ -141,7 +142,10 @@ void HttpServer::register_control_routes() {
     if (!body->is_object() || !body->contains("model_path") || !(*body)["model_path"].is_string())
       return reply_error(res, 400, "update_weights_from_disk needs {\"model_path\": string}",
                          http_errors_);
-    auto files = load_model_files((*body)["model_path"].get<std::string>());
+    const std::string path = (*body)["model_path"].get<std::string>();
+    if (Status c = confine_path(path, opt_.weight_dirs, "--weights-dir"); !c.ok())
+      return reply_error(res, 403, c.message(), http_errors_);
+    auto files = load_model_files(path);
     if (!files.ok()) return reply_error(res, 400, files.message(), http_errors_);
     auto label = read_version(*body, "weight_version", /*required=*/false);
     if (!label.ok()) return reply_error(res, 400, label.message(), http_errors_);

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -54,6 +55,9 @@ struct ServerOptions {
   std::string version = "miles";
   // HTTPS with this certificate and private key (PEM files); empty: plain HTTP.
   std::string ssl_certfile, ssl_keyfile;
+  // Directories weight updates may load from (/update_weights_from_disk, disk deltas); empty: any
+  // path (a library default; `miles serve` always names the model's directory and --weights-dir).
+  std::vector<std::string> weight_dirs;
   // Bearer keys (none: open). Admin routes: is_admin_route.
   ApiKeys keys;
   // Request bodies above this are refused (413) before they are read; 0: no limit.

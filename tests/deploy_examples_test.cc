@@ -93,6 +93,8 @@ TEST(DeployExamples, KubernetesManifestIsConsistent) {
   };
   EXPECT_FALSE(secret_of(controller, "MILES_RUN_TOKEN").empty());
   EXPECT_EQ(secret_of(controller, "MILES_RUN_TOKEN"), secret_of(engine, "MILES_API_KEY"));
+  // The engines trust the run's weight directory for weight updates.
+  EXPECT_EQ(after(serve_args, "--weights-dir"), after(run_args, "--run-dir") + "/weights");
 
   // The job file with the controller's overrides is a valid config.
   std::vector<std::string> overrides;

@@ -211,7 +211,8 @@ void run_two_hosts(const Scenario& sc, std::string* ns_a, std::string* ns_b) {
   Process engine({"ip", "netns", "exec", hosts.b(), "env", "MILES_API_KEY=netns-run-token",
                   test::miles_binary(), "serve", "--model",
                   test::shared_dir() + "/models/stories260K/stories260K.bin", "--threads", "1",
-                  "--host", sc.engine_host, "--port", "0", "--controller", controller},
+                  "--host", sc.engine_host, "--port", "0", "--weights-dir", dir + "/weights",
+                  "--controller", controller},
                  engine_cwd, dir + "/engine.log");
   ASSERT_TRUE(engine.started());
 

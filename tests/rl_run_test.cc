@@ -438,8 +438,8 @@ std::string expect_engine_registers(const std::string& name, const std::string& 
   const std::string serve = "MILES_API_KEY=run-token-for-the-test " + test::miles_binary() +
                             " serve --model " + test::shared_dir() +
                             "/models/stories260K/stories260K.bin --threads 1 --port 0 --host " +
-                            host + " --controller '" + controller + "' > " + engine_log +
-                            " 2>&1 & echo $!";
+                            host + " --weights-dir '" + dir + "/weights' --controller '" +
+                            controller + "' > " + engine_log + " 2>&1 & echo $!";
   FILE* p = popen(serve.c_str(), "r");
   char buf[64] = {0};
   EXPECT_TRUE(fgets(buf, sizeof buf, p));

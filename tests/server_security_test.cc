@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "miles/engine.h"
+#include "miles/path_guard.h"
 #include "miles/secret.h"
 #include "miles/thread_pool.h"
 #include "miles/v1/rollout.grpc.pb.h"
@@ -202,6 +203,43 @@ TEST(ServerSecurity, ANonStreamedClientThatLeavesFreesItsBlocks) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(s.stats().free_blocks, idle);
   s.driver->run_sync([](Engine& e) { e.resume(); });
+}
+
+TEST(ServerSecurity, WeightPathsStayInsideTheTrustedDirectories) {
+  namespace fs = std::filesystem;
+  const std::string trusted = test::binary_dir() + "/server_security_trusted";
+  fs::remove_all(trusted);
+  fs::create_directories(trusted);
+  fs::create_symlink("/etc", trusted + "/escape");
+  ServerOptions so;
+  so.weight_dirs = {trusted, test::data_dir() + "/models/qwen3_moe"};
+  Served s(so);
+  auto c = s.client();
+  for (const std::string& path :
+       {std::string("/etc/shadow"), trusted + "/escape/passwd", trusted + "/../../etc",
+        test::data_dir() + "/models/llama"}) {
+    auto r = c.Post("/update_weights_from_disk", json{{"model_path", path}}.dump(), "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 403) << path << " " << r->body;
+    EXPECT_NE(r->body.find("--weights-dir"), std::string::npos) << r->body;
+    EXPECT_EQ(r->body.find("root:"), std::string::npos) << r->body;
+  }
+  // Inside: loads, and the version always moves (here to the next number).
+  auto ok = c.Post("/update_weights_from_disk",
+                   json{{"model_path", test::data_dir() + "/models/qwen3_moe"}}.dump(),
+                   "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  EXPECT_EQ(json::parse(ok->body)["weight_version"], "1");
+  EXPECT_EQ(s.stats().weight_version, 1);
+}
+
+TEST(PathGuard, ResolvesBeforeComparing) {
+  EXPECT_TRUE(confine_path("/a/b/c", {}, "--x").ok());  // nothing trusted named: no confinement
+  EXPECT_TRUE(confine_path("/tmp/x/../x/y", {"/tmp/x"}, "--x").ok());
+  EXPECT_FALSE(confine_path("/tmp/xy", {"/tmp/x"}, "--x").ok());  // a prefix, not a parent
+  EXPECT_FALSE(confine_path("/tmp/x/../z", {"/tmp/x"}, "--x").ok());
+  EXPECT_TRUE(confine_path("/tmp/x", {"/tmp/x/"}, "--x").ok());
 }
 
 TEST(ServerSecurity, Https) {

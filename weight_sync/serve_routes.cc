@@ -9,6 +9,7 @@
 #include "miles/engine.h"
 #include "miles/flat_params.h"
 #include "miles/model.h"
+#include "miles/path_guard.h"
 #include "miles/weight_sync.h"
 #include "weight_sync/serve_state.h"
 
@@ -78,7 +79,8 @@ Result<const TransferPlan*> WeightSyncRoutes::plan_for(const ParallelLayout& lay
 std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(
     httplib::Server& s, rollout::EngineDriver& driver, const ModelConfig& config,
     const std::string& model_path, ThreadPool* pool,
-    std::shared_ptr<rollout::TpShardIntake> tp_intake) {
+    std::shared_ptr<rollout::TpShardIntake> tp_intake,
+    std::vector<std::string> weight_dirs) {
   auto st = std::make_shared<WeightSyncRoutes>();
   st->tp_intake = std::move(tp_intake);
   st->config = config;
@@ -91,7 +93,7 @@ std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(
   register_group_routes(s, st, driver);
 
   s.Post("/update_weights_from_disk_delta",
-         [st, &driver](const httplib::Request& req, httplib::Response& res) {
+         [st, &driver, weight_dirs](const httplib::Request& req, httplib::Response& res) {
            const json body = json::parse(req.body, nullptr, false);
            if (body.is_discarded() || !body.is_object() || !body.contains("dir") ||
                !body["dir"].is_string() || !body.contains("weight_version") ||
@@ -101,6 +103,8 @@ std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(
                                   "\"weight_version\": integer}");
            const std::string dir = body["dir"].get<std::string>();
            const int64_t v = body["weight_version"].get<int64_t>();
+           if (Status c = confine_path(dir, weight_dirs, "--weights-dir"); !c.ok())
+             return reply_failure(res, 403, c.message());
            std::lock_guard<std::mutex> lock(st->mu);
            auto& rx = st->receivers[dir];
            if (!rx) rx = make_disk_delta_receiver(dir, st->plan);

@@ -43,6 +43,7 @@ struct WeightSyncRoutes;  // state shared by the handlers (current checksums, de
 std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(
     httplib::Server& server, rollout::EngineDriver& driver, const ModelConfig& config,
     const std::string& model_path, ThreadPool* pool,
-    std::shared_ptr<rollout::TpShardIntake> tp_intake = nullptr);
+    std::shared_ptr<rollout::TpShardIntake> tp_intake = nullptr,
+    std::vector<std::string> weight_dirs = {});
 
 }  // namespace miles

@@ -120,10 +120,10 @@ struct TokenOutput {
   int32_t id = -1;
   float logprob = 0;      // under the distribution it was sampled from (what the trainer recomputes)
   float raw_logprob = 0;  // under the untempered, untruncated model
+  int64_t weight_version = 0;
   // log_softmax(adjusted logits / temperature)[id] before top-k / top-p / min-p; temperature 1 for
   // greedy requests: SGLang's output_token_logprobs, and OpenAI's logprobs.
   float tempered_logprob = 0;
-  int64_t weight_version = 0;
   std::vector<TopLogprob> top;  // GenerateRequest::top_logprobs of them, most likely first
 };
 

@@ -38,7 +38,19 @@ struct ServeOptions {
   std::string device = "cpu";  // cpu | cuda | emulated (miles/device_model.h)
   int64_t random_seed = -1;    // -1: fresh seeds from a random start-up value
   std::string api_key, api_key_file, admin_api_key, admin_api_key_file;
+  std::vector<std::string> weights_dirs;  // besides the model's own directory
 };
+
+// The directories weight updates may load from: the served model's (its directory, or the file's)
+// and every --weights-dir.
+std::vector<std::string> trusted_weight_dirs(const ServeOptions& o) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> dirs = o.weights_dirs;
+  std::error_code ec;
+  const fs::path model = fs::absolute(o.model, ec);
+  dirs.push_back(fs::is_directory(model, ec) ? model.string() : model.parent_path().string());
+  return dirs;
+}
 
 // The bearer keys: a file, else MILES_API_KEY / MILES_ADMIN_API_KEY, else the flag.
 Result<ApiKeys> serve_keys(const ServeOptions& o) {
@@ -120,6 +132,7 @@ int run_serve(ServeOptions o) {
   auto engine = std::make_unique<Engine>(std::move(runner), o.engine, tok);
   rollout::EngineDriver driver(std::move(engine));
   o.server.model_path = o.model;
+  o.server.weight_dirs = trusted_weight_dirs(o);
   if (o.server.ssl_certfile.empty() != o.server.ssl_keyfile.empty())
     return fail("serve", "--ssl-certfile and --ssl-keyfile go together");
   auto keys = serve_keys(o);
@@ -136,7 +149,8 @@ int run_serve(ServeOptions o) {
   o.server.random_seed = o.engine.random_seed;
   std::shared_ptr<WeightSyncRoutes> weight_sync;  // /update_weights_from_disk_delta, checksums
   o.server.extra_routes = [&](httplib::Server& s, rollout::EngineDriver& d) {
-    weight_sync = register_weight_sync_routes(s, d, config, o.model, &pool, tp_intake);
+    weight_sync = register_weight_sync_routes(s, d, config, o.model, &pool, tp_intake,
+                                              o.server.weight_dirs);
   };
   rollout::HttpServer server(driver, config, tok, chat, &pool, o.server);
   if (Status s = server.start(); !s.ok()) return fail("serve", s.message());
@@ -247,6 +261,10 @@ void register_serve(CLI::App& app) {
                   "bearer key the weight, pause, cache, group and abort routes require (default: "
                   "the API key; or MILES_ADMIN_API_KEY)");
   sub->add_option("--admin-api-key-file", o->admin_api_key_file, "file holding the admin key");
+  sub->add_option("--weights-dir", o->weights_dirs,
+                  "a directory weight updates may load from (repeatable; the model's own "
+                  "directory always): /update_weights_from_disk and disk-delta directories "
+                  "elsewhere are refused (403)");
   sub->add_option("--ssl-certfile", o->server.ssl_certfile,
                   "serve HTTPS (and gRPC over TLS) with this PEM certificate");
   sub->add_option("--ssl-keyfile", o->server.ssl_keyfile, "the certificate's PEM private key");

@@ -38,7 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& call : batch->calls) {
       std::vector<miles::TokenOutput> out;
       for (int32_t id : call.request.input_ids)
-        if (tok && id >= 0 && id < tok->vocab_size()) out.push_back({id, -1.0f, -1.0f, -1.0f, 0, {}});
+        if (tok && id >= 0 && id < tok->vocab_size()) out.push_back({id, -1.0f, -1.0f, 0, -1.0f, {}});
       miles::SampleEvent fin;
       fin.finished = true;
       fin.finish_reason = miles::FinishReason::kLength;
