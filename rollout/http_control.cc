@@ -47,7 +47,7 @@ int64_t HttpServer::adopt_version(const std::string& label, bool abort_all_reque
     e.update_weight_version(v);
   });
   std::lock_guard<std::mutex> lock(version_mu_);
-  if (numeric) {
+  if (numeric || label.empty()) {  // reported as its digits
     version_labels_.erase(v);
   } else {
     version_labels_[v] = label;

@@ -11,10 +11,31 @@ using nlohmann::json;
 
 namespace {
 
+// SGLang's extensions of the OpenAI requests (sglang-router always sends some of them): accepted
+// at their "off" value (null, false, empty), refused by name otherwise.
+const std::set<std::string> kRefusedExtensions = {
+    "return_hidden_states", "continue_final_message", "lora_path", "session_params", "regex",
+    "ebnf", "json_schema", "structural_tag", "rid", "bootstrap_host", "bootstrap_port",
+    "bootstrap_room", "priority", "return_routed_experts", "custom_params", "stop_regex"};
+// SGLang's reasoning-parser switches: without a reasoning parser (miles has none) SGLang does not
+// split the text either, so they change nothing.
+const std::set<std::string> kNoEffect = {"separate_reasoning", "stream_reasoning"};
+
+bool is_off(const json& v) {
+  return v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_array() && v.empty()) ||
+         (v.is_object() && v.empty()) || (v.is_string() && v.get<std::string>().empty());
+}
+
 Status check_fields(const json& body, const std::set<std::string>& known) {
   if (!body.is_object()) return Status::Error("request body must be a JSON object");
-  for (auto it = body.begin(); it != body.end(); ++it)
-    if (!known.count(it.key())) return Status::Error("unknown field '" + it.key() + "'");
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    if (known.count(it.key()) || kNoEffect.count(it.key())) continue;
+    if (kRefusedExtensions.count(it.key())) {
+      if (is_off(it.value())) continue;
+      return Status::Error(it.key() + " is not supported by miles (docs/api.md)");
+    }
+    return Status::Error("unknown field '" + it.key() + "'");
+  }
   return Status::Ok();
 }
 

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -120,6 +121,8 @@ bool engine_pids(const std::string& run_dir, std::vector<int64_t>* pids) {
       grpc::CreateChannel(c["address"].get<std::string>(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  // The controller answers only with the run's token (the test gave the run its token).
+  if (const char* t = std::getenv("MILES_RUN_TOKEN")) ctx.AddMetadata("authorization", std::string("Bearer ") + t);
   v1::ControllerStatus st;
   if (!stub->GetStatus(&ctx, v1::ControllerStatusRequest(), &st).ok()) return false;
   pids->clear();
@@ -133,6 +136,7 @@ bool engine_pids(const std::string& run_dir, std::vector<int64_t>* pids) {
 // if, 50 ms later, the controller still waits for it: a fast engine may otherwise have sent its
 // last reply between the status read and the kill, and die with nothing to redispatch.
 test::CliRun run_killing_an_engine(const std::string& dir, const std::string& extra) {
+  ::setenv("MILES_RUN_TOKEN", "kill-test-token", 1);  // known to the killer's status calls
   std::thread killer([&] {
     for (int i = 0; i < 12000; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -154,6 +158,7 @@ test::CliRun run_killing_an_engine(const std::string& dir, const std::string& ex
                     " rollout.health_check_interval_s=0.2" +
                     extra);
   killer.join();
+  ::unsetenv("MILES_RUN_TOKEN");
   return r;
 }
 
