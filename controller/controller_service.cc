@@ -82,7 +82,8 @@ class ControllerService::Impl final : public pb::Controller::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Stop(grpc::ServerContext* ctx, const pb::StopRequest*, pb::StopResponse* out) override {
+  grpc::Status Stop(grpc::ServerContext* ctx, const pb::StopRequest*,
+                    pb::StopResponse* out) override {
     if (grpc::Status a = authorize(ctx); !a.ok()) return a;
     stop_ = true;
     out->set_accepted(true);

@@ -35,7 +35,8 @@ void authorize(httplib::Client& c) {
 }
 
 void authorize(grpc::ClientContext& ctx) {
-  if (const std::string t = run_token(); !t.empty()) ctx.AddMetadata("authorization", "Bearer " + t);
+  if (const std::string t = run_token(); !t.empty())
+    ctx.AddMetadata("authorization", "Bearer " + t);
 }
 
 // POSTs JSON over HTTP; the reply must be 200 with {"success": true}.

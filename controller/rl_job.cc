@@ -106,7 +106,7 @@ Status RlJob::setup_engines() {
   // The engines load weight versions from the disk-delta directory only (docs/security.md).
   po.launch.weights_dir =
       std::filesystem::absolute(cfg_.weight_sync.dir.empty() ? cfg_.logging.run_dir + "/weights"
-                                                              : cfg_.weight_sync.dir)
+                                                             : cfg_.weight_sync.dir)
           .lexically_normal()
           .string();
   po.health_interval_s = cfg_.rollout.health_check_interval_s;

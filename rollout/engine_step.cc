@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 
 #include "miles/check.h"
 #include "miles/kernels.h"
@@ -69,16 +70,27 @@ std::vector<Engine::Impl::Item> Engine::Impl::schedule() {
     items.push_back({s, s->computed, 1, false});
     --budget;
   }
-  // Prefills, first come first served, chunked to the budget. A sample whose prompt shares at least
-  // one whole block with a prefill in flight (scheduled now or earlier, not finished) waits for it:
-  // once that prefill lands in the prefix cache this one reuses its blocks instead of computing
-  // them again (n separate GRPO requests sent at once). Outputs never depend on this choice.
+  // Prefills, chunked to the budget, requests with the fewest samples running first (first come
+  // first served among equals), so a large group cannot hold a new request back: a request none
+  // of whose samples runs yet may start even when max_running samples run, within a reserve of
+  // max_running / 8 (docs/api.md, "Scheduling"). A sample whose prompt shares at least one whole
+  // block with a prefill in flight (scheduled now or earlier, not finished) waits for it: once
+  // that prefill lands in the prefix cache this one reuses its blocks instead of computing them
+  // again (n separate GRPO requests sent at once). Outputs never depend on these choices.
   int64_t active = static_cast<int64_t>(running.size());
   std::vector<const Sample*> in_flight;
   for (const Sample* s : waiting)
     if (s->matched_prefix && s->computed > 0) in_flight.push_back(s);
-  for (Sample* s : waiting) {
-    if (budget <= 0 || active >= opt.max_running) break;
+  std::map<uint64_t, int64_t> started;  // per request: samples running or admitted now
+  for (const Sample* s : running) ++started[s->request_id];
+  std::vector<Sample*> order(waiting.begin(), waiting.end());
+  std::stable_sort(order.begin(), order.end(), [&](const Sample* a, const Sample* b) {
+    return started[a->request_id] < started[b->request_id];
+  });
+  const int64_t reserve = opt.max_running / 8;
+  for (Sample* s : order) {
+    const bool fresh = started[s->request_id] == 0;
+    if (budget <= 0 || active >= opt.max_running + (fresh ? reserve : 0)) break;
     if (!s->matched_prefix && waits_for_prefix(*s, in_flight)) continue;
     if (!s->matched_prefix) match_prefix(*s);
     const int64_t chunk = std::min<int64_t>(s->tokens.size() - s->computed, budget);
@@ -87,6 +99,7 @@ std::vector<Engine::Impl::Item> Engine::Impl::schedule() {
     in_flight.push_back(s);
     budget -= chunk;
     ++active;
+    ++started[s->request_id];
   }
   return items;
 }
@@ -238,8 +251,17 @@ void Engine::Impl::complete_prefill(Sample& s, const float* logits) {
   if (s.index == 0) r.input_logprobs_done = true;
   sample_next(s, logits);
   if (s.index != 0 || s.output.size() > 1) return;
-  for (auto& sib : r.samples)
-    if (sib->state == SampleState::kForkWaiting) fork_sibling(s, *sib, logits);
+  // Siblings start decoding at once while max_running allows; the rest wait as ordinary prefills
+  // (their prompt's whole blocks come from the prefix cache), so a large n does not exceed it.
+  for (auto& sib : r.samples) {
+    if (sib->state != SampleState::kForkWaiting) continue;
+    if (static_cast<int64_t>(running.size()) < opt.max_running) {
+      fork_sibling(s, *sib, logits);
+    } else {
+      sib->state = SampleState::kWaiting;
+      waiting.push_back(sib.get());
+    }
+  }
 }
 
 // A GRPO sibling starts from the leader's prefill: whole blocks shared, the partial last block

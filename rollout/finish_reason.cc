@@ -6,10 +6,14 @@ namespace miles {
 
 const char* finish_reason_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kAbort: return "abort";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
   }
   return "?";
 }

@@ -148,7 +148,8 @@ Status read_logit_bias(const json& obj, const std::string& where, LogitAdjustmen
     if (used == 0 || used != e.key().size() || id < 0 || id > INT32_MAX)
       return Status::Error(where + ".logit_bias: key '" + e.key() + "' is not a token id");
     if (!e.value().is_number() || !(std::fabs(e.value().get<double>()) <= 1e6))
-      return Status::Error(where + ".logit_bias[\"" + e.key() + "\"] must be a number in [-1e6, 1e6]");
+      return Status::Error(where + ".logit_bias[\"" + e.key() +
+                           "\"] must be a number in [-1e6, 1e6]");
     a.logit_bias.emplace_back(static_cast<int32_t>(id), e.value().get<float>());
   }
   return Status::Ok();

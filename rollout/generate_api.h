@@ -1,7 +1,7 @@
 // The SGLang-compatible /generate request and response bodies, as JSON.
 //
-// Why: RL frameworks (slime, Miles) talk to SGLang's native API; miles serves the same shapes so they
-// can point at it unchanged (every field of SGLang's GenerateReqInput and SamplingParams, each
+// Why: RL frameworks (slime, Miles) talk to SGLang's native API; miles serves the same shapes so
+// they can point at it unchanged (every field of SGLang's GenerateReqInput and SamplingParams, each
 // honoured or refused by name: docs/api.md), plus what miles adds per token: the exact sampling
 // logprob the trainer recomputes, the raw-model logprob, the weight version and the seed.
 // Parsing is strict: unknown fields, wrong types and absurd values are errors naming the field.
@@ -25,8 +25,8 @@ struct GenerateCall {
   bool return_text_in_logprobs = false;
   bool return_routed_experts = false;
   bool no_stop_trim = false;
-  bool skip_special_tokens = true;             // SGLang's default
-  bool spaces_between_special_tokens = true;   // a no-op for our tokenizers, as for HF fast ones
+  bool skip_special_tokens = true;            // SGLang's default
+  bool spaces_between_special_tokens = true;  // a no-op for our tokenizers, as for HF fast ones
 };
 
 struct GenerateBatch {

@@ -224,9 +224,9 @@ void HttpServer::serve_openai(OpenAiCall call, bool chat, httplib::Response& res
     auto done = std::make_shared<int32_t>(0);
     auto shared = std::make_shared<OpenAiCall>(std::move(call));
     res.set_chunked_content_provider(
-        "application/json", [this, finals, done, shared, stream, choice_of, total, chat, id, model,
-                             created, object, prompt_tokens, abort_all_jobs](
-                                size_t, httplib::DataSink& sink) {
+        "application/json",
+        [this, finals, done, shared, stream, choice_of, total, chat, id, model, created, object,
+         prompt_tokens, abort_all_jobs](size_t, httplib::DataSink& sink) {
           const auto beat = std::chrono::steady_clock::now() + std::chrono::seconds(1);
           while (*done < total && std::chrono::steady_clock::now() < beat) {
             SampleEvent ev;
@@ -340,14 +340,11 @@ void HttpServer::serve_openai(OpenAiCall call, bool chat, httplib::Response& res
             {"token_ids", new_ids},
             {"finish_reason", ev.finished ? json(openai_finish_reason(ev.finish_reason)) : json()}};
         if (ev.finished) choice["sampling_seed"] = ev.seed;
-        if (chat)
-          choice["delta"] = delta.empty() ? json::object() : json{{"content", delta}};
+        if (chat) choice["delta"] = delta.empty() ? json::object() : json{{"content", delta}};
         if (!calls.empty()) {
-          choice["delta"]["tool_calls"] =
-              tool_calls_json(calls, id + "_" + std::to_string(index));
+          choice["delta"]["tool_calls"] = tool_calls_json(calls, id + "_" + std::to_string(index));
           if (ev.finish_reason == FinishReason::kStop) choice["finish_reason"] = "tool_calls";
-        }
-        else
+        } else
           choice["text"] = delta;
         if (shared_call->logprobs) {
           const std::vector<LogprobRow> rows = output_rows(ev.new_tokens);

@@ -129,8 +129,8 @@ void HttpServer::register_session_routes() {
         auto engine_id = driver_.submit(call->request, stream);
         if (!engine_id.ok()) return reply_error(res, 400, engine_id.message(), http_errors_);
         const SampleEvent fin = stream->wait_finished(1)[0];
-        const json reply =
-            assistant_message(openai_final_text(tok_.get(), call->request, fin, fin.output, /*skip_special=*/false));
+        const json reply = assistant_message(
+            openai_final_text(tok_.get(), call->request, fin, fin.output, /*skip_special=*/false));
         const json out = completion_json("chatcmpl-" + std::to_string(next_rid_++),
                                          opt_.served_model_name, *plan, fin, reply, sid);
         commit_turn(*session, std::move(plan).value(), fin, reply, experts_per_token);

@@ -8,9 +8,8 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
-
 #include <algorithm>
+#include <fstream>
 #include <string>
 #include <vector>
 

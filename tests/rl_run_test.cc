@@ -122,7 +122,8 @@ bool engine_pids(const std::string& run_dir, std::vector<int64_t>* pids) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   // The controller answers only with the run's token (the test gave the run its token).
-  if (const char* t = std::getenv("MILES_RUN_TOKEN")) ctx.AddMetadata("authorization", std::string("Bearer ") + t);
+  if (const char* t = std::getenv("MILES_RUN_TOKEN"))
+    ctx.AddMetadata("authorization", std::string("Bearer ") + t);
   v1::ControllerStatus st;
   if (!stub->GetStatus(&ctx, v1::ControllerStatusRequest(), &st).ok()) return false;
   pids->clear();
@@ -474,16 +475,19 @@ TEST(RlRun, EngineWithoutTheRunTokenIsRefused) {
   const std::string serve = "MILES_API_KEY=not-the-token " + test::miles_binary() +
                             " serve --model " + test::shared_dir() +
                             "/models/stories260K/stories260K.bin --threads 1 --port 0 "
-                            "--controller '" + controller + "' > " + engine_log + " 2>&1 & echo $!";
+                            "--controller '" +
+                            controller + "' > " + engine_log + " 2>&1 & echo $!";
   FILE* p = popen(serve.c_str(), "r");
   char buf[64] = {0};
   EXPECT_TRUE(fgets(buf, sizeof buf, p));
   pclose(p);
   const pid_t engine = static_cast<pid_t>(std::atol(buf));
   ::setenv("MILES_RUN_TOKEN", "the-run-token", 1);
-  auto r = run_here(std::string(kCi) + " --run-dir " + dir +
-                    " rollout.num_rollouts=1 rollout.num_engines=0 rollout.engine_start_timeout_s=8 "
-                    "controller.host=127.0.0.1 controller.port=" + std::to_string(port));
+  auto r =
+      run_here(std::string(kCi) + " --run-dir " + dir +
+               " rollout.num_rollouts=1 rollout.num_engines=0 rollout.engine_start_timeout_s=8 "
+               "controller.host=127.0.0.1 controller.port=" +
+               std::to_string(port));
   ::unsetenv("MILES_RUN_TOKEN");
   kill(engine, SIGTERM);
   EXPECT_NE(r.exit_code, 0) << r.out;

@@ -103,6 +103,51 @@ TEST(SchedulerTimeline, MaxRunningHoldsNewPrefillsBack) {
   EXPECT_EQ(run_timeline(e, names), want);
 }
 
+// A group of 64 samples against max_running 8: at most 8 of its samples run at once (the rest
+// wait, then prefill from the cache), and a small request submitted while the group runs starts
+// at the next iteration, in the reserve of max_running / 8, and finishes in max_new_tokens
+// iterations: its latency does not depend on the group's size.
+TEST(SchedulerTimeline, ASmallRequestIsNotStarvedByALargeGroup) {
+  Engine e(std::make_unique<FakeRunner>(),
+           EngineOptions{.num_blocks = 512, .block_tokens = 4, .max_batch_tokens = 64,
+                         .max_running = 8});
+  GenerateRequest big = greedy({1, 2, 3, 4, 5}, 12);
+  big.n = 64;
+  std::map<uint64_t, SampleEvent> finals;
+  std::vector<SampleEvent> big_finals;
+  auto a = e.submit(big, [&](const SampleEvent& ev) {
+    if (ev.finished) big_finals.push_back(ev);
+  });
+  ASSERT_TRUE(a.ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(e.step());
+  auto b = e.submit(greedy({7, 8}, 3), [&](const SampleEvent& ev) {
+    if (ev.finished) finals[ev.request_id] = ev;
+  });
+  int iterations = 0, most_decoding = 0, b_started = -1;
+  while (!e.idle() && iterations < 1000) {
+    ASSERT_TRUE(e.step());
+    ++iterations;
+    int decoding = 0;
+    for (const auto& it : e.last_iteration().items) {
+      if (!it.prefill) ++decoding;
+      if (it.request_id == *b && b_started < 0) b_started = iterations;
+    }
+    most_decoding = std::max(most_decoding, decoding);
+    if (finals.count(*b) && b_started > 0) break;
+  }
+  EXPECT_EQ(b_started, 1);  // the next iteration
+  ASSERT_TRUE(finals.count(*b));
+  EXPECT_EQ(iterations, 3);  // prefill (first token), then two decodes
+  EXPECT_LE(most_decoding, 8 + 1);  // max_running and its reserve
+  while (!e.idle()) e.step();
+  ASSERT_EQ(big_finals.size(), 64u);
+  for (const SampleEvent& ev : big_finals) {
+    ASSERT_EQ(ev.output.size(), 12u);
+    for (size_t k = 0; k < ev.output.size(); ++k)  // greedy fake model: 5 + 1 + k, every sample
+      EXPECT_EQ(ev.output[k].id, static_cast<int32_t>((6 + k) % 16)) << ev.sample_index;
+  }
+}
+
 TEST(SchedulerTimeline, PrefixCacheSkipsWholeBlocksAndGroupsPrefillOnce) {
   Engine e(std::make_unique<FakeRunner>(),
            EngineOptions{.num_blocks = 64, .block_tokens = 4, .max_batch_tokens = 64});

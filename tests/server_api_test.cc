@@ -395,9 +395,10 @@ TEST(ServerApi, RefusedFieldsAreNamedAndOffValuesAccepted) {
                     &status);
   EXPECT_EQ(status, 200) << slime.dump();
   // A number beyond a double and bytes that are not UTF-8: 400 with a JSON body, never a 500.
-  for (const std::string& raw : {std::string(R"({"input_ids": [1], "sampling_params": {"temperature": 1e999}})"),
-                                std::string("{\"input_ids\": [1], \"te\xffxt\": 1}"),
-                                std::string(R"({"input_ids": [1], "sampling_params": {"temperature": 1e300}})")}) {
+  for (const std::string& raw :
+       {std::string(R"({"input_ids": [1], "sampling_params": {"temperature": 1e999}})"),
+        std::string("{\"input_ids\": [1], \"te\xffxt\": 1}"),
+        std::string(R"({"input_ids": [1], "sampling_params": {"temperature": 1e300}})")}) {
     auto r = c.Post("/generate", raw, "application/json");
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 400) << raw;

@@ -2,8 +2,8 @@
 // keys on every HTTP route and gRPC call (an admin key for the routes that change the engine), a
 // 50 MB body refused before it is read, per-request and queue bounds (429 with Retry-After), a
 // non-streamed client that goes away freeing its KV blocks, and HTTPS.
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <chrono>
@@ -43,7 +43,8 @@ struct Served {
         make_model_runner(model, pool.get()),
         EngineOptions{.num_blocks = blocks, .block_tokens = 8, .enable_prefix_cache = false}));
     so.port = 0;
-    server = std::make_unique<HttpServer>(*driver, model->config(), nullptr, nullptr, pool.get(), so);
+    server =
+        std::make_unique<HttpServer>(*driver, model->config(), nullptr, nullptr, pool.get(), so);
     Status s = server->start();
     EXPECT_TRUE(s.ok()) << s.message();
   }
@@ -53,7 +54,9 @@ struct Served {
     if (!key.empty()) c.set_bearer_token_auth(key.c_str());
     return c;
   }
-  EngineStats stats() const { return driver->call<EngineStats>([](Engine& e) { return e.stats(); }); }
+  EngineStats stats() const {
+    return driver->call<EngineStats>([](Engine& e) { return e.stats(); });
+  }
 };
 
 const std::string kGen =
@@ -71,8 +74,8 @@ TEST(ServerSecurity, EveryRouteTakesTheKeyAndAdminRoutesTheAdminKey) {
   auto none = s.client(), user = s.client("user-key"), admin = s.client("admin-key"),
        wrong = s.client("guess");
   EXPECT_EQ(status_of(none, "/health"), 200);  // liveness probes carry no secret
-  for (const char* path : {"/health_generate", "/get_model_info", "/v1/models", "/metrics",
-                           "/no_such"}) {
+  for (const char* path :
+       {"/health_generate", "/get_model_info", "/v1/models", "/metrics", "/no_such"}) {
     auto r = none.Get(path);
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 401) << path;
@@ -83,9 +86,9 @@ TEST(ServerSecurity, EveryRouteTakesTheKeyAndAdminRoutesTheAdminKey) {
   EXPECT_EQ(status_of(wrong, "/generate", kGen), 401);
   EXPECT_EQ(status_of(user, "/generate", kGen), 200);
   EXPECT_EQ(status_of(admin, "/generate", kGen), 200);  // the admin key covers every route
-  for (const char* path : {"/pause_generation", "/flush_cache", "/update_weight_version",
-                           "/update_weights_from_disk", "/abort_request",
-                           "/release_memory_occupation"}) {
+  for (const char* path :
+       {"/pause_generation", "/flush_cache", "/update_weight_version", "/update_weights_from_disk",
+        "/abort_request", "/release_memory_occupation"}) {
     EXPECT_EQ(status_of(user, path, "{}"), 401) << path;
   }
   EXPECT_EQ(status_of(admin, "/pause_generation", R"({"mode": "in_place"})"), 200);
@@ -110,8 +113,8 @@ TEST(ServerSecurity, GrpcCallsNeedTheKeyInTheirMetadata) {
   Served s(so);
   GrpcServer grpc(*s.driver, s.model->config(), nullptr, s.pool.get(), "m", ApiKeys{"k", "adm"});
   ASSERT_TRUE(grpc.start("127.0.0.1", 0).ok());
-  auto channel =
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(grpc.port()), grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(grpc.port()),
+                                     grpc::InsecureChannelCredentials());
   auto stub = ::miles::v1::RolloutEngine::NewStub(channel);
   auto call = [&](const std::string& key, bool pause) {
     grpc::ClientContext ctx;
@@ -156,9 +159,10 @@ TEST(ServerSecurity, RequestAndQueueBounds) {
   so.max_waiting_samples = 2;
   Served s(so);
   auto c = s.client();
-  auto r = c.Post("/generate",
-                  R"({"input_ids": [1, 2, 3], "sampling_params": {"n": 16, "max_new_tokens": 100}})",
-                  "application/json");
+  auto r =
+      c.Post("/generate",
+             R"({"input_ids": [1, 2, 3], "sampling_params": {"n": 16, "max_new_tokens": 100}})",
+             "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
   EXPECT_NE(r->body.find("max-request-tokens"), std::string::npos) << r->body;
@@ -215,10 +219,10 @@ TEST(ServerSecurity, WeightPathsStayInsideTheTrustedDirectories) {
   so.weight_dirs = {trusted, test::data_dir() + "/models/qwen3_moe"};
   Served s(so);
   auto c = s.client();
-  for (const std::string& path :
-       {std::string("/etc/shadow"), trusted + "/escape/passwd", trusted + "/../../etc",
-        test::data_dir() + "/models/llama"}) {
-    auto r = c.Post("/update_weights_from_disk", json{{"model_path", path}}.dump(), "application/json");
+  for (const std::string& path : {std::string("/etc/shadow"), trusted + "/escape/passwd",
+                                  trusted + "/../../etc", test::data_dir() + "/models/llama"}) {
+    auto r =
+        c.Post("/update_weights_from_disk", json{{"model_path", path}}.dump(), "application/json");
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 403) << path << " " << r->body;
     EXPECT_NE(r->body.find("--weights-dir"), std::string::npos) << r->body;
@@ -245,8 +249,9 @@ TEST(PathGuard, ResolvesBeforeComparing) {
 TEST(ServerSecurity, Https) {
   const std::string dir = test::binary_dir() + "/server_security_tls";
   std::filesystem::create_directories(dir);
-  const std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 -keyout " +
-                          dir + "/key.pem -out " + dir + "/cert.pem >/dev/null 2>&1";
+  const std::string cmd =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=127.0.0.1 -keyout " + dir +
+      "/key.pem -out " + dir + "/cert.pem >/dev/null 2>&1";
   if (std::system(cmd.c_str()) != 0) GTEST_SKIP() << "no openssl command";
   ServerOptions so;
   so.ssl_certfile = dir + "/cert.pem";

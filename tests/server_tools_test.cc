@@ -79,7 +79,8 @@ struct Scripted {
     EXPECT_TRUE(c.ok()) << c.message();
     chat = std::make_shared<const ChatTemplate>(std::move(c).value());
     im_end = tok->encode("<|im_end|>", false).at(0);
-    auto r = std::make_unique<ScriptedRunner>(tok->vocab_size(), tok->encode(answer, false), im_end);
+    auto r =
+        std::make_unique<ScriptedRunner>(tok->vocab_size(), tok->encode(answer, false), im_end);
     runner = r.get();
     pool = std::make_unique<ThreadPool>(1);
     driver = std::make_unique<EngineDriver>(
@@ -106,9 +107,12 @@ const json kTools = json::array(
           {"properties", {{"a", {{"type", "number"}}}, {"b", {{"type", "number"}}}}}}}}}}});
 
 json chat_body(const json& messages, const Scripted& s, bool stream) {
-  return {{"model", "miles"},       {"messages", messages},
-          {"tools", kTools},        {"max_tokens", 64},
-          {"temperature", 0},       {"stream", stream},
+  return {{"model", "miles"},
+          {"messages", messages},
+          {"tools", kTools},
+          {"max_tokens", 64},
+          {"temperature", 0},
+          {"stream", stream},
           {"stop_token_ids", {s.im_end}}};
 }
 
@@ -124,8 +128,9 @@ void prime(Scripted& s, httplib::Client& c, const json& messages) {
 
 TEST(ServerTools, ChatToolCallsParsedStreamedAndSentBack) {
   MILES_REQUIRE_SHARED();
-  Scripted s("Let me add them.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n"
-             "</tool_call>");
+  Scripted s(
+      "Let me add them.\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 2, \"b\": 3}}\n"
+      "</tool_call>");
   auto c = s.client();
   const json messages = json::array({{{"role", "user"}, {"content", "What is 2 + 3?"}}});
   prime(s, c, messages);
@@ -195,7 +200,9 @@ TEST(ServerTools, SkipSpecialTokensLeavesThemOutOfTheText) {
   auto gen = [&](bool skip) {
     json body = {{"input_ids", prompt},
                  {"sampling_params",
-                  {{"temperature", 0}, {"max_new_tokens", 16}, {"stop_token_ids", {s.im_end}},
+                  {{"temperature", 0},
+                   {"max_new_tokens", 16},
+                   {"stop_token_ids", {s.im_end}},
                    {"skip_special_tokens", skip}}}};
     auto r = c.Post("/generate", body.dump(), "application/json");
     EXPECT_TRUE(r && r->status == 200);

@@ -79,8 +79,7 @@ Result<const TransferPlan*> WeightSyncRoutes::plan_for(const ParallelLayout& lay
 std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(
     httplib::Server& s, rollout::EngineDriver& driver, const ModelConfig& config,
     const std::string& model_path, ThreadPool* pool,
-    std::shared_ptr<rollout::TpShardIntake> tp_intake,
-    std::vector<std::string> weight_dirs) {
+    std::shared_ptr<rollout::TpShardIntake> tp_intake, std::vector<std::string> weight_dirs) {
   auto st = std::make_shared<WeightSyncRoutes>();
   st->tp_intake = std::move(tp_intake);
   st->config = config;

@@ -53,7 +53,7 @@ struct EngineOptions {
   int64_t num_blocks = 4096;      // KV blocks in the pool
   int64_t block_tokens = 16;      // positions per block
   int64_t max_batch_tokens = 2048;  // token budget of one iteration (decodes + prefill chunks)
-  int64_t max_running = 256;      // requests decoding at once
+  int64_t max_running = 256;      // samples decoding at once (+ max_running / 8 for new requests)
   bool enable_prefix_cache = true;
   // Seeds the generator of fresh sampling seeds (requests that give none, GenerateRequest::
   // draw_seed); unset: a random start-up value, so a restarted server does not repeat its samples.

@@ -2,8 +2,8 @@
 // constant time, and made fresh per run.
 //
 // Why one home: every server (the engine's HTTP and gRPC, the controller's gRPC) checks a bearer
-// token, and every client that `miles run` starts gets one; a key on the command line shows in `ps`,
-// so files and environment variables come first.
+// token, and every client that `miles run` starts gets one; a key on the command line shows in
+// `ps`, so files and environment variables come first.
 #pragma once
 
 #include <string>

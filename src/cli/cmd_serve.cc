@@ -149,8 +149,8 @@ int run_serve(ServeOptions o) {
   o.server.random_seed = o.engine.random_seed;
   std::shared_ptr<WeightSyncRoutes> weight_sync;  // /update_weights_from_disk_delta, checksums
   o.server.extra_routes = [&](httplib::Server& s, rollout::EngineDriver& d) {
-    weight_sync = register_weight_sync_routes(s, d, config, o.model, &pool, tp_intake,
-                                              o.server.weight_dirs);
+    weight_sync =
+        register_weight_sync_routes(s, d, config, o.model, &pool, tp_intake, o.server.weight_dirs);
   };
   rollout::HttpServer server(driver, config, tok, chat, &pool, o.server);
   if (Status s = server.start(); !s.ok()) return fail("serve", s.message());
@@ -160,9 +160,10 @@ int run_serve(ServeOptions o) {
   if (!o.controller.empty() && o.grpc_port < 0)
     o.grpc_port = 0;  // the controller generates over gRPC
   if (o.grpc_port >= 0) {
-    grpc = std::make_unique<rollout::GrpcServer>(driver, config, tok, &pool, o.model, o.server.keys);
-    if (Status s = grpc->start(o.server.host, o.grpc_port, o.server.ssl_certfile,
-                               o.server.ssl_keyfile);
+    grpc =
+        std::make_unique<rollout::GrpcServer>(driver, config, tok, &pool, o.model, o.server.keys);
+    if (Status s =
+            grpc->start(o.server.host, o.grpc_port, o.server.ssl_certfile, o.server.ssl_keyfile);
         !s.ok())
       return fail("serve", s.message());
     std::fprintf(stderr, "miles serve: gRPC on %s\n",

@@ -36,8 +36,10 @@ Status confine_path(const std::string& path, const std::vector<std::string>& tru
       const fs::path d = resolved(t);
       if (!d.empty() && inside(p, d)) return Status::Ok();
     }
-  return Status::Error("the path " + path + " is outside the directories this server trusts for "
-                       "weights (" + flag + ")");
+  return Status::Error("the path " + path +
+                       " is outside the directories this server trusts for "
+                       "weights (" +
+                       flag + ")");
 }
 
 }  // namespace miles

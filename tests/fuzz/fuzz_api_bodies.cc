@@ -16,9 +16,8 @@ namespace {
 
 const miles::Tokenizer* tokenizer() {
   static const std::unique_ptr<miles::Tokenizer> tok = [] {
-    auto t = miles::load_tokenizer(std::string(MILES_SOURCE_DIR) +
-                                       "/tests/data/tokenizers/synthetic/gpt2_style.json",
-                                   0);
+    auto t = miles::load_tokenizer(
+        std::string(MILES_SOURCE_DIR) + "/tests/data/tokenizers/synthetic/gpt2_style.json", 0);
     return t.ok() ? std::move(t).value() : nullptr;
   }();
   return tok.get();
@@ -38,7 +37,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& call : batch->calls) {
       std::vector<miles::TokenOutput> out;
       for (int32_t id : call.request.input_ids)
-        if (tok && id >= 0 && id < tok->vocab_size()) out.push_back({id, -1.0f, -1.0f, 0, -1.0f, {}});
+        if (tok && id >= 0 && id < tok->vocab_size())
+          out.push_back({id, -1.0f, -1.0f, 0, -1.0f, {}});
       miles::SampleEvent fin;
       fin.finished = true;
       fin.finish_reason = miles::FinishReason::kLength;
