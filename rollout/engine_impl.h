@@ -61,9 +61,9 @@ struct Engine::Impl {
   void fork_sibling(rollout::Sample& leader, rollout::Sample& sib, const float* logits);
   void sample_next(rollout::Sample& s, const float* logits);
   // Draws, across the runner's threads, the next token of every sample of the batch that will
-  // sample from its row of `logits` (a pure function of logits, params and step), for sample_next.
-  void presample(const std::vector<Item>& items, const std::vector<const float*>& rows,
-                 int64_t vocab);
+  // sample from its row of logits (`rows[i]` for items[i]; a pure function of the row, params and
+  // step), for sample_next.
+  void presample(const std::vector<Item>& items, const std::vector<const float*>& rows);
   // The next token of `s` from its row of logits: the request's logit adjustments, the sampler,
   // and the top logprobs when asked (a pure function of the row, the sample's record and params).
   TokenOutput draw(const rollout::Sample& s, const float* logits) const;

@@ -141,7 +141,7 @@ void Engine::Impl::run_batch(const std::vector<Item>& items) {
     last_rows[i] = out->logits.data() + (input_rows ? offset + items[i].n - 1 : i) * v;
     offset += items[i].n;
   }
-  presample(items, last_rows, v);
+  presample(items, last_rows);
   int64_t row = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
@@ -200,8 +200,8 @@ void Engine::Impl::record_input_logprobs(const Item& it, const float* rows, int6
   }
 }
 
-void Engine::Impl::presample(const std::vector<Item>& items, const std::vector<const float*>& rows,
-                             int64_t vocab) {
+void Engine::Impl::presample(const std::vector<Item>& items,
+                             const std::vector<const float*>& rows) {
   presampled.clear();
   std::vector<std::pair<const Sample*, const float*>> work;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -211,7 +211,6 @@ void Engine::Impl::presample(const std::vector<Item>& items, const std::vector<c
       continue;
     work.emplace_back(&s, rows[i]);
   }
-  (void)vocab;
   std::vector<TokenOutput> got(work.size());
   parallel_for(work.size() >= 2 ? runner->thread_pool() : nullptr,
                static_cast<int64_t>(work.size()),
