@@ -2,6 +2,7 @@
 #include "rollout/generate_api.h"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <set>
@@ -116,45 +117,6 @@ Result<std::vector<int32_t>> read_ids(const json& v, const std::string& where) {
   return ids;
 }
 
-Status read_stop(const json& sp, const std::string& w, GenerateRequest& r) {
-  auto it = sp.find("stop");
-  if (it == sp.end() || it->is_null()) return Status::Ok();
-  if (it->is_string()) {
-    r.stop_strings = {it->get<std::string>()};
-    return Status::Ok();
-  }
-  if (!it->is_array()) return Status::Error(w + ".stop must be a string or a list of strings");
-  for (const auto& s : *it) {
-    if (!s.is_string()) return Status::Error(w + ".stop must be a string or a list of strings");
-    r.stop_strings.push_back(s.get<std::string>());
-  }
-  return Status::Ok();
-}
-
-// {"token id": bias}, SGLang's and OpenAI's spelling (keys are decimal ids).
-Status read_logit_bias(const json& obj, const std::string& where, LogitAdjustments& a) {
-  auto it = obj.find("logit_bias");
-  if (it == obj.end() || it->is_null()) return Status::Ok();
-  if (!it->is_object())
-    return Status::Error(where + ".logit_bias must be an object {\"id\": bias}");
-  for (auto e = it->begin(); e != it->end(); ++e) {
-    size_t used = 0;
-    long long id = -1;
-    try {
-      id = std::stoll(e.key(), &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used == 0 || used != e.key().size() || id < 0 || id > INT32_MAX)
-      return Status::Error(where + ".logit_bias: key '" + e.key() + "' is not a token id");
-    if (!e.value().is_number() || !(std::fabs(e.value().get<double>()) <= 1e6))
-      return Status::Error(where + ".logit_bias[\"" + e.key() +
-                           "\"] must be a number in [-1e6, 1e6]");
-    a.logit_bias.emplace_back(static_cast<int32_t>(id), e.value().get<float>());
-  }
-  return Status::Ok();
-}
-
 Status read_seed(const json& sp, const std::string& w, GenerateRequest& r) {
   for (const char* key : {"sampling_seed", "seed"}) {
     auto it = sp.find(key);
@@ -173,7 +135,7 @@ Status read_penalties(const json& sp, const std::string& w, GenerateRequest& r) 
   MILES_RETURN_IF_ERROR(read(sp, "presence_penalty", r.adjust.presence_penalty, w));
   MILES_RETURN_IF_ERROR(read(sp, "repetition_penalty", r.adjust.repetition_penalty, w));
   MILES_RETURN_IF_ERROR(read(sp, "min_new_tokens", r.adjust.min_new_tokens, w));
-  return read_logit_bias(sp, w, r.adjust);
+  return parse_logit_bias(sp, w, 1e6, r.adjust);
 }
 
 // A per-prompt value of a batched body: the list's i-th entry, or the one value for all.
@@ -303,6 +265,55 @@ json finish_json(const GenerateCall& call, const SampleEvent& fin) {
 
 }  // namespace
 
+namespace {
+
+std::string field(const std::string& where, const char* name) {
+  return where.empty() ? std::string(name) : where + "." + name;
+}
+
+}  // namespace
+
+Status parse_stop(const json& obj, const std::string& where, GenerateRequest& r) {
+  auto it = obj.find("stop");
+  if (it == obj.end() || it->is_null()) return Status::Ok();
+  const std::string what = field(where, "stop") + " must be a string or a list of strings";
+  if (it->is_string()) {
+    r.stop_strings = {it->get<std::string>()};
+    return Status::Ok();
+  }
+  if (!it->is_array()) return Status::Error(what);
+  for (const auto& s : *it) {
+    if (!s.is_string()) return Status::Error(what);
+    r.stop_strings.push_back(s.get<std::string>());
+  }
+  return Status::Ok();
+}
+
+Status parse_logit_bias(const json& obj, const std::string& where, double bound,
+                        LogitAdjustments& a) {
+  auto it = obj.find("logit_bias");
+  if (it == obj.end() || it->is_null()) return Status::Ok();
+  const std::string name = field(where, "logit_bias");
+  if (!it->is_object()) return Status::Error(name + " must be an object {\"token id\": bias}");
+  char range[64];
+  std::snprintf(range, sizeof(range), "[-%g, %g]", bound, bound);
+  for (auto e = it->begin(); e != it->end(); ++e) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(e.key(), &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || used != e.key().size() || id < 0 || id > INT32_MAX)
+      return Status::Error(name + ": key '" + e.key() + "' is not a token id");
+    if (!e.value().is_number() || !(std::fabs(e.value().get<double>()) <= bound))
+      return Status::Error(name + "[\"" + e.key() + "\"] must be a number in " + range);
+    a.logit_bias.emplace_back(static_cast<int32_t>(id), e.value().get<float>());
+  }
+  return Status::Ok();
+}
+
 Status parse_sampling_params(const json& sp, GenerateCall& c) {
   const std::string w = "sampling_params";
   GenerateRequest& r = c.request;
@@ -325,7 +336,7 @@ Status parse_sampling_params(const json& sp, GenerateCall& c) {
   r.n = static_cast<int32_t>(n);
   MILES_RETURN_IF_ERROR(read_seed(sp, w, r));
   MILES_RETURN_IF_ERROR(read_penalties(sp, w, r));
-  MILES_RETURN_IF_ERROR(read_stop(sp, w, r));
+  MILES_RETURN_IF_ERROR(parse_stop(sp, w, r));
   if (auto it = sp.find("stop_token_ids"); it != sp.end() && !it->is_null()) {
     MILES_ASSIGN_OR_RETURN(r.stop_token_ids, read_ids(*it, w + ".stop_token_ids"));
   }

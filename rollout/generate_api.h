@@ -35,6 +35,12 @@ struct GenerateBatch {
   bool stream = false;
 };
 
+// `stop` (a string or a list of strings) and `logit_bias` ({"token id": bias}, |bias| <= bound) of
+// `obj`, shared by /generate (where = "sampling_params") and the OpenAI routes (where = "").
+Status parse_stop(const nlohmann::json& obj, const std::string& where, GenerateRequest& out);
+Status parse_logit_bias(const nlohmann::json& obj, const std::string& where, double bound,
+                        LogitAdjustments& out);
+
 // Parses SGLang's `sampling_params` object into `out` (and the decode options into `call`).
 Status parse_sampling_params(const nlohmann::json& sp, GenerateCall& call);
 // A /generate body. `tok` may be null (then only input_ids prompts are accepted).

@@ -5,6 +5,8 @@
 #include <limits>
 #include <set>
 
+#include "rollout/generate_api.h"
+
 namespace miles::rollout {
 
 using nlohmann::json;
@@ -78,21 +80,6 @@ const std::set<std::string> kCommon = {"model",
                                        "spaces_between_special_tokens",
                                        "no_stop_trim"};
 
-Status read_stop(const json& body, GenerateRequest& r) {
-  auto it = body.find("stop");
-  if (it == body.end() || it->is_null()) return Status::Ok();
-  if (it->is_string()) {
-    r.stop_strings = {it->get<std::string>()};
-    return Status::Ok();
-  }
-  if (!it->is_array()) return Status::Error("stop must be a string or a list of strings");
-  for (const auto& s : *it) {
-    if (!s.is_string()) return Status::Error("stop must be a string or a list of strings");
-    r.stop_strings.push_back(s.get<std::string>());
-  }
-  return Status::Ok();
-}
-
 Status read_stop_ids(const json& body, GenerateRequest& r) {
   auto it = body.find("stop_token_ids");
   if (it == body.end() || it->is_null()) return Status::Ok();
@@ -101,29 +88,6 @@ Status read_stop_ids(const json& body, GenerateRequest& r) {
     if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
       return Status::Error("stop_token_ids must be a list of token ids");
     r.stop_token_ids.push_back(x.get<int32_t>());
-  }
-  return Status::Ok();
-}
-
-// OpenAI's logit_bias: {"token id": bias in [-100, 100]}.
-Status read_logit_bias(const json& body, GenerateRequest& r) {
-  auto it = body.find("logit_bias");
-  if (it == body.end() || it->is_null()) return Status::Ok();
-  if (!it->is_object()) return Status::Error("logit_bias must be an object {\"token id\": bias}");
-  for (auto e = it->begin(); e != it->end(); ++e) {
-    size_t used = 0;
-    long long id = -1;
-    try {
-      id = std::stoll(e.key(), &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used == 0 || used != e.key().size() || id < 0 || id > INT32_MAX)
-      return Status::Error("logit_bias: key '" + e.key() + "' is not a token id");
-    if (!e.value().is_number() ||
-        !(e.value().get<double>() >= -100 && e.value().get<double>() <= 100))
-      return Status::Error("logit_bias[\"" + e.key() + "\"] must be a number in [-100, 100]");
-    r.adjust.logit_bias.emplace_back(static_cast<int32_t>(id), e.value().get<float>());
   }
   return Status::Ok();
 }
@@ -154,7 +118,7 @@ Status read_penalties(const json& body, GenerateRequest& r) {
   MILES_RETURN_IF_ERROR(get_number(body, "frequency_penalty", r.adjust.frequency_penalty));
   MILES_RETURN_IF_ERROR(get_number(body, "repetition_penalty", r.adjust.repetition_penalty));
   MILES_RETURN_IF_ERROR(get_number(body, "min_tokens", r.adjust.min_new_tokens));
-  return read_logit_bias(body, r);
+  return parse_logit_bias(body, "", 100, r.adjust);  // OpenAI's range
 }
 
 }  // namespace
@@ -198,7 +162,7 @@ Status parse_openai_sampling(const json& body, OpenAiCall& c) {
   MILES_RETURN_IF_ERROR(read_bool(body, "no_stop_trim", no_stop_trim));
   if (no_stop_trim)
     return Status::Error("no_stop_trim is not supported on the OpenAI routes (use /generate)");
-  MILES_RETURN_IF_ERROR(read_stop(body, r));
+  MILES_RETURN_IF_ERROR(parse_stop(body, "", r));
   return read_stop_ids(body, r);
 }
 
