@@ -215,6 +215,12 @@ void HttpServer::register_control_routes() {
     metric("miles_http_requests_total", "counter", "HTTP requests handled", http_requests_.load());
     metric("miles_http_errors_total", "counter", "HTTP requests answered with an error",
            http_errors_.load());
+    metric("miles_http_connections", "gauge", "HTTP connections open", transport_.open.load());
+    metric("miles_http_connections_refused_total", "counter",
+           "HTTP connections refused over --max-connections", transport_.refused.load());
+    metric("miles_http_request_timeouts_total", "counter",
+           "HTTP requests whose headers or body missed their deadline",
+           transport_.timed_out.load());
     res.set_content(o.str(), "text/plain; version=0.0.4");
   });
 }

@@ -3,32 +3,24 @@
 #include "rollout/http_server.h"
 
 #include <httplib.h>
-
-#include <chrono>
-#include <set>
 #include <sys/socket.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "miles/thread_pool.h"
 #include "rollout/generate_api.h"
 #include "rollout/http_common.h"
+#include "rollout/http_transport.h"
 #include "rollout/openai_api.h"
 #include "rollout/sessions.h"
 
 namespace miles::rollout {
 
 using nlohmann::json;
-
-namespace {
-
-// Plain HTTP, or HTTPS when the options name a certificate and key (PEM files).
-std::unique_ptr<httplib::Server> make_server(const ServerOptions& o) {
-  if (o.ssl_certfile.empty()) return std::make_unique<httplib::Server>();
-  return std::make_unique<httplib::SSLServer>(o.ssl_certfile.c_str(), o.ssl_keyfile.c_str());
-}
-
-}  // namespace
 
 bool is_admin_route(const std::string& path) {
   static const std::set<std::string> kAdmin = {
@@ -52,19 +44,34 @@ HttpServer::HttpServer(EngineDriver& driver, const ModelConfig& config,
       chat_(std::move(chat)),
       model_pool_(model_pool),
       opt_(std::move(options)),
-      svr_(make_server(opt_)),
+      svr_(make_bounded_server(opt_.connections, opt_.ssl_certfile, opt_.ssl_keyfile, &transport_)),
       sessions_(std::make_unique<SessionStore>(opt_.max_sessions)) {
-  const int threads = opt_.http_threads;
-  svr_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   if (opt_.max_body_bytes > 0) svr_->set_payload_max_length(opt_.max_body_bytes);
   svr_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    request_headers_received();
+    const auto handled = [] {  // answered before the body was read: it must not be parsed next
+      close_after_response();
+      return httplib::Server::HandlerResponse::Handled;
+    };
     // GET /health stays open (liveness probes cannot carry a secret; it answers "ok", nothing more).
-    if (!opt_.keys.any() || (req.method == "GET" && req.path == "/health"))
-      return httplib::Server::HandlerResponse::Unhandled;
+    const bool open = !opt_.keys.any() || (req.method == "GET" && req.path == "/health");
     const std::string header = req.get_header_value("Authorization");
     const std::string_view token = bearer_token(header);
-    if (opt_.keys.allows(token, is_admin_route(req.path)))
-      return httplib::Server::HandlerResponse::Unhandled;
+    if (open || opt_.keys.allows(token, is_admin_route(req.path))) {
+      if (!body_too_large(req)) return httplib::Server::HandlerResponse::Unhandled;
+      ++http_errors_;
+      res.status = 413;
+      res.set_content(
+          json{{"error",
+                {{"message", "the request body is too large (Content-Length " +
+                                 req.get_header_value("Content-Length") + " > " +
+                                 std::to_string(opt_.max_body_bytes) + " bytes, --max-body-bytes)"},
+                 {"type", "invalid_request_error"},
+                 {"code", 413}}}}
+              .dump(-1, ' ', false, json::error_handler_t::replace),
+          "application/json");
+      return handled();
+    }
     ++http_errors_;
     res.status = 401;
     res.set_header("WWW-Authenticate", "Bearer");
@@ -77,7 +84,7 @@ HttpServer::HttpServer(EngineDriver& driver, const ModelConfig& config,
                            {"code", 401}}}}
                         .dump(),
                     "application/json");
-    return httplib::Server::HandlerResponse::Handled;
+    return handled();
   });
   // httplib listens with a backlog of 5, which drops connections when hundreds of clients arrive at
   // once; remember the listening socket so start() can raise it.
@@ -90,11 +97,16 @@ HttpServer::HttpServer(EngineDriver& driver, const ModelConfig& config,
   svr_->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     ++http_errors_;
-    const std::string message = res.status == 404 ? "no route " + req.method + " " + req.path
-                                : res.status == 405
-                                    ? "method " + req.method + " not allowed on " + req.path
-                                : res.status == 413 ? "the request body is too large"
-                                                    : "HTTP " + std::to_string(res.status);
+    if (request_timed_out()) res.status = 408;  // the connection closes after this reply
+    const std::string message =
+        res.status == 408
+            ? "the request did not arrive in time (--header-timeout " +
+                  json(opt_.connections.header_timeout_s).dump() + " s, --body-timeout " +
+                  json(opt_.connections.body_timeout_s).dump() + " s)"
+        : res.status == 404 ? "no route " + req.method + " " + req.path
+        : res.status == 405 ? "method " + req.method + " not allowed on " + req.path
+        : res.status == 413 ? "the request body is too large"
+                            : "HTTP " + std::to_string(res.status);
     res.set_content(json{{"error",
                           {{"message", message},
                            {"type", res.status < 500 ? "invalid_request_error" : "server_error"},
@@ -106,6 +118,15 @@ HttpServer::HttpServer(EngineDriver& driver, const ModelConfig& config,
 }
 
 HttpServer::~HttpServer() { stop(); }
+
+bool HttpServer::body_too_large(const httplib::Request& req) const {
+  if (opt_.max_body_bytes == 0 || !req.has_header("Content-Length")) return false;
+  const std::string v = req.get_header_value("Content-Length");
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+  return errno == ERANGE || n > opt_.max_body_bytes;
+}
 
 Status HttpServer::start() {
   if (!svr_->is_valid())

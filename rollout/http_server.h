@@ -12,20 +12,21 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "miles/engine.h"
 #include "miles/secret.h"
 #include "miles/tokenizer.h"
 #include "rollout/engine_driver.h"
+#include "rollout/http_transport.h"
 
 namespace httplib {
 class Server;
+struct Request;
 struct Response;
 }  // namespace httplib
 
@@ -44,7 +45,8 @@ class SessionStore;
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 30000;        // 0: any free port (see HttpServer::port())
-  int http_threads = 512;  // connection handlers (streams hold one each)
+  // Open connections (one thread each) and the deadlines for reading a request: http_transport.h.
+  ConnectionLimits connections;
   std::string model_path;  // reported by /get_model_info
   std::string served_model_name = "miles";
   size_t max_sessions = 4096;  // /sessions kept at once; creating one more drops the least recent
@@ -88,6 +90,8 @@ class HttpServer {
 
  private:
   void routes();
+  // A Content-Length over max_body_bytes (refused before the body is read).
+  bool body_too_large(const httplib::Request& req) const;
   void register_control_routes();  // http_control.cc
   void register_load_routes();     // http_load.cc: health_generate, get_load, v1/loads, server info
   void register_memory_routes();   // http_load.cc: release / resume_memory_occupation
@@ -116,6 +120,7 @@ class HttpServer {
   std::shared_ptr<const ChatTemplate> chat_;
   ThreadPool* model_pool_;
   ServerOptions opt_;
+  TransportCounters transport_;  // declared before svr_, which points at it
   std::unique_ptr<httplib::Server> svr_;
   std::unique_ptr<SessionStore> sessions_;
   std::thread thread_;

@@ -221,6 +221,34 @@ TEST(TcpStore, ServerGoneIsAnErrorNotAHang) {
   EXPECT_NE(none.message().find(address), std::string::npos) << none.message();
 }
 
+TEST(TcpStore, AStoreWithATokenServesOnlyClientsThatPresentIt) {
+  TcpStoreServerOptions so;
+  so.token = "run-secret";
+  auto server = TcpStoreServer::start(so);
+  ASSERT_TRUE(server.ok());
+  const std::string address = (*server)->address();
+  auto good = TcpStoreClient::connect({address, milliseconds(2000), "run-secret"});
+  ASSERT_TRUE(good.ok()) << good.message();
+  ASSERT_TRUE((*good)->set("k", "v").ok());
+  // A wrong token is refused at connect; no token at all on the first request. Neither sees data.
+  auto wrong = TcpStoreClient::connect({address, milliseconds(2000), "guess"});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.message().find("MILES_RUN_TOKEN"), std::string::npos) << wrong.message();
+  auto none = TcpStoreClient::connect({address, milliseconds(2000), ""});
+  ASSERT_TRUE(none.ok());  // nothing is said until its first request
+  auto r = (*none)->get("k", milliseconds(100));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("token"), std::string::npos) << r.message();
+  EXPECT_FALSE((*none)->set("k", "overwritten").ok());
+  EXPECT_EQ(*(*good)->get("k", milliseconds(100)), "v");
+  // A store without a token takes clients that present one (a run's processes always do).
+  auto open = TcpStoreServer::start(TcpStoreServerOptions{.token = ""});
+  ASSERT_TRUE(open.ok());
+  auto c = TcpStoreClient::connect({(*open)->address(), milliseconds(2000), "run-secret"});
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_TRUE((*c)->set("a", "b").ok());
+}
+
 TEST(TcpStore, BadAddresses) {
   for (const char* a : {"localhost", "127.0.0.1:", "127.0.0.1:99999", ":80", "::1:80", "[::1"}) {
     auto c = TcpStoreClient::connect({a, milliseconds(10)});

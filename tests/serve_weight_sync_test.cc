@@ -42,6 +42,8 @@ struct Served {
   std::unique_ptr<rollout::EngineDriver> driver;
   std::unique_ptr<rollout::HttpServer> server;
 
+  WeightSyncTrust trust;
+
   Status start() {
     MILES_RETURN_IF_ERROR(files.status());
     MILES_ASSIGN_OR_RETURN(auto model, Model::from_weights(files->config, files->weights));
@@ -50,9 +52,8 @@ struct Served {
         EngineOptions{.num_blocks = 64, .block_tokens = 8}));
     rollout::ServerOptions so;
     so.port = 0;
-    so.http_threads = 4;
     so.extra_routes = [this](httplib::Server& s, rollout::EngineDriver& d) {
-      (void)register_weight_sync_routes(s, d, files->config, model_dir, &pool);
+      (void)register_weight_sync_routes(s, d, files->config, model_dir, &pool, nullptr, trust);
     };
     server =
         std::make_unique<rollout::HttpServer>(*driver, files->config, nullptr, nullptr, &pool, so);
@@ -271,6 +272,28 @@ TEST(ServeWeightSync, BroadcastGroupBringsVersionsAndABadJoinKeepsTheVersion) {
 // One group per pipeline stage: the engine joins stage 0's and stage 1's groups of a two-stage
 // sender; two senders (each rank 0 of its group, as the stage leaders are) send their stages at
 // once and the engine swaps in the whole version. A partial or inconsistent join is refused.
+TEST(ServeWeightSync, JoinsReachOnlyStoresOnThisMachineOrTrustedHosts) {
+  Served served;
+  served.trust.store_hosts = {"192.0.2.7"};  // TEST-NET-1: trusted here, and nobody answers
+  ASSERT_TRUE(served.start().ok());
+  httplib::Client c("127.0.0.1", served.server->port());
+  const json join = {{"prefix", "g"}, {"rank", 1}, {"world_size", 2}, {"timeout_s", 0.2}};
+  int status = 0;
+  for (const char* store : {"192.0.2.8:1234", "no-such-host.invalid:1234", "[2001:db8::1]:80"}) {
+    json body = join;
+    body["store"] = store;
+    json r = post(c, "/join_weight_group", body, &status);
+    EXPECT_EQ(status, 403) << store << " " << r.dump();
+    EXPECT_NE(r.dump().find(store), std::string::npos) << r.dump();
+  }
+  for (const char* store : {"127.0.0.1:1", "192.0.2.7:1234"}) {  // accepted: the join starts
+    json body = join;
+    body["store"] = store;
+    post(c, "/join_weight_group", body, &status);
+    EXPECT_EQ(status, 200) << store;
+  }
+}
+
 TEST(ServeWeightSync, OneBroadcastGroupPerPipelineStage) {
   GroupTest g;
   ASSERT_TRUE(g.start().ok());

@@ -42,7 +42,6 @@ struct Served {
     ServerOptions so;
     so.port = 0;
     so.model_path = model_path;
-    so.http_threads = 300;
     server = std::make_unique<HttpServer>(*driver, model->config(), tok, nullptr, pool.get(), so);
     Status s = server->start();
     EXPECT_TRUE(s.ok()) << s.message();

@@ -58,7 +58,6 @@ class Sessions : public ::testing::Test {
                                                         EngineOptions{.num_blocks = 512}, *tok_));
     ServerOptions so;
     so.port = 0;
-    so.http_threads = 8;
     server_ = new HttpServer(*driver_, (*model_)->config(), *tok_, *chat_, pool_, so);
     Status s = server_->start();
     ASSERT_TRUE(s.ok()) << s.message();

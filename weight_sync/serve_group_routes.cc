@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "miles/host_guard.h"
 #include "weight_sync/serve_state.h"
 #include "weight_sync/tp_intake.h"
 
@@ -162,6 +163,8 @@ void register_group_routes(httplib::Server& s, std::shared_ptr<WeightSyncRoutes>
     const json body = json::parse(req.body, nullptr, false);
     auto o = join_options(body);
     if (!o.ok()) return reply_failure(res, 400, o.message());
+    if (Status c = confine_host(o->store_address, st->store_hosts, "--weight-store-host"); !c.ok())
+      return reply_failure(res, 403, "join_weight_group: the store " + c.message());
     // Broadcast: one group per pipeline stage of the sender, `stage` of `stages` (default 0 of 1).
     // p2p: one group of the trainer's ranks and the engines.
     auto kind = join_kind(body, *o, st->config, st->tp_intake ? st->tp_intake->size() : 1);

@@ -79,8 +79,10 @@ Result<const TransferPlan*> WeightSyncRoutes::plan_for(const ParallelLayout& lay
 std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(
     httplib::Server& s, rollout::EngineDriver& driver, const ModelConfig& config,
     const std::string& model_path, ThreadPool* pool,
-    std::shared_ptr<rollout::TpShardIntake> tp_intake, std::vector<std::string> weight_dirs) {
+    std::shared_ptr<rollout::TpShardIntake> tp_intake, WeightSyncTrust trust) {
   auto st = std::make_shared<WeightSyncRoutes>();
+  st->store_hosts = trust.store_hosts;
+  const std::vector<std::string> weight_dirs = std::move(trust.weight_dirs);
   st->tp_intake = std::move(tp_intake);
   st->config = config;
   st->model_path = model_path;

@@ -9,7 +9,8 @@
 //        starts joining the Gloo group P of the controller's TcpStore (rank 0, the controller,
 //        sends; the engines are ranks 1..W − 1) on a thread of its own, binding A (default
 //        127.0.0.1), and replies at once; a later join replaces the group. The optional plan digest
-//        (transfer_plan_digest) must be the engine's own: otherwise 400 at once.
+//        (transfer_plan_digest) must be the engine's own: otherwise 400 at once. The store must be
+//        on this machine or a trusted host (WeightSyncTrust::store_hosts): otherwise 403.
 //        p2p ("transport": "p2p", "trainer_layout": L): one group of the trainer's ranks and the
 //        engines; "engine_tp": N (a tensor-parallel engine's N ranks are ranks r..r+N−1, N its
 //        --tp) makes every rank of this engine join and receive its own shard straight from the
@@ -25,6 +26,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "miles/model_config.h"
 #include "rollout/engine_driver.h"
@@ -39,11 +41,17 @@ class ThreadPool;
 
 struct WeightSyncRoutes;  // state shared by the handlers (current checksums, delta receivers)
 
+// What the routes may reach on a client's word: delta directories inside `weight_dirs`
+// (path_guard.h; empty: any) and group stores on this machine or `store_hosts` (host_guard.h).
+struct WeightSyncTrust {
+  std::vector<std::string> weight_dirs;
+  std::vector<std::string> store_hosts;
+};
+
 // `model_path` is where the served weights came from (their checksums are computed on first use).
 std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(
     httplib::Server& server, rollout::EngineDriver& driver, const ModelConfig& config,
     const std::string& model_path, ThreadPool* pool,
-    std::shared_ptr<rollout::TpShardIntake> tp_intake = nullptr,
-    std::vector<std::string> weight_dirs = {});
+    std::shared_ptr<rollout::TpShardIntake> tp_intake = nullptr, WeightSyncTrust trust = {});
 
 }  // namespace miles

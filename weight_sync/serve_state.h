@@ -68,7 +68,8 @@ struct WeightSyncRoutes {
   // have every rank receive its own shard (tp_intake.h). Null for a one-process engine.
   std::shared_ptr<rollout::TpShardIntake> tp_intake;
   TransferPlan plan;
-  std::string plan_digest;  // transfer_plan_digest(plan)
+  std::string plan_digest;               // transfer_plan_digest(plan)
+  std::vector<std::string> store_hosts;  // joins reach stores here or on this machine
 
   std::mutex mu;         // one update at a time; guards the fields below
   int64_t version = -1;  // of `checksums` (-1: not computed yet)

@@ -16,11 +16,16 @@
 //   timeout_ms
 //              | ADD key i64 delta | CHECK u32 n key*n | DELETE key        (key, value = u32 length
 //              + bytes)
-//   reply    = u8 code (0 ok, 1 timeout, 2 bad request), then: GET value | WAIT on timeout u32 n
-//   missing
-//              key*n | ADD i64 new value | CHECK u8 all present | DELETE u8 existed
-// The server binds 127.0.0.1 unless told otherwise: it has no authentication, so expose it only to
-// a trusted network.
+//              | AUTH token
+//   reply    = u8 code (0 ok, 1 timeout, 2 bad request, 3 unauthorized), then: GET value | WAIT on
+//              timeout u32 n missing key*n | ADD i64 new value | CHECK u8 all present | DELETE u8
+//              existed
+// Authentication: a server given a token takes AUTH with that token as the first request of a
+// connection (within 30 s of connecting) and closes a connection that sends anything else (reply
+// 3). The token is the run's (MILES_RUN_TOKEN, see secret.h) unless the options say otherwise, so
+// every store and client of a `miles run` job authenticates without being told; it travels in
+// the clear, so the store's network must be private (docs/security.md). The server binds
+// 127.0.0.1 unless told otherwise.
 #pragma once
 
 #include <chrono>
@@ -30,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "miles/secret.h"
 #include "miles/status.h"
 
 namespace miles {
@@ -37,6 +43,7 @@ namespace miles {
 struct TcpStoreServerOptions {
   std::string host = "127.0.0.1";  // address to bind; "0.0.0.0" for every interface
   int port = 0;                    // 0: an ephemeral port, see TcpStoreServer::port()
+  std::string token = run_token();  // clients must present it; "": no authentication
 };
 
 class TcpStoreServer {
@@ -63,6 +70,7 @@ struct TcpStoreClientOptions {
   std::string address;  // "host:port" or "[v6 address]:port"
   // How long to keep retrying the first connection (the server may start after its clients).
   std::chrono::milliseconds connect_timeout{60'000};
+  std::string token = run_token();  // presented on connecting when not empty
 };
 
 // One connection to a TcpStoreServer. Thread-safe (requests are serialized on the connection).
@@ -89,6 +97,7 @@ class TcpStoreClient {
 
  private:
   TcpStoreClient(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}
+  Status authenticate(const std::string& token);
   // Sends `request`, reads the reply code and hands the connection to `read_rest` for the payload.
   // `wait_budget` is how long the server may legitimately block before replying.
   template <typename ReadRest>

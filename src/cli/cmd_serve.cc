@@ -1,4 +1,6 @@
 // `miles serve`: the rollout engine behind SGLang- and OpenAI-compatible HTTP endpoints.
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,10 +41,19 @@ struct ServeOptions {
   int64_t random_seed = -1;    // -1: fresh seeds from a random start-up value
   std::string api_key, api_key_file, admin_api_key, admin_api_key_file;
   std::vector<std::string> weights_dirs;  // besides the model's own directory
+  std::vector<std::string> store_hosts;   // besides this machine and the controller's host
 };
 
 // The directories weight updates may load from: the served model's (its directory, or the file's)
 // and every --weights-dir.
+// The hosts whose stores weight-group joins may reach: --weight-store-host and the controller's.
+std::vector<std::string> trusted_store_hosts(const ServeOptions& o) {
+  std::vector<std::string> hosts = o.store_hosts;
+  if (const size_t colon = o.controller.rfind(':'); colon != std::string::npos)
+    hosts.push_back(unbracket(o.controller.substr(0, colon)));
+  return hosts;
+}
+
 std::vector<std::string> trusted_weight_dirs(const ServeOptions& o) {
   namespace fs = std::filesystem;
   std::vector<std::string> dirs = o.weights_dirs;
@@ -61,6 +72,21 @@ Result<ApiKeys> serve_keys(const ServeOptions& o) {
   return keys;
 }
 
+// Each open connection is a descriptor; the usual soft limit (1024) would refuse connections (or
+// fail an accept) well before --max-connections. Raises it toward the hard limit.
+static void raise_open_file_limit(int max_connections) {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
+  const rlim_t want = static_cast<rlim_t>(max_connections) + 512;
+  if (lim.rlim_cur >= want) return;
+  lim.rlim_cur = std::min(want, lim.rlim_max);
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur < want)
+    spdlog::warn(
+        "serve: the open-file limit ({}) is below --max-connections + 512; raise "
+        "`ulimit -n`",
+        static_cast<uint64_t>(lim.rlim_cur));
+}
+
 int run_serve(ServeOptions o) {
   // Block the stop signals before any thread starts, so that only sigwait below sees them.
   sigset_t stop_signals;
@@ -68,6 +94,7 @@ int run_serve(ServeOptions o) {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  raise_open_file_limit(o.server.connections.max_connections);
 
   // Threads per process: a tensor-parallel engine shares the cores among its ranks.
   if (o.threads == 0 && o.tp.tp > 1)
@@ -89,8 +116,7 @@ int run_serve(ServeOptions o) {
     auto r = make_device_model_runner(*device, files->config, files->weights, o.engine, &pool);
     if (!r.ok()) return fail("serve", r.message());
     runner = std::move(r).value();
-    std::fprintf(stderr, "miles serve: forwards on %s, KV cache in device memory\n",
-                 o.device.c_str());
+    spdlog::info("miles serve: forwards on {}, KV cache in device memory", o.device);
   } else if (o.tp.tp > 1) {
     auto g = start_serve_tp(o.model, o.tp, o.engine, &pool);
     if (!g.ok()) return fail("serve", g.message());
@@ -112,8 +138,7 @@ int run_serve(ServeOptions o) {
   } else if (!o.tokenizer.empty()) {
     return fail("serve", t.message());
   } else {
-    std::fprintf(stderr, "miles serve: no tokenizer (%s); only input_ids prompts\n",
-                 t.message().c_str());
+    spdlog::warn("miles serve: no tokenizer ({}); only input_ids prompts", t.message());
   }
   std::shared_ptr<const ChatTemplate> chat;
   const std::string chat_source =
@@ -125,7 +150,7 @@ int run_serve(ServeOptions o) {
     } else if (!o.chat_template.empty()) {
       return fail("serve", tmpl.message());
     } else {
-      std::fprintf(stderr, "miles serve: no chat template (%s)\n", tmpl.message().c_str());
+      spdlog::warn("miles serve: no chat template ({})", tmpl.message());
     }
   }
   if (o.random_seed >= 0) o.engine.random_seed = static_cast<uint64_t>(o.random_seed);
@@ -139,23 +164,24 @@ int run_serve(ServeOptions o) {
   if (!keys.ok()) return fail("serve", keys.message());
   o.server.keys = *keys;
   if (!keys->any() && !is_loopback_host(o.server.host))
-    std::fprintf(stderr,
-                 "miles serve: WARNING: listening on %s without an API key: anyone who can reach "
-                 "this address can generate, swap weights and pause the engine (set "
-                 "MILES_API_KEY / --api-key-file; docs/security.md)\n",
-                 o.server.host.c_str());
+    spdlog::warn(
+        "miles serve: listening on {} without an API key: anyone who can reach this address can "
+        "generate, swap weights and pause the engine (set MILES_API_KEY / --api-key-file; "
+        "docs/security.md)",
+        o.server.host);
   o.server.block_tokens = o.engine.block_tokens;
   o.server.tp_size = o.tp.tp;
   o.server.random_seed = o.engine.random_seed;
   std::shared_ptr<WeightSyncRoutes> weight_sync;  // /update_weights_from_disk_delta, checksums
   o.server.extra_routes = [&](httplib::Server& s, rollout::EngineDriver& d) {
     weight_sync =
-        register_weight_sync_routes(s, d, config, o.model, &pool, tp_intake, o.server.weight_dirs);
+        register_weight_sync_routes(s, d, config, o.model, &pool, tp_intake,
+                                    WeightSyncTrust{o.server.weight_dirs, trusted_store_hosts(o)});
   };
   rollout::HttpServer server(driver, config, tok, chat, &pool, o.server);
   if (Status s = server.start(); !s.ok()) return fail("serve", s.message());
-  std::fprintf(stderr, "miles serve: listening on http://%s (model %s)\n",
-               host_port(o.server.host, server.port()).c_str(), o.model.c_str());
+  spdlog::info("miles serve: listening on http://{} (model {})",
+               host_port(o.server.host, server.port()), o.model);
   std::unique_ptr<rollout::GrpcServer> grpc;
   if (!o.controller.empty() && o.grpc_port < 0)
     o.grpc_port = 0;  // the controller generates over gRPC
@@ -166,8 +192,7 @@ int run_serve(ServeOptions o) {
             grpc->start(o.server.host, o.grpc_port, o.server.ssl_certfile, o.server.ssl_keyfile);
         !s.ok())
       return fail("serve", s.message());
-    std::fprintf(stderr, "miles serve: gRPC on %s\n",
-                 host_port(o.server.host, grpc->port()).c_str());
+    spdlog::info("miles serve: gRPC on {}", host_port(o.server.host, grpc->port()));
   }
   if (!o.controller.empty()) {
     controller::EngineRegistration reg;
@@ -191,15 +216,15 @@ int run_serve(ServeOptions o) {
       grpc->stop();
       server.stop();
       if (stop_signal <= 0) return fail("serve", id.message());
-      std::fprintf(stderr, "miles serve: stopping (signal %d) before registering\n", stop_signal);
+      spdlog::info("miles serve: stopping (signal {}) before registering", stop_signal);
       return 0;
     }
-    std::fprintf(stderr, "miles serve: registered with the controller at %s as engine %lld\n",
-                 o.controller.c_str(), static_cast<long long>(*id));
+    spdlog::info("miles serve: registered with the controller at {} as engine {}", o.controller,
+                 *id);
   }
   int sig = 0;
   sigwait(&stop_signals, &sig);
-  std::fprintf(stderr, "miles serve: stopping (signal %d)\n", sig);
+  spdlog::info("miles serve: stopping (signal {})", sig);
   if (grpc) grpc->stop();
   server.stop();
   return 0;
@@ -223,8 +248,18 @@ void register_serve(CLI::App& app) {
   sub->add_option("--engine-id", o->engine_id, "the id a controller gave this engine (internal)");
   sub->add_option("--advertise-host", o->advertise_host,
                   "the host the controller should call (default: --host, or the peer address)");
-  sub->add_option("--http-threads", o->server.http_threads, "HTTP handler threads")
-      ->capture_default_str();
+  sub->add_option("--max-connections", o->server.connections.max_connections,
+                  "open HTTP connections served at once (one thread each); more get 503")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--header-timeout", o->server.connections.header_timeout_s,
+                  "seconds a request's line and headers (and a TLS handshake) may take to arrive")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  sub->add_option("--body-timeout", o->server.connections.body_timeout_s,
+                  "seconds a request's body may take to arrive after its headers")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
   sub->add_option("--threads", o->threads, "compute threads (0 = all cores)")
       ->capture_default_str();
   sub->add_option("--num-blocks", o->engine.num_blocks, "KV cache blocks")->capture_default_str();
@@ -266,6 +301,9 @@ void register_serve(CLI::App& app) {
                   "a directory weight updates may load from (repeatable; the model's own "
                   "directory always): /update_weights_from_disk and disk-delta directories "
                   "elsewhere are refused (403)");
+  sub->add_option("--weight-store-host", o->store_hosts,
+                  "a host whose rendezvous stores /join_weight_group may reach (repeatable; this "
+                  "machine and the --controller's host always): other stores are refused (403)");
   sub->add_option("--ssl-certfile", o->server.ssl_certfile,
                   "serve HTTPS (and gRPC over TLS) with this PEM certificate");
   sub->add_option("--ssl-keyfile", o->server.ssl_keyfile, "the certificate's PEM private key");

@@ -24,14 +24,17 @@ namespace sio = comm::detail;
 
 namespace {
 
-enum Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kCheck = 5, kDelete = 6 };
-enum Code : uint8_t { kOk = 0, kTimeout = 1, kBadRequest = 2 };
+enum Op : uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4, kCheck = 5, kDelete = 6, kAuth = 7 };
+enum Code : uint8_t { kOk = 0, kTimeout = 1, kBadRequest = 2, kUnauthorized = 3 };
 
 constexpr uint32_t kMaxKeyBytes = 1u << 16;
 constexpr uint32_t kMaxValueBytes = 1u << 30;
 constexpr uint32_t kMaxKeys = 1u << 20;
 // Once a request or reply has started, the rest of it must arrive within this.
 constexpr auto kMessageGrace = std::chrono::seconds(30);
+// A connection to a store with a token must authenticate within this, with a token this long.
+constexpr auto kAuthGrace = std::chrono::seconds(30);
+constexpr uint32_t kMaxTokenBytes = 4096;
 
 template <typename T>
 void put(std::string& out, T v) {
@@ -95,6 +98,7 @@ struct TcpStoreServer::Impl {
   int listen_fd = -1;
   int port = 0;
   std::string host;
+  std::string token;
   std::atomic<bool> stopping{false};
   std::thread acceptor;
 
@@ -107,6 +111,8 @@ struct TcpStoreServer::Impl {
 
   void accept_loop();
   void serve(Conn* conn);
+  // The connection's first request, when the store has a token: AUTH with that token.
+  bool authenticate(int fd);
   // Handles one request whose op byte was read; false to drop the connection.
   bool handle(int fd, uint8_t op);
   bool all_present(const std::vector<std::string>& keys) const {
@@ -146,7 +152,22 @@ void TcpStoreServer::Impl::accept_loop() {
   }
 }
 
+bool TcpStoreServer::Impl::authenticate(int fd) {
+  const auto deadline = Clock::now() + kAuthGrace;
+  uint8_t op = 0;
+  std::string presented;
+  const bool ok = sio::read_all(fd, &op, 1, deadline).ok() && op == kAuth &&
+                  get_str(fd, &presented, kMaxTokenBytes, deadline).ok() &&
+                  secret_equal(presented, token);
+  const uint8_t code = ok ? kOk : kUnauthorized;
+  return sio::write_all(fd, &code, 1, Clock::now() + kMessageGrace).ok() && ok;
+}
+
 void TcpStoreServer::Impl::serve(Conn* conn) {
+  if (!token.empty() && !authenticate(conn->fd)) {
+    conn->done.store(true);
+    return;
+  }
   for (;;) {
     uint8_t op = 0;
     // Idle connections wait forever; stop() shuts the socket down, which ends this read.
@@ -240,6 +261,11 @@ bool TcpStoreServer::Impl::handle(int fd, uint8_t op) {
       put<uint8_t>(reply, present ? 1 : 0);
       return send_reply();
     }
+    case kAuth: {  // already authenticated (or no token): accepted, whatever it holds
+      if (!get_str(fd, &key, kMaxTokenBytes, deadline).ok()) return bad_request();
+      put<uint8_t>(reply, kOk);
+      return send_reply();
+    }
     case kDelete: {
       if (!get_str(fd, &key, kMaxKeyBytes, deadline).ok()) return bad_request();
       bool existed;
@@ -266,6 +292,7 @@ Result<std::unique_ptr<TcpStoreServer>> TcpStoreServer::start(
   }
   auto impl = std::make_unique<Impl>();
   impl->host = options.host;
+  impl->token = options.token;
   auto fd = sio::listen_tcp(sio::HostPort{options.host, options.port});
   if (!fd.ok()) return fd.status().with_context("tcp store server");
   impl->listen_fd = *fd;
@@ -308,7 +335,18 @@ Result<std::unique_ptr<TcpStoreClient>> TcpStoreClient::connect(
     return fd.status().with_context("tcp store: no server at " + options.address + " within " +
                                     std::to_string(options.connect_timeout.count()) + " ms");
   }
-  return std::unique_ptr<TcpStoreClient>(new TcpStoreClient(*fd, hp->to_string()));
+  auto client = std::unique_ptr<TcpStoreClient>(new TcpStoreClient(*fd, hp->to_string()));
+  if (!options.token.empty()) MILES_RETURN_IF_ERROR(client->authenticate(options.token));
+  return client;
+}
+
+Status TcpStoreClient::authenticate(const std::string& token) {
+  std::string req;
+  put<uint8_t>(req, kAuth);
+  put_str(req, token);
+  uint8_t code = 0;
+  return roundtrip("authenticate", req, {}, &code,
+                   [](int, Clock::time_point) { return Status::Ok(); });
 }
 
 TcpStoreClient::~TcpStoreClient() { sio::close_fd(fd_); }
@@ -326,6 +364,10 @@ Status TcpStoreClient::roundtrip(const std::string& what, const std::string& req
     const auto deadline = deadline_after(wait_budget) + kMessageGrace;
     s = read_pod(fd_, code, deadline);
     if (s.ok() && *code == kBadRequest) s = Status::Error("the server rejected the request");
+    if (s.ok() && *code == kUnauthorized)
+      s = Status::Error(
+          "the store refused the connection: its token is missing or wrong (the stores of a "
+          "`miles run` job take the run's MILES_RUN_TOKEN; give this process the same one)");
     if (s.ok()) s = read_rest(fd_, deadline);
   }
   if (!s.ok()) {
