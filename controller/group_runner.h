@@ -1,4 +1,4 @@
-// GroupRunner: one prompt → a scored group of n samples (contracts.md §2 sample records).
+// GroupRunner: one prompt → a scored group of n samples (docs/contracts.md §2 sample records).
 //
 // Why: the unit the RL loop schedules, filters and trains on is the group (GRPO normalises within
 // it). Generation goes through the EnginePool (re-dispatched whole when an engine dies); samples

@@ -1,5 +1,6 @@
 // RlJob setup and teardown (rl_job_internal.h): run directory, trainer (and resume), rewards,
 // prompts, weight publisher, controller service, engines.
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -29,7 +30,7 @@ void RlJob::log_line(const std::string& line) {
   if (metrics_) {
     metrics_->message("miles run: " + line);
   } else {
-    std::fprintf(stderr, "miles run: %s\n", line.c_str());
+    spdlog::info("miles run: {}", line);
   }
 }
 

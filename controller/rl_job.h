@@ -2,7 +2,7 @@
 //
 // Why: this is the product a user launches. It owns the trainer (in this process), the pool of
 // rollout engines (processes), the controller's gRPC service, the weight publisher, rewards,
-// metrics and checkpoints, and runs one of three schedules (contracts.md §1):
+// metrics and checkpoints, and runs one of three schedules (docs/contracts.md §1):
 //   sync          generate step k with version k, train, publish k + 1, sync: on-policy; the
 //                 trainer's logprobs equal the engine's bit for bit (mismatch metrics exactly 0).
 //   one_step_off  step k + 1 generates (with version k) while step k trains; sync after both:

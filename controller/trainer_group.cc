@@ -1,6 +1,7 @@
 // TrainerRank / TrainerWorkers (trainer_group.h).
 #include "controller/trainer_group.h"
 
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -30,9 +31,7 @@ std::vector<uint8_t> join_payload(const std::string& store, const std::string& p
   return {s.begin(), s.end()};
 }
 
-void worker_log(const std::string& line) {
-  std::fprintf(stderr, "miles rl-worker: %s\n", line.c_str());
-}
+void worker_log(const std::string& line) { spdlog::info("miles rl-worker: {}", line); }
 
 Result<TrainerConfig> trainer_config(const RunConfig& cfg) {
   const TrainerSection& t = cfg.trainer;

@@ -1,6 +1,8 @@
 // One engine iteration: schedule (running decodes first, then prefill chunks of waiting samples
 // under the token budget) → one packed forward → store routed experts beside the KV → sample, check
 // stops, fork GRPO siblings → report events and free finished samples' blocks.
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -133,7 +135,7 @@ void Engine::Impl::run_batch(const std::vector<Item>& items) {
   fo.all_logits = input_rows;
   fo.return_experts = experts_per_pos > 0;
   auto out = runner->forward(tokens, seqs, *kv, fo);
-  if (!out.ok()) std::fprintf(stderr, "miles engine: forward failed: %s\n", out.message().c_str());
+  if (!out.ok()) spdlog::error("miles engine: forward failed: {}", out.message());
   MILES_CHECK(out.ok(), "engine forward failed on a validated batch");
   const int64_t v = out->vocab;
   std::vector<const float*> last_rows(items.size());

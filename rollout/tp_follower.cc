@@ -1,5 +1,7 @@
 // Ranks 1..n-1 of a tensor-parallel engine (tp_engine.h): a loop over rank 0's commands, holding
 // this rank's shard of each live weight generation and of every KV block.
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -80,8 +82,7 @@ class Follower {
   Status report(const Status& mine) {
     const tp_wire::StatusSlot slot = tp_wire::to_slot(mine);
     std::vector<tp_wire::StatusSlot> all(comm_.size());
-    if (!mine.ok())
-      std::fprintf(stderr, "miles tp rank %d: %s\n", comm_.rank(), mine.message().c_str());
+    if (!mine.ok()) spdlog::error("miles tp rank {}: {}", comm_.rank(), mine.message());
     return comm_.allgather(&slot, sizeof(slot), all.data());
   }
 

@@ -1,5 +1,7 @@
 // Rank 0 of a tensor-parallel engine (tp_engine.h): the group that sends its followers commands and
 // the ModelRunner that runs each forward on rank 0's shard in lockstep with them.
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -99,7 +101,7 @@ class TpEngineGroup {
   Status fail(const std::string& why) {
     broken_ = true;
     broken_status_ = Status::Error("tensor-parallel engine group " + comm_->name() + ": " + why);
-    std::fprintf(stderr, "miles serve: %s\n", broken_status_.message().c_str());
+    spdlog::error("miles serve: {}", broken_status_.message());
     return broken_status_;
   }
 

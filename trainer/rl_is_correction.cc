@@ -3,7 +3,7 @@
 //
 // Why here: both read the same weight w_t = exp(old_logp - rollout_logp), the ratio between the
 // trainer's behaviour-policy logprob and the logprob of the distribution the rollout engine sampled
-// from (contracts.md section 6). Conventions learned from slime's vanilla TIS (pg loss x clamp(w,
+// from (docs/contracts.md §6). Conventions learned from slime's vanilla TIS (pg loss x clamp(w,
 // max=C)) and Miles' MIS helper (drop tokens, or whole sequences by the geometric-mean weight,
 // outside [low, high]).
 #include <algorithm>

@@ -3,6 +3,8 @@
 // rebuilt model. See trainer.h for the contract.
 #include "miles/trainer.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -57,7 +59,7 @@ Status Trainer::reload_model() {
   }
   if (model_ && model_layout_ == layout_) {  // same tensors, new values: reuse the buffers
     const Status s = model_->reload_weights(view, pool_);
-    if (!s.ok()) std::fprintf(stderr, "trainer: %s\n", s.message().c_str());
+    if (!s.ok()) spdlog::error("trainer: {}", s.message());
     MILES_CHECK(s.ok(), "reloading the trainer's own parameters into its model failed");
     return Status::Ok();
   }

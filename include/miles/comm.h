@@ -4,7 +4,7 @@
 // send/recv, sums, a barrier) over groups of ranks, on CPU (Gloo over TCP) and later on GPU (NCCL).
 // The trainer programs against this interface; the back-end is chosen once at start-up.
 //
-// Determinism (docs: contracts.md §6): a ring all-reduce adds partials in an order that depends on
+// Determinism (docs/contracts.md §6): a ring all-reduce adds partials in an order that depends on
 // the rank count and on the ring position, so results differ between layouts and even between
 // ranks. Here every sum is an all-gather of the partials followed, on every rank, by the same
 // balanced halving tree over rank index as the kernels' chunk tree (kernels.h: split [lo, hi) at lo

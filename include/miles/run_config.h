@@ -3,7 +3,7 @@
 // Why: an RL job has a dozen coupled knobs (batch sizes, parallel layout, staleness, rewards); a
 // typo or an inconsistent value must stop the run at load time with the YAML line at fault and a
 // hint, not after an hour of rollouts. Every key has a type and a default; unknown keys, wrong
-// types and values that break an invariant (contracts.md §1: rollout_batch_size ×
+// types and values that break an invariant (docs/contracts.md §1: rollout_batch_size ×
 // n_samples_per_prompt = global_batch_size × num_steps_per_rollout) are errors that name
 // `file:line: section.key` and what would be accepted ("did you mean ...?" for unknown keys).
 //

@@ -1,6 +1,6 @@
 // Trainer checkpoints: save and resume a training job bit for bit, as a Hugging Face model dir.
 //
-// Why: a resumed run must continue exactly where it stopped (contracts.md §8: per-layer hashes
+// Why: a resumed run must continue exactly where it stopped (docs/contracts.md §8: per-layer hashes
 // equal after checkpoint resume), a crash while saving must never leave a directory that looks
 // complete, and every checkpoint must be directly usable by the HF ecosystem
 // (transformers.AutoModelForCausalLM.from_pretrained(dir)) and by our own loaders.

@@ -28,7 +28,7 @@ namespace miles {
 class ThreadPool;
 class Communicator;
 
-// One training sample (contracts.md §2): prompt + response token ids exactly as generated.
+// One training sample (docs/contracts.md §2): prompt + response token ids exactly as generated.
 struct TrainSample {
   std::vector<int32_t> tokens;          // (T)
   int64_t response_length = 0;          // R: tokens [T − R, T) are scored; 1 <= R <= T − 1

@@ -3,7 +3,7 @@
 //
 // Why: every transport (broadcast, p2p, disk-delta) moves the same tensors after every optimizer
 // step; planning once keeps the hot path to "copy bucket i" and makes the order identical on every
-// process, so senders and receivers agree without talking. Rules (contracts.md §3): buckets of
+// process, so senders and receivers agree without talking. Rules (docs/contracts.md §3): buckets of
 // about `bucket_bytes`; expert and non-expert tensors in separate buckets; tensors that an engine
 // fuses (a layer's q/k/v, an MLP's gate/up) never straddle two buckets; each pipeline stage sends
 // its own layers independently, from its (dp = 0, tp = 0) rank after gathering its tensor-parallel

@@ -70,7 +70,7 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
                          const TensorSource& source, ReceivedWeights* out,
                          const BroadcastOptions& options = {});
 
-// Broadcast with one group per pipeline stage (contracts.md: "one group per pipeline stage"): the
+// Broadcast with one group per pipeline stage (docs/contracts.md §3): the
 // group of stage s has that stage's (dp = 0, tp = 0) trainer rank as rank 0 and the engines after
 // it, and carries only stage s's buckets (stage_plan). A stage leader calls send_stage_weights on
 // its group; a receiver calls receive_stage_weights with every stage's group, in stage order, and

@@ -5,6 +5,8 @@
 // Why: overlapping generation with training is the reason for the asynchronous schedules; this
 // measures what it buys on this machine for a given job (on two cores the engine and the trainer
 // compete for the same cores, so the gain is bounded by how much each side leaves idle).
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -68,7 +70,7 @@ int run_bench_step(const BenchStepOptions& o) {
       argv.push_back(ov);
     argv.push_back("--run-dir");
     argv.push_back(dir);
-    std::fprintf(stderr, "bench step: %s ...\n", mode.c_str());
+    spdlog::info("bench step: {} ...", mode);
     if (Status s = run_local_workers(1, {argv}); !s.ok())
       return fail("bench step", mode + ": " + s.message());
     auto r = read_metrics(dir + "/metrics.jsonl", mode);

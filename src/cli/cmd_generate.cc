@@ -1,5 +1,7 @@
 // `miles generate`: text generation from a prompt with the shared model (prefill, then one token per
 // step), streaming each token's text as llama2.c's run.c prints it.
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -92,9 +94,8 @@ int run_generate(const GenerateOptions& o) {
   std::fputs("\n", stdout);
   std::fflush(stdout);  // the answer first, then the timing line on stderr
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(stderr, "miles generate: %lld tokens in %.3f s (%.1f tokens/s, %d threads)\n",
-               static_cast<long long>(generated), secs, generated / std::max(secs, 1e-9),
-               pool.num_threads());
+  spdlog::info("miles generate: {} tokens in {:.3f} s ({:.1f} tokens/s, {} threads)", generated,
+               secs, generated / std::max(secs, 1e-9), pool.num_threads());
   return 0;
 }
 

@@ -3,6 +3,8 @@
 //
 // Why in the CLI: a run's record should be readable with the same binary that wrote it, on the
 // machine it ran on, and the page should survive being copied anywhere (report/report.h).
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -20,7 +22,7 @@ struct ReportOptions {
 int run_report(const ReportOptions& o) {
   const Result<report::ReportSummary> r = report::write_report(o.run_dir, o.out);
   if (!r.ok()) {
-    std::fprintf(stderr, "miles report: %s\n", r.message().c_str());
+    spdlog::error("miles report: {}", r.message());
     return 1;
   }
   std::printf("wrote %s: %lld step%s, %d charts", r->path.c_str(), static_cast<long long>(r->steps),

@@ -2,6 +2,7 @@
 // starts N `miles train-worker` processes (one per rank) that meet through a TCP rendezvous store
 // and sum their gradients over Gloo. `miles train-worker` is the same job as one rank of a launched
 // world (the controller or Slurm / Kubernetes start it with --rank, --world-size and --store).
+#include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
 #include <chrono>
@@ -151,12 +152,10 @@ Status run_rank(const SftOptions& o) {
     if (latest.ok()) {
       MILES_ASSIGN_OR_RETURN(TrainState st, load_checkpoint(*latest, *trainer));
       first = st.step;
-      if (o.rank == 0)
-        std::fprintf(stderr, "miles sft: resumed from %s (step %ld)\n", latest->c_str(),
-                     static_cast<long>(first));
+      if (o.rank == 0) spdlog::info("miles sft: resumed from {} (step {})", *latest, first);
     } else if (o.rank == 0) {
-      std::fprintf(stderr, "miles sft: nothing to resume in %s (%s); starting fresh\n",
-                   o.save_dir.c_str(), latest.message().c_str());
+      spdlog::info("miles sft: nothing to resume in {} ({}); starting fresh", o.save_dir,
+                   latest.message());
     }
   }
   auto save = [&](int64_t done) -> Status {

@@ -1,6 +1,8 @@
 // Tokenizer discovery next to a model, and the CLI's error exit.
 #include "cli/model_files.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
 #include <filesystem>
 
@@ -22,7 +24,7 @@ Result<std::unique_ptr<Tokenizer>> find_tokenizer(const std::string& model_path,
 }
 
 int fail(const char* command, const std::string& message) {
-  std::fprintf(stderr, "miles %s: %s\n", command, message.c_str());
+  spdlog::error("miles {}: {}", command, message);
   return 1;
 }
 

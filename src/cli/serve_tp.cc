@@ -1,6 +1,7 @@
 // `miles serve --tp N` start-up and `miles engine-tp-worker` (serve_tp.h).
 #include "cli/serve_tp.h"
 
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -34,10 +35,10 @@ Result<ServeTpGroup> start_serve_tp(const std::string& model_path, const ServeTp
   MILES_ASSIGN_OR_RETURN(ModelFiles files, load_model_files(model_path));
   MILES_RETURN_IF_ERROR(tensor_parallel::local_config(files.config, o.tp).status());
   if (Status b = tensor_parallel::bitwise_split(files.config, o.tp); !b.ok())
-    std::fprintf(stderr,
-                 "miles serve: warning: --tp %d is not bit-identical to one process (%s); a "
-                 "trainer with the same tensor-parallel size computes the same numbers\n",
-                 o.tp, b.message().c_str());
+    spdlog::warn(
+        "miles serve: --tp {} is not bit-identical to one process ({}); a trainer with the same "
+        "tensor-parallel size computes the same numbers",
+        o.tp, b.message());
   ServeTpGroup g;
   CommOptions c;
   c.rank = 0;
@@ -79,15 +80,14 @@ Result<ServeTpGroup> start_serve_tp(const std::string& model_path, const ServeTp
     MILES_ASSIGN_OR_RETURN(g.store, TcpStoreServer::start(so));
     c.store_address = o.store;
     c.prefix = "miles-engine-tp";  // the followers were told only the store
-    std::fprintf(stderr, "miles serve: waiting for %d tensor-parallel followers at %s\n", o.tp - 1,
-                 o.store.c_str());
+    spdlog::info("miles serve: waiting for {} tensor-parallel followers at {}", o.tp - 1, o.store);
   }
   MILES_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
                          transport == "shm" ? connect_shm(c) : connect_gloo(c));
   MILES_ASSIGN_OR_RETURN(g.runner, rollout::make_tp_model_runner(std::move(comm), files.config,
                                                                  files.weights, engine, pool));
-  std::fprintf(stderr, "miles serve: tensor parallel over %d processes (%s launch, %s)\n", o.tp,
-               o.launch.c_str(), transport.c_str());
+  spdlog::info("miles serve: tensor parallel over {} processes ({} launch, {})", o.tp, o.launch,
+               transport);
   return g;
 }
 

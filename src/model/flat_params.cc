@@ -1,6 +1,8 @@
 // The canonical parameter list of the shared model and flat float32 buffers over it.
 #include "miles/flat_params.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -71,7 +73,7 @@ const ParamSpec* ParamLayout::find(const std::string& name) const {
 
 const ParamSpec& ParamLayout::at(const std::string& name) const {
   const ParamSpec* s = find(name);
-  if (s == nullptr) std::fprintf(stderr, "no parameter named %s\n", name.c_str());
+  if (s == nullptr) spdlog::error("no parameter named {}", name);
   MILES_CHECK(s != nullptr, "ParamLayout::at: unknown parameter name");
   return *s;
 }
