@@ -1,19 +1,20 @@
 // GrpcServer: each RPC validates its input (INVALID_ARGUMENT with the message on bad input) and talks
 // to the engine through the EngineDriver. Generate streams one message per sample event; a cancelled
 // call aborts its request so its KV blocks are freed.
-#include "miles/host_port.h"
 #include "rollout/grpc_server.h"
 
 #include <grpcpp/grpcpp.h>
 
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <mutex>
+#include <sstream>
 
-#include "miles/v1/rollout.grpc.pb.h"
+#include "miles/host_port.h"
 #include "miles/model.h"
 #include "miles/secret.h"
+#include "miles/v1/rollout.grpc.pb.h"
+#include "rollout/grpc_wire.h"
 
 namespace miles::rollout {
 
@@ -33,27 +34,9 @@ class RolloutService final : public pb::RolloutEngine::Service {
   grpc::Status Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* in,
                         grpc::ServerWriter<pb::GenerateResponse>* out) override {
     if (grpc::Status a = authorize(ctx, /*admin=*/false); !a.ok()) return a;
-    GenerateRequest r;
-    if (!in->text().empty()) {
-      if (!in->input_ids().empty())
-        return invalid("give exactly one of text and input_ids");
-      if (!tok_) return invalid("text prompts need a tokenizer; this server has none (send input_ids)");
-      r.input_ids = tok_->encode(in->text(), /*add_special=*/true);
-    } else {
-      r.input_ids.assign(in->input_ids().begin(), in->input_ids().end());
-    }
-    const pb::SamplingParams& sp = in->sampling_params();
-    r.sampling.temperature = sp.temperature();
-    r.sampling.top_p = sp.top_p() == 0 ? 1.0f : sp.top_p();
-    r.sampling.top_k = sp.top_k();
-    r.sampling.min_p = sp.min_p();
-    r.sampling.seed = sp.seed();
-    r.draw_seed = !sp.has_seed();
-    r.max_new_tokens = sp.max_new_tokens();
-    r.stop_token_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
-    r.stop_strings.assign(sp.stop().begin(), sp.stop().end());
-    r.ignore_eos = sp.ignore_eos();
-    r.n = sp.n() == 0 ? 1 : sp.n();
+    auto req = generate_request_from_proto(*in, tok_.get());
+    if (!req.ok()) return invalid(req.message());
+    const GenerateRequest& r = *req;
     const std::string rid = in->rid().empty() ? "grpc-" + std::to_string(next_rid_++) : in->rid();
     auto stream = std::make_shared<RequestStream>();
     auto id = driver_.submit(r, stream);
@@ -114,9 +97,7 @@ class RolloutService final : public pb::RolloutEngine::Service {
   grpc::Status PauseGeneration(grpc::ServerContext* ctx, const pb::PauseRequest* in,
                                pb::StatusResponse* out) override {
     if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
-    PauseMode m = PauseMode::kAbort;
-    if (in->mode() == pb::PauseRequest::RETRACT) m = PauseMode::kRetract;
-    if (in->mode() == pb::PauseRequest::IN_PLACE) m = PauseMode::kInPlace;
+    const PauseMode m = pause_mode_from_proto(*in);
     driver_.run_sync([m](Engine& e) { e.pause(m); });
     out->set_success(true);
     return grpc::Status::OK;

@@ -1,7 +1,10 @@
 // Disk-delta transport: round trips over a chain of versions (stepwise and late-joining readers end
 // bit-identical to the writer), a real checkpoint through AdamW steps whose received weights give
 // the same logits bit for bit, corruption of every kind reported by name with the reader's weights
-// untouched, a writer process SIGKILLed before its rename, and publish bandwidth on 64 MB.
+// untouched, hostile manifest sizes refused before allocation, a writer process SIGKILLed before
+// its rename, and publish bandwidth on 64 MB.
+#include "miles/disk_delta.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -15,10 +18,10 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "miles/disk_delta.h"
 #include "miles/flat_params.h"
 #include "miles/model.h"
 #include "miles/optimizer.h"
+#include "miles/weight_sync.h"
 #include "test_paths.h"
 #include "weight_sync/disk_delta_format.h"
 
@@ -410,6 +413,90 @@ TEST_F(Corruption, ReusedOrOlderVersionIsRefused) {
   auto ok = again.publish(4, w);  // the restarted writer has no snapshot: a full version
   ASSERT_TRUE(ok.ok()) << ok.message();
   EXPECT_FALSE(ok->base_version.has_value());
+}
+
+// ---- hostile manifests: refused with a message before anything is allocated for them ----------
+// (found by tests/fuzz/fuzz_disk_delta.cc: a 2^60-byte tensor was allocated before its frame was
+// read, a dimension of 2^63 or more aborted, sizes that overflow 64 bits passed the checks)
+
+nlohmann::json hostile_tensor(const std::string& name, const std::string& dtype,
+                              nlohmann::json shape, uint64_t nbytes, uint64_t offset,
+                              uint64_t compressed_bytes) {
+  return {{"name", name},
+          {"dtype", dtype},
+          {"shape", std::move(shape)},
+          {"encoding", "full"},
+          {"nbytes", nbytes},
+          {"offset", offset},
+          {"compressed_bytes", compressed_bytes},
+          {"xxh3_128", std::string(32, '0')}};
+}
+
+// load(1) of a directory whose only version has these tensors and a data file of `data_bytes`.
+std::string load_fails_with(nlohmann::json tensors, uint64_t data_bytes) {
+  TempDir tmp;
+  const std::string v = tmp.sub(disk_delta::version_dir_name(1));
+  fs::create_directory(v);
+  const nlohmann::json m = {
+      {"format", "miles-disk-delta"}, {"format_version", 1},          {"version", 1},
+      {"base_version", nullptr},      {"data_file", "tensors.zst"},   {"data_bytes", data_bytes},
+      {"checksum", "xxh3-128"},       {"tensors", std::move(tensors)}};
+  std::ofstream(v + "/manifest.json") << m.dump(1);
+  std::ofstream(v + "/tensors.zst", std::ios::binary) << std::string(data_bytes, '\0');
+  auto l = DiskDeltaReader(tmp.path()).load(1);
+  EXPECT_FALSE(l.ok());
+  return l.ok() ? "" : l.message();
+}
+
+TEST(DiskDelta, HostileManifestSizesAreRefusedBeforeAllocating) {
+  using J = nlohmann::json;
+  const uint64_t big = uint64_t{1} << 60;
+  // nbytes far beyond what 16 bytes of zstd can decode to, with an unknown dtype and with a shape
+  // that agrees.
+  std::string e =
+      load_fails_with(J::array({hostile_tensor("w", "Q4X", J::array({3}), big, 0, 16)}), 16);
+  EXPECT_NE(e.find("is more than a zstd frame of 16 bytes can hold"), std::string::npos) << e;
+  e = load_fails_with(
+      J::array({hostile_tensor("w", "F32", J::array({uint64_t{1} << 58}), big, 0, 16)}), 16);
+  EXPECT_NE(e.find("is more than a zstd frame of 16 bytes can hold"), std::string::npos) << e;
+  // A dimension that is not an int64, and a shape whose bytes overflow 64 bits (it used to wrap to
+  // nbytes 0).
+  e = load_fails_with(J::array({hostile_tensor("w", "F32", J::array({UINT64_MAX}), 4, 0, 16)}), 16);
+  EXPECT_NE(e.find("'shape' has a dimension of 2^63 or more"), std::string::npos) << e;
+  e = load_fails_with(
+      J::array({hostile_tensor("w", "F32", J::array({uint64_t{1} << 62, 4}), 0, 0, 16)}), 16);
+  EXPECT_NE(e.find("need more than 2^64 bytes"), std::string::npos) << e;
+  // Frames whose sizes wrap around 2^64 back to data_bytes (the second one would start far past
+  // the end of the data).
+  e = load_fails_with(J::array({hostile_tensor("a", "Q4X", J::array({3}), 4, 0, UINT64_MAX),
+                                hostile_tensor("b", "Q4X", J::array({3}), 4, UINT64_MAX, 2)}),
+                      1);
+  EXPECT_NE(e.find("ends past data_bytes 1"), std::string::npos) << e;
+  // A frame that declares another size than nbytes is refused before the output is allocated.
+  std::vector<uint8_t> frame;
+  ASSERT_TRUE(disk_delta::zstd_compress_append(std::vector<uint8_t>(8, 1), 1, frame).ok());
+  Status s = disk_delta::zstd_check_frame_size(frame, 1 << 20);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("zstd frame holds 8 bytes, expected 1048576"), std::string::npos)
+      << s.message();
+}
+
+TEST(DiskDelta, WriterRefusesAShapeWhoseBytesOverflow) {
+  TempDir tmp;
+  WeightSet w = {{"w", "F32", {int64_t{1} << 62, 8}, {}}};  // 2^67 bytes: wrapped to 0 before
+  auto r = DiskDeltaWriter(tmp.path()).publish(1, w);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.message().find("need more than 2^64 bytes"), std::string::npos) << r.message();
+}
+
+TEST(DiskDelta, FormatChecksumIsTheWeightSyncOne) {
+  // disk_delta_format.cc computes the digits itself (the format needs no engine); they must stay
+  // those of miles::xxh3_128_hex, which callers pass as DiskDeltaOptions::known_xxh3.
+  for (size_t n : {0, 1, 17, 4096}) {
+    std::vector<uint8_t> bytes(n);
+    for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(i * 31 + 7);
+    EXPECT_EQ(disk_delta::xxh3_128_hex(bytes), xxh3_128_hex(bytes.data(), bytes.size())) << n;
+  }
 }
 
 // ---- a writer process killed in the middle of a publish ---------------------------------------

@@ -1,7 +1,7 @@
 // The Jinja interpreter against Python's jinja2 (transformers' chat-template environment), feature
 // by feature: tests/data/chat/jinja_cases.json holds templates, contexts and what jinja2 rendered
 // or the error it raised (scripts/make_chat_goldens.py). Then the errors' line numbers, and
-// robustness.
+// robustness: the render limits against runaway templates, 64-bit edge cases.
 #include "chat/jinja.h"
 
 #include <gtest/gtest.h>
@@ -103,6 +103,81 @@ TEST(Jinja, RecursionAndNestingAreBounded) {
   std::string nested;
   for (int i = 0; i < 300; ++i) nested += "{% if true %}";
   expect_error(nested, "too deep");
+}
+
+// Templates that would hang a worker, exhaust its memory or overflow its stack fail with an error
+// that names the limit (src/chat/jinja_limits.h). Found by tests/fuzz/fuzz_jinja.cc and by reading
+// the interpreter: before the limits each of these timed out, ran out of memory, crashed or leaked.
+TEST(Jinja, RunawayTemplatesStopAtTheRenderLimits) {
+  // Steps: nested loops, a quadratic filter, printing a list that holds itself 2^40 times.
+  expect_error("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+               "runs more than 1000000 steps");
+  expect_error("{{ range(100000) | unique | list | length }}", "runs more than 1000000 steps");
+  std::string dag = "{% set a = [1] %}";
+  for (int i = 0; i < 40; ++i) dag += "{% set a = [a, a] %}";
+  expect_error(dag + "{{ a }}", "runs more than 1000000 steps");
+  // One value: widths and repetitions are refused before they are built.
+  expect_error("{{ 'a' | center(10**12) }}", "too large");
+  expect_error("{{ 'a\nb' | indent(10**12) }}", "too large");
+  expect_error("{{ [1] | tojson(indent=10**12) }}", "too large");
+  expect_error("{{ 'a'.rjust(10**12) }}", "too large");
+  expect_error("{{ '%999999999d' % 1 }}", "too large");
+  expect_error("{{ '%99999999999d' % 1 }}", "too large");  // the width overflowed an int (UB)
+  expect_error("{{ '{:99999999999}'.format(1) }}", "too large");
+  expect_error("{% set s = 'x' * 1000000 %}{{ ([s] * 100000) | length }}", "too large");
+  expect_error("{% set s = 'x' * 100000 %}{{ s | replace('', s) }}", "too large");
+  expect_error("{% set s = 'x' * 10000000 %}{% for i in range(100) %}{{ s }}{% endfor %}",
+               "a string of more than 64 MiB is too large");
+  // All values of a render together.
+  expect_error(
+      "{% set s = 'x' * 1000000 %}{% for i in range(1000) %}{% set t = s ~ i %}{% endfor %}",
+      "builds more than 256 MiB of strings and lists");
+  // Nesting: a namespace that holds itself prints with an error and is freed (no leak), and a
+  // value nested 50000 deep in a loop is printed with an error and freed without recursion.
+  expect_error("{% set ns = namespace(a=1) %}{% set ns.a = ns %}{{ ns }}",
+               "nests more than 500 levels deep");
+  auto cycle = render("{% set ns = namespace(a=1) %}{% set ns.a = [ns, ns] %}ok");
+  ASSERT_TRUE(cycle.ok()) << cycle.message();
+  EXPECT_EQ(cycle.value(), "ok");
+  expect_error(
+      "{% set ns = namespace(a=1) %}{% for i in range(50000) %}{% set ns.a = [ns.a] %}{% endfor %}"
+      "{{ ns.a }}",
+      "nests more than 500 levels deep");
+  auto bound = render(
+      "{% set ns = namespace(a=[]) %}{% for i in range(50000) %}{% set ns.a = [ns.a.count] %}"
+      "{% endfor %}{{ ns.a | length }}");
+  ASSERT_TRUE(bound.ok()) << bound.message();
+  EXPECT_EQ(bound.value(), "1");
+  expect_error("{{ x }}", "nests more than 500 levels deep",
+               ojson{{"x", ojson::parse(std::string(600, '[') + std::string(600, ']'))}});
+  // Far below the limits: a loop over jinja2's MAX_RANGE still renders.
+  auto full = render("{% for i in range(100000) %}{% endfor %}done");
+  ASSERT_TRUE(full.ok()) << full.message();
+  EXPECT_EQ(full.value(), "done");
+}
+
+// 64-bit edge cases are errors or Python's answer, never undefined behaviour or an exception
+// other than a TemplateError (found by tests/fuzz/fuzz_jinja.cc under UBSan).
+TEST(Jinja, IntegerEdgesAreErrorsNotUndefinedBehaviour) {
+  expect_error("{{ (-9223372036854775807 - 1) // -1 }}", "integer overflow");
+  expect_error("{{ (-9223372036854775807 - 1) | abs }}", "integer overflow");
+  expect_error("{{ 1e300 | int }}", "integer overflow");
+  expect_error("{{ '%d' % 1e300 }}", "integer overflow");
+  expect_error("{{ '{99999999999999999999999}'.format(1) }}",
+               "Replacement index 99999999999999999999999 out of range");
+  auto mod = render("{{ (-9223372036854775807 - 1) % -1 }}");
+  ASSERT_TRUE(mod.ok()) << mod.message();
+  EXPECT_EQ(mod.value(), "0");
+  auto wide =
+      render("{{ range(-9223372036854775807, 9223372036854775807, 4611686018427387904) | list }}");
+  ASSERT_TRUE(wide.ok()) << wide.message();
+  EXPECT_EQ(wide.value(), "[-9223372036854775807, -4611686018427387903, 1, 4611686018427387905]");
+  auto attr = render("{{ [[1]] | map(attribute='99999999999999999999') | list | length }}");
+  ASSERT_TRUE(attr.ok()) << attr.message();
+  EXPECT_EQ(attr.value(), "1");
+  auto fmt = render("{{ '%600d|%.3f' % (7, 2.5) }}");  // past the old 512-byte buffer
+  ASSERT_TRUE(fmt.ok()) << fmt.message();
+  EXPECT_EQ(fmt.value(), std::string(599, ' ') + "7|2.500");
 }
 
 TEST(Jinja, KeyOrderOfInputDictsIsKept) {

@@ -8,12 +8,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "miles/durable_file.h"
-#include "miles/weight_sync.h"
 
 namespace miles::disk_delta {
 namespace {
@@ -52,6 +53,8 @@ Result<ManifestTensor> tensor_from_json(const nlohmann::json& j, const std::stri
     return Status::Error(at + ": 'shape' is not an array");
   for (const auto& d : j["shape"]) {
     if (!d.is_number_unsigned()) return Status::Error(at + ": 'shape' has a non-natural dimension");
+    if (d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      return Status::Error(at + ": 'shape' has a dimension of 2^63 or more");
     t.shape.push_back(d.get<int64_t>());
   }
   MILES_ASSIGN_OR_RETURN(std::string enc, field<std::string>(j, "encoding", at));
@@ -64,12 +67,23 @@ Result<ManifestTensor> tensor_from_json(const nlohmann::json& j, const std::stri
   MILES_ASSIGN_OR_RETURN(t.xxh3_128, field<std::string>(j, "xxh3_128", at));
   if (!is_hex32(t.xxh3_128))
     return Status::Error(at + ": 'xxh3_128' is not 32 lowercase hex digits");
-  const int es = dtype_bytes(t.dtype);
-  if (es > 0 && numel_of(t.shape) * es != t.nbytes)
-    return Status::Error(at + ": nbytes " + std::to_string(t.nbytes) +
-                         " does not match dtype and shape");
+  if (dtype_bytes(t.dtype) > 0) {
+    const std::optional<uint64_t> want = nbytes_of(t.dtype, t.shape);
+    if (!want) return Status::Error(at + ": its dtype and shape need more than 2^64 bytes");
+    if (*want != t.nbytes)
+      return Status::Error(at + ": nbytes " + std::to_string(t.nbytes) +
+                           " does not match dtype and shape");
+  }
   if ((t.encoding == TensorEncoding::kUnchanged) != (t.compressed_bytes == 0))
     return Status::Error(at + ": compressed_bytes must be 0 exactly when unchanged");
+  // A reader allocates nbytes for a stored tensor: no more than its frame can decode to.
+  const uint64_t max_decoded = t.compressed_bytes > UINT64_MAX / kMaxZstdRatio
+                                   ? UINT64_MAX
+                                   : t.compressed_bytes * kMaxZstdRatio;
+  if (t.encoding != TensorEncoding::kUnchanged && t.nbytes > max_decoded)
+    return Status::Error(at + ": nbytes " + std::to_string(t.nbytes) +
+                         " is more than a zstd frame of " + std::to_string(t.compressed_bytes) +
+                         " bytes can hold");
   return t;
 }
 
@@ -155,7 +169,10 @@ Result<Manifest> manifest_from_json(const std::string& text, const std::string& 
     if (t.compressed_bytes > 0) {
       if (t.offset != end)
         return Status::Error(source + ": tensor '" + t.name + "' offset is not contiguous");
-      end += t.compressed_bytes;
+      if (__builtin_add_overflow(end, t.compressed_bytes, &end) || end > m.data_bytes)
+        return Status::Error(source + ": tensor '" + t.name + "' frame (offset " +
+                             std::to_string(t.offset) + ", " + std::to_string(t.compressed_bytes) +
+                             " bytes) ends past data_bytes " + std::to_string(m.data_bytes));
     }
     m.tensors.push_back(std::move(t));
   }
@@ -197,8 +214,15 @@ Result<std::vector<int64_t>> list_versions(const std::string& dir) {
   return out;
 }
 
+// The same digits as miles::xxh3_128_hex (weight_sync.h; a test holds them equal), computed here so
+// that the format does not need the engine-side weight_set.cc (the fuzz build reads the format
+// without an engine).
 std::string xxh3_128_hex(std::span<const uint8_t> bytes) {
-  return miles::xxh3_128_hex(bytes.data(), bytes.size());  // weight_sync.h: one definition
+  const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  return buf;
 }
 
 int dtype_bytes(std::string_view d) {
@@ -209,10 +233,19 @@ int dtype_bytes(std::string_view d) {
   return 0;
 }
 
-uint64_t numel_of(const std::vector<int64_t>& shape) {
+std::optional<uint64_t> numel_of(const std::vector<int64_t>& shape) {
   uint64_t n = 1;
-  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return std::nullopt;
   return n;
+}
+
+std::optional<uint64_t> nbytes_of(std::string_view dtype, const std::vector<int64_t>& shape) {
+  const std::optional<uint64_t> numel = numel_of(shape);
+  uint64_t bytes = 0;
+  if (!numel || __builtin_mul_overflow(*numel, static_cast<uint64_t>(dtype_bytes(dtype)), &bytes))
+    return std::nullopt;
+  return bytes;
 }
 
 Result<size_t> zstd_compress_append(std::span<const uint8_t> in, int level,
@@ -228,12 +261,17 @@ Result<size_t> zstd_compress_append(std::span<const uint8_t> in, int level,
   return n;
 }
 
-Status zstd_decompress_exact(std::span<const uint8_t> frame, std::span<uint8_t> out) {
+Status zstd_check_frame_size(std::span<const uint8_t> frame, uint64_t size) {
   const unsigned long long content = ZSTD_getFrameContentSize(frame.data(), frame.size());
   if (content == ZSTD_CONTENTSIZE_ERROR) return Status::Error("not a zstd frame");
-  if (content != ZSTD_CONTENTSIZE_UNKNOWN && content != out.size())
+  if (content != ZSTD_CONTENTSIZE_UNKNOWN && content != size)
     return Status::Error("zstd frame holds " + std::to_string(content) + " bytes, expected " +
-                         std::to_string(out.size()));
+                         std::to_string(size));
+  return Status::Ok();
+}
+
+Status zstd_decompress_exact(std::span<const uint8_t> frame, std::span<uint8_t> out) {
+  MILES_RETURN_IF_ERROR(zstd_check_frame_size(frame, out.size()));
   const size_t n = ZSTD_decompress(out.data(), out.size(), frame.data(), frame.size());
   if (ZSTD_isError(n))
     return Status::Error(std::string("corrupt zstd frame: ") + ZSTD_getErrorName(n));

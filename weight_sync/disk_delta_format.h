@@ -73,10 +73,20 @@ Result<std::vector<int64_t>> list_versions(const std::string& dir);
 std::string xxh3_128_hex(std::span<const uint8_t> bytes);
 // Bytes per element of a safetensors dtype spelling; 0 when unknown (then sizes are not checked).
 int dtype_bytes(std::string_view dtype);
-uint64_t numel_of(const std::vector<int64_t>& shape);
+// Elements of `shape`; nullopt when a dimension is negative or the product overflows 64 bits.
+std::optional<uint64_t> numel_of(const std::vector<int64_t>& shape);
+// numel_of(shape) * dtype_bytes(dtype); nullopt when that overflows. note: a known dtype only.
+std::optional<uint64_t> nbytes_of(std::string_view dtype, const std::vector<int64_t>& shape);
+// The most bytes one byte of a zstd frame decodes to: an RLE block is a 3-byte header and one
+// byte that stands for up to 128 KiB. A manifest whose nbytes exceed compressed_bytes times this
+// is refused before anything is allocated for it.
+inline constexpr uint64_t kMaxZstdRatio = (uint64_t{128} << 10) / 4;
 
 // One zstd frame of `in` at `level`, appended to `out`; returns the frame's size.
 Result<size_t> zstd_compress_append(std::span<const uint8_t> in, int level, std::vector<uint8_t>& out);
+// Checks the frame's header: a zstd frame that does not declare another size than `size` (the
+// reader checks before it allocates the output). Errors as zstd_decompress_exact's.
+Status zstd_check_frame_size(std::span<const uint8_t> frame, uint64_t size);
 // Decodes one frame into exactly out.size() bytes; errors (corrupt frame, wrong size) carry zstd's
 // message, the caller adds the file and tensor.
 Status zstd_decompress_exact(std::span<const uint8_t> frame, std::span<uint8_t> out);

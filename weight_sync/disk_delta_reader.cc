@@ -102,17 +102,20 @@ Status apply_version(const std::string& dir, const dd::Manifest& m, WeightSet& s
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const dd::ManifestTensor& t = m.tensors[i];
     if (t.encoding == dd::TensorEncoding::kUnchanged) continue;
+    // The manifest holds every frame inside the data file, whose size read_data checked, and
+    // nbytes to what the frame can decode to; the frame's header must agree before the output is
+    // allocated.
     const std::span<const uint8_t> frame(data.data() + t.offset, t.compressed_bytes);
+    const std::string at = where + ", " + dd::kDataFile + ", tensor '" + t.name + "'";
+    MILES_RETURN_IF_ERROR(dd::zstd_check_frame_size(frame, t.nbytes).with_context(at));
     std::vector<uint8_t>& out = set[i].bytes;
     if (t.encoding == dd::TensorEncoding::kXor) {
       decoded.resize(t.nbytes);
-      MILES_RETURN_IF_ERROR(dd::zstd_decompress_exact(frame, decoded).with_context(
-          where + ", " + dd::kDataFile + ", tensor '" + t.name + "'"));
+      MILES_RETURN_IF_ERROR(dd::zstd_decompress_exact(frame, decoded).with_context(at));
       for (size_t k = 0; k < decoded.size(); ++k) out[k] ^= decoded[k];
     } else {
       out.resize(t.nbytes);
-      MILES_RETURN_IF_ERROR(dd::zstd_decompress_exact(frame, out).with_context(
-          where + ", " + dd::kDataFile + ", tensor '" + t.name + "'"));
+      MILES_RETURN_IF_ERROR(dd::zstd_decompress_exact(frame, out).with_context(at));
     }
   }
   for (size_t i = 0; i < m.tensors.size(); ++i) {

@@ -28,11 +28,15 @@ Status check_tensors(const WeightSet& tensors) {
     if (t.dtype.empty()) return Status::Error("tensor '" + t.name + "' has no dtype");
     for (int64_t d : t.shape)
       if (d < 0) return Status::Error("tensor '" + t.name + "' has a negative dimension");
-    const int es = dd::dtype_bytes(t.dtype);
-    if (es > 0 && dd::numel_of(t.shape) * es != t.bytes.size())
+    if (dd::dtype_bytes(t.dtype) == 0) continue;
+    const std::optional<uint64_t> need = dd::nbytes_of(t.dtype, t.shape);
+    if (!need)
+      return Status::Error("tensor '" + t.name + "': its dtype " + t.dtype +
+                           " and shape need more than 2^64 bytes");
+    if (*need != t.bytes.size())
       return Status::Error("tensor '" + t.name + "' has " + std::to_string(t.bytes.size()) +
                            " bytes, its dtype " + t.dtype + " and shape need " +
-                           std::to_string(dd::numel_of(t.shape) * es));
+                           std::to_string(*need));
   }
   return Status::Ok();
 }

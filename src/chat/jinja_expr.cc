@@ -1,16 +1,16 @@
 // Expression evaluation with Python semantics: operators, attribute and item lookup, calls.
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <optional>
 
 #include "chat/jinja_interp.h"
+#include "chat/jinja_limits.h"
 #include "chat/jinja_print.h"
 #include "chat/py_text.h"
 
 namespace miles::jinja {
 namespace {
-
-constexpr size_t kMaxString = size_t{256} << 20;  // a guard against `'x' * 10**12`
 
 std::string object_repr(const Value& v) {
   if (v.is_none()) return "None";
@@ -33,25 +33,31 @@ int64_t checked(bool overflow, int64_t v) {
 }
 
 int64_t floor_div(int64_t a, int64_t b) {
+  if (a == std::numeric_limits<int64_t>::min() && b == -1)
+    fail("integer overflow (64-bit integers only)");
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
+}
+
+// n * size, or UINT64_MAX when that overflows (spend_bytes refuses it).
+uint64_t times(int64_t n, uint64_t size) {
+  uint64_t r = 0;
+  return __builtin_mul_overflow(static_cast<uint64_t>(n), size, &r) ? UINT64_MAX : r;
 }
 
 Value repeat(const Value& seq, int64_t n) {
   if (n < 0) n = 0;
   if (seq.is_string()) {
     const std::string& s = seq.as_string();
-    if (!s.empty() && static_cast<uint64_t>(n) > kMaxString / s.size())
-      fail("string repetition result is too large");
+    spend_bytes(times(n, s.size()));
     std::string out;
     out.reserve(s.size() * static_cast<size_t>(n));
     for (int64_t k = 0; k < n; ++k) out += s;
     return Value(std::move(out));
   }
   const ListData& l = *seq.as_list();
-  if (!l.items.empty() && static_cast<uint64_t>(n) > kMaxString / l.items.size())
-    fail("list repetition result is too large");
+  spend_bytes(times(n, copy_bytes(l.items)));
   std::vector<Value> out;
   for (int64_t k = 0; k < n; ++k) out.insert(out.end(), l.items.begin(), l.items.end());
   return Value::list(std::move(out), l.tuple);
@@ -71,8 +77,12 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
       return Value(checked(overflow, r));
     }
     if (nums) return Value(a.number() + b.number());
-    if (a.is_string() && b.is_string()) return Value(a.as_string() + b.as_string());
+    if (a.is_string() && b.is_string()) {
+      spend_bytes(a.as_string().size() + b.as_string().size());  // sum(start='') adds in a loop
+      return Value(a.as_string() + b.as_string());
+    }
     if (a.is_list() && b.is_list() && a.as_list()->tuple == b.as_list()->tuple) {
+      spend_bytes(copy_bytes(a.as_list()->items) + copy_bytes(b.as_list()->items));
       std::vector<Value> items = a.as_list()->items;
       items.insert(items.end(), b.as_list()->items.begin(), b.as_list()->items.end());
       return Value::list(std::move(items), a.as_list()->tuple);
@@ -119,7 +129,7 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
     if (b.number() == 0) fail("integer division or modulo by zero");
     if (ints) {
       const int64_t x = a.integral(), y = b.integral();
-      return Value(x - floor_div(x, y) * y);
+      return Value(y == -1 ? int64_t{0} : x - floor_div(x, y) * y);
     }
     double m = std::fmod(a.number(), b.number());
     if (m != 0 && ((m < 0) != (b.number() < 0))) m += b.number();
@@ -156,7 +166,10 @@ Value Interp::getattr(const Value& obj, std::string_view name) {
     const std::string method(name);
     auto fn = std::make_shared<Callable>();
     fn->name = type_name(obj) + "." + method;
-    fn->fn = [obj, method](Interp& in, Args& args) { return call_method(in, obj, method, args); };
+    fn->bound = std::make_shared<const Value>(obj);
+    fn->fn = [self = fn.get(), method](Interp& in, Args& args) {
+      return call_method(in, *self->bound, method, args);
+    };
     return Value(std::move(fn));
   }
   if (obj.is_dict()) {
@@ -199,25 +212,33 @@ Value Interp::getattr_path(const Value& obj, std::string_view path) {
   while (true) {
     const size_t dot = path.find('.', start);
     const std::string_view part = path.substr(start, dot - start);
-    const bool numeric = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
-    cur = numeric ? getitem(cur, Value(static_cast<int64_t>(std::stoll(std::string(part)))))
-                  : getitem(cur, Value(std::string(part)));
+    int64_t index = 0;
+    const bool numeric = !part.empty() &&
+                         part.find_first_not_of("0123456789") == std::string::npos &&
+                         std::from_chars(part.data(), part.data() + part.size(), index).ec ==
+                             std::errc();  // too many digits: no such item, as in Python
+    cur = numeric ? getitem(cur, Value(index)) : getitem(cur, Value(std::string(part)));
     if (dot == std::string_view::npos) return cur;
     start = dot + 1;
   }
 }
 
 std::vector<Value> Interp::iterate(const Value& v) {
-  if (v.is_list()) return v.as_list()->items;
+  if (v.is_list()) {
+    spend_bytes(copy_bytes(v.as_list()->items));
+    return v.as_list()->items;
+  }
   if (v.is_undefined()) return {};
   if (v.is_dict()) {
     std::vector<Value> keys;
     for (const auto& kv : v.as_dict()->items) keys.emplace_back(kv.first);
+    spend_bytes(copy_bytes(keys));
     return keys;
   }
   if (v.is_string()) {
     std::vector<Value> chars;
     const std::string& s = v.as_string();
+    spend_bytes(py::cp_len(s) * sizeof(Value) + s.size());  // before a Value per character
     for (size_t i = 0; i < s.size();) {
       const size_t start = i;
       py::next_cp(s, i);
@@ -366,6 +387,12 @@ Value Interp::eval_slice(const Expr& e, Frame& frame) {
 
 Value Interp::eval(const Expr& e, Frame& frame) {
   const DepthGuard guard(*this);
+  Value v = eval_expr(e, frame);
+  if (v.is_string()) spend_bytes(v.as_string().size());  // built, or copied out of a variable
+  return v;
+}
+
+Value Interp::eval_expr(const Expr& e, Frame& frame) {
   line_ = e.line;
   switch (e.kind) {
     case ExprKind::kConst:
@@ -438,7 +465,7 @@ Value Interp::eval(const Expr& e, Frame& frame) {
       return eval_compare(e, frame);
     case ExprKind::kConcat: {
       std::string out;
-      for (const auto& part : e.args) out += to_str(eval(*part, frame));
+      for (const auto& part : e.args) append_bounded(out, to_str(eval(*part, frame)));
       return Value(std::move(out));
     }
     case ExprKind::kCond:

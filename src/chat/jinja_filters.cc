@@ -7,10 +7,12 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <string>
 
 #include "chat/jinja_interp.h"
+#include "chat/jinja_limits.h"
 #include "chat/jinja_print.h"
 #include "chat/py_text.h"
 
@@ -57,6 +59,13 @@ int64_t length_of(const Value& v) {
   fail("object of type '" + type_name(v) + "' has no len()");
 }
 
+// `width` spaces (indent=, width=), refused before they are built when too many.
+std::string spaces(int64_t width) {
+  const auto n = static_cast<uint64_t>(std::max<int64_t>(0, width));
+  spend_bytes(n);
+  return std::string(n, ' ');
+}
+
 // The key jinja2 sorts and compares by: an attribute path, lower-cased strings unless
 // case_sensitive.
 Value sort_key(Interp& in, const Value& v, const Value* attribute, bool case_sensitive) {
@@ -73,8 +82,7 @@ Value f_tojson(Interp&, const Value& v, Args& args) {
     if (a[1]->is_string()) {
       o.indent = a[1]->as_string();
     } else {
-      o.indent =
-          std::string(static_cast<size_t>(std::max<int64_t>(0, arg_int(a[1], 0, "indent"))), ' ');
+      o.indent = spaces(arg_int(a[1], 0, "indent"));
     }
   }
   if (a[2] && !a[2]->is_none()) {
@@ -138,7 +146,7 @@ Value f_replace(Interp&, const Value& v, Args& args) {
   const auto a = bind_args("replace", args, {"old", "new", "count"});
   if (!a[0] || !a[1]) fail("replace() needs old and new");
   const int64_t count = (a[2] && !a[2]->is_none()) ? arg_int(a[2], -1, "count") : -1;
-  return Value(py::replace(to_str(v), to_str(*a[0]), to_str(*a[1]), count));
+  return Value(replace_bounded(to_str(v), to_str(*a[0]), to_str(*a[1]), count));
 }
 
 Value f_join(Interp& in, const Value& v, Args& args) {
@@ -147,9 +155,9 @@ Value f_join(Interp& in, const Value& v, Args& args) {
   std::string out;
   bool first = true;
   for (const Value& item : in.iterate(v)) {
-    if (!first) out += sep;
+    if (!first) append_bounded(out, sep);
     first = false;
-    out += to_str(a[1] ? in.getattr_path(item, to_str(*a[1])) : item);
+    append_bounded(out, to_str(a[1] ? in.getattr_path(item, to_str(*a[1])) : item));
   }
   return Value(std::move(out));
 }
@@ -201,6 +209,7 @@ Value f_unique(Interp& in, const Value& v, Args& args) {
   std::vector<Value> seen, out;
   for (const Value& item : in.iterate(v)) {
     Value k = sort_key(in, item, a[1], arg_bool(a[0], false));
+    spend_steps(seen.size());  // quadratic: unique over range(100000) would take hours
     if (std::any_of(seen.begin(), seen.end(), [&](const Value& s) { return equals(s, k); }))
       continue;
     seen.push_back(std::move(k));
@@ -286,17 +295,22 @@ std::optional<double> parse_float(const std::string& s) {
   return d;
 }
 
+// int(x) of a finite float: truncated; past 64 bits an error, as every integer overflow here.
+int64_t float_to_int(double d) {
+  const double t = std::trunc(d);
+  if (!(t >= -0x1p63 && t < 0x1p63)) fail("integer overflow (64-bit integers only)");
+  return static_cast<int64_t>(t);
+}
+
 Value f_int(Interp&, const Value& v, Args& args) {
   const auto a = bind_args("int", args, {"default", "base"});
   const Value dflt = a[0] ? *a[0] : Value(0);
   const int base = static_cast<int>(arg_int(a[1], 10, "base"));
   if (v.is_integral()) return Value(v.integral());
-  if (v.is_float())
-    return std::isfinite(v.as_float()) ? Value(static_cast<int64_t>(v.as_float())) : dflt;
+  if (v.is_float()) return std::isfinite(v.as_float()) ? Value(float_to_int(v.as_float())) : dflt;
   if (v.is_string()) {
     if (auto i = parse_int(v.as_string(), base)) return Value(*i);
-    if (auto d = parse_float(v.as_string()); d && std::isfinite(*d))
-      return Value(static_cast<int64_t>(*d));
+    if (auto d = parse_float(v.as_string()); d && std::isfinite(*d)) return Value(float_to_int(*d));
   }
   return dflt;
 }
@@ -313,7 +327,11 @@ Value f_float(Interp&, const Value& v, Args& args) {
 Value f_abs(Interp&, const Value& v, Args& args) {
   bind_args("abs", args, {});
   if (v.is_float()) return Value(std::fabs(v.as_float()));
-  if (v.is_integral()) return Value(v.integral() < 0 ? -v.integral() : v.integral());
+  if (v.is_integral()) {
+    if (v.integral() == std::numeric_limits<int64_t>::min())
+      fail("integer overflow (64-bit integers only)");
+    return Value(v.integral() < 0 ? -v.integral() : v.integral());
+  }
   fail("bad operand type for abs(): '" + type_name(v) + "'");
 }
 
@@ -373,11 +391,15 @@ Value f_dictsort(Interp&, const Value& v, Args& args) {
 Value f_indent(Interp&, const Value& v, Args& args) {
   const auto a = bind_args("indent", args, {"width", "first", "blank"});
   const std::string ind =
-      (a[0] && a[0]->is_string())
-          ? a[0]->as_string()
-          : std::string(static_cast<size_t>(std::max<int64_t>(0, arg_int(a[0], 4, "width"))), ' ');
+      (a[0] && a[0]->is_string()) ? a[0]->as_string() : spaces(arg_int(a[0], 4, "width"));
   const bool first = arg_bool(a[1], false), blank = arg_bool(a[2], false);
-  const std::vector<std::string> lines = py::splitlines(to_str(v) + "\n", false);
+  const std::string text = to_str(v);
+  const std::vector<std::string> lines = py::splitlines(text + "\n", false);
+  uint64_t size = 0;  // the text and an indent per line, at most
+  if (__builtin_mul_overflow(lines.size() + 1, ind.size(), &size) ||
+      __builtin_add_overflow(size, text.size(), &size))
+    size = UINT64_MAX;
+  spend_bytes(size);
   std::string rv;
   for (size_t i = 0; i < lines.size(); ++i) {
     if (i == 0) {
@@ -471,6 +493,7 @@ Value f_center(Interp&, const Value& v, Args& args) {
   const size_t n = py::cp_len(s);
   if (n >= width) return Value(s);
   const size_t total = width - n;
+  spend_bytes(s.size() + total);
   const size_t left = total / 2 + (total & width & 1);  // CPython's pad split
   return Value(std::string(left, ' ') + s + std::string(total - left, ' '));
 }
@@ -548,6 +571,7 @@ FilterFn find_filter(std::string_view name) {
 }
 
 Value apply_filter(Interp& in, std::string_view name, const Value& v, Args& args) {
+  spend_steps();  // map('...') calls it once per item
   const FilterFn f = find_filter(name);
   if (!f) fail("unknown filter '" + std::string(name) + "'");
   return f(in, v, args);

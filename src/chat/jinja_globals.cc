@@ -27,13 +27,14 @@ Value g_range(Interp&, Args& args) {
     if (args.pos.size() == 3) step = args.pos[2].integral();
   }
   if (step == 0) fail("range() arg 3 must not be zero");
-  const int64_t n = step > 0 ? (stop > start ? (stop - start + step - 1) / step : 0)
-                             : (start > stop ? (start - stop - step - 1) / -step : 0);
+  const __int128 lo = start, hi = stop, by = step;  // no overflow for any 64-bit arguments
+  const __int128 n =
+      by > 0 ? (hi > lo ? (hi - lo + by - 1) / by : 0) : (lo > hi ? (lo - hi - by - 1) / -by : 0);
   if (n > kMaxRange)
     fail("Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
   std::vector<Value> items;
   items.reserve(static_cast<size_t>(n));
-  for (int64_t k = 0; k < n; ++k) items.emplace_back(start + k * step);
+  for (int64_t k = 0; k < n; ++k) items.emplace_back(static_cast<int64_t>(lo + k * by));
   return Value::list(std::move(items));
 }
 
@@ -57,9 +58,10 @@ Value dict_from(Args& args, const char* fn) {
 
 Value g_dict(Interp&, Args& args) { return dict_from(args, "dict()"); }
 
-Value g_namespace(Interp&, Args& args) {
+Value g_namespace(Interp& in, Args& args) {
   const Value d = dict_from(args, "namespace()");
   auto ns = std::make_shared<NamespaceData>();
+  in.adopt(ns);
   for (const auto& [k, v] : d.as_dict()->items) {
     if (!k.empty() && k[0] == '_')
       fail("chat templates cannot store underscore-prefixed attributes on a namespace, but got '" +

@@ -34,6 +34,10 @@ class Interp {
  public:
   // `root` holds the template's context variables; statements at top level set names in it.
   explicit Interp(Frame& root) : root_(root) {}
+  // Empties the namespaces the render made: a namespace that holds itself is freed with it.
+  ~Interp();
+  Interp(const Interp&) = delete;
+  Interp& operator=(const Interp&) = delete;
 
   std::string render(const Body& body);
 
@@ -55,8 +59,11 @@ class Interp {
   // Macro calls nest; recursion is bounded (jinja2 would hit Python's recursion limit).
   void enter_call();
   void leave_call() { --call_depth_; }
+  // Each namespace() a render makes (freed with the Interp, cycles included).
+  void adopt(Value::Namespace ns) { namespaces_.push_back(std::move(ns)); }
 
  private:
+  Value eval_expr(const Expr& e, Frame& frame);  // eval without the guard and the count
   Flow exec_for(const Stmt& s, Frame& frame, std::string& out);
   void assign(const Stmt& s, Value value, Frame& frame);
   void bind_targets(const std::vector<std::string>& targets, const Value& item, Frame& frame);
@@ -67,7 +74,8 @@ class Interp {
   Value make_macro(const Stmt& s);
 
   Frame& root_;
-  // Bounds the C++ recursion of eval/exec (nested expressions x nested macro calls).
+  // Bounds the C++ recursion of eval/exec (nested expressions x nested macro calls), and counts
+  // each eval/exec as a step of the render (jinja_limits.h).
   struct DepthGuard {
     explicit DepthGuard(Interp& in);
     ~DepthGuard() { --in.depth_; }
@@ -77,10 +85,16 @@ class Interp {
   int line_ = 0;
   int call_depth_ = 0;
   int depth_ = 0;
+  std::vector<Value::Namespace> namespaces_;
 };
 
 // Python's binary operators (+ - * / // % **) on Values.
 Value binary_op(std::string_view op, const Value& a, const Value& b);
+
+// py::replace (str.replace and the replace filter), its result refused before it is built when
+// too large: an empty `from` inserts `to` between every two characters.
+std::string replace_bounded(const std::string& s, const std::string& from, const std::string& to,
+                            int64_t count);
 
 // Methods of str, list and dict (`s.startswith(...)`, `d.items()`); jinja_methods.cc.
 // has_method is false for attributes that are not methods. Mutating methods (list.append,

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "chat/jinja_interp.h"
+#include "chat/jinja_limits.h"
 #include "chat/jinja_print.h"
 #include "chat/py_text.h"
 
@@ -80,12 +81,37 @@ std::string justify(const std::string& s, int64_t width, const Value* fill, char
   const auto n = static_cast<int64_t>(py::cp_len(s));
   if (n >= width) return s;
   const int64_t total = width - n;
+  uint64_t size = 0;
+  spend_bytes(__builtin_mul_overflow(static_cast<uint64_t>(total), f.size(), &size) ? UINT64_MAX
+                                                                                    : size);
   const int64_t left = align == '<' ? 0 : align == '>' ? total : total / 2 + (total & width & 1);
   std::string out;
   for (int64_t k = 0; k < left; ++k) out += f;
   out += s;
   for (int64_t k = 0; k < total - left; ++k) out += f;
   return out;
+}
+
+// How many parts s.split(sep, maxsplit) gives, counted before they are built.
+uint64_t split_parts(const std::string& s, const std::optional<std::string>& sep,
+                     int64_t maxsplit) {
+  uint64_t n = 0;
+  if (sep) {
+    n = static_cast<uint64_t>(py::count(s, *sep)) + 1;
+  } else {
+    bool in_word = false;
+    for (size_t i = 0; i < s.size();) {
+      const bool space = py::is_space(py::next_cp(s, i));
+      n += !space && !in_word;
+      in_word = !space;
+    }
+  }
+  return maxsplit < 0 ? n : std::min(n, static_cast<uint64_t>(maxsplit) + 1);
+}
+
+// The parts of `s` as a list, counted against the render's limits before they are built.
+void spend_parts(const std::string& s, uint64_t parts) {
+  spend_bytes(parts * (sizeof(Value) + sizeof(std::string)) + s.size());
 }
 
 Value str_list(std::vector<std::string> parts) {
@@ -110,10 +136,14 @@ Value call_str_method(Interp& in, const std::string& s, std::string_view m, Args
     const auto a = bind_args(m, args, {"sep", "maxsplit"});
     const auto sep = opt_str(a[0], "sep");
     if (sep && sep->empty()) fail("empty separator");
+    spend_parts(s, split_parts(s, sep, opt_int(a[1], -1)));
     return str_list(py::split(s, sep, opt_int(a[1], -1), m == "rsplit"));
   }
   if (m == "splitlines") {
     const auto a = bind_args(m, args, {"keepends"});
+    uint64_t breaks = 1;
+    for (size_t i = 0; i < s.size();) breaks += py::is_linebreak(py::next_cp(s, i));
+    spend_parts(s, breaks);
     return str_list(py::splitlines(s, a[0] && truthy(*a[0])));
   }
   if (m == "upper" || m == "lower" || m == "title" || m == "capitalize" || m == "swapcase") {
@@ -131,7 +161,8 @@ Value call_str_method(Interp& in, const std::string& s, std::string_view m, Args
   }
   if (m == "replace") {
     const auto a = bind_args(m, args, {"old", "new", "count"});
-    return Value(py::replace(s, need_str(a[0], "old"), need_str(a[1], "new"), opt_int(a[2], -1)));
+    return Value(
+        replace_bounded(s, need_str(a[0], "old"), need_str(a[1], "new"), opt_int(a[2], -1)));
   }
   if (m == "find" || m == "rfind" || m == "index" || m == "rindex") {
     const auto a = bind_args(m, args, {"sub"});
@@ -150,9 +181,9 @@ Value call_str_method(Interp& in, const std::string& s, std::string_view m, Args
     bool first = true;
     for (const Value& v : in.iterate(*a[0])) {
       if (!v.is_string()) fail("sequence item: expected str instance, " + type_name(v) + " found");
-      if (!first) out += s;
+      if (!first) append_bounded(out, s);
       first = false;
-      out += v.as_string();
+      append_bounded(out, v.as_string());
     }
     return Value(std::move(out));
   }
@@ -181,6 +212,7 @@ Value call_str_method(Interp& in, const std::string& s, std::string_view m, Args
     const int64_t width = opt_int(a[0], 0);
     const auto n = static_cast<int64_t>(py::cp_len(s));
     if (n >= width) return Value(s);
+    spend_bytes(static_cast<uint64_t>(width - n) + s.size());
     const bool sign = !s.empty() && (s[0] == '+' || s[0] == '-');
     return Value((sign ? s.substr(0, 1) : "") + std::string(static_cast<size_t>(width - n), '0') +
                  s.substr(sign ? 1 : 0));
@@ -240,6 +272,17 @@ Value call_dict_method(const Value& obj, std::string_view m, Args& args) {
 }
 
 }  // namespace
+
+std::string replace_bounded(const std::string& s, const std::string& from, const std::string& to,
+                            int64_t count) {
+  auto n = static_cast<uint64_t>(py::count(s, from));  // occurrences (code points + 1 for "")
+  if (count >= 0) n = std::min(n, static_cast<uint64_t>(count));
+  uint64_t added = 0;
+  if (to.size() > from.size() && __builtin_mul_overflow(n, to.size() - from.size(), &added))
+    added = UINT64_MAX - s.size();
+  spend_bytes(s.size() + added);
+  return py::replace(s, from, to, count);
+}
 
 bool has_method(const Value& obj, std::string_view name) {
   if (obj.is_string()) return in_set(kStrMethods, name);

@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 
+#include "chat/jinja_limits.h"
 #include "chat/py_text.h"
 
 namespace miles::jinja {
@@ -102,7 +104,11 @@ std::string string_repr(const std::string& s) {
   return out;
 }
 
+// Every value printed counts as a step and its text against the render's limits: a list that
+// holds itself twice, nested forty times, prints 2^40 items.
 std::string repr(const Value& v) {
+  const NestingGuard nest;
+  spend_steps();
   if (v.is_undefined()) return "Undefined";
   if (v.is_string()) return string_repr(v.as_string());
   if (v.is_list()) {
@@ -110,7 +116,7 @@ std::string repr(const Value& v) {
     std::string out = l.tuple ? "(" : "[";
     for (size_t i = 0; i < l.items.size(); ++i) {
       if (i) out += ", ";
-      out += repr(l.items[i]);
+      append_bounded(out, repr(l.items[i]));
     }
     if (l.tuple && l.items.size() == 1) out += ",";
     return out + (l.tuple ? ")" : "]");
@@ -121,7 +127,8 @@ std::string repr(const Value& v) {
     for (const auto& [k, e] : v.as_dict()->items) {
       if (!first) out += ", ";
       first = false;
-      out += string_repr(k) + ": " + repr(e);
+      append_bounded(out, string_repr(k) + ": ");
+      append_bounded(out, repr(e));
     }
     return out + "}";
   }
@@ -137,6 +144,7 @@ std::string to_str(const Value& v) {
   if (v.is_string()) return v.as_string();
   if (v.is_list() || v.is_dict()) return repr(v);
   if (v.is_namespace()) {
+    const NestingGuard nest;  // a namespace may hold itself
     Value d = Value::dict();
     d.as_dict()->items = v.as_namespace()->attrs.items;
     return "<Namespace " + repr(d) + ">";
@@ -213,10 +221,18 @@ struct Dumper {
 
   void newline(int level) {
     out += '\n';
-    for (int k = 0; k < level; ++k) out += *o.indent;
+    for (int k = 0; k < level; ++k) append_bounded(out, *o.indent);
+  }
+
+  void string(const std::string& s) {
+    std::string quoted;
+    json_string(quoted, s, o.ensure_ascii);
+    append_bounded(out, quoted);
   }
 
   void dump(const Value& v, int level) {
+    const NestingGuard nest;
+    spend_steps();
     if (v.is_none()) {
       out += "null";
     } else if (v.is_bool()) {
@@ -229,7 +245,7 @@ struct Dumper {
              : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity")
                              : float_repr(d);
     } else if (v.is_string()) {
-      json_string(out, v.as_string(), o.ensure_ascii);
+      string(v.as_string());
     } else if (v.is_list()) {
       const auto& items = v.as_list()->items;
       if (items.empty()) {
@@ -240,7 +256,7 @@ struct Dumper {
       if (o.indent) newline(level + 1);
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) {
-          out += item_sep;
+          append_bounded(out, item_sep);
           if (o.indent) newline(level + 1);
         }
         dump(items[i], level + 1);
@@ -261,11 +277,11 @@ struct Dumper {
       if (o.indent) newline(level + 1);
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) {
-          out += item_sep;
+          append_bounded(out, item_sep);
           if (o.indent) newline(level + 1);
         }
-        json_string(out, items[i]->first, o.ensure_ascii);
-        out += key_sep;
+        string(items[i]->first);
+        append_bounded(out, key_sep);
         dump(items[i]->second, level + 1);
       }
       if (o.indent) newline(level);
@@ -300,6 +316,7 @@ std::string pad(const std::string& s, size_t width, char align, char32_t fill = 
   size_t left = align == '<' ? 0 : align == '^' ? total / 2 : total;
   std::string f;
   py::append_utf8(f, fill);
+  spend_bytes(s.size() + total * f.size());
   std::string out;
   for (size_t k = 0; k < left; ++k) out += f;
   out += s;
@@ -314,6 +331,24 @@ std::string truncate_cps(const std::string& s, int precision) {
   return s.substr(0, offs[static_cast<size_t>(precision)]);
 }
 
+// A width or precision of a format spec: digits, saturating (spend_bytes refuses what is too
+// large before anything is built).
+int spec_number(int sofar, char32_t digit) {
+  const int d = static_cast<int>(digit - '0');
+  return sofar > (INT_MAX - d) / 10 ? INT_MAX : sofar * 10 + d;
+}
+
+// snprintf into a string of the size it needs.
+template <typename T>
+std::string c_format(const std::string& spec, T value) {
+  const int n = std::snprintf(nullptr, 0, spec.c_str(), value);
+  if (n < 0) fail("cannot format with '" + spec + "'");
+  std::string out(static_cast<size_t>(n) + 1, '\0');
+  std::snprintf(out.data(), out.size(), spec.c_str(), value);
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
 // A C-formatted number: `flags` from '-+ #0', conversion one of "dioxXeEfFgG".
 std::string c_number(const Value& v, const std::string& flags, int width, int precision,
                      char conv) {
@@ -321,20 +356,26 @@ std::string c_number(const Value& v, const std::string& flags, int width, int pr
     if (v.is_undefined()) fail_undefined(v);
     fail(std::string("%") + conv + " format: a real number is required, not " + type_name(v));
   }
+  // At most width + precision characters, and the 309 digits of the largest double.
+  spend_bytes(static_cast<uint64_t>(std::max(width, 0)) +
+              static_cast<uint64_t>(std::max(precision, 0)));
   std::string spec = "%" + flags;
   if (width >= 0) spec += std::to_string(width);
   if (precision >= 0) spec += "." + std::to_string(precision);
-  char buf[512];
   if (conv == 'd' || conv == 'i' || conv == 'o' || conv == 'x' || conv == 'X') {
-    const long long i = v.is_float() ? static_cast<long long>(std::trunc(v.as_float()))
-                                     : static_cast<long long>(v.integral());
+    long long i = 0;
+    if (v.is_float()) {
+      const double t = std::trunc(v.as_float());
+      if (!(t >= -0x1p63 && t < 0x1p63)) fail("integer overflow (64-bit integers only)");
+      i = static_cast<long long>(t);
+    } else {
+      i = static_cast<long long>(v.integral());
+    }
     spec += std::string("ll") + (conv == 'i' ? 'd' : conv);
-    std::snprintf(buf, sizeof(buf), spec.c_str(), i);
-  } else {
-    spec += conv;
-    std::snprintf(buf, sizeof(buf), spec.c_str(), v.number());
+    return c_format(spec, i);
   }
-  return buf;
+  spec += conv;
+  return c_format(spec, v.number());
 }
 
 }  // namespace
@@ -374,12 +415,12 @@ std::string percent_format(const std::string& fmt, const Value& args) {
       flags += fmt[i++];
     int width = -1, precision = -1;
     while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i])))
-      width = std::max(width, 0) * 10 + (fmt[i++] - '0');
+      width = spec_number(std::max(width, 0), static_cast<char32_t>(fmt[i++]));
     if (i < fmt.size() && fmt[i] == '.') {
       precision = 0;
       ++i;
       while (i < fmt.size() && std::isdigit(static_cast<unsigned char>(fmt[i])))
-        precision = precision * 10 + (fmt[i++] - '0');
+        precision = spec_number(precision, static_cast<char32_t>(fmt[i++]));
     }
     if (i >= fmt.size()) fail("incomplete format");
     const char conv = fmt[i];
@@ -389,10 +430,10 @@ std::string percent_format(const std::string& fmt, const Value& args) {
     }
     if (conv == 's' || conv == 'r' || conv == 'a') {
       const std::string s = truncate_cps(conv == 's' ? to_str(*arg) : repr(*arg), precision);
-      out += pad(s, width < 0 ? 0 : static_cast<size_t>(width),
-                 flags.find('-') != std::string::npos ? '<' : '>');
+      append_bounded(out, pad(s, width < 0 ? 0 : static_cast<size_t>(width),
+                              flags.find('-') != std::string::npos ? '<' : '>'));
     } else if (std::string("diouxXeEfFgG").find(conv) != std::string::npos) {
-      out += c_number(*arg, flags, width, precision, conv == 'u' ? 'd' : conv);
+      append_bounded(out, c_number(*arg, flags, width, precision, conv == 'u' ? 'd' : conv));
     } else {
       fail(std::string("unsupported format character '") + conv + "'");
     }
@@ -432,12 +473,12 @@ std::string format_field(const Value& v, const std::string& spec) {
   }
   int width = -1, precision = -1;
   while (i < cps.size() && cps[i] >= '0' && cps[i] <= '9')
-    width = std::max(width, 0) * 10 + static_cast<int>(cps[i++] - '0');
+    width = spec_number(std::max(width, 0), cps[i++]);
   if (i < cps.size() && cps[i] == '.') {
     precision = 0;
     ++i;
     while (i < cps.size() && cps[i] >= '0' && cps[i] <= '9')
-      precision = precision * 10 + static_cast<int>(cps[i++] - '0');
+      precision = spec_number(precision, cps[i++]);
   }
   char type = 0;
   if (i < cps.size()) type = static_cast<char>(cps[i++]);
@@ -519,17 +560,20 @@ std::string str_format(const std::string& fmt, const Args& args) {
       v = &args.pos[auto_index++];
     } else if (std::all_of(field.begin(), field.end(),
                            [](char d) { return std::isdigit(static_cast<unsigned char>(d)); })) {
-      const size_t k = std::stoul(field);
-      if (k >= args.pos.size()) fail("Replacement index " + field + " out of range");
+      size_t k = 0;
+      const auto r = std::from_chars(field.data(), field.data() + field.size(), k);
+      if (r.ec != std::errc() || k >= args.pos.size())
+        fail("Replacement index " + field + " out of range");
       v = &args.pos[k];
     } else {
       v = args.kwarg(field);
       if (!v) fail("KeyError: " + string_repr(field));
     }
     if (conversion == 'r') {
-      out += format_field(Value(repr(*v)), spec);
+      append_bounded(out, format_field(Value(repr(*v)), spec));
     } else if (conversion == 's' || conversion == 0) {
-      out += conversion ? format_field(Value(to_str(*v)), spec) : format_field(*v, spec);
+      append_bounded(out,
+                     conversion ? format_field(Value(to_str(*v)), spec) : format_field(*v, spec));
     } else {
       fail(std::string("Unknown conversion specifier ") + conversion);
     }

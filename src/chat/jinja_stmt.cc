@@ -2,6 +2,7 @@
 #include <string>
 
 #include "chat/jinja_interp.h"
+#include "chat/jinja_limits.h"
 #include "chat/jinja_print.h"
 
 namespace miles::jinja {
@@ -27,6 +28,10 @@ void Frame::set(std::string_view name, Value value) {
     }
   }
   vars.emplace_back(std::string(name), std::move(value));
+}
+
+Interp::~Interp() {
+  for (const Value::Namespace& ns : namespaces_) ns->attrs.items.clear();
 }
 
 void Interp::enter_call() {
@@ -124,6 +129,7 @@ Flow Interp::exec_for(const Stmt& s, Frame& frame, std::string& out) {
   }
   const auto n = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < n; ++i) {
+    spend_steps(6);  // besides its body's steps: an iteration builds `loop` (12 attributes)
     Frame f(&frame);
     bind_targets(s.targets, items[static_cast<size_t>(i)], f);
     Value loop = Value::dict();
@@ -156,6 +162,7 @@ Flow Interp::exec_for(const Stmt& s, Frame& frame, std::string& out) {
 }
 
 Interp::DepthGuard::DepthGuard(Interp& in) : in(in) {
+  spend_steps();
   if (++in.depth_ > kMaxEvalDepth) {
     --in.depth_;
     fail("the template nests too deeply while rendering");
@@ -169,10 +176,10 @@ Flow Interp::exec(const Body& body, Frame& frame, std::string& out) {
     line_ = s.line;
     switch (s.kind) {
       case StmtKind::kText:
-        out += s.text;
+        append_bounded(out, s.text);
         break;
       case StmtKind::kPrint:
-        out += to_str(eval(*s.expr, frame));
+        append_bounded(out, to_str(eval(*s.expr, frame)));
         break;
       case StmtKind::kIf: {
         size_t taken = s.exprs.size();
@@ -208,7 +215,7 @@ Flow Interp::exec(const Body& body, Frame& frame, std::string& out) {
         if (s.kind == StmtKind::kSetBlock) {
           frame.set(s.targets[0], std::move(v));
         } else {
-          out += to_str(v);
+          append_bounded(out, to_str(v));
         }
         break;
       }

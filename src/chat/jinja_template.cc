@@ -1,6 +1,8 @@
-// Template: lex + parse at load, interpret at render; TemplateError becomes a Status here.
+// Template: lex + parse at load, interpret at render within the limits of jinja_limits.h;
+// TemplateError becomes a Status here.
 #include "chat/jinja.h"
 #include "chat/jinja_interp.h"
+#include "chat/jinja_limits.h"
 #include "chat/jinja_parser.h"
 
 namespace miles::jinja {
@@ -38,6 +40,7 @@ Result<std::string> Template::render(const nlohmann::ordered_json& context) cons
 Result<std::string> Template::render(std::vector<std::pair<std::string, Value>> variables) const {
   Frame root(nullptr);
   root.vars = std::move(variables);
+  const RenderBudget budget;  // the steps and bytes of this render
   Interp interp(root);
   try {
     return interp.render(*body_);

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "chat/jinja_interp.h"
+#include "chat/jinja_limits.h"
 #include "chat/jinja_print.h"
 #include "chat/py_text.h"
 
@@ -197,6 +198,7 @@ TestFn find_test(std::string_view name) {
 }
 
 bool apply_test(Interp& in, std::string_view name, const Value& v, Args& args) {
+  spend_steps();  // select('...') calls it once per item
   const TestFn t = find_test(name);
   if (!t) fail("unknown test '" + std::string(name) + "'");
   return t(in, v, args);

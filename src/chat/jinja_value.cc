@@ -1,12 +1,67 @@
-// Python semantics of template values: truthiness, ==, <, type names, JSON conversion.
+// Python semantics of template values: truthiness, ==, <, type names, JSON conversion; freeing
+// nested containers without recursion.
 #include "chat/jinja_value.h"
 
 #include <cmath>
 #include <limits>
 
+#include "chat/jinja_limits.h"
+
 namespace miles::jinja {
 
 void fail(std::string message, int line) { throw TemplateError{std::move(message), line}; }
+
+namespace {
+
+bool is_container(const Value& v) {
+  return v.is_list() || v.is_dict() || v.is_namespace() || v.is_callable();
+}
+
+// Moves the containers among `items` onto `stack`, and drops the rest.
+void take_nested(std::vector<Value>& items, std::vector<Value>& stack) {
+  for (Value& v : items)
+    if (is_container(v)) stack.push_back(std::move(v));
+  items.clear();
+}
+void take_nested(std::vector<std::pair<std::string, Value>>& items, std::vector<Value>& stack) {
+  for (auto& kv : items)
+    if (is_container(kv.second)) stack.push_back(std::move(kv.second));
+  items.clear();
+}
+
+// Frees the containers on `stack` one after another: a container that dies here hands its own
+// containers to the stack first, so no destructor ever frees a nested one itself.
+void free_iteratively(std::vector<Value>& stack) {
+  while (!stack.empty()) {
+    Value v = std::move(stack.back());
+    stack.pop_back();
+    if (v.is_list() && v.as_list().use_count() == 1) {
+      take_nested(v.as_list()->items, stack);
+    } else if (v.is_dict() && v.as_dict().use_count() == 1) {
+      take_nested(v.as_dict()->items, stack);
+    } else if (v.is_namespace() && v.as_namespace().use_count() == 1) {
+      take_nested(v.as_namespace()->attrs.items, stack);
+    } else if (v.is_callable() && v.as_callable().use_count() == 1 && v.as_callable()->bound &&
+               v.as_callable()->bound.use_count() == 1) {
+      if (is_container(*v.as_callable()->bound)) stack.push_back(*v.as_callable()->bound);
+      v.as_callable()->bound.reset();
+    }
+  }
+}
+
+}  // namespace
+
+ListData::~ListData() {
+  std::vector<Value> stack;
+  take_nested(items, stack);
+  free_iteratively(stack);
+}
+
+DictData::~DictData() {
+  std::vector<Value> stack;
+  take_nested(items, stack);
+  free_iteratively(stack);
+}
 
 const Value* DictData::find(std::string_view key) const {
   for (const auto& [k, v] : items)
@@ -31,6 +86,7 @@ const Value* Args::kwarg(std::string_view name) const {
 }
 
 Value Value::list(std::vector<Value> items, bool tuple) {
+  spend_bytes(copy_bytes(items));
   auto l = std::make_shared<ListData>();
   l->items = std::move(items);
   l->tuple = tuple;
@@ -64,6 +120,8 @@ bool truthy(const Value& v) {
 }
 
 bool equals(const Value& a, const Value& b) {
+  const NestingGuard nest;
+  spend_steps();
   if (a.is_undefined() || b.is_undefined()) return a.is_undefined() && b.is_undefined();
   if (a.is_none() || b.is_none()) return a.is_none() && b.is_none();
   if (a.is_number() && b.is_number()) {
@@ -95,6 +153,8 @@ bool equals(const Value& a, const Value& b) {
 }
 
 bool less(const Value& a, const Value& b) {
+  const NestingGuard nest;
+  spend_steps();
   if (a.is_number() && b.is_number()) {
     if (a.is_integral() && b.is_integral()) return a.integral() < b.integral();
     return a.number() < b.number();
@@ -117,6 +177,7 @@ bool less(const Value& a, const Value& b) {
 void fail_undefined(const Value& v) { fail(v.undefined_hint()); }
 
 Value from_json(const nlohmann::ordered_json& j) {
+  const NestingGuard nest;
   using T = nlohmann::ordered_json::value_t;
   switch (j.type()) {
     case T::null:
@@ -154,6 +215,7 @@ Value from_json(const nlohmann::ordered_json& j) {
 }
 
 nlohmann::ordered_json to_json(const Value& v) {
+  const NestingGuard nest;
   if (v.is_none()) return nullptr;
   if (v.is_bool()) return v.as_bool();
   if (v.is_int()) return v.as_int();

@@ -34,9 +34,13 @@ struct TemplateError {
 class Value;
 class Interp;
 
+// Lists and dicts free their items without recursion (jinja_value.cc): a value nested a million
+// levels deep (a namespace attribute wrapped in a list on every loop iteration) must not overflow
+// the stack when it goes.
 struct ListData {
   std::vector<Value> items;
   bool tuple = false;  // a Python tuple: printed "(a, b)", otherwise like a list
+  ~ListData();
 };
 
 // Insertion-ordered string-keyed map (a Python dict; template dicts have string keys).
@@ -44,6 +48,7 @@ struct DictData {
   std::vector<std::pair<std::string, Value>> items;
   const Value* find(std::string_view key) const;
   void set(std::string key, Value value);  // replaces in place, or appends
+  ~DictData();
 };
 
 // namespace(...): the one mutable object (`{% set ns.x = ... %}`).
@@ -61,6 +66,8 @@ struct Args {
 struct Callable {
   std::string name;
   std::function<Value(Interp&, Args&)> fn;
+  // A method's object (`x.items`): held here, not in `fn`, so that freeing it does not recurse.
+  std::shared_ptr<const Value> bound;
 };
 
 struct Undefined {

@@ -2,11 +2,15 @@
 """Writes the committed seed corpora under tests/fuzz/corpus/ (run from anywhere; stdlib only).
 
 Seeds are tiny valid files, so that the fuzzers start from inputs that reach deep into the parsers:
-safetensors images with every dtype, metadata and a zero-size tensor, and llama2.c checkpoints in
-both formats (plus, when ../shared is present, the first bytes of stories260K.bin).
+safetensors images with every dtype, metadata and a zero-size tensor, llama2.c checkpoints in both
+formats (plus, when ../shared is present, the first bytes of stories260K.bin), the chat templates of
+tests/data/chat (Qwen3's and SmolLM2's, and the interpreter's feature cases), and gRPC request
+messages (a type byte, then the protobuf encoding; fuzz_grpc_messages.cc). corpus/disk_delta is
+written by make_disk_delta_seeds.cc instead (zstd frames).
 """
 import json
 import os
+import re
 import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,6 +51,34 @@ def llama2c(v1, dim=8, hidden=12, layers=1, heads=2, kv_heads=1, vocab=4, seq_le
     return head + body
 
 
+# Protobuf wire format (https://protobuf.dev/programming-guides/encoding/): enough for the seeds.
+def varint(n):
+    n &= (1 << 64) - 1  # negative int32/int64 values take ten bytes
+    out = b""
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out += bytes([b | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def pb_varint(field, n):
+    return varint(field << 3) + varint(n)
+
+
+def pb_bytes(field, data):
+    data = data.encode() if isinstance(data, str) else data
+    return varint(field << 3 | 2) + varint(len(data)) + data
+
+
+def pb_float(field, x):
+    return varint(field << 3 | 5) + struct.pack("<f", x)
+
+
+def pb_packed(field, values):
+    return pb_bytes(field, b"".join(varint(v) for v in values))
+
+
 def write(sub, name, data):
     os.makedirs(os.path.join(HERE, "corpus", sub), exist_ok=True)
     with open(os.path.join(HERE, "corpus", sub, name), "wb") as f:
@@ -71,3 +103,33 @@ stories = os.path.join(HERE, "..", "..", "..", "shared", "models", "stories260K"
 if os.path.exists(stories):
     with open(stories, "rb") as f:
         write("llama2c", "stories260K_head", f.read(512))
+
+chat = os.path.join(HERE, "..", "data", "chat")
+with open(os.path.join(chat, "chat_goldens.json")) as f:
+    for name, t in json.load(f)["templates"].items():
+        write("jinja", name + ".jinja", t["source"].encode())
+with open(os.path.join(chat, "jinja_cases.json")) as f:
+    for case in json.load(f)["cases"]:
+        write("jinja", "case_" + re.sub(r"[^A-Za-z0-9]+", "_", case["name"]) + ".jinja",
+              case["template"].encode())
+
+# fuzz_grpc_messages: the first byte picks the message (0 GenerateRequest, 1 PauseRequest,
+# 2 AbortRequest, 3 UpdateWeightsFromDiskRequest, 4 UpdateWeightVersionRequest,
+# 5 RegisterEngineRequest, 6 StopRequest, 7 ControllerStatusRequest).
+sampling = (pb_float(1, 0.7) + pb_float(2, 0.9) + pb_varint(3, 5) + pb_float(4, 0.05)
+            + pb_varint(5, 42) + pb_varint(6, 16) + pb_packed(7, [2, 7]) + pb_bytes(8, "\n\n")
+            + pb_varint(9, 1) + pb_varint(10, 4))
+write("grpc_messages", "generate_ids", b"\x00" + pb_packed(1, [1, 2, 3, 300])
+      + pb_bytes(3, sampling) + pb_varint(4, 1) + pb_bytes(5, "rid-1"))
+write("grpc_messages", "generate_text", b"\x00" + pb_bytes(2, "Hello, world! é")
+      + pb_bytes(3, pb_varint(6, 8)))
+write("grpc_messages", "pause_retract", b"\x01" + pb_varint(1, 1))
+write("grpc_messages", "pause_in_place", b"\x01" + pb_varint(1, 2))
+write("grpc_messages", "abort", b"\x02" + pb_bytes(1, "rid-1"))
+write("grpc_messages", "update_from_disk", b"\x03" + pb_bytes(1, "/models/step_3") + pb_varint(2, 1)
+      + pb_varint(3, 3))
+write("grpc_messages", "update_version", b"\x04" + pb_varint(1, 7))
+write("grpc_messages", "register_engine", b"\x05" + pb_bytes(1, "10.0.0.2") + pb_varint(2, 30000)
+      + pb_varint(3, 30001) + pb_varint(4, -1) + pb_varint(5, 1234) + pb_varint(6, 2))
+write("grpc_messages", "stop", b"\x06" + pb_bytes(1, "operator"))
+write("grpc_messages", "controller_status", b"\x07")

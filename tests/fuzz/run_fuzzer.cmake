@@ -1,9 +1,16 @@
 # Runs one libFuzzer target for a fixed time from a fresh copy of its seed corpus (ctest -L fuzz).
-# -D FUZZER=<exe> SEEDS=<dir> WORK=<dir> SECONDS=<n>. Fails on any crash, leak, timeout or
-# sanitizer report; the reproducer is left in WORK/artifacts/.
+# -D FUZZER=<exe> SEEDS=<dir, or a file pattern such as configs/*.yaml> WORK=<dir> SECONDS=<n>.
+# Fails on any crash, leak, timeout or sanitizer report; the reproducer is left in WORK/artifacts/.
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}/corpus" "${WORK}/artifacts")
-file(GLOB seeds "${SEEDS}/*")
+if(IS_DIRECTORY "${SEEDS}")
+  file(GLOB seeds "${SEEDS}/*")
+else()
+  file(GLOB seeds "${SEEDS}")
+endif()
+if(NOT seeds)
+  message(FATAL_ERROR "no seeds in ${SEEDS}")
+endif()
 file(COPY ${seeds} DESTINATION "${WORK}/corpus")
 execute_process(
   COMMAND "${FUZZER}" "${WORK}/corpus" -max_total_time=${SECONDS} -rss_limit_mb=2048 -timeout=10
