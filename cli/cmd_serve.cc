@@ -186,8 +186,8 @@ int run_serve(ServeOptions o) {
   if (!o.controller.empty() && o.grpc_port < 0)
     o.grpc_port = 0;  // the controller generates over gRPC
   if (o.grpc_port >= 0) {
-    grpc =
-        std::make_unique<rollout::GrpcServer>(driver, config, tok, &pool, o.model, o.server.keys);
+    grpc = std::make_unique<rollout::GrpcServer>(driver, config, tok, &pool, o.model, o.server.keys,
+                                                 o.server.weight_dirs);
     if (Status s =
             grpc->start(o.server.host, o.grpc_port, o.server.ssl_certfile, o.server.ssl_keyfile);
         !s.ok())

@@ -12,6 +12,7 @@
 
 #include "miles/host_port.h"
 #include "miles/model.h"
+#include "miles/path_guard.h"
 #include "miles/secret.h"
 #include "miles/v1/rollout.grpc.pb.h"
 #include "rollout/grpc_wire.h"
@@ -23,13 +24,15 @@ namespace pb = ::miles::v1;
 class RolloutService final : public pb::RolloutEngine::Service {
  public:
   RolloutService(EngineDriver& d, const ModelConfig& c, std::shared_ptr<const Tokenizer> tok,
-                 ThreadPool* pool, std::string model_path, ApiKeys keys)
+                 ThreadPool* pool, std::string model_path, ApiKeys keys,
+                 std::vector<std::string> weight_dirs)
       : driver_(d),
         config_(c),
         tok_(std::move(tok)),
         pool_(pool),
         model_path_(std::move(model_path)),
-        keys_(std::move(keys)) {}
+        keys_(std::move(keys)),
+        weight_dirs_(std::move(weight_dirs)) {}
 
   grpc::Status Generate(grpc::ServerContext* ctx, const pb::GenerateRequest* in,
                         grpc::ServerWriter<pb::GenerateResponse>* out) override {
@@ -131,15 +134,23 @@ class RolloutService final : public pb::RolloutEngine::Service {
   grpc::Status UpdateWeightsFromDisk(grpc::ServerContext* ctx, const pb::UpdateWeightsFromDiskRequest* in,
                                      pb::StatusResponse* out) override {
     if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
+    // Only from trusted directories, and the error names the path, never what it holds.
+    if (Status c = confine_path(in->model_path(), weight_dirs_, "--weights-dir"); !c.ok())
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, c.message());
     auto files = load_model_files(in->model_path());
     if (!files.ok()) return invalid(files.message());
+    // A swap always moves the version: the one given, else the next number.
     Status st;
+    int64_t version = 0;
     driver_.run_sync([&](Engine& e) {
       st = e.update_weights(files->weights);
-      if (st.ok() && in->set_weight_version()) e.update_weight_version(in->weight_version());
+      if (!st.ok()) return;
+      version = in->set_weight_version() ? in->weight_version() : e.stats().weight_version + 1;
+      e.update_weight_version(version);
     });
     if (!st.ok()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, st.message());
     out->set_success(true);
+    out->set_message("weight_version " + std::to_string(version));
     return grpc::Status::OK;
   }
 
@@ -232,6 +243,7 @@ class RolloutService final : public pb::RolloutEngine::Service {
   ThreadPool* pool_;
   std::string model_path_;
   ApiKeys keys_;
+  std::vector<std::string> weight_dirs_;
   std::mutex mu_;
   std::map<std::string, uint64_t> rids_;
   std::atomic<uint64_t> next_rid_{1};
@@ -239,9 +251,10 @@ class RolloutService final : public pb::RolloutEngine::Service {
 
 GrpcServer::GrpcServer(EngineDriver& driver, const ModelConfig& config,
                        std::shared_ptr<const Tokenizer> tok, ThreadPool* model_pool,
-                       std::string model_path, ApiKeys keys)
+                       std::string model_path, ApiKeys keys, std::vector<std::string> weight_dirs)
     : service_(std::make_unique<RolloutService>(driver, config, std::move(tok), model_pool,
-                                                std::move(model_path), std::move(keys))) {}
+                                                std::move(model_path), std::move(keys),
+                                                std::move(weight_dirs))) {}
 
 GrpcServer::~GrpcServer() { stop(); }
 

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "miles/model_config.h"
 #include "miles/secret.h"
@@ -25,8 +26,11 @@ class RolloutService;
 class GrpcServer {
  public:
   // keys: what callers must present as "authorization: Bearer <key>" metadata (none: open).
+  // weight_dirs: the directories UpdateWeightsFromDisk may load from (path_guard.h; empty: any,
+  // a library default; `miles serve` names the model's and --weights-dir).
   GrpcServer(EngineDriver& driver, const ModelConfig& config, std::shared_ptr<const Tokenizer> tok,
-             ThreadPool* model_pool, std::string model_path, ApiKeys keys = {});
+             ThreadPool* model_pool, std::string model_path, ApiKeys keys = {},
+             std::vector<std::string> weight_dirs = {});
   ~GrpcServer();
   // Listens on host:port (port 0: any free port; see port()); with TLS when given a certificate
   // and key (PEM files).

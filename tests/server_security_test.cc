@@ -430,6 +430,30 @@ TEST(ServerSecurity, WeightPathsStayInsideTheTrustedDirectories) {
   EXPECT_EQ(ok->status, 200) << ok->body;
   EXPECT_EQ(json::parse(ok->body)["weight_version"], "1");
   EXPECT_EQ(s.stats().weight_version, 1);
+
+  // The engine's gRPC UpdateWeightsFromDisk keeps the same rules.
+  GrpcServer grpc(*s.driver, s.model->config(), nullptr, s.pool.get(), "m", ApiKeys{},
+                  so.weight_dirs);
+  ASSERT_TRUE(grpc.start("127.0.0.1", 0).ok());
+  auto stub = ::miles::v1::RolloutEngine::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(grpc.port()), grpc::InsecureChannelCredentials()));
+  auto update = [&](const std::string& path, ::miles::v1::StatusResponse* out) {
+    grpc::ClientContext ctx;
+    ::miles::v1::UpdateWeightsFromDiskRequest in;
+    in.set_model_path(path);
+    return stub->UpdateWeightsFromDisk(&ctx, in, out);
+  };
+  ::miles::v1::StatusResponse out;
+  for (const std::string& path : {std::string("/etc/shadow"), trusted + "/escape/passwd"}) {
+    const grpc::Status st = update(path, &out);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << path;
+    EXPECT_NE(st.error_message().find("--weights-dir"), std::string::npos) << st.error_message();
+    EXPECT_EQ(st.error_message().find("root:"), std::string::npos) << st.error_message();
+  }
+  ASSERT_TRUE(update(test::data_dir() + "/models/qwen3_moe", &out).ok());
+  EXPECT_EQ(out.message(), "weight_version 2");  // no version given: the next one
+  EXPECT_EQ(s.stats().weight_version, 2);
+  grpc.stop();
 }
 
 TEST(PathGuard, ResolvesBeforeComparing) {
