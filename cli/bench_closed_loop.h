@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "miles/engine.h"
-#include "rollout/engine_driver.h"
+#include "miles/rollout/engine.h"
+#include "miles/rollout/engine_driver.h"
 
 namespace miles::cli {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "cli/bench_peak.h"
-#include "kernels/backward.h"
+#include "miles/backward_kernels.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
 

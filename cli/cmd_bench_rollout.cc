@@ -24,7 +24,7 @@
 #include "cli/commands.h"
 #include "cli/model_files.h"
 #include "cli/serve_tp.h"
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
 

@@ -16,13 +16,13 @@
 #include "cli/model_files.h"
 #include "cli/worker_launch.h"
 #include "miles/comm.h"
-#include "miles/disk_delta.h"
+#include "miles/weight_sync/disk_delta.h"
 #include "miles/model.h"
-#include "miles/rl_objective.h"
+#include "miles/trainer/rl_objective.h"
 #include "miles/tcp_store.h"
 #include "miles/tensor_parallel.h"
-#include "miles/trainer.h"
-#include "miles/weight_sync.h"
+#include "miles/trainer/trainer.h"
+#include "miles/weight_sync/weight_sync.h"
 
 namespace miles::cli {
 

@@ -42,9 +42,9 @@
 #include "miles/kernels.h"
 #include "miles/logprob.h"
 #include "miles/model.h"
-#include "miles/optimizer.h"
+#include "miles/trainer/optimizer.h"
 #include "miles/thread_pool.h"
-#include "miles/trainer.h"
+#include "miles/trainer/trainer.h"
 
 namespace miles::cli {
 

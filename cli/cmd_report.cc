@@ -2,7 +2,7 @@
 // no network) from the run's metrics.jsonl and config.yaml; RUN_DIR/report.html by default.
 //
 // Why in the CLI: a run's record should be readable with the same binary that wrote it, on the
-// machine it ran on, and the page should survive being copied anywhere (report/report.h).
+// machine it ran on, and the page should survive being copied anywhere (include/miles/report/report.h).
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "report/report.h"
+#include "miles/report/report.h"
 
 namespace miles::cli {
 namespace {

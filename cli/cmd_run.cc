@@ -1,15 +1,15 @@
-// `miles run CONFIG.yaml [section.key=value ...]`: an RL job (controller/rl_job.h) from a job file
-// (include/miles/run_config.h), validated before anything starts.
+// `miles run CONFIG.yaml [section.key=value ...]`: an RL job (include/miles/controller/rl_job.h) from a job file
+// (include/miles/controller/run_config.h), validated before anything starts.
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 
 #include "cli/commands.h"
 #include "cli/model_files.h"
-#include "controller/rl_job.h"
-#include "controller/trainer_group.h"
+#include "miles/controller/rl_job.h"
+#include "miles/controller/trainer_group.h"
 #include "miles/model.h"
-#include "miles/run_config.h"
+#include "miles/controller/run_config.h"
 
 namespace miles::cli {
 

@@ -13,15 +13,15 @@
 #include "cli/commands.h"
 #include "cli/model_files.h"
 #include "cli/serve_tp.h"
-#include "controller/controller_service.h"
+#include "miles/controller/controller_service.h"
 #include "miles/chat_template.h"
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/host_port.h"
 #include "miles/secret.h"
 #include "miles/thread_pool.h"
-#include "rollout/grpc_server.h"
-#include "rollout/http_server.h"
-#include "weight_sync/serve_routes.h"
+#include "miles/rollout/grpc_server.h"
+#include "miles/rollout/http_server.h"
+#include "miles/weight_sync/serve_routes.h"
 
 namespace miles::cli {
 

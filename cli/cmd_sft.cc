@@ -17,11 +17,11 @@
 #include "cli/worker_launch.h"
 #include "miles/comm.h"
 #include "miles/device_model.h"
-#include "miles/sft_data.h"
+#include "miles/trainer/sft_data.h"
 #include "miles/tcp_store.h"
 #include "miles/thread_pool.h"
-#include "miles/train_checkpoint.h"
-#include "miles/trainer.h"
+#include "miles/trainer/train_checkpoint.h"
+#include "miles/trainer/trainer.h"
 
 namespace miles::cli {
 

@@ -13,8 +13,8 @@
 #include "miles/model.h"
 #include "miles/tensor_parallel.h"
 #include "miles/thread_pool.h"
-#include "rollout/tp_engine.h"
-#include "weight_sync/tp_intake.h"
+#include "miles/rollout/tp_engine.h"
+#include "miles/weight_sync/tp_intake.h"
 
 namespace miles::cli {
 

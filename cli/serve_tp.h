@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "controller/child_process.h"
-#include "miles/engine.h"
+#include "miles/controller/child_process.h"
+#include "miles/rollout/engine.h"
 #include "miles/tcp_store.h"
 
 namespace miles::cli {

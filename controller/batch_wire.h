@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "miles/rl_objective.h"
-#include "miles/trainer.h"
+#include "miles/trainer/rl_objective.h"
+#include "miles/trainer/trainer.h"
 
 namespace miles::controller {
 

@@ -1,5 +1,5 @@
 // ChildProcess (child_process.h): fork + exec with the log redirected and a parent-death signal.
-#include "controller/child_process.h"
+#include "miles/controller/child_process.h"
 
 #include <fcntl.h>
 #include <signal.h>

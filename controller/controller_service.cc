@@ -1,6 +1,6 @@
 // ControllerService (controller_service.h): RegisterEngine, GetStatus, Stop; and the engine's
 // client.
-#include "controller/controller_service.h"
+#include "miles/controller/controller_service.h"
 
 #include <grpcpp/grpcpp.h>
 

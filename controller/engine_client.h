@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/host_port.h"
 #include "miles/status.h"
 

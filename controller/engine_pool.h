@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "controller/child_process.h"
+#include "miles/controller/child_process.h"
 #include "controller/engine_client.h"
 
 namespace miles::controller {

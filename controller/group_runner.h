@@ -17,8 +17,8 @@
 
 #include "controller/engine_pool.h"
 #include "controller/prompt_data.h"
-#include "miles/reward.h"
-#include "miles/run_config.h"
+#include "miles/controller/reward.h"
+#include "miles/controller/run_config.h"
 #include "miles/tokenizer.h"
 
 namespace miles::controller {

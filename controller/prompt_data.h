@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "miles/chat_template.h"
-#include "miles/run_config.h"
+#include "miles/controller/run_config.h"
 #include "miles/tokenizer.h"
 
 namespace miles::controller {

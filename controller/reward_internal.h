@@ -1,4 +1,4 @@
-// The pieces behind RewardModel (include/miles/reward.h): one Scorer per RewardSpec, the JSON wire
+// The pieces behind RewardModel (include/miles/controller/reward.h): one Scorer per RewardSpec, the JSON wire
 // format that the http and command kinds share, and the URL parser of the http kind.
 //
 // Why: RewardModel only sums weighted parts; each kind of reward lives in its own file behind this
@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "miles/reward.h"
+#include "miles/controller/reward.h"
 #include "miles/status.h"
 
 namespace miles::reward {

@@ -1,4 +1,4 @@
-// The built-in verifiers: exact_match, numeric, regex, keyword and length (see miles/reward.h for
+// The built-in verifiers: exact_match, numeric, regex, keyword and length (see miles/controller/reward.h for
 // what each scores).
 //
 // Why: most RL-with-verifiable-rewards recipes need only these, in process and without a service.

@@ -13,7 +13,7 @@
 #include "miles/model.h"
 #include "miles/secret.h"
 #include "miles/tensor_parallel.h"
-#include "miles/train_checkpoint.h"
+#include "miles/trainer/train_checkpoint.h"
 
 namespace miles::controller {
 

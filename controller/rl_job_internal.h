@@ -12,18 +12,18 @@
 #include <string>
 #include <vector>
 
-#include "controller/controller_service.h"
+#include "miles/controller/controller_service.h"
 #include "controller/engine_pool.h"
 #include "controller/group_batch.h"
 #include "controller/group_runner.h"
 #include "controller/metrics_log.h"
 #include "controller/prompt_data.h"
-#include "controller/rl_job.h"
-#include "controller/trainer_group.h"
+#include "miles/controller/rl_job.h"
+#include "miles/controller/trainer_group.h"
 #include "controller/weight_publisher.h"
-#include "miles/reward.h"
+#include "miles/controller/reward.h"
 #include "miles/thread_pool.h"
-#include "miles/trainer.h"
+#include "miles/trainer/trainer.h"
 
 namespace miles::controller {
 

@@ -5,8 +5,8 @@
 
 #include "controller/rl_job_internal.h"
 #include "controller/train_batch.h"
-#include "miles/rl_objective.h"
-#include "miles/train_checkpoint.h"
+#include "miles/trainer/rl_objective.h"
+#include "miles/trainer/train_checkpoint.h"
 
 namespace miles::controller {
 

@@ -14,8 +14,8 @@
 #include <variant>
 #include <vector>
 
-#include "miles/reward.h"
-#include "miles/run_config.h"
+#include "miles/controller/reward.h"
+#include "miles/controller/run_config.h"
 #include "miles/status.h"
 
 namespace miles::run_config_internal {

@@ -10,7 +10,7 @@
 #include "controller/run_config_internal.h"
 #include "controller/run_config_node.h"
 #include "miles/durable_file.h"
-#include "miles/run_config.h"
+#include "miles/controller/run_config.h"
 
 namespace miles {
 namespace {

@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "controller/run_config_internal.h"
-#include "miles/run_config.h"
+#include "miles/controller/run_config.h"
 
 namespace miles {
 namespace {

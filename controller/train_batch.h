@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "controller/group_runner.h"
-#include "miles/rl_objective.h"
-#include "miles/run_config.h"
-#include "miles/trainer.h"
+#include "miles/trainer/rl_objective.h"
+#include "miles/controller/run_config.h"
+#include "miles/trainer/trainer.h"
 
 namespace miles::controller {
 

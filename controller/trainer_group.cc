@@ -1,5 +1,5 @@
 // TrainerRank / TrainerWorkers (trainer_group.h).
-#include "controller/trainer_group.h"
+#include "miles/controller/trainer_group.h"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -11,11 +11,11 @@
 #include <mutex>
 
 #include "controller/batch_wire.h"
-#include "controller/child_process.h"
+#include "miles/controller/child_process.h"
 #include "controller/train_batch.h"
 #include "controller/weight_group.h"
 #include "miles/model.h"
-#include "miles/weight_sync.h"
+#include "miles/weight_sync/weight_sync.h"
 
 namespace miles::controller {
 

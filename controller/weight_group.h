@@ -25,8 +25,8 @@
 #include "controller/engine_client.h"
 #include "miles/comm.h"
 #include "miles/tcp_store.h"
-#include "miles/transfer_plan.h"
-#include "miles/weight_sync.h"
+#include "miles/weight_sync/transfer_plan.h"
+#include "miles/weight_sync/weight_sync.h"
 
 namespace miles::controller {
 

@@ -4,9 +4,9 @@
 #include <filesystem>
 #include <thread>
 
-#include "miles/disk_delta.h"
+#include "miles/weight_sync/disk_delta.h"
 #include "miles/flat_params.h"
-#include "miles/trainer.h"
+#include "miles/trainer/trainer.h"
 
 namespace miles::controller {
 

@@ -17,9 +17,9 @@
 
 #include "controller/engine_client.h"
 #include "controller/weight_group.h"
-#include "miles/run_config.h"
-#include "miles/transfer_plan.h"
-#include "miles/weight_sync.h"
+#include "miles/controller/run_config.h"
+#include "miles/weight_sync/transfer_plan.h"
+#include "miles/weight_sync/weight_sync.h"
 
 namespace miles {
 class Trainer;

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "miles/durable_file.h"
-#include "report/report.h"
+#include "miles/report/report.h"
 #include "report/report_sections.h"
 #include "report/svg_plot.h"
 

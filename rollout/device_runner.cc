@@ -2,7 +2,7 @@
 // samples on the host; each forward hands the device its batch and block tables, and the device
 // keeps the KV blocks (the same block ids as the engine's pool, which holds no KV itself).
 #include "miles/device_model.h"
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "rollout/paged_kv_cache.h"
 
 namespace miles {

@@ -1,5 +1,5 @@
 // EngineDriver: a command queue drained between engine iterations; the thread sleeps when idle.
-#include "rollout/engine_driver.h"
+#include "miles/rollout/engine_driver.h"
 
 #include <future>
 

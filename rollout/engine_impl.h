@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/sampler.h"
 #include "rollout/engine_state.h"
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "rollout/block_pool.h"
 #include "rollout/paged_kv_cache.h"
 #include "rollout/radix_cache.h"

@@ -1,6 +1,6 @@
 // finish_reason_name: the wire name of a FinishReason (SGLang's "stop", "length", "abort"), in a
 // file of its own so that the request parsers link without the engine (tests/fuzz).
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 
 namespace miles {
 

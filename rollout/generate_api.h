@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/tokenizer.h"
 
 namespace miles::rollout {

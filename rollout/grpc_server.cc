@@ -1,7 +1,7 @@
 // GrpcServer: each RPC validates its input (INVALID_ARGUMENT with the message on bad input) and talks
 // to the engine through the EngineDriver. Generate streams one message per sample event; a cancelled
 // call aborts its request so its KV blocks are freed.
-#include "rollout/grpc_server.h"
+#include "miles/rollout/grpc_server.h"
 
 #include <grpcpp/grpcpp.h>
 

@@ -6,7 +6,7 @@
 // without a server. Errors are what the service returns as INVALID_ARGUMENT.
 #pragma once
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/status.h"
 #include "miles/tokenizer.h"
 #include "miles/v1/rollout.pb.h"

@@ -8,7 +8,7 @@
 #include "miles/model.h"
 #include "miles/path_guard.h"
 #include "rollout/http_common.h"
-#include "rollout/http_server.h"
+#include "miles/rollout/http_server.h"
 
 namespace miles::rollout {
 

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rollout/http_common.h"
-#include "rollout/http_server.h"
+#include "miles/rollout/http_server.h"
 #include "rollout/openai_api.h"
 
 namespace miles::rollout {

@@ -8,7 +8,7 @@
 
 #include "rollout/chat_render.h"
 #include "rollout/http_common.h"
-#include "rollout/http_server.h"
+#include "miles/rollout/http_server.h"
 #include "rollout/openai_api.h"
 #include "rollout/tool_calls.h"
 

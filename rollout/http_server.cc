@@ -1,6 +1,6 @@
 // HttpServer: native SGLang-style endpoints. Each request runs on an httplib worker thread and
 // talks to the engine only through the EngineDriver.
-#include "rollout/http_server.h"
+#include "miles/rollout/http_server.h"
 
 #include <httplib.h>
 #include <sys/socket.h>
@@ -14,9 +14,9 @@
 #include "miles/thread_pool.h"
 #include "rollout/generate_api.h"
 #include "rollout/http_common.h"
-#include "rollout/http_transport.h"
+#include "miles/rollout/http_transport.h"
 #include "rollout/openai_api.h"
-#include "rollout/sessions.h"
+#include "miles/rollout/sessions.h"
 
 namespace miles::rollout {
 

@@ -11,9 +11,9 @@
 #include "miles/chat_template.h"
 #include "rollout/chat_render.h"
 #include "rollout/http_common.h"
-#include "rollout/http_server.h"
+#include "miles/rollout/http_server.h"
 #include "rollout/openai_api.h"
-#include "rollout/sessions.h"
+#include "miles/rollout/sessions.h"
 
 namespace miles::rollout {
 

@@ -1,7 +1,7 @@
 // Bounded connections for the engine's HTTP server (see http_transport.h): a task queue that gives
 // each connection its own thread, a per-connection loop that caps open connections and arms a
 // deadline per request, and streams (plain and TLS) that honour that deadline on every read.
-#include "rollout/http_transport.h"
+#include "miles/rollout/http_transport.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

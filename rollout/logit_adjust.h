@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 
 namespace miles::rollout {
 

@@ -1,5 +1,5 @@
 // make_model_runner: the shared Model as the engine's ModelRunner.
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 
 namespace miles {
 

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 
 namespace miles::rollout {
 

@@ -1,6 +1,6 @@
 // Sessions: planning a turn against the token record (append, branch or retry), committing the
 // engine's answer, the trajectory as one training sample, and the LRU store.
-#include "rollout/sessions.h"
+#include "miles/rollout/sessions.h"
 
 #include <algorithm>
 #include <cctype>

@@ -12,7 +12,7 @@
 #include "miles/model.h"
 #include "miles/tensor_parallel.h"
 #include "rollout/block_pool.h"
-#include "rollout/tp_engine.h"
+#include "miles/rollout/tp_engine.h"
 #include "rollout/tp_wire.h"
 
 namespace miles::rollout {

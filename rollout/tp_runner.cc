@@ -16,7 +16,7 @@
 #include "miles/model.h"
 #include "miles/tensor_parallel.h"
 #include "rollout/paged_kv_cache.h"
-#include "rollout/tp_engine.h"
+#include "miles/rollout/tp_engine.h"
 #include "rollout/tp_wire.h"
 
 namespace miles::rollout {

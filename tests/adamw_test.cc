@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "grad_case.h"
-#include "miles/optimizer.h"
+#include "miles/trainer/optimizer.h"
 #include "miles/thread_pool.h"
 
 namespace miles {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/backward.h"
+#include "miles/backward_kernels.h"
 #include "kernels/exp.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cli_run.h"
-#include "miles/run_config.h"
+#include "miles/controller/run_config.h"
 #include "test_paths.h"
 
 namespace miles {

@@ -17,7 +17,7 @@
 #include "device/device_math.h"
 #include "engine_workload.h"
 #include "kernels/exp.h"
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/flat_params.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"

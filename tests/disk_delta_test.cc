@@ -3,7 +3,7 @@
 // the same logits bit for bit, corruption of every kind reported by name with the reader's weights
 // untouched, hostile manifest sizes refused before allocation, a writer process SIGKILLed before
 // its rename, and publish bandwidth on 64 MB.
-#include "miles/disk_delta.h"
+#include "miles/weight_sync/disk_delta.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -20,8 +20,8 @@
 
 #include "miles/flat_params.h"
 #include "miles/model.h"
-#include "miles/optimizer.h"
-#include "miles/weight_sync.h"
+#include "miles/trainer/optimizer.h"
+#include "miles/weight_sync/weight_sync.h"
 #include "test_paths.h"
 #include "weight_sync/disk_delta_format.h"
 

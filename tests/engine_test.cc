@@ -2,7 +2,7 @@
 // logprob and experts equal a teacher-forced forward; a request's outputs are bit-identical alone,
 // among 63 others, and with a prefix-cache hit; GRPO groups prefill once; pause/retract/abort; the
 // free-block count returns to idle.
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <random>
 #include <set>
 
-#include "miles/disk_delta.h"
+#include "miles/weight_sync/disk_delta.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
 #include "test_paths.h"

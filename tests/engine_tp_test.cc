@@ -1,4 +1,4 @@
-// A tensor-parallel rollout engine (rollout/tp_engine.h): rank 0 and a follower over a real Gloo
+// A tensor-parallel rollout engine (include/miles/rollout/tp_engine.h): rank 0 and a follower over a real Gloo
 // group on loopback give bit for bit the single-process engine's tokens, logprobs and routed
 // experts (GRPO forks with partial-block copies, prefix-cache hits, chunked prefill), also after a
 // weight update that reshards new weights; a bad update leaves v - 1 serving. Then `miles serve
@@ -24,17 +24,17 @@
 #include <sstream>
 #include <thread>
 
-#include "controller/child_process.h"
+#include "miles/controller/child_process.h"
 #include "engine_workload.h"
 #include "miles/comm.h"
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/flat_params.h"
 #include "miles/tcp_store.h"
 #include "miles/tensor_parallel.h"
 #include "miles/thread_pool.h"
-#include "miles/trainer.h"
-#include "miles/weight_sync.h"
-#include "rollout/tp_engine.h"
+#include "miles/trainer/trainer.h"
+#include "miles/weight_sync/weight_sync.h"
+#include "miles/rollout/tp_engine.h"
 #include "test_paths.h"
 
 namespace miles {

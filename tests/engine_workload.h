@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/flat_params.h"
 
 namespace miles::test {

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/backward.h"
+#include "miles/backward_kernels.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
 #include "random_vec.h"

@@ -1,4 +1,4 @@
-// The micro-batch gradient sum fused into the backward (model/grad_sink.h, BackwardIo::fold):
+// The micro-batch gradient sum fused into the backward (include/miles/grad_sink.h, BackwardIo::fold):
 // folding each micro-batch's gradients into the pending partial sums as the backward stores them
 // gives the bits of computing every micro-batch's gradients apart and adding them by the halving
 // tree afterwards — for every tensor (GEMM-stored weights, norms, the embedding's scatter, MoE

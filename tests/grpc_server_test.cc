@@ -7,10 +7,10 @@
 #include <cstring>
 #include <thread>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/thread_pool.h"
 #include "miles/v1/rollout.grpc.pb.h"
-#include "rollout/grpc_server.h"
+#include "miles/rollout/grpc_server.h"
 #include "test_paths.h"
 
 namespace miles::rollout {

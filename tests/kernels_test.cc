@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/backward.h"
+#include "miles/backward_kernels.h"
 #include "kernels/exp.h"
 #include "kernels/reduce.h"
 #include "miles/comm.h"

@@ -8,10 +8,10 @@
 #include <map>
 #include <random>
 
-#include "miles/engine.h"
-#include "miles/rl_objective.h"
+#include "miles/rollout/engine.h"
+#include "miles/trainer/rl_objective.h"
 #include "miles/thread_pool.h"
-#include "miles/trainer.h"
+#include "miles/trainer/trainer.h"
 #include "test_paths.h"
 
 namespace miles {

@@ -1,8 +1,8 @@
-// Tests of the rewards (include/miles/reward.h): each built-in verifier, validation and naming of
+// Tests of the rewards (include/miles/controller/reward.h): each built-in verifier, validation and naming of
 // specs, the weighted sum and its parts, the http kind against a real httplib server on 127.0.0.1
 // (errors, a slow reply past the timeout, a server that is down), and the command kind against real
 // shell scripts (a crash mid-batch, garbage, a hang, a command that cannot start).
-#include "miles/reward.h"
+#include "miles/controller/reward.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

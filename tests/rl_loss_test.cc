@@ -1,4 +1,4 @@
-// RL loss math (include/miles/rl_loss.h) against an independent torch reference
+// RL loss math (include/miles/trainer/rl_loss.h) against an independent torch reference
 // (tests/data/rl/goldens.json from scripts/make_rl_goldens.py, gradients by autograd), a
 // finite-difference check of d loss / d logp, the step-0 on-policy property, micro-batch additivity
 // and bad inputs.
@@ -7,7 +7,7 @@
 // matters for values that are exactly 0 in one and rounding noise in the other). Both sides compute
 // in double from the same float32 inputs, so the observed error is float32 rounding of per-token
 // outputs.
-#include "miles/rl_loss.h"
+#include "miles/trainer/rl_loss.h"
 
 #include <gtest/gtest.h>
 

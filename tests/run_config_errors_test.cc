@@ -5,7 +5,7 @@
 
 #include <cstdlib>
 
-#include "miles/run_config.h"
+#include "miles/controller/run_config.h"
 
 namespace miles {
 namespace {

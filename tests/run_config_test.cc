@@ -1,8 +1,8 @@
-// The job config (miles/run_config.h): a file setting every key reads into every field,
+// The job config (miles/controller/run_config.h): a file setting every key reads into every field,
 // defaults and derived directories, run_config_to_yaml round trips, and configs/reference.yaml
 // loads and documents exactly the defaults and every key. Errors: run_config_errors_test.cc and
 // run_config_validate_test.cc.
-#include "miles/run_config.h"
+#include "miles/controller/run_config.h"
 
 #include <gtest/gtest.h>
 

@@ -6,7 +6,7 @@
 #include <map>
 #include <sstream>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 
 namespace miles {
 namespace {

@@ -13,14 +13,14 @@
 #include <nlohmann/json.hpp>
 
 #include "miles/comm.h"
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/tcp_store.h"
 #include "miles/thread_pool.h"
-#include "miles/trainer.h"
-#include "miles/weight_sync.h"
-#include "rollout/http_server.h"
+#include "miles/trainer/trainer.h"
+#include "miles/weight_sync/weight_sync.h"
+#include "miles/rollout/http_server.h"
 #include "test_paths.h"
-#include "weight_sync/serve_routes.h"
+#include "miles/weight_sync/serve_routes.h"
 
 namespace miles {
 namespace {

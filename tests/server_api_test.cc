@@ -10,11 +10,11 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/kernels.h"
 #include "miles/sampler.h"
 #include "miles/thread_pool.h"
-#include "rollout/http_server.h"
+#include "miles/rollout/http_server.h"
 #include "rollout/logit_adjust.h"
 #include "rollout/tool_calls.h"
 #include "test_paths.h"

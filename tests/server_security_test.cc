@@ -19,13 +19,13 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/path_guard.h"
 #include "miles/secret.h"
 #include "miles/thread_pool.h"
 #include "miles/v1/rollout.grpc.pb.h"
-#include "rollout/grpc_server.h"
-#include "rollout/http_server.h"
+#include "miles/rollout/grpc_server.h"
+#include "miles/rollout/http_server.h"
 #include "test_paths.h"
 
 namespace miles::rollout {

@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/thread_pool.h"
-#include "rollout/http_server.h"
+#include "miles/rollout/http_server.h"
 #include "test_paths.h"
 
 namespace miles::rollout {

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "miles/chat_template.h"
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/thread_pool.h"
-#include "rollout/http_server.h"
+#include "miles/rollout/http_server.h"
 #include "test_paths.h"
 
 namespace miles::rollout {

@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rollout/sessions.h"
+#include "miles/rollout/sessions.h"
 
 namespace miles::rollout {
 namespace {

@@ -7,7 +7,7 @@
 // earlier turns, and appending to a reply cut by max_tokens, are rejected with the session
 // unchanged (a retry recovers); unknown sessions are 404. session_record_test covers the store and
 // the record without a model.
-#include "rollout/sessions.h"
+#include "miles/rollout/sessions.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -18,9 +18,9 @@
 #include <nlohmann/json.hpp>
 
 #include "miles/chat_template.h"
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/thread_pool.h"
-#include "rollout/http_server.h"
+#include "miles/rollout/http_server.h"
 #include "test_paths.h"
 
 namespace miles::rollout {

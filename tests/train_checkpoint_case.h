@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "miles/checkpoint.h"
-#include "miles/train_checkpoint.h"
+#include "miles/trainer/train_checkpoint.h"
 #include "test_paths.h"
 
 namespace miles::test {

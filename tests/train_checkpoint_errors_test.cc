@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "miles/train_checkpoint.h"
+#include "miles/trainer/train_checkpoint.h"
 #include "train_checkpoint_case.h"
 
 namespace miles {

@@ -1,7 +1,7 @@
 // Trainer checkpoints: a resumed run is bit-identical to an uninterrupted one, the directory is an
 // HF model directory our loader (and transformers: tests/reference/check_hf_export.sh) reads back
 // to the same logits, and damaged or foreign checkpoints are refused with the file and tensor.
-#include "miles/train_checkpoint.h"
+#include "miles/trainer/train_checkpoint.h"
 
 #include <gtest/gtest.h>
 

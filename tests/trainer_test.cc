@@ -1,6 +1,6 @@
 // Trainer: a whole step (micro-batches, tree-summed gradients, clipping, AdamW) reproduces torch's
 // 10-step AdamW run on the gradient goldens' loss; SFT lowers its loss; bad batches are rejected.
-#include "miles/trainer.h"
+#include "miles/trainer/trainer.h"
 
 #include <gtest/gtest.h>
 

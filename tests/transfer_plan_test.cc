@@ -2,7 +2,7 @@
 // share a bucket, fused groups (q/k/v, gate/up) never straddle buckets, buckets respect the size
 // limit, each bucket belongs to one pipeline stage and is sent by that stage's (dp = 0, tp = 0)
 // rank; the plan is a pure function of its inputs.
-#include "miles/transfer_plan.h"
+#include "miles/weight_sync/transfer_plan.h"
 
 #include <gtest/gtest.h>
 

@@ -3,7 +3,7 @@
 // generate exactly what an engine on the trainer's weights generates; a sender killed mid-transfer
 // leaves the engines serving the previous version with an error; a flipped byte is caught before
 // any swap.
-#include "miles/weight_sync.h"
+#include "miles/weight_sync/weight_sync.h"
 
 #include <gtest/gtest.h>
 
@@ -11,11 +11,11 @@
 #include <filesystem>
 
 #include "miles/comm.h"
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/flat_params.h"
 #include "miles/tensor_parallel.h"
 #include "miles/thread_pool.h"
-#include "miles/trainer.h"
+#include "miles/trainer/trainer.h"
 #include "multiprocess.h"
 #include "test_paths.h"
 

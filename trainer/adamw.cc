@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "miles/check.h"
-#include "miles/optimizer.h"
+#include "miles/trainer/optimizer.h"
 #include "miles/thread_pool.h"
 
 #if defined(__AVX__)

@@ -2,7 +2,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "miles/optimizer.h"
+#include "miles/trainer/optimizer.h"
 
 namespace miles {
 

@@ -13,7 +13,7 @@
 #include <cmath>
 #include <map>
 
-#include "miles/rl_loss.h"
+#include "miles/trainer/rl_loss.h"
 #include "trainer/rl_common.h"
 
 namespace miles::rl {

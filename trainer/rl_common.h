@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "miles/rl_loss.h"
+#include "miles/trainer/rl_loss.h"
 #include "miles/status.h"
 
 namespace miles::rl::detail {

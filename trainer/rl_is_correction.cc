@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "miles/rl_loss.h"
+#include "miles/trainer/rl_loss.h"
 #include "trainer/rl_common.h"
 
 namespace miles::rl::detail {

@@ -1,5 +1,5 @@
 // rl_objective: a micro-batch's TokenView → rl::TokenBatch → rl::policy_loss (rl_objective.h).
-#include "miles/rl_objective.h"
+#include "miles/trainer/rl_objective.h"
 
 #include <algorithm>
 #include <cmath>

@@ -3,7 +3,7 @@
 // the SFT negative log-likelihood with the same reductions.
 //
 // Conventions (learned from slime's compute_policy_loss / compute_approx_kl / compute_gspo_kl and
-// the GSPO paper, re-derived here; see docs in include/miles/rl_loss.h):
+// the GSPO paper, re-derived here; see docs in include/miles/trainer/rl_loss.h):
 //  - surrogate: l = max(-r A, -clip(r, 1 - eps_low, 1 + eps_high) A); with dual clip c, for A < 0,
 //    l = min(-c A, that). clipfrac counts tokens with -clip(r) A > -r A strictly, so at r == 1 it
 //    is 0.
@@ -20,7 +20,7 @@
 #include <cmath>
 #include <utility>
 
-#include "miles/rl_loss.h"
+#include "miles/trainer/rl_loss.h"
 #include "trainer/rl_common.h"
 
 namespace miles::rl {

@@ -1,5 +1,5 @@
 // JSONL → TrainSample for SFT, and the deterministic per-step batch (sft_data.h).
-#include "miles/sft_data.h"
+#include "miles/trainer/sft_data.h"
 
 #include <fstream>
 #include <nlohmann/json.hpp>

@@ -13,7 +13,7 @@
 
 #include "miles/check.h"
 #include "miles/durable_file.h"
-#include "miles/train_checkpoint.h"
+#include "miles/trainer/train_checkpoint.h"
 
 namespace miles {
 namespace ckpt {

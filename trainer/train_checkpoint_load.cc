@@ -7,7 +7,7 @@
 #include <initializer_list>
 #include <utility>
 
-#include "miles/train_checkpoint.h"
+#include "miles/trainer/train_checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "trainer/train_checkpoint_io.h"
 

@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <regex>
 
-#include "miles/train_checkpoint.h"
+#include "miles/trainer/train_checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "trainer/train_checkpoint_io.h"
 

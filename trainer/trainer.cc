@@ -1,7 +1,7 @@
 // Trainer::step: micro-batches (one process, or a pipeline schedule) → tree-ordered gradient sum →
 // data-parallel tree sum → stage exchange (tied embedding, losses, grad norm) → clip → AdamW →
 // rebuilt model. See trainer.h for the contract.
-#include "miles/trainer.h"
+#include "miles/trainer/trainer.h"
 
 #include <spdlog/spdlog.h>
 
@@ -14,7 +14,7 @@
 #include "miles/logprob.h"
 #include "miles/tensor_parallel.h"
 #include "miles/thread_pool.h"
-#include "model/grad_sink.h"
+#include "miles/grad_sink.h"
 #include "trainer/trainer_internal.h"
 
 namespace miles {

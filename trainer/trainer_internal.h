@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "miles/comm.h"
-#include "miles/trainer.h"
+#include "miles/trainer/trainer.h"
 
 namespace miles {
 
@@ -44,7 +44,7 @@ Packed pack(std::span<const TrainSample> batch, int64_t first, int64_t count, bo
 // ascending order and merged as soon as they are computed (post-order): a + b adds gradients, tied
 // shares, losses and metric sums, a the left operand. leaf(i, lefts) is given the pending left
 // operands of the merges that follow it (innermost first) and may fold its gradients into
-// lefts.back() itself as its backward stores them (MicroResult::folded, model/grad_sink.h: the same
+// lefts.back() itself as its backward stores them (MicroResult::folded, include/miles/grad_sink.h: the same
 // additions in the same order); otherwise the tree adds them, element-wise across the pool.
 // Consumed buffers go to `recycle` (when set) so that they serve a later micro-batch.
 using Leaf =

@@ -5,7 +5,7 @@
 
 #include "miles/comm.h"
 #include "miles/tensor_parallel.h"
-#include "miles/trainer.h"
+#include "miles/trainer/trainer.h"
 
 namespace miles {
 

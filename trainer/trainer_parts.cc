@@ -4,7 +4,7 @@
 
 #include "miles/logprob.h"
 #include "miles/thread_pool.h"
-#include "model/grad_sink.h"
+#include "miles/grad_sink.h"
 #include "trainer/trainer_internal.h"
 
 namespace miles {

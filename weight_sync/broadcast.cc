@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "miles/comm.h"
-#include "miles/weight_sync.h"
+#include "miles/weight_sync/weight_sync.h"
 #include "weight_sync/shard_pieces.h"
 
 namespace miles {

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "miles/disk_delta.h"
+#include "miles/weight_sync/disk_delta.h"
 #include "weight_sync/disk_delta_format.h"
 
 namespace miles {

@@ -1,7 +1,7 @@
 // WeightSet <-> TensorMap: the disk-delta transport moves raw bytes; models are built from TensorMaps.
 #include <memory>
 
-#include "miles/disk_delta.h"
+#include "miles/weight_sync/disk_delta.h"
 
 namespace miles {
 

@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <set>
 
-#include "miles/disk_delta.h"
+#include "miles/weight_sync/disk_delta.h"
 #include "weight_sync/disk_delta_format.h"
 
 namespace miles {

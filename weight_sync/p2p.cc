@@ -6,7 +6,7 @@
 
 #include "miles/comm.h"
 #include "miles/tensor_parallel.h"
-#include "miles/weight_sync.h"
+#include "miles/weight_sync/weight_sync.h"
 #include "weight_sync/shard_pieces.h"
 
 namespace miles {

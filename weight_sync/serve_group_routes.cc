@@ -7,7 +7,7 @@
 
 #include "miles/host_guard.h"
 #include "weight_sync/serve_state.h"
-#include "weight_sync/tp_intake.h"
+#include "miles/weight_sync/tp_intake.h"
 
 namespace miles {
 

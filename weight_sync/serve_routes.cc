@@ -1,16 +1,16 @@
 // The weight-sync endpoints of `miles serve` (serve_routes.h): disk-delta and checksums; the
 // broadcast group's are in serve_group_routes.cc.
-#include "weight_sync/serve_routes.h"
+#include "miles/weight_sync/serve_routes.h"
 
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/flat_params.h"
 #include "miles/model.h"
 #include "miles/path_guard.h"
-#include "miles/weight_sync.h"
+#include "miles/weight_sync/weight_sync.h"
 #include "weight_sync/serve_state.h"
 
 namespace miles {

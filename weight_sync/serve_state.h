@@ -19,10 +19,10 @@
 #include "miles/comm.h"
 #include "miles/model_config.h"
 #include "miles/status.h"
-#include "miles/weight_sync.h"
-#include "rollout/engine_driver.h"
-#include "rollout/tp_engine.h"
-#include "weight_sync/tp_intake.h"
+#include "miles/weight_sync/weight_sync.h"
+#include "miles/rollout/engine_driver.h"
+#include "miles/rollout/tp_engine.h"
+#include "miles/weight_sync/tp_intake.h"
 
 namespace miles {
 

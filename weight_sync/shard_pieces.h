@@ -12,7 +12,7 @@
 
 #include "miles/status.h"
 #include "miles/tensor_parallel.h"
-#include "miles/transfer_plan.h"
+#include "miles/weight_sync/transfer_plan.h"
 
 namespace miles::shard_pieces {
 

@@ -1,5 +1,5 @@
 // Requests and the follower's intake of weight groups into tensor-parallel engines (tp_intake.h).
-#include "weight_sync/tp_intake.h"
+#include "miles/weight_sync/tp_intake.h"
 
 #include <condition_variable>
 #include <mutex>

@@ -1,5 +1,5 @@
 // make_transfer_plan: stage → (non-expert, expert) → fused groups packed greedily into buckets.
-#include "miles/transfer_plan.h"
+#include "miles/weight_sync/transfer_plan.h"
 
 #include <algorithm>
 

@@ -2,8 +2,8 @@
 #include <cstring>
 
 #include "miles/comm.h"
-#include "miles/disk_delta.h"
-#include "miles/weight_sync.h"
+#include "miles/weight_sync/disk_delta.h"
+#include "miles/weight_sync/weight_sync.h"
 
 namespace miles {
 

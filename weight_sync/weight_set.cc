@@ -3,8 +3,8 @@
 
 #include <cstdio>
 
-#include "miles/engine.h"
-#include "miles/weight_sync.h"
+#include "miles/rollout/engine.h"
+#include "miles/weight_sync/weight_sync.h"
 
 namespace miles {
 

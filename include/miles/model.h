@@ -104,7 +104,7 @@ struct BackwardIo {
   std::span<float> tied_head_grad;
   // The forward's tensor parallelism: column-parallel input gradients are all-reduced.
   const TensorParallel* tp = nullptr;
-  // The trainer's micro-batch sum fused into the backward (model/grad_sink.h): with `fold` (the
+  // The trainer's micro-batch sum fused into the backward (include/miles/grad_sink.h): with `fold` (the
   // pending partial sums, innermost first; grads' layout), every gradient g is stored as
   // fold.back() + (… + (fold[0] + g)) into fold.back(), `grads` serving as scratch; the tied
   // head's share likewise against `tied_fold` (needs tied_head_grad, which is then scratch).

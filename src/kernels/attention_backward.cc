@@ -27,7 +27,7 @@
 #include "kernels/attention_avx512.h"
 #include "kernels/attention_lanes.h"
 #include "kernels/attention_simd.h"
-#include "kernels/backward.h"
+#include "miles/backward_kernels.h"
 #include "kernels/exp.h"
 #include "kernels/reduce.h"
 #include "miles/thread_pool.h"

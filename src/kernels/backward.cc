@@ -1,5 +1,5 @@
 // Backward of RMSNorm, RoPE, SwiGLU, attention and the GEMM's weight gradient (backward.h).
-#include "kernels/backward.h"
+#include "miles/backward_kernels.h"
 
 #include <algorithm>
 #include <cmath>

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "kernels/backward.h"
+#include "miles/backward_kernels.h"
 #include "miles/kernels.h"
 
 namespace miles::kernels {

@@ -1,10 +1,10 @@
 // GradSink (grad_sink.h): scratch tensors, weight gradients stored folded, the final fold.
-#include "model/grad_sink.h"
+#include "miles/grad_sink.h"
 
 #include <algorithm>
 #include <unordered_map>
 
-#include "kernels/backward.h"
+#include "miles/backward_kernels.h"
 #include "miles/status.h"
 #include "miles/thread_pool.h"
 #include "model/elementwise.h"

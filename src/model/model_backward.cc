@@ -9,7 +9,7 @@
 #include <numeric>
 #include <string>
 
-#include "kernels/backward.h"
+#include "miles/backward_kernels.h"
 #include "kernels/reduce.h"
 #include "miles/comm.h"
 #include "miles/flat_params.h"
@@ -19,7 +19,7 @@
 #include "model/backward_weights.h"
 #include "model/elementwise.h"
 #include "model/forward_tape.h"
-#include "model/grad_sink.h"
+#include "miles/grad_sink.h"
 #include "model/model_weights.h"
 
 namespace miles {

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "disk_delta_framing.h"
-#include "miles/disk_delta.h"
+#include "miles/weight_sync/disk_delta.h"
 
 namespace {
 namespace fs = std::filesystem;

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "miles/run_config.h"
+#include "miles/controller/run_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string yaml(reinterpret_cast<const char*>(data), size);

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "disk_delta_framing.h"
-#include "miles/disk_delta.h"
+#include "miles/weight_sync/disk_delta.h"
 
 namespace {
 namespace fs = std::filesystem;

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "miles/reward.h"
+#include "miles/controller/reward.h"
 #include "miles/status.h"
 
 namespace miles {

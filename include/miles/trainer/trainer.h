@@ -20,7 +20,7 @@
 #include "miles/device_model.h"
 #include "miles/flat_params.h"
 #include "miles/model.h"
-#include "miles/optimizer.h"
+#include "miles/trainer/optimizer.h"
 #include "miles/status.h"
 
 namespace miles {

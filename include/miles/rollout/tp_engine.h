@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "miles/comm.h"
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/status.h"
 
 namespace miles::rollout {

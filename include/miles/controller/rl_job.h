@@ -20,7 +20,7 @@
 #include <string>
 
 #include "miles/chat_template.h"
-#include "miles/run_config.h"
+#include "miles/controller/run_config.h"
 #include "miles/tokenizer.h"
 
 namespace miles::controller {

@@ -14,15 +14,15 @@
 #include <string>
 #include <vector>
 
-#include "controller/child_process.h"
+#include "miles/controller/child_process.h"
 #include "miles/comm.h"
-#include "miles/rl_objective.h"
-#include "miles/run_config.h"
+#include "miles/trainer/rl_objective.h"
+#include "miles/controller/run_config.h"
 #include "miles/tcp_store.h"
 #include "miles/thread_pool.h"
-#include "miles/train_checkpoint.h"
-#include "miles/trainer.h"
-#include "miles/transfer_plan.h"
+#include "miles/trainer/train_checkpoint.h"
+#include "miles/trainer/trainer.h"
+#include "miles/weight_sync/transfer_plan.h"
 
 namespace miles::controller {
 

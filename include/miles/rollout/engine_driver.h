@@ -13,7 +13,7 @@
 #include <mutex>
 #include <thread>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 
 namespace miles::rollout {
 

@@ -4,8 +4,8 @@
 // Why: rollout dominates an RL step; every number it returns must be what the trainer recomputes. The
 // engine runs the shared Model (or any ModelRunner) one iteration at a time: running decodes plus prefill
 // chunks under a token budget, packed into one batch-invariant forward. The HTTP and gRPC servers
-// (rollout/http_server.h, rollout/grpc_server.h) sit on top, talking to it only through
-// rollout/engine_driver.h; tests drive step() directly as timelines.
+// (include/miles/rollout/http_server.h, include/miles/rollout/grpc_server.h) sit on top, talking to it only through
+// include/miles/rollout/engine_driver.h; tests drive step() directly as timelines.
 #pragma once
 
 #include <cstdint>

@@ -9,7 +9,7 @@
 #include "miles/model_config.h"
 #include "miles/secret.h"
 #include "miles/tokenizer.h"
-#include "rollout/engine_driver.h"
+#include "miles/rollout/engine_driver.h"
 
 namespace grpc {
 class Server;

@@ -1,5 +1,5 @@
 // Weight groups into a tensor-parallel engine, every rank taking its own shard: the requests rank 0
-// relays to its followers (rollout/tp_engine.h) and the followers' intake that acts on them. p2p:
+// relays to its followers (include/miles/rollout/tp_engine.h) and the followers' intake that acts on them. p2p:
 // each rank receives only its shard, piece by piece from the trainer ranks that hold it; broadcast:
 // each rank is a member of every stage's group, checks each whole tensor as it arrives and keeps
 // its shard (one bucket at a time, so no rank ever stages the whole model).
@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "miles/comm.h"
-#include "miles/weight_sync.h"
-#include "rollout/tp_engine.h"
+#include "miles/weight_sync/weight_sync.h"
+#include "miles/rollout/tp_engine.h"
 
 namespace miles {
 

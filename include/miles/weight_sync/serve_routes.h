@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "miles/model_config.h"
-#include "rollout/engine_driver.h"
-#include "rollout/tp_engine.h"
+#include "miles/rollout/engine_driver.h"
+#include "miles/rollout/tp_engine.h"
 
 namespace httplib {
 class Server;

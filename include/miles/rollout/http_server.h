@@ -18,11 +18,11 @@
 #include <thread>
 #include <vector>
 
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/secret.h"
 #include "miles/tokenizer.h"
-#include "rollout/engine_driver.h"
-#include "rollout/http_transport.h"
+#include "miles/rollout/engine_driver.h"
+#include "miles/rollout/http_transport.h"
 
 namespace httplib {
 class Server;
@@ -68,7 +68,7 @@ struct ServerOptions {
   // samples already wait for prefill, new requests get 429 with Retry-After. 0: no limit.
   int64_t max_request_tokens = int64_t{1} << 22;
   int64_t max_waiting_samples = 4096;
-  // More routes, registered after the built-in ones (e.g. weight_sync/serve_routes.h: receiving new
+  // More routes, registered after the built-in ones (e.g. include/miles/weight_sync/serve_routes.h: receiving new
   // weight versions and reporting checksums), so that rollout/ depends on nothing above it.
   std::function<void(httplib::Server&, EngineDriver&)> extra_routes;
 };

@@ -26,7 +26,7 @@
 #include <string>
 
 #include "miles/status.h"
-#include "miles/trainer.h"
+#include "miles/trainer/trainer.h"
 
 namespace miles {
 

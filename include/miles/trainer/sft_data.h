@@ -13,7 +13,7 @@
 
 #include "miles/status.h"
 #include "miles/tokenizer.h"
-#include "miles/trainer.h"
+#include "miles/trainer/trainer.h"
 
 namespace miles {
 

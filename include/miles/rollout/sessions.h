@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "miles/chat_template.h"
-#include "miles/engine.h"
+#include "miles/rollout/engine.h"
 #include "miles/status.h"
 #include "miles/tokenizer.h"
 

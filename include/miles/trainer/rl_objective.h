@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "miles/rl_loss.h"
-#include "miles/trainer.h"
+#include "miles/trainer/rl_loss.h"
+#include "miles/trainer/trainer.h"
 
 namespace miles {
 

@@ -17,10 +17,10 @@
 #include <vector>
 
 #include "miles/checkpoint.h"
-#include "miles/disk_delta.h"
+#include "miles/weight_sync/disk_delta.h"
 #include "miles/parallel_layout.h"
 #include "miles/status.h"
-#include "miles/transfer_plan.h"
+#include "miles/weight_sync/transfer_plan.h"
 
 namespace miles {
 
