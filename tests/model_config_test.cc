@@ -189,6 +189,10 @@ TEST(ModelConfig, Errors) {
   expect_error(llama_with("rope_scaling", "\"linear\""), "rope_scaling");
   expect_error(llama_with("head_dim", "7"), "partial_rotary_factor");  // odd rotary_dim
   expect_error(llama_with("use_sliding_window", "true"), "use_sliding_window");
+  // Fields that change the numbers are implemented or refused by name, never dropped.
+  expect_error(llama_with("mlp_bias", "true"), "mlp_bias");
+  expect_error(llama_with("hidden_act", "\"gelu_pytorch_tanh\""), "hidden_act");
+  EXPECT_TRUE(parse_model_config(llama_with("mlp_bias", "false"), kSrc).ok());
 
   std::string no_hidden = kLlama;
   no_hidden.erase(no_hidden.find("\"hidden_size\": 64,"), 18);

@@ -203,6 +203,11 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   MILES_RETURN_IF_ERROR(r.read_bool("tie_word_embeddings", &c->tie_word_embeddings));
   MILES_RETURN_IF_ERROR(r.read_bool("attention_bias", &c->attention_bias));
   MILES_RETURN_IF_ERROR(r.read_bool("mlp_bias", &c->mlp_bias));
+  // Fields that change the numbers and are not implemented are refused, never dropped.
+  if (c->mlp_bias)
+    return r.error("mlp_bias", "is true; MLP biases are not supported yet (they would be dropped)");
+  if (const json* act = r.find("hidden_act"); act && !(act->is_string() && *act == "silu"))
+    return r.error("hidden_act", "is " + describe(*act) + "; only \"silu\" (SwiGLU) is supported");
   MILES_RETURN_IF_ERROR(r.read_int("bos_token_id", &c->bos_token_id));
   MILES_RETURN_IF_ERROR(r.read_int_list("eos_token_id", &c->eos_token_ids));
   MILES_RETURN_IF_ERROR(parse_rope(r, &c->rope));
