@@ -11,23 +11,11 @@
 #include "rollout/http_common.h"
 #include "rollout/openai_api.h"
 #include "rollout/tool_calls.h"
-
-namespace {
-
-const miles::Tokenizer* tokenizer() {
-  static const std::unique_ptr<miles::Tokenizer> tok = [] {
-    auto t = miles::load_tokenizer(
-        std::string(MILES_SOURCE_DIR) + "/tests/data/tokenizers/synthetic/gpt2_style.json", 0);
-    return t.ok() ? std::move(t).value() : nullptr;
-  }();
-  return tok.get();
-}
-
-}  // namespace
+#include "tests/fuzz/fuzz_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string body(reinterpret_cast<const char*>(data), size);
-  const miles::Tokenizer* tok = tokenizer();
+  const miles::Tokenizer* tok = miles::fuzz::test_tokenizer();
   miles::rollout::parse_tool_calls(body);
   auto json = miles::rollout::parse_json_body(body);
   if (!json.ok()) return 0;

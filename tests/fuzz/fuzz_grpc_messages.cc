@@ -15,17 +15,9 @@
 #include "miles/v1/controller.pb.h"
 #include "miles/v1/rollout.pb.h"
 #include "rollout/grpc_wire.h"
+#include "tests/fuzz/fuzz_tokenizer.h"
 
 namespace {
-
-const miles::Tokenizer* tokenizer() {
-  static const std::unique_ptr<miles::Tokenizer> tok = [] {
-    auto t = miles::load_tokenizer(
-        std::string(MILES_SOURCE_DIR) + "/tests/data/tokenizers/synthetic/gpt2_style.json", 0);
-    return t.ok() ? std::move(t).value() : nullptr;
-  }();
-  return tok.get();
-}
 
 // Parses `bytes` as M; a parsed message re-encodes to bytes that parse to the same encoding.
 template <typename M>
@@ -55,7 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       pb::GenerateRequest m;
       if (!parse(body, n, m)) break;
       for (const miles::Tokenizer* tok :
-           {tokenizer(), static_cast<const miles::Tokenizer*>(nullptr)})
+           {miles::fuzz::test_tokenizer(), static_cast<const miles::Tokenizer*>(nullptr)})
         (void)miles::rollout::generate_request_from_proto(m, tok);
       break;
     }
