@@ -20,7 +20,7 @@ FinishReason finish_of(const std::string& s) {
 Result<RolloutSample> GroupRunner::run_session(const Prompt& prompt, uint64_t seed, int32_t index,
                                                const std::atomic<bool>& cancel) {
   if (!chat_ || prompt.messages.empty())
-    return Status::Error("rollout.environment " + cfg_.environment +
+    return Status::Error("rollout.environment " + std::string(name_of(cfg_.environment)) +
                          " needs chat prompts (data.apply_chat_template) and a chat template");
   rollout::Session session;
   std::lock_guard<std::mutex> lock(session.mu);

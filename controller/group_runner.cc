@@ -52,7 +52,7 @@ Result<RolloutGroup> GroupRunner::run(int64_t position, const Prompt& prompt,
   req.stop = cfg_.stop;
   req.return_routed_experts = experts_;
   std::vector<GeneratedSample> gen;
-  if (cfg_.environment != "none") {
+  if (cfg_.environment != Environment::kNone) {
     // The group's sessions run side by side (the engines batch their turns); each sample's tokens
     // depend only on its seed and index, so the order they finish in changes nothing.
     std::vector<std::optional<Result<RolloutSample>>> done(static_cast<size_t>(req.n));

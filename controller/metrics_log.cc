@@ -13,9 +13,8 @@
 
 namespace miles::controller {
 
-Result<std::unique_ptr<MetricsLog>> MetricsLog::open(const std::string& path,
-                                                     const std::string& progress, int64_t total,
-                                                     int64_t resume_step) {
+Result<std::unique_ptr<MetricsLog>> MetricsLog::open(const std::string& path, Progress progress,
+                                                     int64_t total, int64_t resume_step) {
   if (resume_step >= 0 && std::filesystem::exists(path)) {
     // Keep the history up to the resumed step; replace the file atomically.
     std::ifstream in(path);
@@ -36,8 +35,8 @@ Result<std::unique_ptr<MetricsLog>> MetricsLog::open(const std::string& path,
   m->f_ = std::fopen(path.c_str(), "a");
   if (!m->f_) return Status::Error("cannot open " + path + ": " + std::strerror(errno));
   const bool tty = isatty(STDERR_FILENO);
-  m->bar_ = progress == "bar" || (progress == "auto" && tty);
-  m->lines_ = progress != "none";
+  m->bar_ = progress == Progress::kBar || (progress == Progress::kAuto && tty);
+  m->lines_ = progress != Progress::kNone;
   m->total_ = total;
   return m;
 }

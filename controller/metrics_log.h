@@ -11,16 +11,16 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "miles/controller/run_config.h"
 #include "miles/status.h"
 
 namespace miles::controller {
 
 class MetricsLog {
  public:
-  // progress: auto | bar | lines | none. resume_step >= 0: keep only lines with step <= it.
-  static Result<std::unique_ptr<MetricsLog>> open(const std::string& path,
-                                                  const std::string& progress, int64_t total,
-                                                  int64_t resume_step);
+  // resume_step >= 0: keep only lines with step <= it.
+  static Result<std::unique_ptr<MetricsLog>> open(const std::string& path, Progress progress,
+                                                  int64_t total, int64_t resume_step);
   ~MetricsLog();
   Status write(const nlohmann::json& step_metrics);
   // The log line of a step (stdout) and the bar (stderr, on a terminal).

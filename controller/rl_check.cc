@@ -193,8 +193,8 @@ Result<json> RlJob::check() {
     c2.parallel.tp = layout->tp();
     // A device trainer runs data parallelism only: model-parallel layouts run on the CPU, which
     // then also checks the device trainer against the CPU's (the same bits are expected).
-    const bool on_cpu = c2.trainer.device != "cpu" && (layout->pp() > 1 || layout->tp() > 1);
-    if (on_cpu) c2.trainer.device = "cpu";
+    const bool on_cpu = c2.trainer.device != Device::kCpu && (layout->pp() > 1 || layout->tp() > 1);
+    if (on_cpu) c2.trainer.device = Device::kCpu;
     const std::string path = cfg_.logging.run_dir + "/check_layout_" + std::to_string(k) + ".yaml";
     std::ofstream(path) << run_config_to_yaml(c2);
     Result<TrainOutcome> g = [&]() -> Result<TrainOutcome> {

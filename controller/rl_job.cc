@@ -47,7 +47,8 @@ Status RlJob::make_run_dir() {
 Status RlJob::setup_trainer() {
   const int64_t world = cfg_.parallel.dp * cfg_.parallel.pp * cfg_.parallel.tp;
   if (world > 1) {
-    if (cfg_.algorithm.old_logp == "recompute" && (cfg_.parallel.pp > 1 || cfg_.parallel.tp > 1))
+    if (cfg_.algorithm.old_logp == OldLogp::kRecompute &&
+        (cfg_.parallel.pp > 1 || cfg_.parallel.tp > 1))
       return Status::Error(
           "algorithm.old_logp recompute needs parallel.pp = parallel.tp = 1 (use rollout)");
     MILES_ASSIGN_OR_RETURN(workers_,
@@ -99,7 +100,7 @@ Status RlJob::setup_engines() {
   po.launch.tokenizer = cfg_.model.tokenizer;
   po.launch.threads = cfg_.rollout.engine_threads;
   po.launch.tp = cfg_.rollout.engine_tp;
-  po.launch.device = cfg_.rollout.engine_device;
+  po.launch.device = std::string(name_of(cfg_.rollout.engine_device));
   po.launch.num_blocks = cfg_.rollout.engine_num_blocks;
   po.launch.max_batch_tokens = cfg_.rollout.engine_max_batch_tokens;
   po.launch.max_running = cfg_.rollout.engine_max_running;
@@ -122,7 +123,7 @@ Status RlJob::setup_engines() {
     s->set_rollout_step(rollout_step_);
     s->set_num_rollouts(cfg_.rollout.num_rollouts);
     s->set_weight_version(publisher_->current());
-    s->set_mode(cfg_.async.mode);
+    s->set_mode(std::string(name_of(cfg_.async.mode)));
     s->set_last_reward_mean(last_reward_.load());
     s->set_run_dir(cfg_.logging.run_dir);
   });
@@ -192,9 +193,9 @@ Status RlJob::setup() {
     MILES_RETURN_IF_ERROR(tensor_parallel::local_config(mc, cfg_.rollout.engine_tp)
                               .status()
                               .with_context("rollout.engine_tp"));
-  if (cfg_.rollout.engine_device != "cpu")  // before any engine starts: the model and the GPU
-    MILES_RETURN_IF_ERROR(
-        check_device_engines(cfg_.rollout.engine_device, mc).with_context("rollout.engine_device"));
+  if (cfg_.rollout.engine_device != Device::kCpu)  // before any engine starts: model and GPU
+    MILES_RETURN_IF_ERROR(check_device_engines(std::string(name_of(cfg_.rollout.engine_device)), mc)
+                              .with_context("rollout.engine_device"));
   MILES_RETURN_IF_ERROR(setup_engines());
   runner_ = std::make_unique<GroupRunner>(*engines_, *rewards_, *res_.tokenizer, cfg_.rollout,
                                           mc.num_moe_layers() * mc.moe.top_k, res_.chat.get());
@@ -203,9 +204,9 @@ Status RlJob::setup() {
 
 Result<RunSummary> RlJob::run() {
   last_step_end_ = Clock::now();
-  Status s = cfg_.async.mode == "sync"           ? run_sync()
-             : cfg_.async.mode == "one_step_off" ? run_one_step_off()
-                                                 : run_async();
+  Status s = cfg_.async.mode == AsyncMode::kSync         ? run_sync()
+             : cfg_.async.mode == AsyncMode::kOneStepOff ? run_one_step_off()
+                                                         : run_async();
   if (!s.ok()) return s;
   MILES_RETURN_IF_ERROR(group_->stop());
   RunSummary sum;
@@ -234,7 +235,7 @@ Result<nlohmann::json> run_rl_check(const RunConfig& config, const RunResources&
   c.checkpoint.resume = false;
   c.checkpoint.save_every = 0;
   c.checkpoint.save_final = false;
-  c.async.mode = "sync";
+  c.async.mode = AsyncMode::kSync;
   RlJob job(c, resources);
   MILES_RETURN_IF_ERROR(job.setup());
   return job.check();

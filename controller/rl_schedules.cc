@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "controller/rl_job_internal.h"
+#include "miles/check.h"
 
 namespace miles::controller {
 
@@ -18,10 +19,17 @@ void record(StepTiming& t, const BatchOutcome& o) {
   t.filled_with_filtered = o.filled_with_filtered;
 }
 
-PauseMode pause_mode(const std::string& s) {
-  return s == "in_place" ? PauseMode::kInPlace
-         : s == "abort"  ? PauseMode::kAbort
-                         : PauseMode::kRetract;
+// async.pause_mode as the engine's pause mode (every enumerator has one; none is a default).
+PauseMode pause_mode(SyncPause p) {
+  switch (p) {
+    case SyncPause::kRetract:
+      return PauseMode::kRetract;
+    case SyncPause::kInPlace:
+      return PauseMode::kInPlace;
+    case SyncPause::kAbort:
+      return PauseMode::kAbort;
+  }
+  MILES_CHECK(false, "async.pause_mode: an enumerator without a pause mode");
 }
 
 }  // namespace
@@ -149,7 +157,7 @@ Status RlJob::run_async() {
         ++t.launched;
         const int64_t staleness = publisher_->current() - g.min_version();
         if (staleness > a.max_weight_staleness) {
-          if (a.stale_policy == "retry") {
+          if (a.stale_policy == StalePolicy::kRetry) {
             retry.push_back(g.position);
             ++t.stale_retried;
           } else {

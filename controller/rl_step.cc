@@ -28,7 +28,7 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
   Trainer& local = group_->trainer();
   const int64_t version_before = local.steps_done();
   MILES_ASSIGN_OR_RETURN(TrainBatch b, make_train_batch(groups, cfg_.algorithm));
-  if (cfg_.algorithm.old_logp == "recompute") {
+  if (cfg_.algorithm.old_logp == OldLogp::kRecompute) {
     MILES_ASSIGN_OR_RETURN(auto scored, local.score(b.samples, /*replay=*/true));
     for (size_t i = 0; i < b.data.size(); ++i) b.data[i].old_logp = scored[i].logp;
   }
@@ -93,7 +93,7 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
   const PoolCounters pc = engines_->counters();
   json m = {{"step", rollout_step_},
             {"weight_version", local.steps_done()},
-            {"mode", cfg_.async.mode},
+            {"mode", name_of(cfg_.async.mode)},
             {"samples", samples},
             {"groups", static_cast<int64_t>(groups.size())},
             {"reward_mean", mean},

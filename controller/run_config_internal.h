@@ -20,8 +20,12 @@
 
 namespace miles::run_config_internal {
 
+// The scalar types first (type_name indexes them); then every ConfigEnum of run_config.h.
 using FieldPtr =
-    std::variant<std::string*, int64_t*, uint64_t*, double*, bool*, std::vector<std::string>*>;
+    std::variant<std::string*, int64_t*, uint64_t*, double*, bool*, std::vector<std::string>*,
+                 Device*, Environment*, LrDecay*, TrainerComm*, Advantage*, PolicyLoss*,
+                 KlEstimatorKind*, Reduction*, Correction*, OldLogp*, Transport*, Encoding*,
+                 AsyncMode*, StalePolicy*, SyncPause*, Progress*>;
 
 struct Field {
   std::string_view key;
@@ -53,8 +57,17 @@ Status validate_with_origins(const RunConfig& config, const Origins& origins);
 std::string nearest(std::string_view word, std::span<const std::string_view> candidates);
 size_t edit_distance(std::string_view a, std::string_view b);
 
-// The type of a field as words ("an integer", "a list of strings").
-std::string_view type_name(const FieldPtr& ptr);
+// The type of a field as words ("an integer", "a list of strings", "one of sync | async").
+std::string type_name(const FieldPtr& ptr);
+
+// "a | b | c": the names an enum key accepts.
+template <typename E>
+std::string enum_choices() {
+  std::string out;
+  for (std::string_view n : ConfigEnum<E>::names)
+    out += (out.empty() ? "" : " | ") + std::string(n);
+  return out;
+}
 
 // Expands ${VAR} and ${VAR:-default} from the environment; `$${` stands for a literal `${`.
 // Errors name the variable (the caller adds the key).

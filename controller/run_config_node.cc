@@ -95,6 +95,25 @@ Status assign(std::vector<std::string>* out, const YAML::Node& node) {
   return Status::Ok();
 }
 
+// An enum key: one of its names, else the list and the nearest name.
+template <typename E>
+requires std::is_enum_v<E> Status assign(E* out, const YAML::Node& node) {
+  const auto& names = ConfigEnum<E>::names;
+  if (node.IsScalar()) {
+    MILES_ASSIGN_OR_RETURN(const std::string text, expand_env(node.Scalar()));
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] == text) {
+        *out = static_cast<E>(i);
+        return Status::Ok();
+      }
+    }
+    const std::string near = nearest(text, names);
+    return Status::Error("expected one of " + enum_choices<E>() + ", got " + double_quoted(text) +
+                         (near.empty() ? "" : " (did you mean " + near + "?)"));
+  }
+  return Status::Error(got("one of " + enum_choices<E>(), node));
+}
+
 }  // namespace
 
 Status assign_field(const FieldPtr& ptr, const YAML::Node& node) {

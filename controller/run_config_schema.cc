@@ -151,11 +151,19 @@ std::vector<Field> reward_fields(RewardSpec& s) {
           {"timeout_s", &s.timeout_s}};
 }
 
-std::string_view type_name(const FieldPtr& ptr) {
+std::string type_name(const FieldPtr& ptr) {
   static constexpr std::array<std::string_view, 6> kNames = {
       "a string", "an integer",    "a non-negative integer",
       "a number", "true or false", "a list of strings"};
-  return kNames[ptr.index()];
+  return std::visit(
+      [&](auto* field) -> std::string {
+        using T = std::remove_cvref_t<decltype(*field)>;
+        if constexpr (std::is_enum_v<T>)
+          return "one of " + enum_choices<T>();
+        else
+          return std::string(kNames[ptr.index()]);
+      },
+      ptr);
 }
 
 // Optimal string alignment distance (insertions, deletions, substitutions, adjacent swaps),

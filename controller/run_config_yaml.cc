@@ -19,7 +19,9 @@ std::string value_text(const run_config_internal::FieldPtr& ptr) {
   return std::visit(
       [](auto* field) -> std::string {
         using T = std::remove_cvref_t<decltype(*field)>;
-        if constexpr (std::is_same_v<T, std::string>) {
+        if constexpr (std::is_enum_v<T>) {
+          return std::string(name_of(*field));
+        } else if constexpr (std::is_same_v<T, std::string>) {
           return run_config_internal::double_quoted(run_config_internal::escape_env(*field));
         } else if constexpr (std::is_same_v<T, bool>) {
           return *field ? "true" : "false";

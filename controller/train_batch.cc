@@ -1,22 +1,69 @@
 // make_train_batch / loss_config (train_batch.h).
 #include "controller/train_batch.h"
 
+#include "miles/check.h"
+
 namespace miles::controller {
 
 namespace {
 
+rl::AdvantageEstimator estimator_of(Advantage a) {
+  switch (a) {
+    case Advantage::kGrpo:
+      return rl::AdvantageEstimator::kGrpo;
+    case Advantage::kDrGrpo:
+      return rl::AdvantageEstimator::kDrGrpo;
+    case Advantage::kReinforcePp:
+      return rl::AdvantageEstimator::kReinforcePlusPlus;
+    case Advantage::kReinforcePpBaseline:
+      return rl::AdvantageEstimator::kReinforcePlusPlusBaseline;
+  }
+  MILES_CHECK(false, "algorithm.advantage: an enumerator without an estimator");
+}
+
+rl::KlEstimator kl_of(KlEstimatorKind k) {
+  switch (k) {
+    case KlEstimatorKind::kNone:
+      return rl::KlEstimator::kNone;
+    case KlEstimatorKind::kK1:
+      return rl::KlEstimator::kK1;
+    case KlEstimatorKind::kK2:
+      return rl::KlEstimator::kK2;
+    case KlEstimatorKind::kK3:
+      return rl::KlEstimator::kK3;
+  }
+  MILES_CHECK(false, "algorithm.kl_estimator: an enumerator without an estimator");
+}
+
+rl::LossReduction reduction_of(Reduction r) {
+  switch (r) {
+    case Reduction::kTokenMean:
+      return rl::LossReduction::kTokenMean;
+    case Reduction::kSampleMean:
+      return rl::LossReduction::kSampleMean;
+    case Reduction::kConstant:
+      return rl::LossReduction::kConstant;
+  }
+  MILES_CHECK(false, "algorithm.loss_reduction: an enumerator without a reduction");
+}
+
+rl::IsCorrection correction_of(Correction c) {
+  switch (c) {
+    case Correction::kNone:
+      return rl::IsCorrection::kNone;
+    case Correction::kTis:
+      return rl::IsCorrection::kTis;
+    case Correction::kMisToken:
+      return rl::IsCorrection::kMisToken;
+    case Correction::kMisSequence:
+      return rl::IsCorrection::kMisSequence;
+  }
+  MILES_CHECK(false, "algorithm.correction: an enumerator without a correction");
+}
+
 Result<rl::AdvantageConfig> advantage_config(const AlgorithmSection& a) {
   rl::AdvantageConfig c;
-  if (a.advantage == "grpo")
-    c.estimator = rl::AdvantageEstimator::kGrpo;
-  else if (a.advantage == "dr_grpo")
-    c.estimator = rl::AdvantageEstimator::kDrGrpo;
-  else if (a.advantage == "reinforce_pp")
-    c.estimator = rl::AdvantageEstimator::kReinforcePlusPlus;
-  else if (a.advantage == "reinforce_pp_baseline")
-    c.estimator = rl::AdvantageEstimator::kReinforcePlusPlusBaseline;
-  else
-    return Status::Error("algorithm.advantage: unknown estimator '" + a.advantage + "'");
+  c.estimator = estimator_of(a.advantage);
   c.std_normalize = a.std_normalize;
   MILES_RETURN_IF_ERROR(c.validate());
   return c;
@@ -26,46 +73,17 @@ Result<rl::AdvantageConfig> advantage_config(const AlgorithmSection& a) {
 
 Result<rl::LossConfig> loss_config(const AlgorithmSection& a) {
   rl::LossConfig c;
-  if (a.policy_loss == "ppo")
-    c.policy = rl::PolicyLossKind::kPpoClip;
-  else if (a.policy_loss == "gspo")
-    c.policy = rl::PolicyLossKind::kGspo;
-  else
-    return Status::Error("algorithm.policy_loss: unknown '" + a.policy_loss + "'");
+  c.policy =
+      a.policy_loss == PolicyLoss::kGspo ? rl::PolicyLossKind::kGspo : rl::PolicyLossKind::kPpoClip;
   c.eps_low = a.eps_clip;
   c.eps_high = a.eps_clip_high;
   c.dual_clip_c = a.dual_clip_c;
-  if (a.kl_estimator == "none")
-    c.kl = rl::KlEstimator::kNone;
-  else if (a.kl_estimator == "k1")
-    c.kl = rl::KlEstimator::kK1;
-  else if (a.kl_estimator == "k2")
-    c.kl = rl::KlEstimator::kK2;
-  else if (a.kl_estimator == "k3")
-    c.kl = rl::KlEstimator::kK3;
-  else
-    return Status::Error("algorithm.kl_estimator: unknown '" + a.kl_estimator + "'");
+  c.kl = kl_of(a.kl_estimator);
   c.kl_coef = a.kl_coef;
   c.entropy_coef = a.entropy_coef;
-  if (a.loss_reduction == "token_mean")
-    c.reduction = rl::LossReduction::kTokenMean;
-  else if (a.loss_reduction == "sample_mean")
-    c.reduction = rl::LossReduction::kSampleMean;
-  else if (a.loss_reduction == "constant")
-    c.reduction = rl::LossReduction::kConstant;
-  else
-    return Status::Error("algorithm.loss_reduction: unknown '" + a.loss_reduction + "'");
+  c.reduction = reduction_of(a.loss_reduction);
   c.constant_normaliser = a.constant_normaliser;
-  if (a.correction == "none")
-    c.correction = rl::IsCorrection::kNone;
-  else if (a.correction == "tis")
-    c.correction = rl::IsCorrection::kTis;
-  else if (a.correction == "mis_token")
-    c.correction = rl::IsCorrection::kMisToken;
-  else if (a.correction == "mis_sequence")
-    c.correction = rl::IsCorrection::kMisSequence;
-  else
-    return Status::Error("algorithm.correction: unknown '" + a.correction + "'");
+  c.correction = correction_of(a.correction);
   c.tis_c = a.tis_c;
   c.mis_low = a.mis_low;
   c.mis_high = a.mis_high;

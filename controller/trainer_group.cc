@@ -45,11 +45,12 @@ Result<TrainerConfig> trainer_config(const RunConfig& cfg) {
   tc.lr.min_lr = t.min_lr;
   tc.lr.warmup_steps = t.warmup_steps;
   tc.lr.total_steps = cfg.rollout.num_rollouts * t.num_steps_per_rollout;
-  tc.lr.decay = t.decay == "cosine" ? LrSchedule::Decay::kCosine : LrSchedule::Decay::kConstant;
+  tc.lr.decay =
+      t.decay == LrDecay::kCosine ? LrSchedule::Decay::kCosine : LrSchedule::Decay::kConstant;
   tc.micro_batch_size = t.micro_batch_size;
   tc.need_entropy = cfg.algorithm.entropy_coef != 0;
   tc.replay_experts = true;
-  MILES_ASSIGN_OR_RETURN(tc.device, parse_device(t.device));
+  tc.device = t.device;
   MILES_RETURN_IF_ERROR(tc.validate());
   return tc;
 }
@@ -117,7 +118,7 @@ Result<std::unique_ptr<TrainerRank>> TrainerRank::create(const RunConfig& cfg, i
     co.store_address = store;
     co.prefix = "rl";
     co.timeout = std::chrono::milliseconds(600'000);
-    if (cfg.parallel.comm == "shm") {
+    if (cfg.parallel.comm == TrainerComm::kShm) {
       MILES_ASSIGN_OR_RETURN(r->world_, connect_shm(co));
     } else {
       MILES_ASSIGN_OR_RETURN(r->world_, connect_gloo(co));
@@ -213,7 +214,7 @@ bool TrainerRank::leads_later_stage() const {
 
 void TrainerRank::join_weight_group(const std::vector<uint8_t>& payload) {
   weight_group_.reset();
-  const bool p2p = cfg_.weight_sync.transport == "p2p";
+  const bool p2p = cfg_.weight_sync.transport == Transport::kP2p;
   if (!p2p && !leads_later_stage()) return;
   std::vector<std::string> f;
   std::string cur;
@@ -264,7 +265,7 @@ void TrainerRank::send_weight_version(const std::vector<uint8_t>& payload) {
   const std::string v = std::to_string(version);
   Status s;
   std::string sent;  // the log line of a send that happened
-  if (cfg_.weight_sync.transport == "p2p") {
+  if (cfg_.weight_sync.transport == Transport::kP2p) {
     // This rank's own shards, straight to every engine rank (ranks of dp > 0 send nothing).
     const Trainer& t = *trainer_;
     const TensorSource local = [&t](const std::string& name) { return t.params().get(name); };

@@ -26,9 +26,9 @@ std::string weight_stage_prefix(const std::string& prefix, int stage) {
   return prefix + "-s" + std::to_string(stage);
 }
 
-Result<TransferPlan> weight_group_plan(const std::string& transport, const ModelConfig& config,
+Result<TransferPlan> weight_group_plan(Transport transport, const ModelConfig& config,
                                        const ParamLayout& params, const ParallelLayout& trainer) {
-  if (transport == "p2p") return make_transfer_plan(config, params, trainer);
+  if (transport == Transport::kP2p) return make_transfer_plan(config, params, trainer);
   MILES_ASSIGN_OR_RETURN(ParallelLayout stages, ParallelLayout::create(1, trainer.pp(), 1));
   return make_transfer_plan(config, params, stages);
 }
@@ -41,7 +41,7 @@ Result<std::unique_ptr<WeightGroup>> WeightGroup::create(WeightGroupOptions opti
   MILES_ASSIGN_OR_RETURN(g->store_, TcpStoreServer::start(so));
   g->store_address_ = g->store_->address();
   g->plan_digest_ = transfer_plan_digest(g->plan_);
-  g->p2p_ = g->options_.transport == "p2p";
+  g->p2p_ = g->options_.transport == Transport::kP2p;
   g->stages_ = g->p2p_ ? 1 : plan_stages(g->plan_);
   g->trainer_ranks_ = g->p2p_ ? g->options_.trainer.world_size() : 1;
   g->engine_tp_ = g->options_.engine_tp;

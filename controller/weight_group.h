@@ -24,6 +24,7 @@
 
 #include "controller/engine_client.h"
 #include "miles/comm.h"
+#include "miles/controller/run_config.h"
 #include "miles/tcp_store.h"
 #include "miles/weight_sync/transfer_plan.h"
 #include "miles/weight_sync/weight_sync.h"
@@ -37,7 +38,7 @@ std::string weight_stage_prefix(const std::string& prefix, int stage);
 // The plan a weight group follows for a trainer of layout `trainer`: broadcast sends whole stages
 // (the plan of dp=1,pp=P,tp=1: each stage's leader sends its stage), p2p every rank's own shards
 // (the trainer's layout). The controller and every rl-worker make it alike.
-Result<TransferPlan> weight_group_plan(const std::string& transport, const ModelConfig& config,
+Result<TransferPlan> weight_group_plan(Transport transport, const ModelConfig& config,
                                        const ParamLayout& params, const ParallelLayout& trainer);
 
 // The other trainer ranks' part, driven by the controller (trainer rank 0). Broadcast: the leaders
@@ -62,7 +63,7 @@ struct WeightGroupOptions {
   StageSenders senders;  // needed when other trainer ranks send (pp > 1, or p2p with > 1 rank)
   // "broadcast" (one group per stage) or "p2p" (`trainer`'s ranks send their shards straight to
   // the engines: the plan is then made for `trainer`).
-  std::string transport = "broadcast";
+  Transport transport = Transport::kBroadcast;
   ParallelLayout trainer;
   // The engines' tensor-parallel ranks: each engine takes this many consecutive ranks of every
   // group and each of them receives its own shard (p2p: only its pieces, from the trainer ranks

@@ -75,13 +75,10 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
     const WeightSyncSection& cfg, const Trainer& trainer, const std::string& host,
     std::function<void(const std::string&)> log, const ParallelLayout& layout, StageSenders senders,
     int engine_tp) {
-  if (cfg.transport != "disk_delta" && cfg.transport != "broadcast" && cfg.transport != "p2p")
-    return Status::Error("weight_sync.transport: '" + cfg.transport +
-                         "' is not available to `miles run` (known: disk_delta, broadcast, p2p)");
   auto p = std::unique_ptr<WeightPublisher>(new WeightPublisher());
   p->cfg_ = cfg;
   p->log_ = std::move(log);
-  p->engine_tp_ = cfg.transport == "disk_delta" ? 1 : engine_tp;
+  p->engine_tp_ = cfg.transport == Transport::kDiskDelta ? 1 : engine_tp;
   // Engines are told this path; one on another host (Slurm, Kubernetes) resolves a relative path
   // against its own working directory, so send the absolute one.
   p->cfg_.dir = fs::absolute(cfg.dir).lexically_normal().string();
@@ -89,7 +86,8 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
                                                       trainer.params().layout(), ParallelLayout{}));
   DiskDeltaOptions o;
   o.full_every = static_cast<int>(cfg.full_every);
-  o.encoding = cfg.encoding == "overwrite" ? DeltaEncoding::kOverwrite : DeltaEncoding::kXor;
+  o.encoding =
+      cfg.encoding == Encoding::kOverwrite ? DeltaEncoding::kOverwrite : DeltaEncoding::kXor;
   WeightPublisher* self = p.get();
   o.known_xxh3 = [self](const std::string& name) -> std::string {
     if (!self->sending_sums_) return "";
@@ -100,7 +98,7 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
   fs::create_directories(p->cfg_.dir, ec);
   if (ec) return Status::Error("weight_sync.dir " + p->cfg_.dir + ": " + ec.message());
   p->sender_ = make_disk_delta_sender(p->cfg_.dir, p->plan_, o);
-  if (cfg.transport == "broadcast" || cfg.transport == "p2p") {
+  if (cfg.transport != Transport::kDiskDelta) {
     WeightGroupOptions go;
     go.host = host;
     go.log = p->log_;

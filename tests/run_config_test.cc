@@ -76,7 +76,7 @@ TEST(RunConfig, FullConfigSetsEveryField) {
   EXPECT_EQ(t.lr, 2e-6);
   EXPECT_EQ(t.min_lr, 1e-7);
   EXPECT_EQ(t.warmup_steps, 10);
-  EXPECT_EQ(t.decay, "cosine");
+  EXPECT_EQ(t.decay, LrDecay::kCosine);
   EXPECT_EQ(t.weight_decay, 0.01);
   EXPECT_EQ(t.beta1, 0.8);
   EXPECT_EQ(t.beta2, 0.99);
@@ -87,22 +87,22 @@ TEST(RunConfig, FullConfigSetsEveryField) {
   EXPECT_EQ(c->parallel.pp, 3);
   EXPECT_EQ(c->parallel.tp, 4);
   const AlgorithmSection& a = c->algorithm;
-  EXPECT_EQ(a.advantage, "reinforce_pp_baseline");
+  EXPECT_EQ(a.advantage, Advantage::kReinforcePpBaseline);
   EXPECT_FALSE(a.std_normalize);
-  EXPECT_EQ(a.policy_loss, "gspo");
+  EXPECT_EQ(a.policy_loss, PolicyLoss::kGspo);
   EXPECT_EQ(a.eps_clip, 0.1);
   EXPECT_EQ(a.eps_clip_high, 0.28);
   EXPECT_EQ(a.dual_clip_c, 3);
-  EXPECT_EQ(a.kl_estimator, "k3");
+  EXPECT_EQ(a.kl_estimator, KlEstimatorKind::kK3);
   EXPECT_EQ(a.kl_coef, 0.05);
   EXPECT_EQ(a.entropy_coef, -0.001);
-  EXPECT_EQ(a.loss_reduction, "constant");
+  EXPECT_EQ(a.loss_reduction, Reduction::kConstant);
   EXPECT_EQ(a.constant_normaliser, 512);
-  EXPECT_EQ(a.correction, "mis_sequence");
+  EXPECT_EQ(a.correction, Correction::kMisSequence);
   EXPECT_EQ(a.tis_c, 1.5);
   EXPECT_EQ(a.mis_low, 0.25);
   EXPECT_EQ(a.mis_high, 4);
-  EXPECT_EQ(a.old_logp, "recompute");
+  EXPECT_EQ(a.old_logp, OldLogp::kRecompute);
   EXPECT_EQ(c->data.path, "/data/train.jsonl");
   EXPECT_EQ(c->data.prompt_key, "messages");
   EXPECT_EQ(c->data.label_key, "answer");
@@ -126,24 +126,24 @@ TEST(RunConfig, FullConfigSetsEveryField) {
   EXPECT_EQ(w.timeout_s, 5);
   EXPECT_EQ(c->rewards[1].kind, "length");
   EXPECT_EQ(c->rewards[1].weight, 1.0);
-  EXPECT_EQ(c->weight_sync.transport, "disk_delta");
+  EXPECT_EQ(c->weight_sync.transport, Transport::kDiskDelta);
   EXPECT_EQ(c->weight_sync.dir, "/fast/weights");
   EXPECT_EQ(c->weight_sync.full_every, 3);
-  EXPECT_EQ(c->weight_sync.encoding, "overwrite");
+  EXPECT_EQ(c->weight_sync.encoding, Encoding::kOverwrite);
   EXPECT_FALSE(c->weight_sync.check_checksums);
   EXPECT_EQ(c->weight_sync.group_timeout_s, 15);
-  EXPECT_EQ(c->async.mode, "one_step_off");
+  EXPECT_EQ(c->async.mode, AsyncMode::kOneStepOff);
   EXPECT_EQ(c->async.max_weight_staleness, 2);
-  EXPECT_EQ(c->async.stale_policy, "retry");
+  EXPECT_EQ(c->async.stale_policy, StalePolicy::kRetry);
   EXPECT_EQ(c->async.update_weights_interval, 2);
   EXPECT_EQ(c->async.buffer_groups, 16);
-  EXPECT_EQ(c->async.pause_mode, "in_place");
+  EXPECT_EQ(c->async.pause_mode, SyncPause::kInPlace);
   EXPECT_EQ(c->checkpoint.dir, "/ckpt");
   EXPECT_EQ(c->checkpoint.save_every, 2);
   EXPECT_TRUE(c->checkpoint.save_final);
   EXPECT_TRUE(c->checkpoint.resume);
   EXPECT_EQ(c->logging.run_dir, "runs/full");
-  EXPECT_EQ(c->logging.progress, "lines");
+  EXPECT_EQ(c->logging.progress, Progress::kLines);
   EXPECT_EQ(c->controller.host, "0.0.0.0");
   EXPECT_EQ(c->controller.port, 7070);
   EXPECT_EQ(c->check.max_logp_abs_diff, 0.03);
@@ -237,6 +237,29 @@ TEST(RunConfig, ReferenceYamlDocumentsEveryKeyWithAComment) {
   RewardSpec spec;
   for (const auto& f : rci::reward_fields(spec)) expected.insert("rewards." + std::string(f.key));
   EXPECT_EQ(documented, expected);
+}
+
+TEST(RunConfig, EnumKeysAreSpelledAsTheirOwnersSpellThem) {
+  // The device names are device_model.h's (parse_device); the config's table must agree.
+  for (size_t i = 0; i < ConfigEnum<Device>::names.size(); ++i)
+    EXPECT_EQ(ConfigEnum<Device>::names[i], device_name(static_cast<Device>(i)));
+  EXPECT_EQ(ConfigEnum<Device>::names.size(), device_names().size());
+  // An enum key takes exactly its names; the message lists them and the nearest one.
+  auto c = parse_run_config(
+      "model: {path: m}\ndata: {path: d.jsonl}\nrewards: [{kind: exact_match}]\n"
+      "async: {pause_mode: inplace}\n",
+      "job.yaml", {});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.message().find("job.yaml:4: async.pause_mode: expected one of retract | in_place | "
+                             "abort, got \"inplace\" (did you mean in_place?)"),
+            std::string::npos)
+      << c.message();
+  auto ok =
+      parse_run_config("model: {path: m}\ndata: {path: d.jsonl}\nrewards: [{kind: exact_match}]\n",
+                       "job.yaml", {"async.pause_mode=abort", "trainer.device=emulated"});
+  ASSERT_TRUE(ok.ok()) << ok.message();
+  EXPECT_EQ(ok->async.pause_mode, SyncPause::kAbort);
+  EXPECT_EQ(ok->trainer.device, Device::kEmulated);
 }
 
 TEST(RunConfig, LoadNamesAMissingFile) {

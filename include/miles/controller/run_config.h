@@ -13,14 +13,67 @@
 // `${MILES_SHARED_DIR:-../shared}/models/...`).
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "miles/controller/reward.h"
+#include "miles/device_model.h"
 #include "miles/status.h"
 
 namespace miles {
+
+// Keys whose value is one of a fixed set of names are enums, parsed and checked once when the file
+// loads; nothing downstream compares strings. ConfigEnum<E>::names spells E's enumerators, in
+// order, as the YAML does.
+template <typename E>
+struct ConfigEnum;
+template <typename E>
+std::string_view name_of(E e) {
+  return ConfigEnum<E>::names[static_cast<size_t>(e)];
+}
+
+enum class Environment { kNone, kCalculator };
+enum class LrDecay { kConstant, kCosine };
+enum class TrainerComm { kShm, kGloo };
+enum class Advantage { kGrpo, kDrGrpo, kReinforcePp, kReinforcePpBaseline };
+enum class PolicyLoss { kPpo, kGspo };
+enum class KlEstimatorKind { kNone, kK1, kK2, kK3 };
+enum class Reduction { kTokenMean, kSampleMean, kConstant };
+enum class Correction { kNone, kTis, kMisToken, kMisSequence };
+enum class OldLogp { kRollout, kRecompute };
+enum class Transport { kDiskDelta, kBroadcast, kP2p };
+enum class Encoding { kXor, kOverwrite };
+enum class AsyncMode { kSync, kOneStepOff, kAsync };
+enum class StalePolicy { kDrop, kRetry };
+enum class SyncPause { kRetract, kInPlace, kAbort };
+enum class Progress { kAuto, kBar, kLines, kNone };
+
+#define MILES_CONFIG_ENUM(E, ...)                                                       \
+  template <>                                                                           \
+  struct ConfigEnum<E> {                                                                \
+    static constexpr std::array names = std::to_array<std::string_view>({__VA_ARGS__}); \
+  };
+MILES_CONFIG_ENUM(Device, "cpu", "cuda", "emulated")
+MILES_CONFIG_ENUM(Environment, "none", "calculator")
+MILES_CONFIG_ENUM(LrDecay, "constant", "cosine")
+MILES_CONFIG_ENUM(TrainerComm, "shm", "gloo")
+MILES_CONFIG_ENUM(Advantage, "grpo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline")
+MILES_CONFIG_ENUM(PolicyLoss, "ppo", "gspo")
+MILES_CONFIG_ENUM(KlEstimatorKind, "none", "k1", "k2", "k3")
+MILES_CONFIG_ENUM(Reduction, "token_mean", "sample_mean", "constant")
+MILES_CONFIG_ENUM(Correction, "none", "tis", "mis_token", "mis_sequence")
+MILES_CONFIG_ENUM(OldLogp, "rollout", "recompute")
+MILES_CONFIG_ENUM(Transport, "disk_delta", "broadcast", "p2p")
+MILES_CONFIG_ENUM(Encoding, "xor", "overwrite")
+MILES_CONFIG_ENUM(AsyncMode, "sync", "one_step_off", "async")
+MILES_CONFIG_ENUM(StalePolicy, "drop", "retry")
+MILES_CONFIG_ENUM(SyncPause, "retract", "in_place", "abort")
+MILES_CONFIG_ENUM(Progress, "auto", "bar", "lines", "none")
+#undef MILES_CONFIG_ENUM
 
 struct ModelSection {
   std::string path;       // HF directory or llama2.c checkpoint (required)
@@ -42,7 +95,7 @@ struct RolloutSection {
   uint64_t seed = 1;                   // sample seeds derive from (seed, rollout step, prompt, n)
   // Multi-turn: `calculator` runs each sample as a TITO session (chat template required) in which
   // tool calls in the model's text get a tool message with the result, up to max_turns model turns.
-  std::string environment = "none";    // none | calculator
+  Environment environment = Environment::kNone;
   int64_t max_turns = 4;
   // Engines: `num_engines` started by the controller (`miles serve` processes on this machine),
   // plus any listed in `engines` ("host:http_port/grpc_port") or registering themselves with
@@ -51,7 +104,7 @@ struct RolloutSection {
   std::vector<std::string> engines;
   int64_t engine_threads = 1;          // compute threads of each started engine (per process)
   int64_t engine_tp = 1;               // tensor-parallel processes of each started engine
-  std::string engine_device = "cpu";   // cpu | cuda | emulated: where started engines' forwards run
+  Device engine_device = Device::kCpu;  // where started engines' forwards run
   int64_t engine_num_blocks = 4096;
   int64_t engine_max_batch_tokens = 2048;
   int64_t engine_max_running = 256;
@@ -67,34 +120,34 @@ struct TrainerSection {
   double lr = 1e-6;
   double min_lr = 0;
   int64_t warmup_steps = 0;
-  std::string decay = "constant";      // constant | cosine
+  LrDecay decay = LrDecay::kConstant;
   double weight_decay = 0;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double clip_grad_norm = 1.0;
   int64_t threads = 1;                 // compute threads of the trainer
-  std::string device = "cpu";          // cpu | cuda | emulated: where forward and backward run
+  Device device = Device::kCpu;        // where forward and backward run
 };
 
 struct ParallelSection {
   int64_t dp = 1, pp = 1, tp = 1;      // trainer layout
-  std::string comm = "shm";            // the trainer ranks' collectives: shm (one host) | gloo
+  TrainerComm comm = TrainerComm::kShm;  // the trainer ranks' collectives: shm is one host
 };
 
 struct AlgorithmSection {
-  std::string advantage = "grpo";      // grpo | dr_grpo | reinforce_pp | reinforce_pp_baseline
+  Advantage advantage = Advantage::kGrpo;
   bool std_normalize = true;
-  std::string policy_loss = "ppo";     // ppo | gspo
+  PolicyLoss policy_loss = PolicyLoss::kPpo;
   double eps_clip = 0.2;               // ε_low
   double eps_clip_high = 0.2;          // ε_high (DAPO clip-higher)
   double dual_clip_c = 0;              // 0 = off, else > 1
-  std::string kl_estimator = "none";   // none | k1 | k2 | k3
+  KlEstimatorKind kl_estimator = KlEstimatorKind::kNone;
   double kl_coef = 0;
   double entropy_coef = 0;
-  std::string loss_reduction = "token_mean";  // token_mean | sample_mean | constant
+  Reduction loss_reduction = Reduction::kTokenMean;
   double constant_normaliser = 0;      // loss_reduction constant: > 0
-  std::string correction = "none";     // none | tis | mis_token | mis_sequence
+  Correction correction = Correction::kNone;
   double tis_c = 2.0, mis_low = 0.5, mis_high = 2.0;
-  std::string old_logp = "rollout";    // rollout (the engine's raw logprobs) | recompute
+  OldLogp old_logp = OldLogp::kRollout;  // rollout: the engine's raw logprobs
 };
 
 struct DataSection {
@@ -107,21 +160,21 @@ struct DataSection {
 };
 
 struct WeightSyncSection {
-  std::string transport = "disk_delta";  // disk_delta | broadcast | p2p (Gloo groups with engines)
+  Transport transport = Transport::kDiskDelta;  // broadcast, p2p: Gloo groups with engines
   std::string dir;                     // default RUN_DIR/weights
   int64_t full_every = 10;
-  std::string encoding = "xor";        // xor | overwrite
+  Encoding encoding = Encoding::kXor;
   bool check_checksums = true;         // compare engine and trainer checksums after every update
   double group_timeout_s = 60;         // broadcast / p2p: forming a group, and each collective
 };
 
 struct AsyncSection {
-  std::string mode = "sync";           // sync | one_step_off | async
+  AsyncMode mode = AsyncMode::kSync;
   int64_t max_weight_staleness = 1;    // versions, per sample (async)
-  std::string stale_policy = "drop";   // drop | retry
+  StalePolicy stale_policy = StalePolicy::kDrop;
   int64_t update_weights_interval = 1; // optimizer steps between syncs (async)
   int64_t buffer_groups = 0;           // async buffer bound (0: 2 × over_sampling_batch_size)
-  std::string pause_mode = "retract";  // retract | in_place | abort: in-flight work at a sync
+  SyncPause pause_mode = SyncPause::kRetract;  // in-flight work at a sync
 };
 
 struct CheckpointSection {
@@ -133,7 +186,7 @@ struct CheckpointSection {
 
 struct LoggingSection {
   std::string run_dir = "runs/default";  // metrics.jsonl, weights, checkpoints, engine logs
-  std::string progress = "auto";       // auto (a bar on a terminal) | bar | lines | none
+  Progress progress = Progress::kAuto;   // auto: a bar on a terminal
 };
 
 struct ControllerSection {
