@@ -192,6 +192,9 @@ TEST(ModelConfig, Errors) {
   // Fields that change the numbers are implemented or refused by name, never dropped.
   expect_error(llama_with("mlp_bias", "true"), "mlp_bias");
   expect_error(llama_with("hidden_act", "\"gelu_pytorch_tanh\""), "hidden_act");
+  expect_error(llama_with("attention_dropout", "0.1"), "attention_dropout");
+  expect_error(llama_with("output_router_logits", "true"), "output_router_logits");
+  EXPECT_TRUE(parse_model_config(llama_with("attention_dropout", "0.0"), kSrc).ok());
   EXPECT_TRUE(parse_model_config(llama_with("mlp_bias", "false"), kSrc).ok());
 
   std::string no_hidden = kLlama;

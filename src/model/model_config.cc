@@ -206,6 +206,12 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   // Fields that change the numbers and are not implemented are refused, never dropped.
   if (c->mlp_bias)
     return r.error("mlp_bias", "is true; MLP biases are not supported yet (they would be dropped)");
+  if (const json* d = r.find("attention_dropout"); d && !(d->is_number() && d->get<double>() == 0))
+    return r.error("attention_dropout",
+                   "is " + describe(*d) + "; dropout is not supported (0 only)");
+  if (const json* o = r.find("output_router_logits"); o && o->is_boolean() && o->get<bool>())
+    return r.error("output_router_logits",
+                   "is true; the router's auxiliary loss is not supported (false only)");
   if (const json* act = r.find("hidden_act"); act && !(act->is_string() && *act == "silu"))
     return r.error("hidden_act", "is " + describe(*act) + "; only \"silu\" (SwiGLU) is supported");
   MILES_RETURN_IF_ERROR(r.read_int("bos_token_id", &c->bos_token_id));
