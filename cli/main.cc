@@ -28,6 +28,22 @@ int apply_log_level(int argc, char** argv) {
   return 0;
 }
 
+// What the binary was built for: the compiler's optimisation and whether CUDA is in.
+std::string miles_build_kind() {
+  std::string kind =
+#if defined(__OPTIMIZE__)
+      "optimised";
+#else
+      "unoptimised";
+#endif
+#if defined(MILES_HAVE_CUDA)
+  kind += ", CUDA";
+#else
+  kind += ", CPU only";
+#endif
+  return kind;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -45,6 +61,8 @@ int main(int argc, char** argv) {
   CLI::App app{"miles: RL post-training for LLMs (rollout and trainer computing the same numbers)"};
   app.require_subcommand(1);
   app.fallthrough();  // --log-level may come before or after the subcommand
+  app.set_version_flag("--version", std::string("miles ") + MILES_VERSION + " (commit " +
+                                        MILES_GIT_COMMIT + ", " + miles_build_kind() + ")");
   std::string log_level = "info";
   app.add_option("--log-level", log_level,
                  std::string("log lines at this level and above: ") + miles::log_level_names() +

@@ -100,6 +100,27 @@ TEST(Cli, BadInputExitsOneWithAMessage) {
   EXPECT_NE(d.out.find("top_p"), std::string::npos) << d.out;
 }
 
+TEST(Cli, VersionAndLogLevel) {
+  CliRun v = run_miles("--version", /*with_stderr=*/false);
+  EXPECT_EQ(v.exit_code, 0);
+  EXPECT_EQ(v.out.rfind("miles 0.", 0), 0u) << v.out;
+  EXPECT_NE(v.out.find("(commit "), std::string::npos) << v.out;
+  // Log lines carry a timestamp and a level; --log-level warn hides the info line of generate.
+  MILES_REQUIRE_SHARED();
+  const std::string gen = "generate --model " + test::shared_dir() +
+                          "/models/stories260K/stories260K.bin --prompt Once --temperature 0 "
+                          "--max-new-tokens 2";
+  CliRun info = run_miles(gen);
+  EXPECT_EQ(info.exit_code, 0) << info.out;
+  EXPECT_NE(info.out.find(" info miles generate: "), std::string::npos) << info.out;
+  CliRun quiet = run_miles("--log-level warn " + gen);
+  EXPECT_EQ(quiet.exit_code, 0) << quiet.out;
+  EXPECT_EQ(quiet.out.find("miles generate: "), std::string::npos) << quiet.out;
+  CliRun bad = run_miles("--log-level loud " + gen);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.out.find("trace, debug, info"), std::string::npos) << bad.out;
+}
+
 TEST(Cli, BenchTrainRunsAStepAndReportsTokensPerSecond) {
   MILES_REQUIRE_SHARED();
   const std::string m = test::shared_dir() + "/models/stories260K/stories260K.bin";
