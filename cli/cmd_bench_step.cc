@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/model_files.h"
 #include "cli/worker_launch.h"
+#include "miles/controller/child_process.h"
 
 namespace miles::cli {
 
@@ -62,7 +63,7 @@ int run_bench_step(const BenchStepOptions& o) {
   std::vector<ModeResult> results;
   for (const std::string mode : {"sync", "one_step_off", "async"}) {
     const std::string dir = o.run_dir + "/" + mode;
-    std::vector<std::string> argv = {self_executable(), "run", o.config};
+    std::vector<std::string> argv = {controller::miles_executable(), "run", o.config};
     for (const std::string& ov : o.overrides) argv.push_back(ov);
     for (const std::string& ov : std::vector<std::string>{
              "async.mode=" + mode, "rollout.num_rollouts=" + std::to_string(o.steps),

@@ -16,12 +16,13 @@
 #include "cli/model_files.h"
 #include "cli/worker_launch.h"
 #include "miles/comm.h"
-#include "miles/weight_sync/disk_delta.h"
+#include "miles/controller/child_process.h"
 #include "miles/model.h"
-#include "miles/trainer/rl_objective.h"
 #include "miles/tcp_store.h"
 #include "miles/tensor_parallel.h"
+#include "miles/trainer/rl_objective.h"
 #include "miles/trainer/trainer.h"
+#include "miles/weight_sync/disk_delta.h"
 #include "miles/weight_sync/weight_sync.h"
 
 namespace miles::cli {
@@ -283,7 +284,7 @@ int run_bench(const SyncOptions& o) {
       return fail("bench sync", "p2p-hop needs --engine-tp >= 2");
     const int procs = 1 + o.engines * o.engine_tp;
     for (int r = 0; r < procs; ++r) {
-      std::vector<std::string> a{self_executable(),
+      std::vector<std::string> a{controller::miles_executable(),
                                  "bench",
                                  "sync-worker",
                                  "--rank",

@@ -16,10 +16,11 @@
 #include "cli/model_files.h"
 #include "cli/worker_launch.h"
 #include "miles/comm.h"
+#include "miles/controller/child_process.h"
 #include "miles/device_model.h"
-#include "miles/trainer/sft_data.h"
 #include "miles/tcp_store.h"
 #include "miles/thread_pool.h"
+#include "miles/trainer/sft_data.h"
 #include "miles/trainer/train_checkpoint.h"
 #include "miles/trainer/trainer.h"
 
@@ -213,8 +214,14 @@ Status launch(const SftOptions& o, const std::vector<std::string>& job_args) {
   const int n = layout.world_size();
   std::vector<std::vector<std::string>> argvs;
   for (int r = 0; r < n; ++r) {
-    std::vector<std::string> a{self_executable(), "train-worker",    "--rank",  std::to_string(r),
-                               "--world-size",    std::to_string(n), "--store", store->address()};
+    std::vector<std::string> a{controller::miles_executable(),
+                               "train-worker",
+                               "--rank",
+                               std::to_string(r),
+                               "--world-size",
+                               std::to_string(n),
+                               "--store",
+                               store->address()};
     a.insert(a.end(), job_args.begin(), job_args.end());
     if (o.comm.empty()) a.insert(a.end(), {"--comm", "shm"});  // every rank is on this host
     argvs.push_back(std::move(a));

@@ -12,12 +12,9 @@
 
 namespace miles::cli {
 
-// The path of the running `miles` binary.
-std::string self_executable();
-
-// Runs `argv_of(rank)` for rank 0..world_size-1 (stdout / stderr inherited), waits for all of them.
-// The first rank to exit non-zero (or die by a signal) makes the launcher SIGTERM the rest; the
-// error names that rank and its exit status.
+// Runs `argvs[rank]` for rank 0..world_size-1 (stdout / stderr inherited; each dies with this
+// process), waits for all of them. The first rank to exit non-zero (or die by a signal) makes the
+// launcher terminate the rest; the error names that rank and how it ended.
 Status run_local_workers(int world_size, const std::vector<std::vector<std::string>>& argvs);
 
 }  // namespace miles::cli

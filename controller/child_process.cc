@@ -24,23 +24,28 @@ std::string miles_executable() {
 Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv,
                                          const std::string& log_path) {
   if (argv.empty()) return Status::Error("spawn: empty command");
-  const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (log < 0) return Status::Error("cannot open " + log_path + ": " + std::strerror(errno));
+  const int log = log_path.empty()
+                      ? -1
+                      : open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (!log_path.empty() && log < 0)
+    return Status::Error("cannot open " + log_path + ": " + std::strerror(errno));
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
-    close(log);
+    if (log >= 0) close(log);
     return Status::Error(std::string("fork: ") + std::strerror(errno));
   }
   if (pid == 0) {
     // Child: only async-signal-safe calls until exec.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(127);  // the parent died before prctl
-    dup2(log, STDOUT_FILENO);
-    dup2(log, STDERR_FILENO);
+    if (log >= 0) {
+      dup2(log, STDOUT_FILENO);
+      dup2(log, STDERR_FILENO);
+    }
     const int null_in = open("/dev/null", O_RDONLY);
     if (null_in >= 0) dup2(null_in, STDIN_FILENO);
     sigset_t none;
@@ -49,7 +54,7 @@ Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv,
     execv(args[0], args.data());
     _exit(127);
   }
-  close(log);
+  if (log >= 0) close(log);
   ChildProcess c;
   c.pid_ = pid;
   return c;
@@ -60,6 +65,7 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& o) noexcept {
     terminate();
     pid_ = o.pid_;
     exit_ = std::move(o.exit_);
+    succeeded_ = o.succeeded_;
     o.pid_ = -1;
   }
   return *this;
@@ -73,6 +79,7 @@ bool ChildProcess::alive() {
   const pid_t r = waitpid(pid_, &status, WNOHANG);
   if (r == 0) return true;
   if (r == pid_) {
+    succeeded_ = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     exit_ = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
                               : "killed by signal " + std::to_string(WTERMSIG(status));
   } else {
