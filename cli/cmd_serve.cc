@@ -44,8 +44,6 @@ struct ServeOptions {
   std::vector<std::string> store_hosts;   // besides this machine and the controller's host
 };
 
-// The directories weight updates may load from: the served model's (its directory, or the file's)
-// and every --weights-dir.
 // The hosts whose stores weight-group joins may reach: --weight-store-host and the controller's.
 std::vector<std::string> trusted_store_hosts(const ServeOptions& o) {
   std::vector<std::string> hosts = o.store_hosts;
@@ -54,6 +52,8 @@ std::vector<std::string> trusted_store_hosts(const ServeOptions& o) {
   return hosts;
 }
 
+// The directories weight updates may load from: the served model's (its directory, or the file's)
+// and every --weights-dir.
 std::vector<std::string> trusted_weight_dirs(const ServeOptions& o) {
   namespace fs = std::filesystem;
   std::vector<std::string> dirs = o.weights_dirs;
@@ -74,7 +74,7 @@ Result<ApiKeys> serve_keys(const ServeOptions& o) {
 
 // Each open connection is a descriptor; the usual soft limit (1024) would refuse connections (or
 // fail an accept) well before --max-connections. Raises it toward the hard limit.
-static void raise_open_file_limit(int max_connections) {
+void raise_open_file_limit(int max_connections) {
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
   const rlim_t want = static_cast<rlim_t>(max_connections) + 512;
@@ -82,7 +82,7 @@ static void raise_open_file_limit(int max_connections) {
   lim.rlim_cur = std::min(want, lim.rlim_max);
   if (::setrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur < want)
     spdlog::warn(
-        "serve: the open-file limit ({}) is below --max-connections + 512; raise "
+        "miles serve: the open-file limit ({}) is below --max-connections + 512; raise "
         "`ulimit -n`",
         static_cast<uint64_t>(lim.rlim_cur));
 }

@@ -59,17 +59,11 @@ HttpServer::HttpServer(EngineDriver& driver, const ModelConfig& config,
     const std::string_view token = bearer_token(header);
     if (open || opt_.keys.allows(token, is_admin_route(req.path))) {
       if (!body_too_large(req)) return httplib::Server::HandlerResponse::Unhandled;
-      ++http_errors_;
-      res.status = 413;
-      res.set_content(
-          json{{"error",
-                {{"message", "the request body is too large (Content-Length " +
-                                 req.get_header_value("Content-Length") + " > " +
-                                 std::to_string(opt_.max_body_bytes) + " bytes, --max-body-bytes)"},
-                 {"type", "invalid_request_error"},
-                 {"code", 413}}}}
-              .dump(-1, ' ', false, json::error_handler_t::replace),
-          "application/json");
+      reply_error(res, 413,
+                  "the request body is too large (Content-Length " +
+                      req.get_header_value("Content-Length") + " > " +
+                      std::to_string(opt_.max_body_bytes) + " bytes, --max-body-bytes)",
+                  http_errors_);
       return handled();
     }
     ++http_errors_;

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "miles/host_port.h"
+#include "miles/secret.h"
 
 namespace miles {
 namespace {
@@ -33,9 +34,9 @@ std::set<std::string> addresses_of(const std::string& host) {
   return out;
 }
 
+// This machine: a loopback address (secret.h's test) or the unspecified one.
 bool local(const std::string& address) {
-  return address.rfind("127.", 0) == 0 || address == "::1" || address == "0.0.0.0" ||
-         address == "::";
+  return is_loopback_host(address) || address == "0.0.0.0" || address == "::";
 }
 
 }  // namespace
