@@ -105,6 +105,13 @@ Status Engine::Impl::validate(const GenerateRequest& r) const {
     return Status::Error("top_logprobs_num = " + std::to_string(r.top_logprobs) +
                          " must be in [0, " +
                          std::to_string(std::min<int64_t>(c.vocab_size, kMaxTopLogprobs)) + "]");
+  if (static_cast<int64_t>(r.token_ids_logprob.size()) > kMaxTopLogprobs)
+    return Status::Error("token_ids_logprob lists " + std::to_string(r.token_ids_logprob.size()) +
+                         " tokens; at most " + std::to_string(kMaxTopLogprobs) + " are returned");
+  for (int32_t id : r.token_ids_logprob)
+    if (id < 0 || id >= c.vocab_size)
+      return Status::Error("token_ids_logprob: " + std::to_string(id) +
+                           " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
   if (r.logprob_start_len < -1 || r.logprob_start_len > len)
     return Status::Error("logprob_start_len = " + std::to_string(r.logprob_start_len) +
                          " must be -1 (no input logprobs) or in [0, " + std::to_string(len) +

@@ -19,6 +19,21 @@ namespace miles {
 using rollout::Sample;
 using rollout::SampleState;
 
+namespace {
+
+// The requested tokens' logprobs at one position (GenerateRequest::token_ids_logprob).
+std::vector<TopLogprob> requested_logprobs(std::span<const float> row, const SamplingParams& params,
+                                           const std::vector<int32_t>& ids) {
+  std::vector<TopLogprob> out;
+  if (ids.empty()) return out;
+  const std::vector<float> values = token_logprobs(row, params, ids);
+  out.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) out.push_back({ids[i], values[i]});
+  return out;
+}
+
+}  // namespace
+
 bool Engine::step() {
   Impl& m = *impl_;
   m.last.items.clear();
@@ -199,6 +214,7 @@ void Engine::Impl::record_input_logprobs(const Item& it, const float* rows, int6
     if (r.req.top_logprobs > 0)
       for (const TokenLogprob& x : top_logprobs(row, raw, r.req.top_logprobs))
         e.top.push_back({x.token, x.logprob});
+    e.ids = requested_logprobs(row, raw, r.req.token_ids_logprob);
   }
 }
 
@@ -238,6 +254,7 @@ TokenOutput Engine::Impl::draw(const Sample& s, const float* logits) const {
   if (req.top_logprobs > 0)
     for (const TokenLogprob& x : top_logprobs(row, s.sampling, req.top_logprobs))
       t.top.push_back({x.token, x.logprob});
+  t.ids = requested_logprobs(row, s.sampling, req.token_ids_logprob);
   return t;
 }
 

@@ -19,13 +19,12 @@ const std::set<std::string> kRefusedRequestFields = {
     "input_embeds", "image_data", "video_data", "audio_data", "modalities", "session_params",
     "lora_path", "lora_id", "custom_logit_processor", "return_hidden_states", "bootstrap_host",
     "bootstrap_port", "bootstrap_room", "bootstrap_pair_key", "data_parallel_rank", "background",
-    "conversation_id", "priority", "extra_key", "return_bytes", "return_entropy",
-    "token_ids_logprob", "custom_labels", "routed_dp_rank", "disagg_prefill_dp_rank",
-    "external_trace_header", "received_time", "require_reasoning", "return_prompt_token_ids",
-    "session_id", "routed_experts_start_len", "return_indexer_topk", "return_sampling_mask",
-    "sampling_logprobs_mode", "return_flat_raw_top_logprobs", "return_flat_raw_output_top_logprobs",
-    "max_thinking_tokens", "cache_salt", "routing_key", "decode_tp_size",
-    "positional_embed_overrides", "watermark",
+    "conversation_id", "priority", "extra_key", "return_bytes", "return_entropy", "custom_labels",
+    "routed_dp_rank", "disagg_prefill_dp_rank", "external_trace_header", "received_time",
+    "require_reasoning", "return_prompt_token_ids", "session_id", "routed_experts_start_len",
+    "return_indexer_topk", "return_sampling_mask", "sampling_logprobs_mode",
+    "return_flat_raw_top_logprobs", "return_flat_raw_output_top_logprobs", "max_thinking_tokens",
+    "cache_salt", "routing_key", "decode_tp_size", "positional_embed_overrides", "watermark",
     // sglang-router re-serialises requests with "model": null
     "model"};
 // Fields that change nothing in the response (server-side logging only).
@@ -37,6 +36,7 @@ const std::set<std::string> kRequestFields = {"text",
                                               "return_logprob",
                                               "logprob_start_len",
                                               "top_logprobs_num",
+                                              "token_ids_logprob",
                                               "return_text_in_logprobs",
                                               "stream",
                                               "return_routed_experts"};
@@ -183,6 +183,19 @@ Result<std::vector<std::vector<int32_t>>> prompts_of(const json& body, const Tok
   return prompts;
 }
 
+// token_ids_logprob for prompt i, as SGLang normalises it: one id or a list of ids for every
+// prompt, or (batched) a list of lists, one per prompt; null or empty for none.
+Result<std::vector<int32_t>> token_ids_of(const json& body, size_t i, bool batched) {
+  auto it = body.find("token_ids_logprob");
+  if (it == body.end() || it->is_null()) return std::vector<int32_t>{};
+  const std::string w = "request.token_ids_logprob";
+  if (it->is_number_integer()) return read_ids(json::array({*it}), w);
+  if (!it->is_array()) return Status::Error(w + " must be a token id or a list of token ids");
+  if (it->empty() || !(*it)[0].is_array()) return read_ids(*it, w);
+  if (!batched) return Status::Error(w + ": a list of lists needs a batch of prompts");
+  return read_ids((*it)[i], w + "[" + std::to_string(i) + "]");
+}
+
 // The per-prompt fields of one call: logprob options and flags.
 Status read_call_options(const json& body, size_t i, bool batched, GenerateCall& c) {
   const std::string w = "request";
@@ -201,10 +214,12 @@ Status read_call_options(const json& body, size_t i, bool batched, GenerateCall&
   MILES_RETURN_IF_ERROR(read(one, "top_logprobs_num", top_n, w));
   if (top_n < 0 || top_n > INT32_MAX)
     return Status::Error("top_logprobs_num = " + std::to_string(top_n) + " must be >= 0");
-  // SGLang computes logprobs (input, output, top) only with return_logprob.
+  MILES_ASSIGN_OR_RETURN(auto token_ids, token_ids_of(body, i, batched));
+  // SGLang computes logprobs (input, output, top, token ids) only with return_logprob.
   if (c.return_logprob) {
     c.request.logprob_start_len = start_len;
     c.request.top_logprobs = static_cast<int32_t>(top_n);
+    c.request.token_ids_logprob = std::move(token_ids);
   }
   return Status::Ok();
 }
@@ -223,29 +238,44 @@ json top_entries(const std::vector<TopLogprob>& top, const GenerateCall& c, cons
 
 void add_logprobs(const GenerateCall& call, const std::vector<TokenOutput>& output,
                   const SampleEvent* fin, const ReplyContext& ctx, json& meta) {
+  const bool with_top = call.request.top_logprobs > 0;
+  const bool with_ids = !call.request.token_ids_logprob.empty();
   json lps = json::array(), sampling = json::array(), raw = json::array(), versions = json::array(),
-       tops = json::array();
+       tops = json::array(), ids = json::array();
   for (const auto& t : output) {
     lps.push_back(token_entry(t.tempered_logprob, t.id, call, ctx.tok));
     sampling.push_back(t.logprob);
     raw.push_back(t.raw_logprob);
     versions.push_back(t.weight_version);
-    if (call.request.top_logprobs > 0) tops.push_back(top_entries(t.top, call, ctx.tok));
+    if (with_top) tops.push_back(top_entries(t.top, call, ctx.tok));
+    if (with_ids) ids.push_back(top_entries(t.ids, call, ctx.tok));
   }
   meta["output_token_logprobs"] = lps;
   meta["output_token_sampling_logprobs"] = sampling;
   meta["output_token_raw_logprobs"] = raw;
   meta["output_token_weight_versions"] = versions;
-  if (call.request.top_logprobs > 0) meta["output_top_logprobs"] = tops;
-  if (!fin || call.request.logprob_start_len < 0) return;
-  json in = json::array(), in_top = json::array();
+  if (with_top) meta["output_top_logprobs"] = tops;
+  if (with_ids) meta["output_token_ids_logprobs"] = ids;
+  if (!fin) return;
+  json in = json::array(), in_top = json::array(), in_ids = json::array();
+  if (call.request.logprob_start_len < 0) {
+    // SGLang's default (-1) starts at the last prompt token: one entry, which has no logprob.
+    if (call.request.input_ids.empty()) return;
+    meta["input_token_logprobs"] =
+        json::array({token_entry(NAN, call.request.input_ids.back(), call, ctx.tok)});
+    if (with_top) meta["input_top_logprobs"] = json::array({json()});
+    if (with_ids) meta["input_token_ids_logprobs"] = json::array({json()});
+    return;
+  }
   for (const InputLogprob& e : fin->input_logprobs) {
+    const bool first = std::isnan(e.logprob);  // no logits before it: null, as SGLang
     in.push_back(token_entry(e.logprob, e.id, call, ctx.tok));
-    if (call.request.top_logprobs > 0)
-      in_top.push_back(std::isnan(e.logprob) ? json() : top_entries(e.top, call, ctx.tok));
+    if (with_top) in_top.push_back(first ? json() : top_entries(e.top, call, ctx.tok));
+    if (with_ids) in_ids.push_back(first ? json() : top_entries(e.ids, call, ctx.tok));
   }
   meta["input_token_logprobs"] = in;
-  if (call.request.top_logprobs > 0) meta["input_top_logprobs"] = in_top;
+  if (with_top) meta["input_top_logprobs"] = in_top;
+  if (with_ids) meta["input_token_ids_logprobs"] = in_ids;
 }
 
 json finish_json(const GenerateCall& call, const SampleEvent& fin) {
@@ -361,6 +391,11 @@ Result<GenerateBatch> parse_generate(const json& body, const Tokenizer* tok) {
                            std::to_string(it->size()) + " for " + std::to_string(prompts.size()) +
                            " prompts");
   }
+  if (auto it = body.find("token_ids_logprob"); it != body.end() && it->is_array() &&
+                                                !it->empty() && (*it)[0].is_array() && b.batched &&
+                                                it->size() != prompts.size())
+    return Status::Error("request.token_ids_logprob is a list of " + std::to_string(it->size()) +
+                         " lists for " + std::to_string(prompts.size()) + " prompts");
   for (size_t i = 0; i < prompts.size(); ++i) {
     GenerateCall c;
     c.request.input_ids = std::move(prompts[i]);

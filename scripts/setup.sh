@@ -4,16 +4,20 @@
 #   scripts/setup.sh              system packages (compiler, CMake, libraries) and the light Python venv
 #   scripts/setup.sh --reference  also torch + transformers in the venv (only to regenerate goldens or run
 #                                 the live-reference tests; the default test run never needs them)
+#   scripts/setup.sh --run-only   only what building and running `miles` needs (scripts/quickstart.sh):
+#                                 no test libraries, browser, clang or Python venv
 #
 # The Python venv lives outside the repository (MILES_VENV, default /root/.venvs/miles-ref) so that it
 # survives between checkouts.
 set -euo pipefail
 
 want_reference=0
+run_only=0
 for arg in "$@"; do
   case "$arg" in
     --reference) want_reference=1 ;;
-    *) echo "setup.sh: unknown argument '$arg' (known: --reference)" >&2; exit 2 ;;
+    --run-only) run_only=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (known: --reference, --run-only)" >&2; exit 2 ;;
   esac
 done
 
@@ -21,18 +25,23 @@ MILES_VENV="${MILES_VENV:-/root/.venvs/miles-ref}"
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
-apt_packages=(
+# What building `miles` needs (MILES_TESTS=OFF); the rest is for tests, fuzzers and Python tools.
+build_packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
-  clang-14 libclang-rt-14-dev lld-14
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev libzstd-dev libxxhash-dev libcli11-dev libcpp-httplib-dev
   libssl-dev
+)
+test_packages=(
+  clang-14 libclang-rt-14-dev lld-14
+  libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-venv python3-pip unzip curl
   # tests/report_test.cc renders the `miles report` page in headless Chromium (skipped without it)
   chromium
 )
+apt_packages=("${build_packages[@]}")
+if [ "$run_only" = 0 ]; then apt_packages+=("${test_packages[@]}"); fi
 
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -49,6 +58,11 @@ else
   echo "setup.sh: system packages present"
 fi
 
+if [ "$run_only" = 1 ]; then
+  echo "setup.sh: done (run-only: no Python venv)"
+  exit 0
+fi
+
 python_bin="$(command -v python3)"
 if [ ! -x "$MILES_VENV/bin/python" ]; then
   echo "setup.sh: creating venv $MILES_VENV"
@@ -62,6 +76,13 @@ pip_install() {
 light=(numpy safetensors jinja2 gguf openai sglang-router==0.3.2)
 if ! "$MILES_VENV/bin/python" -c "import numpy, safetensors, jinja2, gguf, openai, sglang_router" 2>/dev/null; then
   pip_install "${light[@]}"
+fi
+# The sglang package's own client (its frontend, sglang.RuntimeEndpoint): 0.5.5 is the newest release
+# whose frontend imports without torch; its wheel is installed without the server's dependencies
+# (torch, CUDA kernels), with what the frontend imports.
+if ! "$MILES_VENV/bin/python" -c "import sglang; from sglang import RuntimeEndpoint" 2>/dev/null; then
+  pip_install --no-deps sglang==0.5.5
+  pip_install pybase64 IPython pydantic aiohttp requests tqdm
 fi
 if [ "$want_reference" = 1 ]; then
   if ! "$MILES_VENV/bin/python" -c "import torch, transformers, tokenizers, accelerate" 2>/dev/null; then

@@ -254,6 +254,81 @@ TEST(ServerApi, TemperedLogprobsFollowSGLangAndTheSamplingValueStaysExplicit) {
   }
 }
 
+TEST(ServerApi, TokenIdsLogprobsAreTheRequestedTokensOfTheSameRowsInTheirOrder) {
+  Served s;
+  auto c = s.client();
+  const std::vector<int32_t> ids = {100, 5, 7};  // not sorted: answered in this order
+  json body = sample(kPrompt, {{"temperature", 0.7}, {"sampling_seed", 3}, {"max_new_tokens", 5}});
+  body["logprob_start_len"] = 0;
+  body["token_ids_logprob"] = ids;
+  body["top_logprobs_num"] = 2;
+  int status = 0;
+  json r = post(c, "/generate", body, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  std::vector<int32_t> seq(kPrompt.begin(), kPrompt.end());
+  const std::vector<int32_t> out = ids_of(r);
+  seq.insert(seq.end(), out.begin(), out.end());
+  const std::vector<float> logits = teacher_forced_logits(*s.model, seq);
+  const int64_t v = s.model->config().vocab_size;
+  SamplingParams tempered, raw;
+  tempered.temperature = 0.7f;
+  const json& meta = r["meta_info"];
+  auto expect_row = [&](const json& got, int64_t pos, const SamplingParams& p) {
+    const std::span<const float> row(logits.data() + pos * v, static_cast<size_t>(v));
+    ASSERT_EQ(got.size(), ids.size()) << got.dump();
+    for (size_t j = 0; j < ids.size(); ++j) {
+      EXPECT_EQ(got[j][1], ids[j]);
+      EXPECT_TRUE(same_bits(got[j][0].get<float>(), tempered_logprob(row, p, ids[j])))
+          << "position " << pos << " token " << ids[j];
+    }
+  };
+  // Output positions: the tempered row the top logprobs come from (the same bits for a shared id).
+  ASSERT_EQ(meta["output_token_ids_logprobs"].size(), out.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int64_t pos = static_cast<int64_t>(kPrompt.size() + i) - 1;
+    expect_row(meta["output_token_ids_logprobs"][i], pos, tempered);
+    for (const auto& top : meta["output_top_logprobs"][i])
+      for (const auto& e : meta["output_token_ids_logprobs"][i])
+        if (top[1] == e[1]) EXPECT_TRUE(same_bits(top[0].get<float>(), e[0].get<float>()));
+  }
+  // Input positions: the raw model, none for the first token (null, as SGLang).
+  const json& in = meta["input_token_ids_logprobs"];
+  ASSERT_EQ(in.size(), kPrompt.size());
+  EXPECT_TRUE(in[0].is_null());
+  for (size_t k = 1; k < kPrompt.size(); ++k) expect_row(in[k], static_cast<int64_t>(k) - 1, raw);
+
+  // Batched: a list of lists is per prompt, one list is for every prompt; shapes are checked.
+  json batch = {{"input_ids", json::array({kPrompt, std::vector<int>{1, 2, 3}})},
+                {"sampling_params", {{"max_new_tokens", 2}}},
+                {"return_logprob", true},
+                {"token_ids_logprob", json::array({json::array({4}), json::array({6, 8})})}};
+  json rb = post(c, "/generate", batch, &status);
+  ASSERT_EQ(status, 200) << rb.dump();
+  EXPECT_EQ(rb[0]["meta_info"]["output_token_ids_logprobs"][0].size(), 1u);
+  EXPECT_EQ(rb[1]["meta_info"]["output_token_ids_logprobs"][0][1][1], 8);
+  batch["token_ids_logprob"] = json::array({9});
+  rb = post(c, "/generate", batch, &status);
+  EXPECT_EQ(rb[1]["meta_info"]["output_token_ids_logprobs"][0][0][1], 9);
+  batch["token_ids_logprob"] = json::array({json::array({4})});
+  json e = post(c, "/generate", batch, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(e.dump().find("token_ids_logprob"), std::string::npos) << e.dump();
+  body["token_ids_logprob"] = json::array({v});  // outside the vocabulary
+  e = post(c, "/generate", body, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(e.dump().find("outside the vocabulary"), std::string::npos) << e.dump();
+  // The default start (-1) is SGLang's: the last prompt token, one entry without a logprob.
+  json dflt = post(c, "/generate", sample(kPrompt, {{"max_new_tokens", 1}}), &status);
+  ASSERT_EQ(status, 200) << dflt.dump();
+  ASSERT_EQ(dflt["meta_info"]["input_token_logprobs"].size(), 1u);
+  EXPECT_TRUE(dflt["meta_info"]["input_token_logprobs"][0][0].is_null());
+  EXPECT_EQ(dflt["meta_info"]["input_token_logprobs"][0][1], kPrompt.back());
+  body["return_logprob"] = false;  // SGLang: no logprobs of any kind without return_logprob
+  e = post(c, "/generate", body, &status);
+  EXPECT_EQ(status, 200);
+  EXPECT_FALSE(e["meta_info"].contains("output_token_ids_logprobs"));
+}
+
 TEST(ServerApi, LogitBiasPenaltiesAndMinNewTokensShapeSampling) {
   Served s;
   auto c = s.client();

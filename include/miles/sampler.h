@@ -66,6 +66,11 @@ struct TokenLogprob {
 };
 std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, const SamplingParams& params,
                                        int32_t count);
+// log_softmax(logits / temperature)[id] for each of `ids`, in their order (SGLang's
+// token_ids_logprob): the bits top_logprobs reports for the same token. Each id must be in the
+// vocabulary; same preconditions on logits as sample_token.
+std::vector<float> token_logprobs(std::span<const float> logits, const SamplingParams& params,
+                                  std::span<const int32_t> ids);
 // log_softmax(logits / temperature)[token] (temperature 1 when greedy): tempered_logprob's value.
 float tempered_logprob(std::span<const float> logits, const SamplingParams& params, int32_t token);
 

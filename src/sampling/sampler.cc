@@ -221,6 +221,22 @@ std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, const Samp
   return out;
 }
 
+std::vector<float> token_logprobs(std::span<const float> logits, const SamplingParams& params,
+                                  std::span<const int32_t> ids) {
+  MILES_CHECK(params.validate().ok(), "token_logprobs called with invalid SamplingParams");
+  check_logits(logits);
+  if (ids.empty()) return {};
+  const std::vector<float> logp = tempered_log_softmax(logits, params);
+  std::vector<float> out;
+  out.reserve(ids.size());
+  for (int32_t id : ids) {
+    MILES_CHECK(id >= 0 && static_cast<size_t>(id) < logp.size(),
+                "token id outside the vocabulary");
+    out.push_back(logp[static_cast<size_t>(id)]);
+  }
+  return out;
+}
+
 float tempered_logprob(std::span<const float> logits, const SamplingParams& params, int32_t token) {
   MILES_CHECK(params.validate().ok(), "tempered_logprob called with invalid SamplingParams");
   check_logits(logits);

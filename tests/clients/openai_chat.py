@@ -138,8 +138,8 @@ try:
 except openai.BadRequestError as e:
     print("rejected as expected:", e.status_code)
 
-# The calls sglang.RuntimeEndpoint makes (its package needs torch to import, so they are replayed
-# here): model info, a text /generate, and select()'s batched text with input logprobs and their
+# The calls sglang.RuntimeEndpoint makes, as raw HTTP (sglang_frontend.py runs the package's own
+# client): model info, a text /generate, and select()'s batched text with input logprobs and their
 # text.
 import json
 import urllib.request

@@ -106,6 +106,9 @@ struct GenerateRequest {
   // prompt's length: none either), under the raw model (SGLang: no temperature on input tokens).
   int32_t top_logprobs = 0;
   int64_t logprob_start_len = -1;
+  // The logprobs of these tokens at every output (and input) position, in this order, under the
+  // same distributions as `top_logprobs` (SGLang's token_ids_logprob).
+  std::vector<int32_t> token_ids_logprob;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort };
@@ -126,6 +129,7 @@ struct TokenOutput {
   // greedy requests: SGLang's output_token_logprobs, and OpenAI's logprobs.
   float tempered_logprob = 0;
   std::vector<TopLogprob> top;  // GenerateRequest::top_logprobs of them, most likely first
+  std::vector<TopLogprob> ids;  // GenerateRequest::token_ids_logprob's tokens, in its order
 };
 
 // A prompt token's logprob given the tokens before it under the raw model (the first entry, at
@@ -134,6 +138,7 @@ struct InputLogprob {
   int32_t id = -1;
   float logprob = 0;
   std::vector<TopLogprob> top;
+  std::vector<TopLogprob> ids;  // GenerateRequest::token_ids_logprob's tokens, in its order
 };
 
 // One sample's state as reported to its listener: new tokens since the last event, and when finished,
