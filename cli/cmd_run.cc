@@ -7,9 +7,10 @@
 #include "cli/commands.h"
 #include "cli/model_files.h"
 #include "miles/controller/rl_job.h"
-#include "miles/controller/trainer_group.h"
-#include "miles/model.h"
 #include "miles/controller/run_config.h"
+#include "miles/controller/trainer_group.h"
+#include "miles/durable_file.h"
+#include "miles/model.h"
 
 namespace miles::cli {
 
@@ -57,10 +58,25 @@ int run_run(const RunOptions& o) {
   std::signal(SIGPIPE, SIG_IGN);
   auto sum = controller::run_rl_job(*cfg, *res);
   if (!sum.ok()) return fail("run", sum.message());
+  if (sum->evaluations > 0)
+    std::printf(
+        "miles run: %lld evaluations; eval reward %.4f -> %.4f, pass@1 %.4f -> %.4f, pass@%lld "
+        "%.4f -> %.4f (first -> last; %s/eval.jsonl)\n",
+        static_cast<long long>(sum->evaluations), sum->first_eval.reward_mean,
+        sum->last_eval.reward_mean, sum->first_eval.pass_at_1, sum->last_eval.pass_at_1,
+        static_cast<long long>(sum->eval_k), sum->first_eval.pass_at_k, sum->last_eval.pass_at_k,
+        cfg->logging.run_dir.c_str());
+  if (sum->window_steps == 0) {
+    std::printf(
+        "miles run: %lld rollout steps (too few to compare windows; metrics: %s/metrics.jsonl)\n",
+        static_cast<long long>(sum->rollout_steps), cfg->logging.run_dir.c_str());
+    return 0;
+  }
   std::printf(
-      "miles run: %lld rollout steps; reward mean of the first 5 steps %.4f, of the last 5 "
+      "miles run: %lld rollout steps; reward mean of the first %lld steps %.4f, of the last %lld "
       "%.4f (metrics: %s/metrics.jsonl)\n",
-      static_cast<long long>(sum->rollout_steps), sum->first_reward_mean, sum->last_reward_mean,
+      static_cast<long long>(sum->rollout_steps), static_cast<long long>(sum->window_steps),
+      sum->first_reward_mean, static_cast<long long>(sum->window_steps), sum->last_reward_mean,
       cfg->logging.run_dir.c_str());
   return 0;
 }
@@ -94,6 +110,35 @@ int run_check(const RunOptions& o) {
   return passed ? 0 : 1;
 }
 
+struct EvalOptions {
+  std::string config, checkpoint, run_dir;
+  std::vector<std::string> overrides;
+};
+
+// `miles eval`: one evaluation (the job's eval: section) of the model, or of the newest checkpoint
+// in --checkpoint; the eval_* metrics as JSON on stdout and in RUN_DIR/eval.json.
+int run_eval(const EvalOptions& o) {
+  std::vector<std::string> overrides = o.overrides;
+  if (!o.checkpoint.empty()) {
+    overrides.push_back("checkpoint.dir=" + o.checkpoint);
+    overrides.push_back("checkpoint.resume=true");
+  }
+  auto cfg = load_run_config(o.config, overrides);
+  if (!cfg.ok()) return fail("eval", cfg.message());
+  // Never the job's own run folder: its metrics and TensorBoard files stay the training run's.
+  cfg->logging.run_dir = o.run_dir.empty() ? cfg->logging.run_dir + "-eval" : o.run_dir;
+  auto res = load_resources(*cfg);
+  if (!res.ok()) return fail("eval", res.message());
+  std::signal(SIGPIPE, SIG_IGN);
+  auto result = controller::run_rl_eval(*cfg, *res);
+  if (!result.ok()) return fail("eval", result.message());
+  const std::string text = result->dump(2);
+  std::printf("%s\n", text.c_str());
+  if (Status s = write_file_synced(cfg->logging.run_dir + "/eval.json", text + "\n"); !s.ok())
+    return fail("eval", s.message());
+  return 0;
+}
+
 struct WorkerOptions {
   std::string config, store;
   int rank = 0, world_size = 1;
@@ -122,6 +167,22 @@ void register_run(CLI::App& app) {
   check->add_option("--run-dir", c->run_dir, "logging.run_dir");
   check->callback([c] {
     if (int rc = run_check(*c); rc != 0) throw CLI::RuntimeError(rc);
+  });
+
+  auto e = std::make_shared<EvalOptions>();
+  CLI::App* eval = app.add_subcommand(
+      "eval", "Evaluate a job's model or checkpoint on its eval: section's held-out prompts");
+  eval->add_option("config", e->config, "job file (its eval: section: data, n_samples, ...)")
+      ->required();
+  eval->add_option("overrides", e->overrides, "section.key=value overrides");
+  eval->add_option(
+      "--checkpoint", e->checkpoint,
+      "a run's checkpoint folder (checkpoint.dir): its newest checkpoint is evaluated");
+  eval->add_option("--run-dir", e->run_dir,
+                   "where engine logs and eval.json go (default: "
+                   "logging.run_dir + \"-eval\")");
+  eval->callback([e] {
+    if (int rc = run_eval(*e); rc != 0) throw CLI::RuntimeError(rc);
   });
 
   auto w = std::make_shared<WorkerOptions>();

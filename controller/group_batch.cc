@@ -68,14 +68,18 @@ Result<BatchOutcome> GroupBatch::wait() {
         take.insert(take.end(), fail.begin(), fail.end());
         std::sort(take.begin(), take.end());
         take.resize(need_);
+        for (size_t k : take) out.without_signal += slots_[k]->result->value().zero_variance();
       }
       out.seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
       cancel_ = true;  // the surplus still in flight
       const size_t last = take.back();
-      out.filtered = 0;
-      for (size_t k = 0; k <= last; ++k)
-        if (std::find(take.begin(), take.end(), k) == take.end()) ++out.filtered;
+      // Groups dropped for lack of signal: those before the last one taken (filling takes
+      // every group that passed, so there every finished group without signal not taken).
+      out.filtered = fill ? static_cast<int64_t>(fail.size()) - out.without_signal : 0;
+      if (!fill)
+        for (size_t k = 0; k <= last; ++k)
+          if (std::find(take.begin(), take.end(), k) == take.end()) ++out.filtered;
       for (size_t k = last + 1; k < slots_.size(); ++k) out.cancelled += !slots_[k]->result;
       for (size_t k : take) out.groups.push_back(std::move(slots_[k]->result->value()));
       out.launched = launched;

@@ -26,6 +26,7 @@ struct BatchOutcome {
   int64_t next_position = 0;         // the stream position after the last launched group
   int64_t launched = 0, filtered = 0, cancelled = 0;
   bool filled_with_filtered = false;
+  int64_t without_signal = 0;  // groups of `groups` that failed the filter (filled ones)
   double seconds = 0;  // first launch → last needed group done
 };
 

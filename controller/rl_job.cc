@@ -188,6 +188,14 @@ Status RlJob::setup() {
       metrics_,
       MetricsLog::open(cfg_.logging.run_dir + "/metrics.jsonl", cfg_.logging.progress,
                        cfg_.rollout.num_rollouts, cfg_.checkpoint.resume ? rollout_step_ : -1));
+  if (cfg_.logging.tensorboard) {
+    MILES_ASSIGN_OR_RETURN(tensorboard_,
+                           TensorBoardLog::open(cfg_.logging.run_dir + "/tensorboard"));
+  }
+  MILES_ASSIGN_OR_RETURN(
+      samples_,
+      SampleDump::open(cfg_.logging.run_dir, cfg_.logging.samples_every, cfg_.logging.samples_keep,
+                       cfg_.checkpoint.resume ? rollout_step_ : -1));
   const ModelConfig& mc = full->model_config();
   if (cfg_.rollout.engine_tp > 1)  // before any engine starts: say which dimension does not split
     MILES_RETURN_IF_ERROR(tensor_parallel::local_config(mc, cfg_.rollout.engine_tp)
@@ -199,11 +207,22 @@ Status RlJob::setup() {
   MILES_RETURN_IF_ERROR(setup_engines());
   runner_ = std::make_unique<GroupRunner>(*engines_, *rewards_, *res_.tokenizer, cfg_.rollout,
                                           mc.num_moe_layers() * mc.moe.top_k, res_.chat.get());
+  if (!cfg_.eval.data.empty()) {
+    MILES_ASSIGN_OR_RETURN(evaluator_,
+                           Evaluator::create(cfg_, *engines_, cfg_.rewards, *res_.tokenizer,
+                                             res_.chat.get(), mc.num_moe_layers() * mc.moe.top_k));
+    MILES_ASSIGN_OR_RETURN(
+        eval_log_, MetricsLog::open(cfg_.logging.run_dir + "/eval.jsonl", Progress::kNone, 0,
+                                    cfg_.checkpoint.resume ? rollout_step_ : -1));
+  }
   return Status::Ok();
 }
 
 Result<RunSummary> RlJob::run() {
   last_step_end_ = Clock::now();
+  if (evaluator_ && cfg_.eval.every > 0 && rollout_step_ == 0) {  // the starting point
+    MILES_RETURN_IF_ERROR(evaluate_and_log().status());
+  }
   Status s = cfg_.async.mode == AsyncMode::kSync         ? run_sync()
              : cfg_.async.mode == AsyncMode::kOneStepOff ? run_one_step_off()
                                                          : run_async();
@@ -211,12 +230,28 @@ Result<RunSummary> RlJob::run() {
   MILES_RETURN_IF_ERROR(group_->stop());
   RunSummary sum;
   sum.rollout_steps = rollout_step_;
-  const size_t n = reward_means_.size(), k = std::min<size_t>(5, n);
+  // Two disjoint windows: up to 5 steps each, at most half of the steps (none for one step).
+  const size_t n = reward_means_.size(), k = std::min<size_t>(5, n / 2);
+  sum.window_steps = static_cast<int64_t>(k);
   for (size_t i = 0; i < k; ++i) {
     sum.first_reward_mean += reward_means_[i] / k;
     sum.last_reward_mean += reward_means_[n - k + i] / k;
   }
+  sum.evaluations = static_cast<int64_t>(evals_.size());
+  if (!evals_.empty()) {
+    sum.eval_k = evaluator_->k();
+    sum.first_eval = {evals_.front().reward_mean, evals_.front().pass_at_1,
+                      evals_.front().pass_at_k};
+    sum.last_eval = {evals_.back().reward_mean, evals_.back().pass_at_1, evals_.back().pass_at_k};
+  }
   return sum;
+}
+
+Result<EvalResult> RlJob::evaluate_once() {
+  if (!evaluator_) return Status::Error("eval.data: no held-out prompts to evaluate on");
+  MILES_ASSIGN_OR_RETURN(EvalResult r, evaluator_->run());
+  MILES_RETURN_IF_ERROR(group_->stop());
+  return r;
 }
 
 Result<RunSummary> run_rl_job(const RunConfig& config, const RunResources& resources) {
@@ -228,6 +263,20 @@ Result<RunSummary> run_rl_job(const RunConfig& config, const RunResources& resou
 }  // namespace miles::controller
 
 namespace miles::controller {
+
+Result<nlohmann::json> run_rl_eval(const RunConfig& config, const RunResources& resources) {
+  RunConfig c = config;
+  c.checkpoint.save_every = 0;
+  c.checkpoint.save_final = false;
+  c.logging.samples_every = 0;
+  c.logging.tensorboard = false;
+  RlJob job(c, resources);
+  MILES_RETURN_IF_ERROR(job.setup());
+  MILES_ASSIGN_OR_RETURN(EvalResult r, job.evaluate_once());
+  nlohmann::json j = r.metrics(job.eval_k());
+  j["eval_min_weight_version"] = r.min_version;
+  return j;
+}
 
 Result<nlohmann::json> run_rl_check(const RunConfig& config, const RunResources& resources) {
   RunConfig c = config;

@@ -9,19 +9,23 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "miles/controller/controller_service.h"
 #include "controller/engine_pool.h"
+#include "controller/evaluator.h"
 #include "controller/group_batch.h"
 #include "controller/group_runner.h"
 #include "controller/metrics_log.h"
 #include "controller/prompt_data.h"
+#include "controller/sample_dump.h"
+#include "controller/tensorboard_log.h"
+#include "controller/weight_publisher.h"
+#include "miles/controller/controller_service.h"
+#include "miles/controller/reward.h"
 #include "miles/controller/rl_job.h"
 #include "miles/controller/trainer_group.h"
-#include "controller/weight_publisher.h"
-#include "miles/controller/reward.h"
 #include "miles/thread_pool.h"
 #include "miles/trainer/trainer.h"
 
@@ -37,6 +41,7 @@ struct StepTiming {
   double generate_s = 0, idle_s = 0;
   int64_t launched = 0, filtered = 0, cancelled = 0, stale_dropped = 0, stale_retried = 0;
   bool filled_with_filtered = false;
+  int64_t without_signal = 0;  // groups trained on although they failed the filter (filled)
 };
 
 // Whether a step publishes and syncs its weights, pausing the engines how, after what.
@@ -55,6 +60,9 @@ class RlJob {
   // `miles check` (rl_check.cc): one rollout batch at version 0, scored by the trainer, one
   // optimizer step, a sync, the other layouts; the report (and whether every gate passed).
   Result<nlohmann::json> check();
+  // `miles eval`: one evaluation of the loaded weights (a checkpoint's with checkpoint.resume).
+  Result<EvalResult> evaluate_once();
+  int64_t eval_k() const { return evaluator_ ? evaluator_->k() : 0; }
 
  private:
   // setup phases (rl_job.cc)
@@ -70,6 +78,10 @@ class RlJob {
   Status train_step(std::vector<RolloutGroup> groups, StepTiming& timing, const SyncPlan& plan);
   Status sync_engines(const Trainer& full, const PauseMode* pause);
   Status checkpoint_if_due(bool final_step);
+  // evaluation (rl_step.cc): due after this step (or before the first), logged to eval.jsonl,
+  // TensorBoard and the console; the metrics' keys returned for the step's line
+  bool eval_due() const;
+  Result<nlohmann::json> evaluate_and_log();
   void log_line(const std::string& line);
   bool should_stop() const;
 
@@ -86,6 +98,11 @@ class RlJob {
   std::unique_ptr<ControllerService> service_;
   std::unique_ptr<GroupRunner> runner_;
   std::unique_ptr<MetricsLog> metrics_;
+  std::optional<SampleDump> samples_;
+  std::unique_ptr<TensorBoardLog> tensorboard_;  // null with logging.tensorboard: false
+  std::unique_ptr<Evaluator> evaluator_;         // null without eval.data
+  std::unique_ptr<MetricsLog> eval_log_;         // RUN_DIR/eval.jsonl
+  std::vector<EvalResult> evals_;                // of this process
 
   int64_t rollout_step_ = 0;      // rollout steps done
   int64_t next_position_ = 0;     // next prompt stream position to launch

@@ -17,6 +17,7 @@ void record(StepTiming& t, const BatchOutcome& o) {
   t.filtered = o.filtered;
   t.cancelled = o.cancelled;
   t.filled_with_filtered = o.filled_with_filtered;
+  t.without_signal = o.without_signal;
 }
 
 // async.pause_mode as the engine's pause mode (every enumerator has one; none is a default).
@@ -165,9 +166,15 @@ Status RlJob::run_async() {
           }
           continue;
         }
+        // Dynamic sampling, bounded as GroupBatch bounds it: past 8 × the batch's groups
+        // drawn for this step, groups without signal fill it (and the step says so).
         if (r.filter_zero_variance && g.zero_variance()) {
-          ++t.filtered;
-          continue;
+          if (t.launched < 8 * r.rollout_batch_size) {
+            ++t.filtered;
+            continue;
+          }
+          t.filled_with_filtered = true;
+          ++t.without_signal;
         }
         gen_sum += g.seconds;
         groups.push_back(std::move(g));

@@ -1,7 +1,9 @@
 // RlJob::train_step (rl_job_internal.h): one rollout step's training, weight publish and sync,
 // metrics line, checkpoint.
 #include <cmath>
+#include <cstdio>
 #include <mutex>
+#include <string>
 
 #include "controller/rl_job_internal.h"
 #include "controller/train_batch.h"
@@ -11,6 +13,73 @@
 namespace miles::controller {
 
 using nlohmann::json;
+
+namespace {
+
+// Dynamic sampling on the step line: groups trained on of those drawn, and why the rest were not.
+std::string dynamic_sampling_note(const StepTiming& t, size_t kept) {
+  char note[160];
+  std::snprintf(note, sizeof note, "  groups %zu/%lld (%lld no signal, %lld cancelled%s)", kept,
+                static_cast<long long>(t.launched), static_cast<long long>(t.filtered),
+                static_cast<long long>(t.cancelled),
+                t.filled_with_filtered ? ", filled: saturated" : "");
+  return note;
+}
+
+// "|" and line breaks would end a markdown table cell.
+std::string table_cell(const std::string& text, size_t max_bytes = 400) {
+  std::string out;
+  for (char c : text.substr(0, max_bytes)) {
+    if (c == '|')
+      out += "\\|";
+    else if (c == '\n')
+      out += "<br>";
+    else
+      out += c;
+  }
+  return text.size() > max_bytes ? out + " …" : out;
+}
+
+// A step in TensorBoard: every number of the metrics line as a scalar (same names), histograms of
+// the rewards, response lengths and |trainer − engine logp| per token, and a text table of the
+// first sample of up to 4 groups.
+Status log_tensorboard(TensorBoardLog& tb, int64_t step, const json& metrics,
+                       const std::vector<RolloutGroup>& groups, const TrainBatch& batch,
+                       const std::vector<double>& mismatch_hist) {
+  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
+    if (it.key() == "step" || !(it->is_number() || it->is_boolean())) continue;
+    MILES_RETURN_IF_ERROR(
+        tb.scalar(step, it.key(), it->is_boolean() ? it->get<bool>() : it->get<double>()));
+  }
+  std::vector<double> rewards(batch.rewards.begin(), batch.rewards.end()), lengths;
+  for (const RolloutGroup& g : groups)
+    for (const RolloutSample& s : g.samples)
+      lengths.push_back(static_cast<double>(s.tokens.size()));
+  MILES_RETURN_IF_ERROR(tb.histogram(step, "reward", make_histogram(rewards)));
+  MILES_RETURN_IF_ERROR(tb.histogram(step, "response_length", make_histogram(lengths)));
+  Histogram mm;
+  for (int k = 0; k < kMismatchBuckets; ++k) {
+    mm.limits.push_back(kMismatchLimits[k]);
+    mm.counts.push_back(mismatch_hist[k]);
+    mm.num += mismatch_hist[k];
+  }
+  mm.max = metrics.value("logp_abs_diff_max", 0.0);
+  mm.sum = metrics.value("logp_abs_diff_mean", 0.0) * mm.num;
+  MILES_RETURN_IF_ERROR(tb.histogram(step, "logp_abs_diff", mm));
+  std::string table = "| group | sample | reward | response |\n|---|---|---|---|\n";
+  for (size_t i = 0; i < groups.size() && i < 4; ++i) {
+    if (groups[i].samples.empty()) continue;
+    const RolloutSample& s = groups[i].samples.front();
+    char reward[32];
+    std::snprintf(reward, sizeof reward, "%.4g", s.reward.score);
+    table += "| " + std::to_string(groups[i].position) + " | " + std::to_string(s.index) + " | " +
+             reward + " | " + table_cell(s.response) + " |\n";
+  }
+  MILES_RETURN_IF_ERROR(tb.text(step, "samples", table));
+  return tb.flush();
+}
+
+}  // namespace
 
 Status RlJob::sync_engines(const Trainer& full, const PauseMode* pause) {
   WeightPublisher* pub = publisher_.get();
@@ -42,6 +111,12 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
   const double mm_mean = mm_tokens > 0 ? sums["mismatch_abs_sum"] / mm_tokens : 0.0;
   const double mm_nonzero = mm_tokens > 0 ? sums["mismatch_nonzero"] / mm_tokens : 0.0;
   for (const char* k : {"mismatch_tokens", "mismatch_abs_sum", "mismatch_nonzero"}) sums.erase(k);
+  std::vector<double> mismatch_hist(kMismatchBuckets);
+  for (int k = 0; k < kMismatchBuckets; ++k) {
+    const std::string key = "mismatch_hist_" + std::to_string(k);
+    mismatch_hist[k] = sums[key];
+    sums.erase(key);
+  }
   const double train_s = seconds_since(t_train);
 
   if (plan.before_sync) MILES_RETURN_IF_ERROR(plan.before_sync());
@@ -110,6 +185,7 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
             {"groups_stale_dropped", timing.stale_dropped},
             {"groups_stale_retried", timing.stale_retried},
             {"filled_with_filtered", timing.filled_with_filtered},
+            {"groups_without_signal", timing.without_signal},
             {"continued_samples", continuations},
             {"multi_version_samples", multi_version},
             {"multi_turn_samples", multi_turn},
@@ -134,7 +210,18 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
             {"groups_redispatched", pc.redispatched}};
   for (const auto& [name, v] : parts) m["reward_" + name + "_mean"] = v / n;
   for (const auto& [name, v] : rl_step_metrics(sums)) m[name] = v;
+  if (eval_due()) {
+    MILES_ASSIGN_OR_RETURN(json e, evaluate_and_log());
+    m.update(e);
+  }
   MILES_RETURN_IF_ERROR(metrics_->write(m));
+  if (tensorboard_) {
+    MILES_RETURN_IF_ERROR(
+        log_tensorboard(*tensorboard_, rollout_step_, m, groups, b, mismatch_hist));
+  }
+  if (samples_) {
+    MILES_RETURN_IF_ERROR(samples_->write(rollout_step_, groups, b, *res_.tokenizer));
+  }
   reward_means_.push_back(mean);
   last_reward_ = mean;
   char line[256];
@@ -145,8 +232,48 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
                 static_cast<long long>(cfg_.rollout.num_rollouts), mean, std::sqrt(var),
                 len_sum / n, trained.loss, trained.mismatch_max, stale_sum / n, step_s,
                 timing.generate_s, train_s, sync_s, timing.idle_s);
-  metrics_->show(rollout_step_, line);
+  std::string shown = line;
+  if (cfg_.rollout.filter_zero_variance) shown += dynamic_sampling_note(timing, groups.size());
+  metrics_->show(rollout_step_, shown);
+  if (timing.filled_with_filtered)
+    log_line("step " + std::to_string(rollout_step_) + ": only " +
+             std::to_string(static_cast<int64_t>(groups.size()) - timing.without_signal) + " of " +
+             std::to_string(timing.launched) +
+             " groups drawn carried signal (rewards not all equal); the batch was filled with "
+             "groups whose advantages are all zero. The task looks saturated (or unreachable) "
+             "for this policy: make it harder, change the reward, or stop the run");
   return checkpoint_if_due(rollout_step_ == cfg_.rollout.num_rollouts || should_stop());
+}
+
+bool RlJob::eval_due() const {
+  const int64_t every = cfg_.eval.every;
+  return evaluator_ && every > 0 && !should_stop() &&
+         (rollout_step_ % every == 0 || rollout_step_ == cfg_.rollout.num_rollouts);
+}
+
+Result<json> RlJob::evaluate_and_log() {
+  MILES_ASSIGN_OR_RETURN(EvalResult r, evaluator_->run());
+  const int64_t k = evaluator_->k();
+  json e = r.metrics(k);
+  json line = e;
+  line["step"] = rollout_step_;
+  line["eval_min_weight_version"] = r.min_version;
+  MILES_RETURN_IF_ERROR(eval_log_->write(line));
+  if (tensorboard_ && rollout_step_ == 0) {  // later evaluations ride on the step's scalars
+    for (auto it = e.begin(); it != e.end(); ++it)
+      MILES_RETURN_IF_ERROR(tensorboard_->scalar(0, it.key(), it->get<double>()));
+    MILES_RETURN_IF_ERROR(tensorboard_->flush());
+  }
+  char text[256];
+  std::snprintf(text, sizeof text,
+                "eval after step %lld (weights v%lld): reward %.4f  pass@1 %.4f  pass@%lld %.4f  "
+                "(%lld prompts × %lld, %.2fs)",
+                static_cast<long long>(rollout_step_), static_cast<long long>(r.max_version),
+                r.reward_mean, r.pass_at_1, static_cast<long long>(k), r.pass_at_k,
+                static_cast<long long>(r.prompts), static_cast<long long>(k), r.seconds);
+  metrics_->message(text);
+  evals_.push_back(r);
+  return e;
 }
 
 Status RlJob::checkpoint_if_due(bool final_step) {

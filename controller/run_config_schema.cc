@@ -14,9 +14,9 @@
 namespace miles::run_config_internal {
 
 std::span<const std::string_view> section_names() {
-  static constexpr std::array<std::string_view, 13> kNames = {
-      "model",       "rollout", "trainer",    "parallel", "algorithm",  "data", "rewards",
-      "weight_sync", "async",   "checkpoint", "logging",  "controller", "check"};
+  static constexpr std::array<std::string_view, 14> kNames = {
+      "model",   "rollout",     "trainer", "parallel",   "algorithm", "data",       "eval",
+      "rewards", "weight_sync", "async",   "checkpoint", "logging",   "controller", "check"};
   return kNames;
 }
 
@@ -27,6 +27,7 @@ std::vector<Section> sections_of(RunConfig& c) {
   auto& p = c.parallel;
   auto& a = c.algorithm;
   auto& d = c.data;
+  auto& e = c.eval;
   auto& w = c.weight_sync;
   auto& y = c.async;
   auto& k = c.checkpoint;
@@ -100,6 +101,14 @@ std::vector<Section> sections_of(RunConfig& c) {
         {"apply_chat_template", &d.apply_chat_template},
         {"shuffle", &d.shuffle},
         {"seed", &d.seed}}},
+      {"eval",
+       {{"data", &e.data},
+        {"every", &e.every},
+        {"n_samples", &e.n_samples},
+        {"temperature", &e.temperature},
+        {"max_prompts", &e.max_prompts},
+        {"max_new_tokens", &e.max_new_tokens},
+        {"pass_threshold", &e.pass_threshold}}},
       {"weight_sync",
        {{"transport", &w.transport},
         {"dir", &w.dir},
@@ -119,7 +128,12 @@ std::vector<Section> sections_of(RunConfig& c) {
         {"save_every", &k.save_every},
         {"save_final", &k.save_final},
         {"resume", &k.resume}}},
-      {"logging", {{"run_dir", &l.run_dir}, {"progress", &l.progress}}},
+      {"logging",
+       {{"run_dir", &l.run_dir},
+        {"progress", &l.progress},
+        {"tensorboard", &l.tensorboard},
+        {"samples_every", &l.samples_every},
+        {"samples_keep", &l.samples_keep}}},
       {"controller", {{"host", &n.host}, {"port", &n.port}}},
       {"check",
        {{"max_logp_abs_diff", &q.max_logp_abs_diff},

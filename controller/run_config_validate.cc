@@ -134,6 +134,16 @@ void check_rollout(const RunConfig& c, Checker& check) {
   check.at_least<int64_t>("rollout.over_sampling_batch_size", r.over_sampling_batch_size, 0);
   check.positive("rollout.max_new_tokens", r.max_new_tokens);
   check.positive("rollout.max_turns", r.max_turns);
+  check.at_least<int64_t>("logging.samples_every", c.logging.samples_every, 0);
+  check.at_least<int64_t>("eval.every", c.eval.every, 0);
+  check.positive("eval.n_samples", c.eval.n_samples);
+  check.at_least("eval.temperature", c.eval.temperature, 0.0);
+  check.at_least<int64_t>("eval.max_prompts", c.eval.max_prompts, 0);
+  check.at_least<int64_t>("eval.max_new_tokens", c.eval.max_new_tokens, 0);
+  if (c.eval.every > 0 && c.eval.data.empty())
+    check.fail({"eval.every", "eval.data"},
+               "eval.every: " + str(c.eval.every) + " evaluates on eval.data, which is empty");
+  check.at_least<int64_t>("logging.samples_keep", c.logging.samples_keep, 0);
   if (r.environment != Environment::kNone && !c.data.apply_chat_template)
     check.fail({"rollout.environment", "data.apply_chat_template"},
                "rollout.environment: " + std::string(name_of(r.environment)) +

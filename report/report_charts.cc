@@ -169,18 +169,58 @@ void staleness(Sections& s) {
   s.end();
 }
 
-void optimizer(Sections& s) {
-  s.begin("train", "Optimization", "");
+// Held-out evaluations: only the steps that have one, joined by lines.
+void evaluation(Sections& s) {
+  s.begin("eval", "Evaluation",
+          "Held-out prompts (the job's eval: section): mean reward, pass@1 and pass@k at the steps "
+          "evaluated; eval.jsonl also holds the evaluation before step 1.");
+  std::vector<std::string> keys{"eval_reward_mean", "eval_pass_at_1"};
+  for (const std::string& k : s.m.keys)
+    if (k.rfind("eval_pass_at_", 0) == 0 && k != "eval_pass_at_1") keys.push_back(k);
+  if (s.need(keys, "the evaluation chart")) {
+    const std::vector<double> first = s.m.column(keys[0]);
+    std::vector<double> x;
+    std::vector<Series> lines;
+    for (size_t c = 0; c < keys.size(); ++c) lines.push_back(Series{keys[c], {}, color(c), c > 0});
+    for (size_t i = 0; i < s.m.rows(); ++i) {
+      if (!std::isfinite(first[i])) continue;
+      x.push_back(s.m.step[i]);
+      for (size_t c = 0; c < keys.size(); ++c) lines[c].y.push_back(s.m.column(keys[c])[i]);
+    }
+    s.out += "<div class=\"figure\">\n" +
+             line_chart(text("eval", "Held-out evaluation", "reward / pass rate"), x, lines) +
+             "</div>\n";
+    ++s.drawn;
+  }
+  s.end();
+}
+
+// One small chart per key, side by side.
+void grid(Sections& s, const std::vector<std::string>& keys) {
   s.out += "<div class=\"grid\">\n";
-  const char* const keys[] = {"loss", "grad_norm", "ppo_kl", "clipfrac", "lr"};
-  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; ++i) {
-    const std::string k = keys[i];
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string& k = keys[i];
     s.out += "<div class=\"cell\">\n";
     if (s.need({k}, "the " + k + " chart"))
       s.chart(line_chart(text(k, k, k, 376, 230), s.m.step, {s.series(k, k, i)}), {k});
     s.out += "</div>\n";
   }
   s.out += "</div>\n";
+}
+
+// What the rollout produced besides rewards: truncation, dynamic sampling, throughput.
+void rollout(Sections& s) {
+  s.begin("rollout", "Rollout",
+          "Fraction of responses cut at max_new_tokens; groups drawn and dropped for lack of signal "
+          "(dynamic sampling); generation and training throughput.");
+  grid(s, {"truncated_frac", "groups_launched", "groups_filtered", "rollout_tokens_per_s",
+           "train_tokens_per_s"});
+  s.end();
+}
+
+void optimizer(Sections& s) {
+  s.begin("train", "Optimization", "");
+  grid(s, {"loss", "grad_norm", "ppo_kl", "clipfrac", "lr"});
   s.end();
 }
 
@@ -189,11 +229,13 @@ void optimizer(Sections& s) {
 std::string chart_sections(const MetricsTable& m, int& drawn, int& skipped) {
   Sections s(m);
   reward(s);
+  if (m.has("eval_reward_mean")) evaluation(s);
   lengths(s);
   step_time(s);
   mismatch(s);
   staleness(s);
   optimizer(s);
+  rollout(s);
   drawn = s.drawn;
   skipped = s.skipped;
   return s.out;

@@ -72,9 +72,10 @@ fi
 pip_install() {
   "$MILES_VENV/bin/python" -m pip install --disable-pip-version-check -q "$@"
 }
-# openai and sglang-router: the real clients the engine's API is tested with (tests/clients).
-light=(numpy safetensors jinja2 gguf openai sglang-router==0.3.2)
-if ! "$MILES_VENV/bin/python" -c "import numpy, safetensors, jinja2, gguf, openai, sglang_router" 2>/dev/null; then
+# openai and sglang-router: the real clients the engine's API is tested with (tests/clients);
+# tensorboard: its readers check the event files a run writes.
+light=(numpy safetensors jinja2 gguf openai sglang-router==0.3.2 tensorboard)
+if ! "$MILES_VENV/bin/python" -c "import numpy, safetensors, jinja2, gguf, openai, sglang_router, tensorboard" 2>/dev/null; then
   pip_install "${light[@]}"
 fi
 # The sglang package's own client (its frontend, sglang.RuntimeEndpoint): 0.5.5 is the newest release

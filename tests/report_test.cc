@@ -31,9 +31,22 @@ using nlohmann::json;
 namespace {
 
 // Every chart the page can draw, by svg id (plot-<id>).
-const std::vector<std::string> kCharts = {"reward",        "length",    "time", "mismatch",
-                                          "mismatch-hist", "staleness", "loss", "grad_norm",
-                                          "ppo_kl",        "clipfrac",  "lr"};
+const std::vector<std::string> kCharts = {"reward",
+                                          "length",
+                                          "time",
+                                          "mismatch",
+                                          "mismatch-hist",
+                                          "staleness",
+                                          "loss",
+                                          "grad_norm",
+                                          "ppo_kl",
+                                          "clipfrac",
+                                          "lr",
+                                          "truncated_frac",
+                                          "groups_launched",
+                                          "groups_filtered",
+                                          "rollout_tokens_per_s",
+                                          "train_tokens_per_s"};
 
 // A metrics.jsonl line like the ones controller/rl_step.cc writes (async mode, two reward parts).
 json step_line(int step) {
@@ -65,6 +78,9 @@ json step_line(int step) {
               {"time_sync_s", 0.3},
               {"time_idle_s", 0.1},
               {"rollout_tokens_per_s", 2300.0},
+              {"train_tokens_per_s", 900.0},
+              {"groups_launched", 12},
+              {"groups_filtered", step % 3},
               {"engine_failures", step >= 4 ? 1 : 0},
               {"engine_restarts", step >= 4 ? 1 : 0},
               {"groups_redispatched", step >= 4 ? 2 : 0},
@@ -129,7 +145,7 @@ TEST_F(ReportTest, SelfContainedPageWithEveryChartAndTheEscapedConfig) {
   write_run(10);
   const auto r = report();
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("10 steps, 11 charts"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("10 steps, 16 charts"), std::string::npos) << r.out;
   ASSERT_TRUE(fs::exists(dir_ / "report.html"));
   const std::string page = read(dir_ / "report.html");
   EXPECT_EQ(page.rfind("<!DOCTYPE html>", 0), 0u);
@@ -171,6 +187,31 @@ TEST_F(ReportTest, SelfContainedPageWithEveryChartAndTheEscapedConfig) {
   EXPECT_EQ(count(time, "<rect x="), 40u + 4u);  // and four legend swatches
 }
 
+// Evaluations (eval: section) on some steps: one chart of only those steps, joined.
+TEST_F(ReportTest, EvaluationCurveShowsTheEvaluatedStepsOnly) {
+  std::string lines;
+  for (int s = 1; s <= 6; ++s) {
+    json j = step_line(s);
+    if (s % 2 == 0) {
+      j["eval_reward_mean"] = 0.1 * s;
+      j["eval_pass_at_1"] = 0.05 * s;
+      j["eval_pass_at_4"] = 0.15 * s;
+    }
+    lines += j.dump() + "\n";
+  }
+  write("metrics.jsonl", lines);
+  const auto r = report();
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("6 steps, 17 charts"), std::string::npos) << r.out;
+  const std::string page = read(dir_ / "report.html");
+  const std::string eval = svgs(page)[1];
+  EXPECT_NE(eval.find("id=\"plot-eval\""), std::string::npos);
+  for (const char* k : {"eval_reward_mean", "eval_pass_at_1", "eval_pass_at_4"})
+    EXPECT_NE(eval.find(std::string(">") + k + "</text>"), std::string::npos) << k;
+  // Three evaluated steps, joined: each series one path of an M and two L segments.
+  EXPECT_EQ(count(eval, " L"), 3u * 2u);
+}
+
 TEST_F(ReportTest, OutOptionWritesThere) {
   write_run(3);
   const fs::path out = dir_ / "sub.html";
@@ -188,7 +229,7 @@ TEST_F(ReportTest, OneStepNullsAndMissingKeys) {
   write("metrics.jsonl", j.dump() + "\n");
   const auto r = report();
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("1 step, 7 charts, 4 skipped"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 step, 12 charts, 4 skipped"), std::string::npos) << r.out;
   const std::string page = read(dir_ / "report.html");
   EXPECT_NE(page.find("Skipped the staleness chart: metrics.jsonl has no values for "
                       "staleness_mean, staleness_max."),

@@ -88,7 +88,8 @@ TEST(RlRun, QuickstartCiRewardRisesAndLogprobsAgreeExactly) {
   }
   const double first = mean_reward(m, 0, 3), last = mean_reward(m, 5, 3);
   EXPECT_GT(last, first + 0.3) << "reward did not rise: " << first << " -> " << last;
-  EXPECT_NE(r.out.find("reward mean of the first 5 steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("reward mean of the first 4 steps"), std::string::npos)
+      << r.out;  // 8 steps: two disjoint windows of 4
   EXPECT_TRUE(fs::exists(dir + "/config.yaml"));
 }
 
@@ -627,12 +628,35 @@ TEST(RlRun, CommandRewardWithOverSamplingAndZeroVarianceFilter) {
                            "done\n";
   auto r = run_here(std::string(kCi) + " --run-dir " + dir +
                     " rollout.num_rollouts=4 rollout.over_sampling_batch_size=6"
-                    " rollout.filter_zero_variance=true"
+                    " rollout.filter_zero_variance=true logging.samples_keep=2"
                     " 'rewards=[{kind: command, command: \"sh " +
                     script + "\", name: dog}]'");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto m = metrics(dir);
   ASSERT_EQ(m.size(), 4u);
+  // The sample dump: the newest 2 steps kept; each line one trained sample whose reward is the
+  // command's verdict on its response, and the file's mean the step's reward mean.
+  EXPECT_FALSE(fs::exists(dir + "/samples/step_2.jsonl"));
+  for (int step : {3, 4}) {
+    std::ifstream in(dir + "/samples/step_" + std::to_string(step) + ".jsonl");
+    ASSERT_TRUE(in) << "no sample dump for step " << step;
+    std::string line;
+    int lines = 0;
+    double sum = 0;
+    while (std::getline(in, line)) {
+      const json j = json::parse(line);
+      const bool dog = j["response"].get<std::string>().find("dog") != std::string::npos;
+      EXPECT_EQ(j["reward"], dog ? 1.0 : 0.0) << line;
+      EXPECT_EQ(j["reward_parts"]["dog"], j["reward"]);
+      EXPECT_EQ(j["response_ids"].size(), j["logprobs"].size());
+      EXPECT_EQ(j["weight_versions"].size(), j["logprobs"].size());
+      EXPECT_EQ(j["step"], step);
+      sum += j["reward"].get<double>();
+      ++lines;
+    }
+    EXPECT_EQ(lines, 32);
+    EXPECT_NEAR(sum / lines, m[step - 1]["reward_mean"].get<double>(), 1e-12);
+  }
   for (const json& s : m) {
     EXPECT_EQ(s["samples"], 32);
     EXPECT_EQ(s["reward_errors"], 0.0) << s.dump();
@@ -640,8 +664,90 @@ TEST(RlRun, CommandRewardWithOverSamplingAndZeroVarianceFilter) {
     EXPECT_EQ(s["reward_mean"], s["reward_dog_mean"]);
     if (!s["filled_with_filtered"].get<bool>()) {  // every group kept has signal
       EXPECT_GT(s["reward_std"].get<double>(), 0.0) << s.dump();
+      EXPECT_EQ(s["groups_without_signal"], 0);
     }
   }
+  EXPECT_NE(r.out.find("groups 4/"), std::string::npos) << r.out;  // kept / drawn on the line
+}
+
+std::vector<json> jsonl(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line));
+  return out;
+}
+
+// The eval loop: before step 1, every 2 steps and after the last, on fixed seeds; its numbers are
+// in eval.jsonl and in the step's metrics line; `miles eval` of the initial model reproduces the
+// step-0 evaluation and `miles eval --checkpoint` of the final checkpoint the last one, bit for
+// bit.
+TEST(RlRun, EvalLoopOnHeldOutPromptsAndMilesEvalReproduceEachOther) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = temp_dir("eval");
+  const std::string eval =
+      " eval.data=configs/data/stories_dog.jsonl eval.n_samples=2"
+      " eval.temperature=1.0 eval.max_prompts=4 eval.pass_threshold=0.5";
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir + eval +
+                    " eval.every=2 rollout.num_rollouts=3 checkpoint.save_final=true");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::vector<json> evals = jsonl(dir + "/eval.jsonl");
+  ASSERT_EQ(evals.size(), 3u);  // steps 0, 2 and 3 (the last)
+  EXPECT_EQ(evals[0]["step"], 0);
+  EXPECT_EQ(evals[1]["step"], 2);
+  EXPECT_EQ(evals[2]["step"], 3);
+  EXPECT_EQ(evals[0]["eval_weight_version"], 0);
+  EXPECT_EQ(evals[2]["eval_weight_version"], 3);
+  for (const json& e : evals) {
+    EXPECT_EQ(e["eval_prompts"], 4);
+    EXPECT_EQ(e["eval_samples"], 8);
+    EXPECT_GE(e["eval_pass_at_2"].get<double>(), e["eval_pass_at_1"].get<double>());
+  }
+  auto m = metrics(dir);
+  ASSERT_EQ(m.size(), 3u);
+  EXPECT_FALSE(m[0].contains("eval_reward_mean"));
+  EXPECT_EQ(m[1]["eval_reward_mean"], evals[1]["eval_reward_mean"]);
+  EXPECT_EQ(m[2]["eval_pass_at_1"], evals[2]["eval_pass_at_1"]);
+  EXPECT_NE(r.out.find("evaluations; eval reward"), std::string::npos) << r.out;
+
+  auto same = [](const json& a, const json& b) {
+    for (const char* k : {"eval_reward_mean", "eval_pass_at_1", "eval_pass_at_2",
+                          "eval_response_length_mean", "eval_weight_version"})
+      EXPECT_EQ(a[k], b[k]) << k << ": " << a.dump() << " vs " << b.dump();
+  };
+  auto first =
+      test::run_miles_in_source("eval " + std::string(kCi) + eval + " --run-dir " + dir + "/eval0");
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  same(json::parse(std::ifstream(dir + "/eval0/eval.json")), evals[0]);
+  auto last = test::run_miles_in_source("eval " + std::string(kCi) + eval + " --run-dir " + dir +
+                                        "/eval3 --checkpoint " + dir + "/checkpoints");
+  ASSERT_EQ(last.exit_code, 0) << last.out;
+  same(json::parse(std::ifstream(dir + "/eval3/eval.json")), evals[2]);
+}
+
+// A saturated task (every reward equal) under dynamic sampling: the async schedule stops drawing
+// after 8 × the batch's groups, fills the step with groups without signal and says so, instead
+// of drawing forever.
+TEST(RlRun, DynamicSamplingOnASaturatedTaskIsBoundedAndSaysSo) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = temp_dir("saturated");
+  const std::string script = dir + "/one.sh";
+  std::ofstream(script) << "while read -r line; do echo '{\"score\": 1}'; done\n";
+  auto r =
+      run_here(std::string(kCi) + " --run-dir " + dir +
+               " rollout.num_rollouts=2 rollout.rollout_batch_size=2 trainer.global_batch_size=16"
+               " rollout.filter_zero_variance=true async.mode=async"
+               " 'rewards=[{kind: command, command: \"sh " +
+               script + "\", name: one}]'");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto m = metrics(dir);
+  ASSERT_EQ(m.size(), 2u);
+  for (const json& s : m) {
+    EXPECT_TRUE(s["filled_with_filtered"].get<bool>()) << s.dump();
+    EXPECT_EQ(s["groups_without_signal"], 2) << s.dump();
+    EXPECT_GE(s["groups_filtered"].get<int64_t>(), 14) << s.dump();
+  }
+  EXPECT_NE(r.out.find("The task looks saturated"), std::string::npos) << r.out;
 }
 
 }  // namespace

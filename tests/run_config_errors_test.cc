@@ -35,7 +35,8 @@ TEST(RunConfigErrors, UnknownSectionHasAHint) {
             "job.yaml:4: unknown section 'rollot' (did you mean rollout?)");
   EXPECT_EQ(error_of(std::string(kBase) + "banana: 1\n"),
             "job.yaml:4: unknown section 'banana' (sections: model, rollout, trainer, parallel, "
-            "algorithm, data, rewards, weight_sync, async, checkpoint, logging, controller, check)");
+            "algorithm, data, eval, rewards, weight_sync, async, checkpoint, logging, controller, "
+            "check)");
 }
 
 TEST(RunConfigErrors, UnknownKeyHasAHint) {

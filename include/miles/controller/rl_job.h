@@ -32,8 +32,17 @@ struct RunResources {
 
 struct RunSummary {
   int64_t rollout_steps = 0;
-  double first_reward_mean = 0;  // mean reward of the first (up to) 5 steps of this run
-  double last_reward_mean = 0;   // and of the last 5
+  // Mean reward of the first and of the last `window_steps` steps of this run: disjoint windows
+  // of up to 5 steps (at most half the steps each; 0 when the run had fewer than 2).
+  int64_t window_steps = 0;
+  double first_reward_mean = 0;
+  double last_reward_mean = 0;
+  // Evaluations (eval.every): how many, and the first's and last's reward mean, pass@1, pass@k.
+  struct Eval {
+    double reward_mean = 0, pass_at_1 = 0, pass_at_k = 0;
+  };
+  int64_t evaluations = 0, eval_k = 0;
+  Eval first_eval, last_eval;
 };
 
 // Runs the whole job; errors name what failed (config, engines, a step).
@@ -42,5 +51,9 @@ Result<RunSummary> run_rl_job(const RunConfig& config, const RunResources& resou
 // `miles check`: the train–rollout agreement gate of the job (config.check holds the thresholds).
 // The report (also written to check.report) has "passed" and one entry per gate.
 Result<nlohmann::json> run_rl_check(const RunConfig& config, const RunResources& resources);
+
+// `miles eval`: the job's engines and rewards, one evaluation on eval.data of the weights loaded
+// (with checkpoint.resume, the newest checkpoint of checkpoint.dir): the eval_* metrics.
+Result<nlohmann::json> run_rl_eval(const RunConfig& config, const RunResources& resources);
 
 }  // namespace miles::controller

@@ -159,6 +159,18 @@ struct DataSection {
   uint64_t seed = 1;
 };
 
+// Evaluation on held-out prompts (controller/evaluator.h): before the first step, every `every`
+// steps and after the last, on the engines, with its own sampling; `miles eval` runs it once.
+struct EvalSection {
+  std::string data;             // JSONL with the data section's keys; empty: no evaluation
+  int64_t every = 0;            // rollout steps between evaluations (0: only `miles eval`)
+  int64_t n_samples = 1;        // samples per prompt: pass@k with k = n_samples
+  double temperature = 0.0;     // 0: greedy
+  int64_t max_prompts = 0;      // the file's first N prompts (0: all)
+  int64_t max_new_tokens = 0;   // 0: rollout.max_new_tokens
+  double pass_threshold = 1.0;  // a sample passes when its reward is at least this
+};
+
 struct WeightSyncSection {
   Transport transport = Transport::kDiskDelta;  // broadcast, p2p: Gloo groups with engines
   std::string dir;                     // default RUN_DIR/weights
@@ -187,6 +199,9 @@ struct CheckpointSection {
 struct LoggingSection {
   std::string run_dir = "runs/default";  // metrics.jsonl, weights, checkpoints, engine logs
   Progress progress = Progress::kAuto;   // auto: a bar on a terminal
+  bool tensorboard = true;               // RUN_DIR/tensorboard: scalars, histograms, samples
+  int64_t samples_every = 1;             // RUN_DIR/samples/step_N.jsonl every N steps (0: off)
+  int64_t samples_keep = 50;             // sample files kept, the newest (0: all)
 };
 
 struct ControllerSection {
@@ -220,6 +235,7 @@ struct RunConfig {
   ParallelSection parallel;
   AlgorithmSection algorithm;
   DataSection data;
+  EvalSection eval;
   std::vector<RewardSpec> rewards;     // YAML list under `rewards:` (at least one)
   WeightSyncSection weight_sync;
   AsyncSection async;

@@ -27,6 +27,12 @@
 namespace miles::controller {
 
 // What one rollout step's optimizer steps produced (on rank 0).
+// |trainer logp − engine logp| per token, counted in TrainOutcome::sums as "mismatch_hist_K":
+// bucket K holds the tokens in (kMismatchLimits[K − 1], kMismatchLimits[K]]; bucket 0 exactly 0.
+inline constexpr int kMismatchBuckets = 11;
+inline constexpr double kMismatchLimits[kMismatchBuckets] = {
+    0, 1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1, 1.7976931348623157e308};
+
 struct TrainOutcome {
   double loss = 0, grad_norm = 0, lr = 0;  // mean loss, max grad norm, last lr
   std::map<std::string, double> sums;      // metric sums over every rank and step
