@@ -130,6 +130,10 @@ Result<uint64_t> Engine::submit(GenerateRequest request, SampleListener listener
   Impl& m = *impl_;
   if (m.pool->storage_released())
     return Status::Error("the KV cache memory is released; POST /resume_memory_occupation first");
+  if (m.weights_released)
+    return Status::Error(
+        "the weights are released (release_memory_occupation); a weight update "
+        "(update_weights_from_disk, _from_disk_delta, _from_group) brings them back");
   MILES_RETURN_IF_ERROR(m.validate(request));
   if (request.draw_seed) {
     request.sampling.seed = m.fresh_seed();
@@ -246,6 +250,7 @@ Status Engine::update_weights(std::unique_ptr<ModelRunner> runner) {
       a.num_moe_layers() * a.moe.top_k != b.num_moe_layers() * b.moe.top_k)
     return Status::Error("update_weights: the new weights have another architecture");
   m.runner = std::move(runner);
+  m.weights_released = false;
   // Cached prefixes hold KV of the old weights: drop them (blocks still used by paused in-place
   // samples stay theirs), and never cache KV that began before this point.
   m.radix->clear();
@@ -273,6 +278,19 @@ Status Engine::release_kv_memory() {
 
 void Engine::resume_kv_memory() { impl_->pool->restore_storage(); }
 
+Status Engine::release_weights() {
+  Impl& m = *impl_;
+  if (!m.requests.empty())
+    return Status::Error("release_memory_occupation: " + std::to_string(m.requests.size()) +
+                         " requests are in flight; abort or finish them first");
+  if (m.weights_released) return Status::Ok();
+  MILES_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> shell, m.runner->without_weights());
+  m.runner = std::move(shell);  // the old runner, and with it the weights, is freed here
+  m.radix->clear();
+  m.weights_released = true;
+  return Status::Ok();
+}
+
 EngineStats Engine::stats() const {
   const Impl& m = *impl_;
   EngineStats s = m.counters;
@@ -285,6 +303,7 @@ EngineStats Engine::stats() const {
   s.paused = m.paused || m.updating;
   s.updating_weights = m.updating;
   s.kv_released = m.pool->storage_released();
+  s.weights_released = m.weights_released;
   return s;
 }
 

@@ -32,6 +32,7 @@ struct Engine::Impl {
   int64_t weights_epoch = 0;
   bool paused = false;
   bool updating = false;  // between begin_weight_update and end_weight_update
+  bool weights_released = false;  // release_weights() until the next update_weights()
   IterationRecord last;
   EngineStats counters;
   uint64_t seed_state = 0;  // the fresh-seed generator (splitmix64), EngineOptions::random_seed

@@ -1,13 +1,14 @@
 // Load, liveness and memory endpoints, in SGLang's shapes: /health_generate (one real decode step),
 // /get_server_info, /get_load and /v1/loads (what routers balance on), and
-// /release_memory_occupation + /resume_memory_occupation (the KV cache's memory).
+// /release_memory_occupation + /resume_memory_occupation (the KV cache's memory, and the weights').
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
-#include "rollout/http_common.h"
 #include "miles/rollout/http_server.h"
+#include "rollout/http_common.h"
 #include "rollout/openai_api.h"
 
 namespace miles::rollout {
@@ -132,17 +133,22 @@ void HttpServer::register_memory_routes() {
     if (!body.ok()) return reply_error(res, 400, body.message(), http_errors_);
     auto tags = memory_tags(*body);
     if (!tags.ok()) return reply_error(res, 400, tags.message(), http_errors_);
-    for (const std::string& t : *tags)
-      if (t == "weights")
-        return reply_error(res, 400,
-                           "release_memory_occupation: releasing \"weights\" is not supported by "
-                           "miles (its weights are host memory the trainer never shares); release "
-                           "\"kv_cache\" only",
-                           http_errors_);
+    const auto has = [&](const char* t) {
+      return std::find(tags->begin(), tags->end(), t) != tags->end();
+    };
     Status st;
-    driver_.run_sync([&](Engine& e) { st = e.release_kv_memory(); });
-    if (!st.ok()) return reply_error(res, 409, st.message(), http_errors_);
-    res.set_content(json{{"success", true}, {"message", "kv_cache released"}}.dump(),
+    std::string released;
+    driver_.run_sync([&](Engine& e) {
+      if (has("weights")) st = e.release_weights();
+      if (st.ok() && has("weights")) released = "weights";
+      if (st.ok() && has("kv_cache")) st = e.release_kv_memory();
+      if (st.ok() && has("kv_cache")) released += released.empty() ? "kv_cache" : " and kv_cache";
+    });
+    if (!st.ok()) {
+      const bool busy = st.message().find("in flight") != std::string::npos;
+      return reply_error(res, busy ? 409 : 400, st.message(), http_errors_);
+    }
+    res.set_content(json{{"success", true}, {"message", released + " released"}}.dump(),
                     "application/json");
   });
 
@@ -152,9 +158,19 @@ void HttpServer::register_memory_routes() {
     if (!body.ok()) return reply_error(res, 400, body.message(), http_errors_);
     auto tags = memory_tags(*body);
     if (!tags.ok()) return reply_error(res, 400, tags.message(), http_errors_);
-    driver_.run_sync([](Engine& e) { e.resume_kv_memory(); });
-    res.set_content(json{{"success", true}, {"message", "kv_cache resumed"}}.dump(),
-                    "application/json");
+    const bool kv = std::find(tags->begin(), tags->end(), "kv_cache") != tags->end();
+    bool weights_out = false;
+    driver_.run_sync([&](Engine& e) {
+      if (kv) e.resume_kv_memory();
+      weights_out = e.stats().weights_released;
+    });
+    // Released weights are not kept (SGLang without a CPU backup): the next update brings them.
+    std::string message = kv ? "kv_cache resumed" : "nothing to resume";
+    if (weights_out)
+      message +=
+          "; the weights stay released until a weight update (update_weights_from_disk, "
+          "_from_disk_delta, _from_group) loads them";
+    res.set_content(json{{"success", true}, {"message", message}}.dump(), "application/json");
   });
 
   // SGLang's torch.distributed weight groups (NCCL) cannot meet a Gloo group of miles; the

@@ -7,7 +7,35 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::with_weights(const TensorMap&)
   return Status::Error("this model runner cannot load new weights");
 }
 
+Result<std::unique_ptr<ModelRunner>> ModelRunner::without_weights() const {
+  return Status::Error("this backend cannot release its weights");
+}
+
 namespace {
+
+// A SharedModelRunner whose Model was released: the config and threads, no weights.
+class ReleasedModelRunner final : public ModelRunner {
+ public:
+  ReleasedModelRunner(const ModelConfig& config, ThreadPool* pool) : config_(config), pool_(pool) {}
+  const ModelConfig& config() const override { return config_; }
+  Result<ForwardOutput> forward(std::span<const int32_t>, std::span<const SeqSpan>, KvStore&,
+                                const ForwardOptions&) override {
+    return Status::Error("the weights are released; a weight update brings them back");
+  }
+  ThreadPool* thread_pool() const override { return pool_; }
+  Result<std::unique_ptr<ModelRunner>> with_weights(const TensorMap& weights) const override {
+    MILES_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Model::from_weights(config_, weights));
+    return make_model_runner(std::shared_ptr<const Model>(std::move(m)), pool_);
+  }
+  Result<std::unique_ptr<ModelRunner>> without_weights() const override {
+    return std::unique_ptr<ModelRunner>(new ReleasedModelRunner(config_, pool_));
+  }
+
+ private:
+  ModelConfig config_;
+  ThreadPool* pool_;
+};
+
 class SharedModelRunner final : public ModelRunner {
  public:
   SharedModelRunner(std::shared_ptr<const Model> model, ThreadPool* pool)
@@ -21,6 +49,9 @@ class SharedModelRunner final : public ModelRunner {
   Result<std::unique_ptr<ModelRunner>> with_weights(const TensorMap& weights) const override {
     MILES_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Model::from_weights(model_->config(), weights));
     return make_model_runner(std::shared_ptr<const Model>(std::move(m)), pool_);
+  }
+  Result<std::unique_ptr<ModelRunner>> without_weights() const override {
+    return std::unique_ptr<ModelRunner>(new ReleasedModelRunner(model_->config(), pool_));
   }
 
  private:

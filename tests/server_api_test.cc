@@ -43,6 +43,7 @@ struct Served {
     so.port = 0;
     so.block_tokens = 8;
     so.random_seed = random_seed;
+    so.weight_dirs = {test::data_dir() + "/models/qwen3_moe"};
     server =
         std::make_unique<HttpServer>(*driver, model->config(), nullptr, nullptr, pool.get(), so);
     Status s = server->start();
@@ -435,6 +436,39 @@ TEST(ServerApi, BatchedPromptsAnswerInPromptMajorOrderAndEqualSingleRequests) {
   EXPECT_TRUE(listed.is_array());
 }
 
+// SGLang's release of "weights" (no CPU backup): the weights are freed, generation is refused
+// until a weight update loads them, and the model then samples exactly what it sampled before.
+TEST(ServerApi, ReleasedWeightsRefuseGenerationUntilAWeightUpdateBringsTheSameBits) {
+  Served s;
+  auto c = s.client();
+  int status = 0;
+  const json body = sample(kPrompt, {{"temperature", 1.0}, {"sampling_seed", 5}});
+  const json before = post(c, "/generate", body, &status);
+  ASSERT_EQ(status, 200) << before.dump();
+  json r = post(c, "/release_memory_occupation", {{"tags", {"weights", "kv_cache"}}}, &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  EXPECT_EQ(r["message"], "weights and kv_cache released");
+  EXPECT_TRUE(get(c, "/get_server_info").contains("weight_version"));
+  r = post(c, "/resume_memory_occupation", {{"tags", {"kv_cache"}}}, &status);
+  ASSERT_EQ(status, 200);
+  EXPECT_NE(r["message"].get<std::string>().find("weights stay released"), std::string::npos)
+      << r.dump();
+  json refused = post(c, "/generate", body, &status);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(refused.dump().find("weights are released"), std::string::npos) << refused.dump();
+  auto health = c.Get("/health_generate");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503);
+  r = post(c, "/update_weights_from_disk", {{"model_path", test::data_dir() + "/models/qwen3_moe"}},
+           &status);
+  ASSERT_EQ(status, 200) << r.dump();
+  const json after = post(c, "/generate", body, &status);
+  ASSERT_EQ(status, 200) << after.dump();
+  EXPECT_EQ(after["output_ids"], before["output_ids"]);
+  EXPECT_EQ(after["meta_info"]["output_token_logprobs"],
+            before["meta_info"]["output_token_logprobs"]);
+}
+
 TEST(ServerApi, RefusedFieldsAreNamedAndOffValuesAccepted) {
   Served s;
   auto c = s.client();
@@ -538,8 +572,6 @@ TEST(ServerApi, AbortAllHealthLoadVersionAndMemoryRoutes) {
   json refused = post(c, "/generate", sample(kPrompt, {}), &status);
   EXPECT_EQ(status, 400);
   EXPECT_NE(refused.dump().find("resume_memory_occupation"), std::string::npos);
-  post(c, "/release_memory_occupation", {{"tags", {"weights"}}}, &status);
-  EXPECT_EQ(status, 400);
   post(c, "/resume_memory_occupation", json::object(), &status);
   EXPECT_EQ(status, 200);
   post(c, "/generate", sample(kPrompt, {}), &status);

@@ -46,6 +46,9 @@ class ModelRunner {
   // A runner of the same kind (same threads, same process group) over new full weights (HF names,
   // this config's shapes); errors name the missing or mis-shaped tensor. Used by weight updates.
   virtual Result<std::unique_ptr<ModelRunner>> with_weights(const TensorMap& weights) const;
+  // The same runner without weights (SGLang's release of "weights"): its forward is an error and
+  // with_weights() builds the full runner again. Backends that cannot say so refuse (the default).
+  virtual Result<std::unique_ptr<ModelRunner>> without_weights() const;
 };
 // A runner over a loaded model and a thread pool (both outlive it).
 std::unique_ptr<ModelRunner> make_model_runner(std::shared_ptr<const Model> model, ThreadPool* pool);
@@ -169,6 +172,7 @@ struct EngineStats {
   bool paused = false;
   bool updating_weights = false;
   bool kv_released = false;
+  bool weights_released = false;
   uint64_t iterations = 0, generated_tokens = 0, prompt_tokens = 0, cached_prompt_tokens = 0;
   uint64_t retractions = 0;  // samples whose KV was dropped to be recomputed (memory or pause)
 };
@@ -223,6 +227,10 @@ class Engine {
   // the prefix cache); refused while requests are in flight. Until resumed, submit() is refused.
   Status release_kv_memory();
   void resume_kv_memory();
+  // SGLang's release of "weights" without a backup: the runner's weights are freed (refused while
+  // requests are in flight, or by a backend that cannot); submit() is refused until a weight update
+  // (update_weights) brings weights back.
+  Status release_weights();
   EngineStats stats() const;
   const ModelConfig& config() const;
 
