@@ -226,6 +226,7 @@ Result<RunSummary> RlJob::run() {
   Status s = cfg_.async.mode == AsyncMode::kSync         ? run_sync()
              : cfg_.async.mode == AsyncMode::kOneStepOff ? run_one_step_off()
                                                          : run_async();
+  if (cfg_.logging.report_every > 0 && rollout_step_ > 0) write_live_report(/*live=*/false);
   if (!s.ok()) return s;
   MILES_RETURN_IF_ERROR(group_->stop());
   RunSummary sum;

@@ -81,6 +81,9 @@ class RlJob {
   // evaluation (rl_step.cc): due after this step (or before the first), logged to eval.jsonl,
   // TensorBoard and the console; the metrics' keys returned for the step's line
   bool eval_due() const;
+  // RUN_DIR/report.html (logging.report_every): live pages reload themselves while the run goes on.
+  static constexpr int kLiveReportRefreshS = 15;
+  void write_live_report(bool live);
   Result<nlohmann::json> evaluate_and_log();
   void log_line(const std::string& line);
   bool should_stop() const;

@@ -7,6 +7,7 @@
 
 #include "controller/rl_job_internal.h"
 #include "controller/train_batch.h"
+#include "miles/report/report.h"
 #include "miles/trainer/rl_objective.h"
 #include "miles/trainer/train_checkpoint.h"
 
@@ -222,6 +223,8 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
   if (samples_) {
     MILES_RETURN_IF_ERROR(samples_->write(rollout_step_, groups, b, *res_.tokenizer));
   }
+  const int64_t report_every = cfg_.logging.report_every;
+  if (report_every > 0 && rollout_step_ % report_every == 0) write_live_report(/*live=*/true);
   reward_means_.push_back(mean);
   last_reward_ = mean;
   char line[256];
@@ -243,6 +246,12 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
              "groups whose advantages are all zero. The task looks saturated (or unreachable) "
              "for this policy: make it harder, change the reward, or stop the run");
   return checkpoint_if_due(rollout_step_ == cfg_.rollout.num_rollouts || should_stop());
+}
+
+void RlJob::write_live_report(bool live) {
+  // The page is a view of the records: a failure to draw it is reported, never fatal to the run.
+  auto r = report::write_report(cfg_.logging.run_dir, "", live ? kLiveReportRefreshS : 0);
+  if (!r.ok()) log_line("report.html not written: " + r.message());
 }
 
 bool RlJob::eval_due() const {

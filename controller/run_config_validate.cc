@@ -144,6 +144,7 @@ void check_rollout(const RunConfig& c, Checker& check) {
     check.fail({"eval.every", "eval.data"},
                "eval.every: " + str(c.eval.every) + " evaluates on eval.data, which is empty");
   check.at_least<int64_t>("logging.samples_keep", c.logging.samples_keep, 0);
+  check.at_least<int64_t>("logging.report_every", c.logging.report_every, 0);
   if (r.environment != Environment::kNone && !c.data.apply_chat_template)
     check.fail({"rollout.environment", "data.apply_chat_template"},
                "rollout.environment: " + std::string(name_of(r.environment)) +

@@ -1,7 +1,10 @@
 // The report page (report.h): head with inline CSS, summary, config, chart sections.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "miles/durable_file.h"
 #include "miles/report/report.h"
@@ -30,6 +33,9 @@ pre { background: #f6f8fa; border: 1px solid #ddd; padding: 10px; overflow: auto
       font-size: 12.5px; }
 .grid { display: flex; flex-wrap: wrap; gap: 8px 16px; }
 .cell { width: 380px; }
+table.samples { border-collapse: collapse; font-size: 12.5px; }
+table.samples th, table.samples td { border: 1px solid #ddd; padding: 3px 6px; text-align: left;
+                                     vertical-align: top; white-space: pre-wrap; }
 svg.chart { display: block; background: #fff; max-width: 100%; height: auto; }
 svg.chart text { font: 11px system-ui, sans-serif; fill: #333; }
 svg.chart text.title { font-size: 13px; font-weight: 600; }
@@ -38,20 +44,79 @@ svg.chart line.grid { stroke: #e6e6e6; stroke-width: 1; }
 svg.chart line.axis { stroke: #444; stroke-width: 1; }
 )css";
 
+// The newest step's samples (RUN_DIR/samples/step_N.jsonl): prompt, response, reward, advantage.
+std::string samples_section(const std::string& jsonl, int64_t step) {
+  constexpr int kShown = 12;
+  std::string rows;
+  std::istringstream in(jsonl);
+  std::string line;
+  int shown = 0, total = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object()) continue;
+    ++total;
+    if (shown == kShown) continue;
+    ++shown;
+    auto text = [&](const char* k) {
+      return j.contains(k) && j[k].is_string() ? html_escape(j[k].get<std::string>()) : "";
+    };
+    auto number = [&](const char* k) {
+      return j.contains(k) && j[k].is_number() ? format_number(j[k].get<double>()) : "";
+    };
+    rows += "<tr><td>" + text("prompt") + "</td><td>" + text("response") + "</td><td>" +
+            number("reward") + "</td><td>" + number("advantage") + "</td></tr>\n";
+  }
+  if (total == 0) return "";
+  return "<section id=\"sec-samples\">\n<h2>Samples</h2>\n<p class=\"intro\">The first " +
+         std::to_string(shown) + " of " + std::to_string(total) + " samples trained at step " +
+         std::to_string(step) + " (samples/step_" + std::to_string(step) +
+         ".jsonl holds them all).</p>\n<table class=\"samples\">\n<tr><th>prompt</th>"
+         "<th>response</th><th>reward</th><th>advantage</th></tr>\n" +
+         rows + "</table>\n</section>\n";
+}
+
+// The newest RUN_DIR/samples/step_N.jsonl: its text and N.
+std::optional<std::pair<std::string, int64_t>> newest_samples(const std::string& run_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  int64_t best = -1;
+  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "samples", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) != 0 || e.path().extension() != ".jsonl") continue;
+    const std::string digits = name.substr(5, name.size() - 5 - 6);
+    if (digits.empty() || digits.size() > 15 ||
+        digits.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    best = std::max<int64_t>(best, std::stoll(digits));
+  }
+  if (best < 0) return std::nullopt;
+  std::ifstream f(fs::path(run_dir) / "samples" / ("step_" + std::to_string(best) + ".jsonl"),
+                  std::ios::binary);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return std::make_pair(s.str(), best);
+}
+
 }  // namespace
 
 std::string render_report_html(const MetricsTable& m, const std::string& run_dir,
                                const std::optional<std::string>& config_yaml,
-                               ReportSummary* summary) {
+                               ReportSummary* summary, const PageOptions& page) {
   int drawn = 0, skipped = 0;
   const std::string charts = chart_sections(m, drawn, skipped);
   const std::string dir = html_escape(run_dir);
   std::string out = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
+  if (page.refresh_seconds > 0)
+    out +=
+        "<meta http-equiv=\"refresh\" content=\"" + std::to_string(page.refresh_seconds) + "\">\n";
   out += "<title>miles report: " + dir + "</title>\n<style>" + std::string(kStyle) +
          "</style>\n</head>\n<body>\n";
   out += "<h1>miles run report</h1>\n<p class=\"meta\">Run directory <code>" + dir +
          "</code>: " + std::to_string(m.rows()) + " rollout step" + (m.rows() == 1 ? "" : "s") +
          " from metrics.jsonl. Hover a point or bar for its value.</p>\n";
+  if (page.refresh_seconds > 0)
+    out += "<p class=\"meta live\">Live: the run goes on; this page reloads every " +
+           std::to_string(page.refresh_seconds) + " s.</p>\n";
   out += summary_table(m);
   if (config_yaml) {
     out += "<details id=\"config\">\n<summary>config.yaml (the resolved job config)</summary>\n";
@@ -59,7 +124,9 @@ std::string render_report_html(const MetricsTable& m, const std::string& run_dir
   } else {
     out += "<p class=\"note skipped\">No config.yaml in the run directory.</p>\n";
   }
-  out += charts + "</body>\n</html>\n";
+  out += charts;
+  if (page.samples_jsonl) out += samples_section(*page.samples_jsonl, page.samples_step);
+  out += "</body>\n</html>\n";
   if (summary) {
     summary->steps = static_cast<int64_t>(m.rows());
     summary->plots = drawn;
@@ -68,7 +135,8 @@ std::string render_report_html(const MetricsTable& m, const std::string& run_dir
   return out;
 }
 
-Result<ReportSummary> write_report(const std::string& run_dir, const std::string& out_path) {
+Result<ReportSummary> write_report(const std::string& run_dir, const std::string& out_path,
+                                   int refresh_seconds) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(run_dir, ec)) return Status::Error(run_dir + ": not a directory");
@@ -82,11 +150,20 @@ Result<ReportSummary> write_report(const std::string& run_dir, const std::string
     s << f.rdbuf();
     config = s.str();
   }
+  PageOptions page;
+  page.refresh_seconds = refresh_seconds;
+  if (auto samples = newest_samples(run_dir)) {
+    page.samples_jsonl = std::move(samples->first);
+    page.samples_step = samples->second;
+  }
   ReportSummary summary;
-  const std::string html = render_report_html(table, run_dir, config, &summary);
+  const std::string html = render_report_html(table, run_dir, config, &summary, page);
   const std::string out =
       out_path.empty() ? (fs::path(run_dir) / "report.html").string() : out_path;
-  MILES_RETURN_IF_ERROR(write_file_synced(out, html));
+  // Whole or not at all: a browser reloading a live page never reads half of it.
+  MILES_RETURN_IF_ERROR(write_file_synced(out + ".tmp", html));
+  fs::rename(out + ".tmp", out, ec);
+  if (ec) return Status::Error(out + ": cannot publish the report: " + ec.message());
   summary.path = out;
   return summary;
 }

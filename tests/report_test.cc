@@ -3,6 +3,8 @@
 // nulls and missing keys give charts or notes, never NaN in the SVG; an empty file, a missing file
 // and a malformed line are errors naming the file and line. Headless Chromium renders the page
 // with no console message (SVG attribute errors and script errors both land there).
+#include "miles/report/report.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -210,6 +212,31 @@ TEST_F(ReportTest, EvaluationCurveShowsTheEvaluatedStepsOnly) {
     EXPECT_NE(eval.find(std::string(">") + k + "</text>"), std::string::npos) << k;
   // Three evaluated steps, joined: each series one path of an M and two L segments.
   EXPECT_EQ(count(eval, " L"), 3u * 2u);
+}
+
+// A live page (miles run rewrites it after its steps) reloads itself and says so; the newest
+// sample dump is shown, escaped.
+TEST_F(ReportTest, LivePageReloadsAndShowsTheNewestSamples) {
+  write_run(3);
+  fs::create_directories(dir_ / "samples");
+  write("samples/step_2.jsonl", json{{"prompt", "old"}, {"response", "old"}}.dump() + "\n");
+  write("samples/step_3.jsonl",
+        json{{"prompt", "Once <b>"}, {"response", "a dog."}, {"reward", 1.5}, {"advantage", 0.25}}
+                .dump() +
+            "\n");
+  auto r = miles::report::write_report(dir_.string(), "", 15);
+  ASSERT_TRUE(r.ok()) << r.message();
+  const std::string page = read(dir_ / "report.html");
+  EXPECT_NE(page.find("<meta http-equiv=\"refresh\" content=\"15\">"), std::string::npos);
+  EXPECT_NE(page.find("reloads every 15 s"), std::string::npos);
+  EXPECT_NE(page.find("samples trained at step 3"), std::string::npos);
+  EXPECT_NE(page.find("<td>Once &lt;b&gt;</td><td>a dog.</td><td>1.5</td><td>0.25</td>"),
+            std::string::npos);
+  EXPECT_EQ(page.find(">old<"), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir_ / "report.html.tmp"));
+  r = miles::report::write_report(dir_.string(), "");  // the run ended: no reload
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(read(dir_ / "report.html").find("http-equiv"), std::string::npos);
 }
 
 TEST_F(ReportTest, OutOptionWritesThere) {

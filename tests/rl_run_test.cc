@@ -91,6 +91,12 @@ TEST(RlRun, QuickstartCiRewardRisesAndLogprobsAgreeExactly) {
   EXPECT_NE(r.out.find("reward mean of the first 4 steps"), std::string::npos)
       << r.out;  // 8 steps: two disjoint windows of 4
   EXPECT_TRUE(fs::exists(dir + "/config.yaml"));
+  // The report the run kept up to date: final (no reload), with the last step's samples.
+  std::ifstream page(dir + "/report.html");
+  ASSERT_TRUE(page) << "no report.html";
+  const std::string html((std::istreambuf_iterator<char>(page)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(html.find("http-equiv=\"refresh\""), std::string::npos);
+  EXPECT_NE(html.find("samples trained at step 8"), std::string::npos);
 }
 
 TEST(RlRun, ResumedRunContinuesBitForBit) {

@@ -202,6 +202,7 @@ struct LoggingSection {
   bool tensorboard = true;               // RUN_DIR/tensorboard: scalars, histograms, samples
   int64_t samples_every = 1;             // RUN_DIR/samples/step_N.jsonl every N steps (0: off)
   int64_t samples_keep = 50;             // sample files kept, the newest (0: all)
+  int64_t report_every = 1;              // RUN_DIR/report.html, live, every N steps (0: off)
 };
 
 struct ControllerSection {

@@ -22,13 +22,24 @@ struct ReportSummary {
   int skipped = 0;  // charts skipped for missing keys
 };
 
+// How a page is made besides its data.
+struct PageOptions {
+  // > 0: a live page (the run goes on): the browser reloads it every this many seconds.
+  int refresh_seconds = 0;
+  // RUN_DIR/samples/step_N.jsonl of the newest step, if any: its first samples as a table.
+  std::optional<std::string> samples_jsonl;
+  int64_t samples_step = 0;
+};
+
 // The page for a parsed table. config_yaml: the run's config text (shown escaped), if any.
 std::string render_report_html(const MetricsTable& m, const std::string& run_dir,
                                const std::optional<std::string>& config_yaml,
-                               ReportSummary* summary = nullptr);
+                               ReportSummary* summary = nullptr, const PageOptions& page = {});
 
-// Reads RUN_DIR/metrics.jsonl (required) and RUN_DIR/config.yaml (optional) and writes the page
-// to out_path (RUN_DIR/report.html when empty).
-Result<ReportSummary> write_report(const std::string& run_dir, const std::string& out_path);
+// Reads RUN_DIR/metrics.jsonl (required), RUN_DIR/config.yaml and the newest sample dump
+// (optional) and writes the page to out_path (RUN_DIR/report.html when empty), whole (a temporary
+// renamed): `miles run` rewrites it live (refresh_seconds > 0) after its steps.
+Result<ReportSummary> write_report(const std::string& run_dir, const std::string& out_path,
+                                   int refresh_seconds = 0);
 
 }  // namespace miles::report
