@@ -250,6 +250,10 @@ Result<RunSummary> RlJob::run() {
 
 Result<EvalResult> RlJob::evaluate_once() {
   if (!evaluator_) return Status::Error("eval.data: no held-out prompts to evaluate on");
+  // Asked for a checkpoint's weights: the initial model in their place would be a wrong answer.
+  if (cfg_.checkpoint.resume && rollout_step_ == 0)
+    return Status::Error("checkpoint.dir " + cfg_.checkpoint.dir +
+                         " holds no checkpoint to evaluate (checkpoint.resume is set)");
   MILES_ASSIGN_OR_RETURN(EvalResult r, evaluator_->run());
   MILES_RETURN_IF_ERROR(group_->stop());
   return r;

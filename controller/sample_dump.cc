@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "miles/durable_file.h"
+#include "miles/report/report.h"
 
 namespace miles::controller {
 
@@ -15,23 +16,12 @@ using nlohmann::json;
 
 namespace {
 
-// The step of "step_N.jsonl", or -1 for any other name.
-int64_t step_of(const std::string& name) {
-  const std::string prefix = "step_", suffix = ".jsonl";
-  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
-      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-    return -1;
-  const std::string digits =
-      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (digits.size() > 15 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return -1;
-  return std::stoll(digits);
-}
-
 std::vector<int64_t> dumped_steps(const std::string& dir) {
   std::vector<int64_t> steps;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (const int64_t s = step_of(e.path().filename().string()); s >= 0) steps.push_back(s);
+    if (const int64_t s = report::sample_dump_step(e.path().filename().string()); s >= 0)
+      steps.push_back(s);
   std::sort(steps.begin(), steps.end());
   return steps;
 }
@@ -86,7 +76,7 @@ Result<SampleDump> SampleDump::open(const std::string& run_dir, int64_t every, i
 }
 
 std::string SampleDump::path_of(int64_t step) const {
-  return dir_ + "/step_" + std::to_string(step) + ".jsonl";
+  return dir_ + "/" + report::sample_dump_name(step);
 }
 
 Status SampleDump::write(int64_t step, const std::vector<RolloutGroup>& groups,

@@ -178,14 +178,15 @@ void evaluation(Sections& s) {
   for (const std::string& k : s.m.keys)
     if (k.rfind("eval_pass_at_", 0) == 0 && k != "eval_pass_at_1") keys.push_back(k);
   if (s.need(keys, "the evaluation chart")) {
-    const std::vector<double> first = s.m.column(keys[0]);
+    std::vector<std::vector<double>> columns;
+    for (const std::string& k : keys) columns.push_back(s.m.column(k));
     std::vector<double> x;
     std::vector<Series> lines;
     for (size_t c = 0; c < keys.size(); ++c) lines.push_back(Series{keys[c], {}, color(c), c > 0});
     for (size_t i = 0; i < s.m.rows(); ++i) {
-      if (!std::isfinite(first[i])) continue;
+      if (!std::isfinite(columns[0][i])) continue;  // a step without an evaluation
       x.push_back(s.m.step[i]);
-      for (size_t c = 0; c < keys.size(); ++c) lines[c].y.push_back(s.m.column(keys[c])[i]);
+      for (size_t c = 0; c < keys.size(); ++c) lines[c].y.push_back(columns[c][i]);
     }
     s.out += "<div class=\"figure\">\n" +
              line_chart(text("eval", "Held-out evaluation", "reward / pass rate"), x, lines) +

@@ -80,24 +80,29 @@ std::optional<std::pair<std::string, int64_t>> newest_samples(const std::string&
   namespace fs = std::filesystem;
   std::error_code ec;
   int64_t best = -1;
-  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "samples", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("step_", 0) != 0 || e.path().extension() != ".jsonl") continue;
-    const std::string digits = name.substr(5, name.size() - 5 - 6);
-    if (digits.empty() || digits.size() > 15 ||
-        digits.find_first_not_of("0123456789") != std::string::npos)
-      continue;
-    best = std::max<int64_t>(best, std::stoll(digits));
-  }
+  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "samples", ec))
+    best = std::max(best, sample_dump_step(e.path().filename().string()));
   if (best < 0) return std::nullopt;
-  std::ifstream f(fs::path(run_dir) / "samples" / ("step_" + std::to_string(best) + ".jsonl"),
-                  std::ios::binary);
+  std::ifstream f(fs::path(run_dir) / "samples" / sample_dump_name(best), std::ios::binary);
   std::ostringstream s;
   s << f.rdbuf();
   return std::make_pair(s.str(), best);
 }
 
 }  // namespace
+
+std::string sample_dump_name(int64_t step) { return "step_" + std::to_string(step) + ".jsonl"; }
+
+int64_t sample_dump_step(const std::string& name) {
+  const std::string prefix = "step_", suffix = ".jsonl";
+  if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return -1;
+  const std::string digits =
+      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  if (digits.size() > 15 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoll(digits);
+}
 
 std::string render_report_html(const MetricsTable& m, const std::string& run_dir,
                                const std::optional<std::string>& config_yaml,

@@ -13,6 +13,14 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::without_weights() const {
 
 namespace {
 
+// A SharedModelRunner over new full weights of `config`.
+Result<std::unique_ptr<ModelRunner>> shared_runner_from(const ModelConfig& config,
+                                                        const TensorMap& weights,
+                                                        ThreadPool* pool) {
+  MILES_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Model::from_weights(config, weights));
+  return make_model_runner(std::shared_ptr<const Model>(std::move(m)), pool);
+}
+
 // A SharedModelRunner whose Model was released: the config and threads, no weights.
 class ReleasedModelRunner final : public ModelRunner {
  public:
@@ -24,11 +32,7 @@ class ReleasedModelRunner final : public ModelRunner {
   }
   ThreadPool* thread_pool() const override { return pool_; }
   Result<std::unique_ptr<ModelRunner>> with_weights(const TensorMap& weights) const override {
-    MILES_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Model::from_weights(config_, weights));
-    return make_model_runner(std::shared_ptr<const Model>(std::move(m)), pool_);
-  }
-  Result<std::unique_ptr<ModelRunner>> without_weights() const override {
-    return std::unique_ptr<ModelRunner>(new ReleasedModelRunner(config_, pool_));
+    return shared_runner_from(config_, weights, pool_);
   }
 
  private:
@@ -47,8 +51,7 @@ class SharedModelRunner final : public ModelRunner {
   }
   ThreadPool* thread_pool() const override { return pool_; }
   Result<std::unique_ptr<ModelRunner>> with_weights(const TensorMap& weights) const override {
-    MILES_ASSIGN_OR_RETURN(std::unique_ptr<Model> m, Model::from_weights(model_->config(), weights));
-    return make_model_runner(std::shared_ptr<const Model>(std::move(m)), pool_);
+    return shared_runner_from(model_->config(), weights, pool_);
   }
   Result<std::unique_ptr<ModelRunner>> without_weights() const override {
     return std::unique_ptr<ModelRunner>(new ReleasedModelRunner(model_->config(), pool_));

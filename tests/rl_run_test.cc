@@ -45,12 +45,24 @@ test::CliRun run(const std::string& args) { return test::run_miles("run " + args
 std::string cd_source() { return "cd '" + test::source_dir() + "' && "; }
 test::CliRun run_here(const std::string& args) { return test::run_miles_in_source("run " + args); }
 
-std::vector<json> metrics(const std::string& run_dir) {
+// One JSON value per line of a file (none when it is missing).
+std::vector<json> jsonl(const std::string& path) {
   std::vector<json> out;
-  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::ifstream in(path);
   std::string line;
   while (std::getline(in, line)) out.push_back(json::parse(line));
   return out;
+}
+
+std::vector<json> metrics(const std::string& run_dir) { return jsonl(run_dir + "/metrics.jsonl"); }
+
+// The `rewards=[…]` override of a command reward named `name` running the shell script `body`
+// (written to DIR/NAME.sh): one JSON score line per sample line.
+std::string command_reward(const std::string& dir, const std::string& name,
+                           const std::string& body) {
+  const std::string script = dir + "/" + name + ".sh";
+  std::ofstream(script) << body;
+  return " 'rewards=[{kind: command, command: \"sh " + script + "\", name: " + name + "}]'";
 }
 
 // The fields that depend only on the data, the seeds and the arithmetic (not on timing).
@@ -624,19 +636,19 @@ namespace {
 TEST(RlRun, CommandRewardWithOverSamplingAndZeroVarianceFilter) {
   MILES_REQUIRE_SHARED();
   const std::string dir = temp_dir("command");
-  const std::string script = dir + "/dog.sh";
-  std::ofstream(script) << "while read -r line; do\n"
-                           "  if printf '%s' \"$line\" | grep -q '\"response\":\"[^\"]*dog'; then\n"
-                           "    echo '{\"score\": 1}'\n"
-                           "  else\n"
-                           "    echo '{\"score\": 0}'\n"
-                           "  fi\n"
-                           "done\n";
+  const std::string reward =
+      command_reward(dir, "dog",
+                     "while read -r line; do\n"
+                     "  if printf '%s' \"$line\" | grep -q '\"response\":\"[^\"]*dog'; then\n"
+                     "    echo '{\"score\": 1}'\n"
+                     "  else\n"
+                     "    echo '{\"score\": 0}'\n"
+                     "  fi\n"
+                     "done\n");
   auto r = run_here(std::string(kCi) + " --run-dir " + dir +
                     " rollout.num_rollouts=4 rollout.over_sampling_batch_size=6"
-                    " rollout.filter_zero_variance=true logging.samples_keep=2"
-                    " 'rewards=[{kind: command, command: \"sh " +
-                    script + "\", name: dog}]'");
+                    " rollout.filter_zero_variance=true logging.samples_keep=2" +
+                    reward);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto m = metrics(dir);
   ASSERT_EQ(m.size(), 4u);
@@ -644,13 +656,11 @@ TEST(RlRun, CommandRewardWithOverSamplingAndZeroVarianceFilter) {
   // command's verdict on its response, and the file's mean the step's reward mean.
   EXPECT_FALSE(fs::exists(dir + "/samples/step_2.jsonl"));
   for (int step : {3, 4}) {
-    std::ifstream in(dir + "/samples/step_" + std::to_string(step) + ".jsonl");
-    ASSERT_TRUE(in) << "no sample dump for step " << step;
-    std::string line;
-    int lines = 0;
+    const std::vector<json> dump = jsonl(dir + "/samples/step_" + std::to_string(step) + ".jsonl");
+    ASSERT_EQ(dump.size(), 32u) << "the sample dump of step " << step;
     double sum = 0;
-    while (std::getline(in, line)) {
-      const json j = json::parse(line);
+    for (const json& j : dump) {
+      const std::string line = j.dump();
       const bool dog = j["response"].get<std::string>().find("dog") != std::string::npos;
       EXPECT_EQ(j["reward"], dog ? 1.0 : 0.0) << line;
       EXPECT_EQ(j["reward_parts"]["dog"], j["reward"]);
@@ -658,10 +668,8 @@ TEST(RlRun, CommandRewardWithOverSamplingAndZeroVarianceFilter) {
       EXPECT_EQ(j["weight_versions"].size(), j["logprobs"].size());
       EXPECT_EQ(j["step"], step);
       sum += j["reward"].get<double>();
-      ++lines;
     }
-    EXPECT_EQ(lines, 32);
-    EXPECT_NEAR(sum / lines, m[step - 1]["reward_mean"].get<double>(), 1e-12);
+    EXPECT_NEAR(sum / dump.size(), m[step - 1]["reward_mean"].get<double>(), 1e-12);
   }
   for (const json& s : m) {
     EXPECT_EQ(s["samples"], 32);
@@ -674,14 +682,6 @@ TEST(RlRun, CommandRewardWithOverSamplingAndZeroVarianceFilter) {
     }
   }
   EXPECT_NE(r.out.find("groups 4/"), std::string::npos) << r.out;  // kept / drawn on the line
-}
-
-std::vector<json> jsonl(const std::string& path) {
-  std::vector<json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(json::parse(line));
-  return out;
 }
 
 // The eval loop: before step 1, every 2 steps and after the last, on fixed seeds; its numbers are
@@ -729,6 +729,13 @@ TEST(RlRun, EvalLoopOnHeldOutPromptsAndMilesEvalReproduceEachOther) {
                                         "/eval3 --checkpoint " + dir + "/checkpoints");
   ASSERT_EQ(last.exit_code, 0) << last.out;
   same(json::parse(std::ifstream(dir + "/eval3/eval.json")), evals[2]);
+  // A checkpoint folder without a checkpoint is an error, not the initial model's numbers.
+  fs::create_directories(dir + "/empty");
+  auto none = test::run_miles_in_source("eval " + std::string(kCi) + eval + " --run-dir " + dir +
+                                        "/eval_none --checkpoint " + dir + "/empty");
+  EXPECT_NE(none.exit_code, 0) << none.out;
+  EXPECT_NE(none.out.find("holds no checkpoint to evaluate"), std::string::npos) << none.out;
+  EXPECT_FALSE(fs::exists(dir + "/eval_none/eval.json"));
 }
 
 // A saturated task (every reward equal) under dynamic sampling: the async schedule stops drawing
@@ -737,14 +744,11 @@ TEST(RlRun, EvalLoopOnHeldOutPromptsAndMilesEvalReproduceEachOther) {
 TEST(RlRun, DynamicSamplingOnASaturatedTaskIsBoundedAndSaysSo) {
   MILES_REQUIRE_SHARED();
   const std::string dir = temp_dir("saturated");
-  const std::string script = dir + "/one.sh";
-  std::ofstream(script) << "while read -r line; do echo '{\"score\": 1}'; done\n";
   auto r =
       run_here(std::string(kCi) + " --run-dir " + dir +
                " rollout.num_rollouts=2 rollout.rollout_batch_size=2 trainer.global_batch_size=16"
-               " rollout.filter_zero_variance=true async.mode=async"
-               " 'rewards=[{kind: command, command: \"sh " +
-               script + "\", name: one}]'");
+               " rollout.filter_zero_variance=true async.mode=async" +
+               command_reward(dir, "one", "while read -r line; do echo '{\"score\": 1}'; done\n"));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto m = metrics(dir);
   ASSERT_EQ(m.size(), 2u);

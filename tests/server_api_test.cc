@@ -98,6 +98,13 @@ std::vector<int32_t> ids_of(const json& r) {
   return ids;
 }
 
+// The teacher-forced logits of kPrompt followed by `out` (a response's output ids).
+std::vector<float> logits_of_prompt_and(const Model& m, const std::vector<int32_t>& out) {
+  std::vector<int32_t> seq(kPrompt.begin(), kPrompt.end());
+  seq.insert(seq.end(), out.begin(), out.end());
+  return teacher_forced_logits(m, seq);
+}
+
 TEST(ServerApi, RequestsWithoutASeedDrawFreshSamplesThatReplayBitForBit) {
   Served s;
   auto c = s.client();
@@ -155,10 +162,8 @@ TEST(ServerApi, GreedyLogprobsAreTheModelsLogSoftmaxAsMilesScoreComputesThem) {
   body["top_logprobs_num"] = 3;
   json r = post(c, "/generate", body, &status);
   ASSERT_EQ(status, 200) << r.dump();
-  std::vector<int32_t> seq(kPrompt.begin(), kPrompt.end());
   const std::vector<int32_t> out = ids_of(r);
-  seq.insert(seq.end(), out.begin(), out.end());
-  const std::vector<float> logits = teacher_forced_logits(*s.model, seq);
+  const std::vector<float> logits = logits_of_prompt_and(*s.model, out);
   const int64_t v = s.model->config().vocab_size;
   std::vector<float> lp(v);
   const json& meta = r["meta_info"];
@@ -230,10 +235,8 @@ TEST(ServerApi, TemperedLogprobsFollowSGLangAndTheSamplingValueStaysExplicit) {
       c, "/generate",
       sample(kPrompt,
              {{"temperature", 0.7}, {"top_k", 5}, {"sampling_seed", 11}, {"max_new_tokens", 6}}));
-  std::vector<int32_t> seq(kPrompt.begin(), kPrompt.end());
   const std::vector<int32_t> out = ids_of(r);
-  seq.insert(seq.end(), out.begin(), out.end());
-  const std::vector<float> logits = teacher_forced_logits(*s.model, seq);
+  const std::vector<float> logits = logits_of_prompt_and(*s.model, out);
   const int64_t v = s.model->config().vocab_size;
   SamplingParams p;
   p.temperature = 0.7f;
@@ -266,10 +269,8 @@ TEST(ServerApi, TokenIdsLogprobsAreTheRequestedTokensOfTheSameRowsInTheirOrder) 
   int status = 0;
   json r = post(c, "/generate", body, &status);
   ASSERT_EQ(status, 200) << r.dump();
-  std::vector<int32_t> seq(kPrompt.begin(), kPrompt.end());
   const std::vector<int32_t> out = ids_of(r);
-  seq.insert(seq.end(), out.begin(), out.end());
-  const std::vector<float> logits = teacher_forced_logits(*s.model, seq);
+  const std::vector<float> logits = logits_of_prompt_and(*s.model, out);
   const int64_t v = s.model->config().vocab_size;
   SamplingParams tempered, raw;
   tempered.temperature = 0.7f;

@@ -22,6 +22,11 @@ struct ReportSummary {
   int skipped = 0;  // charts skipped for missing keys
 };
 
+// The sample dump's file names (RUN_DIR/samples, written by `miles run`): "step_N.jsonl", and
+// the N of such a name (-1 for any other name).
+std::string sample_dump_name(int64_t step);
+int64_t sample_dump_step(const std::string& file_name);
+
 // How a page is made besides its data.
 struct PageOptions {
   // > 0: a live page (the run goes on): the browser reloads it every this many seconds.
