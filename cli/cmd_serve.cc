@@ -1,4 +1,5 @@
 // `miles serve`: the rollout engine behind SGLang- and OpenAI-compatible HTTP endpoints.
+#include <grpcpp/impl/service_type.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -13,14 +14,16 @@
 #include "cli/commands.h"
 #include "cli/model_files.h"
 #include "cli/serve_tp.h"
-#include "miles/controller/controller_service.h"
 #include "miles/chat_template.h"
-#include "miles/rollout/engine.h"
+#include "miles/controller/controller_service.h"
 #include "miles/host_port.h"
-#include "miles/secret.h"
-#include "miles/thread_pool.h"
+#include "miles/rollout/engine.h"
 #include "miles/rollout/grpc_server.h"
 #include "miles/rollout/http_server.h"
+#include "miles/secret.h"
+#include "miles/thread_pool.h"
+#include "miles/weight_sync/engine_weights.h"
+#include "miles/weight_sync/grpc_weights.h"
 #include "miles/weight_sync/serve_routes.h"
 
 namespace miles::cli {
@@ -172,12 +175,20 @@ int run_serve(ServeOptions o) {
   o.server.block_tokens = o.engine.block_tokens;
   o.server.tp_size = o.tp.tp;
   o.server.random_seed = o.engine.random_seed;
-  std::shared_ptr<WeightSyncRoutes> weight_sync;  // /update_weights_from_disk_delta, checksums
-  o.server.extra_routes = [&](httplib::Server& s, rollout::EngineDriver& d) {
-    weight_sync =
-        register_weight_sync_routes(s, d, config, o.model, &pool, tp_intake,
-                                    WeightSyncTrust{o.server.weight_dirs, trusted_store_hosts(o)});
+  // The weight lifecycle: over HTTP (SGLang's routes) and gRPC (the controller's), one component.
+  auto weights = std::make_shared<EngineWeights>(
+      driver, config, o.model, &pool, tp_intake,
+      WeightSyncTrust{o.server.weight_dirs, trusted_store_hosts(o)});
+  o.server.extra_routes = [weights](httplib::Server& s, rollout::EngineDriver&) {
+    register_weight_sync_routes(s, weights);
   };
+  const rollout::CheckpointLoader load_checkpoint = [weights](const std::string& path) {
+    const WeightReply r = weights->load_checkpoint(path);
+    return r.ok() ? Status::Ok() : Status::Error(r.message);
+  };
+  o.server.load_checkpoint = load_checkpoint;
+  const std::unique_ptr<grpc::Service> weights_service =
+      make_weights_service(weights, o.server.keys);
   rollout::HttpServer server(driver, config, tok, chat, &pool, o.server);
   if (Status s = server.start(); !s.ok()) return fail("serve", s.message());
   spdlog::info("miles serve: listening on http://{} (model {})",
@@ -188,6 +199,8 @@ int run_serve(ServeOptions o) {
   if (o.grpc_port >= 0) {
     grpc = std::make_unique<rollout::GrpcServer>(driver, config, tok, &pool, o.model, o.server.keys,
                                                  o.server.weight_dirs);
+    grpc->add_service(weights_service.get());
+    grpc->set_checkpoint_loader(load_checkpoint);
     if (Status s =
             grpc->start(o.server.host, o.grpc_port, o.server.ssl_certfile, o.server.ssl_keyfile);
         !s.ok())

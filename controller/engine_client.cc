@@ -1,20 +1,18 @@
-// EngineClient (engine_client.h): gRPC generation and health, HTTP weight updates.
+// EngineClient (engine_client.h): generation, control and the weight lifecycle over gRPC.
 #include "controller/engine_client.h"
 
 #include <grpcpp/grpcpp.h>
-#include <httplib.h>
 
 #include <chrono>
-#include <nlohmann/json.hpp>
 
 #include "miles/host_port.h"
 #include "miles/secret.h"
 #include "miles/v1/rollout.grpc.pb.h"
+#include "miles/v1/weights.grpc.pb.h"
 
 namespace miles::controller {
 
 namespace pb = ::miles::v1;
-using nlohmann::json;
 
 namespace {
 
@@ -23,36 +21,21 @@ void set_deadline(grpc::ClientContext& ctx, double seconds) {
                    std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)));
 }
 
-Status from_grpc(const grpc::Status& s, const pb::StatusResponse& r, const std::string& what) {
+Status from_grpc(const grpc::Status& s, const std::string& what) {
   if (!s.ok()) return Status::Error(what + ": " + s.error_message());
+  return Status::Ok();
+}
+
+Status from_grpc(const grpc::Status& s, const pb::StatusResponse& r, const std::string& what) {
+  MILES_RETURN_IF_ERROR(from_grpc(s, what));
   if (!r.success()) return Status::Error(what + ": " + r.message());
   return Status::Ok();
 }
 
-// The run token (secret.h) on every call to an engine: HTTP and gRPC.
-void authorize(httplib::Client& c) {
-  if (const std::string t = run_token(); !t.empty()) c.set_bearer_token_auth(t.c_str());
-}
-
+// The run token (secret.h) on every call to an engine.
 void authorize(grpc::ClientContext& ctx) {
   if (const std::string t = run_token(); !t.empty())
     ctx.AddMetadata("authorization", "Bearer " + t);
-}
-
-// POSTs JSON over HTTP; the reply must be 200 with {"success": true}.
-Status post_json(const EngineAddress& a, const std::string& path, const json& body,
-                 double timeout_s) {
-  httplib::Client c(a.host, a.http_port);
-  authorize(c);
-  c.set_connection_timeout(std::chrono::milliseconds(2000));
-  c.set_read_timeout(std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
-  auto res = c.Post(path, body.dump(), "application/json");
-  if (!res) return Status::Error(path + " on " + a.http() + ": " + httplib::to_string(res.error()));
-  const json reply = json::parse(res->body, nullptr, false);
-  if (res->status != 200 || !reply.is_object() || !reply.value("success", false))
-    return Status::Error(path + " on " + a.http() + ": HTTP " + std::to_string(res->status) + " " +
-                         (reply.is_object() ? reply.value("message", res->body) : res->body));
-  return Status::Ok();
 }
 
 }  // namespace
@@ -166,51 +149,62 @@ Status EngineClient::resume() const {
 }
 
 Status EngineClient::update_weights_from_disk_delta(const std::string& dir, int64_t version) const {
-  return post_json(address_, "/update_weights_from_disk_delta",
-                   json{{"dir", dir}, {"weight_version", version}}, 300);
+  auto stub = pb::EngineWeights::NewStub(channel_);
+  grpc::ClientContext ctx;
+  authorize(ctx);
+  set_deadline(ctx, 300);
+  pb::UpdateWeightsFromDiskDeltaRequest in;
+  in.set_dir(dir);
+  in.set_weight_version(version);
+  pb::WeightVersion out;
+  return from_grpc(stub->UpdateWeightsFromDiskDelta(&ctx, in, &out),
+                   "update_weights_from_disk_delta on " + address_.http());
 }
 
-Status EngineClient::join_weight_group(const GroupJoin& j) const {
-  json body = {{"store", j.store},
-               {"prefix", j.prefix},
-               {"rank", j.rank},
-               {"world_size", j.world_size},
-               {"timeout_s", j.timeout_s},
-               {"host", j.host},
-               {"plan_digest", j.plan_digest}};
-  if (j.trainer_layout.empty()) {
-    body["stage"] = j.stage;
-    body["stages"] = j.stages;
-  } else {
-    body["transport"] = "p2p";
-    body["trainer_layout"] = j.trainer_layout;
-  }
-  if (j.engine_tp > 1) body["engine_tp"] = j.engine_tp;
-  return post_json(address_, "/join_weight_group", body, 30);
+Status EngineClient::join_weight_group(const GroupJoinSpec& j) const {
+  auto stub = pb::EngineWeights::NewStub(channel_);
+  grpc::ClientContext ctx;
+  authorize(ctx);
+  set_deadline(ctx, 30);
+  pb::JoinWeightGroupRequest in;
+  in.set_store(j.store);
+  in.set_prefix(j.prefix);
+  in.set_rank(j.rank);
+  in.set_world_size(j.world_size);
+  in.set_timeout_s(j.timeout_s);
+  in.set_host(j.host);
+  in.set_plan_digest(j.plan_digest);
+  in.set_stage(j.stage);
+  in.set_stages(j.stages);
+  in.set_trainer_layout(j.trainer_layout);
+  in.set_engine_tp(j.engine_tp);
+  pb::WeightVersion out;
+  return from_grpc(stub->JoinWeightGroup(&ctx, in, &out),
+                   "join_weight_group on " + address_.http());
 }
 
 Status EngineClient::update_weights_from_group(int64_t version, double timeout_s) const {
-  return post_json(address_, "/update_weights_from_group", json{{"weight_version", version}},
-                   timeout_s);
+  auto stub = pb::EngineWeights::NewStub(channel_);
+  grpc::ClientContext ctx;
+  authorize(ctx);
+  set_deadline(ctx, timeout_s);
+  pb::UpdateWeightsFromGroupRequest in;
+  in.set_weight_version(version);
+  pb::WeightVersion out;
+  return from_grpc(stub->UpdateWeightsFromGroup(&ctx, in, &out),
+                   "update_weights_from_group on " + address_.http());
 }
 
-Result<std::pair<int64_t, std::map<std::string, std::string>>> EngineClient::weight_checksums()
-    const {
-  httplib::Client c(address_.host, address_.http_port);
-  authorize(c);
-  c.set_read_timeout(std::chrono::seconds(120));
-  auto res = c.Get("/weight_checksums");
-  if (!res)
-    return Status::Error("weight_checksums on " + address_.http() + ": " +
-                         httplib::to_string(res.error()));
-  const json j = json::parse(res->body, nullptr, false);
-  if (res->status != 200 || !j.is_object() || !j.contains("checksums"))
-    return Status::Error("weight_checksums on " + address_.http() + ": HTTP " +
-                         std::to_string(res->status) + " " + res->body);
-  std::map<std::string, std::string> sums;
-  for (auto it = j["checksums"].begin(); it != j["checksums"].end(); ++it)
-    sums[it.key()] = it->get<std::string>();
-  return std::make_pair(j.value("weight_version", int64_t{-1}), std::move(sums));
+Result<WeightChecksums> EngineClient::weight_checksums() const {
+  auto stub = pb::EngineWeights::NewStub(channel_);
+  grpc::ClientContext ctx;
+  authorize(ctx);
+  set_deadline(ctx, 120);
+  pb::WeightChecksums out;
+  MILES_RETURN_IF_ERROR(
+      from_grpc(stub->GetWeightChecksums(&ctx, pb::WeightChecksumsRequest(), &out),
+                "weight_checksums on " + address_.http()));
+  return WeightChecksums{out.weight_version(), {out.checksums().begin(), out.checksums().end()}};
 }
 
 }  // namespace miles::controller

@@ -1,5 +1,6 @@
-// EngineClient: the controller's connection to one rollout engine (`miles serve`): generation over
-// gRPC (rollout.proto, one streaming call per group), control and weight updates over HTTP.
+// EngineClient: the controller's connection to one rollout engine (`miles serve`), all over gRPC:
+// generation and control (rollout.proto, one streaming call per group) and the weight lifecycle
+// (weights.proto, EngineWeights in include/miles/weight_sync/engine_weights.h).
 //
 // Why: the RL loop sees an engine as "give me n samples of this prompt" plus the weight lifecycle;
 // the wire formats stay here. Every call has a deadline, so a dead engine turns into an error,
@@ -15,9 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "miles/rollout/engine.h"
 #include "miles/host_port.h"
+#include "miles/rollout/engine.h"
 #include "miles/status.h"
+#include "miles/weight_sync/engine_weights.h"
 
 namespace grpc {
 class Channel;
@@ -53,21 +55,6 @@ struct GeneratedSample {
   std::vector<int32_t> routed_experts;  // (prompt + output − 1, moe layers, top_k) for MoE models
 };
 
-// A weight group for an engine to join: group `prefix` of the store at `store`, as `rank` of
-// `world_size`, binding `host` for Gloo. Broadcast: the group carrying pipeline stage `stage` of
-// `stages`. p2p (`trainer_layout` set): one group of the trainer's ranks (0..W−1, W the layout's
-// world size) and the engines (W..world_size−1).
-struct GroupJoin {
-  std::string store, prefix, host, plan_digest;
-  int rank = 1, world_size = 2;
-  double timeout_s = 60;
-  int stage = 0, stages = 1;
-  std::string trainer_layout;  // non-empty: p2p
-  // The engine's tensor-parallel ranks, ranks rank..rank+engine_tp−1 of the group(s), each taking
-  // its own shard (1: the engine's rank 0 takes whole tensors).
-  int engine_tp = 1;
-};
-
 class EngineClient {
  public:
   explicit EngineClient(EngineAddress address);
@@ -85,16 +72,15 @@ class EngineClient {
   Status health(double timeout_s) const;  // gRPC Health
   Status pause(PauseMode mode) const;
   Status resume() const;
-  // POST /update_weights_from_disk_delta: the engine advances to `version` of the chain in `dir`.
+  // UpdateWeightsFromDiskDelta: the engine advances to `version` of the chain in `dir`.
   Status update_weights_from_disk_delta(const std::string& dir, int64_t version) const;
-  // POST /join_weight_group: the engine starts joining the group; it replies before the group
-  // forms.
-  Status join_weight_group(const GroupJoin& join) const;
-  // POST /update_weights_from_group: the engine receives `version` over its group (the caller
-  // sends it meanwhile) and swaps it in; returns when it did, or failed.
+  // JoinWeightGroup: the engine starts joining the group; it replies before the group forms.
+  Status join_weight_group(const GroupJoinSpec& join) const;
+  // UpdateWeightsFromGroup: the engine receives `version` over its group (the caller sends it
+  // meanwhile) and swaps it in; returns when it did, or failed.
   Status update_weights_from_group(int64_t version, double timeout_s) const;
-  // GET /weight_checksums: the engine's version and the xxh3-128 of each of its tensors.
-  Result<std::pair<int64_t, std::map<std::string, std::string>>> weight_checksums() const;
+  // GetWeightChecksums: the engine's version and the xxh3-128 of each of its tensors.
+  Result<WeightChecksums> weight_checksums() const;
 
  private:
   EngineAddress address_;

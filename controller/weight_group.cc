@@ -79,7 +79,7 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
     std::vector<size_t> accepted;
     for (size_t k = 0; k < joining.size(); ++k) {
       const EngineClient& e = *engines[joining[k]];
-      GroupJoin join;
+      GroupJoinSpec join;
       join.store = store_address_;
       join.prefix = prefix;
       join.host = e.address().host;

@@ -42,22 +42,21 @@ Checksums sharded_checksums_of(const Trainer& trainer, const TransferPlan& plan,
 
 // OK when the engine holds version v with the expected checksums (whole tensors, or `sharded`'s
 // per-shard form when given); else what differs.
-Status compare_held(const EngineClient& engine, int64_t v,
-                    const std::pair<int64_t, Checksums>& held, const Checksums& expected,
-                    const Checksums& sharded = {}) {
+Status compare_held(const EngineClient& engine, int64_t v, const WeightChecksums& held,
+                    const Checksums& expected, const Checksums& sharded = {}) {
   int64_t bad = 0;
   std::string first;
   for (const auto& [name, sum] : expected) {
-    auto it = held.second.find(name);
+    auto it = held.checksums.find(name);
     auto alt = sharded.find(name);
-    if (it == held.second.end() ||
+    if (it == held.checksums.end() ||
         (it->second != sum && (alt == sharded.end() || it->second != alt->second))) {
       if (!bad++) first = name;
     }
   }
-  if (held.first == v && bad == 0) return Status::Ok();
+  if (held.version == v && bad == 0) return Status::Ok();
   return Status::Error("engine " + engine.address().http() + " holds version " +
-                       std::to_string(held.first) + ", not " + std::to_string(v) + " (" +
+                       std::to_string(held.version) + ", not " + std::to_string(v) + " (" +
                        std::to_string(bad) + " tensors differ" +
                        (first.empty() ? "" : ", e.g. " + first) + ")");
 }
@@ -162,7 +161,7 @@ Status WeightPublisher::bring(EngineClient& engine, const PauseMode* pause) cons
   }
   if (pause) MILES_RETURN_IF_ERROR(engine.pause(*pause));
   MILES_ASSIGN_OR_RETURN(auto held, engine.weight_checksums());
-  if (held.first != v) {
+  if (held.version != v) {
     Status s = engine.update_weights_from_disk_delta(cfg_.dir, v);
     if (!s.ok()) {
       if (pause) (void)engine.resume();

@@ -3,6 +3,8 @@
 
 #include <future>
 
+#include "miles/model.h"
+
 namespace miles::rollout {
 
 void RequestStream::push(const SampleEvent& e) {
@@ -89,6 +91,13 @@ void EngineDriver::loop() {
     for (auto& fn : batch) fn(*engine_);
     engine_->step();
   }
+}
+
+Status load_checkpoint_into(EngineDriver& driver, const std::string& path) {
+  MILES_ASSIGN_OR_RETURN(ModelFiles files, load_model_files(path));
+  Status st;
+  driver.run_sync([&](Engine& e) { st = e.update_weights(files.weights); });
+  return st;
 }
 
 }  // namespace miles::rollout

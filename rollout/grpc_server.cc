@@ -21,6 +21,18 @@ namespace miles::rollout {
 
 namespace pb = ::miles::v1;
 
+grpc::Status authorize_grpc_call(const grpc::ServerContext& ctx, const ApiKeys& keys, bool admin) {
+  if (!keys.any()) return grpc::Status::OK;
+  std::string_view token;
+  const auto& md = ctx.client_metadata();
+  if (auto it = md.find("authorization"); it != md.end())
+    token = bearer_token(std::string_view(it->second.data(), it->second.size()));
+  if (keys.allows(token, admin)) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      token.empty() ? "missing \"authorization: Bearer <key>\" metadata"
+                                    : "wrong key for this call");
+}
+
 class RolloutService final : public pb::RolloutEngine::Service {
  public:
   RolloutService(EngineDriver& d, const ModelConfig& c, std::shared_ptr<const Tokenizer> tok,
@@ -137,18 +149,20 @@ class RolloutService final : public pb::RolloutEngine::Service {
     // Only from trusted directories, and the error names the path, never what it holds.
     if (Status c = confine_path(in->model_path(), weight_dirs_, "--weights-dir"); !c.ok())
       return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, c.message());
-    auto files = load_model_files(in->model_path());
-    if (!files.ok()) return invalid(files.message());
+    const Status st = load_checkpoint_ ? load_checkpoint_(in->model_path())
+                                       : load_checkpoint_into(driver_, in->model_path());
+    if (!st.ok()) {
+      const bool generating = st.message().find("pause it first") != std::string::npos;
+      return generating ? grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, st.message())
+                        : invalid(st.message());
+    }
     // A swap always moves the version: the one given, else the next number.
-    Status st;
-    int64_t version = 0;
-    driver_.run_sync([&](Engine& e) {
-      st = e.update_weights(files->weights);
-      if (!st.ok()) return;
-      version = in->set_weight_version() ? in->weight_version() : e.stats().weight_version + 1;
-      e.update_weight_version(version);
+    const int64_t version = driver_.call<int64_t>([&](Engine& e) {
+      const int64_t v =
+          in->set_weight_version() ? in->weight_version() : e.stats().weight_version + 1;
+      e.update_weight_version(v);
+      return v;
     });
-    if (!st.ok()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, st.message());
     out->set_success(true);
     out->set_message("weight_version " + std::to_string(version));
     return grpc::Status::OK;
@@ -193,6 +207,8 @@ class RolloutService final : public pb::RolloutEngine::Service {
     return grpc::Status::OK;
   }
 
+  void set_checkpoint_loader(CheckpointLoader load) { load_checkpoint_ = std::move(load); }
+
   grpc::Status Health(grpc::ServerContext* ctx, const pb::Empty*, pb::StatusResponse* out) override {
     if (grpc::Status a = authorize(ctx, /*admin=*/false); !a.ok()) return a;
     out->set_success(true);
@@ -201,17 +217,8 @@ class RolloutService final : public pb::RolloutEngine::Service {
   }
 
  private:
-  // "authorization: Bearer <key>" metadata, as the HTTP routes take it.
   grpc::Status authorize(grpc::ServerContext* ctx, bool admin) const {
-    if (!keys_.any()) return grpc::Status::OK;
-    std::string_view token;
-    const auto& md = ctx->client_metadata();
-    if (auto it = md.find("authorization"); it != md.end())
-      token = bearer_token(std::string_view(it->second.data(), it->second.size()));
-    if (keys_.allows(token, admin)) return grpc::Status::OK;
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        token.empty() ? "missing \"authorization: Bearer <key>\" metadata"
-                                      : "wrong key for this call");
+    return authorize_grpc_call(*ctx, keys_, admin);
   }
   grpc::Status bracket(bool begin, pb::StatusResponse* out) {
     Status st;
@@ -238,6 +245,7 @@ class RolloutService final : public pb::RolloutEngine::Service {
   }
 
   EngineDriver& driver_;
+  CheckpointLoader load_checkpoint_;
   ModelConfig config_;
   std::shared_ptr<const Tokenizer> tok_;
   ThreadPool* pool_;
@@ -257,6 +265,10 @@ GrpcServer::GrpcServer(EngineDriver& driver, const ModelConfig& config,
                                                 std::move(weight_dirs))) {}
 
 GrpcServer::~GrpcServer() { stop(); }
+
+void GrpcServer::set_checkpoint_loader(CheckpointLoader load) {
+  service_->set_checkpoint_loader(std::move(load));
+}
 
 Status GrpcServer::start(const std::string& host, int port, const std::string& ssl_certfile,
                          const std::string& ssl_keyfile) {
@@ -278,6 +290,7 @@ Status GrpcServer::start(const std::string& host, int port, const std::string& s
   grpc::ServerBuilder b;
   b.AddListeningPort(host_port(host, port), creds, &port_);
   b.RegisterService(service_.get());
+  for (grpc::Service* extra : extra_services_) b.RegisterService(extra);
   server_ = b.BuildAndStart();
   if (!server_ || port_ == 0)
     return Status::Error("gRPC: cannot listen on " + host_port(host, port));

@@ -145,12 +145,10 @@ void HttpServer::register_control_routes() {
     const std::string path = (*body)["model_path"].get<std::string>();
     if (Status c = confine_path(path, opt_.weight_dirs, "--weights-dir"); !c.ok())
       return reply_error(res, 403, c.message(), http_errors_);
-    auto files = load_model_files(path);
-    if (!files.ok()) return reply_error(res, 400, files.message(), http_errors_);
     auto label = read_version(*body, "weight_version", /*required=*/false);
     if (!label.ok()) return reply_error(res, 400, label.message(), http_errors_);
-    Status st;
-    driver_.run_sync([&](Engine& e) { st = e.update_weights(files->weights); });
+    const Status st =
+        opt_.load_checkpoint ? opt_.load_checkpoint(path) : load_checkpoint_into(driver_, path);
     if (!st.ok()) return reply_error(res, 400, st.message(), http_errors_);
     // New weights always come with a new version: the one given, or the next number.
     const int64_t v = adopt_version(*label, /*abort=*/false);

@@ -12,15 +12,17 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
+#include "llama_weights_fixture.h"
 #include "miles/comm.h"
 #include "miles/rollout/engine.h"
+#include "miles/rollout/http_server.h"
 #include "miles/tcp_store.h"
 #include "miles/thread_pool.h"
 #include "miles/trainer/trainer.h"
-#include "miles/weight_sync/weight_sync.h"
-#include "miles/rollout/http_server.h"
-#include "test_paths.h"
+#include "miles/weight_sync/engine_weights.h"
 #include "miles/weight_sync/serve_routes.h"
+#include "miles/weight_sync/weight_sync.h"
+#include "test_paths.h"
 
 namespace miles {
 namespace {
@@ -33,27 +35,17 @@ json post(httplib::Client& c, const std::string& path, const json& body, int* st
   return r ? json::parse(r->body, nullptr, false) : json();
 }
 
-// The test llama model served like `miles serve` does: an engine, its HTTP server, and the
-// weight-sync routes.
-struct Served {
-  std::string model_dir = test::data_dir() + "/models/llama";
-  Result<ModelFiles> files = load_model_files(model_dir);
-  ThreadPool pool{1};
-  std::unique_ptr<rollout::EngineDriver> driver;
+// The test llama model served like `miles serve` does: an engine, its weight lifecycle, and its
+// HTTP server with the weight-sync routes.
+struct Served : test::LlamaEngine {
   std::unique_ptr<rollout::HttpServer> server;
 
-  WeightSyncTrust trust;
-
   Status start() {
-    MILES_RETURN_IF_ERROR(files.status());
-    MILES_ASSIGN_OR_RETURN(auto model, Model::from_weights(files->config, files->weights));
-    driver = std::make_unique<rollout::EngineDriver>(std::make_unique<Engine>(
-        make_model_runner(std::shared_ptr<const Model>(std::move(model)), &pool),
-        EngineOptions{.num_blocks = 64, .block_tokens = 8}));
+    MILES_RETURN_IF_ERROR(start_engine());
     rollout::ServerOptions so;
     so.port = 0;
-    so.extra_routes = [this](httplib::Server& s, rollout::EngineDriver& d) {
-      (void)register_weight_sync_routes(s, d, files->config, model_dir, &pool, nullptr, trust);
+    so.extra_routes = [this](httplib::Server& s, rollout::EngineDriver&) {
+      register_weight_sync_routes(s, weights);
     };
     server =
         std::make_unique<rollout::HttpServer>(*driver, files->config, nullptr, nullptr, &pool, so);
@@ -64,23 +56,10 @@ struct Served {
   }
 };
 
-// One optimizer step on a fixed sample.
-void train_once(Trainer& t) {
-  TrainSample x;
-  x.tokens = {1, 17, 300, 42, 7, 99};
-  x.response_length = 5;
-  x.loss_mask.assign(5, 1.0f);
-  std::vector<TrainSample> batch{x};
-  ASSERT_TRUE(t.step(batch, sft_objective(batch, 5)).ok());
-}
+using test::train_once;
 
 json checksums_of(const Trainer& t, const ParamLayout& layout) {
-  json sums;
-  for (const ParamSpec& s : layout.specs()) {
-    std::span<const float> v = t.params().get(s.name);
-    sums[s.name] = xxh3_128_hex(v.data(), v.size_bytes());
-  }
-  return sums;
+  return json(test::trainer_checksums(t, layout));
 }
 
 TEST(ServeWeightSync, DiskDeltaVersionsReachTheServerAndItsChecksumsMatchTheTrainer) {

@@ -1,154 +1,166 @@
-// The weight-sync endpoints of `miles serve` (serve_routes.h): disk-delta and checksums; the
-// broadcast group's are in serve_group_routes.cc.
+// The HTTP adapter onto EngineWeights (serve_routes.h): JSON in, the typed step, JSON out.
 #include "miles/weight_sync/serve_routes.h"
 
 #include <httplib.h>
 
 #include <nlohmann/json.hpp>
 
-#include "miles/rollout/engine.h"
-#include "miles/flat_params.h"
-#include "miles/model.h"
-#include "miles/path_guard.h"
-#include "miles/weight_sync/weight_sync.h"
-#include "weight_sync/serve_state.h"
+#include "miles/weight_sync/engine_weights.h"
 
 namespace miles {
 
 using nlohmann::json;
 
-WeightSyncRoutes::~WeightSyncRoutes() {
-  std::lock_guard<std::mutex> lock(group_mu);
-  for (JoinThread& j : joins)
-    if (j.thread.joinable()) j.thread.join();
+namespace {
+
+void reply_json(httplib::Response& res, int status, const json& j) {
+  res.status = status;
+  res.set_content(j.dump(), "application/json");
 }
 
-Status WeightSyncRoutes::initial_checksums() {
-  if (version >= 0) return Status::Ok();
-  MILES_ASSIGN_OR_RETURN(ModelFiles f, load_model_files(model_path));
-  auto layout = ParamLayout::for_model(f.config, &f.weights);
-  MILES_ASSIGN_OR_RETURN(FlatTensors t, FlatTensors::from_tensor_map(layout, f.weights));
-  for (const ParamSpec& s : layout->specs()) {
-    std::span<const float> v = std::as_const(t).get(s.name);
-    checksums[s.name] = xxh3_128_hex(v.data(), v.size_bytes());
+void reply_failure(httplib::Response& res, int status, const std::string& message) {
+  reply_json(res, status, json{{"success", false}, {"message", message}});
+}
+
+int http_status(WeightFault f) {
+  switch (f) {
+    case WeightFault::kNone:
+      return 200;
+    case WeightFault::kInvalid:
+      return 400;
+    case WeightFault::kForbidden:
+      return 403;
+    case WeightFault::kConflict:
+      return 409;
+    case WeightFault::kInternal:
+      return 500;
   }
-  version = 0;
-  return Status::Ok();
+  return 500;
 }
 
-int WeightSyncRoutes::apply(rollout::EngineDriver& driver, const ReceivedWeights& got,
-                            std::string* error) {
-  Status applied;
-  driver.run_sync([&](Engine& e) { applied = apply_to_engine(e, config, got, plan, pool); });
-  return record(applied, got.version, got.checksums, error);
+// A step's reply: {"success": true, "weight_version": v} or the failure.
+void reply(httplib::Response& res, const WeightReply& r) {
+  if (!r.ok()) return reply_failure(res, http_status(r.fault), r.message);
+  reply_json(res, 200, json{{"success", true}, {"weight_version", r.version}});
 }
 
-int WeightSyncRoutes::apply_runner(rollout::EngineDriver& driver,
-                                   std::unique_ptr<ModelRunner> runner, int64_t v,
-                                   std::map<std::string, std::string> sums, std::string* error) {
-  Status applied;
-  driver.run_sync([&](Engine& e) { applied = apply_runner_to_engine(e, std::move(runner), v); });
-  return record(applied, v, std::move(sums), error);
+bool has(const json& body, const char* key, json::value_t type) {
+  if (!body.contains(key)) return false;
+  const json& v = body[key];
+  if (type == json::value_t::number_float) return v.is_number();
+  if (type == json::value_t::number_integer) return v.is_number_integer();
+  return v.type() == type;
 }
 
-int WeightSyncRoutes::record(const Status& applied, int64_t v,
-                             std::map<std::string, std::string> sums, std::string* error) {
-  if (!applied.ok()) {
-    *error = applied.message();
-    return applied.message().find("pause it first") != std::string::npos ? 409 : 400;
+bool optional(const json& body, const char* key, json::value_t type) {
+  return !body.contains(key) || has(body, key, type);
+}
+
+// A join's spec from its request body, or why it is not one.
+Result<GroupJoinSpec> join_spec(const json& body) {
+  using T = json::value_t;
+  const char* usage =
+      "join_weight_group needs {\"store\": \"host:port\", \"prefix\": string, \"rank\": integer, "
+      "\"world_size\": integer, optional \"timeout_s\": number, \"host\": string, "
+      "\"plan_digest\": string, \"stage\": integer, \"stages\": integer, \"transport\": "
+      "\"broadcast\" | \"p2p\", \"trainer_layout\": \"dp=A,pp=B,tp=C\", \"engine_tp\": integer}";
+  if (body.is_discarded() || !body.is_object() || !has(body, "store", T::string) ||
+      !has(body, "prefix", T::string) || !has(body, "rank", T::number_integer) ||
+      !has(body, "world_size", T::number_integer) ||
+      !optional(body, "timeout_s", T::number_float) || !optional(body, "host", T::string) ||
+      !optional(body, "plan_digest", T::string) || !optional(body, "stage", T::number_integer) ||
+      !optional(body, "stages", T::number_integer) || !optional(body, "transport", T::string) ||
+      !optional(body, "trainer_layout", T::string) ||
+      !optional(body, "engine_tp", T::number_integer))
+    return Status::Error(usage);
+  for (const char* key : {"rank", "world_size", "stage", "stages", "engine_tp"})
+    if (body.contains(key) && (body[key].get<int64_t>() < -(int64_t{1} << 30) ||
+                               body[key].get<int64_t>() > (int64_t{1} << 30)))
+      return Status::Error(std::string("join_weight_group: ") + key + " is out of range");
+  GroupJoinSpec s;
+  s.store = body["store"].get<std::string>();
+  s.prefix = body["prefix"].get<std::string>();
+  s.rank = body["rank"].get<int>();
+  s.world_size = body["world_size"].get<int>();
+  s.host = body.value("host", std::string("127.0.0.1"));
+  s.timeout_s = body.value("timeout_s", 60.0);
+  s.plan_digest = body.value("plan_digest", std::string());
+  s.stage = body.value("stage", 0);
+  s.stages = body.value("stages", 1);
+  s.engine_tp = body.value("engine_tp", 1);
+  const std::string transport = body.value("transport", std::string("broadcast"));
+  if (transport != "broadcast" && transport != "p2p")
+    return Status::Error("join_weight_group: transport '" + transport +
+                         "' (known: broadcast, p2p)");
+  if (transport == "p2p") {
+    s.trainer_layout = body.value("trainer_layout", std::string());
+    if (s.trainer_layout.empty())
+      return Status::Error("join_weight_group: transport p2p needs \"trainer_layout\"");
   }
-  checksums = std::move(sums);
-  version = v;
-  return 200;
+  return s;
 }
 
-void WeightSyncRoutes::drop_groups(const std::vector<std::shared_ptr<WeightGroupJoin>>& gs) {
-  std::lock_guard<std::mutex> lock(group_mu);
-  if (groups == gs) groups.clear();
-}
+void register_update_routes(httplib::Server& s, const std::shared_ptr<EngineWeights>& w) {
+  s.Post(
+      "/update_weights_from_disk_delta", [w](const httplib::Request& req, httplib::Response& res) {
+        const json body = json::parse(req.body, nullptr, false);
+        if (body.is_discarded() || !body.is_object() || !has(body, "dir", json::value_t::string) ||
+            !has(body, "weight_version", json::value_t::number_integer))
+          return reply_failure(res, 400,
+                               "update_weights_from_disk_delta needs {\"dir\": string, "
+                               "\"weight_version\": integer}");
+        reply(res, w->update_from_disk_delta(body["dir"].get<std::string>(),
+                                             body["weight_version"].get<int64_t>()));
+      });
 
-Result<const TransferPlan*> WeightSyncRoutes::plan_for(const ParallelLayout& layout) {
-  const std::string key = layout.to_string();
-  auto it = plans.find(key);
-  if (it != plans.end()) return &it->second;
-  auto params = ParamLayout::for_model(config);
-  MILES_ASSIGN_OR_RETURN(TransferPlan plan, make_transfer_plan(config, *params, layout));
-  return &plans.emplace(key, std::move(plan)).first->second;
-}
-
-std::shared_ptr<WeightSyncRoutes> register_weight_sync_routes(
-    httplib::Server& s, rollout::EngineDriver& driver, const ModelConfig& config,
-    const std::string& model_path, ThreadPool* pool,
-    std::shared_ptr<rollout::TpShardIntake> tp_intake, WeightSyncTrust trust) {
-  auto st = std::make_shared<WeightSyncRoutes>();
-  st->store_hosts = trust.store_hosts;
-  const std::vector<std::string> weight_dirs = std::move(trust.weight_dirs);
-  st->tp_intake = std::move(tp_intake);
-  st->config = config;
-  st->model_path = model_path;
-  st->pool = pool;
-  auto layout = ParamLayout::for_model(config);
-  auto plan = make_transfer_plan(config, *layout, ParallelLayout{});
-  if (plan.ok()) st->plan = std::move(*plan);
-  st->plan_digest = transfer_plan_digest(st->plan);
-  register_group_routes(s, st, driver);
-
-  s.Post("/update_weights_from_disk_delta",
-         [st, &driver, weight_dirs](const httplib::Request& req, httplib::Response& res) {
-           const json body = json::parse(req.body, nullptr, false);
-           if (body.is_discarded() || !body.is_object() || !body.contains("dir") ||
-               !body["dir"].is_string() || !body.contains("weight_version") ||
-               !body["weight_version"].is_number_integer())
-             return reply_failure(res, 400,
-                                  "update_weights_from_disk_delta needs {\"dir\": string, "
-                                  "\"weight_version\": integer}");
-           const std::string dir = body["dir"].get<std::string>();
-           const int64_t v = body["weight_version"].get<int64_t>();
-           if (Status c = confine_path(dir, weight_dirs, "--weights-dir"); !c.ok())
-             return reply_failure(res, 403, c.message());
-           std::lock_guard<std::mutex> lock(st->mu);
-           auto& rx = st->receivers[dir];
-           if (!rx) rx = make_disk_delta_receiver(dir, st->plan);
-           auto got = rx->receive(v);
-           if (!got.ok()) {
-             st->receivers.erase(dir);  // start over from the latest full version next time
-             return reply_failure(res, 400, got.message());
-           }
-           std::string error;
-           if (int code = st->apply(driver, *got, &error); code != 200) {
-             st->receivers.erase(dir);
-             return reply_failure(res, code, error);
-           }
-           reply_json(res, 200, json{{"success", true}, {"weight_version", v}});
-         });
-
-  s.Get("/weight_checksums", [st](const httplib::Request&, httplib::Response& res) {
-    std::lock_guard<std::mutex> lock(st->mu);
-    if (Status e = st->initial_checksums(); !e.ok()) return reply_failure(res, 500, e.message());
-    reply_json(res, 200, json{{"weight_version", st->version}, {"checksums", st->checksums}});
-  });
-
-  s.Post("/check_weights", [st](const httplib::Request& req, httplib::Response& res) {
-    const json body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded() || !body.is_object() || !body.contains("checksums") ||
-        !body["checksums"].is_object())
-      return reply_failure(res, 400, "check_weights needs {\"checksums\": {name: xxh3-128 hex}}");
-    std::lock_guard<std::mutex> lock(st->mu);
-    if (Status e = st->initial_checksums(); !e.ok()) return reply_failure(res, 500, e.message());
-    std::vector<std::string> bad;
-    for (const auto& [name, sum] : st->checksums) {
-      auto it = body["checksums"].find(name);
-      if (it == body["checksums"].end() || !it->is_string() || it->get<std::string>() != sum)
-        bad.push_back(name);
-    }
-    for (auto it = body["checksums"].begin(); it != body["checksums"].end(); ++it)
-      if (!st->checksums.count(it.key())) bad.push_back(it.key());
-    std::string msg = bad.empty() ? "all " + std::to_string(st->checksums.size()) + " tensors match"
-                                  : std::to_string(bad.size()) + " tensors differ, e.g. " + bad[0];
+  s.Post("/join_weight_group", [w](const httplib::Request& req, httplib::Response& res) {
+    auto spec = join_spec(json::parse(req.body, nullptr, false));
+    if (!spec.ok()) return reply_failure(res, 400, spec.message());
+    const WeightReply r = w->join_group(*spec);
+    if (!r.ok()) return reply(res, r);
     reply_json(res, 200,
-               json{{"success", bad.empty()}, {"weight_version", st->version}, {"message", msg}});
+               json{{"success", true},
+                    {"prefix", spec->prefix},
+                    {"stage", spec->trainer_layout.empty() ? spec->stage : 0}});
   });
-  return st;
+
+  s.Post("/update_weights_from_group", [w](const httplib::Request& req, httplib::Response& res) {
+    const json body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object() ||
+        !has(body, "weight_version", json::value_t::number_integer))
+      return reply_failure(res, 400,
+                           "update_weights_from_group needs {\"weight_version\": integer}");
+    reply(res, w->update_from_group(body["weight_version"].get<int64_t>()));
+  });
+}
+
+void register_checksum_routes(httplib::Server& s, const std::shared_ptr<EngineWeights>& w) {
+  s.Get("/weight_checksums", [w](const httplib::Request&, httplib::Response& res) {
+    auto sums = w->checksums();
+    if (!sums.ok()) return reply_failure(res, 500, sums.message());
+    reply_json(res, 200, json{{"weight_version", sums->version}, {"checksums", sums->checksums}});
+  });
+
+  s.Post("/check_weights", [w](const httplib::Request& req, httplib::Response& res) {
+    const json body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded() || !body.is_object() || !has(body, "checksums", json::value_t::object))
+      return reply_failure(res, 400, "check_weights needs {\"checksums\": {name: xxh3-128 hex}}");
+    std::map<std::string, std::string> theirs;
+    for (auto it = body["checksums"].begin(); it != body["checksums"].end(); ++it)
+      theirs[it.key()] = it->is_string() ? it->get<std::string>() : std::string();  // "": differs
+    auto c = w->check(theirs);
+    if (!c.ok()) return reply_failure(res, 500, c.message());
+    reply_json(
+        res, 200,
+        json{{"success", c->match}, {"weight_version", c->version}, {"message", c->message}});
+  });
+}
+
+}  // namespace
+
+void register_weight_sync_routes(httplib::Server& s, std::shared_ptr<EngineWeights> weights) {
+  register_update_routes(s, weights);
+  register_checksum_routes(s, weights);
 }
 
 }  // namespace miles

@@ -60,4 +60,12 @@ class EngineDriver {
   std::thread thread_;
 };
 
+// Swaps a whole checkpoint (safetensors directory or GGUF) into the engine; the caller sets the
+// version. Servers take one (ServerOptions::load_checkpoint, GrpcServer::set_checkpoint_loader) so
+// that `miles serve` routes the swap through its weight lifecycle (weight_sync/engine_weights.h).
+using CheckpointLoader = std::function<Status(const std::string& path)>;
+
+// The plain loader: reads the checkpoint and swaps it in through the driver.
+Status load_checkpoint_into(EngineDriver& driver, const std::string& path);
+
 }  // namespace miles::rollout

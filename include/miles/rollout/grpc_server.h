@@ -13,7 +13,10 @@
 
 namespace grpc {
 class Server;
-}
+class ServerContext;
+class Service;
+class Status;
+}  // namespace grpc
 
 namespace miles {
 class ThreadPool;
@@ -22,6 +25,10 @@ class ThreadPool;
 namespace miles::rollout {
 
 class RolloutService;
+
+// "authorization: Bearer <key>" metadata against `keys` (none: open); `admin` calls need the admin
+// key. UNAUTHENTICATED with the reason otherwise. Every service of the engine's port uses it.
+grpc::Status authorize_grpc_call(const grpc::ServerContext& ctx, const ApiKeys& keys, bool admin);
 
 class GrpcServer {
  public:
@@ -38,9 +45,15 @@ class GrpcServer {
                const std::string& ssl_keyfile = "");
   void stop();
   int port() const { return port_; }
+  // Serves another service beside RolloutEngine on the same port (the engine's weight lifecycle,
+  // weight_sync/grpc_weights.h); before start(). The service outlives the server.
+  void add_service(grpc::Service* service) { extra_services_.push_back(service); }
+  // How UpdateWeightsFromDisk swaps in a checkpoint (default: load_checkpoint_into).
+  void set_checkpoint_loader(CheckpointLoader load);
 
  private:
   std::unique_ptr<RolloutService> service_;
+  std::vector<grpc::Service*> extra_services_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };

@@ -71,6 +71,10 @@ struct ServerOptions {
   // More routes, registered after the built-in ones (e.g. include/miles/weight_sync/serve_routes.h: receiving new
   // weight versions and reporting checksums), so that rollout/ depends on nothing above it.
   std::function<void(httplib::Server&, EngineDriver&)> extra_routes;
+  // Swaps in a whole checkpoint for POST /update_weights_from_disk: `miles serve` passes its
+  // weight lifecycle's (EngineWeights::load_checkpoint), so that its checksums follow the swap;
+  // unset: load_checkpoint_into.
+  CheckpointLoader load_checkpoint;
 };
 
 // Routes that change the engine (weights, versions, pause, cache, groups, memory, aborts): they
