@@ -28,9 +28,6 @@ class Scorer {
   virtual std::vector<Result<double>> score(std::span<const RewardInput> inputs) = 0;
 };
 
-// The kinds RewardSpec::kind accepts, in the order the error messages list them.
-const std::vector<std::string>& known_kinds();
-
 // Built-in verifiers (reward_verifiers.cc): exact_match, numeric, regex, keyword, length. The spec
 // must have passed validate().
 Result<std::unique_ptr<Scorer>> make_verifier(const RewardSpec& spec);

@@ -20,7 +20,7 @@ using reward::Scorer;
 void assign_unique_names(std::vector<RewardSpec>& specs) {
   std::set<std::string> taken;
   for (RewardSpec& spec : specs) {
-    std::string base = spec.name.empty() ? spec.kind : spec.name;
+    std::string base = spec.name.empty() ? std::string(name_of(spec.kind)) : spec.name;
     std::string name = base;
     for (int k = 2; taken.count(name) > 0; ++k) name = base + "_" + std::to_string(k);
     spec.name = name;
@@ -29,9 +29,14 @@ void assign_unique_names(std::vector<RewardSpec>& specs) {
 }
 
 Result<std::unique_ptr<Scorer>> make_scorer(const RewardSpec& spec) {
-  if (spec.kind == "http") return reward::make_http_scorer(spec);
-  if (spec.kind == "command") return reward::make_command_scorer(spec);
-  return reward::make_verifier(spec);
+  switch (spec.kind) {
+    case RewardKind::kHttp:
+      return reward::make_http_scorer(spec);
+    case RewardKind::kCommand:
+      return reward::make_command_scorer(spec);
+    default:
+      return reward::make_verifier(spec);
+  }
 }
 
 class WeightedSum : public RewardModel {

@@ -175,16 +175,25 @@ class Length : public SampleVerifier {
 }  // namespace
 
 Result<std::unique_ptr<Scorer>> make_verifier(const RewardSpec& spec) {
-  if (spec.kind == "exact_match") return std::unique_ptr<Scorer>(new ExactMatch(spec));
-  if (spec.kind == "numeric") return std::unique_ptr<Scorer>(new Numeric(spec));
-  if (spec.kind == "keyword") return std::unique_ptr<Scorer>(new Keyword(spec));
-  if (spec.kind == "length") return std::unique_ptr<Scorer>(new Length(spec));
-  if (spec.kind == "regex") {
-    if (spec.pattern.empty()) return std::unique_ptr<Scorer>(new Regex(std::nullopt));
-    MILES_ASSIGN_OR_RETURN(SafeRegex re, SafeRegex::compile(spec.pattern));
-    return std::unique_ptr<Scorer>(new Regex(std::move(re)));
+  switch (spec.kind) {
+    case RewardKind::kExactMatch:
+      return std::unique_ptr<Scorer>(new ExactMatch(spec));
+    case RewardKind::kNumeric:
+      return std::unique_ptr<Scorer>(new Numeric(spec));
+    case RewardKind::kKeyword:
+      return std::unique_ptr<Scorer>(new Keyword(spec));
+    case RewardKind::kLength:
+      return std::unique_ptr<Scorer>(new Length(spec));
+    case RewardKind::kRegex: {
+      if (spec.pattern.empty()) return std::unique_ptr<Scorer>(new Regex(std::nullopt));
+      MILES_ASSIGN_OR_RETURN(SafeRegex re, SafeRegex::compile(spec.pattern));
+      return std::unique_ptr<Scorer>(new Regex(std::move(re)));
+    }
+    case RewardKind::kHttp:
+    case RewardKind::kCommand:
+      break;
   }
-  return Status::Error("'" + spec.kind + "' is not a built-in verifier");
+  return Status::Error("'" + std::string(name_of(spec.kind)) + "' is not a built-in verifier");
 }
 
 }  // namespace miles::reward

@@ -20,12 +20,13 @@
 
 namespace miles::run_config_internal {
 
-// The scalar types first (type_name indexes them); then every ConfigEnum of run_config.h.
+// The scalar types first (type_name indexes them); then every ConfigEnum of run_config.h and
+// reward.h.
 using FieldPtr =
     std::variant<std::string*, int64_t*, uint64_t*, double*, bool*, std::vector<std::string>*,
                  Device*, Environment*, LrDecay*, TrainerComm*, Advantage*, PolicyLoss*,
                  KlEstimatorKind*, Reduction*, Correction*, OldLogp*, Transport*, Encoding*,
-                 AsyncMode*, StalePolicy*, SyncPause*, Progress*>;
+                 AsyncMode*, StalePolicy*, SyncPause*, Progress*, RewardKind*>;
 
 struct Field {
   std::string_view key;

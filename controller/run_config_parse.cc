@@ -41,6 +41,11 @@ class Parser {
 
   RunConfig& config() { return config_; }
   const Origins& origins() const { return origins_; }
+  // Every reward names its kind: there is no default kind.
+  void require_reward_kinds();
+  std::string fixed_where_or_source() const {
+    return fixed_where_.empty() ? source_ : fixed_where_;
+  }
   const std::vector<std::string>& errors() const { return errors_; }
 
  private:
@@ -78,6 +83,8 @@ class Parser {
   std::string fixed_where_;
   RunConfig config_;
   Origins origins_;
+  std::set<std::string> given_;                  // every path a value was given for, valid or not
+  std::map<std::string, std::string> entry_at_;  // where each reward entry starts ("rewards[0]")
   std::vector<std::string> errors_;
 };
 
@@ -132,12 +139,25 @@ void Parser::rewards(const YAML::Node& node, const std::string& where) {
   for (const YAML::Node& entry : node) {
     const std::string prefix = "rewards[" + std::to_string(config_.rewards.size()) + "]";
     RewardSpec& spec = config_.rewards.emplace_back();
+    entry_at_[prefix] = at(entry.Mark());
     if (!entry.IsMap()) {
+      given_.insert(prefix + ".kind");  // reported below
       error(at(entry.Mark()), prefix + ": expected a map of reward keys (kind, weight, ...), got " +
                                   run_config_internal::describe(entry));
       continue;
     }
     assign_map(entry, run_config_internal::reward_fields(spec), prefix);
+  }
+}
+
+void Parser::require_reward_kinds() {
+  for (size_t i = 0; i < config_.rewards.size(); ++i) {
+    const std::string prefix = "rewards[" + std::to_string(i) + "]";
+    if (given_.count(prefix + ".kind")) continue;  // set, or wrong and reported
+    auto where = entry_at_.find(prefix);
+    error(where == entry_at_.end() ? fixed_where_or_source() : where->second,
+          prefix + ": kind is required (one of " + run_config_internal::enum_choices<RewardKind>() +
+              ")");
   }
 }
 
@@ -172,6 +192,7 @@ void Parser::assign_key(const std::vector<Field>& fields, const std::string& key
       keys.push_back(field.key);
       continue;
     }
+    given_.insert(path);
     Status status = run_config_internal::assign_field(field.ptr, value);
     if (status.ok()) {
       origins_[path] = where;
@@ -221,7 +242,10 @@ void Parser::apply_override(const std::string& text) {
                        std::to_string(config_.rewards.size()) + "; rewards." +
                        std::to_string(config_.rewards.size()) + ".kind=... adds one)");
     } else {
-      if (index == config_.rewards.size()) config_.rewards.emplace_back();
+      if (index == config_.rewards.size()) {
+        config_.rewards.emplace_back();
+        entry_at_["rewards[" + index_text + "]"] = where;
+      }
       assign_key(run_config_internal::reward_fields(config_.rewards[index]), key.substr(dot2 + 1),
                  value, "rewards[" + index_text + "]", where);
     }
@@ -259,6 +283,7 @@ Result<RunConfig> parse_run_config(const std::string& yaml_text, const std::stri
   } catch (const YAML::Exception& e) {
     return Status::Error("overrides: " + e.msg);
   }
+  parser.require_reward_kinds();
   if (!parser.errors().empty()) {
     std::string message;
     for (const std::string& line : parser.errors()) message += (message.empty() ? "" : "\n") + line;

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -43,9 +44,12 @@ RewardInput sample(std::string response, json label = nullptr, int64_t tokens = 
   return in;
 }
 
-RewardSpec spec_of(std::string kind) {
+RewardSpec spec_of(std::string_view kind) {
   RewardSpec s;
-  s.kind = std::move(kind);
+  const auto& names = ConfigEnum<RewardKind>::names;
+  const auto it = std::find(names.begin(), names.end(), kind);
+  EXPECT_NE(it, names.end()) << kind;
+  s.kind = static_cast<RewardKind>(it - names.begin());
   return s;
 }
 
@@ -308,12 +312,6 @@ TEST(RewardLength, Penalty) {
 
 TEST(RewardModelCreate, ValidationNamesTheField) {
   EXPECT_NE(create_error({}).find("at least one"), std::string::npos);
-  std::string unknown = create_error({spec_of("numeric"), spec_of("vibes")});
-  EXPECT_NE(unknown.find("rewards[1]"), std::string::npos) << unknown;
-  EXPECT_NE(unknown.find("'vibes' is unknown"), std::string::npos) << unknown;
-  EXPECT_NE(unknown.find("exact_match, numeric, regex, keyword, length, http, command"),
-            std::string::npos)
-      << unknown;
 
   RewardSpec w = spec_of("numeric");
   w.weight = std::numeric_limits<double>::quiet_NaN();

@@ -50,6 +50,21 @@ TEST(RunConfigErrors, UnknownKeyHasAHint) {
             "job.yaml:6: rewards[1].tolerence: unknown key (did you mean tolerance?)");
 }
 
+TEST(RunConfigErrors, RewardKindsAreNamedAndKnown) {
+  EXPECT_EQ(
+      error_of("model: {path: m}\ndata: {path: d}\nrewards:\n  - kind: numeric\n"
+               "  - kind: vibes\n"),
+      "job.yaml:5: rewards[1].kind: expected one of exact_match | numeric | regex | keyword | "
+      "length | http | command, got \"vibes\"");
+  EXPECT_EQ(error_of("model: {path: m}\ndata: {path: d}\nrewards:\n  - kind: numeric\n"
+                     "  - weight: 2\n"),
+            "job.yaml:5: rewards[1]: kind is required (one of exact_match | numeric | regex | "
+            "keyword | length | http | command)");
+  EXPECT_EQ(error_of(std::string(kBase) + "", {"rewards.1.weight=2"}),
+            "override rewards.1.weight=2: rewards[1]: kind is required (one of exact_match | "
+            "numeric | regex | keyword | length | http | command)");
+}
+
 TEST(RunConfigErrors, WrongTypesSayWhatWasExpected) {
   auto one = [](const std::string& section_and_key) {
     return error_of(std::string(kBase) + section_and_key);
@@ -117,13 +132,13 @@ TEST(RunConfigOverrides, SetValuesOfEveryType) {
   EXPECT_EQ(c->model.path, "/over/ride");
   ASSERT_EQ(c->rewards.size(), 2u);
   EXPECT_EQ(c->rewards[0].weight, 2);
-  EXPECT_EQ(c->rewards[1].kind, "length");
+  EXPECT_EQ(c->rewards[1].kind, RewardKind::kLength);
   EXPECT_EQ(c->rewards[1].max_tokens, 50);
 
   auto whole = parse_run_config(kBase, "job.yaml", {"rewards=[{kind: numeric, weight: 0.5}]"});
   ASSERT_TRUE(whole.ok()) << whole.message();
   ASSERT_EQ(whole->rewards.size(), 1u);
-  EXPECT_EQ(whole->rewards[0].kind, "numeric");
+  EXPECT_EQ(whole->rewards[0].kind, RewardKind::kNumeric);
   EXPECT_EQ(whole->rewards[0].weight, 0.5);
 }
 

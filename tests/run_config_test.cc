@@ -111,7 +111,7 @@ TEST(RunConfig, FullConfigSetsEveryField) {
   EXPECT_EQ(c->data.seed, 7u);
   ASSERT_EQ(c->rewards.size(), 2u);
   const RewardSpec& w = c->rewards[0];
-  EXPECT_EQ(w.kind, "numeric");
+  EXPECT_EQ(w.kind, RewardKind::kNumeric);
   EXPECT_EQ(w.name, "correct");
   EXPECT_EQ(w.weight, 2);
   EXPECT_EQ(w.answer_prefix, "####");
@@ -124,7 +124,7 @@ TEST(RunConfig, FullConfigSetsEveryField) {
   EXPECT_EQ(w.url, "http://localhost:8000/score");
   EXPECT_EQ(w.command, "./score.sh");
   EXPECT_EQ(w.timeout_s, 5);
-  EXPECT_EQ(c->rewards[1].kind, "length");
+  EXPECT_EQ(c->rewards[1].kind, RewardKind::kLength);
   EXPECT_EQ(c->rewards[1].weight, 1.0);
   EXPECT_EQ(c->weight_sync.transport, Transport::kDiskDelta);
   EXPECT_EQ(c->weight_sync.dir, "/fast/weights");
@@ -168,7 +168,7 @@ TEST(RunConfig, MinimalConfigKeepsDefaultsAndPutsDirsInTheRunDir) {
   expected.source = "min.yaml";
   expected.model.path = "m";
   expected.data.path = "d.jsonl";
-  expected.rewards.emplace_back().kind = "exact_match";
+  expected.rewards.emplace_back().kind = RewardKind::kExactMatch;
   expected.weight_sync.dir = "runs/default/weights";
   expected.checkpoint.dir = "runs/default/checkpoints";
   expected.check.report = "runs/default/check.json";
@@ -207,7 +207,7 @@ TEST(RunConfig, ReferenceYamlLoadsAndStatesTheDefaults) {
   expected.source = reference_path();
   expected.model.path = "/m";
   expected.data.path = "/d.jsonl";
-  expected.rewards.emplace_back().kind = "exact_match";
+  expected.rewards.emplace_back().kind = RewardKind::kExactMatch;
   expected.weight_sync.dir = "runs/default/weights";
   expected.checkpoint.dir = "runs/default/checkpoints";
   expected.check.report = "runs/default/check.json";

@@ -164,7 +164,7 @@ TEST(RunConfigValidate, PlainStructWithoutLines) {
   RunConfig c;
   c.model.path = "m";
   c.data.path = "d";
-  c.rewards.emplace_back().kind = "exact_match";
+  c.rewards.emplace_back().kind = RewardKind::kExactMatch;
   EXPECT_TRUE(validate_run_config(c).ok()) << validate_run_config(c).message();
   c.parallel.dp = 0;
   c.source = "";

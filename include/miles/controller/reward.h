@@ -39,6 +39,7 @@
 // The sample's reward is Σ weight_i · score_i over the specs; RewardResult::parts names each.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -47,12 +48,20 @@
 #include <string>
 #include <vector>
 
+#include "miles/controller/config_enum.h"
 #include "miles/status.h"
 
 namespace miles {
 
+enum class RewardKind { kExactMatch, kNumeric, kRegex, kKeyword, kLength, kHttp, kCommand };
+template <>
+struct ConfigEnum<RewardKind> {
+  static constexpr std::array names = std::to_array<std::string_view>(
+      {"exact_match", "numeric", "regex", "keyword", "length", "http", "command"});
+};
+
 struct RewardSpec {
-  std::string kind;          // exact_match | numeric | regex | keyword | length | http | command
+  RewardKind kind = RewardKind::kExactMatch;
   std::string name;          // metrics name (default: kind, made unique by index)
   double weight = 1.0;
   std::string answer_prefix;     // exact_match / numeric: score the text after its last occurrence
@@ -65,9 +74,9 @@ struct RewardSpec {
   std::string url;               // http
   std::string command;           // command
   double timeout_s = 30;         // http / command: per sample, > 0
-  // Names the bad field: an unknown kind (listing the known ones), a weight that is not finite, a
-  // negative tolerance, an invalid `pattern` (named), an empty keyword, max_tokens <= 0 for
-  // length, a missing or malformed url, a missing command, timeout_s <= 0 for http / command.
+  // Names the bad field (the kind is checked where the config is parsed): a weight that is not
+  // finite, a negative tolerance, an invalid `pattern` (named), an empty keyword, max_tokens <= 0
+  // for length, a missing or malformed url, a missing command, timeout_s <= 0 for http / command.
   Status validate() const;
 };
 

@@ -20,21 +20,14 @@
 #include <string_view>
 #include <vector>
 
+#include "miles/controller/config_enum.h"
 #include "miles/controller/reward.h"
 #include "miles/device_model.h"
 #include "miles/status.h"
 
 namespace miles {
 
-// Keys whose value is one of a fixed set of names are enums, parsed and checked once when the file
-// loads; nothing downstream compares strings. ConfigEnum<E>::names spells E's enumerators, in
-// order, as the YAML does.
-template <typename E>
-struct ConfigEnum;
-template <typename E>
-std::string_view name_of(E e) {
-  return ConfigEnum<E>::names[static_cast<size_t>(e)];
-}
+// The enums of the job file (config_enum.h).
 
 enum class Environment { kNone, kCalculator };
 enum class LrDecay { kConstant, kCosine };
