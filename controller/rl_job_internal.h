@@ -20,7 +20,9 @@
 #include "controller/metrics_log.h"
 #include "controller/prompt_data.h"
 #include "controller/sample_dump.h"
+#include "controller/step_metrics.h"
 #include "controller/tensorboard_log.h"
+#include "controller/train_batch.h"
 #include "controller/weight_publisher.h"
 #include "miles/controller/controller_service.h"
 #include "miles/controller/reward.h"
@@ -35,14 +37,6 @@ using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
-
-// What a schedule hands to train_step besides the groups.
-struct StepTiming {
-  double generate_s = 0, idle_s = 0;
-  int64_t launched = 0, filtered = 0, cancelled = 0, stale_dropped = 0, stale_retried = 0;
-  bool filled_with_filtered = false;
-  int64_t without_signal = 0;  // groups trained on although they failed the filter (filled)
-};
 
 // Whether a step publishes and syncs its weights, pausing the engines how, after what.
 struct SyncPlan {
@@ -74,8 +68,14 @@ class RlJob {
   Status run_one_step_off();
   Status run_async();
   std::unique_ptr<GroupBatch> launch_batch();
-  // one step (rl_step.cc): train on the groups, publish, sync (when `sync`), log, checkpoint
+  // one step (rl_step.cc), stage by stage: train on the groups, publish and sync (when `sync`),
+  // measure, log (metrics.jsonl, TensorBoard, samples, report, console), checkpoint
   Status train_step(std::vector<RolloutGroup> groups, StepTiming& timing, const SyncPlan& plan);
+  Result<TrainStats> train_stage(TrainBatch& batch);  // old / reference logp, optimizer steps
+  Result<double> sync_stage(const SyncPlan& plan);    // its seconds
+  Status log_stage(const StepMetrics& m, const std::vector<RolloutGroup>& groups,
+                   const TrainBatch& batch);
+  void show_step_line(const StepMetrics& m);
   Status sync_engines(const Trainer& full, const PauseMode* pause);
   Status checkpoint_if_due(bool final_step);
   // evaluation (rl_step.cc): due after this step (or before the first), logged to eval.jsonl,
