@@ -1,16 +1,20 @@
 // `miles run CONFIG.yaml [section.key=value ...]`: an RL job (include/miles/controller/rl_job.h) from a job file
 // (include/miles/controller/run_config.h), validated before anything starts.
+#include <spdlog/spdlog.h>
+
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 
 #include "cli/commands.h"
 #include "cli/model_files.h"
+#include "miles/controller/controller_service.h"
 #include "miles/controller/rl_job.h"
 #include "miles/controller/run_config.h"
 #include "miles/controller/trainer_group.h"
 #include "miles/durable_file.h"
 #include "miles/model.h"
+#include "miles/secret.h"
 
 namespace miles::cli {
 
@@ -140,16 +144,55 @@ int run_eval(const EvalOptions& o) {
 }
 
 struct WorkerOptions {
-  std::string config, store;
+  std::string config, store, controller, host;
   int rank = 0, world_size = 1;
+  double join_timeout_s = 600;
 };
+
+// A rank joining from another host: its seat, the store and the run's config come from the
+// controller; it binds its collectives to --host, else the address the controller saw it at.
+Result<controller::RankPlace> join_remote(const WorkerOptions& o, RunConfig* cfg) {
+  const std::string token = run_token();
+  if (token.empty())
+    return Status::Error(
+        "--controller needs the run's token in MILES_RUN_TOKEN (the controller's; "
+        "docs/security.md)");
+  MILES_ASSIGN_OR_RETURN(controller::JoinedSeat j,
+                         controller::join_trainer_group(o.controller, token, o.join_timeout_s));
+  MILES_ASSIGN_OR_RETURN(
+      *cfg, parse_run_config(j.seat.config_yaml, "the controller at " + o.controller, {}));
+  controller::RankPlace p;
+  p.rank = j.seat.rank;
+  p.world_size = j.seat.world_size;
+  p.store = j.seat.store_address;
+  p.host = o.host.empty() ? j.peer_host : o.host;
+  p.remote = true;
+  spdlog::info("miles rl-worker: rank {} of {} (controller {}, store {}, bound to {})", p.rank,
+               p.world_size, o.controller, p.store, p.host);
+  return p;
+}
+
+// The place of a rank the controller started on its own host (its command line says it all).
+Result<controller::RankPlace> local_place(const WorkerOptions& o, RunConfig* cfg) {
+  if (o.config.empty() || o.store.empty() || o.rank <= 0 || o.world_size <= 1)
+    return Status::Error(
+        "either --controller HOST:PORT, or --config, --store, --rank > 0 and --world-size > 1");
+  MILES_ASSIGN_OR_RETURN(*cfg, load_run_config(o.config, {}));
+  controller::RankPlace p;
+  p.rank = o.rank;
+  p.world_size = o.world_size;
+  p.store = o.store;
+  p.host = o.host.empty() ? "127.0.0.1" : o.host;
+  return p;
+}
 
 // One rank (> 0) of the trainer group of a `miles run` controller (trainer_group.h).
 int run_rl_worker(const WorkerOptions& o) {
-  auto cfg = load_run_config(o.config, {});
-  if (!cfg.ok()) return fail("rl-worker", cfg.message());
+  RunConfig cfg;
+  auto place = o.controller.empty() ? local_place(o, &cfg) : join_remote(o, &cfg);
+  if (!place.ok()) return fail("rl-worker", place.message());
   TrainState resumed;
-  auto rank = controller::TrainerRank::create(*cfg, o.rank, o.world_size, o.store, &resumed);
+  auto rank = controller::TrainerRank::create(cfg, *place, &resumed);
   if (!rank.ok()) return fail("rl-worker", rank.message());
   if (Status s = (*rank)->follow(); !s.ok()) return fail("rl-worker", s.message());
   return 0;
@@ -187,13 +230,25 @@ void register_run(CLI::App& app) {
 
   auto w = std::make_shared<WorkerOptions>();
   CLI::App* worker = app.add_subcommand(
-      "rl-worker", "One rank of a `miles run` trainer group (started by the controller)");
-  worker->group("");  // internal
-  worker->add_option("--config", w->config, "the run's resolved config.yaml")->required();
-  worker->add_option("--store", w->store, "the controller's rendezvous store HOST:PORT")
-      ->required();
-  worker->add_option("--rank", w->rank, "this rank (> 0)")->required();
-  worker->add_option("--world-size", w->world_size, "dp × pp × tp")->required();
+      "rl-worker",
+      "One rank of a `miles run` trainer group: started by the controller, or joining it from "
+      "another host with --controller (parallel.remote_ranks)");
+  worker->add_option("--controller", w->controller,
+                     "HOST:PORT of the controller's service: take a remote rank's seat (needs "
+                     "MILES_RUN_TOKEN)");
+  worker->add_option("--host", w->host,
+                     "the address this rank's collectives bind to (default: with --controller, "
+                     "the address the controller sees; else 127.0.0.1)");
+  worker
+      ->add_option("--join-timeout", w->join_timeout_s,
+                   "seconds to keep asking the controller for a seat")
+      ->check(CLI::PositiveNumber);
+  worker->add_option("--config", w->config, "the run's resolved config.yaml (local ranks)");
+  worker->add_option("--store", w->store, "the controller's rendezvous store HOST:PORT");
+  worker->add_option("--rank", w->rank, "this rank (> 0)");
+  worker->add_option("--world-size", w->world_size, "dp × pp × tp");
+  for (const char* local : {"--config", "--store", "--rank", "--world-size"})
+    worker->get_option(local)->excludes("--controller");
   worker->callback([w] {
     if (int rc = run_rl_worker(*w); rc != 0) throw CLI::RuntimeError(rc);
   });

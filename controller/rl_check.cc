@@ -191,6 +191,7 @@ Result<json> RlJob::check() {
     c2.parallel.dp = layout->dp();
     c2.parallel.pp = layout->pp();
     c2.parallel.tp = layout->tp();
+    c2.parallel.remote_ranks = 0;  // the check's layouts run on this host
     // A device trainer runs data parallelism only: model-parallel layouts run on the CPU, which
     // then also checks the device trainer against the CPU's (the same bits are expected).
     const bool on_cpu = c2.trainer.device != Device::kCpu && (layout->pp() > 1 || layout->tp() > 1);
@@ -206,8 +207,7 @@ Result<json> RlJob::check() {
       }
       TrainState st;
       MILES_ASSIGN_OR_RETURN(
-          auto rank,
-          TrainerRank::create(c2, 0, world, workers ? workers->store_address() : "", &st));
+          auto rank, TrainerRank::create(c2, workers ? workers->leader_place() : RankPlace{}, &st));
       MILES_ASSIGN_OR_RETURN(TrainOutcome o, rank->train(b.samples, b.data));
       MILES_RETURN_IF_ERROR(rank->stop());
       return o;

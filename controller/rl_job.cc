@@ -20,10 +20,10 @@ namespace miles::controller {
 namespace fs = std::filesystem;
 
 RlJob::~RlJob() {
+  if (service_) service_->stop();  // first: its calls read the members below
   if (engines_) engines_->stop();
   group_.reset();  // before the workers: their store and processes go last
   workers_.reset();
-  if (service_) service_->stop();
 }
 
 void RlJob::log_line(const std::string& line) {
@@ -53,15 +53,18 @@ Status RlJob::setup_trainer() {
           "algorithm.old_logp recompute needs parallel.pp = parallel.tp = 1 (use rollout)");
     MILES_ASSIGN_OR_RETURN(workers_,
                            TrainerWorkers::start(cfg_, cfg_.logging.run_dir + "/config.yaml"));
+    seats_ = workers_.get();
     log_line("trainer group: " + std::to_string(world) + " ranks (dp " +
              std::to_string(cfg_.parallel.dp) + ", pp " + std::to_string(cfg_.parallel.pp) +
              ", tp " + std::to_string(cfg_.parallel.tp) + "), rendezvous at " +
              workers_->store_address());
+    if (cfg_.parallel.remote_ranks > 0)
+      log_line("waiting for " + std::to_string(cfg_.parallel.remote_ranks) +
+               " remote trainer rank(s): miles rl-worker --controller " + controller_address_);
   }
   TrainState st;
-  MILES_ASSIGN_OR_RETURN(group_,
-                         TrainerRank::create(cfg_, 0, static_cast<int>(world),
-                                             workers_ ? workers_->store_address() : "", &st));
+  MILES_ASSIGN_OR_RETURN(
+      group_, TrainerRank::create(cfg_, workers_ ? workers_->leader_place() : RankPlace{}, &st));
   if (cfg_.checkpoint.resume) {
     if (st.step == 0) {
       log_line("checkpoint.resume: no checkpoint in " + cfg_.checkpoint.dir + "; starting fresh");
@@ -93,8 +96,46 @@ static void ensure_run_token() {
   ::setenv("MILES_ADMIN_API_KEY", t.c_str(), 1);
 }
 
-Status RlJob::setup_engines() {
+// The controller's gRPC service, before the trainer: remote trainer ranks join through it.
+Status RlJob::start_service() {
   ensure_run_token();
+  service_ = std::make_unique<ControllerService>(
+      [this](v1::ControllerStatus* s) {
+        s->set_rollout_step(rollout_step_);
+        s->set_num_rollouts(cfg_.rollout.num_rollouts);
+        if (const WeightPublisher* p = published_.load()) s->set_weight_version(p->current());
+        s->set_mode(std::string(name_of(cfg_.async.mode)));
+        s->set_last_reward_mean(last_reward_.load());
+        s->set_run_dir(cfg_.logging.run_dir);
+      },
+      [this](const std::string& peer, int64_t pid, const std::string& hostname) {
+        return claim_seat(peer, pid, hostname);
+      });
+  MILES_RETURN_IF_ERROR(
+      service_->start(cfg_.controller.host, static_cast<int>(cfg_.controller.port)));
+  controller_address_ = host_port(cfg_.controller.host, service_->port());
+  nlohmann::json cj = {{"address", controller_address_}, {"pid", static_cast<int64_t>(getpid())}};
+  std::ofstream(cfg_.logging.run_dir + "/controller.json") << cj.dump() << "\n";
+  log_line("controller listening on " + controller_address_);
+  return Status::Ok();
+}
+
+SeatReply RlJob::claim_seat(const std::string& peer, int64_t pid, const std::string& hostname) {
+  SeatReply r;
+  if (cfg_.parallel.remote_ranks == 0) {
+    r.kind = SeatReply::Kind::kRefused;
+    r.message = "this run has no remote trainer ranks (parallel.remote_ranks: 0)";
+    return r;
+  }
+  TrainerWorkers* w = seats_.load();
+  if (!w) {
+    r.message = "the controller is still starting its trainer group";
+    return r;
+  }
+  return w->claim_remote(peer, pid, hostname);
+}
+
+Status RlJob::setup_engines() {
   EnginePoolOptions po;
   po.launch.model = cfg_.model.path;
   po.launch.tokenizer = cfg_.model.tokenizer;
@@ -118,22 +159,8 @@ Status RlJob::setup_engines() {
   po.prepare = [pub](EngineClient& e) { return pub->bring(e, nullptr); };
   po.log = [this](const std::string& s) { log_line(s); };
   engines_ = std::make_unique<EnginePool>(std::move(po));
-
-  service_ = std::make_unique<ControllerService>(*engines_, [this](v1::ControllerStatus* s) {
-    s->set_rollout_step(rollout_step_);
-    s->set_num_rollouts(cfg_.rollout.num_rollouts);
-    s->set_weight_version(publisher_->current());
-    s->set_mode(std::string(name_of(cfg_.async.mode)));
-    s->set_last_reward_mean(last_reward_.load());
-    s->set_run_dir(cfg_.logging.run_dir);
-  });
-  MILES_RETURN_IF_ERROR(
-      service_->start(cfg_.controller.host, static_cast<int>(cfg_.controller.port)));
-  const std::string address = host_port(cfg_.controller.host, service_->port());
-  nlohmann::json cj = {{"address", address}, {"pid", static_cast<int64_t>(getpid())}};
-  std::ofstream(cfg_.logging.run_dir + "/controller.json") << cj.dump() << "\n";
-  log_line("controller listening on " + address);
-  engines_->set_controller_address(address);
+  engines_->set_controller_address(controller_address_);
+  service_->attach_engines(*engines_);
 
   for (const std::string& e : cfg_.rollout.engines) {
     // "host:http_port/grpc_port"
@@ -156,6 +183,7 @@ Status RlJob::setup_engines() {
 
 Status RlJob::setup() {
   MILES_RETURN_IF_ERROR(make_run_dir());
+  MILES_RETURN_IF_ERROR(start_service());
   std::vector<RewardSpec> specs = cfg_.rewards;
   for (const RewardSpec& s : specs) MILES_RETURN_IF_ERROR(s.validate());
   MILES_ASSIGN_OR_RETURN(rewards_, RewardModel::create(specs));
@@ -181,6 +209,7 @@ Status RlJob::setup() {
                              cfg_.weight_sync, *full, cfg_.controller.host,
                              [this](const std::string& s) { log_line(s); }, rank->layout(),
                              std::move(senders), static_cast<int>(cfg_.rollout.engine_tp)));
+  published_ = publisher_.get();
   const int64_t version = full->steps_done();
   MILES_RETURN_IF_ERROR(publisher_->drop_newer_than(version));
   MILES_RETURN_IF_ERROR(publisher_->publish(version, *full));

@@ -61,8 +61,11 @@ class RlJob {
  private:
   // setup phases (rl_job.cc)
   Status make_run_dir();
+  Status start_service();
   Status setup_trainer();
   Status setup_engines();
+  // JoinTrainer (the controller service's thread): a remote rank's seat, once the group exists.
+  SeatReply claim_seat(const std::string& peer, int64_t pid, const std::string& hostname);
   // schedules (rl_schedules.cc)
   Status run_sync();
   Status run_one_step_off();
@@ -92,6 +95,10 @@ class RlJob {
   RunResources res_;
   std::unique_ptr<ThreadPool> pool_;         // the reference model's
   std::unique_ptr<TrainerWorkers> workers_;  // ranks 1.. of the trainer group
+  // What the service's threads may read while setup runs: set once each exists.
+  std::atomic<TrainerWorkers*> seats_{nullptr};
+  std::atomic<WeightPublisher*> published_{nullptr};
+  std::string controller_address_;           // the service's host:port
   std::unique_ptr<TrainerRank> group_;       // rank 0: this process
   std::unique_ptr<Trainer> reference_;       // frozen initial policy for the KL term
   std::unique_ptr<RewardModel> rewards_;

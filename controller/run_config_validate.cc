@@ -5,6 +5,7 @@
 // wrong objective). Each error names the keys and values involved and, when the parser saw the key,
 // where it came from (`job.yaml:12` or `override section.key=value`). All errors are reported at
 // once, one per line. Reward entries are checked by RewardSpec::validate (the controller calls it).
+#include <algorithm>
 #include <initializer_list>
 #include <string>
 
@@ -182,6 +183,30 @@ void check_rollout(const RunConfig& c, Checker& check) {
   check.at_least<int64_t>("rollout.max_engine_restarts", r.max_engine_restarts, 0);
 }
 
+// Remote trainer ranks (controller/trainer_group.h) meet over Gloo at an address they can reach.
+void check_remote_ranks(const RunConfig& c, Checker& check) {
+  const ParallelSection& p = c.parallel;
+  const int64_t world = p.dp * p.pp * p.tp;
+  if (p.remote_ranks < 0 || (p.remote_ranks > 0 && p.remote_ranks >= world)) {
+    check.fail({"parallel.remote_ranks", "parallel.dp", "parallel.pp", "parallel.tp"},
+               "parallel.remote_ranks: must be in [0, dp × pp × tp − 1] = [0, " +
+                   str(std::max<int64_t>(world - 1, 0)) + "] (rank 0 is the controller), got " +
+                   str(p.remote_ranks));
+    return;
+  }
+  if (p.remote_ranks == 0) return;
+  if (p.comm != TrainerComm::kGloo)
+    check.fail({"parallel.remote_ranks", "parallel.comm"},
+               "parallel.remote_ranks: " + str(p.remote_ranks) +
+                   " needs parallel.comm gloo (shm reaches ranks on one host only)");
+  const std::string& host = p.host.empty() ? c.controller.host : p.host;
+  if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]")
+    check.fail({"parallel.host", "controller.host"},
+               "parallel.remote_ranks: the controller's trainer ranks need an address remote "
+               "ranks can reach: set parallel.host to this host's address (controller.host is " +
+                   (host.empty() ? std::string("empty") : "the wildcard " + host) + ")");
+}
+
 void check_trainer(const RunConfig& c, Checker& check) {
   const auto& t = c.trainer;
   check.positive("trainer.global_batch_size", t.global_batch_size);
@@ -208,6 +233,7 @@ void check_trainer(const RunConfig& c, Checker& check) {
   check.positive("parallel.dp", c.parallel.dp);
   check.positive("parallel.pp", c.parallel.pp);
   check.positive("parallel.tp", c.parallel.tp);
+  check_remote_ranks(c, check);
 }
 
 void check_algorithm(const RunConfig& c, Checker& check) {

@@ -2,7 +2,6 @@
 #include "miles/controller/trainer_group.h"
 
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <array>
 #include <charconv>
@@ -14,7 +13,6 @@
 #include "controller/batch_wire.h"
 #include "controller/train_batch.h"
 #include "controller/weight_group.h"
-#include "miles/controller/child_process.h"
 #include "miles/model.h"
 #include "miles/weight_sync/weight_sync.h"
 
@@ -98,11 +96,18 @@ TokenObjective with_mismatch(TokenObjective base, std::span<const TrainSample> s
 
 }  // namespace
 
-Result<std::unique_ptr<TrainerRank>> TrainerRank::create(const RunConfig& cfg, int rank,
-                                                         int world_size, const std::string& store,
+std::string local_rank_host(const RunConfig& cfg) {
+  if (!cfg.parallel.host.empty()) return cfg.parallel.host;
+  return cfg.parallel.remote_ranks > 0 ? cfg.controller.host : "127.0.0.1";
+}
+
+Result<std::unique_ptr<TrainerRank>> TrainerRank::create(const RunConfig& cfg,
+                                                         const RankPlace& place,
                                                          TrainState* resumed) {
+  const int world_size = place.world_size;
   auto r = std::unique_ptr<TrainerRank>(new TrainerRank());
   r->cfg_ = cfg;
+  r->place_ = place;
   MILES_ASSIGN_OR_RETURN(r->layout_, ParallelLayout::create(static_cast<int>(cfg.parallel.dp),
                                                             static_cast<int>(cfg.parallel.pp),
                                                             static_cast<int>(cfg.parallel.tp)));
@@ -124,9 +129,10 @@ Result<std::unique_ptr<TrainerRank>> TrainerRank::create(const RunConfig& cfg, i
   }
   if (world_size > 1) {
     CommOptions co;
-    co.rank = rank;
+    co.rank = place.rank;
     co.world_size = world_size;
-    co.store_address = store;
+    co.store_address = place.store;
+    co.host = place.host;
     co.prefix = "rl";
     co.timeout = std::chrono::milliseconds(600'000);
     if (cfg.parallel.comm == TrainerComm::kShm) {
@@ -256,7 +262,7 @@ void TrainerRank::join_weight_group(const std::vector<uint8_t>& payload) {
   o.world_size = static_cast<int>(world);
   o.store_address = f[0];
   o.prefix = p2p ? f[1] : weight_stage_prefix(f[1], stage);
-  o.host = cfg_.controller.host;
+  o.host = place_.remote ? place_.host : cfg_.controller.host;
   o.timeout = std::chrono::milliseconds(timeout_ms);
   auto comm = connect_gloo(o);
   if (!comm.ok())
@@ -330,35 +336,6 @@ Status TrainerRank::follow() {
     } else {
       return Status::Error("trainer worker: unknown command " + std::to_string(header[0]));
     }
-  }
-}
-
-Result<std::unique_ptr<TrainerWorkers>> TrainerWorkers::start(const RunConfig& cfg,
-                                                              const std::string& config_path) {
-  auto w = std::unique_ptr<TrainerWorkers>(new TrainerWorkers());
-  TcpStoreServerOptions so;
-  so.host = cfg.controller.host;
-  MILES_ASSIGN_OR_RETURN(w->store_, TcpStoreServer::start(so));
-  const int64_t world = cfg.parallel.dp * cfg.parallel.pp * cfg.parallel.tp;
-  for (int64_t r = 1; r < world; ++r) {
-    std::vector<std::string> argv = {miles_executable(), "rl-worker",
-                                     "--rank",           std::to_string(r),
-                                     "--world-size",     std::to_string(world),
-                                     "--store",          w->store_->address(),
-                                     "--config",         config_path};
-    MILES_ASSIGN_OR_RETURN(ChildProcess p,
-                           ChildProcess::spawn(argv, cfg.logging.run_dir + "/trainer_rank_" +
-                                                         std::to_string(r) + ".log"));
-    w->procs_.push_back(std::move(p));
-  }
-  return w;
-}
-
-TrainerWorkers::~TrainerWorkers() {
-  // Workers exit after the stop command; give them a moment, then make sure.
-  for (ChildProcess& p : procs_) {
-    for (int i = 0; i < 100 && p.alive(); ++i) usleep(50'000);
-    p.terminate();
   }
 }
 

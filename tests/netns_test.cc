@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -191,6 +192,8 @@ struct Scenario {
   // The run directory as given to `miles run` (relative to the source directory when set), and
   // the engine's working directory, to show that the engine needs no shared working directory.
   bool relative_run_dir = false;
+  // Trainer ranks on both hosts: pipeline stage 1 is a `miles rl-worker --controller` in B.
+  bool remote_trainer_rank = false;
 };
 
 // Runs the scenario; the namespaces and the engine are gone when it returns (also on failure).
@@ -215,15 +218,27 @@ void run_two_hosts(const Scenario& sc, std::string* ns_a, std::string* ns_b) {
                   "--controller", controller},
                  engine_cwd, dir + "/engine.log");
   ASSERT_TRUE(engine.started());
+  // The remote trainer rank, also before the controller: it asks for its seat until it gets one.
+  // It works from the checkout (the job's relative paths), like a Slurm step in the submit dir.
+  std::optional<Process> worker;
+  if (sc.remote_trainer_rank) {
+    worker.emplace(std::vector<std::string>{"ip", "netns", "exec", hosts.b(), "env",
+                                            "MILES_RUN_TOKEN=netns-run-token", test::miles_binary(),
+                                            "rl-worker", "--controller", controller},
+                   test::source_dir(), dir + "/worker.log");
+    ASSERT_TRUE(worker->started());
+  }
 
   const std::string run_dir =
       sc.relative_run_dir ? fs::relative(dir, test::source_dir()).string() : dir;
   const std::string miles_run =
-      "cd " + quote(test::source_dir()) + " && MILES_RUN_TOKEN=netns-run-token exec timeout -k 5 300 " +
-      quote(test::miles_binary()) + " run configs/quickstart_ci.yaml --run-dir " + quote(run_dir) +
+      "cd " + quote(test::source_dir()) +
+      " && MILES_RUN_TOKEN=netns-run-token exec timeout -k 5 300 " + quote(test::miles_binary()) +
+      " run configs/quickstart_ci.yaml --run-dir " + quote(run_dir) +
       " rollout.num_rollouts=" + std::to_string(sc.rollouts) +
       " rollout.num_engines=0 rollout.engine_start_timeout_s=120 controller.host=" +
-      sc.controller_host + " controller.port=" + port;
+      sc.controller_host + " controller.port=" + port +
+      (sc.remote_trainer_rank ? " parallel.pp=2 parallel.comm=gloo parallel.remote_ranks=1" : "");
   const test::CliRun r = sh("ip netns exec " + hosts.a() + " sh -c " + quote(miles_run));
   const std::string engine_log = read_file(dir + "/engine.log");
   ASSERT_EQ(r.exit_code, 0) << r.out << "\n--- engine log:\n" << engine_log;
@@ -234,6 +249,16 @@ void run_two_hosts(const Scenario& sc, std::string* ns_a, std::string* ns_b) {
   EXPECT_NE(r.out.find(std::string("registered at ") + kHostB + ":"), std::string::npos) << r.out;
   EXPECT_NE(engine_log.find("registered with the controller at " + controller), std::string::npos)
       << engine_log;
+  if (sc.remote_trainer_rank) {
+    const std::string worker_log = read_file(dir + "/worker.log");
+    EXPECT_NE(r.out.find(std::string("trainer rank 1 joined from ") + kHostB), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("trainer group: 2 ranks (dp 1, pp 2, tp 1)"), std::string::npos) << r.out;
+    EXPECT_NE(worker_log.find(std::string("rank 1 of 2 (controller ") + controller),
+              std::string::npos)
+        << worker_log;
+    EXPECT_NE(worker_log.find(std::string("bound to ") + kHostB), std::string::npos) << worker_log;
+  }
   const std::vector<json> m = metrics(dir);
   ASSERT_EQ(m.size(), static_cast<size_t>(sc.rollouts)) << r.out;
   for (const json& s : m) {
@@ -260,6 +285,22 @@ TEST(Netns, EngineInAnotherNamespaceRegistersAndServesTheRun) {
   REQUIRE_ROOT();
   std::string a, b;
   run_two_hosts({.name = "addr", .controller_host = kHostA, .engine_host = kHostB}, &a, &b);
+  expect_no_namespace_left(a, b);
+}
+
+// Trainer ranks on both hosts: the controller keeps pipeline stage 0, stage 1 joins from B with
+// `miles rl-worker --controller` (its rank, the store and the config from the controller) and binds
+// its collectives to B's address; the engine in B serves the trainer's bits.
+TEST(Netns, TrainerRankInAnotherNamespaceJoinsTheRun) {
+  MILES_REQUIRE_SHARED();
+  REQUIRE_ROOT();
+  std::string a, b;
+  run_two_hosts({.name = "rank",
+                 .controller_host = kHostA,
+                 .engine_host = kHostB,
+                 .rollouts = 2,
+                 .remote_trainer_rank = true},
+                &a, &b);
   expect_no_namespace_left(a, b);
 }
 

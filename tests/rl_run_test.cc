@@ -622,6 +622,31 @@ TEST(RlRun, TrainerLayoutsGiveTheSingleProcessRun) {
       }
     }
   }
+  // Pipeline stage 1 as a remote rank: the controller keeps it for `miles rl-worker --controller`
+  // (started here before the run, reading the address from RUN_DIR/controller.json as an operator
+  // would), which takes it; the numbers are the single-process run's.
+  const std::string dir = temp_dir("layout_remote");
+  const std::string bin = "'" + test::miles_binary() + "'";
+  const std::string worker =
+      "(while [ ! -s " + dir + "/controller.json ]; do sleep 0.1; done; exec " + bin +
+      " rl-worker --controller \"$(sed -n 's/.*\"address\":\"\\([^\"]*\\)\".*/\\1/p' " + dir +
+      "/controller.json)\" > " + dir + "/worker.log 2>&1) & ";
+  const test::CliRun r = test::run_shell(
+      "cd '" + test::source_dir() + "' || exit 1; export MILES_RUN_TOKEN=remote-rank-token; " +
+      worker + bin + " run " + kCi + " --run-dir " + dir +
+      " rollout.num_rollouts=3 parallel.pp=2 parallel.comm=gloo parallel.remote_ranks=1 2>&1;"
+      " rc=$?; wait; exit $rc");
+  std::ifstream log_in(dir + "/worker.log");
+  const std::string worker_log((std::istreambuf_iterator<char>(log_in)),
+                               std::istreambuf_iterator<char>());
+  ASSERT_EQ(r.exit_code, 0) << r.out << "\n--- worker:\n" << worker_log;
+  EXPECT_NE(r.out.find("waiting for 1 remote trainer rank(s)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("trainer rank 1 joined from 127.0.0.1"), std::string::npos) << r.out;
+  EXPECT_NE(worker_log.find("rank 1 of 2"), std::string::npos) << worker_log;
+  const auto m = metrics(dir);
+  ASSERT_EQ(m.size(), 3u);
+  for (size_t i = 0; i < m.size(); ++i)
+    EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << "step " << i + 1;
 }
 
 }  // namespace

@@ -175,3 +175,36 @@ TEST(RunConfigValidate, PlainStructWithoutLines) {
 
 }  // namespace
 }  // namespace miles
+
+namespace miles {
+namespace {
+
+// Remote trainer ranks: a rank count the layout has, Gloo (shm is one host) and an address the
+// remote ranks can reach.
+TEST(RunConfigValidate, RemoteRanksNeedGlooAndAReachableAddress) {
+  EXPECT_EQ(error_with("", {"parallel.dp=2", "parallel.comm=gloo", "parallel.remote_ranks=1"}),
+            "(no error)");
+  const std::string too_many = error_with("", {"parallel.dp=2", "parallel.remote_ranks=2"});
+  EXPECT_NE(too_many.find("parallel.remote_ranks: must be in [0, dp × pp × tp − 1] = [0, 1] "
+                          "(rank 0 is the controller), got 2"),
+            std::string::npos)
+      << too_many;
+  const std::string shm = error_with("", {"parallel.pp=2", "parallel.remote_ranks=1"});
+  EXPECT_NE(shm.find("parallel.remote_ranks: 1 needs parallel.comm gloo (shm reaches ranks on "
+                     "one host only)"),
+            std::string::npos)
+      << shm;
+  const std::string wildcard =
+      error_with("", {"parallel.dp=2", "parallel.comm=gloo", "parallel.remote_ranks=1",
+                      "controller.host=0.0.0.0"});
+  EXPECT_NE(wildcard.find("set parallel.host to this host's address (controller.host is the "
+                          "wildcard 0.0.0.0)"),
+            std::string::npos)
+      << wildcard;
+  EXPECT_EQ(error_with("", {"parallel.dp=2", "parallel.comm=gloo", "parallel.remote_ranks=1",
+                            "controller.host=0.0.0.0", "parallel.host=10.0.0.5"}),
+            "(no error)");
+}
+
+}  // namespace
+}  // namespace miles

@@ -1,8 +1,8 @@
 // The controller's gRPC service (proto/miles/v1/controller.proto) and the engine side of it.
 //
-// Why: engines started anywhere (by the controller, by Slurm, by a Kubernetes StatefulSet, on
-// another host) announce themselves to the controller instead of being listed by hand; tools ask a
-// running job where it is; an operator stops it cleanly.
+// Why: engines and trainer ranks started anywhere (by the controller, by Slurm, by a Kubernetes
+// StatefulSet, on another host) announce themselves to the controller instead of being listed by
+// hand; tools ask a running job where it is; an operator stops it cleanly.
 #pragma once
 
 #include <atomic>
@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "miles/controller/trainer_seat.h"
 #include "miles/status.h"
 #include "miles/v1/controller.pb.h"
 
@@ -21,11 +22,19 @@ namespace miles::controller {
 
 class EnginePool;
 
+// JoinTrainer's handler (TrainerWorkers::claim_remote): the caller's address as seen here, its
+// pid and host name.
+using SeatFn =
+    std::function<SeatReply(const std::string& peer, int64_t pid, const std::string& hostname)>;
+
 class ControllerService {
  public:
-  // `status` fills GetStatus replies (engines are added from the pool).
-  ControllerService(EnginePool& pool, std::function<void(v1::ControllerStatus*)> status);
+  // `status` fills GetStatus replies (engines are added from the pool once attached); `seats`
+  // answers JoinTrainer. The service may listen before the engine pool exists: engines that
+  // register earlier are told to try again.
+  ControllerService(std::function<void(v1::ControllerStatus*)> status, SeatFn seats);
   ~ControllerService();
+  void attach_engines(EnginePool& pool);
   // Listens on host:port (0: any free port).
   Status start(const std::string& host, int port);
   int port() const { return port_; }
@@ -55,5 +64,15 @@ struct EngineRegistration {
 Result<int64_t> register_with_controller(const std::string& controller,
                                          const EngineRegistration& reg, double timeout_s,
                                          const std::function<bool()>& stop = nullptr);
+
+// What `miles rl-worker --controller HOST:PORT` asks for: a remote trainer rank's seat, and the
+// address the controller saw the call come from. Retries while the controller is unreachable or
+// not ready (up to `timeout_s`); a refusal is an error at once.
+struct JoinedSeat {
+  TrainerSeat seat;
+  std::string peer_host;
+};
+Result<JoinedSeat> join_trainer_group(const std::string& controller, const std::string& token,
+                                      double timeout_s);
 
 }  // namespace miles::controller

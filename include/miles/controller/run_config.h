@@ -124,6 +124,12 @@ struct TrainerSection {
 struct ParallelSection {
   int64_t dp = 1, pp = 1, tp = 1;      // trainer layout
   TrainerComm comm = TrainerComm::kShm;  // the trainer ranks' collectives: shm is one host
+  // The highest `remote_ranks` ranks join from other hosts (`miles rl-worker --controller
+  // HOST:PORT`, controller/trainer_group.h); the controller starts the others on its host.
+  int64_t remote_ranks = 0;
+  // The address the trainer ranks on the controller's host bind their collectives to (remote ranks
+  // connect to it). "": controller.host (127.0.0.1 when no rank is remote).
+  std::string host;
 };
 
 struct AlgorithmSection {

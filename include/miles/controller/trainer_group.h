@@ -1,5 +1,6 @@
 // TrainerRank: one rank of the RL trainer group of `miles run` — the controller is rank 0, the
-// other ranks are `miles rl-worker` processes it starts — all running this same code.
+// other ranks are `miles rl-worker` processes, started by the controller on its host or joining
+// from other hosts (parallel.remote_ranks) — all running this same code.
 //
 // Why: the trainer's layouts (parallel.dp × pp × tp) train one rollout batch across processes.
 // Rank 0 broadcasts a command and the batch bytes (batch_wire.h) over the group's world
@@ -11,15 +12,17 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
-#include "miles/controller/child_process.h"
 #include "miles/comm.h"
-#include "miles/trainer/rl_objective.h"
+#include "miles/controller/child_process.h"
 #include "miles/controller/run_config.h"
+#include "miles/controller/trainer_seat.h"
 #include "miles/tcp_store.h"
 #include "miles/thread_pool.h"
+#include "miles/trainer/rl_objective.h"
 #include "miles/trainer/train_checkpoint.h"
 #include "miles/trainer/trainer.h"
 #include "miles/weight_sync/transfer_plan.h"
@@ -39,14 +42,26 @@ struct TrainOutcome {
   double mismatch_max = 0;                 // max |trainer − engine logp| over rank 0's tokens
 };
 
+// Where a rank sits in the group and how it reaches the others.
+struct RankPlace {
+  int rank = 0;
+  int world_size = 1;
+  std::string store;               // the controller's rendezvous store, host:port
+  std::string host = "127.0.0.1";  // the address this rank's collectives bind to
+  bool remote = false;             // joined from another host: weight groups bind `host` too
+};
+
+// The address the trainer ranks on the controller's host bind their collectives to: parallel.host,
+// else controller.host when some ranks are remote, else loopback.
+std::string local_rank_host(const RunConfig& config);
+
 class TrainerRank {
  public:
   // Loads the model (and on resume the newest checkpoint of checkpoint.dir), joins the group when
-  // world_size > 1 (store: the controller's rendezvous), becomes its pipeline stage / TP shard.
-  // `resumed` receives the checkpoint's state (step 0 when none).
-  static Result<std::unique_ptr<TrainerRank>> create(const RunConfig& config, int rank,
-                                                     int world_size, const std::string& store,
-                                                     TrainState* resumed);
+  // world_size > 1, becomes its pipeline stage / TP shard. `resumed` receives the checkpoint's
+  // state (step 0 when none).
+  static Result<std::unique_ptr<TrainerRank>> create(const RunConfig& config,
+                                                     const RankPlace& place, TrainState* resumed);
   ~TrainerRank();
 
   // Rank 0: trains every rank on `samples` (num_steps_per_rollout optimizer steps).
@@ -83,6 +98,7 @@ class TrainerRank {
   void send_weight_version(const std::vector<uint8_t>& payload);
 
   RunConfig cfg_;
+  RankPlace place_;
   ParallelLayout layout_;
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Communicator> world_;
@@ -95,18 +111,28 @@ class TrainerRank {
   std::unique_ptr<TransferPlan> weight_plan_;
 };
 
-// Rank 0 side of a group: the rendezvous store and the worker processes
-// (RUN_DIR/trainer_rank_R.log).
+// Rank 0 side of a group: the rendezvous store, the ranks started on this host
+// (RUN_DIR/trainer_rank_R.log) and the seats kept for ranks joining from other hosts.
 class TrainerWorkers {
  public:
+  // Hosts the store (at local_rank_host) and starts ranks 1 .. world − remote_ranks − 1 here.
   static Result<std::unique_ptr<TrainerWorkers>> start(const RunConfig& config,
                                                        const std::string& config_path);
   ~TrainerWorkers();
   std::string store_address() const { return store_->address(); }
+  // Rank 0's place in this group (the controller's own rank).
+  RankPlace leader_place() const;
+  // A remote rank joining (JoinTrainer, from `peer` as the controller sees it): the lowest free
+  // remote rank, refused once every one is taken. Thread-safe.
+  SeatReply claim_remote(const std::string& peer, int64_t pid, const std::string& hostname);
 
  private:
+  RunConfig cfg_;
+  std::string config_yaml_;
   std::unique_ptr<TcpStoreServer> store_;
   std::vector<ChildProcess> procs_;
+  std::mutex seats_mu_;
+  int next_remote_ = 0;  // the next remote rank to hand out
 };
 
 }  // namespace miles::controller
