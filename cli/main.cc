@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/serve_tp.h"
+#include "miles/controller/child_process.h"
 #include "miles/log.h"
 
 namespace {
@@ -47,6 +48,8 @@ std::string miles_build_kind() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Started by another miles process (an engine, a trainer rank): die with it.
+  miles::controller::arm_parent_death_signal();
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("fma") || !__builtin_cpu_supports("avx")) {

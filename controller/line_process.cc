@@ -1,15 +1,10 @@
-// LineProcess (line_process.h): posix_spawn of /bin/sh -c over a socket pair, line exchanges
-// bounded by poll() deadlines, and a kill-and-reap destructor.
-//
-// posix_spawn rather than fork + exec: glibc starts the child with a vfork-style clone, so a
-// controller holding gigabytes copies no page tables (nor fails for want of overcommit), and no
-// code of ours runs in a forked copy of a multi-threaded process.
+// LineProcess (line_process.h): /bin/sh -c over a socket pair (started by spawn_process, the one
+// spawner), line exchanges bounded by poll() deadlines, and a kill-and-reap destructor.
 #include "controller/line_process.h"
 
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,9 +18,12 @@
 #include <thread>
 
 #include "controller/reward_internal.h"
+#include "miles/controller/child_process.h"
 
 namespace miles::reward {
 namespace {
+
+using controller::SpawnOptions;
 
 using Clock = std::chrono::steady_clock;
 
@@ -64,39 +62,19 @@ Result<std::unique_ptr<LineProcess>> LineProcess::spawn(const std::string& comma
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
     return Status::Error(errno_text("socketpair"));
   }
-  // The child: stdin and stdout on its end of the pair, no other descriptor of ours, its own
-  // process group, no blocked signals, SIGPIPE at its default.
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDIN_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, pipe_default;
-  sigemptyset(&none);
-  sigemptyset(&pipe_default);
-  sigaddset(&pipe_default, SIGPIPE);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &pipe_default);
-  posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr,
-                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  std::string command_copy = command;
-  char sh[] = "sh";
-  char dash_c[] = "-c";
-  char* argv[] = {sh, dash_c, command_copy.data(), nullptr};
-  pid_t pid = 0;
-  int rc = posix_spawn(&pid, "/bin/sh", &actions, &attr, argv, environ);
-  posix_spawnattr_destroy(&attr);
-  posix_spawn_file_actions_destroy(&actions);
+  // The child: stdin and stdout on its end of the pair, stderr ours, its own process group.
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", command};
+  o.stdin_fd = o.stdout_fd = fds[1];
+  o.own_process_group = true;
+  Result<pid_t> pid = controller::spawn_process(o);
   close(fds[1]);
-  if (rc != 0) {
+  if (!pid.ok()) {
     close(fds[0]);
-    return Status::Error(std::string("cannot start /bin/sh: ") + std::strerror(rc));
+    return pid.status();
   }
   fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
-  return std::unique_ptr<LineProcess>(new LineProcess(pid, fds[0]));
+  return std::unique_ptr<LineProcess>(new LineProcess(*pid, fds[0]));
 }
 
 LineProcess::~LineProcess() {
