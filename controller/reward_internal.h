@@ -35,6 +35,8 @@ Result<std::unique_ptr<Scorer>> make_verifier(const RewardSpec& spec);
 Result<std::unique_ptr<Scorer>> make_http_scorer(const RewardSpec& spec);
 // A long-lived external command speaking JSON lines (reward_command.cc).
 Result<std::unique_ptr<Scorer>> make_command_scorer(const RewardSpec& spec);
+// A Python function in this process (reward_python.cc); its module is imported here.
+Result<std::unique_ptr<Scorer>> make_python_scorer(const RewardSpec& spec);
 
 // Text helpers of the verifiers (reward_text.cc). ASCII only: case folding and whitespace leave
 // other bytes as they are.

@@ -34,6 +34,8 @@ Result<std::unique_ptr<Scorer>> make_scorer(const RewardSpec& spec) {
       return reward::make_http_scorer(spec);
     case RewardKind::kCommand:
       return reward::make_command_scorer(spec);
+    case RewardKind::kPython:
+      return reward::make_python_scorer(spec);
     default:
       return reward::make_verifier(spec);
   }

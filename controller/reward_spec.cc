@@ -37,6 +37,14 @@ Status RewardSpec::validate() const {
   if (kind == RewardKind::kCommand && command.empty()) {
     return error("command is required for a command reward");
   }
+  if (kind == RewardKind::kPython) {
+    const size_t colon = function.find(':');
+    if (function.empty())
+      return error("function is required for a python reward (\"module:name\")");
+    if (colon == std::string::npos || colon == 0 || colon + 1 == function.size() ||
+        function.find(':', colon + 1) != std::string::npos)
+      return error("function must be \"package.module:name\", got \"" + function + "\"");
+  }
   if ((kind == RewardKind::kHttp || kind == RewardKind::kCommand) &&
       !(std::isfinite(timeout_s) && timeout_s > 0)) {
     return error("timeout_s must be finite and > 0, got " + std::to_string(timeout_s));

@@ -191,6 +191,7 @@ Result<std::unique_ptr<Scorer>> make_verifier(const RewardSpec& spec) {
     }
     case RewardKind::kHttp:
     case RewardKind::kCommand:
+    case RewardKind::kPython:
       break;
   }
   return Status::Error("'" + std::string(name_of(spec.kind)) + "' is not a built-in verifier");

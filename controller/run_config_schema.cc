@@ -169,6 +169,8 @@ std::vector<Field> reward_fields(RewardSpec& s) {
           {"require_finish", &s.require_finish},
           {"url", &s.url},
           {"command", &s.command},
+          {"function", &s.function},
+          {"python_path", &s.python_path},
           {"timeout_s", &s.timeout_s}};
 }
 

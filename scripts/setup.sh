@@ -31,7 +31,7 @@ build_packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev
   libgloo-dev libzstd-dev libxxhash-dev libcli11-dev libcpp-httplib-dev
-  libssl-dev
+  libssl-dev libpython3-dev
 )
 test_packages=(
   clang-14 libclang-rt-14-dev lld-14
@@ -73,9 +73,10 @@ pip_install() {
   "$MILES_VENV/bin/python" -m pip install --disable-pip-version-check -q "$@"
 }
 # openai and sglang-router: the real clients the engine's API is tested with (tests/clients);
-# tensorboard: its readers check the event files a run writes.
-light=(numpy safetensors jinja2 gguf openai sglang-router==0.3.2 tensorboard)
-if ! "$MILES_VENV/bin/python" -c "import numpy, safetensors, jinja2, gguf, openai, sglang_router, tensorboard" 2>/dev/null; then
+# tensorboard: its readers check the event files a run writes; math-verify: the python reward
+# example (examples/math_verify).
+light=(numpy safetensors jinja2 gguf openai sglang-router==0.3.2 tensorboard math-verify==0.8.0)
+if ! "$MILES_VENV/bin/python" -c "import numpy, safetensors, jinja2, gguf, openai, sglang_router, tensorboard, math_verify" 2>/dev/null; then
   pip_install "${light[@]}"
 fi
 # The sglang package's own client (its frontend, sglang.RuntimeEndpoint): 0.5.5 is the newest release

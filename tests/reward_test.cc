@@ -735,3 +735,148 @@ TEST_F(RewardCommandTest, CommandThatCannotStart) {
 
 }  // namespace
 }  // namespace miles
+
+namespace miles {
+namespace {
+
+// The python kind: a module of the test's, imported by the embedded interpreter from python_path.
+class RewardPythonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/miles_reward_py_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    std::filesystem::create_directories(dir_ + "/graders");
+    std::ofstream(dir_ + "/graders/__init__.py") << "";
+    std::ofstream(dir_ + "/graders/arith.py") << R"(import asyncio, threading
+
+calls = []
+
+def exact(sample):
+    calls.append(sample['prompt'])
+    return sample['response'].strip() == str(sample['label'])
+
+def parts(sample):
+    return {'score': 0.25 * sample['response_tokens']}
+
+def crash(sample):
+    if sample['response'] == 'boom':
+        raise ValueError('no answer in ' + repr(sample['response']))
+    return 1
+
+def wrong_type(sample):
+    return 'high'
+
+_running = 0
+peak = 0
+
+async def judge(sample):
+    global _running, peak
+    _running += 1
+    peak = max(peak, _running)
+    await asyncio.sleep(0.05)
+    _running -= 1
+    return len(sample['response'])
+
+async def peak_of(sample):
+    return peak
+
+class Grader:
+    class Nested:
+        @staticmethod
+        def score(sample):
+            return -1.5
+)";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  RewardSpec python_spec(const std::string& function) {
+    RewardSpec s = spec_of("python");
+    s.function = function;
+    s.python_path = dir_;
+    return s;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(RewardPythonTest, ScoresWithTheUsersFunction) {
+  EXPECT_EQ(score_one(python_spec("graders.arith:exact"), sample(" 42 ", json(42))), 1.0);
+  EXPECT_EQ(score_one(python_spec("graders.arith:exact"), sample("41", json(42))), 0.0);
+  EXPECT_EQ(score_one(python_spec("graders.arith:parts"), sample("x", nullptr, 6)), 1.5);
+  EXPECT_EQ(score_one(python_spec("graders.arith:Grader.Nested.score"), sample("x")), -1.5);
+}
+
+TEST_F(RewardPythonTest, ExceptionsAndBadResultsFailOnlyTheirSample) {
+  auto model = make_model({python_spec("graders.arith:crash")});
+  ASSERT_TRUE(model);
+  std::vector<RewardInput> batch = {sample("fine"), sample("boom"), sample("fine too")};
+  auto r = model->score(batch);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].score, 1.0);
+  EXPECT_EQ(r[0].error, "");
+  EXPECT_EQ(r[1].score, 0.0);
+  // The Python traceback, down to the user's line.
+  EXPECT_NE(r[1].error.find("Traceback (most recent call last)"), std::string::npos) << r[1].error;
+  EXPECT_NE(r[1].error.find("arith.py\", line 14, in crash"), std::string::npos) << r[1].error;
+  EXPECT_NE(r[1].error.find("ValueError: no answer in 'boom'"), std::string::npos) << r[1].error;
+  EXPECT_EQ(r[2].score, 1.0);
+  std::string error;
+  EXPECT_EQ(score_one(python_spec("graders.arith:wrong_type"), sample("x"), &error), 0.0);
+  EXPECT_NE(error.find("TypeError: returned str, not a number"), std::string::npos) << error;
+}
+
+// An async function gets the batch at once: its calls overlap.
+TEST_F(RewardPythonTest, AsyncFunctionsRunTheBatchConcurrently) {
+  auto model = make_model({python_spec("graders.arith:judge")});
+  ASSERT_TRUE(model);
+  std::vector<RewardInput> batch;
+  for (int i = 0; i < 8; ++i) batch.push_back(sample(std::string(i + 1, 'a')));
+  const auto start = Clock::now();
+  auto r = model->score(batch);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(r[i].score, i + 1) << r[i].error;
+  EXPECT_LT(seconds, 0.3) << "8 calls of 50 ms each ran one after another";
+  EXPECT_EQ(score_one(python_spec("graders.arith:peak_of"), sample("x")), 8.0);
+}
+
+// What cannot work is refused when the reward is created, naming the function.
+TEST_F(RewardPythonTest, ImportErrorsStopTheJobAtStart) {
+  EXPECT_NE(create_error({python_spec("graders.nothere:fn")})
+                .find("cannot load function graders.nothere:fn: ModuleNotFoundError: No module "
+                      "named 'graders.nothere'"),
+            std::string::npos);
+  EXPECT_NE(create_error({python_spec("graders.arith:missing")})
+                .find("AttributeError: module 'graders.arith' has no attribute 'missing'"),
+            std::string::npos);
+  EXPECT_NE(create_error({python_spec("graders.arith:peak")}).find("is int, not a function"),
+            std::string::npos);
+  RewardSpec no_colon = python_spec("graders.arith.exact");
+  EXPECT_NE(create_error({no_colon})
+                .find("function must be \"package.module:name\", got \"graders.arith.exact\""),
+            std::string::npos);
+  EXPECT_NE(create_error({python_spec("")}).find("function is required for a python reward"),
+            std::string::npos);
+}
+
+// Scorers on several threads at once (one model each, as concurrent runners have): the GIL is
+// taken per call.
+TEST_F(RewardPythonTest, ScorersOnSeveralThreads) {
+  std::vector<std::thread> threads;
+  std::atomic<int> right{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      auto model = RewardModel::create({python_spec("graders.arith:exact")});
+      if (!model.ok()) return;
+      for (int i = 0; i < 50; ++i) {
+        RewardInput in = sample(std::to_string(i), json(i));
+        right += (*model)->score(std::span<const RewardInput>(&in, 1))[0].score == 1.0;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(right.load(), 200);
+}
+
+}  // namespace
+}  // namespace miles

@@ -65,6 +65,18 @@ std::string command_reward(const std::string& dir, const std::string& name,
   return " 'rewards=[{kind: command, command: \"sh " + script + "\", name: " + name + "}]'";
 }
 
+// A command reward "dog": 1 for a response that mentions a dog, else 0.
+std::string dog_command_reward(const std::string& dir) {
+  return command_reward(dir, "dog",
+                        "while read -r line; do\n"
+                        "  if printf '%s' \"$line\" | grep -q '\"response\":\"[^\"]*dog'; then\n"
+                        "    echo '{\"score\": 1}'\n"
+                        "  else\n"
+                        "    echo '{\"score\": 0}'\n"
+                        "  fi\n"
+                        "done\n");
+}
+
 // The fields that depend only on the data, the seeds and the arithmetic (not on timing).
 json numbers(const json& m) {
   json out;
@@ -661,15 +673,7 @@ namespace {
 TEST(RlRun, CommandRewardWithOverSamplingAndZeroVarianceFilter) {
   MILES_REQUIRE_SHARED();
   const std::string dir = temp_dir("command");
-  const std::string reward =
-      command_reward(dir, "dog",
-                     "while read -r line; do\n"
-                     "  if printf '%s' \"$line\" | grep -q '\"response\":\"[^\"]*dog'; then\n"
-                     "    echo '{\"score\": 1}'\n"
-                     "  else\n"
-                     "    echo '{\"score\": 0}'\n"
-                     "  fi\n"
-                     "done\n");
+  const std::string reward = dog_command_reward(dir);
   auto r = run_here(std::string(kCi) + " --run-dir " + dir +
                     " rollout.num_rollouts=4 rollout.over_sampling_batch_size=6"
                     " rollout.filter_zero_variance=true logging.samples_keep=2" +
@@ -707,6 +711,53 @@ TEST(RlRun, CommandRewardWithOverSamplingAndZeroVarianceFilter) {
     }
   }
   EXPECT_NE(r.out.find("groups 4/"), std::string::npos) << r.out;  // kept / drawn on the line
+}
+
+// A Python reward in the run (the embedded interpreter, called from the controller's rollout
+// threads) gives the run of the same grader as an external command, bit for bit; its failures land
+// on the samples with the Python traceback, and the run goes on.
+TEST(RlRun, PythonRewardGivesTheCommandRewardsRun) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = temp_dir("python");
+  const std::string a = dir + "/command", b = dir + "/python", c = dir + "/failing";
+  const std::string reward = dog_command_reward(dir);
+  std::ofstream(dir + "/dog_reward.py") << "def score(sample):\n"
+                                           "    return 'dog' in sample['response']\n"
+                                           "def picky(sample):\n"
+                                           "    if 'dog' not in sample['response']:\n"
+                                           "        raise LookupError('no dog here')\n"
+                                           "    return 1.0\n";
+  auto python = [&](const std::string& fn) {
+    return " 'rewards=[{kind: python, function: \"dog_reward:" + fn + "\", python_path: \"" + dir +
+           "\", name: dog}]'";
+  };
+  auto ra = run_here(std::string(kCi) + " --run-dir " + a + " rollout.num_rollouts=2" + reward);
+  ASSERT_EQ(ra.exit_code, 0) << ra.out;
+  auto rb =
+      run_here(std::string(kCi) + " --run-dir " + b + " rollout.num_rollouts=2" + python("score"));
+  ASSERT_EQ(rb.exit_code, 0) << rb.out;
+  const auto ma = metrics(a), mb = metrics(b);
+  ASSERT_EQ(ma.size(), 2u);
+  ASSERT_EQ(mb.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(numbers(mb[i]), numbers(ma[i])) << "step " << i + 1;
+    EXPECT_EQ(mb[i]["reward_dog_mean"], ma[i]["reward_dog_mean"]);
+    EXPECT_EQ(mb[i]["reward_errors"], 0.0);
+  }
+  auto rc = run_here(std::string(kCi) + " --run-dir " + c +
+                     " rollout.num_rollouts=1 logging.samples_every=1" + python("picky"));
+  ASSERT_EQ(rc.exit_code, 0) << rc.out;
+  const auto mc = metrics(c);
+  ASSERT_EQ(mc.size(), 1u);
+  const double errors = mc[0]["reward_errors"].get<double>();
+  EXPECT_GT(errors, 0.0) << mc[0].dump();
+  size_t with_traceback = 0;
+  for (const json& j : jsonl(c + "/samples/step_1.jsonl")) {
+    const std::string e = j.value("reward_error", "");
+    with_traceback += e.find("LookupError: no dog here") != std::string::npos &&
+                      e.find("dog_reward.py\", line 5, in picky") != std::string::npos;
+  }
+  EXPECT_EQ(static_cast<double>(with_traceback), errors);
 }
 
 // The eval loop: before step 1, every 2 steps and after the last, on fixed seeds; its numbers are

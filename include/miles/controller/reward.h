@@ -1,9 +1,10 @@
 // Rewards of the RL loop: built-in verifiers, a remote reward service over HTTP, and external
 // commands speaking JSON lines; a weighted sum of any of them scores each sample.
 //
-// Why: the controller turns finished samples into scalars for the advantage estimator. A reward that
-// fails (a service down, a command that crashes, a label of the wrong type) must not stop a run: the
-// failure is recorded on that sample (RewardResult::error, score 0) and counted in the metrics.
+// Why: the controller turns finished samples into scalars for the advantage estimator. A reward
+// that fails (a service down, a command that crashes, a label of the wrong type) must not stop a
+// run: the failure is recorded on that sample (RewardResult::error, score 0) and counted in the
+// metrics.
 //
 // Built-in kinds (RewardSpec::kind):
 //   exact_match  1 if the response (trimmed; the text after the last `answer_prefix` when set)
@@ -36,6 +37,16 @@
 //                (its whole process group) is killed and the next sample starts a fresh one; one
 //                that exits quietly between samples is restarted without an error. Its stderr is
 //                ours.
+//   python       `function` ("package.module:name", slime's custom reward as a path) called in
+//                this process by an embedded CPython (controller/reward_python.cc) with a dict
+//                {"prompt", "response", "label", "finish_reason", "response_tokens"}; it returns a
+//                number (or a bool, or {"score": x}). An `async def` function gets the whole batch
+//                at once (asyncio.gather), so I/O-bound graders (an LLM judge) overlap. The module
+//                is imported when the reward is created (an import error stops the job at start,
+//                naming the function), from `python_path` (a directory put first on sys.path),
+//                the working directory, and the active virtualenv's packages ($VIRTUAL_ENV). An
+//                exception or a result that is not a finite number fails that sample, with the
+//                Python traceback as its error.
 // The sample's reward is Σ weight_i · score_i over the specs; RewardResult::parts names each.
 #pragma once
 
@@ -53,11 +64,20 @@
 
 namespace miles {
 
-enum class RewardKind { kExactMatch, kNumeric, kRegex, kKeyword, kLength, kHttp, kCommand };
+enum class RewardKind {
+  kExactMatch,
+  kNumeric,
+  kRegex,
+  kKeyword,
+  kLength,
+  kHttp,
+  kCommand,
+  kPython
+};
 template <>
 struct ConfigEnum<RewardKind> {
   static constexpr std::array names = std::to_array<std::string_view>(
-      {"exact_match", "numeric", "regex", "keyword", "length", "http", "command"});
+      {"exact_match", "numeric", "regex", "keyword", "length", "http", "command", "python"});
 };
 
 struct RewardSpec {
@@ -73,10 +93,13 @@ struct RewardSpec {
   bool require_finish = false;   // length
   std::string url;               // http
   std::string command;           // command
+  std::string function;          // python: "package.module:name"
+  std::string python_path;       // python: a directory searched first for the module
   double timeout_s = 30;         // http / command: per sample, > 0
   // Names the bad field (the kind is checked where the config is parsed): a weight that is not
   // finite, a negative tolerance, an invalid `pattern` (named), an empty keyword, max_tokens <= 0
-  // for length, a missing or malformed url, a missing command, timeout_s <= 0 for http / command.
+  // for length, a missing or malformed url, a missing command, timeout_s <= 0 for http / command,
+  // a python function that is not "module:name".
   Status validate() const;
 };
 
