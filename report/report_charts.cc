@@ -10,9 +10,7 @@
 namespace miles::report {
 namespace {
 
-const char* const kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-const char* color(size_t i) { return kPalette[i % (sizeof kPalette / sizeof kPalette[0])]; }
+const char* color(size_t i) { return palette_color(i); }
 
 struct Sections {
   explicit Sections(const MetricsTable& table) : m(table) {}

@@ -14,7 +14,7 @@
 namespace miles::report {
 namespace {
 
-constexpr const char* kStyle = R"css(
+constexpr const char* kStyleText = R"css(
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222;
        max-width: 1180px; margin: 24px auto; padding: 0 16px; }
 h1 { font-size: 22px; margin-bottom: 4px; }
@@ -43,6 +43,12 @@ svg.chart text.tick { font-size: 10px; fill: #555; }
 svg.chart line.grid { stroke: #e6e6e6; stroke-width: 1; }
 svg.chart line.axis { stroke: #444; stroke-width: 1; }
 )css";
+
+}  // namespace
+
+const char* page_style() { return kStyleText; }
+
+namespace {
 
 // The newest step's samples (RUN_DIR/samples/step_N.jsonl): prompt, response, reward, advantage.
 std::string samples_section(const std::string& jsonl, int64_t step) {
@@ -114,7 +120,7 @@ std::string render_report_html(const MetricsTable& m, const std::string& run_dir
   if (page.refresh_seconds > 0)
     out +=
         "<meta http-equiv=\"refresh\" content=\"" + std::to_string(page.refresh_seconds) + "\">\n";
-  out += "<title>miles report: " + dir + "</title>\n<style>" + std::string(kStyle) +
+  out += "<title>miles report: " + dir + "</title>\n<style>" + std::string(page_style()) +
          "</style>\n</head>\n<body>\n";
   out += "<h1>miles run report</h1>\n<p class=\"meta\">Run directory <code>" + dir +
          "</code>: " + std::to_string(m.rows()) + " rollout step" + (m.rows() == 1 ? "" : "s") +

@@ -10,11 +10,15 @@
 
 namespace miles::report {
 
+// The page's inline CSS (report_page.cc), shared by the run page and the comparison page.
+const char* page_style();
+
 // The summary table: steps, reward first vs last steps, step time and its split, max |Δlogp|,
 // engine restarts.
 std::string summary_table(const MetricsTable& m);
 
 // The chart sections; counts drawn and skipped charts.
+// (The comparison page, report_compare.cc, draws its own: one line per run.)
 std::string chart_sections(const MetricsTable& m, int& drawn, int& skipped);
 
 // Mean of the finite values in [begin, end) of v; NaN when none.

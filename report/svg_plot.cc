@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 
 #include "report/svg_frame.h"
 
@@ -232,6 +233,12 @@ std::string histogram_chart(const ChartText& t, const std::vector<double>& value
   }
   svg::end_chart(out, f);
   return out;
+}
+
+const char* palette_color(size_t i) {
+  static const char* const kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                         "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+  return kPalette[i % std::size(kPalette)];
 }
 
 }  // namespace miles::report

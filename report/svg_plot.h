@@ -6,6 +6,7 @@
 // NaN values are holes (a line breaks there, a bar counts 0); no NaN ever reaches the SVG text.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,6 +42,9 @@ std::string stacked_bar_chart(const ChartText& t, const std::vector<double>& x,
 // Counts of the finite `values` in equal-width bins (about sqrt(n) of them).
 std::string histogram_chart(const ChartText& t, const std::vector<double>& values,
                             const std::string& color);
+
+// The i-th colour of the charts' palette (ten, then again).
+const char* palette_color(size_t i);
 
 // &, <, >, " and ' as entities: for HTML text, attribute values and SVG text.
 std::string html_escape(std::string_view s);

@@ -129,6 +129,8 @@ class ReportTest : public ::testing::Test {
   fs::path dir_;
 };
 
+std::string html_escape_for_test(const std::string& s) { return miles::report::html_escape(s); }
+
 size_t count(const std::string& s, const std::string& what) {
   size_t n = 0;
   for (size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + 1)) ++n;
@@ -323,6 +325,59 @@ TEST_F(ReportTest, Errors) {
   EXPECT_NE(array.out.find("metrics.jsonl:3: expected a JSON object, got array"), std::string::npos)
       << array.out;
   EXPECT_FALSE(fs::exists(dir_ / "report.html"));
+}
+
+// `miles report A B`: one page, one line per run on each chart over the union of their steps; a
+// metric one run lacks is drawn for the other with a note; each run's row in the table.
+TEST_F(ReportTest, SeveralRunsOverlaidOnOnePage) {
+  fs::create_directories(dir_ / "a");
+  fs::create_directories(dir_ / "b");
+  std::string a, b;
+  for (int s = 1; s <= 10; ++s) a += step_line(s).dump() + "\n";
+  for (int s = 1; s <= 5; ++s) {
+    json j = step_line(s);
+    j["reward_mean"] = 0.1 * s;
+    j.erase("loss");
+    b += j.dump() + "\n";
+  }
+  write("a/metrics.jsonl", a);
+  write("b/metrics.jsonl", b);
+  const std::string out = (dir_ / "cmp.html").string();
+  const auto r = miles::test::run_miles("report " + (dir_ / "a").string() + " " +
+                                        (dir_ / "b").string() + "/ --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("10 steps, 8 charts, 4 skipped"), std::string::npos) << r.out;
+  const std::string page = read(out);
+  const std::string name_a = html_escape_for_test((dir_ / "a").string());
+  const std::string name_b = html_escape_for_test((dir_ / "b").string());
+  const std::vector<std::string> charts = svgs(page);
+  ASSERT_EQ(charts.size(), 8u);  // no eval, entropy or throughput in these lines
+  for (const std::string& svg : charts) {
+    EXPECT_EQ(svg.find("NaN"), std::string::npos);
+    EXPECT_NE(svg.find(">" + name_a + "</text>"), std::string::npos) << svg.substr(0, 80);
+    if (svg.find("plot-cmp-loss") == std::string::npos) {
+      EXPECT_NE(svg.find(">" + name_b + "</text>"), std::string::npos) << svg.substr(0, 80);
+    }
+  }
+  EXPECT_EQ(count(page, "<svg id=\"plot-cmp-reward_mean\""), 1u);
+  EXPECT_NE(page.find("1 of 2 runs have no loss."), std::string::npos);
+  EXPECT_NE(page.find("Skipped Evaluation reward (held-out prompts): no run has values for "
+                      "eval_reward_mean."),
+            std::string::npos);
+  // Run b: 5 steps, reward 0.1 at its first step (a fifth of 5), 0.5 at its last.
+  EXPECT_NE(page.find("<code>" + name_b + "</code></td><td>5</td><td>0.1</td><td>0.5</td>"),
+            std::string::npos);
+  for (const char* tag : {"<script", "<link", "<img", "<iframe"})
+    EXPECT_EQ(page.find(tag), std::string::npos) << tag;
+
+  const auto twice = miles::test::run_miles("report " + (dir_ / "a").string() + " " +
+                                            (dir_ / "a").string() + " --out " + out);
+  EXPECT_EQ(twice.exit_code, 1);
+  EXPECT_NE(twice.out.find("given twice"), std::string::npos) << twice.out;
+  const auto missing = miles::test::run_miles("report " + (dir_ / "a").string() + " " +
+                                              (dir_ / "nope").string() + " --out " + out);
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.out.find("nope/metrics.jsonl: not found"), std::string::npos) << missing.out;
 }
 
 TEST(ReportUnits, ParseCounterAndEscape) {

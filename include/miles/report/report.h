@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "miles/status.h"
 #include "report/metrics_table.h"
@@ -46,5 +48,16 @@ std::string render_report_html(const MetricsTable& m, const std::string& run_dir
 // renamed): `miles run` rewrites it live (refresh_seconds > 0) after its steps.
 Result<ReportSummary> write_report(const std::string& run_dir, const std::string& out_path,
                                    int refresh_seconds = 0);
+
+// `miles report RUN_A RUN_B ...`: the runs overlaid, one line per run on each chart (reward, eval,
+// lengths, truncation, |Δlogp|, losses, step time, throughput) against the rollout step, and a
+// table of each run's steps, first and last rewards. Runs of different lengths share the axis.
+// `runs`: (name, table) in the order given.
+std::string render_comparison_html(const std::vector<std::pair<std::string, MetricsTable>>& runs,
+                                   ReportSummary* summary = nullptr);
+// Reads each RUN_DIR/metrics.jsonl and writes the page to out_path (default compare.html in the
+// working directory), whole.
+Result<ReportSummary> write_comparison(const std::vector<std::string>& run_dirs,
+                                       const std::string& out_path);
 
 }  // namespace miles::report
