@@ -76,8 +76,12 @@ Result<std::unique_ptr<Evaluator>> Evaluator::create(const RunConfig& config, En
   e->rollout_.top_k = 0;
   if (config.eval.max_new_tokens > 0) e->rollout_.max_new_tokens = config.eval.max_new_tokens;
   e->rollout_.seed = config.rollout.seed ^ kEvalSeedSalt;
+  if (!config.rollout.function.empty()) {
+    MILES_ASSIGN_OR_RETURN(
+        e->function_, RolloutFunction::load(config.rollout.function, config.rollout.python_path));
+  }
   e->runner_ = std::make_unique<GroupRunner>(engines, *e->rewards_, tokenizer, e->rollout_,
-                                             experts_per_token, chat);
+                                             experts_per_token, chat, e->function_.get());
   return e;
 }
 

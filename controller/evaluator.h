@@ -53,6 +53,7 @@ class Evaluator {
   RolloutSection rollout_;
   std::unique_ptr<PromptData> data_;
   std::unique_ptr<RewardModel> rewards_;  // its own: the training batches score concurrently
+  std::unique_ptr<RolloutFunction> function_;  // rollout.function, when set
   std::unique_ptr<GroupRunner> runner_;
   int64_t prompts_ = 0;
 };

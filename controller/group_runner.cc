@@ -17,13 +17,18 @@ int64_t RolloutSample::min_version() const {
 
 int64_t RolloutGroup::min_version() const {
   int64_t v = INT64_MAX;
-  for (const RolloutSample& s : samples) v = std::min(v, s.min_version());
-  return samples.empty() ? 0 : v;
+  for (const RolloutSample& s : samples)
+    if (!s.tokens.empty()) v = std::min(v, s.min_version());
+  return v == INT64_MAX ? 0 : v;
 }
 
 bool RolloutGroup::zero_variance() const {
-  for (const RolloutSample& s : samples)
-    if (s.reward.score != samples.front().reward.score) return false;
+  const RolloutSample* first = nullptr;
+  for (const RolloutSample& s : samples) {
+    if (s.failed()) continue;
+    if (first && s.reward.score != first->reward.score) return false;
+    if (!first) first = &s;
+  }
   return true;
 }
 
@@ -52,7 +57,7 @@ Result<RolloutGroup> GroupRunner::run(int64_t position, const Prompt& prompt,
   req.stop = cfg_.stop;
   req.return_routed_experts = experts_;
   std::vector<GeneratedSample> gen;
-  if (cfg_.environment != Environment::kNone) {
+  if (cfg_.environment != Environment::kNone || function_) {
     // The group's sessions run side by side (the engines batch their turns); each sample's tokens
     // depend only on its seed and index, so the order they finish in changes nothing.
     std::vector<std::optional<Result<RolloutSample>>> done(static_cast<size_t>(req.n));
@@ -79,7 +84,11 @@ Result<RolloutGroup> GroupRunner::run(int64_t position, const Prompt& prompt,
   MILES_RETURN_IF_ERROR(continue_aborted(prompt, req.seed, g, cancel));
 
   std::vector<RewardInput> inputs;
-  for (RolloutSample& s : g.samples) {
+  std::vector<size_t> scored;  // the samples that did not fail
+  for (size_t i = 0; i < g.samples.size(); ++i) {
+    RolloutSample& s = g.samples[i];
+    if (s.failed()) continue;
+    scored.push_back(i);
     std::vector<int32_t> ids;
     for (const TokenOutput& t : s.tokens) ids.push_back(t.id);
     if (s.trajectory.empty()) s.response = tok_.decode(ids);
@@ -89,6 +98,7 @@ Result<RolloutGroup> GroupRunner::run(int64_t position, const Prompt& prompt,
     in.label = prompt.label;
     in.finish_reason = s.finish_reason;
     in.response_tokens = static_cast<int64_t>(ids.size());
+    in.rollout_result = s.rollout_result;
     inputs.push_back(std::move(in));
   }
   std::vector<RewardResult> scores;
@@ -96,7 +106,7 @@ Result<RolloutGroup> GroupRunner::run(int64_t position, const Prompt& prompt,
     std::lock_guard<std::mutex> lock(rewards_mu_);
     scores = rewards_.score(inputs);
   }
-  for (size_t i = 0; i < g.samples.size(); ++i) g.samples[i].reward = std::move(scores[i]);
+  for (size_t i = 0; i < scored.size(); ++i) g.samples[scored[i]].reward = std::move(scores[i]);
   g.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return g;
 }

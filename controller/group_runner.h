@@ -17,6 +17,7 @@
 
 #include "controller/engine_pool.h"
 #include "controller/prompt_data.h"
+#include "controller/rollout_function.h"
 #include "miles/controller/reward.h"
 #include "miles/controller/run_config.h"
 #include "miles/tokenizer.h"
@@ -40,7 +41,12 @@ struct RolloutSample {
   int64_t response_start = 0;
   int64_t turns = 1;
   std::string append_error;     // why a tool result could not be appended (the episode ended there)
-  int64_t min_version() const;  // oldest weight version among its tokens
+  // rollout.function: what it returned (null for None), and the traceback when it failed. A failed
+  // sample is kept for the record (sample dumps, metrics) but neither scored nor trained.
+  nlohmann::json rollout_result;
+  std::string rollout_error;
+  bool failed() const { return !rollout_error.empty(); }
+  int64_t min_version() const;  // oldest weight version among its tokens (0: none)
 };
 
 struct RolloutGroup {
@@ -49,8 +55,8 @@ struct RolloutGroup {
   std::vector<RolloutSample> samples;
   int64_t continuations = 0;  // aborted samples continued
   double seconds = 0;         // generation + scoring wall time
-  int64_t min_version() const;
-  bool zero_variance() const;  // all rewards equal (no GRPO signal)
+  int64_t min_version() const;  // over the samples with tokens
+  bool zero_variance() const;   // all rewards of the samples that did not fail equal (no signal)
 };
 
 // The seed of the group at stream position `position` of a run seeded with `seed`.
@@ -60,23 +66,28 @@ class GroupRunner {
  public:
   GroupRunner(EnginePool& pool, RewardModel& rewards, const Tokenizer& tokenizer,
               const RolloutSection& rollout, int64_t experts_per_token,
-              const ChatTemplate* chat = nullptr)
+              const ChatTemplate* chat = nullptr, const RolloutFunction* function = nullptr)
       : pool_(pool),
         rewards_(rewards),
         tok_(tokenizer),
         cfg_(rollout),
         experts_(experts_per_token > 0),
         experts_per_token_(experts_per_token),
-        chat_(chat) {}
+        chat_(chat),
+        function_(function) {}
   // Thread-safe (rewards are scored one group at a time). Errors: cancelled, or no engine left.
   Result<RolloutGroup> run(int64_t position, const Prompt& prompt, const std::atomic<bool>& cancel);
 
  private:
   Status continue_aborted(const Prompt& prompt, uint64_t seed, RolloutGroup& g,
                           const std::atomic<bool>& cancel);
-  // rollout.environment calculator (agent_runner.cc): one TITO session per sample.
+  // Multi-turn (agent_runner.cc): one TITO session per sample, driven by rollout.environment
+  // calculator or by rollout.function.
+  struct SessionRun;
+  class FunctionHost;
   Result<RolloutSample> run_session(const Prompt& prompt, uint64_t seed, int32_t index,
                                     const std::atomic<bool>& cancel);
+  Result<RolloutSample> run_function(SessionRun& run);
   EnginePool& pool_;
   RewardModel& rewards_;
   std::mutex rewards_mu_;
@@ -85,6 +96,7 @@ class GroupRunner {
   bool experts_;
   int64_t experts_per_token_ = 0;
   const ChatTemplate* chat_ = nullptr;
+  const RolloutFunction* function_ = nullptr;
 };
 
 }  // namespace miles::controller

@@ -2,41 +2,28 @@
 // CPython (reward.h describes what it receives and returns).
 //
 // Why: practitioners write rewards in Python (slime's --custom-rm-path, verl's reward functions,
-// math-verify); a function call in-process needs no server or JSON-lines protocol. One interpreter
-// serves the process: started on the first python reward without its signal handlers (Ctrl-C stays
-// ours), its GIL released between calls, never finalised (user modules may hold threads). Samples
-// cross as the JSON objects the http and command kinds send; results come back as JSON too, so the
-// C++ side touches no Python object but the function and the helper below.
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-
-#include <cstdlib>
+// math-verify); a function call in-process needs no server or JSON-lines protocol. The interpreter
+// is the process's one (python_embed.h). Samples cross as the JSON objects the http and command
+// kinds send; results come back as JSON too, so the C++ side touches no Python object but the
+// function and the helper below.
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "controller/python_embed.h"
 #include "controller/reward_internal.h"
 
 namespace miles::reward {
 namespace {
 
-// The helper module: loads the function, scores a JSON batch, reports exceptions as tracebacks.
+namespace python = controller::python;
+
+// The helper module: scores a JSON batch, reports exceptions as tracebacks.
 constexpr const char* kHelper = R"PY(
-import asyncio, importlib, inspect, json, math, sys, traceback
+import asyncio, inspect, json, math, traceback
 
 MAX_ERROR = 4000
-
-def load(spec, path):
-    if path:
-        sys.path.insert(0, path)
-    module, _, name = spec.partition(':')
-    obj = importlib.import_module(module)
-    for part in name.split('.'):
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise TypeError(f"{spec} is {type(obj).__name__}, not a function")
-    return obj
 
 def _number(value):
     if isinstance(value, dict):
@@ -85,93 +72,31 @@ def score(fn, batch_json):
     return json.dumps(results)
 )PY";
 
-// Holds the GIL for its scope (any thread).
-class Gil {
- public:
-  Gil() : state_(PyGILState_Ensure()) {}
-  ~Gil() { PyGILState_Release(state_); }
-  Gil(const Gil&) = delete;
-  Gil& operator=(const Gil&) = delete;
+using python::Gil;
+using python::take_exception;
 
- private:
-  PyGILState_STATE state_;
-};
-
-// The pending Python exception as text ("Type: message"), cleared. GIL held.
-std::string take_exception() {
-  PyObject *type = nullptr, *value = nullptr, *trace = nullptr;
-  PyErr_Fetch(&type, &value, &trace);
-  PyErr_NormalizeException(&type, &value, &trace);
-  std::string text = "unknown Python error";
-  if (value) {
-    PyObject* name = type ? PyObject_GetAttrString(type, "__name__") : nullptr;
-    PyObject* str = PyObject_Str(value);
-    const char* n = name ? PyUnicode_AsUTF8(name) : nullptr;
-    const char* s = str ? PyUnicode_AsUTF8(str) : nullptr;
-    text = std::string(n ? n : "Exception") + ": " + (s ? s : "");
-    Py_XDECREF(name);
-    Py_XDECREF(str);
-  }
-  PyErr_Clear();
-  Py_XDECREF(type);
-  Py_XDECREF(value);
-  Py_XDECREF(trace);
-  return text;
-}
-
-// The interpreter and the helper's functions, started once for the process.
-struct Runtime {
-  PyObject* load = nullptr;
+// The helper's score(batch_fn, batch), started once for the process.
+struct Helper {
   PyObject* score = nullptr;
   std::string error;  // why it could not start
 };
 
-// Without the interpreter's signal handlers; with the active virtualenv's packages (its python as
-// the executable: the interpreter then reads its pyvenv.cfg); the working directory first on
-// sys.path, as `python -m` does.
-Status start_interpreter() {
-  PyConfig config;
-  PyConfig_InitPythonConfig(&config);
-  config.install_signal_handlers = 0;
-  config.parse_argv = 0;
-  PyStatus st = PyStatus_Ok();
-  if (const char* venv = std::getenv("VIRTUAL_ENV"); venv && *venv)
-    st = PyConfig_SetBytesString(&config, &config.executable,
-                                 (std::string(venv) + "/bin/python3").c_str());
-  if (!PyStatus_Exception(st)) st = Py_InitializeFromConfig(&config);
-  PyConfig_Clear(&config);
-  if (PyStatus_Exception(st))
-    return Status::Error(std::string("cannot start Python: ") + (st.err_msg ? st.err_msg : "?"));
-  if (PyRun_SimpleString("import os, sys\nsys.path.insert(0, os.getcwd())\n") != 0)
-    return Status::Error("cannot start Python: sys.path");
-  return Status::Ok();
-}
-
-const Runtime& runtime() {
-  static Runtime rt;
+const Helper& helper() {
+  static Helper h;
   static std::once_flag once;
   std::call_once(once, [] {
-    if (Status s = start_interpreter(); !s.ok()) {
-      rt.error = s.message();
-      return;
-    }
-    PyObject* code = Py_CompileString(kHelper, "<miles reward helper>", Py_file_input);
-    PyObject* module = code ? PyImport_ExecCodeModule("_miles_reward", code) : nullptr;
-    Py_XDECREF(code);
-    if (module) {
-      rt.load = PyObject_GetAttrString(module, "load");
-      rt.score = PyObject_GetAttrString(module, "score");
-      Py_DECREF(module);
-    }
-    if (!rt.load || !rt.score) rt.error = "the reward helper failed: " + take_exception();
-    PyEval_SaveThread();  // the GIL goes to whichever thread calls next
+    auto attrs = python::start_helper("_miles_reward", kHelper, {"score"});
+    if (attrs.ok())
+      h.score = (*attrs)[0];
+    else
+      h.error = "the reward helper failed: " + attrs.message();
   });
-  return rt;
+  return h;
 }
 
 class PythonScorer : public Scorer {
  public:
-  PythonScorer(const Runtime& rt, PyObject* fn, std::string function)
+  PythonScorer(const Helper& rt, PyObject* fn, std::string function)
       : rt_(rt), fn_(fn), function_(std::move(function)) {}
   ~PythonScorer() override {
     Gil gil;
@@ -219,7 +144,7 @@ class PythonScorer : public Scorer {
     return out;
   }
 
-  const Runtime& rt_;
+  const Helper& rt_;
   PyObject* fn_;  // a strong reference
   std::string function_;
 };
@@ -227,15 +152,14 @@ class PythonScorer : public Scorer {
 }  // namespace
 
 Result<std::unique_ptr<Scorer>> make_python_scorer(const RewardSpec& spec) {
-  const Runtime& rt = runtime();
-  if (!rt.error.empty()) return Status::Error(rt.error);
+  const Helper& h = helper();
+  if (!h.error.empty()) return Status::Error(h.error);
   Gil gil;
-  PyObject* fn =
-      PyObject_CallFunction(rt.load, "ss", spec.function.c_str(), spec.python_path.c_str());
-  if (!fn)
+  Result<PyObject*> fn = python::load_function(spec.function, spec.python_path);
+  if (!fn.ok())
     return Status::Error("reward '" + spec.name + "': cannot load function " + spec.function +
-                         ": " + take_exception());
-  return std::unique_ptr<Scorer>(new PythonScorer(rt, fn, spec.function));
+                         ": " + fn.message());
+  return std::unique_ptr<Scorer>(new PythonScorer(h, *fn, spec.function));
 }
 
 }  // namespace miles::reward

@@ -153,6 +153,24 @@ class Keyword : public SampleVerifier {
   RewardSpec spec_;
 };
 
+// What the rollout function returned: a number (or a bool), or a dict's "reward".
+class RolloutReturn : public SampleVerifier {
+ protected:
+  Result<double> score_one(const RewardInput& input) const override {
+    nlohmann::json v = input.rollout_result;
+    if (v.is_object()) {
+      if (!v.contains("reward"))
+        return Status::Error("the rollout function returned a dict without \"reward\"");
+      v = v["reward"];
+    }
+    if (v.is_boolean()) return v.get<bool>() ? 1.0 : 0.0;
+    if (!v.is_number())
+      return Status::Error(std::string("the rollout function returned ") +
+                           (v.is_null() ? "None" : v.type_name()) + ", not a reward");
+    return v.get<double>();
+  }
+};
+
 class Length : public SampleVerifier {
  public:
   explicit Length(const RewardSpec& spec) : spec_(spec) {}
@@ -184,6 +202,8 @@ Result<std::unique_ptr<Scorer>> make_verifier(const RewardSpec& spec) {
       return std::unique_ptr<Scorer>(new Keyword(spec));
     case RewardKind::kLength:
       return std::unique_ptr<Scorer>(new Length(spec));
+    case RewardKind::kRollout:
+      return std::unique_ptr<Scorer>(new RolloutReturn());
     case RewardKind::kRegex: {
       if (spec.pattern.empty()) return std::unique_ptr<Scorer>(new Regex(std::nullopt));
       MILES_ASSIGN_OR_RETURN(SafeRegex re, SafeRegex::compile(spec.pattern));

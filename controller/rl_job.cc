@@ -187,6 +187,10 @@ Status RlJob::setup() {
   std::vector<RewardSpec> specs = cfg_.rewards;
   for (const RewardSpec& s : specs) MILES_RETURN_IF_ERROR(s.validate());
   MILES_ASSIGN_OR_RETURN(rewards_, RewardModel::create(specs));
+  if (!cfg_.rollout.function.empty()) {
+    MILES_ASSIGN_OR_RETURN(rollout_function_,
+                           RolloutFunction::load(cfg_.rollout.function, cfg_.rollout.python_path));
+  }
   MILES_ASSIGN_OR_RETURN(PromptData d,
                          PromptData::load(cfg_.data, *res_.tokenizer, res_.chat.get()));
   data_ = std::make_unique<PromptData>(std::move(d));
@@ -235,7 +239,8 @@ Status RlJob::setup() {
                               .with_context("rollout.engine_device"));
   MILES_RETURN_IF_ERROR(setup_engines());
   runner_ = std::make_unique<GroupRunner>(*engines_, *rewards_, *res_.tokenizer, cfg_.rollout,
-                                          mc.num_moe_layers() * mc.moe.top_k, res_.chat.get());
+                                          mc.num_moe_layers() * mc.moe.top_k, res_.chat.get(),
+                                          rollout_function_.get());
   if (!cfg_.eval.data.empty()) {
     MILES_ASSIGN_OR_RETURN(evaluator_,
                            Evaluator::create(cfg_, *engines_, cfg_.rewards, *res_.tokenizer,

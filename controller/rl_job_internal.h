@@ -106,6 +106,7 @@ class RlJob {
   std::unique_ptr<WeightPublisher> publisher_;
   std::unique_ptr<EnginePool> engines_;
   std::unique_ptr<ControllerService> service_;
+  std::unique_ptr<RolloutFunction> rollout_function_;  // rollout.function, when set
   std::unique_ptr<GroupRunner> runner_;
   std::unique_ptr<MetricsLog> metrics_;
   std::optional<SampleDump> samples_;

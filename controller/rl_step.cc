@@ -174,6 +174,11 @@ void RlJob::show_step_line(const StepMetrics& m) {
   std::string shown = line;
   if (cfg_.rollout.filter_zero_variance) shown += dynamic_sampling_note(m.timing, r.groups);
   metrics_->show(m.step, shown);
+  if (r.rollout_errors > 0)
+    log_line("step " + std::to_string(m.step) + ": " + std::to_string(r.rollout_errors) +
+             " sample(s) failed in the rollout function (kept in the sample dump, not trained); "
+             "the first: " +
+             r.first_rollout_error);
   if (m.timing.filled_with_filtered)
     log_line("step " + std::to_string(m.step) + ": only " +
              std::to_string(r.groups - m.timing.without_signal) + " of " +

@@ -50,6 +50,8 @@ std::vector<Section> sections_of(RunConfig& c) {
         {"seed", &r.seed},
         {"environment", &r.environment},
         {"max_turns", &r.max_turns},
+        {"function", &r.function},
+        {"python_path", &r.python_path},
         {"num_engines", &r.num_engines},
         {"engines", &r.engines},
         {"engine_threads", &r.engine_threads},

@@ -127,6 +127,35 @@ void check_batches(const RunConfig& c, Checker& check) {
   }
 }
 
+// rollout.function: "module:name", alone (not with an environment), on chat prompts; the
+// `rollout` reward kind needs it.
+void check_rollout_function(const RunConfig& c, Checker& check) {
+  const RolloutSection& r = c.rollout;
+  const size_t colon = r.function.find(':');
+  if (!r.function.empty() &&
+      (colon == std::string::npos || colon == 0 || colon + 1 == r.function.size() ||
+       r.function.find(':', colon + 1) != std::string::npos)) {
+    check.fail("rollout.function", "must be \"package.module:name\", got \"" + r.function + "\"");
+    return;
+  }
+  if (!r.function.empty() && r.environment != Environment::kNone)
+    check.fail({"rollout.function", "rollout.environment"},
+               "rollout.function: runs the sample's session itself; rollout.environment must be "
+               "none, got " +
+                   std::string(name_of(r.environment)));
+  if (!r.function.empty() && !c.data.apply_chat_template)
+    check.fail({"rollout.function", "data.apply_chat_template"},
+               "rollout.function: runs chat sessions; it needs data.apply_chat_template: true");
+  if (r.function.empty() && !r.python_path.empty())
+    check.fail({"rollout.python_path", "rollout.function"},
+               "rollout.python_path: given without rollout.function");
+  for (size_t i = 0; i < c.rewards.size(); ++i)
+    if (c.rewards[i].kind == RewardKind::kRollout && r.function.empty())
+      check.fail({"rewards"}, "rewards[" + std::to_string(i) +
+                                  "]: kind rollout scores what rollout.function returns; "
+                                  "rollout.function is not set");
+}
+
 void check_rollout(const RunConfig& c, Checker& check) {
   const auto& r = c.rollout;
   check.positive("rollout.num_rollouts", r.num_rollouts);
@@ -150,6 +179,7 @@ void check_rollout(const RunConfig& c, Checker& check) {
     check.fail({"rollout.environment", "data.apply_chat_template"},
                "rollout.environment: " + std::string(name_of(r.environment)) +
                    " runs chat sessions; it needs data.apply_chat_template: true");
+  check_rollout_function(c, check);
   check.at_least("rollout.temperature", r.temperature, 0.0);
   if (!(r.top_p > 0 && r.top_p <= 1)) {
     check.fail("rollout.top_p", "must be in (0, 1], got " + str(r.top_p));

@@ -53,6 +53,8 @@ json sample_line(int64_t step, const RolloutGroup& g, const RolloutSample& s,
             {"prompt_tokens", s.prompt_tokens},
             {"turns", s.turns}};
   if (!s.reward.error.empty()) j["reward_error"] = s.reward.error;
+  if (!s.rollout_result.is_null()) j["rollout_result"] = s.rollout_result;
+  if (s.failed()) j["rollout_error"] = s.rollout_error;
   if (!s.trajectory.empty()) j["trajectory_text"] = tok.decode(s.trajectory);
   return j;
 }

@@ -32,8 +32,10 @@ RolloutStats rollout_stats(const std::vector<RolloutGroup>& groups, int64_t vers
       r.multi_version += vmax != s.min_version();  // a partial rollout across a weight update
       r.multi_turn += s.turns > 1;
       r.append_errors += !s.append_error.empty();
+      if (s.failed() && r.rollout_errors++ == 0) r.first_rollout_error = s.rollout_error;
       turns_sum += static_cast<double>(s.turns);
-      const double stale = static_cast<double>(version_before - s.min_version());
+      const double stale = static_cast<double>(
+          version_before - (s.tokens.empty() ? g.min_version() : s.min_version()));
       stale_sum += stale;
       r.staleness_max = std::max(r.staleness_max, stale);
     }
@@ -100,6 +102,7 @@ json StepMetrics::to_json() const {
             {"multi_turn_samples", r.multi_turn},
             {"turns_mean", r.turns_mean},
             {"session_append_errors", r.append_errors},
+            {"rollout_errors", r.rollout_errors},
             {"loss", train.loss},
             {"grad_norm", train.grad_norm},
             {"lr", train.lr},

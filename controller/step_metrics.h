@@ -31,6 +31,8 @@ struct StepTiming {
 struct RolloutStats {
   int64_t samples = 0, groups = 0, tokens = 0;
   int64_t continuations = 0, multi_version = 0, multi_turn = 0, append_errors = 0;
+  int64_t rollout_errors = 0;       // samples whose rollout function failed (not trained)
+  std::string first_rollout_error;  // the first one's traceback
   double reward_mean = 0, reward_std = 0, reward_errors = 0;
   double length_mean = 0, length_max = 0, truncated_frac = 0;
   double staleness_mean = 0, staleness_max = 0, turns_mean = 0;

@@ -1,6 +1,8 @@
 // make_train_batch / loss_config (train_batch.h).
 #include "controller/train_batch.h"
 
+#include <algorithm>
+
 #include "miles/check.h"
 
 namespace miles::controller {
@@ -96,10 +98,11 @@ Result<TrainBatch> make_train_batch(const std::vector<RolloutGroup>& groups,
   TrainBatch b;
   std::vector<int64_t> offsets = {0};
   std::vector<float> mask;
+  int64_t failed = 0;
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const RolloutGroup& g = groups[gi];
     for (const RolloutSample& s : g.samples) {
-      if (s.tokens.empty())
+      if (!s.failed() && s.tokens.empty())
         return Status::Error("prompt row " + std::to_string(g.prompt->row) + " sample " +
                              std::to_string(s.index) + " has no response token");
       TrainSample t;
@@ -110,6 +113,13 @@ Result<TrainBatch> make_train_batch(const std::vector<RolloutGroup>& groups,
         t.response_length = static_cast<int64_t>(s.trajectory.size()) - s.response_start;
         t.loss_mask = s.trajectory_mask;
         d.old_logp = s.trajectory_logp;
+      } else if (s.failed()) {
+        // A rollout function that failed before its first turn: the prompt alone, its last
+        // token in the (masked) response slot.
+        t.tokens = g.prompt->ids;
+        t.response_length = 1;
+        t.loss_mask = {0.0f};
+        d.old_logp = {0.0f};
       } else {
         t.tokens = g.prompt->ids;
         for (const TokenOutput& tok : s.tokens) {
@@ -119,13 +129,16 @@ Result<TrainBatch> make_train_batch(const std::vector<RolloutGroup>& groups,
         t.response_length = static_cast<int64_t>(s.tokens.size());
         t.loss_mask.assign(s.tokens.size(), 1.0f);
       }
+      // A failed sample fills its slot of the batch but trains nothing: mask 0, a group of its
+      // own (advantage 0; its group's statistics are the others').
+      if (s.failed()) std::fill(t.loss_mask.begin(), t.loss_mask.end(), 0.0f);
       d.rollout_logp = d.old_logp;
       t.routed_experts = s.routed_experts;
       mask.insert(mask.end(), t.loss_mask.begin(), t.loss_mask.end());
       offsets.push_back(offsets.back() + t.response_length);
-      b.rewards.push_back(static_cast<float>(s.reward.score));
-      b.group_index.push_back(static_cast<int64_t>(gi));
-      b.versions.push_back(s.min_version());
+      b.rewards.push_back(s.failed() ? 0.0f : static_cast<float>(s.reward.score));
+      b.group_index.push_back(s.failed() ? -1 - failed++ : static_cast<int64_t>(gi));
+      b.versions.push_back(s.tokens.empty() ? g.min_version() : s.min_version());
       b.samples.push_back(std::move(t));
       b.data.push_back(std::move(d));
     }

@@ -842,24 +842,104 @@ TEST(RlRun, DynamicSamplingOnASaturatedTaskIsBoundedAndSaysSo) {
 namespace miles {
 namespace {
 
+bool has_smollm2() {
+  return fs::exists(test::source_dir() + "/models/smollm2-135m-instruct/model.safetensors");
+}
+
+// Small calculator sessions: 2 prompts × 2 samples, one step.
+constexpr const char* kSmallCalculator =
+    "configs/smollm2_calculator.yaml rollout.num_rollouts=1 rollout.max_new_tokens=40 "
+    "rollout.rollout_batch_size=2 rollout.n_samples_per_prompt=4 trainer.global_batch_size=8 "
+    "trainer.micro_batch_size=4 logging.progress=none logging.samples_every=1";
+
 // Agentic: SmolLM2 in calculator sessions. Samples whose turn contained a tool call continue after
 // the tool message; the trainer consumes the exact session record (tool turns masked out) and its
-// logprobs equal the engines' on every policy token, across turns.
-TEST(RlRun, CalculatorSessionsTrainOnTheExactMultiTurnRecord) {
-  if (!fs::exists(test::source_dir() + "/models/smollm2-135m-instruct/model.safetensors"))
-    GTEST_SKIP() << "SmolLM2-135M-Instruct not installed (scripts/get_models.sh)";
-  const std::string dir = temp_dir("calculator");
-  auto r = run_here("configs/smollm2_calculator.yaml --run-dir " + dir +
-                    " rollout.num_rollouts=1 rollout.max_new_tokens=40 logging.progress=none");
+// logprobs equal the engines' on every policy token, across turns. rollout.function: the same
+// environment written in Python (examples/calculator_agent) drives each sample's TITO session
+// through its client and gives the built-in environment's run bit for bit: the same turns, tool
+// messages, token records, rewards and training step.
+TEST(RlRun, CalculatorSessionsBuiltInAndInPythonTrainOnTheSameExactRecord) {
+  if (!has_smollm2()) GTEST_SKIP() << "SmolLM2-135M-Instruct not installed (scripts/get_models.sh)";
+  const std::string dir = temp_dir("rollout_function");
+  const std::string a = dir + "/builtin", b = dir + "/python";
+  auto ra = run_here(std::string(kSmallCalculator) + " --run-dir " + a);
+  ASSERT_EQ(ra.exit_code, 0) << ra.out;
+  auto rb = run_here(std::string(kSmallCalculator) + " --run-dir " + b +
+                     " rollout.environment=none rollout.function=agent:run"
+                     " rollout.python_path=examples/calculator_agent");
+  ASSERT_EQ(rb.exit_code, 0) << rb.out;
+  const auto ma = metrics(a), mb = metrics(b);
+  ASSERT_EQ(ma.size(), 1u);
+  ASSERT_EQ(mb.size(), 1u);
+  EXPECT_EQ(ma[0]["samples"], 8);
+  EXPECT_GT(ma[0]["multi_turn_samples"].get<int64_t>(), 0) << ma[0].dump();
+  EXPECT_EQ(ma[0]["session_append_errors"], 0) << ma[0].dump();
+  EXPECT_EQ(ma[0]["logp_abs_diff_max"], 0.0) << ma[0].dump();
+  EXPECT_EQ(ma[0]["ppo_kl"], 0.0);
+  EXPECT_EQ(ma[0]["clipfrac"], 0.0);
+  EXPECT_EQ(numbers(mb[0]), numbers(ma[0]));
+  for (const char* k : {"multi_turn_samples", "turns_mean", "session_append_errors"})
+    EXPECT_EQ(mb[0][k], ma[0][k]) << k;
+  EXPECT_GT(mb[0]["multi_turn_samples"].get<int64_t>(), 0) << mb[0].dump();
+  EXPECT_EQ(mb[0]["rollout_errors"], 0);
+  EXPECT_EQ(mb[0]["logp_abs_diff_max"], 0.0);
+  const auto sa = jsonl(a + "/samples/step_1.jsonl"), sb = jsonl(b + "/samples/step_1.jsonl");
+  ASSERT_EQ(sa.size(), 8u);
+  ASSERT_EQ(sb.size(), sa.size());
+  for (size_t i = 0; i < sa.size(); ++i) {
+    EXPECT_EQ(sb[i]["trajectory_text"], sa[i]["trajectory_text"]) << i;
+    EXPECT_EQ(sb[i]["response_ids"], sa[i]["response_ids"]) << i;
+    EXPECT_EQ(sb[i]["logprobs"], sa[i]["logprobs"]) << i;
+    EXPECT_TRUE(sb[i]["rollout_result"].contains("tool_calls")) << sb[i].dump();
+  }
+}
+
+// A rollout function that raises keeps its traceback on the sample (the dump, the console, the
+// rollout_errors metric) and the run goes on: the failed samples fill their batch slots with
+// nothing to train (mask 0), the others train as usual; `kind: rollout` scores what it returned.
+TEST(RlRun, RolloutFunctionErrorsStayOnTheirSamples) {
+  if (!has_smollm2()) GTEST_SKIP() << "SmolLM2-135M-Instruct not installed (scripts/get_models.sh)";
+  const std::string dir = temp_dir("rollout_function_errors");
+  std::ofstream(dir + "/flaky_agent.py")
+      << "async def run(client, sample):\n"
+         "    if sample['index'] == 0:\n"
+         "        raise LookupError('no tool here')\n"
+         "    reply = await client.chat(sample['messages'], max_new_tokens=8)\n"
+         "    if sample['index'] == 1:\n"
+         "        raise KeyError('after a turn')\n"
+         "    return {'reward': float(sample['index'] == 2), 'turn': reply['content']}\n";
+  auto r = run_here(
+      "configs/smollm2_calculator.yaml --run-dir " + dir +
+      "/run rollout.num_rollouts=2 rollout.max_new_tokens=8 rollout.rollout_batch_size=1 "
+      "rollout.n_samples_per_prompt=4 trainer.global_batch_size=4 trainer.micro_batch_size=4 "
+      "logging.progress=none logging.samples_every=1 rollout.environment=none "
+      "rollout.function=flaky_agent:run rollout.python_path=" +
+      dir + " 'rewards=[{kind: rollout}]'");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  auto m = metrics(dir);
-  ASSERT_EQ(m.size(), 1u);
-  EXPECT_EQ(m[0]["samples"], 16);
-  EXPECT_GT(m[0]["multi_turn_samples"].get<int64_t>(), 0) << m[0].dump();
-  EXPECT_EQ(m[0]["session_append_errors"], 0) << m[0].dump();
-  EXPECT_EQ(m[0]["logp_abs_diff_max"], 0.0) << m[0].dump();
-  EXPECT_EQ(m[0]["ppo_kl"], 0.0);
-  EXPECT_EQ(m[0]["clipfrac"], 0.0);
+  EXPECT_NE(r.out.find("2 sample(s) failed in the rollout function"), std::string::npos) << r.out;
+  const auto m = metrics(dir + "/run");
+  ASSERT_EQ(m.size(), 2u);
+  for (const json& step : m) {
+    EXPECT_EQ(step["rollout_errors"], 2) << step.dump();
+    EXPECT_EQ(step["reward_errors"], 0) << step.dump();
+    EXPECT_EQ(step["logp_abs_diff_max"], 0.0) << step.dump();
+    EXPECT_TRUE(std::isfinite(step["loss"].get<double>())) << step.dump();
+  }
+  const auto samples = jsonl(dir + "/run/samples/step_1.jsonl");
+  ASSERT_EQ(samples.size(), 4u);
+  EXPECT_NE(samples[0]["rollout_error"].get<std::string>().find("LookupError: no tool here"),
+            std::string::npos);
+  EXPECT_NE(samples[0]["rollout_error"].get<std::string>().find("flaky_agent.py\", line 3"),
+            std::string::npos)
+      << samples[0]["rollout_error"];
+  EXPECT_NE(samples[1]["rollout_error"].get<std::string>().find("KeyError: 'after a turn'"),
+            std::string::npos);
+  EXPECT_FALSE(samples[2].contains("rollout_error"));
+  EXPECT_EQ(samples[2]["reward"], 1.0);
+  EXPECT_EQ(samples[3]["reward"], 0.0);
+  EXPECT_EQ(samples[2]["advantage"], -samples[3]["advantage"].get<double>());
+  EXPECT_EQ(samples[0]["advantage"], 0.0);
+  EXPECT_TRUE(samples[3]["rollout_result"].contains("turn")) << samples[3].dump();
 }
 
 }  // namespace

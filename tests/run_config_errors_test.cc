@@ -56,14 +56,14 @@ TEST(RunConfigErrors, RewardKindsAreNamedAndKnown) {
       error_of("model: {path: m}\ndata: {path: d}\nrewards:\n  - kind: numeric\n"
                "  - kind: vibes\n"),
       "job.yaml:5: rewards[1].kind: expected one of exact_match | numeric | regex | keyword | "
-      "length | http | command | python, got \"vibes\"");
+      "length | http | command | python | rollout, got \"vibes\"");
   EXPECT_EQ(error_of("model: {path: m}\ndata: {path: d}\nrewards:\n  - kind: numeric\n"
                      "  - weight: 2\n"),
             "job.yaml:5: rewards[1]: kind is required (one of exact_match | numeric | regex | "
-            "keyword | length | http | command | python)");
+            "keyword | length | http | command | python | rollout)");
   EXPECT_EQ(error_of(std::string(kBase) + "", {"rewards.1.weight=2"}),
             "override rewards.1.weight=2: rewards[1]: kind is required (one of exact_match | "
-            "numeric | regex | keyword | length | http | command | python)");
+            "numeric | regex | keyword | length | http | command | python | rollout)");
 }
 
 TEST(RunConfigErrors, WrongTypesSayWhatWasExpected) {

@@ -84,6 +84,11 @@ TEST(RunConfigValidate, RangesAndCombinations) {
   // One flow-map line (line 4) after the base, and the message it must give.
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"rollout: {num_rollouts: 0}", "rollout.num_rollouts: must be > 0, got 0"},
+      {"rollout: {function: agent.run}",
+       "rollout.function: must be \"package.module:name\", got \"agent.run\""},
+      {"rollout: {function: \"agent:run\"}",
+       "rollout.function: runs chat sessions; it needs data.apply_chat_template: true"},
+      {"rollout: {python_path: agents}", "rollout.python_path: given without rollout.function"},
       {"rollout: {over_sampling_batch_size: 4}",
        "rollout.over_sampling_batch_size: must be 0 (as many as rollout.rollout_batch_size) or "
        ">= rollout.rollout_batch_size (8), got 4"},
@@ -123,6 +128,20 @@ TEST(RunConfigValidate, RangesAndCombinations) {
     EXPECT_EQ(error_with(line + "\n"), "job.yaml:4: " + message) << line;
   }
   EXPECT_EQ(error_with("rollout: {num_engines: 0}\ncontroller: {port: 7000}\n"), "(no error)");
+  // rollout.function: alone, on chat prompts; `kind: rollout` rewards need it.
+  const std::string chat = "data: {path: d.jsonl, apply_chat_template: true}\n";
+  EXPECT_EQ(error_of("model: {path: m}\n" + chat +
+                     "rewards: [{kind: rollout}]\n"
+                     "rollout: {function: \"a:run\", environment: calculator}\n"),
+            "job.yaml:4: rollout.function: runs the sample's session itself; "
+            "rollout.environment must be none, got calculator");
+  EXPECT_EQ(error_of("model: {path: m}\n" + chat + "rewards: [{kind: rollout}]\n"),
+            "job.yaml:3: rewards[0]: kind rollout scores what rollout.function returns; "
+            "rollout.function is not set");
+  EXPECT_EQ(error_of("model: {path: m}\n" + chat +
+                     "rewards: [{kind: rollout}]\n"
+                     "rollout: {function: \"a:run\", python_path: agents}\n"),
+            "(no error)");
   EXPECT_EQ(error_with("rollout: {num_engines: 0, engines: [\"h:1/2\"]}\n"), "(no error)");
   EXPECT_EQ(error_with("algorithm: {kl_estimator: k1, kl_coef: 0.1, loss_reduction: constant, "
                        "constant_normaliser: 256, dual_clip_c: 3}\n"),

@@ -62,7 +62,8 @@ Result<std::vector<double>> reduction_weights(const LossConfig& config,
         denom = 0;
         for (float m : loss_mask) denom += m;
       }
-      for (size_t t = 0; t < rho.size(); ++t) rho[t] = loss_mask[t] / denom;
+      // No token to train (every sample masked, e.g. all failed): the weights are all 0.
+      for (size_t t = 0; t < rho.size(); ++t) rho[t] = denom > 0 ? loss_mask[t] / denom : 0.0;
       break;
     }
     case LossReduction::kSampleMean: {

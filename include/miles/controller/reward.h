@@ -47,6 +47,9 @@
 //                the working directory, and the active virtualenv's packages ($VIRTUAL_ENV). An
 //                exception or a result that is not a finite number fails that sample, with the
 //                Python traceback as its error.
+//   rollout      what the sample's rollout.function returned (controller/rollout_function.h): a
+//                number, a bool, or a dict's "reward"; anything else (None) fails that sample. The
+//                agent environment's own verdict, weighted and summed with the other kinds.
 // The sample's reward is Σ weight_i · score_i over the specs; RewardResult::parts names each.
 #pragma once
 
@@ -72,12 +75,14 @@ enum class RewardKind {
   kLength,
   kHttp,
   kCommand,
-  kPython
+  kPython,
+  kRollout
 };
 template <>
 struct ConfigEnum<RewardKind> {
-  static constexpr std::array names = std::to_array<std::string_view>(
-      {"exact_match", "numeric", "regex", "keyword", "length", "http", "command", "python"});
+  static constexpr std::array names =
+      std::to_array<std::string_view>({"exact_match", "numeric", "regex", "keyword", "length",
+                                       "http", "command", "python", "rollout"});
 };
 
 struct RewardSpec {
@@ -110,6 +115,7 @@ struct RewardInput {
   nlohmann::json label;        // the data row's label (any JSON), null when absent
   std::string finish_reason;   // stop | length | abort
   int64_t response_tokens = 0;
+  nlohmann::json rollout_result;  // what rollout.function returned for it (null otherwise)
 };
 
 struct RewardResult {

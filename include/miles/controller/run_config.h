@@ -90,6 +90,11 @@ struct RolloutSection {
   // tool calls in the model's text get a tool message with the result, up to max_turns model turns.
   Environment environment = Environment::kNone;
   int64_t max_turns = 4;
+  // Or the user's own: "package.module:name", an `async def fn(client, sample)` run for each
+  // sample in an embedded CPython (controller/rollout_function.h), its module found in
+  // `python_path`, the working directory or $VIRTUAL_ENV; max_turns bounds its model turns.
+  std::string function;
+  std::string python_path;
   // Engines: `num_engines` started by the controller (`miles serve` processes on this machine),
   // plus any listed in `engines` ("host:http_port/grpc_port") or registering themselves with
   // `miles serve --controller HOST:PORT`.
