@@ -146,7 +146,7 @@ namespace {
 
 // The run's limits unless the request narrows them (never widens: max_new_tokens is bounded by
 // rollout.max_new_tokens).
-Result<int64_t> max_new_tokens_of(const nlohmann::json& request, int64_t limit) {
+Result<int64_t> max_new_tokens_of(const nlohmann::ordered_json& request, int64_t limit) {
   if (!request.contains("max_new_tokens")) return limit;
   const int64_t n = request["max_new_tokens"].get<int64_t>();
   if (n < 1 || n > limit)
@@ -162,18 +162,19 @@ class GroupRunner::FunctionHost : public RolloutHost {
  public:
   explicit FunctionHost(SessionRun& run) : run_(run) {}
 
-  Result<nlohmann::json> call(const std::string& op, const nlohmann::json& request) override {
+  Result<nlohmann::json> call(const std::string& op,
+                              const nlohmann::ordered_json& request) override {
     try {
       if (op == "chat") return chat(request);
       if (op == "generate") return generate(request);
       return Status::Error("unknown client operation " + op);
-    } catch (const nlohmann::json::exception& e) {
+    } catch (const nlohmann::ordered_json::exception& e) {
       return Status::Error(std::string("a malformed request: ") + e.what());
     }
   }
 
  private:
-  Result<nlohmann::json> chat(const nlohmann::json& request) {
+  Result<nlohmann::json> chat(const nlohmann::ordered_json& request) {
     const RolloutSection& cfg = run_.runner.cfg_;
     RenderOptions options;
     if (request.contains("tools")) options.tools = request["tools"];
@@ -189,7 +190,7 @@ class GroupRunner::FunctionHost : public RolloutHost {
     return reply;
   }
 
-  Result<nlohmann::json> generate(const nlohmann::json& request) {
+  Result<nlohmann::json> generate(const nlohmann::ordered_json& request) {
     const RolloutSection& cfg = run_.runner.cfg_;
     MILES_ASSIGN_OR_RETURN(int64_t max_new, max_new_tokens_of(request, cfg.max_new_tokens));
     std::vector<int32_t> ids =
@@ -200,7 +201,7 @@ class GroupRunner::FunctionHost : public RolloutHost {
     return run_.complete(std::move(ids), max_new, stop_of(request));
   }
 
-  std::vector<std::string> stop_of(const nlohmann::json& request) const {
+  std::vector<std::string> stop_of(const nlohmann::ordered_json& request) const {
     if (!request.contains("stop")) return run_.runner.cfg_.stop;
     return request["stop"].get<std::vector<std::string>>();
   }
@@ -236,11 +237,11 @@ Result<RolloutSample> GroupRunner::run_session(const Prompt& prompt, uint64_t se
 }
 
 Result<RolloutSample> GroupRunner::run_function(SessionRun& run) {
-  const nlohmann::json sample = {{"messages", run.prompt.messages},
-                                 {"prompt", run.prompt.text},
-                                 {"label", run.prompt.label},
-                                 {"row", run.prompt.row},
-                                 {"index", run.index}};
+  const nlohmann::ordered_json sample = {{"messages", run.prompt.messages},
+                                         {"prompt", run.prompt.text},
+                                         {"label", run.prompt.label},
+                                         {"row", run.prompt.row},
+                                         {"index", run.index}};
   FunctionHost host(run);
   RolloutOutcome outcome = function_->run(sample, host);
   if (run.cancel) return Status::Error("cancelled");

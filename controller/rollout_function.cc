@@ -85,7 +85,7 @@ PyObject* call_host(PyObject*, PyObject* args) {
   auto* host = static_cast<RolloutHost*>(PyLong_AsVoidPtr(handle));
   if (!host) return nullptr;
   const std::string op_name(op);
-  nlohmann::json parsed = nlohmann::json::parse(request, nullptr, false);
+  nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(request, nullptr, false);
   Result<nlohmann::json> reply = Status::Error("the request is not JSON");
   Py_BEGIN_ALLOW_THREADS;
   if (!parsed.is_discarded()) reply = host->call(op_name, parsed);
@@ -149,9 +149,10 @@ RolloutFunction::~RolloutFunction() {
   Py_DECREF(static_cast<PyObject*>(fn_));
 }
 
-RolloutOutcome RolloutFunction::run(const nlohmann::json& sample, RolloutHost& host) const {
+RolloutOutcome RolloutFunction::run(const nlohmann::ordered_json& sample, RolloutHost& host) const {
   const Helper& h = helper();
-  const std::string text = sample.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const std::string text =
+      sample.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   RolloutOutcome out;
   Result<std::string> reply = Status::Error("");
   {

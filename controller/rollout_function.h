@@ -24,7 +24,7 @@
 //       session is unchanged), RuntimeError when the engines fail or past rollout.max_turns turns.
 //   await client.generate(text=None, *, input_ids=None, max_new_tokens=None, stop=None)
 //       a plain completion outside the record (not trained): {"text", "ids", "finish_reason"};
-//       at most rollout.max_turns of them per sample.
+//       the text is tokenized without special tokens; at most rollout.max_turns per sample.
 // Sampling is the run's (temperature, top_p, top_k, seeds derived from the sample's): a function
 // that makes the same calls gets the same tokens.
 #pragma once
@@ -42,8 +42,10 @@ namespace miles::controller {
 class RolloutHost {
  public:
   virtual ~RolloutHost() = default;
-  // op: "chat" or "generate"; `request` as the client built it.
-  virtual Result<nlohmann::json> call(const std::string& op, const nlohmann::json& request) = 0;
+  // op: "chat" or "generate"; `request` as the client built it, its keys in the order Python
+  // wrote them (a chat template renders tool schemas in that order).
+  virtual Result<nlohmann::json> call(const std::string& op,
+                                      const nlohmann::ordered_json& request) = 0;
 };
 
 struct RolloutOutcome {
@@ -62,7 +64,7 @@ class RolloutFunction {
   RolloutFunction& operator=(const RolloutFunction&) = delete;
   const std::string& name() const { return function_; }
   // Runs fn(client, sample) to its end on the calling thread (its own event loop). Thread-safe.
-  RolloutOutcome run(const nlohmann::json& sample, RolloutHost& host) const;
+  RolloutOutcome run(const nlohmann::ordered_json& sample, RolloutHost& host) const;
 
  private:
   RolloutFunction(void* fn, std::string function) : fn_(fn), function_(std::move(function)) {}

@@ -47,7 +47,7 @@ Result<TrainerConfig> trainer_config(const RunConfig& cfg) {
   tc.lr.decay =
       t.decay == LrDecay::kCosine ? LrSchedule::Decay::kCosine : LrSchedule::Decay::kConstant;
   tc.micro_batch_size = t.micro_batch_size;
-  tc.need_entropy = cfg.algorithm.entropy_coef != 0;
+  tc.need_entropy = true;  // the entropy bonus when entropy_coef != 0, the `entropy` metric always
   tc.replay_experts = true;
   tc.device = t.device;
   MILES_RETURN_IF_ERROR(tc.validate());

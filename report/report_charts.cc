@@ -219,7 +219,7 @@ void rollout(Sections& s) {
 
 void optimizer(Sections& s) {
   s.begin("train", "Optimization", "");
-  grid(s, {"loss", "grad_norm", "ppo_kl", "clipfrac", "lr"});
+  grid(s, {"loss", "grad_norm", "entropy", "ppo_kl", "clipfrac", "lr"});
   s.end();
 }
 

@@ -38,7 +38,7 @@ constexpr Metric kMetrics[] = {
     {"logp_abs_diff_max", "Max |trainer − engine logp| per step", "|Δlogp|"},
     {"loss", "Loss", "loss"},
     {"grad_norm", "Gradient norm", "norm"},
-    {"entropy_loss", "Entropy term", "entropy"},
+    {"entropy", "Policy entropy (mean over trained tokens)", "nats"},
     {"groups_filtered", "Groups filtered (no reward variance)", "groups"},
     {"time_step_s", "Step time", "seconds"},
     {"samples_per_s", "Throughput", "samples / s"},

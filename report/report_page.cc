@@ -50,8 +50,9 @@ const char* page_style() { return kStyleText; }
 
 namespace {
 
-// The newest step's samples (RUN_DIR/samples/step_N.jsonl): prompt, response, reward, advantage.
-std::string samples_section(const std::string& jsonl, int64_t step) {
+// One step's samples (RUN_DIR/samples/step_N.jsonl): prompt, response, reward, advantage of the
+// first few, in a <details> block (open for the newest step). Empty when the file has none.
+std::string step_samples(const std::string& jsonl, int64_t step, bool open) {
   constexpr int kShown = 12;
   std::string rows;
   std::istringstream in(jsonl);
@@ -73,26 +74,42 @@ std::string samples_section(const std::string& jsonl, int64_t step) {
             number("reward") + "</td><td>" + number("advantage") + "</td></tr>\n";
   }
   if (total == 0) return "";
-  return "<section id=\"sec-samples\">\n<h2>Samples</h2>\n<p class=\"intro\">The first " +
-         std::to_string(shown) + " of " + std::to_string(total) + " samples trained at step " +
-         std::to_string(step) + " (samples/step_" + std::to_string(step) +
-         ".jsonl holds them all).</p>\n<table class=\"samples\">\n<tr><th>prompt</th>"
+  const std::string n = std::to_string(step);
+  return std::string("<details") + (open ? " open" : "") + " id=\"samples-step-" + n +
+         "\">\n<summary>Step " + n + ": the first " + std::to_string(shown) + " of " +
+         std::to_string(total) + " samples trained at step " + n + " (samples/step_" + n +
+         ".jsonl holds them all)</summary>\n<table class=\"samples\">\n<tr><th>prompt</th>"
          "<th>response</th><th>reward</th><th>advantage</th></tr>\n" +
-         rows + "</table>\n</section>\n";
+         rows + "</table>\n</details>\n";
 }
 
-// The newest RUN_DIR/samples/step_N.jsonl: its text and N.
-std::optional<std::pair<std::string, int64_t>> newest_samples(const std::string& run_dir) {
+// The sample texts of every dumped step, newest first.
+std::string samples_section(const std::vector<std::pair<int64_t, std::string>>& steps) {
+  std::string body;
+  for (const auto& [step, jsonl] : steps) body += step_samples(jsonl, step, body.empty());
+  if (body.empty()) return "";
+  return "<section id=\"sec-samples\">\n<h2>Samples</h2>\n<p class=\"intro\">What the policy "
+         "wrote, step by step (the newest open; click a step to unfold it).</p>\n" +
+         body + "</section>\n";
+}
+
+// RUN_DIR/samples/step_N.jsonl, newest first, at most `limit` of them: (N, text).
+std::vector<std::pair<int64_t, std::string>> sample_dumps(const std::string& run_dir, int limit) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  int64_t best = -1;
+  std::vector<int64_t> steps;
   for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "samples", ec))
-    best = std::max(best, sample_dump_step(e.path().filename().string()));
-  if (best < 0) return std::nullopt;
-  std::ifstream f(fs::path(run_dir) / "samples" / sample_dump_name(best), std::ios::binary);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return std::make_pair(s.str(), best);
+    if (int64_t n = sample_dump_step(e.path().filename().string()); n >= 0) steps.push_back(n);
+  std::sort(steps.rbegin(), steps.rend());
+  if (static_cast<int>(steps.size()) > limit) steps.resize(static_cast<size_t>(limit));
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (int64_t n : steps) {
+    std::ifstream f(fs::path(run_dir) / "samples" / sample_dump_name(n), std::ios::binary);
+    std::ostringstream s;
+    s << f.rdbuf();
+    out.emplace_back(n, s.str());
+  }
+  return out;
 }
 
 }  // namespace
@@ -136,7 +153,7 @@ std::string render_report_html(const MetricsTable& m, const std::string& run_dir
     out += "<p class=\"note skipped\">No config.yaml in the run directory.</p>\n";
   }
   out += charts;
-  if (page.samples_jsonl) out += samples_section(*page.samples_jsonl, page.samples_step);
+  out += samples_section(page.sample_steps);
   out += "</body>\n</html>\n";
   if (summary) {
     summary->steps = static_cast<int64_t>(m.rows());
@@ -163,10 +180,7 @@ Result<ReportSummary> write_report(const std::string& run_dir, const std::string
   }
   PageOptions page;
   page.refresh_seconds = refresh_seconds;
-  if (auto samples = newest_samples(run_dir)) {
-    page.samples_jsonl = std::move(samples->first);
-    page.samples_step = samples->second;
-  }
+  page.sample_steps = sample_dumps(run_dir, PageOptions::kSampleSteps);
   ReportSummary summary;
   const std::string html = render_report_html(table, run_dir, config, &summary, page);
   const std::string out =

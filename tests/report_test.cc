@@ -44,6 +44,7 @@ const std::vector<std::string> kCharts = {"reward",
                                           "ppo_kl",
                                           "clipfrac",
                                           "lr",
+                                          "entropy",
                                           "truncated_frac",
                                           "groups_launched",
                                           "groups_filtered",
@@ -70,6 +71,7 @@ json step_line(int step) {
               {"grad_norm", 1.4 / std::sqrt(s)},
               {"lr", 1e-6},
               {"ppo_kl", 1e-4 * s},
+              {"entropy", 1.2 - 0.02 * s},
               {"clipfrac", 0.002 * (step % 3)},
               {"logp_abs_diff_mean", 0.004 + 0.0002 * s},
               {"logp_abs_diff_max", 0.1 + 0.03 * (step % 4)},
@@ -149,7 +151,7 @@ TEST_F(ReportTest, SelfContainedPageWithEveryChartAndTheEscapedConfig) {
   write_run(10);
   const auto r = report();
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("10 steps, 16 charts"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("10 steps, 17 charts"), std::string::npos) << r.out;
   ASSERT_TRUE(fs::exists(dir_ / "report.html"));
   const std::string page = read(dir_ / "report.html");
   EXPECT_EQ(page.rfind("<!DOCTYPE html>", 0), 0u);
@@ -206,7 +208,7 @@ TEST_F(ReportTest, EvaluationCurveShowsTheEvaluatedStepsOnly) {
   write("metrics.jsonl", lines);
   const auto r = report();
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("6 steps, 17 charts"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("6 steps, 18 charts"), std::string::npos) << r.out;
   const std::string page = read(dir_ / "report.html");
   const std::string eval = svgs(page)[1];
   EXPECT_NE(eval.find("id=\"plot-eval\""), std::string::npos);
@@ -216,9 +218,9 @@ TEST_F(ReportTest, EvaluationCurveShowsTheEvaluatedStepsOnly) {
   EXPECT_EQ(count(eval, " L"), 3u * 2u);
 }
 
-// A live page (miles run rewrites it after its steps) reloads itself and says so; the newest
-// sample dump is shown, escaped.
-TEST_F(ReportTest, LivePageReloadsAndShowsTheNewestSamples) {
+// A live page (miles run rewrites it after its steps) reloads itself and says so; every step's
+// sample dump is shown, escaped, the newest first and open.
+TEST_F(ReportTest, LivePageReloadsAndShowsTheSamplesOfEachStep) {
   write_run(3);
   fs::create_directories(dir_ / "samples");
   write("samples/step_2.jsonl", json{{"prompt", "old"}, {"response", "old"}}.dump() + "\n");
@@ -231,10 +233,15 @@ TEST_F(ReportTest, LivePageReloadsAndShowsTheNewestSamples) {
   const std::string page = read(dir_ / "report.html");
   EXPECT_NE(page.find("<meta http-equiv=\"refresh\" content=\"15\">"), std::string::npos);
   EXPECT_NE(page.find("reloads every 15 s"), std::string::npos);
+  EXPECT_NE(page.find("<details open id=\"samples-step-3\">"), std::string::npos);
   EXPECT_NE(page.find("samples trained at step 3"), std::string::npos);
   EXPECT_NE(page.find("<td>Once &lt;b&gt;</td><td>a dog.</td><td>1.5</td><td>0.25</td>"),
             std::string::npos);
-  EXPECT_EQ(page.find(">old<"), std::string::npos);
+  // Earlier steps too, folded, after the newest.
+  const size_t old_step = page.find("<details id=\"samples-step-2\">");
+  ASSERT_NE(old_step, std::string::npos);
+  EXPECT_GT(old_step, page.find("samples-step-3"));
+  EXPECT_NE(page.find("<td>old</td><td>old</td>", old_step), std::string::npos);
   EXPECT_FALSE(fs::exists(dir_ / "report.html.tmp"));
   r = miles::report::write_report(dir_.string(), "");  // the run ended: no reload
   ASSERT_TRUE(r.ok());
@@ -258,7 +265,7 @@ TEST_F(ReportTest, OneStepNullsAndMissingKeys) {
   write("metrics.jsonl", j.dump() + "\n");
   const auto r = report();
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("1 step, 12 charts, 4 skipped"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 step, 13 charts, 4 skipped"), std::string::npos) << r.out;
   const std::string page = read(dir_ / "report.html");
   EXPECT_NE(page.find("Skipped the staleness chart: metrics.jsonl has no values for "
                       "staleness_mean, staleness_max."),
@@ -346,12 +353,12 @@ TEST_F(ReportTest, SeveralRunsOverlaidOnOnePage) {
   const auto r = miles::test::run_miles("report " + (dir_ / "a").string() + " " +
                                         (dir_ / "b").string() + "/ --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("10 steps, 8 charts, 4 skipped"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("10 steps, 9 charts, 3 skipped"), std::string::npos) << r.out;
   const std::string page = read(out);
   const std::string name_a = html_escape_for_test((dir_ / "a").string());
   const std::string name_b = html_escape_for_test((dir_ / "b").string());
   const std::vector<std::string> charts = svgs(page);
-  ASSERT_EQ(charts.size(), 8u);  // no eval, entropy or throughput in these lines
+  ASSERT_EQ(charts.size(), 9u);  // no eval or throughput in these lines
   for (const std::string& svg : charts) {
     EXPECT_EQ(svg.find("NaN"), std::string::npos);
     EXPECT_NE(svg.find(">" + name_a + "</text>"), std::string::npos) << svg.substr(0, 80);

@@ -23,9 +23,11 @@ using nlohmann::json;
 class FakeHost : public RolloutHost {
  public:
   explicit FakeHost(int gate = 0) : gate_(gate) {}
-  Result<json> call(const std::string& op, const json& request) override {
+  Result<json> call(const std::string& op, const nlohmann::ordered_json& ordered) override {
+    const json request = json::parse(ordered.dump());
     {
       std::unique_lock<std::mutex> lock(mu_);
+      raw_.push_back(ordered.dump());
       requests_.push_back({{"op", op}, {"request", request}});
       if (gate_ > 0) {
         ++waiting_;
@@ -51,11 +53,16 @@ class FakeHost : public RolloutHost {
     std::lock_guard<std::mutex> lock(mu_);
     return requests_;
   }
+  std::vector<std::string> raw() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return raw_;
+  }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<json> requests_;
+  std::vector<std::string> raw_;  // as received: keys in Python's order
   int gate_;
   int waiting_ = 0;
 };
@@ -112,8 +119,9 @@ def not_async(client, sample):
     return f.ok() ? std::move(f).value() : nullptr;
   }
 
-  static json sample(int index) {
-    return {{"messages", json::array({{{"role", "system"}, {"content", "be brief"}}})},
+  static nlohmann::ordered_json sample(int index) {
+    using oj = nlohmann::ordered_json;
+    return {{"messages", oj::array({{{"role", "system"}, {"content", "be brief"}}})},
             {"prompt", "be brief"},
             {"label", 4},
             {"row", 7},
@@ -141,6 +149,13 @@ TEST_F(RolloutFunctionTest, ChatTurnsReachTheHostAndTheResultComesBack) {
   EXPECT_EQ(req[1]["request"]["messages"][2]["content"], "4");
   EXPECT_EQ(req[1]["request"]["chat_template_kwargs"]["enable_thinking"], false);
   EXPECT_FALSE(req[1]["request"].contains("max_new_tokens"));
+  // Keys arrive in the order Python wrote them (templates render tool schemas in that order).
+  EXPECT_NE(host.raw()[0].find("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+                               "\"calc\"}}]"),
+            std::string::npos)
+      << host.raw()[0];
+  EXPECT_NE(host.raw()[0].find("{\"role\":\"system\",\"content\":\"be brief\"}"), std::string::npos)
+      << host.raw()[0];
 }
 
 TEST_F(RolloutFunctionTest, ErrorsComeBackAsTracebacks) {

@@ -94,6 +94,12 @@ Result<TokenObjective> rl_objective(std::span<const TrainSample> batch,
           l.sums["is_w_sum"] = w1;
           l.sums["is_w2_sum"] = w2;
         }
+        if (!v.entropy.empty()) {  // the policy's mean entropy over the trained tokens
+          double h = 0;
+          for (size_t i = 0; i < mask.size(); ++i)
+            if (mask[i] != 0.0f) h += v.entropy[i];
+          l.sums["entropy_sum"] = h;
+        }
         l.sums["correction_frac"] = r.metrics.correction_frac * n;
         l.sums["pg_loss"] = r.pg_loss;
         l.sums["kl_loss"] = r.kl_loss;
@@ -114,6 +120,7 @@ std::map<std::string, double> rl_step_metrics(const std::map<std::string, double
     m[k] = n > 0 ? get(k) / n : 0.0;
   const double w1 = get("is_w_sum"), w2 = get("is_w2_sum");
   m["is_ess"] = n > 0 && w2 > 0 ? w1 * w1 / (n * w2) : 1.0;
+  if (sums.count("entropy_sum")) m["entropy"] = n > 0 ? get("entropy_sum") / n : 0.0;
   for (const char* k : {"pg_loss", "kl_loss", "entropy_loss"}) m[k] = get(k);
   m["tokens"] = n;
   return m;

@@ -33,9 +33,10 @@ int64_t sample_dump_step(const std::string& file_name);
 struct PageOptions {
   // > 0: a live page (the run goes on): the browser reloads it every this many seconds.
   int refresh_seconds = 0;
-  // RUN_DIR/samples/step_N.jsonl of the newest step, if any: its first samples as a table.
-  std::optional<std::string> samples_jsonl;
-  int64_t samples_step = 0;
+  // RUN_DIR/samples/step_N.jsonl, newest step first (at most kSampleSteps): each step's first
+  // samples as a table, the newest open, the others folded.
+  static constexpr int kSampleSteps = 20;
+  std::vector<std::pair<int64_t, std::string>> sample_steps;  // (step, the file's text)
 };
 
 // The page for a parsed table. config_yaml: the run's config text (shown escaped), if any.

@@ -30,7 +30,8 @@ Result<TokenObjective> rl_objective(std::span<const TrainSample> batch,
                                     std::span<const RlSampleData> data, rl::LossConfig loss_config);
 
 // Step-level metrics from summed TokenLoss::sums: ppo_kl, clipfrac, mean rollout |Δ logp|,
-// rollout KL, ESS ((Σw)² / (N Σw²)), correction fraction, pg / kl / entropy losses.
+// rollout KL, ESS ((Σw)² / (N Σw²)), correction fraction, pg / kl / entropy losses, and `entropy`
+// (the policy's mean entropy in nats over the masked tokens) when the trainer computed entropies.
 std::map<std::string, double> rl_step_metrics(const std::map<std::string, double>& sums);
 
 }  // namespace miles
