@@ -34,7 +34,7 @@ class GradSink {
   // dW = dyᵀ · x (kernels::gemm_weight_grad over m rows, K = k) for the tensors stacked in dW's
   // rows, in order: (name, rows) each. Stored in place (folded when folding).
   void weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx, int64_t m, int64_t k,
-                   std::initializer_list<std::pair<std::string, int64_t>> parts);
+                   const std::vector<std::pair<std::string, int64_t>>& parts);
   // The embedding's scatter-add: row rows[i] of tensor `name` ([rows, d]) gains src row i, for
   // i ascending (rows[i] < 0: skipped), from zero. Folding, only the touched rows are summed
   // apart: the other rows take the fold of the lefts alone (the bits of adding their zeros, as no

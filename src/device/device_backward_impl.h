@@ -42,13 +42,9 @@ class BackendBackward {
     b_.launch(layout_.total(), ZeroKernel{g_});
     head(dlogits);
     for (int64_t layer = c_.num_layers - 1; layer >= 0; --layer) {
-      const std::string p = "model.layers." + std::to_string(layer) + ".";
-      if (m_.layers_[layer].moe) {
-        MILES_RETURN_IF_ERROR(moe(layer, p));
-      } else {
-        mlp(layer, p);
-      }
-      attention(layer, p);
+      layer_ = layer;
+      const std::vector<Op>& ops = m_.programs_[layer].ops;
+      for (auto op = ops.rbegin(); op != ops.rend(); ++op) MILES_RETURN_IF_ERROR(backward(*op));
     }
     b_.launch(d,
               EmbedBackwardKernel{tape_.d_tokens, t_, d, dh_, grad("model.embed_tokens.weight")});
@@ -83,7 +79,7 @@ class BackendBackward {
   }
   // dW [n, k] of y = x Wᵀ over the tape's tokens, rows split into up to three named tensors.
   void weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx, int64_t n, int64_t k,
-                   std::initializer_list<std::pair<float*, int64_t>> parts) {
+                   const std::vector<std::pair<float*, int64_t>>& parts) {
     WeightGradKernel w{dy, ldy, x, ldx, t_, n, k, kernels::kWeightGradChunk, {}, {}};
     int i = 0;
     int64_t end = 0;
@@ -115,28 +111,100 @@ class BackendBackward {
                   grad("model.norm.weight"));
   }
 
-  void mlp(int64_t layer, const std::string& p) {
-    const DevTapeLayer& lt = tape_.layers[layer];
-    const DevLayer& w = m_.layers_[layer];
-    const int64_t d = c_.hidden_size, f = c_.intermediate_size;
-    float* dact = dmid_;
-    float* dgu = dwide_;
-    gemm_dx(dh_, d, w.down_t, dact, f);
-    weight_grad(dh_, d, lt.act, f, d, f, {{grad(p + "mlp.down_proj.weight"), d}});
-    b_.launch(t_ * f, SwigluBackwardKernel{lt.gate_up, dact, f, dgu});
-    weight_grad(dgu, 2 * f, lt.xn2, d, 2 * f, d,
-                {{grad(p + "mlp.gate_proj.weight"), f}, {grad(p + "mlp.up_proj.weight"), f}});
-    gemm_dx(dgu, 2 * f, w.gate_up_t, dxn_, d);
-    norm_backward(lt.h_mid, dxn_, Rows{d, 1, d}, t_, w.post_norm, dxn_,
-                  grad(p + "post_attention_layernorm.weight"));
-    b_.launch(t_ * d, AddKernel{dh_, dxn_});
+  // Gradient storage of a layer's activations, as the CPU's Backward::grad.
+  float* dact(Act a) const {
+    switch (grad_home(a)) {
+      case Act::kH:
+        return dh_;
+      case Act::kXn1:
+        return dxn_;
+      case Act::kAttn:
+        return dmid_;
+      default:
+        return dwide_;
+    }
+  }
+  const float* kept(Act a) const { return tape_.layers[layer_][a]; }
+  std::vector<std::pair<std::string, int64_t>> parts(Param p) const {
+    return param_parts(c_, layer_, p);
+  }
+  int64_t width(Act a) const { return act_width(c_, a); }
+
+  // One op's backward (layer_program.h's rules), each the CPU op's operations in its order.
+  Status backward(const Op& op) {
+    const DevLayer& w = m_.layers_[layer_];
+    switch (op.kind) {
+      case OpKind::kRmsNorm: {  // d in += norm_backward(d out)
+        const int64_t d = width(op.in);
+        const float* weight = op.param == Param::kInputNorm ? w.input_norm : w.post_norm;
+        norm_backward(kept(op.keep), dact(op.out), Rows{d, 1, d}, t_, weight, dact(op.out),
+                      grad(parts(op.param)[0].first));
+        b_.launch(t_ * d, AddKernel{dact(op.in), dact(op.out)});
+        return Status::Ok();
+      }
+      case OpKind::kLinear: {  // d in = d out · W; dW = d outᵀ · in
+        const int64_t n = width(op.out), k = width(op.in);
+        gemm_dx(dact(op.out), n, BackendModel<B>::transposed(w, op.param), dact(op.in), k);
+        std::vector<std::pair<float*, int64_t>> dst;
+        for (const auto& [name, rows] : parts(op.param)) dst.emplace_back(grad(name), rows);
+        weight_grad(dact(op.out), n, kept(op.in), k, n, k, dst);
+        return Status::Ok();
+      }
+      case OpKind::kBias: {  // d b = Σ_rows d out, per stacked tensor
+        const int64_t n = width(op.out);
+        int64_t at = 0;
+        for (const auto& [name, rows] : parts(op.param)) {
+          b_.launch(rows, ColumnSumKernel{dact(op.out) + at, t_, n, grad(name)});
+          at += rows;
+        }
+        return Status::Ok();
+      }
+      case OpKind::kRope:
+        rope(op.param == Param::kQkNorm);
+        return Status::Ok();
+      case OpKind::kAttention:
+        attention_core(kept(op.in), dact(op.out), dact(op.in));
+        return Status::Ok();
+      case OpKind::kSwiGlu: {
+        const int64_t f = width(op.out);
+        b_.launch(t_ * f, SwigluBackwardKernel{kept(op.in), dact(op.out), f, dact(op.in)});
+        return Status::Ok();
+      }
+      case OpKind::kMoe:
+        return moe();
+      case OpKind::kResidual:  // d in is d h (one storage)
+      case OpKind::kTpEnter:   // one rank holds the whole model (device_supports)
+      case OpKind::kTpExit:
+        return Status::Ok();
+    }
+    return Status::Ok();
+  }
+
+  // RoPE's inverse rotation, then the q/k norms' backward, in place on d qkv.
+  void rope(bool qk_norm) {
+    const DevLayer& w = m_.layers_[layer_];
+    const int64_t qd = c_.q_dim(), ld = width(Act::kQkv), hd = c_.head_dim;
+    const int64_t heads = c_.num_heads, kvh = c_.num_kv_heads, half = m_.rope_.rotary_dim / 2;
+    float* dqkv = dact(Act::kQkv);
+    b_.launch(t_ * (heads + kvh), QkNormRopeKernel{dqkv, ld, heads, kvh, hd, half, nullptr, nullptr,
+                                                   0.0f, tape_.d_cos, tape_.d_neg_sin});
+    if (!qk_norm) return;
+    const auto names = parts(Param::kQkNorm);
+    const float* raw = kept(Act::kQkvRaw);
+    norm_backward(raw, dqkv, Rows{ld, heads, hd}, t_ * heads, w.q_norm, dqkv, grad(names[0].first));
+    norm_backward(raw + qd, dqkv + qd, Rows{ld, kvh, hd}, t_ * kvh, w.k_norm, dqkv + qd,
+                  grad(names[1].first));
   }
 
   // moe_block's backward (model_backward.cc's moe): the gates, every routed slot's expert MLP
   // (per-slot GEMMs through the transposed packs), the slots' d x summed per token in ascending
-  // expert id, each expert's weight gradients over its slots in ascending order, the router.
-  Status moe(int64_t layer, const std::string& p) {
+  // expert id, each expert's weight gradients over its slots in ascending order, the router. d out
+  // is dh_ (the stream's), d in (dxn_) written whole.
+  Status moe() {
+    const int64_t layer = layer_;
+    const std::string p = "model.layers." + std::to_string(layer) + ".";
     const DevTapeLayer& lt = tape_.layers[layer];
+    const float* xn2 = lt[Act::kXn2];
     const DevLayer& w = m_.layers_[layer];
     const int64_t d = c_.hidden_size, f = c_.moe.moe_intermediate_size, k = c_.moe.top_k;
     const int64_t e = c_.moe.num_experts, slots = t_ * k;
@@ -194,7 +262,7 @@ class BackendBackward {
       b_.launch(d * f, down);
       WeightGradKernel gu{dgu,
                           2 * f,
-                          lt.xn2,
+                          xn2,
                           d,
                           n,
                           2 * f,
@@ -209,52 +277,14 @@ class BackendBackward {
     }
     b_.launch(t_, RouterBackwardKernel{lt.probs, lt.moe_ids, lt.moe_weights, dw, e, k,
                                        c_.moe.norm_topk_prob, dz});
-    weight_grad(dz, e, lt.xn2, d, e, d, {{grad(p + "mlp.gate.weight"), e}});
+    weight_grad(dz, e, xn2, d, e, d, {{grad(p + "mlp.gate.weight"), e}});
     gemm_dx(dz, e, w.router_t, dxr, d);
     b_.launch(t_ * d, AddKernel{dxn_, dxr});
-    norm_backward(lt.h_mid, dxn_, Rows{d, 1, d}, t_, w.post_norm, dxn_,
-                  grad(p + "post_attention_layernorm.weight"));
-    b_.launch(t_ * d, AddKernel{dh_, dxn_});
     return Status::Ok();
   }
 
-  void attention(int64_t layer, const std::string& p) {
-    const DevTapeLayer& lt = tape_.layers[layer];
-    const DevLayer& w = m_.layers_[layer];
-    const int64_t d = c_.hidden_size, qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim;
-    const int64_t ld = qd + 2 * kvd, heads = c_.num_heads, kvh = c_.num_kv_heads;
-    float* dattn = dmid_;
-    float* dqkv = dwide_;
-    gemm_dx(dh_, d, w.o_t, dattn, qd);
-    weight_grad(dh_, d, lt.attn, qd, d, qd, {{grad(p + "self_attn.o_proj.weight"), d}});
-    if (w.o_bias) b_.launch(d, ColumnSumKernel{dh_, t_, d, grad(p + "self_attn.o_proj.bias")});
-    attention_core(lt, dattn, dqkv);
-    const int64_t half = m_.rope_.rotary_dim / 2;
-    b_.launch(t_ * (heads + kvh), QkNormRopeKernel{dqkv, ld, heads, kvh, hd, half, nullptr, nullptr,
-                                                   0.0f, tape_.d_cos, tape_.d_neg_sin});
-    if (w.q_norm) {
-      norm_backward(lt.qkv_raw, dqkv, Rows{ld, heads, hd}, t_ * heads, w.q_norm, dqkv,
-                    grad(p + "self_attn.q_norm.weight"));
-      norm_backward(lt.qkv_raw + qd, dqkv + qd, Rows{ld, kvh, hd}, t_ * kvh, w.k_norm, dqkv + qd,
-                    grad(p + "self_attn.k_norm.weight"));
-    }
-    if (w.qkv_bias) {
-      b_.launch(qd, ColumnSumKernel{dqkv, t_, ld, grad(p + "self_attn.q_proj.bias")});
-      b_.launch(kvd, ColumnSumKernel{dqkv + qd, t_, ld, grad(p + "self_attn.k_proj.bias")});
-      b_.launch(kvd, ColumnSumKernel{dqkv + qd + kvd, t_, ld, grad(p + "self_attn.v_proj.bias")});
-    }
-    weight_grad(dqkv, ld, lt.xn1, d, ld, d,
-                {{grad(p + "self_attn.q_proj.weight"), qd},
-                 {grad(p + "self_attn.k_proj.weight"), kvd},
-                 {grad(p + "self_attn.v_proj.weight"), kvd}});
-    gemm_dx(dqkv, ld, w.qkv_t, dxn_, d);
-    norm_backward(lt.h_in, dxn_, Rows{d, 1, d}, t_, w.input_norm, dxn_,
-                  grad(p + "input_layernorm.weight"));
-    b_.launch(t_ * d, AddKernel{dh_, dxn_});
-  }
-
   // Per sequence: P and dS rows with dq (phase 1), then dk and dv (phase 2).
-  void attention_core(const DevTapeLayer& lt, const float* dattn, float* dqkv) {
+  void attention_core(const float* qkv, const float* dattn, float* dqkv) {
     const int64_t qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim;
     const int64_t ld = qd + 2 * kvd, heads = c_.num_heads, kvh = c_.num_kv_heads;
     const int64_t ns = static_cast<int64_t>(tape_.seqs.size());
@@ -266,10 +296,10 @@ class BackendBackward {
     const int64_t items1 = ints_host_[5 * ns], items2 = ints_host_[5 * ns + 1];
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* ds = p_ + ints_host_[5 * ns + 2];  // after every sequence's p
-    b_.launch(items1, AttnBackwardRowsKernel{lt.qkv, ld, qd, kvd, heads, kvh, hd, dattn, scale, ns,
+    b_.launch(items1, AttnBackwardRowsKernel{qkv, ld, qd, kvd, heads, kvh, hd, dattn, scale, ns,
                                              first, len, item1, pbase, p_, ds, dqkv});
-    b_.launch(items2, AttnBackwardKvKernel{lt.qkv, ld, qd, kvd, heads, kvh, hd, dattn, ns, first,
-                                           len, item2, pbase, p_, ds, dqkv});
+    b_.launch(items2, AttnBackwardKvKernel{qkv, ld, qd, kvd, heads, kvh, hd, dattn, ns, first, len,
+                                           item2, pbase, p_, ds, dqkv});
   }
 
  public:
@@ -308,6 +338,7 @@ class BackendBackward {
   float *dh_ = nullptr, *dxn_ = nullptr, *dmid_ = nullptr, *dwide_ = nullptr, *inv_ = nullptr;
   float* p_ = nullptr;
   float* moe_ = nullptr;
+  int64_t layer_ = 0;
   int64_t* ints_ = nullptr;
   std::vector<int64_t> ints_host_;
 };

@@ -10,13 +10,100 @@
 
 namespace miles::device {
 
+// What the layers of one forward share: the batch's tables on the device, the KV pool, the
+// routing record, where each activation lives.
+template <class B>
+struct BackendModel<B>::LayerRun {
+  int64_t t;
+  Kv& kv;
+  int64_t layer = 0, moe_index = 0;
+  DevTapeLayer* tape = nullptr;         // this layer's kept activations (a training forward)
+  float* h = nullptr;                   // the residual stream
+  std::array<float*, kNumActs> home{};  // scratch of the activations nothing keeps
+  const int32_t *pos = nullptr, *block_of = nullptr, *table_of = nullptr, *tables = nullptr;
+  const float *cos = nullptr, *sin = nullptr;  // RoPE's tables per token
+  float* record = nullptr;                     // routed experts out, or null
+  const int32_t* forced = nullptr;             // replayed experts, or null
+};
+
+// One op of a layer program (layer_program.h) as device functors, each the CPU op's bits.
+template <class B>
+Status BackendModel<B>::forward_op(const Op& op, LayerRun& r) {
+  const ModelConfig& c = config_;
+  const DevLayer& l = layers_[r.layer];
+  const LayerProgram& program = programs_[r.layer];
+  const int64_t t = r.t;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  auto act = [&](Act a) -> float* {
+    if (r.tape && program.keeps(a)) return (*r.tape)[a];
+    const Act home = scratch_home(a);
+    return home == Act::kH ? r.h : r.home[static_cast<int>(home)];
+  };
+  auto width = [&](Act a) { return act_width(c, a); };
+  switch (op.kind) {
+    case OpKind::kRmsNorm: {
+      const int64_t d = width(op.in);
+      if (r.tape) copy(act(op.keep), act(op.in), t * d);
+      const float* w = op.param == Param::kInputNorm ? l.input_norm : l.post_norm;
+      b_->launch(t, RmsnormKernel{act(op.in), d, w, d, eps, act(op.out), d});
+      return Status::Ok();
+    }
+    case OpKind::kLinear:
+      gemm(act(op.in), t, width(op.in), matrix(l, op.param), act(op.out), width(op.out));
+      return Status::Ok();
+    case OpKind::kBias: {
+      const int64_t n = width(op.out);
+      const float* bias = op.param == Param::kQkvBias ? l.qkv_bias : l.o_bias;
+      b_->launch(t * n, AddBiasKernel{act(op.out), n, n, bias});
+      return Status::Ok();
+    }
+    case OpKind::kRope: {
+      const int64_t ld = width(op.out), half = rope_.rotary_dim / 2;
+      float* qkv = act(op.out);
+      if (qkv != act(op.in)) copy(qkv, act(op.in), t * ld);
+      const bool norms = op.param == Param::kQkNorm;
+      b_->launch(t * (c.num_heads + c.num_kv_heads),
+                 QkNormRopeKernel{qkv, ld, c.num_heads, c.num_kv_heads, c.head_dim, half,
+                                  norms ? l.q_norm : nullptr, norms ? l.k_norm : nullptr, eps,
+                                  r.cos, r.sin});
+      return Status::Ok();
+    }
+    case OpKind::kAttention: {
+      const int64_t qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim, ld = width(op.in);
+      const int64_t bt = r.kv.block_tokens;
+      float* k_layer = r.kv.k + r.layer * r.kv.num_blocks * r.kv.block_floats;
+      float* v_layer = r.kv.v + r.layer * r.kv.num_blocks * r.kv.block_floats;
+      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      b_->launch(t * kvd, KvStoreKernel{act(op.in), ld, qd, kvd, hd, bt, r.pos, r.block_of, k_layer,
+                                        v_layer});
+      b_->launch(t * c.num_heads,
+                 AttentionKernel{act(op.in), ld, c.num_heads, c.num_kv_heads, hd, bt, kvd, r.pos,
+                                 r.table_of, r.tables, k_layer, v_layer, scale, act(op.out), qd});
+      return Status::Ok();
+    }
+    case OpKind::kSwiGlu: {
+      const int64_t f = width(op.out);
+      b_->launch(t * f, SwigluKernel{act(op.in), f, act(op.out)});
+      return Status::Ok();
+    }
+    case OpKind::kMoe:
+      return moe_block(l, act(op.in), t, r.moe_index++, r.record, r.forced, r.tape, act(op.out));
+    case OpKind::kResidual:
+      b_->launch(t * width(op.out), AddKernel{act(op.out), act(op.in)});
+      return Status::Ok();
+    case OpKind::kTpEnter:
+    case OpKind::kTpExit:  // one rank holds the whole model (device_supports)
+      return Status::Ok();
+  }
+  return Status::Ok();
+}
+
 template <class B>
 Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv& kv, DevTape* tape,
                                                    const int32_t* d_forced) {
   const ModelConfig& c = config_;
   const int64_t t = static_cast<int64_t>(batch.tokens.size()), d = c.hidden_size;
-  const int64_t qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim, ld = qd + 2 * kvd;
-  const int64_t f = c.intermediate_size, bt = kv.block_tokens;
+  const int64_t bt = kv.block_tokens;
   MILES_CHECK(batch.tables.size() == batch.seqs.size());
   if (t == 0) return Status::Error("device forward: an empty batch");
 
@@ -69,32 +156,36 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
   MILES_ASSIGN_OR_RETURN(int32_t * di, scratch(ints_, static_cast<int64_t>(ints.size())));
   MILES_ASSIGN_OR_RETURN(float* dcs, scratch(rope_cs_, static_cast<int64_t>(cs.size())));
   MILES_ASSIGN_OR_RETURN(float* h, scratch(h_, t * d));
-  MILES_ASSIGN_OR_RETURN(float* xn, scratch(xn_, t * d));
-  MILES_ASSIGN_OR_RETURN(float* qkv, scratch(qkv_, t * ld));
-  MILES_ASSIGN_OR_RETURN(float* attn, scratch(attn_, t * qd));
-  MILES_ASSIGN_OR_RETURN(float* proj, scratch(proj_, t * d));
-  MILES_ASSIGN_OR_RETURN(float* gu, scratch(gate_up_, t * 2 * f));
-  MILES_ASSIGN_OR_RETURN(float* act, scratch(act_, t * f));
+  LayerRun run{t, kv};
+  run.h = h;
+  for (int a = 0; a < kNumActs; ++a) {
+    const Act act = static_cast<Act>(a);
+    if (scratch_home(act) != act || act == Act::kH) continue;
+    MILES_ASSIGN_OR_RETURN(run.home[a], scratch(acts_[a], t * act_width(c, act)));
+  }
   MILES_ASSIGN_OR_RETURN(float* sel, scratch(sel_, nr * d));
   MILES_ASSIGN_OR_RETURN(float* logits, scratch(logits_, nr * c.vocab_size));
   MILES_RETURN_IF_ERROR(b_->upload(di, ints.data(), sizeof(int32_t) * ints.size()));
   MILES_RETURN_IF_ERROR(b_->upload(dcs, cs.data(), sizeof(float) * cs.size()));
   const int32_t* d_tokens = di;
-  const int32_t* d_pos = di + t;
-  const int32_t* d_block_of = di + 2 * t;
-  const int32_t* d_table_of = di + 3 * t;
   const int32_t* d_rows = di + 4 * t;
-  const int32_t* d_tables = di + 4 * t + nr;
+  run.pos = di + t;
+  run.block_of = di + 2 * t;
+  run.table_of = di + 3 * t;
+  run.tables = di + 4 * t + nr;
+  run.cos = dcs;
+  run.sin = dcs + t * half;
   if (tape) {
-    // Every layer's activations, then h_final and normed: one buffer.
-    const int64_t per_layer = t * (4 * d + 2 * ld + qd + 3 * f);
+    // Every layer's kept activations, then h_final and normed: one buffer.
     const int64_t fm = c.moe.moe_intermediate_size, km = c.moe.top_k;
     const int64_t per_moe = t * (c.moe.num_experts + 2 * km + km * (3 * fm + d));
-    MILES_ASSIGN_OR_RETURN(
-        float* tb,
-        scratch(tape_buf_, c.num_layers * per_layer + c.num_moe_layers() * per_moe + 2 * t * d));
+    int64_t floats = c.num_moe_layers() * per_moe + 2 * t * d;
+    for (const LayerProgram& p : programs_)
+      for (int a = 0; a < kNumActs; ++a)
+        if (p.kept[a]) floats += t * act_width(c, static_cast<Act>(a));
+    MILES_ASSIGN_OR_RETURN(float* tb, scratch(tape_buf_, floats));
     tape->t = t;
-    tape->layers.resize(static_cast<size_t>(c.num_layers));
+    tape->layers.assign(static_cast<size_t>(c.num_layers), DevTapeLayer{});
     for (size_t li = 0; li < tape->layers.size(); ++li) {
       DevTapeLayer& l = tape->layers[li];
       if (layers_[li].moe) {
@@ -106,16 +197,11 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
         l.moe_y = l.moe_act + t * km * fm;
         tb = l.moe_y + t * km * d;
       }
-      for (float** p : {&l.h_in, &l.xn1, &l.h_mid, &l.xn2}) {
-        *p = tb;
-        tb += t * d;
+      for (int a = 0; a < kNumActs; ++a) {
+        if (!programs_[li].kept[a]) continue;
+        l.acts[a] = tb;
+        tb += t * act_width(c, static_cast<Act>(a));
       }
-      l.qkv_raw = tb;
-      l.qkv = tb + t * ld;
-      l.attn = tb + 2 * t * ld;
-      l.gate_up = l.attn + t * qd;
-      l.act = l.gate_up + 2 * t * f;
-      tb = l.act + t * f;
     }
     tape->h_final = tb;
     tape->normed = tb + t * d;
@@ -124,69 +210,23 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
     tape->d_neg_sin = dcs + 2 * t * half;
   }
 
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // Routed experts of every token and MoE layer ([T, moe_layers, k] ids, then the weights).
   const int64_t n_moe = c.num_moe_layers(), topk = c.moe.top_k;
-  int64_t moe_index = 0;
   float* d_record = nullptr;
   if (n_moe > 0 && batch.return_experts) {
     MILES_ASSIGN_OR_RETURN(d_record, scratch(record_, 2 * t * n_moe * topk));
   }
+  run.record = d_record;
+  run.forced = d_forced;
   b_->launch(t * d, EmbedKernel{embed_, d_tokens, d, h});
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
-    const DevLayer& l = layers_[layer];
-    DevTapeLayer* tl = tape ? &tape->layers[layer] : nullptr;
-    float* k_layer = kv.k + layer * kv.num_blocks * kv.block_floats;
-    float* v_layer = kv.v + layer * kv.num_blocks * kv.block_floats;
-    // Attention block.
-    if (tl) copy(tl->h_in, h, t * d);
-    b_->launch(t, RmsnormKernel{h, d, l.input_norm, d, eps, xn, d});
-    gemm(xn, t, d, l.qkv, qkv, ld);
-    if (l.qkv_bias) b_->launch(t * ld, AddBiasKernel{qkv, ld, ld, l.qkv_bias});
-    if (tl) {
-      copy(tl->xn1, xn, t * d);
-      copy(tl->qkv_raw, qkv, t * ld);
-    }
-    b_->launch(t * (c.num_heads + c.num_kv_heads),
-               QkNormRopeKernel{qkv, ld, c.num_heads, c.num_kv_heads, hd, half, l.q_norm, l.k_norm,
-                                eps, dcs, dcs + t * half});
-    if (tl) copy(tl->qkv, qkv, t * ld);
-    b_->launch(t * kvd,
-               KvStoreKernel{qkv, ld, qd, kvd, hd, bt, d_pos, d_block_of, k_layer, v_layer});
-    b_->launch(t * c.num_heads,
-               AttentionKernel{qkv, ld, c.num_heads, c.num_kv_heads, hd, bt, kvd, d_pos, d_table_of,
-                               d_tables, k_layer, v_layer, scale, attn, qd});
-    if (tl) copy(tl->attn, attn, t * qd);
-    gemm(attn, t, qd, l.o, proj, d);
-    if (l.o_bias) b_->launch(t * d, AddBiasKernel{proj, d, d, l.o_bias});
-    b_->launch(t * d, AddKernel{h, proj});
-    // MLP block (or the MoE block, inference only).
-    b_->launch(t, RmsnormKernel{h, d, l.post_norm, d, eps, xn, d});
-    if (l.moe) {
-      if (tl) {
-        copy(tl->h_mid, h, t * d);
-        copy(tl->xn2, xn, t * d);
-      }
-      MILES_RETURN_IF_ERROR(moe_block(
-          l, xn, t, moe_index++, batch.return_experts ? d_record : nullptr, d_forced, tl, proj));
-      b_->launch(t * d, AddKernel{h, proj});
-      continue;
-    }
-    gemm(xn, t, d, l.gate_up, gu, 2 * f);
-    b_->launch(t * f, SwigluKernel{gu, f, act});
-    if (tl) {
-      copy(tl->h_mid, h, t * d);
-      copy(tl->xn2, xn, t * d);
-      copy(tl->gate_up, gu, t * 2 * f);
-      copy(tl->act, act, t * f);
-    }
-    gemm(act, t, f, l.down, proj, d);
-    b_->launch(t * d, AddKernel{h, proj});
+    run.layer = layer;
+    run.tape = tape ? &tape->layers[layer] : nullptr;
+    for (const Op& op : programs_[layer].ops) MILES_RETURN_IF_ERROR(forward_op(op, run));
   }
   b_->launch(nr * d, GatherRowsKernel{h, d_rows, d, sel});
   if (tape) copy(tape->h_final, sel, nr * d);
-  b_->launch(nr, RmsnormKernel{sel, d, final_norm_, d, eps, sel, d});
+  b_->launch(nr, RmsnormKernel{sel, d, final_norm_, d, static_cast<float>(c.rms_norm_eps), sel, d});
   if (tape) copy(tape->normed, sel, nr * d);
   gemm(sel, nr, d, lm_head_, logits, c.vocab_size);
 

@@ -52,6 +52,9 @@ Status cuda_available() {
 }
 
 Status device_supports(const ModelConfig& c) {
+  if (c.tensor_parallel > 1)
+    return Status::Error("device forward: tensor_parallel " + std::to_string(c.tensor_parallel) +
+                         ": a device model holds one rank's whole model");
   if (c.head_dim > device::kMaxHeadDim)
     return Status::Error("device forward: head_dim " + std::to_string(c.head_dim) +
                          " is past the device kernels' " + std::to_string(device::kMaxHeadDim));

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -84,15 +85,16 @@ struct Scratch {
   int64_t cap = 0;
 };
 
-// A training forward's activations on the device (ForwardTape::Impl's, dense layers), and what
-// the backward needs of its batch.
+// A training forward's activations on the device (ForwardTape::Impl's): each layer's kept ones
+// (LayerProgram::keeps), and what the backward needs of its batch.
 struct DevTapeLayer {
-  float *h_in, *xn1, *qkv_raw, *qkv, *attn, *h_mid, *xn2, *gate_up, *act;
+  std::array<float*, kNumActs> acts{};
   // MoE layers: router softmax [T, E], ids and weights [T, k], per routed slot the expert's gate/up
   // [T·k, 2 f], activation [T·k, f] and output [T·k, d].
   float *probs = nullptr, *moe_weights = nullptr, *moe_gate_up = nullptr, *moe_act = nullptr;
   float* moe_y = nullptr;
   int32_t* moe_ids = nullptr;
+  float* operator[](Act a) const { return acts[static_cast<int>(a)]; }
 };
 struct DevTape {
   int64_t t = 0;
@@ -186,6 +188,17 @@ class BackendModel final : public DeviceModel {
                   std::span<float> tied_head_grad) override;
   Status reload_weights(const TensorMap& weights) override { return load(weights, pool_); }
 
+  // An activation the last forward_train(keep_tape) kept (tests name the op whose output differs).
+  Result<std::vector<float>> kept_activation(int64_t layer, Act a) const {
+    if (layer < 0 || layer >= static_cast<int64_t>(tape_.layers.size()) ||
+        tape_.layers[layer][a] == nullptr)
+      return Status::Error("no kept " + std::string(act_name(a)) + " of layer " +
+                           std::to_string(layer));
+    std::vector<float> v(static_cast<size_t>(tape_.t * act_width(config_, a)));
+    MILES_RETURN_IF_ERROR(b_->download(v.data(), tape_.layers[layer][a], sizeof(float) * v.size()));
+    return v;
+  }
+
  private:
   // An array uploaded into its own new buffer, or (a reload) into the one it had: same shapes.
   Status put(const float* src, int64_t n, const float*& dst) {
@@ -231,6 +244,7 @@ class BackendModel final : public DeviceModel {
     MILES_ASSIGN_OR_RETURN(ModelWeights w, load_model_weights(config_, weights, pool));
     reloading_ = embed_ != nullptr;
     rope_ = w.rope;
+    programs_ = w.programs;
     MILES_RETURN_IF_ERROR(put(w.embed, embed_));
     MILES_RETURN_IF_ERROR(put(w.final_norm, final_norm_));
     MILES_RETURN_IF_ERROR(put(w.lm_head, lm_head_));
@@ -311,6 +325,8 @@ class BackendModel final : public DeviceModel {
 
   Result<ForwardOutput> run_forward(const DeviceBatch& batch, Kv& kv, DevTape* tape,
                                     const int32_t* d_forced = nullptr);
+  struct LayerRun;  // what one forward's layers share (device_forward_impl.h)
+  Status forward_op(const Op& op, LayerRun& r);
 
   // moe.cc's moe_block on the device: router GEMM, routing per token, one GEMM per routed slot
   // (gate/up, SwiGLU, down), the slots summed per token in ascending expert id into `out`. The
@@ -354,6 +370,32 @@ class BackendModel final : public DeviceModel {
                                 dw.chunk, y, d});
     b_->launch(t * d, MoeCombineKernel{y, ids, weights, k, d, out});
     return Status::Ok();
+  }
+  static const DevMatrix& matrix(const DevLayer& l, Param p) {
+    switch (p) {
+      case Param::kQkv:
+        return l.qkv;
+      case Param::kO:
+        return l.o;
+      case Param::kGateUp:
+        return l.gate_up;
+      default:
+        MILES_CHECK(p == Param::kDown, "a matrix parameter");
+        return l.down;
+    }
+  }
+  static const DevMatrix& transposed(const DevLayer& l, Param p) {
+    switch (p) {
+      case Param::kQkv:
+        return l.qkv_t;
+      case Param::kO:
+        return l.o_t;
+      case Param::kGateUp:
+        return l.gate_up_t;
+      default:
+        MILES_CHECK(p == Param::kDown, "a matrix parameter");
+        return l.down_t;
+    }
   }
   // Device-to-device copy of n floats.
   void copy(float* dst, const float* src, int64_t n) { b_->launch(n, CopyKernel{src, dst}); }
@@ -401,9 +443,10 @@ class BackendModel final : public DeviceModel {
   const float* final_norm_ = nullptr;
   DevMatrix lm_head_;
   std::vector<DevLayer> layers_;
+  std::vector<LayerProgram> programs_;  // each layer's (layer_program.h)
   Scratch<int32_t> ints_, forced_, slot_lists_;
-  Scratch<float> rope_cs_, h_, xn_, qkv_, attn_, proj_, gate_up_, act_, sel_, logits_, moe_,
-      record_;
+  Scratch<float> rope_cs_, h_, sel_, logits_, moe_, record_;
+  std::array<Scratch<float>, kNumActs> acts_;  // activations nothing keeps (scratch_home)
   // Training: the tape, its KV blocks, the backward's buffers.
   DevTape tape_;
   Scratch<float> tape_buf_;

@@ -1,12 +1,14 @@
 // ForwardTape::Impl: the activations a training forward keeps for Model::backward.
 //
-// Shapes with T = tokens of the packed batch, d = hidden, ld = q_dim + 2 kv_dim, f = intermediate.
+// Shapes with T = tokens of the packed batch, d = hidden.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
 #include "miles/model.h"
+#include "model/layer_program.h"
 
 namespace miles {
 
@@ -24,17 +26,12 @@ struct MoeTape {
   std::vector<ExpertTape> experts;
 };
 
+// The activations of one layer a training forward keeps (LayerProgram::keeps): (T, act_width).
 struct LayerTape {
-  std::vector<float> h_in;     // (T, d) residual stream entering the layer
-  std::vector<float> xn1;      // (T, d) input_layernorm output
-  std::vector<float> qkv_raw;  // (T, ld) projections (+ bias), before q/k norm and RoPE
-  std::vector<float> qkv;      // (T, ld) after q/k norm and RoPE: what attention saw
-  std::vector<float> attn;     // (T, q_dim) attention output before o_proj
-  std::vector<float> h_mid;    // (T, d) after the attention residual
-  std::vector<float> xn2;      // (T, d) post_attention_layernorm output
-  std::vector<float> gate_up;  // dense: (T, 2 f)
-  std::vector<float> act;      // dense: (T, f)
+  std::array<std::vector<float>, kNumActs> acts;
   MoeTape moe;
+  std::vector<float>& operator[](Act a) { return acts[static_cast<int>(a)]; }
+  const std::vector<float>& operator[](Act a) const { return acts[static_cast<int>(a)]; }
 };
 
 struct ForwardTape::Impl {

@@ -75,8 +75,7 @@ float* GradSink::overwrite(const std::string& name) {
 }
 
 void GradSink::weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx, int64_t m,
-                           int64_t k,
-                           std::initializer_list<std::pair<std::string, int64_t>> parts) {
+                           int64_t k, const std::vector<std::pair<std::string, int64_t>>& parts) {
   std::vector<std::vector<const float*>> lefts;  // per part, innermost first
   std::vector<kernels::WeightGradPart> out;
   lefts.reserve(parts.size());

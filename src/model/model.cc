@@ -2,6 +2,7 @@
 // norm → LM head. Each phase works on whole rows with batch-invariant kernels.
 #include "miles/model.h"
 
+#include <array>
 #include <cmath>
 
 #include "miles/comm.h"
@@ -45,13 +46,14 @@ void copy_over(const float* src, int64_t n, float* dst, ThreadPool* pool) {
                   [&](int64_t i0, int64_t i1) { std::copy(src + i0, src + i1, dst + i0); });
 }
 
-struct Scratch {
-  std::vector<float> xn, qkv, attn, proj, gate_up, act;
-};
+// Tensor parallelism: the sum over the group of each rank's partial (tree order), in place.
+Status tp_all_reduce(const TensorParallel* tp, float* x, int64_t n) {
+  if (!tp || !tp->comm || tp->comm->size() == 1) return Status::Ok();
+  return tp->comm->all_reduce_sum_deterministic(std::span<float>(x, static_cast<size_t>(n)));
+}
 
 void add_bias(float* y, int64_t rows, int64_t n, int64_t ld, const std::vector<float>& bias,
               ThreadPool* pool) {
-  if (bias.empty()) return;
   parallel_ranges(pool, rows, n, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t j = 0; j < n; ++j) y[r * ld + j] = y[r * ld + j] + bias[j];
@@ -67,99 +69,200 @@ void rmsnorm_rows(const float* x, int64_t t, int64_t d, const std::vector<float>
   });
 }
 
-// Tensor parallelism: the sum over the group of each rank's partial (tree order), in place.
-Status tp_all_reduce(const TensorParallel* tp, float* x, int64_t n) {
-  if (!tp || !tp->comm || tp->comm->size() == 1) return Status::Ok();
-  return tp->comm->all_reduce_sum_deterministic(std::span<float>(x, static_cast<size_t>(n)));
-}
+// What the layers of one forward share: the batch, the cache, the routing record.
+struct ForwardBatch {
+  std::span<const SeqSpan> seqs;
+  const BatchPlan& plan;
+  KvStore& kv;
+  int64_t t;
+  const ForwardOptions& options;
+  ForwardOutput& out;
+};
 
-// Self-attention of one layer, output added into h.
-Status attention_block(const ModelConfig& c, const ModelWeights& w, int64_t layer,
-                       std::span<const SeqSpan> seqs, const BatchPlan& plan, KvStore& kv, float* h,
-                       int64_t t, Scratch& s, LayerTape* tape, const TensorParallel* tp,
-                       ThreadPool* pool) {
-  const LayerWeights& l = w.layers[layer];
-  const int64_t d = c.hidden_size, qd = c.q_dim(), kvd = c.kv_dim(), hd = c.head_dim;
-  const int64_t ld = qd + 2 * kvd;
-  // With a tape, the phases write straight into its buffers (reused from the tape's last forward:
-  // no copies, no fresh pages); without one, into the scratch.
-  float* xn = tape ? sized(tape->xn1, t * d).data() : s.xn.data();
-  float* raw = tape ? sized(tape->qkv_raw, t * ld).data() : s.qkv.data();
-  float* qkv = tape ? sized(tape->qkv, t * ld).data() : s.qkv.data();
-  if (tape) copy_over(h, t * d, sized(tape->h_in, t * d).data(), pool);
-  rmsnorm_rows(h, t, d, l.input_norm, c.rms_norm_eps, xn, pool);
-  kernels::gemm(xn, t, d, l.qkv, raw, ld, pool);
-  add_bias(raw, t, ld, ld, l.qkv_bias, pool);
-  parallel_ranges(pool, t, 4 * (qd + kvd), [&](int64_t i0, int64_t i1) {
-    if (qkv != raw) std::copy(raw + i0 * ld, raw + i1 * ld, qkv + i0 * ld);
-    for (int64_t i = i0; i < i1; ++i) {
-      float* q = qkv + i * ld;
-      float* k = q + qd;
-      if (!l.q_norm.empty()) {
-        const float eps = static_cast<float>(c.rms_norm_eps);
-        kernels::rmsnorm(q, c.num_heads, hd, l.q_norm.data(), eps, q);
-        kernels::rmsnorm(k, c.num_kv_heads, hd, l.k_norm.data(), eps, k);
-      }
-      // q's heads then k's, side by side in the row: one rotation table lookup for both.
-      kernels::rope_apply(q, 1, c.num_heads + c.num_kv_heads, hd, &plan.positions[i], w.rope);
-    }
-  });
-  // Keys and values into the cache, then each sequence's block list.
-  const int64_t bt = kv.block_tokens();
-  std::vector<std::vector<float*>> kb(seqs.size()), vb(seqs.size());
-  for (size_t si = 0; si < seqs.size(); ++si) {
-    kv.blocks(seqs[si].kv_slot, layer, kb[si], vb[si]);
-    for (int64_t j = 0; j < seqs[si].n_tokens; ++j) {
-      const int64_t i = plan.offset[si] + j, pos = plan.positions[i];
-      const float* row = qkv + i * ld + qd;
-      kernels::kv_block_store(row, row + kvd, pos % bt, bt, c.num_kv_heads, hd, kb[si][pos / bt],
-                              vb[si][pos / bt]);
+// The CPU backend of a layer program (layer_program.h): each op on whole rows with the
+// batch-invariant kernels. An activation lives in the tape when a training forward keeps it (the
+// phases write straight into its buffers, reused from the tape's last forward: no copies, no fresh
+// pages), else in scratch shared by the layers.
+class CpuLayers {
+ public:
+  CpuLayers(const ModelConfig& c, const ModelWeights& w, ForwardBatch& b, float* h,
+            ThreadPool* pool)
+      : c_(c), w_(w), b_(b), h_(h), pool_(pool) {}
+
+  Status run(int64_t layer, LayerTape* tape) {
+    layer_ = layer;
+    tape_ = tape;
+    for (const Op& op : w_.programs[layer].ops) MILES_RETURN_IF_ERROR(forward(op));
+    return Status::Ok();
+  }
+  void skip_moe_layer() { ++moe_index_; }
+
+ private:
+  const LayerWeights& l() const { return w_.layers[layer_]; }
+  int64_t width(Act a) const { return act_width(c_, a); }
+
+  float* act(Act a) {
+    const int64_t n = b_.t * width(a);
+    if (tape_ && w_.programs[layer_].keeps(a)) return sized((*tape_)[a], n).data();
+    const Act home = scratch_home(a);
+    if (home == Act::kH) return h_;
+    return sized(scratch_[static_cast<int>(home)], n).data();
+  }
+
+  const std::vector<float>& vec(Param p) const {
+    switch (p) {
+      case Param::kInputNorm:
+        return l().input_norm;
+      case Param::kPostNorm:
+        return l().post_norm;
+      case Param::kQkvBias:
+        return l().qkv_bias;
+      case Param::kOBias:
+        return l().o_bias;
+      default:
+        MILES_CHECK(false, "a vector parameter");
+        return l().input_norm;
     }
   }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // Work items: runs of up to kQueriesPerItem consecutive tokens of one sequence (they share each
-  // key block's transposition); a token's bits do not depend on how the runs are cut.
-  constexpr int64_t kQueriesPerItem = 16;
-  std::vector<std::pair<int64_t, int64_t>> items;  // (first token, count)
-  for (size_t si = 0; si < seqs.size(); ++si)
-    for (int64_t j = 0; j < seqs[si].n_tokens; j += kQueriesPerItem)
-      items.emplace_back(plan.offset[si] + j, std::min(kQueriesPerItem, seqs[si].n_tokens - j));
-  float* attn = tape ? sized(tape->attn, t * qd).data() : s.attn.data();
-  // The latest queries (the most keys) first, so that the last items to finish are short ones.
-  parallel_for(t >= 8 ? pool : nullptr, static_cast<int64_t>(items.size()), [&](int64_t it) {
-    const auto [i, n] = items[items.size() - 1 - it];
-    const int32_t si = plan.seq_of[i];
-    std::vector<const float*> kc(kb[si].begin(), kb[si].end()), vc(vb[si].begin(), vb[si].end());
-    kernels::KvSpan span{kc, vc, bt};
-    kernels::attention(qkv + i * ld, ld, n, c.num_heads, c.num_kv_heads, hd, &plan.positions[i],
-                       span, scale, attn + i * qd, qd);
-  });
-  kernels::gemm(attn, t, qd, l.o, s.proj.data(), d, pool);
-  MILES_RETURN_IF_ERROR(tp_all_reduce(tp, s.proj.data(), t * d));
-  add_bias(s.proj.data(), t, d, d, l.o_bias, pool);
-  add_into(h, s.proj.data(), t * d, pool);  // the residual
-  return Status::Ok();
-}
+  const kernels::PackedMatrix& matrix(Param p) const {
+    switch (p) {
+      case Param::kQkv:
+        return l().qkv;
+      case Param::kO:
+        return l().o;
+      case Param::kGateUp:
+        return l().gate_up;
+      case Param::kDown:
+        return l().down;
+      default:
+        MILES_CHECK(false, "a matrix parameter");
+        return l().qkv;
+    }
+  }
 
-Status dense_mlp_block(const ModelConfig& c, const LayerWeights& l, float* h, int64_t t, Scratch& s,
-                       LayerTape* tape, const TensorParallel* tp, ThreadPool* pool) {
-  const int64_t d = c.hidden_size, f = c.intermediate_size;
-  float* xn = tape ? sized(tape->xn2, t * d).data() : s.xn.data();
-  float* gate_up =
-      tape ? sized(tape->gate_up, t * 2 * f).data() : sized(s.gate_up, t * 2 * f).data();
-  float* act = tape ? sized(tape->act, t * f).data() : sized(s.act, t * f).data();
-  if (tape) copy_over(h, t * d, sized(tape->h_mid, t * d).data(), pool);
-  rmsnorm_rows(h, t, d, l.post_norm, c.rms_norm_eps, xn, pool);
-  kernels::gemm(xn, t, d, l.gate_up, gate_up, 2 * f, pool);
-  parallel_ranges(pool, t, 8 * f, [&](int64_t r0, int64_t r1) {
-    kernels::swiglu(gate_up + r0 * 2 * f, gate_up + r0 * 2 * f + f, r1 - r0, f, 2 * f,
-                    act + r0 * f);
-  });
-  kernels::gemm(act, t, f, l.down, s.proj.data(), d, pool);
-  MILES_RETURN_IF_ERROR(tp_all_reduce(tp, s.proj.data(), t * d));
-  add_into(h, s.proj.data(), t * d, pool);  // the residual
-  return Status::Ok();
-}
+  Status forward(const Op& op) {
+    const int64_t t = b_.t;
+    switch (op.kind) {
+      case OpKind::kRmsNorm:
+        if (tape_) copy_over(act(op.in), t * width(op.in), act(op.keep), pool_);
+        rmsnorm_rows(act(op.in), t, width(op.in), vec(op.param), c_.rms_norm_eps, act(op.out),
+                     pool_);
+        return Status::Ok();
+      case OpKind::kLinear:
+        kernels::gemm(act(op.in), t, width(op.in), matrix(op.param), act(op.out), width(op.out),
+                      pool_);
+        return Status::Ok();
+      case OpKind::kBias:
+        add_bias(act(op.out), t, width(op.out), width(op.out), vec(op.param), pool_);
+        return Status::Ok();
+      case OpKind::kRope:
+        rope(act(op.in), act(op.out), op.param == Param::kQkNorm);
+        return Status::Ok();
+      case OpKind::kAttention:
+        attention(act(op.in), act(op.out));
+        return Status::Ok();
+      case OpKind::kSwiGlu: {
+        const int64_t f = width(op.out);
+        float* gu = act(op.in);
+        float* y = act(op.out);
+        parallel_ranges(pool_, t, 8 * f, [&](int64_t r0, int64_t r1) {
+          kernels::swiglu(gu + r0 * 2 * f, gu + r0 * 2 * f + f, r1 - r0, f, 2 * f, y + r0 * f);
+        });
+        return Status::Ok();
+      }
+      case OpKind::kMoe:
+        return moe(act(op.in), act(op.out));
+      case OpKind::kResidual:
+        add_into(act(op.out), act(op.in), t * width(op.out), pool_);
+        return Status::Ok();
+      case OpKind::kTpEnter:
+        return Status::Ok();
+      case OpKind::kTpExit:
+        return tp_all_reduce(b_.options.tp, act(op.in), t * width(op.in));
+    }
+    return Status::Ok();
+  }
+
+  // Per token: the q/k norms (when the layer has them), then RoPE over q's heads and k's.
+  void rope(const float* raw, float* qkv, bool qk_norm) {
+    const int64_t qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim, ld = qd + 2 * kvd;
+    parallel_ranges(pool_, b_.t, 4 * (qd + kvd), [&](int64_t i0, int64_t i1) {
+      if (qkv != raw) std::copy(raw + i0 * ld, raw + i1 * ld, qkv + i0 * ld);
+      for (int64_t i = i0; i < i1; ++i) {
+        float* q = qkv + i * ld;
+        float* k = q + qd;
+        if (qk_norm) {
+          const float eps = static_cast<float>(c_.rms_norm_eps);
+          kernels::rmsnorm(q, c_.num_heads, hd, l().q_norm.data(), eps, q);
+          kernels::rmsnorm(k, c_.num_kv_heads, hd, l().k_norm.data(), eps, k);
+        }
+        // q's heads then k's, side by side in the row: one rotation table lookup for both.
+        kernels::rope_apply(q, 1, c_.num_heads + c_.num_kv_heads, hd, &b_.plan.positions[i],
+                            w_.rope);
+      }
+    });
+  }
+
+  // Keys and values into the cache, then each sequence's queries against its block list.
+  void attention(const float* qkv, float* attn) {
+    const int64_t qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim, ld = qd + 2 * kvd;
+    const BatchPlan& plan = b_.plan;
+    const int64_t bt = b_.kv.block_tokens();
+    std::vector<std::vector<float*>> kb(b_.seqs.size()), vb(b_.seqs.size());
+    for (size_t si = 0; si < b_.seqs.size(); ++si) {
+      b_.kv.blocks(b_.seqs[si].kv_slot, layer_, kb[si], vb[si]);
+      for (int64_t j = 0; j < b_.seqs[si].n_tokens; ++j) {
+        const int64_t i = plan.offset[si] + j, pos = plan.positions[i];
+        const float* row = qkv + i * ld + qd;
+        kernels::kv_block_store(row, row + kvd, pos % bt, bt, c_.num_kv_heads, hd, kb[si][pos / bt],
+                                vb[si][pos / bt]);
+      }
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    // Work items: runs of up to kQueriesPerItem consecutive tokens of one sequence (they share each
+    // key block's transposition); a token's bits do not depend on how the runs are cut.
+    constexpr int64_t kQueriesPerItem = 16;
+    std::vector<std::pair<int64_t, int64_t>> items;  // (first token, count)
+    for (size_t si = 0; si < b_.seqs.size(); ++si)
+      for (int64_t j = 0; j < b_.seqs[si].n_tokens; j += kQueriesPerItem)
+        items.emplace_back(plan.offset[si] + j,
+                           std::min(kQueriesPerItem, b_.seqs[si].n_tokens - j));
+    // The latest queries (the most keys) first, so that the last items to finish are short ones.
+    parallel_for(b_.t >= 8 ? pool_ : nullptr, static_cast<int64_t>(items.size()), [&](int64_t it) {
+      const auto [i, n] = items[items.size() - 1 - it];
+      const int32_t si = plan.seq_of[i];
+      std::vector<const float*> kc(kb[si].begin(), kb[si].end()), vc(vb[si].begin(), vb[si].end());
+      kernels::KvSpan span{kc, vc, bt};
+      kernels::attention(qkv + i * ld, ld, n, c_.num_heads, c_.num_kv_heads, hd, &plan.positions[i],
+                         span, scale, attn + i * qd, qd);
+    });
+  }
+
+  // The MoE block (moe.h), its routing replayed from options.forced_experts and recorded into the
+  // output's experts when asked.
+  Status moe(const float* xn, float* out) {
+    const int64_t k = c_.moe.top_k, stride = c_.num_moe_layers() * k;
+    std::span<const int32_t> forced;
+    if (!b_.options.forced_experts.empty())
+      forced = b_.options.forced_experts.subspan(moe_index_ * k);
+    ForwardOutput& o = b_.out;
+    int32_t* ids = o.experts.empty() ? nullptr : o.experts.data() + moe_index_ * k;
+    float* wts = o.expert_weights.empty() ? nullptr : o.expert_weights.data() + moe_index_ * k;
+    MILES_RETURN_IF_ERROR(moe_block(c_, l(), xn, b_.t, forced, stride, out, ids, wts, stride,
+                                    tape_ ? &tape_->moe : nullptr, b_.options.tp, pool_));
+    ++moe_index_;
+    return Status::Ok();
+  }
+
+  const ModelConfig& c_;
+  const ModelWeights& w_;
+  ForwardBatch& b_;
+  float* h_;
+  ThreadPool* pool_;
+  int64_t layer_ = 0, moe_index_ = 0;
+  LayerTape* tape_ = nullptr;
+  std::array<std::vector<float>, kNumActs> scratch_;
+};
 
 Status check_tape_batch(std::span<const SeqSpan> seqs, const ForwardOptions& options) {
   if (!options.all_logits) return Status::Error("a training forward (tape) needs all_logits");
@@ -273,14 +376,6 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
                            " values, got " + std::to_string(options.input_hidden.size()));
     std::copy(options.input_hidden.begin(), options.input_hidden.end(), h.begin());
   }
-  Scratch s;
-  s.xn.resize(t * d);
-  if (!options.tape) {  // a training forward writes these into its tape instead
-    s.qkv.resize(t * (c.q_dim() + 2 * c.kv_dim()));
-    s.attn.resize(t * c.q_dim());
-  }
-  s.proj.resize(t * d);
-
   ForwardOutput out;
   const int64_t n_moe = c.num_moe_layers(), k = c.moe.top_k;
   if (options.return_experts && n_moe > 0) {
@@ -297,32 +392,12 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     tape->layer_begin = begin;
     tape->layer_end = end;
   }
-  int64_t moe_index = 0;
-  for (int64_t layer = 0; layer < begin; ++layer) moe_index += c.is_moe_layer(layer) ? 1 : 0;
-  for (int64_t layer = begin; layer < end; ++layer) {
-    LayerTape* lt = tape ? &tape->layers[layer] : nullptr;
-    MILES_RETURN_IF_ERROR(
-        attention_block(c, *w_, layer, seqs, plan, kv, h.data(), t, s, lt, options.tp, pool));
-    const LayerWeights& l = w_->layers[layer];
-    if (!l.moe) {
-      MILES_RETURN_IF_ERROR(dense_mlp_block(c, l, h.data(), t, s, lt, options.tp, pool));
-      continue;
-    }
-    rmsnorm_rows(h.data(), t, d, l.post_norm, c.rms_norm_eps, s.xn.data(), pool);
-    if (lt) {
-      lt->h_mid.assign(h.begin(), h.end());
-      lt->xn2.assign(s.xn.begin(), s.xn.begin() + t * d);
-    }
-    const int64_t stride = n_moe * k;
-    std::span<const int32_t> forced;
-    if (!options.forced_experts.empty()) forced = options.forced_experts.subspan(moe_index * k);
-    int32_t* ids = out.experts.empty() ? nullptr : out.experts.data() + moe_index * k;
-    float* wts = out.expert_weights.empty() ? nullptr : out.expert_weights.data() + moe_index * k;
-    MILES_RETURN_IF_ERROR(moe_block(c, l, s.xn.data(), t, forced, stride, s.proj.data(), ids, wts,
-                                    stride, lt ? &lt->moe : nullptr, options.tp, pool));
-    add_into(h.data(), s.proj.data(), t * d, pool);  // the residual
-    ++moe_index;
-  }
+  ForwardBatch batch{seqs, plan, kv, t, options, out};
+  CpuLayers layers(c, *w_, batch, h.data(), pool);
+  for (int64_t layer = 0; layer < begin; ++layer)
+    if (c.is_moe_layer(layer)) layers.skip_moe_layer();
+  for (int64_t layer = begin; layer < end; ++layer)
+    MILES_RETURN_IF_ERROR(layers.run(layer, tape ? &tape->layers[layer] : nullptr));
 
   if (end < c.num_layers) {
     out.hidden = std::move(h);

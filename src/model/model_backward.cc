@@ -5,21 +5,22 @@
 // chunk-and-tree rule; vector gradients (norms, biases) and scatter-adds run in ascending token
 // order, so the result depends only on the batch's content, never on the thread count.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <string>
 
-#include "miles/backward_kernels.h"
 #include "kernels/reduce.h"
+#include "miles/backward_kernels.h"
 #include "miles/comm.h"
 #include "miles/flat_params.h"
+#include "miles/grad_sink.h"
 #include "miles/kernels.h"
 #include "miles/model.h"
 #include "miles/thread_pool.h"
 #include "model/backward_weights.h"
 #include "model/elementwise.h"
 #include "model/forward_tape.h"
-#include "miles/grad_sink.h"
 #include "model/model_weights.h"
 
 namespace miles {
@@ -56,14 +57,12 @@ class Backward {
     std::vector<float> dh = tape_.layer_end == c_.num_layers
                                 ? head(d_output)
                                 : std::vector<float>(d_output.begin(), d_output.end());
+    dh_ = dh.data();
+    size_grads();
     for (int64_t layer = tape_.layer_end - 1; layer >= tape_.layer_begin; --layer) {
-      const std::string p = "model.layers." + std::to_string(layer) + ".";
-      if (w_.layers[layer].moe) {
-        moe(layer, p, dh);
-      } else {
-        mlp(layer, p, dh);
-      }
-      attention(layer, p, dh);
+      layer_ = layer;
+      const std::vector<Op>& ops = w_.programs[layer].ops;
+      for (auto op = ops.rbegin(); op != ops.rend(); ++op) backward(*op);
     }
     if (tape_.layer_begin == 0) {
       embedding(dh);
@@ -111,50 +110,130 @@ class Backward {
     return dh;
   }
 
-  // h_out = h_mid + down(swiglu(gate_up(norm(h_mid)))); dh: d h_out in, d h_mid out.
-  void mlp(int64_t layer, const std::string& p, std::vector<float>& dh) {
-    const LayerTape& lt = tape_.layers[layer];
-    const LayerWeightsT& wt = bw_.layers[layer];
-    const int64_t d = c_.hidden_size, f = c_.intermediate_size;
-    std::vector<float>& dact = sized(dact_, t_ * f);
-    std::vector<float>& dgu = sized(dgu_, t_ * 2 * f);
-    gemm(dh.data(), t_, d, wt.down_t, dact.data(), f, pool_);
-    g_.weight_grad(dh.data(), d, lt.act.data(), f, t_, f, {{p + "mlp.down_proj.weight", d}});
-    parallel_ranges(pool_, t_, 16 * f, [&](int64_t r0, int64_t r1) {  // rows are independent
-      kernels::swiglu_backward(lt.gate_up.data() + r0 * 2 * f, lt.gate_up.data() + r0 * 2 * f + f,
-                               dact.data() + r0 * f, r1 - r0, f, 2 * f, dgu.data() + r0 * 2 * f,
-                               dgu.data() + r0 * 2 * f + f, 2 * f);
-    });
-    g_.weight_grad(dgu.data(), 2 * f, lt.xn2.data(), d, t_, d,
-                   {{p + "mlp.gate_proj.weight", f}, {p + "mlp.up_proj.weight", f}});
-    std::vector<float>& dxn = sized(dxn_, t_ * d);
-    gemm(dgu.data(), t_, 2 * f, wt.gate_up_t, dxn.data(), d, pool_);
-    reduce(dxn.data(), t_ * d);  // column-parallel input gradient
-    post_norm(layer, p, dxn, dh);
+  const LayerWeights& l() const { return w_.layers[layer_]; }
+  const LayerTape& lt() const { return tape_.layers[layer_]; }
+  int64_t width(Act a) const { return act_width(c_, a); }
+  std::vector<std::pair<std::string, int64_t>> parts(Param p) const {
+    return param_parts(c_, layer_, p);
   }
 
-  // d h_mid = d h_out + norm_backward(d xn2).
-  void post_norm(int64_t layer, const std::string& p, std::vector<float>& dxn,
-                 std::vector<float>& dh) {
-    const LayerTape& lt = tape_.layers[layer];
-    kernels::rmsnorm_backward(lt.h_mid.data(), dxn.data(), t_, c_.hidden_size,
-                              w_.layers[layer].post_norm.data(), eps(), dxn.data(),
-                              g_.accumulate(p + "post_attention_layernorm.weight"), pool_);
-    add_into(dh.data(), dxn.data(), t_ * c_.hidden_size, pool_);
+  // Gradient storage of a layer's activations (layer_program.h's rules): the stream's and the
+  // block output's is d h itself; the others are written whole by the one op that reads them, and
+  // those never live at once share a buffer sized for the widest.
+  void size_grads() {
+    std::array<int64_t, kNumActs> widest{};
+    for (int a = 0; a < kNumActs; ++a) {
+      int64_t& w = widest[static_cast<int>(grad_home(static_cast<Act>(a)))];
+      w = std::max(w, width(static_cast<Act>(a)));
+    }
+    sized(dxn_, t_ * widest[static_cast<int>(Act::kXn1)]);
+    sized(dmid_, t_ * widest[static_cast<int>(Act::kAttn)]);
+    sized(dwide_, t_ * widest[static_cast<int>(Act::kQkvRaw)]);
+  }
+  float* grad(Act a) {
+    switch (grad_home(a)) {
+      case Act::kH:
+        return dh_;
+      case Act::kXn1:
+        return dxn_.data();
+      case Act::kAttn:
+        return dmid_.data();
+      default:
+        return dwide_.data();
+    }
+  }
+  // An activation as the forward kept it.
+  const float* kept(Act a) const { return lt()[a].data(); }
+
+  const std::vector<float>& norm_weight(Param p) const {
+    return p == Param::kInputNorm ? l().input_norm : l().post_norm;
+  }
+  const kernels::PackedMatrix& transposed(Param p) const {
+    const LayerWeightsT& wt = bw_.layers[layer_];
+    switch (p) {
+      case Param::kQkv:
+        return wt.qkv_t;
+      case Param::kO:
+        return wt.o_t;
+      case Param::kGateUp:
+        return wt.gate_up_t;
+      default:
+        return wt.down_t;
+    }
   }
 
-  void moe(int64_t layer, const std::string& p, std::vector<float>& dh) {
-    const LayerTape& lt = tape_.layers[layer];
-    const MoeTape& mt = lt.moe;
+  void backward(const Op& op) {
+    switch (op.kind) {
+      case OpKind::kRmsNorm: {  // d in += norm_backward(d out)
+        const int64_t d = width(op.in);
+        float* dout = grad(op.out);
+        kernels::rmsnorm_backward(kept(op.keep), dout, t_, d, norm_weight(op.param).data(), eps(),
+                                  dout, g_.accumulate(parts(op.param)[0].first), pool_);
+        add_into(grad(op.in), dout, t_ * d, pool_);
+        return;
+      }
+      case OpKind::kLinear: {  // d in = d out · W; dW = d outᵀ · in
+        const int64_t n = width(op.out), k = width(op.in);
+        gemm(grad(op.out), t_, n, transposed(op.param), grad(op.in), k, pool_);
+        g_.weight_grad(grad(op.out), n, kept(op.in), k, t_, k, parts(op.param));
+        return;
+      }
+      case OpKind::kBias: {  // d b = Σ_rows d out, split into the stacked tensors
+        const int64_t n = width(op.out);
+        std::vector<float> db(static_cast<size_t>(n), 0.0f);
+        column_sums(grad(op.out), t_, n, n, db.data());
+        int64_t at = 0;
+        for (const auto& [name, rows] : parts(op.param)) {
+          std::copy_n(db.data() + at, rows, g_.overwrite(name));
+          at += rows;
+        }
+        return;
+      }
+      case OpKind::kRope:
+        rope(op.param == Param::kQkNorm);
+        return;
+      case OpKind::kAttention:
+        attention(kept(op.in), grad(op.out), grad(op.in));
+        return;
+      case OpKind::kSwiGlu: {
+        const int64_t f = width(op.out);
+        const float* gu = kept(op.in);
+        const float* dact = grad(op.out);
+        float* dgu = grad(op.in);
+        parallel_ranges(pool_, t_, 16 * f, [&](int64_t r0, int64_t r1) {  // rows are independent
+          kernels::swiglu_backward(gu + r0 * 2 * f, gu + r0 * 2 * f + f, dact + r0 * f, r1 - r0, f,
+                                   2 * f, dgu + r0 * 2 * f, dgu + r0 * 2 * f + f, 2 * f);
+        });
+        return;
+      }
+      case OpKind::kMoe:
+        moe(grad(op.out), grad(op.in));
+        return;
+      case OpKind::kResidual:  // d in is d h (grad() gives them one storage)
+      case OpKind::kTpExit:
+        return;
+      case OpKind::kTpEnter:  // the column-parallel input's gradient, summed over the group
+        reduce(grad(op.in), t_ * width(op.in));
+        return;
+    }
+  }
+
+  // The MoE block's backward: dh is d out (the stream's gradient), dxn is d in, written whole.
+  void moe(const float* dh, float* dxn_out) {
+    const int64_t layer = layer_;
+    const std::string p = "model.layers." + std::to_string(layer) + ".";
+    const MoeTape& mt = lt().moe;
     const LayerWeightsT& wt = bw_.layers[layer];
     const int64_t d = c_.hidden_size, f = c_.moe.moe_intermediate_size, k = c_.moe.top_k;
     const int64_t e = c_.moe.num_experts;
+    const float* xn2 = kept(Act::kXn2);
     // out_t = Σ_j w_tj y_tj: d w_tj = dh_t · y_tj; d y_tj = w_tj dh_t.
     std::vector<float> dw(static_cast<size_t>(t_ * k));
     for (int64_t s = 0; s < t_ * k; ++s)
-      dw[s] = kernels::detail::dot(dh.data() + (s / k) * d, mt.y.data() + s * d, d);
+      dw[s] = kernels::detail::dot(dh + (s / k) * d, mt.y.data() + s * d, d);
     // (the forward summed each expert output over the tensor-parallel group: y and dw are complete)
-    std::vector<float> dxn(static_cast<size_t>(t_ * d), 0.0f);
+    float* dxn = dxn_out;
+    std::fill(dxn, dxn + t_ * d, 0.0f);
     for (int64_t ex = 0; ex < e; ++ex) {
       const ExpertTape& et = mt.experts[ex];
       const std::string xp = p + "mlp.experts." + std::to_string(ex) + ".";
@@ -165,7 +244,7 @@ class Backward {
         const int64_t s = et.slots[r], tok = s / k;
         const float wgt = mt.weights[s];
         for (int64_t i = 0; i < d; ++i) dy[r * d + i] = dh[tok * d + i] * wgt;
-        std::copy_n(lt.xn2.data() + tok * d, d, xs.data() + r * d);
+        std::copy_n(xn2 + tok * d, d, xs.data() + r * d);
       }
       std::vector<float> dact(static_cast<size_t>(n * f)), dgu(static_cast<size_t>(n * 2 * f));
       gemm(dy.data(), n, d, wt.experts[ex].down_t, dact.data(), f, pool_);
@@ -176,10 +255,9 @@ class Backward {
                      {{xp + "gate_proj.weight", f}, {xp + "up_proj.weight", f}});
       std::vector<float> dxs(static_cast<size_t>(n * d));
       gemm(dgu.data(), n, 2 * f, wt.experts[ex].gate_up_t, dxs.data(), d, pool_);
-      for (int64_t r = 0; r < n; ++r)
-        add_into(dxn.data() + (et.slots[r] / k) * d, dxs.data() + r * d, d);
+      for (int64_t r = 0; r < n; ++r) add_into(dxn + (et.slots[r] / k) * d, dxs.data() + r * d, d);
     }
-    reduce(dxn.data(), t_ * d);
+    reduce(dxn, t_ * d);
     // Gate weights: w = p[ids] (/ Σ p[ids] when renormalised); router softmax backward.
     std::vector<float> dz(static_cast<size_t>(t_ * e), 0.0f);
     for (int64_t i = 0; i < t_; ++i) {
@@ -201,86 +279,59 @@ class Backward {
       for (int64_t x = 0; x < e; ++x) pd = std::fma(prob[x], dp[x], pd);
       for (int64_t x = 0; x < e; ++x) dzi[x] = prob[x] * (dp[x] - pd);
     }
-    g_.weight_grad(dz.data(), e, lt.xn2.data(), d, t_, d, {{p + "mlp.gate.weight", e}});
+    g_.weight_grad(dz.data(), e, xn2, d, t_, d, {{p + "mlp.gate.weight", e}});
     std::vector<float> dxr(static_cast<size_t>(t_ * d));
     gemm(dz.data(), t_, e, wt.router_t, dxr.data(), d, pool_);
-    add_into(dxn.data(), dxr.data(), t_ * d, pool_);
-    post_norm(layer, p, dxn, dh);
+    add_into(dxn, dxr.data(), t_ * d, pool_);
   }
 
-  // h_mid = h_in + o(attn(rope(norm_qk(qkv(norm(h_in)))))); dh: d h_mid in, d h_in out.
-  void attention(int64_t layer, const std::string& p, std::vector<float>& dh) {
-    const LayerTape& lt = tape_.layers[layer];
-    const LayerWeights& l = w_.layers[layer];
-    const LayerWeightsT& wt = bw_.layers[layer];
-    const int64_t d = c_.hidden_size, qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim;
-    const int64_t ld = qd + 2 * kvd;
-    // o_proj
-    std::vector<float>& dattn = sized(dattn_, t_ * qd);
-    gemm(dh.data(), t_, d, wt.o_t, dattn.data(), qd, pool_);
-    g_.weight_grad(dh.data(), d, lt.attn.data(), qd, t_, qd, {{p + "self_attn.o_proj.weight", d}});
-    if (!l.o_bias.empty())
-      column_sums(dh.data(), t_, d, d, g_.accumulate(p + "self_attn.o_proj.bias"));
-    // attention per sequence, then RoPE and q/k norm backward per token
-    std::vector<float>& dqkv = sized(dqkv_, t_ * ld);  // every row written by its kv heads
+  // Attention per sequence: d attn in, d qkv (after RoPE) out, every row written by its kv heads.
+  void attention(const float* qkv, float* dattn, float* dqkv) {
+    const int64_t qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim, ld = qd + 2 * kvd;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     // Work items over (sequence, kv head, query block), then (sequence, kv head, run of keys);
     // every sum keeps its (head, query, key) order.
     std::vector<kernels::AttentionSeq> seqs;
     for (size_t s = 0; s < tape_.seqs.size(); ++s) {
       const int64_t off = tape_.offset[s];
-      const float* q = lt.qkv.data() + off * ld;
-      float* dq = dqkv.data() + off * ld;
-      seqs.push_back({q, q + qd, q + qd + kvd, dattn.data() + off * qd, dq, dq + qd, dq + qd + kvd,
+      const float* q = qkv + off * ld;
+      float* dq = dqkv + off * ld;
+      seqs.push_back({q, q + qd, q + qd + kvd, dattn + off * qd, dq, dq + qd, dq + qd + kvd,
                       tape_.seqs[s].n_tokens});
     }
     kernels::attention_backward_batch(seqs, ld, ld, c_.num_heads, c_.num_kv_heads, hd, scale,
                                       pool_);
-    std::vector<float> dnorm_q, dnorm_k;
-    if (!l.q_norm.empty()) {
-      dnorm_q.assign(static_cast<size_t>(hd), 0.0f);
-      dnorm_k.assign(static_cast<size_t>(hd), 0.0f);
-    }
-    // RoPE per token (disjoint rows, in parallel), then the q/k norms in ascending token order.
+  }
+
+  // RoPE per token (disjoint rows, in parallel), then the q/k norms in ascending token order, in
+  // place on d qkv (the op's in and out share gradient storage).
+  void rope(bool qk_norm) {
+    const int64_t qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim, ld = qd + 2 * kvd;
+    float* dqkv = grad(Act::kQkv);
     parallel_for(pool_, (t_ + kRopeRows - 1) / kRopeRows, [&](int64_t b) {
       for (int64_t i = b * kRopeRows; i < std::min(t_, (b + 1) * kRopeRows); ++i) {
-        float* dq = dqkv.data() + i * ld;
+        float* dq = dqkv + i * ld;
         // dq's heads then dk's, side by side in the row (k at qd = num_heads · hd).
         kernels::rope_backward(dq, 1, c_.num_heads + c_.num_kv_heads, hd, &tape_.positions[i],
                                w_.rope);
       }
     });
-    for (int64_t i = 0; i < t_ && !l.q_norm.empty(); ++i) {
-      float* dq = dqkv.data() + i * ld;
-      const float* raw = lt.qkv_raw.data() + i * ld;
-      kernels::rmsnorm_backward(raw, dq, c_.num_heads, hd, l.q_norm.data(), eps(), dq,
+    if (!qk_norm) return;
+    std::vector<float> dnorm_q(static_cast<size_t>(hd), 0.0f),
+        dnorm_k(static_cast<size_t>(hd), 0.0f);
+    for (int64_t i = 0; i < t_; ++i) {
+      float* dq = dqkv + i * ld;
+      const float* raw = kept(Act::kQkvRaw) + i * ld;
+      kernels::rmsnorm_backward(raw, dq, c_.num_heads, hd, l().q_norm.data(), eps(), dq,
                                 dnorm_q.data());
-      kernels::rmsnorm_backward(raw + qd, dq + qd, c_.num_kv_heads, hd, l.k_norm.data(), eps(),
+      kernels::rmsnorm_backward(raw + qd, dq + qd, c_.num_kv_heads, hd, l().k_norm.data(), eps(),
                                 dq + qd, dnorm_k.data());
     }
-    if (!l.q_norm.empty()) {
-      reduce(dnorm_q.data(), hd);  // heads are split; the norm weights are shared
-      reduce(dnorm_k.data(), hd);
-      std::copy(dnorm_q.begin(), dnorm_q.end(), g_.overwrite(p + "self_attn.q_norm.weight"));
-      std::copy(dnorm_k.begin(), dnorm_k.end(), g_.overwrite(p + "self_attn.k_norm.weight"));
-    }
-    if (!l.qkv_bias.empty()) {
-      std::vector<float> db(static_cast<size_t>(ld), 0.0f);
-      column_sums(dqkv.data(), t_, ld, ld, db.data());
-      std::copy_n(db.data(), qd, g_.overwrite(p + "self_attn.q_proj.bias"));
-      std::copy_n(db.data() + qd, kvd, g_.overwrite(p + "self_attn.k_proj.bias"));
-      std::copy_n(db.data() + qd + kvd, kvd, g_.overwrite(p + "self_attn.v_proj.bias"));
-    }
-    g_.weight_grad(dqkv.data(), ld, lt.xn1.data(), d, t_, d,
-                   {{p + "self_attn.q_proj.weight", qd},
-                    {p + "self_attn.k_proj.weight", kvd},
-                    {p + "self_attn.v_proj.weight", kvd}});
-    std::vector<float>& dxn = sized(dxn_, t_ * d);
-    gemm(dqkv.data(), t_, ld, wt.qkv_t, dxn.data(), d, pool_);
-    reduce(dxn.data(), t_ * d);  // column-parallel input gradient
-    kernels::rmsnorm_backward(lt.h_in.data(), dxn.data(), t_, d, l.input_norm.data(), eps(),
-                              dxn.data(), g_.accumulate(p + "input_layernorm.weight"), pool_);
-    add_into(dh.data(), dxn.data(), t_ * d, pool_);
+    reduce(dnorm_q.data(), hd);  // heads are split; the norm weights are shared
+    reduce(dnorm_k.data(), hd);
+    const auto names = parts(Param::kQkNorm);
+    std::copy(dnorm_q.begin(), dnorm_q.end(), g_.overwrite(names[0].first));
+    std::copy(dnorm_k.begin(), dnorm_k.end(), g_.overwrite(names[1].first));
   }
 
   void embedding(const std::vector<float>& dh) {
@@ -302,8 +353,10 @@ class Backward {
   const BackwardIo& io_;
   const int64_t t_;
   bool tied_stored_ = false;  // the tied head's share written (folded) by head()
-  // Per-layer temporaries, sized once and reused by every layer (each use overwrites them whole).
-  std::vector<float> dact_, dgu_, dxn_, dattn_, dqkv_;
+  // Per-layer gradients (grad()), sized once and reused by every layer.
+  int64_t layer_ = 0;
+  float* dh_ = nullptr;
+  std::vector<float> dxn_, dmid_, dwide_;
   Status err_;
 };
 

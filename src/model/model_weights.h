@@ -10,6 +10,7 @@
 #include "miles/checkpoint.h"
 #include "miles/kernels.h"
 #include "miles/model_config.h"
+#include "model/layer_program.h"
 
 namespace miles {
 
@@ -43,6 +44,7 @@ struct ModelWeights {
   std::vector<float> final_norm;  // (hidden)
   kernels::PackedMatrix lm_head;  // (vocab, hidden); the embedding when tied
   kernels::RopeTable rope;
+  std::vector<LayerProgram> programs;  // each layer's (layer_program.h)
 };
 
 Result<ModelWeights> load_model_weights(const ModelConfig& config, const TensorMap& weights,
