@@ -167,8 +167,8 @@ TEST_P(DeviceForward, EmulatedEqualsTheCpuModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, DeviceForward,
-                         ::testing::Values("llama", "llama_tied", "llama_rope_yarn", "qwen3",
-                                           "qwen3_bf16", "qwen3_moe", "qwen3_moe_nonorm"));
+                         ::testing::Values("llama", "llama_tied", "llama_bias", "llama_rope_yarn",
+                                           "qwen3", "qwen3_bf16", "qwen3_moe", "qwen3_moe_nonorm"));
 
 TEST(DeviceForwardStories, EmulatedEqualsTheCpuModel) {
   MILES_REQUIRE_SHARED();

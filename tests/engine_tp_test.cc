@@ -100,7 +100,8 @@ TEST_P(EngineTp, SameBitsAsOneProcess) {
   EXPECT_EQ(two.stats().free_blocks, one.stats().free_blocks);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, EngineTp, ::testing::Values("qwen3_moe", "llama_tied"));
+INSTANTIATE_TEST_SUITE_P(Models, EngineTp,
+                         ::testing::Values("qwen3_moe", "llama_tied", "llama_bias"));
 
 TEST(EngineTpWeights, AnUpdateReshardsAndABadOneKeepsTheOldWeights) {
   auto files = load_model_files(test::data_dir() + "/models/qwen3_moe");

@@ -38,33 +38,7 @@ std::string describe(const Op& op) {
   return std::string(op_name(op.kind)) + " " + act_name(op.in) + " → " + act_name(op.out);
 }
 
-// tests/data/models/llama with attention_bias: q/k/v and o_proj biases on every layer, random
-// values (no test checkpoint has them).
-ModelFiles llama_with_biases() {
-  auto files = load_model_files(test::data_dir() + "/models/llama");
-  EXPECT_TRUE(files.ok()) << files.message();
-  ModelFiles f = std::move(*files);
-  f.config.attention_bias = true;
-  std::mt19937 rng(11);
-  std::normal_distribution<float> nd(0.0f, 0.05f);
-  auto random = [&](int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) x = nd(rng);
-    return Tensor::from_f32({n}, v);
-  };
-  const ModelConfig& c = f.config;
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
-    f.weights.insert(p + "q_proj.bias", random(c.q_dim()), "test");
-    f.weights.insert(p + "k_proj.bias", random(c.kv_dim()), "test");
-    f.weights.insert(p + "v_proj.bias", random(c.kv_dim()), "test");
-    f.weights.insert(p + "o_proj.bias", random(c.hidden_size), "test");
-  }
-  return f;
-}
-
 ModelFiles model_files(const std::string& name) {
-  if (name == "llama_bias") return llama_with_biases();
   auto files = load_model_files(test::data_dir() + "/models/" + name);
   EXPECT_TRUE(files.ok()) << files.message();
   return std::move(*files);
@@ -87,7 +61,9 @@ TEST_P(LayerOps, EveryProgramKeepsTheDataFlowRules) {
       biases += op.kind == OpKind::kBias;
       norms += op.kind == OpKind::kRope && op.param == Param::kQkNorm;
     }
-    EXPECT_EQ(biases, !lw.qkv_bias.empty() + !lw.o_bias.empty()) << "layer " << l;
+    EXPECT_EQ(biases, !lw.qkv_bias.empty() + !lw.o_bias.empty() + !lw.gate_up_bias.empty() +
+                          !lw.down_bias.empty())
+        << "layer " << l;
     EXPECT_EQ(norms, lw.q_norm.empty() ? 0 : 1) << "layer " << l;
     for (Act a : {Act::kHIn, Act::kXn1, Act::kQkvRaw, Act::kQkv, Act::kAttn, Act::kHMid, Act::kXn2})
       EXPECT_TRUE(p.keeps(a)) << act_name(a);

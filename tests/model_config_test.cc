@@ -190,7 +190,7 @@ TEST(ModelConfig, Errors) {
   expect_error(llama_with("head_dim", "7"), "partial_rotary_factor");  // odd rotary_dim
   expect_error(llama_with("use_sliding_window", "true"), "use_sliding_window");
   // Fields that change the numbers are implemented or refused by name, never dropped.
-  expect_error(llama_with("mlp_bias", "true"), "mlp_bias");
+  EXPECT_TRUE(parse_model_config(llama_with("mlp_bias", "true"), kSrc).ok());  // implemented
   expect_error(llama_with("hidden_act", "\"gelu_pytorch_tanh\""), "hidden_act");
   expect_error(llama_with("attention_dropout", "0.1"), "attention_dropout");
   expect_error(llama_with("output_router_logits", "true"), "output_router_logits");

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cli_run.h"
+#include "miles/model.h"
 #include "test_paths.h"
 
 namespace miles {
@@ -136,6 +137,46 @@ TEST(SftCli, TensorParallelLayoutsGiveTheSingleProcessLossBitwiseAndGradNormWith
             EXPECT_EQ(got[i][k].get<double>(), first_tp[i][k].get<double>()) << layout << " " << k;
       }
     }
+  }
+}
+
+// Llama's optional biases (tests/data/models/llama_bias: transformers' LlamaForCausalLM with
+// attention_bias and mlp_bias): `miles sft` trains every bias and saves them under the config that
+// says so, and tensor-parallel ranks (gate/up biases split by rows, down_proj's added after the
+// sum) give the single process's losses and grad norms within 1e-6.
+TEST(SftCli, LlamaBiasesTrainSaveAndSplitOverTensorParallelRanks) {
+  const std::string model = test::data_dir() + "/models/llama_bias";
+  const std::string dir = test::binary_dir() + "/sft_cli_bias";
+  std::filesystem::remove_all(dir);
+  const std::string job = "sft --model " + model + " --data " + data("ids.jsonl") +
+                          " --steps 2 --lr 1e-2 --batch-size 4 --micro-batch-size 2 --threads 1 ";
+  CliRun one = run_miles(job + "--save-dir " + dir, false);
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  const auto ref = steps_of(one.out);
+  ASSERT_EQ(ref.size(), 2u);
+  CliRun tp = run_miles(job + "--layout tp=2");
+  ASSERT_EQ(tp.exit_code, 0) << tp.out;
+  const auto got = steps_of(tp.out);
+  ASSERT_EQ(got.size(), 2u);
+  for (int i = 0; i < 2; ++i)
+    for (const char* k : {"loss", "grad_norm"}) {
+      const double want = ref[i][k].get<double>(), have = got[i][k].get<double>();
+      EXPECT_LE(std::fabs(have - want), 1e-6 * std::fabs(want)) << "step " << i + 1 << " " << k;
+    }
+  auto saved = load_model_files(dir + "/step_00000002");
+  ASSERT_TRUE(saved.ok()) << saved.message();
+  EXPECT_TRUE(saved->config.mlp_bias);
+  EXPECT_TRUE(saved->config.attention_bias);
+  auto before = load_model_files(model);
+  ASSERT_TRUE(before.ok());
+  for (const char* name : {"mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias",
+                           "self_attn.q_proj.bias", "self_attn.o_proj.bias"}) {
+    const std::string full = std::string("model.layers.1.") + name;
+    ASSERT_TRUE(saved->weights.contains(full)) << full << " was not saved";
+    std::vector<float> a, b;
+    saved->weights.find(full)->to_f32(a);
+    before->weights.find(full)->to_f32(b);
+    EXPECT_NE(a, b) << full << " did not train";
   }
 }
 

@@ -53,8 +53,7 @@ Status BackendModel<B>::forward_op(const Op& op, LayerRun& r) {
       return Status::Ok();
     case OpKind::kBias: {
       const int64_t n = width(op.out);
-      const float* bias = op.param == Param::kQkvBias ? l.qkv_bias : l.o_bias;
-      b_->launch(t * n, AddBiasKernel{act(op.out), n, n, bias});
+      b_->launch(t * n, AddBiasKernel{act(op.out), n, n, bias(l, op.param)});
       return Status::Ok();
     }
     case OpKind::kRope: {

@@ -69,6 +69,7 @@ struct DevMatrix {
 struct DevLayer {
   const float *input_norm = nullptr, *qkv_bias = nullptr, *q_norm = nullptr, *k_norm = nullptr;
   const float *o_bias = nullptr, *post_norm = nullptr;
+  const float *gate_up_bias = nullptr, *down_bias = nullptr;  // mlp_bias
   DevMatrix qkv, o, gate_up, down;
   DevMatrix qkv_t, o_t, gate_up_t, down_t;  // the transposed packs, made for the backward
   // Qwen3-MoE layers: the router, and every expert's packs one after another (shapes in the
@@ -262,6 +263,8 @@ class BackendModel final : public DeviceModel {
       MILES_RETURN_IF_ERROR(put(l.post_norm, d.post_norm));
       MILES_RETURN_IF_ERROR(put(l.gate_up, d.gate_up));
       MILES_RETURN_IF_ERROR(put(l.down, d.down));
+      MILES_RETURN_IF_ERROR(put(l.gate_up_bias, d.gate_up_bias));
+      MILES_RETURN_IF_ERROR(put(l.down_bias, d.down_bias));
       d.moe = l.moe;
       if (l.moe) {
         MILES_RETURN_IF_ERROR(put(l.router, d.router));
@@ -382,6 +385,19 @@ class BackendModel final : public DeviceModel {
       default:
         MILES_CHECK(p == Param::kDown, "a matrix parameter");
         return l.down;
+    }
+  }
+  static const float* bias(const DevLayer& l, Param p) {
+    switch (p) {
+      case Param::kQkvBias:
+        return l.qkv_bias;
+      case Param::kOBias:
+        return l.o_bias;
+      case Param::kGateUpBias:
+        return l.gate_up_bias;
+      default:
+        MILES_CHECK(p == Param::kDownBias, "a bias parameter");
+        return l.down_bias;
     }
   }
   static const DevMatrix& transposed(const DevLayer& l, Param p) {

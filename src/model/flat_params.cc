@@ -50,6 +50,11 @@ std::shared_ptr<const ParamLayout> ParamLayout::for_model(const ModelConfig& c,
       l->add(p + "mlp.gate_proj.weight", {c.intermediate_size, d});
       l->add(p + "mlp.up_proj.weight", {c.intermediate_size, d});
       l->add(p + "mlp.down_proj.weight", {d, c.intermediate_size});
+      if (c.mlp_bias) {
+        l->add(p + "mlp.gate_proj.bias", {c.intermediate_size});
+        l->add(p + "mlp.up_proj.bias", {c.intermediate_size});
+        l->add(p + "mlp.down_proj.bias", {d});
+      }
       continue;
     }
     const int64_t f = c.moe.moe_intermediate_size;

@@ -55,9 +55,13 @@ void mlp_block(const LayerWeights& l, std::vector<Op>& ops) {
   } else {
     ops.push_back({OpKind::kTpEnter, Act::kXn2, Act::kXn2});
     ops.push_back({OpKind::kLinear, Act::kXn2, Act::kGateUp, Param::kGateUp});
+    if (!l.gate_up_bias.empty())
+      ops.push_back({OpKind::kBias, Act::kGateUp, Act::kGateUp, Param::kGateUpBias});
     ops.push_back({OpKind::kSwiGlu, Act::kGateUp, Act::kAct});
     ops.push_back({OpKind::kLinear, Act::kAct, Act::kProj, Param::kDown});
     ops.push_back({OpKind::kTpExit, Act::kProj, Act::kProj});
+    if (!l.down_bias.empty())
+      ops.push_back({OpKind::kBias, Act::kProj, Act::kProj, Param::kDownBias});
   }
   ops.push_back({OpKind::kResidual, Act::kProj, Act::kH});
 }
@@ -158,6 +162,10 @@ std::vector<std::pair<std::string, int64_t>> param_parts(const ModelConfig& c, i
       return {{l + "mlp.gate_proj.weight", f}, {l + "mlp.up_proj.weight", f}};
     case Param::kDown:
       return {{l + "mlp.down_proj.weight", d}};
+    case Param::kGateUpBias:
+      return {{l + "mlp.gate_proj.bias", f}, {l + "mlp.up_proj.bias", f}};
+    case Param::kDownBias:
+      return {{l + "mlp.down_proj.bias", d}};
     case Param::kMoe:
     case Param::kNone:
       break;

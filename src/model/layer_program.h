@@ -57,16 +57,18 @@ inline constexpr int kNumActs = static_cast<int>(Act::kCount);
 // A layer's parameters an op uses.
 enum class Param : uint8_t {
   kNone,
-  kInputNorm,  // input_layernorm.weight
-  kQkv,        // [q; k; v]_proj.weight
-  kQkvBias,    // [q; k; v]_proj.bias
-  kQkNorm,     // q_norm.weight, k_norm.weight (per head)
-  kO,          // o_proj.weight
-  kOBias,      // o_proj.bias
-  kPostNorm,   // post_attention_layernorm.weight
-  kGateUp,     // [gate; up]_proj.weight
-  kDown,       // down_proj.weight
-  kMoe,        // the router and every expert
+  kInputNorm,   // input_layernorm.weight
+  kQkv,         // [q; k; v]_proj.weight
+  kQkvBias,     // [q; k; v]_proj.bias
+  kQkNorm,      // q_norm.weight, k_norm.weight (per head)
+  kO,           // o_proj.weight
+  kOBias,       // o_proj.bias
+  kPostNorm,    // post_attention_layernorm.weight
+  kGateUp,      // [gate; up]_proj.weight
+  kDown,        // down_proj.weight
+  kGateUpBias,  // [gate; up]_proj.bias (mlp_bias)
+  kDownBias,    // down_proj.bias (mlp_bias)
+  kMoe,         // the router and every expert
 };
 
 enum class OpKind : uint8_t {

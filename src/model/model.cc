@@ -119,6 +119,10 @@ class CpuLayers {
         return l().qkv_bias;
       case Param::kOBias:
         return l().o_bias;
+      case Param::kGateUpBias:
+        return l().gate_up_bias;
+      case Param::kDownBias:
+        return l().down_bias;
       default:
         MILES_CHECK(false, "a vector parameter");
         return l().input_norm;

@@ -204,8 +204,8 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   MILES_RETURN_IF_ERROR(r.read_bool("attention_bias", &c->attention_bias));
   MILES_RETURN_IF_ERROR(r.read_bool("mlp_bias", &c->mlp_bias));
   // Fields that change the numbers and are not implemented are refused, never dropped.
-  if (c->mlp_bias)
-    return r.error("mlp_bias", "is true; MLP biases are not supported yet (they would be dropped)");
+  if (c->mlp_bias && c->arch != Arch::kLlama)
+    return r.error("mlp_bias", "is true; MLP biases are implemented for Llama's dense MLP only");
   if (const json* d = r.find("attention_dropout"); d && !(d->is_number() && d->get<double>() == 0))
     return r.error("attention_dropout",
                    "is " + describe(*d) + "; dropout is not supported (0 only)");

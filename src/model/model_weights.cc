@@ -83,6 +83,19 @@ class Loader {
     return Status::Ok();
   }
 
+  // mlp_bias: [gate; up] stacked as their matrices are, and down's.
+  Status mlp_biases(const std::string& p, LayerWeights& l) {
+    l.gate_up_bias.clear();
+    l.down_bias.clear();
+    if (!c_.mlp_bias) return Status::Ok();
+    std::vector<float> b;
+    for (const char* n : {"gate_proj.bias", "up_proj.bias"}) {
+      MILES_RETURN_IF_ERROR(vec(p + n, c_.intermediate_size, b));
+      l.gate_up_bias.insert(l.gate_up_bias.end(), b.begin(), b.end());
+    }
+    return vec(p + "down_proj.bias", c_.hidden_size, l.down_bias);
+  }
+
   Status moe(const std::string& p, LayerWeights& l, LayerWeightsT* t) {
     const int64_t e = c_.moe.num_experts;
     MILES_ASSIGN_OR_RETURN(Tensor router, mat(p + "mlp.gate.weight", e, c_.hidden_size));
@@ -107,6 +120,7 @@ class Loader {
     MILES_RETURN_IF_ERROR(attention(p, l, t));
     l.moe = c_.is_moe_layer(i);
     if (l.moe) return moe(p, l, t);
+    MILES_RETURN_IF_ERROR(mlp_biases(p + "mlp.", l));
     return dense_mlp(p + "mlp.", c_.intermediate_size, l.gate_up, l.down,
                      t ? &t->gate_up_t : nullptr, t ? &t->down_t : nullptr);
   }

@@ -34,6 +34,8 @@ struct LayerWeights {
   bool moe = false;
   kernels::PackedMatrix gate_up;  // dense: (2 * intermediate, hidden)
   kernels::PackedMatrix down;     // dense: (hidden, intermediate)
+  std::vector<float> gate_up_bias;  // dense with mlp_bias: (2 * intermediate) [gate; up]
+  std::vector<float> down_bias;     // dense with mlp_bias: (hidden)
   kernels::PackedMatrix router;   // moe: (num_experts, hidden)
   std::vector<ExpertWeights> experts;
 };

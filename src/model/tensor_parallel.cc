@@ -16,8 +16,9 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 Split split_of(const std::string& n) {
   if (n == "model.embed_tokens.weight" || n == "lm_head.weight") return Split::kRows;
-  for (const char* s : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias",
-                        "k_proj.bias", "v_proj.bias", "gate_proj.weight", "up_proj.weight"})
+  for (const char* s :
+       {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias",
+        "v_proj.bias", "gate_proj.weight", "up_proj.weight", "gate_proj.bias", "up_proj.bias"})
     if (ends_with(n, s)) return Split::kRows;
   if (ends_with(n, "o_proj.weight") || ends_with(n, "down_proj.weight")) return Split::kCols;
   return Split::kReplicated;
