@@ -35,6 +35,8 @@ import transformers
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
     Qwen3MoeConfig,
@@ -114,6 +116,9 @@ def model_specs() -> dict:
         "qwen3_moe_nonorm": (Qwen3MoeForCausalLM, Qwen3MoeConfig, dict(
             moe, norm_topk_prob=False, num_hidden_layers=3, mlp_only_layers=[1], **rope_kwargs(10000.0, None))),
         "llama_sharded": (LlamaForCausalLM, LlamaConfig, dict(llama, **rope_kwargs(10000.0, None))),
+        # Qwen2 / Qwen2.5: q/k/v biases, none on o_proj; tied like Qwen2.5-0.5B and 1.5B.
+        "qwen2": (Qwen2ForCausalLM, Qwen2Config,
+                  dict(qwen3, tie_word_embeddings=True, **rope_kwargs(1000000.0, None))),
         # Llama's optional biases: q/k/v and o_proj (attention_bias), gate/up and down_proj (mlp_bias).
         "llama_bias": (LlamaForCausalLM, LlamaConfig,
                        dict(llama, attention_bias=True, mlp_bias=True, **rope_kwargs(10000.0, None))),

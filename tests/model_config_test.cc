@@ -87,6 +87,37 @@ TEST(ModelConfig, KvHeadsDefaultToHeadsAndModelTypeFallback) {
   EXPECT_TRUE(r->eos_token_ids.empty());
 }
 
+// Qwen2 / Qwen2.5: q/k/v biases always (its config has no attention_bias), none on o_proj, no mlp
+// biases; transformers 5's layer_types must all be full attention.
+TEST(ModelConfig, Qwen2HasQkvBiasesAndFullAttentionOnly) {
+  std::string q2 = llama_with("architectures", R"(["Qwen2ForCausalLM"])");
+  q2 = q2.replace(q2.find("\"llama\""), 7, "\"qwen2\"");
+  auto r = parse_model_config(q2, kSrc);
+  ASSERT_TRUE(r.ok()) << r.message();
+  EXPECT_EQ(r->arch, Arch::kQwen2);
+  EXPECT_TRUE(r->attention_bias);
+  EXPECT_EQ(r->max_position_embeddings, 512);
+  auto by_type = parse_model_config(R"({"model_type": "qwen2", "vocab_size": 8, "hidden_size": 8,
+      "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2})",
+                                    kSrc);
+  ASSERT_TRUE(by_type.ok()) << by_type.message();
+  EXPECT_EQ(by_type->arch, Arch::kQwen2);
+  auto with = [&](const std::string& key, const std::string& value) {
+    std::string s = q2;
+    return s.substr(0, s.size() - 1) + ", \"" + key + "\": " + value + "}";
+  };
+  EXPECT_TRUE(
+      parse_model_config(with("layer_types", R"(["full_attention", "full_attention"])"), kSrc)
+          .ok());
+  expect_error(with("layer_types", R"(["full_attention", "sliding_attention"])"),
+               "layer_types' [1]");
+  auto ignored = parse_model_config(with("attention_bias", "false"), kSrc);  // as transformers does
+  ASSERT_TRUE(ignored.ok()) << ignored.message();
+  EXPECT_TRUE(ignored->attention_bias);
+  expect_error(with("mlp_bias", "true"), "mlp_bias");
+  expect_error(with("use_sliding_window", "true"), "use_sliding_window");
+}
+
 TEST(ModelConfig, Qwen3MoeLayers) {
   auto r = parse_model_config(kQwen3Moe, kSrc);
   ASSERT_TRUE(r.ok()) << r.message();

@@ -91,7 +91,7 @@ TEST_P(GradParity, TrainingForwardGivesTheInferenceLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GradParity,
-                         ::testing::Values("llama", "llama_tied", "llama_bias", "qwen3",
+                         ::testing::Values("llama", "llama_tied", "llama_bias", "qwen2", "qwen3",
                                            "qwen3_bf16", "qwen3_moe", "qwen3_moe_nonorm"));
 
 TEST(ModelBackward, RejectsForwardsItCannotDifferentiate) {

@@ -140,43 +140,54 @@ TEST(SftCli, TensorParallelLayoutsGiveTheSingleProcessLossBitwiseAndGradNormWith
   }
 }
 
-// Llama's optional biases (tests/data/models/llama_bias: transformers' LlamaForCausalLM with
-// attention_bias and mlp_bias): `miles sft` trains every bias and saves them under the config that
-// says so, and tensor-parallel ranks (gate/up biases split by rows, down_proj's added after the
-// sum) give the single process's losses and grad norms within 1e-6.
-TEST(SftCli, LlamaBiasesTrainSaveAndSplitOverTensorParallelRanks) {
-  const std::string model = test::data_dir() + "/models/llama_bias";
-  const std::string dir = test::binary_dir() + "/sft_cli_bias";
-  std::filesystem::remove_all(dir);
-  const std::string job = "sft --model " + model + " --data " + data("ids.jsonl") +
-                          " --steps 2 --lr 1e-2 --batch-size 4 --micro-batch-size 2 --threads 1 ";
-  CliRun one = run_miles(job + "--save-dir " + dir, false);
-  ASSERT_EQ(one.exit_code, 0) << one.out;
-  const auto ref = steps_of(one.out);
-  ASSERT_EQ(ref.size(), 2u);
-  CliRun tp = run_miles(job + "--layout tp=2");
-  ASSERT_EQ(tp.exit_code, 0) << tp.out;
-  const auto got = steps_of(tp.out);
-  ASSERT_EQ(got.size(), 2u);
-  for (int i = 0; i < 2; ++i)
-    for (const char* k : {"loss", "grad_norm"}) {
-      const double want = ref[i][k].get<double>(), have = got[i][k].get<double>();
-      EXPECT_LE(std::fabs(have - want), 1e-6 * std::fabs(want)) << "step " << i + 1 << " " << k;
+// Biases (tests/data/models/llama_bias: transformers' LlamaForCausalLM with attention_bias and
+// mlp_bias; qwen2: Qwen2ForCausalLM, q/k/v biases, tied): `miles sft` trains every bias and saves
+// them under a config that says so, and tensor-parallel ranks (q/k/v and gate/up biases split by
+// rows, o_proj's and down_proj's added after the sum) give the single process's losses and grad
+// norms within 1e-6.
+TEST(SftCli, BiasesTrainSaveAndSplitOverTensorParallelRanks) {
+  for (const std::string name : {"llama_bias", "qwen2"}) {
+    const std::string model = test::data_dir() + "/models/" + name;
+    const std::string dir = test::binary_dir() + "/sft_cli_bias_" + name;
+    std::filesystem::remove_all(dir);
+    const std::string job = "sft --model " + model + " --data " + data("ids.jsonl") +
+                            " --steps 2 --lr 1e-2 --batch-size 4 --micro-batch-size 2 --threads 1 ";
+    CliRun one = run_miles(job + "--save-dir " + dir, false);
+    ASSERT_EQ(one.exit_code, 0) << one.out;
+    const auto ref = steps_of(one.out);
+    ASSERT_EQ(ref.size(), 2u);
+    CliRun tp = run_miles(job + "--layout tp=2");
+    ASSERT_EQ(tp.exit_code, 0) << tp.out;
+    const auto got = steps_of(tp.out);
+    ASSERT_EQ(got.size(), 2u);
+    for (int i = 0; i < 2; ++i)
+      for (const char* k : {"loss", "grad_norm"}) {
+        const double want = ref[i][k].get<double>(), have = got[i][k].get<double>();
+        EXPECT_LE(std::fabs(have - want), 1e-6 * std::fabs(want))
+            << name << " step " << i + 1 << " " << k;
+      }
+    auto saved = load_model_files(dir + "/step_00000002");
+    ASSERT_TRUE(saved.ok()) << saved.message();
+    auto before = load_model_files(model);
+    ASSERT_TRUE(before.ok());
+    EXPECT_EQ(saved->config.arch, before->config.arch) << name;
+    EXPECT_EQ(saved->config.mlp_bias, before->config.mlp_bias) << name;
+    EXPECT_TRUE(saved->config.attention_bias) << name;
+    std::vector<std::string> biases = {"self_attn.q_proj.bias", "self_attn.k_proj.bias",
+                                       "self_attn.v_proj.bias"};
+    if (name == "llama_bias")
+      biases.insert(biases.end(), {"self_attn.o_proj.bias", "mlp.gate_proj.bias",
+                                   "mlp.up_proj.bias", "mlp.down_proj.bias"});
+    for (const std::string& b : biases) {
+      const std::string full = "model.layers.1." + b;
+      ASSERT_TRUE(saved->weights.contains(full)) << full << " was not saved";
+      std::vector<float> x, y;
+      saved->weights.find(full)->to_f32(x);
+      before->weights.find(full)->to_f32(y);
+      EXPECT_NE(x, y) << name << ": " << full << " did not train";
     }
-  auto saved = load_model_files(dir + "/step_00000002");
-  ASSERT_TRUE(saved.ok()) << saved.message();
-  EXPECT_TRUE(saved->config.mlp_bias);
-  EXPECT_TRUE(saved->config.attention_bias);
-  auto before = load_model_files(model);
-  ASSERT_TRUE(before.ok());
-  for (const char* name : {"mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias",
-                           "self_attn.q_proj.bias", "self_attn.o_proj.bias"}) {
-    const std::string full = std::string("model.layers.1.") + name;
-    ASSERT_TRUE(saved->weights.contains(full)) << full << " was not saved";
-    std::vector<float> a, b;
-    saved->weights.find(full)->to_f32(a);
-    before->weights.find(full)->to_f32(b);
-    EXPECT_NE(a, b) << full << " did not train";
+    EXPECT_EQ(saved->weights.contains("model.layers.1.self_attn.o_proj.bias"),
+              name == "llama_bias");
   }
 }
 

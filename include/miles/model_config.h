@@ -12,7 +12,7 @@
 
 namespace miles {
 
-enum class Arch { kLlama, kQwen3, kQwen3Moe };
+enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen2 };
 
 // Rotary position embedding: HF `rope_theta` + `rope_scaling` (or `rope_parameters`) + partial rotary.
 struct RopeConfig {

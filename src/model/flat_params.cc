@@ -39,7 +39,8 @@ std::shared_ptr<const ParamLayout> ParamLayout::for_model(const ModelConfig& c,
       l->add(p + "self_attn.v_proj.bias", {kv});
     }
     l->add(p + "self_attn.o_proj.weight", {d, q});
-    if (c.attention_bias && (!weights || weights->contains(p + "self_attn.o_proj.bias")))
+    if (c.attention_bias && c.arch == Arch::kLlama &&
+        (!weights || weights->contains(p + "self_attn.o_proj.bias")))
       l->add(p + "self_attn.o_proj.bias", {d});
     if (c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe) {
       l->add(p + "self_attn.q_norm.weight", {c.head_dim});

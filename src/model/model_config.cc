@@ -86,6 +86,7 @@ Status parse_arch(const Reader& r, ModelConfig* c) {
     if (!t->is_string()) return r.error("model_type", "must be a string, got " + describe(*t));
     const std::string type = t->get<std::string>();
     name = type == "llama"       ? "LlamaForCausalLM"
+           : type == "qwen2"     ? "Qwen2ForCausalLM"
            : type == "qwen3"     ? "Qwen3ForCausalLM"
            : type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
                                  : "";
@@ -95,6 +96,8 @@ Status parse_arch(const Reader& r, ModelConfig* c) {
   }
   if (name == "LlamaForCausalLM") {
     c->arch = Arch::kLlama;
+  } else if (name == "Qwen2ForCausalLM") {
+    c->arch = Arch::kQwen2;
   } else if (name == "Qwen3ForCausalLM") {
     c->arch = Arch::kQwen3;
   } else if (name == "Qwen3MoeForCausalLM") {
@@ -102,7 +105,8 @@ Status parse_arch(const Reader& r, ModelConfig* c) {
   } else {
     return r.error("architectures",
                    "has unsupported value '" + name +
-                       "' (supported: LlamaForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)");
+                       "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                       "Qwen3MoeForCausalLM)");
   }
   c->arch_name = name;
   return Status::Ok();
@@ -181,6 +185,14 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   MILES_RETURN_IF_ERROR(parse_arch(r, c));
   if (const json* w = r.find("use_sliding_window"); w && w->is_boolean() && w->get<bool>())
     return r.error("use_sliding_window", "is true; sliding-window attention is not supported");
+  // transformers 5 lists each layer's attention; every one must be full (causal) attention.
+  if (const json* lt = r.find("layer_types")) {
+    if (!lt->is_array()) return r.error("layer_types", "must be a list, got " + describe(*lt));
+    for (size_t i = 0; i < lt->size(); ++i)
+      if (!((*lt)[i].is_string() && (*lt)[i] == "full_attention"))
+        return r.error("layer_types", "[" + std::to_string(i) + "] is " + describe((*lt)[i]) +
+                                          "; only full_attention is supported");
+  }
   MILES_RETURN_IF_ERROR(r.read_int("vocab_size", &c->vocab_size, true));
   MILES_RETURN_IF_ERROR(r.read_int("hidden_size", &c->hidden_size, true));
   MILES_RETURN_IF_ERROR(r.read_int("intermediate_size", &c->intermediate_size, true));
@@ -202,6 +214,9 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   MILES_RETURN_IF_ERROR(r.read_double("rms_norm_eps", &c->rms_norm_eps));
   MILES_RETURN_IF_ERROR(r.read_bool("tie_word_embeddings", &c->tie_word_embeddings));
   MILES_RETURN_IF_ERROR(r.read_bool("attention_bias", &c->attention_bias));
+  // Qwen2 always has q/k/v biases and none on o_proj: transformers' Qwen2 ignores attention_bias
+  // (a config may carry it, e.g. false, from a generic template), and so does this.
+  if (c->arch == Arch::kQwen2) c->attention_bias = true;
   MILES_RETURN_IF_ERROR(r.read_bool("mlp_bias", &c->mlp_bias));
   // Fields that change the numbers and are not implemented are refused, never dropped.
   if (c->mlp_bias && c->arch != Arch::kLlama)

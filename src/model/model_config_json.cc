@@ -18,6 +18,8 @@ const char* model_type_of(Arch arch) {
   switch (arch) {
     case Arch::kLlama:
       return "llama";
+    case Arch::kQwen2:
+      return "qwen2";
     case Arch::kQwen3:
       return "qwen3";
     case Arch::kQwen3Moe:
@@ -30,6 +32,8 @@ const char* default_arch_name(Arch arch) {
   switch (arch) {
     case Arch::kLlama:
       return "LlamaForCausalLM";
+    case Arch::kQwen2:
+      return "Qwen2ForCausalLM";
     case Arch::kQwen3:
       return "Qwen3ForCausalLM";
     case Arch::kQwen3Moe:
@@ -96,9 +100,11 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["attention_bias"] = c.attention_bias;
+  if (c.arch != Arch::kQwen2) {  // Qwen2's biases are fixed by its class
+    j["attention_bias"] = c.attention_bias;
+    j["mlp_bias"] = c.mlp_bias;
+  }
   j["attention_dropout"] = 0.0;
-  j["mlp_bias"] = c.mlp_bias;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_ids.size() == 1) {
     j["eos_token_id"] = c.eos_token_ids[0];

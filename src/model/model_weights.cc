@@ -61,7 +61,7 @@ class Loader {
         MILES_RETURN_IF_ERROR(vec(p + "self_attn." + n + ".bias", rows, b));
         l.qkv_bias.insert(l.qkv_bias.end(), b.begin(), b.end());
       }
-      if (w_.contains(p + "self_attn.o_proj.bias"))
+      if (c_.arch == Arch::kLlama && w_.contains(p + "self_attn.o_proj.bias"))
         MILES_RETURN_IF_ERROR(vec(p + "self_attn.o_proj.bias", d, l.o_bias));
     }
     if (c_.arch == Arch::kQwen3 || c_.arch == Arch::kQwen3Moe) {
