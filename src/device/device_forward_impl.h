@@ -97,17 +97,20 @@ Status BackendModel<B>::forward_op(const Op& op, LayerRun& r) {
   return Status::Ok();
 }
 
+// Host side of a batch: per token its position, the block its key and value go to, its sequence's
+// table; the rows whose logits are asked for; RoPE's cos and sin as the CPU kernel computes them.
+// `ints` is what the device gets: tokens, positions, block_of, table_of, rows, then the tables.
 template <class B>
-Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv& kv, DevTape* tape,
-                                                   const int32_t* d_forced) {
-  const ModelConfig& c = config_;
-  const int64_t t = static_cast<int64_t>(batch.tokens.size()), d = c.hidden_size;
-  const int64_t bt = kv.block_tokens;
-  MILES_CHECK(batch.tables.size() == batch.seqs.size());
-  if (t == 0) return Status::Error("device forward: an empty batch");
+struct BackendModel<B>::HostBatch {
+  std::vector<int32_t> ints;
+  std::vector<float> cs;  // [cos T×half][sin T×half][−sin T×half] (the last for the backward)
+  int64_t t = 0, rows = 0;
+};
 
-  // Host side: per token its position, the block its key and value go to, its sequence's table;
-  // the rows whose logits are asked for; RoPE's cos and sin as the CPU kernel computes them.
+template <class B>
+Result<typename BackendModel<B>::HostBatch> BackendModel<B>::host_batch(const DeviceBatch& batch,
+                                                                        const Kv& kv) const {
+  const int64_t bt = kv.block_tokens;
   std::vector<int32_t> positions, block_of, table_of, rows, tables;
   int64_t i = 0;
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
@@ -132,28 +135,78 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
       if (batch.all_logits || j == q.n_tokens - 1) rows.push_back(static_cast<int32_t>(i));
     }
   }
+  const int64_t t = static_cast<int64_t>(batch.tokens.size());
   MILES_CHECK(i == t, "the sequences cover every token of the batch");
+  HostBatch h;
+  h.t = t;
+  h.rows = static_cast<int64_t>(rows.size());
   const int64_t half = rope_.rotary_dim / 2;
-  // [cos T×half][sin T×half][−sin T×half] (the last for a training forward's backward)
-  std::vector<float> cs(static_cast<size_t>(3 * t * std::max<int64_t>(half, 1)));
+  h.cs.resize(static_cast<size_t>(3 * t * std::max<int64_t>(half, 1)));
   for (int64_t r = 0; r < t; ++r) {
     const float pos = static_cast<float>(positions[r]);
     for (int64_t j = 0; j < half; ++j) {
       const float angle = pos * rope_.inv_freq[j];
-      cs[r * half + j] = std::cos(angle) * rope_.attention_scaling;
-      cs[(t + r) * half + j] = std::sin(angle) * rope_.attention_scaling;
-      cs[(2 * t + r) * half + j] = -(std::sin(angle) * rope_.attention_scaling);
+      h.cs[r * half + j] = std::cos(angle) * rope_.attention_scaling;
+      h.cs[(t + r) * half + j] = std::sin(angle) * rope_.attention_scaling;
+      h.cs[(2 * t + r) * half + j] = -(std::sin(angle) * rope_.attention_scaling);
     }
   }
-  const int64_t nr = static_cast<int64_t>(rows.size());
-  std::vector<int32_t> ints;
-  ints.reserve(static_cast<size_t>(5 * t + nr) + tables.size());
-  ints.insert(ints.end(), batch.tokens.begin(), batch.tokens.end());
+  h.ints.reserve(static_cast<size_t>(5 * t + h.rows) + tables.size());
+  h.ints.insert(h.ints.end(), batch.tokens.begin(), batch.tokens.end());
   for (const auto* v : {&positions, &block_of, &table_of, &rows, &tables})
-    ints.insert(ints.end(), v->begin(), v->end());
+    h.ints.insert(h.ints.end(), v->begin(), v->end());
+  return h;
+}
 
-  MILES_ASSIGN_OR_RETURN(int32_t * di, scratch(ints_, static_cast<int64_t>(ints.size())));
-  MILES_ASSIGN_OR_RETURN(float* dcs, scratch(rope_cs_, static_cast<int64_t>(cs.size())));
+// A training forward's tape: every layer's kept activations (LayerProgram::keeps) and MoE
+// records, then h_final and normed, in one buffer.
+template <class B>
+Status BackendModel<B>::lay_out_tape(DevTape& tape, int64_t t) {
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size, fm = c.moe.moe_intermediate_size, km = c.moe.top_k;
+  const int64_t per_moe = t * (c.moe.num_experts + 2 * km + km * (3 * fm + d));
+  int64_t floats = c.num_moe_layers() * per_moe + 2 * t * d;
+  for (const LayerProgram& p : programs_)
+    for (int a = 0; a < kNumActs; ++a)
+      if (p.kept[a]) floats += t * act_width(c, static_cast<Act>(a));
+  MILES_ASSIGN_OR_RETURN(float* tb, scratch(tape_buf_, floats));
+  tape.t = t;
+  tape.layers.assign(static_cast<size_t>(c.num_layers), DevTapeLayer{});
+  for (size_t li = 0; li < tape.layers.size(); ++li) {
+    DevTapeLayer& l = tape.layers[li];
+    if (layers_[li].moe) {
+      l.probs = tb;
+      l.moe_ids = reinterpret_cast<int32_t*>(tb + t * c.moe.num_experts);
+      l.moe_weights = tb + t * c.moe.num_experts + t * km;
+      l.moe_gate_up = l.moe_weights + t * km;
+      l.moe_act = l.moe_gate_up + t * km * 2 * fm;
+      l.moe_y = l.moe_act + t * km * fm;
+      tb = l.moe_y + t * km * d;
+    }
+    for (int a = 0; a < kNumActs; ++a) {
+      if (!programs_[li].kept[a]) continue;
+      l.acts[a] = tb;
+      tb += t * act_width(c, static_cast<Act>(a));
+    }
+  }
+  tape.h_final = tb;
+  tape.normed = tb + t * d;
+  return Status::Ok();
+}
+
+// embed → every layer's program → final norm and LM head over the rows asked for.
+template <class B>
+Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv& kv, DevTape* tape,
+                                                   const int32_t* d_forced) {
+  const ModelConfig& c = config_;
+  const int64_t t = static_cast<int64_t>(batch.tokens.size()), d = c.hidden_size;
+  MILES_CHECK(batch.tables.size() == batch.seqs.size());
+  if (t == 0) return Status::Error("device forward: an empty batch");
+  MILES_ASSIGN_OR_RETURN(const HostBatch hb, host_batch(batch, kv));
+  const int64_t nr = hb.rows, half = rope_.rotary_dim / 2;
+
+  MILES_ASSIGN_OR_RETURN(int32_t * di, scratch(ints_, static_cast<int64_t>(hb.ints.size())));
+  MILES_ASSIGN_OR_RETURN(float* dcs, scratch(rope_cs_, static_cast<int64_t>(hb.cs.size())));
   MILES_ASSIGN_OR_RETURN(float* h, scratch(h_, t * d));
   LayerRun run{t, kv};
   run.h = h;
@@ -164,8 +217,8 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
   }
   MILES_ASSIGN_OR_RETURN(float* sel, scratch(sel_, nr * d));
   MILES_ASSIGN_OR_RETURN(float* logits, scratch(logits_, nr * c.vocab_size));
-  MILES_RETURN_IF_ERROR(b_->upload(di, ints.data(), sizeof(int32_t) * ints.size()));
-  MILES_RETURN_IF_ERROR(b_->upload(dcs, cs.data(), sizeof(float) * cs.size()));
+  MILES_RETURN_IF_ERROR(b_->upload(di, hb.ints.data(), sizeof(int32_t) * hb.ints.size()));
+  MILES_RETURN_IF_ERROR(b_->upload(dcs, hb.cs.data(), sizeof(float) * hb.cs.size()));
   const int32_t* d_tokens = di;
   const int32_t* d_rows = di + 4 * t;
   run.pos = di + t;
@@ -175,48 +228,18 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
   run.cos = dcs;
   run.sin = dcs + t * half;
   if (tape) {
-    // Every layer's kept activations, then h_final and normed: one buffer.
-    const int64_t fm = c.moe.moe_intermediate_size, km = c.moe.top_k;
-    const int64_t per_moe = t * (c.moe.num_experts + 2 * km + km * (3 * fm + d));
-    int64_t floats = c.num_moe_layers() * per_moe + 2 * t * d;
-    for (const LayerProgram& p : programs_)
-      for (int a = 0; a < kNumActs; ++a)
-        if (p.kept[a]) floats += t * act_width(c, static_cast<Act>(a));
-    MILES_ASSIGN_OR_RETURN(float* tb, scratch(tape_buf_, floats));
-    tape->t = t;
-    tape->layers.assign(static_cast<size_t>(c.num_layers), DevTapeLayer{});
-    for (size_t li = 0; li < tape->layers.size(); ++li) {
-      DevTapeLayer& l = tape->layers[li];
-      if (layers_[li].moe) {
-        l.probs = tb;
-        l.moe_ids = reinterpret_cast<int32_t*>(tb + t * c.moe.num_experts);
-        l.moe_weights = tb + t * c.moe.num_experts + t * km;
-        l.moe_gate_up = l.moe_weights + t * km;
-        l.moe_act = l.moe_gate_up + t * km * 2 * fm;
-        l.moe_y = l.moe_act + t * km * fm;
-        tb = l.moe_y + t * km * d;
-      }
-      for (int a = 0; a < kNumActs; ++a) {
-        if (!programs_[li].kept[a]) continue;
-        l.acts[a] = tb;
-        tb += t * act_width(c, static_cast<Act>(a));
-      }
-    }
-    tape->h_final = tb;
-    tape->normed = tb + t * d;
+    MILES_RETURN_IF_ERROR(lay_out_tape(*tape, t));
     tape->d_tokens = d_tokens;
     tape->d_cos = dcs;
     tape->d_neg_sin = dcs + 2 * t * half;
   }
-
   // Routed experts of every token and MoE layer ([T, moe_layers, k] ids, then the weights).
   const int64_t n_moe = c.num_moe_layers(), topk = c.moe.top_k;
-  float* d_record = nullptr;
   if (n_moe > 0 && batch.return_experts) {
-    MILES_ASSIGN_OR_RETURN(d_record, scratch(record_, 2 * t * n_moe * topk));
+    MILES_ASSIGN_OR_RETURN(run.record, scratch(record_, 2 * t * n_moe * topk));
   }
-  run.record = d_record;
   run.forced = d_forced;
+
   b_->launch(t * d, EmbedKernel{embed_, d_tokens, d, h});
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     run.layer = layer;
@@ -232,12 +255,13 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
   ForwardOutput out;
   out.rows = nr;
   out.vocab = c.vocab_size;
-  if (d_record) {
+  if (run.record) {
     const int64_t n = t * n_moe * topk;
     out.experts.resize(static_cast<size_t>(n));
     out.expert_weights.resize(static_cast<size_t>(n));
-    MILES_RETURN_IF_ERROR(b_->download(out.experts.data(), d_record, sizeof(int32_t) * n));
-    MILES_RETURN_IF_ERROR(b_->download(out.expert_weights.data(), d_record + n, sizeof(float) * n));
+    MILES_RETURN_IF_ERROR(b_->download(out.experts.data(), run.record, sizeof(int32_t) * n));
+    MILES_RETURN_IF_ERROR(
+        b_->download(out.expert_weights.data(), run.record + n, sizeof(float) * n));
   }
   out.logits.resize(static_cast<size_t>(nr * c.vocab_size));
   MILES_RETURN_IF_ERROR(b_->download(out.logits.data(), logits, sizeof(float) * out.logits.size()));

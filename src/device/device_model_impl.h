@@ -328,6 +328,9 @@ class BackendModel final : public DeviceModel {
 
   Result<ForwardOutput> run_forward(const DeviceBatch& batch, Kv& kv, DevTape* tape,
                                     const int32_t* d_forced = nullptr);
+  struct HostBatch;  // a batch's tables and RoPE values, made on the host (device_forward_impl.h)
+  Result<HostBatch> host_batch(const DeviceBatch& batch, const Kv& kv) const;
+  Status lay_out_tape(DevTape& tape, int64_t t);
   struct LayerRun;  // what one forward's layers share (device_forward_impl.h)
   Status forward_op(const Op& op, LayerRun& r);
 

@@ -100,11 +100,10 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  if (c.arch != Arch::kQwen2) {  // Qwen2's biases are fixed by its class
-    j["attention_bias"] = c.attention_bias;
-    j["mlp_bias"] = c.mlp_bias;
-  }
+  const bool biases = c.arch != Arch::kQwen2;  // Qwen2's are fixed by its class
+  if (biases) j["attention_bias"] = c.attention_bias;
   j["attention_dropout"] = 0.0;
+  if (biases) j["mlp_bias"] = c.mlp_bias;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.eos_token_ids.size() == 1) {
     j["eos_token_id"] = c.eos_token_ids[0];
