@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Makes tests/data/models/qwen3_moe_v512: the tiny Qwen3-MoE test model (tests/data/models/qwen3_moe,
-random weights from transformers) cut to the first 512 rows of its embedding and LM head, so that it
-speaks stories260K's 512-token llama2.c tokenizer (BOS 1, EOS 2 in both). `miles check` and
-`miles run` need text for prompts and rewards; this gives the MoE path (R3 capture and replay) a
-model they can run end to end. Needs only numpy + safetensors (the light venv).
+"""Makes tests/data/models/qwen3_moe_v512 and qwen2_v512: the tiny Qwen3-MoE and Qwen2 test models
+(tests/data/models/qwen3_moe, qwen2: random weights from transformers) cut to the first 512 rows of
+their embedding and LM head (qwen2's head is the tied embedding), so that they speak stories260K's
+512-token llama2.c tokenizer (BOS 1, EOS 2 in all). `miles check` and `miles run` need text for
+prompts and rewards; this gives the MoE path (R3 capture and replay) and the Qwen2 family models they
+can run end to end. Needs only numpy + safetensors (the light venv).
 
     python3 scripts/make_moe_check_model.py [--data-dir tests/data]
 
@@ -22,11 +23,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data-dir", default="tests/data")
     args = ap.parse_args()
-    SRC = os.path.join(args.data_dir, "models", "qwen3_moe")
-    DST = os.path.join(args.data_dir, "models", "qwen3_moe_v512")
+    for src_name in ("qwen3_moe", "qwen2"):
+        cut_vocab(args.data_dir, src_name)
+
+
+def cut_vocab(data_dir, src_name):
+    SRC = os.path.join(data_dir, "models", src_name)
+    DST = os.path.join(data_dir, "models", src_name + "_v512")
     w = load_file(os.path.join(SRC, "model.safetensors"))
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        w[name] = w[name][:512].copy()
+        if name in w:
+            w[name] = w[name][:512].copy()
     os.makedirs(DST, exist_ok=True)
     save_file(w, os.path.join(DST, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(SRC, "config.json")) as f:
@@ -36,7 +43,6 @@ def main():
         json.dump(config, f, indent=2)
         f.write("\n")
     shutil.copy(os.path.join(SRC, "generation_config.json"), DST)
-
 
 if __name__ == "__main__":
     main()
