@@ -51,10 +51,13 @@ TEST_P(LayerOps, EveryProgramKeepsTheDataFlowRules) {
   auto w = load_model_weights(f.config, f.weights);
   ASSERT_TRUE(w.ok()) << w.message();
   ASSERT_EQ(static_cast<int64_t>(w->programs.size()), f.config.num_layers);
+  int64_t moe_layers = 0;
   for (size_t l = 0; l < w->programs.size(); ++l) {
     const LayerProgram& p = w->programs[l];
     EXPECT_EQ(check_program(p), "") << "layer " << l;
     const LayerWeights& lw = w->layers[l];
+    // A MoE layer's slice of the routing record: its place among the MoE layers.
+    EXPECT_EQ(p.moe_index, lw.moe ? moe_layers++ : -1) << "layer " << l;
     // What the layer has shows in its program, and what a training forward keeps.
     int biases = 0, norms = 0;
     for (const Op& op : p.ops) {

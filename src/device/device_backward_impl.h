@@ -160,7 +160,7 @@ class BackendBackward {
         return Status::Ok();
       }
       case OpKind::kRope:
-        rope(op.param == Param::kQkNorm);
+        rope(op);
         return Status::Ok();
       case OpKind::kAttention:
         attention_core(kept(op.in), dact(op.out), dact(op.in));
@@ -171,7 +171,7 @@ class BackendBackward {
         return Status::Ok();
       }
       case OpKind::kMoe:
-        return moe();
+        return moe(kept(op.in), dact(op.out), dact(op.in));
       case OpKind::kResidual:  // d in is d h (one storage)
       case OpKind::kTpEnter:   // one rank holds the whole model (device_supports)
       case OpKind::kTpExit:
@@ -181,16 +181,16 @@ class BackendBackward {
   }
 
   // RoPE's inverse rotation, then the q/k norms' backward, in place on d qkv.
-  void rope(bool qk_norm) {
+  void rope(const Op& op) {
     const DevLayer& w = m_.layers_[layer_];
-    const int64_t qd = c_.q_dim(), ld = width(Act::kQkv), hd = c_.head_dim;
+    const int64_t qd = c_.q_dim(), ld = width(op.out), hd = c_.head_dim;
     const int64_t heads = c_.num_heads, kvh = c_.num_kv_heads, half = m_.rope_.rotary_dim / 2;
-    float* dqkv = dact(Act::kQkv);
+    float* dqkv = dact(op.out);
     b_.launch(t_ * (heads + kvh), QkNormRopeKernel{dqkv, ld, heads, kvh, hd, half, nullptr, nullptr,
                                                    0.0f, tape_.d_cos, tape_.d_neg_sin});
-    if (!qk_norm) return;
+    if (op.param != Param::kQkNorm) return;
     const auto names = parts(Param::kQkNorm);
-    const float* raw = kept(Act::kQkvRaw);
+    const float* raw = kept(op.in);
     norm_backward(raw, dqkv, Rows{ld, heads, hd}, t_ * heads, w.q_norm, dqkv, grad(names[0].first));
     norm_backward(raw + qd, dqkv + qd, Rows{ld, kvh, hd}, t_ * kvh, w.k_norm, dqkv + qd,
                   grad(names[1].first));
@@ -198,13 +198,12 @@ class BackendBackward {
 
   // moe_block's backward (model_backward.cc's moe): the gates, every routed slot's expert MLP
   // (per-slot GEMMs through the transposed packs), the slots' d x summed per token in ascending
-  // expert id, each expert's weight gradients over its slots in ascending order, the router. d out
-  // is dh_ (the stream's), d in (dxn_) written whole.
-  Status moe() {
+  // expert id, each expert's weight gradients over its slots in ascending order, the router. xn2:
+  // its input as kept; dh: d out (the stream's); dxn: d in, written whole.
+  Status moe(const float* xn2, const float* dh, float* dxn) {
     const int64_t layer = layer_;
     const std::string p = "model.layers." + std::to_string(layer) + ".";
     const DevTapeLayer& lt = tape_.layers[layer];
-    const float* xn2 = lt[Act::kXn2];
     const DevLayer& w = m_.layers_[layer];
     const int64_t d = c_.hidden_size, f = c_.moe.moe_intermediate_size, k = c_.moe.top_k;
     const int64_t e = c_.moe.num_experts, slots = t_ * k;
@@ -215,8 +214,8 @@ class BackendBackward {
     float* dxs = dgu + slots * 2 * f;
     float* dz = dxs + slots * d;
     float* dxr = dz + t_ * e;
-    b_.launch(slots, MoeGateGradKernel{dh_, lt.moe_y, k, d, dw});
-    b_.launch(slots * d, MoeDyKernel{dh_, lt.moe_weights, k, d, dy});
+    b_.launch(slots, MoeGateGradKernel{dh, lt.moe_y, k, d, dw});
+    b_.launch(slots * d, MoeDyKernel{dh, lt.moe_weights, k, d, dy});
     const DevMatrix& dt = w.expert_down_t;
     const DevMatrix& gt = w.expert_gate_up_t;
     b_.launch(GemmKernel::items(slots, dt.n),
@@ -227,7 +226,7 @@ class BackendBackward {
         GemmKernel::items(slots, gt.n),
         ExpertGemmKernel{dgu, 2 * f, 1, lt.moe_ids, gt.data, BackendModel<B>::expert_floats(gt),
                          slots, gt.n, gt.k, gt.chunk, dxs, d});
-    b_.launch(t_ * d, MoeCombineKernel{dxs, lt.moe_ids, nullptr, k, d, dxn_});
+    b_.launch(t_ * d, MoeCombineKernel{dxs, lt.moe_ids, nullptr, k, d, dxn});
     // Each expert's slots, ascending (the rows the CPU gathers for it).
     std::vector<int32_t> ids(static_cast<size_t>(slots));
     MILES_RETURN_IF_ERROR(b_.download(ids.data(), lt.moe_ids, sizeof(int32_t) * ids.size()));
@@ -279,7 +278,7 @@ class BackendBackward {
                                        c_.moe.norm_topk_prob, dz});
     weight_grad(dz, e, xn2, d, e, d, {{grad(p + "mlp.gate.weight"), e}});
     gemm_dx(dz, e, w.router_t, dxr, d);
-    b_.launch(t_ * d, AddKernel{dxn_, dxr});
+    b_.launch(t_ * d, AddKernel{dxn, dxr});
     return Status::Ok();
   }
 

@@ -16,7 +16,7 @@ template <class B>
 struct BackendModel<B>::LayerRun {
   int64_t t;
   Kv& kv;
-  int64_t layer = 0, moe_index = 0;
+  int64_t layer = 0;
   DevTapeLayer* tape = nullptr;         // this layer's kept activations (a training forward)
   float* h = nullptr;                   // the residual stream
   std::array<float*, kNumActs> home{};  // scratch of the activations nothing keeps
@@ -86,7 +86,8 @@ Status BackendModel<B>::forward_op(const Op& op, LayerRun& r) {
       return Status::Ok();
     }
     case OpKind::kMoe:
-      return moe_block(l, act(op.in), t, r.moe_index++, r.record, r.forced, r.tape, act(op.out));
+      return moe_block(l, act(op.in), t, program.moe_index, r.record, r.forced, r.tape,
+                       act(op.out));
     case OpKind::kResidual:
       b_->launch(t * width(op.out), AddKernel{act(op.out), act(op.in)});
       return Status::Ok();

@@ -68,11 +68,14 @@ void mlp_block(const LayerWeights& l, std::vector<Op>& ops) {
 
 }  // namespace
 
-LayerProgram describe_layer(const ModelConfig& config, const LayerWeights& layer) {
-  (void)config;  // every choice so far shows in the weights; families will read their fields
+LayerProgram describe_layer(const ModelConfig& config, int64_t layer, const LayerWeights& weights) {
   LayerProgram p;
-  attention_block(layer, p.ops);
-  mlp_block(layer, p.ops);
+  attention_block(weights, p.ops);
+  mlp_block(weights, p.ops);
+  if (weights.moe) {
+    p.moe_index = 0;
+    for (int64_t l = 0; l < layer; ++l) p.moe_index += config.is_moe_layer(l) ? 1 : 0;
+  }
   for (const Op& op : p.ops) {
     const Act a = read_by_backward(op);
     if (a != Act::kCount) p.kept[static_cast<int>(a)] = true;

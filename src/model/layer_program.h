@@ -93,13 +93,16 @@ struct Op {
 
 struct LayerProgram {
   std::vector<Op> ops;
+  // A MoE layer's place among the model's MoE layers: its slice of the routing record and of
+  // replayed experts ([tokens, moe layers, top_k]); -1 for a dense layer.
+  int64_t moe_index = -1;
   std::array<bool, kNumActs> kept{};  // what a training forward keeps (keeps())
   bool keeps(Act a) const { return kept[static_cast<int>(a)]; }
 };
 
-// The program of one decoder layer with these weights (a bias or q/k norm the checkpoint has, a
+// The program of decoder layer `layer` with these weights (a bias or q/k norm the checkpoint has, a
 // dense MLP or a MoE block).
-LayerProgram describe_layer(const ModelConfig& config, const LayerWeights& layer);
+LayerProgram describe_layer(const ModelConfig& config, int64_t layer, const LayerWeights& weights);
 
 // Floats per token of an activation.
 int64_t act_width(const ModelConfig& config, Act a);

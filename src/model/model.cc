@@ -95,7 +95,6 @@ class CpuLayers {
     for (const Op& op : w_.programs[layer].ops) MILES_RETURN_IF_ERROR(forward(op));
     return Status::Ok();
   }
-  void skip_moe_layer() { ++moe_index_; }
 
  private:
   const LayerWeights& l() const { return w_.layers[layer_]; }
@@ -243,19 +242,17 @@ class CpuLayers {
   }
 
   // The MoE block (moe.h), its routing replayed from options.forced_experts and recorded into the
-  // output's experts when asked.
+  // output's experts when asked, at the layer's place among the MoE layers.
   Status moe(const float* xn, float* out) {
     const int64_t k = c_.moe.top_k, stride = c_.num_moe_layers() * k;
+    const int64_t at = w_.programs[layer_].moe_index * k;
     std::span<const int32_t> forced;
-    if (!b_.options.forced_experts.empty())
-      forced = b_.options.forced_experts.subspan(moe_index_ * k);
+    if (!b_.options.forced_experts.empty()) forced = b_.options.forced_experts.subspan(at);
     ForwardOutput& o = b_.out;
-    int32_t* ids = o.experts.empty() ? nullptr : o.experts.data() + moe_index_ * k;
-    float* wts = o.expert_weights.empty() ? nullptr : o.expert_weights.data() + moe_index_ * k;
-    MILES_RETURN_IF_ERROR(moe_block(c_, l(), xn, b_.t, forced, stride, out, ids, wts, stride,
-                                    tape_ ? &tape_->moe : nullptr, b_.options.tp, pool_));
-    ++moe_index_;
-    return Status::Ok();
+    int32_t* ids = o.experts.empty() ? nullptr : o.experts.data() + at;
+    float* wts = o.expert_weights.empty() ? nullptr : o.expert_weights.data() + at;
+    return moe_block(c_, l(), xn, b_.t, forced, stride, out, ids, wts, stride,
+                     tape_ ? &tape_->moe : nullptr, b_.options.tp, pool_);
   }
 
   const ModelConfig& c_;
@@ -263,7 +260,7 @@ class CpuLayers {
   ForwardBatch& b_;
   float* h_;
   ThreadPool* pool_;
-  int64_t layer_ = 0, moe_index_ = 0;
+  int64_t layer_ = 0;
   LayerTape* tape_ = nullptr;
   std::array<std::vector<float>, kNumActs> scratch_;
 };
@@ -398,8 +395,6 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
   }
   ForwardBatch batch{seqs, plan, kv, t, options, out};
   CpuLayers layers(c, *w_, batch, h.data(), pool);
-  for (int64_t layer = 0; layer < begin; ++layer)
-    if (c.is_moe_layer(layer)) layers.skip_moe_layer();
   for (int64_t layer = begin; layer < end; ++layer)
     MILES_RETURN_IF_ERROR(layers.run(layer, tape ? &tape->layers[layer] : nullptr));
 

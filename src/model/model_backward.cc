@@ -190,7 +190,7 @@ class Backward {
         return;
       }
       case OpKind::kRope:
-        rope(op.param == Param::kQkNorm);
+        rope(op);
         return;
       case OpKind::kAttention:
         attention(kept(op.in), grad(op.out), grad(op.in));
@@ -207,7 +207,7 @@ class Backward {
         return;
       }
       case OpKind::kMoe:
-        moe(grad(op.out), grad(op.in));
+        moe(kept(op.in), grad(op.out), grad(op.in));
         return;
       case OpKind::kResidual:  // d in is d h (grad() gives them one storage)
       case OpKind::kTpExit:
@@ -218,21 +218,20 @@ class Backward {
     }
   }
 
-  // The MoE block's backward: dh is d out (the stream's gradient), dxn is d in, written whole.
-  void moe(const float* dh, float* dxn_out) {
+  // The MoE block's backward: xn2 its input as kept, dh d out (the stream's gradient), dxn d in,
+  // written whole.
+  void moe(const float* xn2, const float* dh, float* dxn) {
     const int64_t layer = layer_;
     const std::string p = "model.layers." + std::to_string(layer) + ".";
     const MoeTape& mt = lt().moe;
     const LayerWeightsT& wt = bw_.layers[layer];
     const int64_t d = c_.hidden_size, f = c_.moe.moe_intermediate_size, k = c_.moe.top_k;
     const int64_t e = c_.moe.num_experts;
-    const float* xn2 = kept(Act::kXn2);
     // out_t = Σ_j w_tj y_tj: d w_tj = dh_t · y_tj; d y_tj = w_tj dh_t.
     std::vector<float> dw(static_cast<size_t>(t_ * k));
     for (int64_t s = 0; s < t_ * k; ++s)
       dw[s] = kernels::detail::dot(dh + (s / k) * d, mt.y.data() + s * d, d);
     // (the forward summed each expert output over the tensor-parallel group: y and dw are complete)
-    float* dxn = dxn_out;
     std::fill(dxn, dxn + t_ * d, 0.0f);
     for (int64_t ex = 0; ex < e; ++ex) {
       const ExpertTape& et = mt.experts[ex];
@@ -305,9 +304,9 @@ class Backward {
 
   // RoPE per token (disjoint rows, in parallel), then the q/k norms in ascending token order, in
   // place on d qkv (the op's in and out share gradient storage).
-  void rope(bool qk_norm) {
+  void rope(const Op& op) {
     const int64_t qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim, ld = qd + 2 * kvd;
-    float* dqkv = grad(Act::kQkv);
+    float* dqkv = grad(op.out);
     parallel_for(pool_, (t_ + kRopeRows - 1) / kRopeRows, [&](int64_t b) {
       for (int64_t i = b * kRopeRows; i < std::min(t_, (b + 1) * kRopeRows); ++i) {
         float* dq = dqkv + i * ld;
@@ -316,12 +315,12 @@ class Backward {
                                w_.rope);
       }
     });
-    if (!qk_norm) return;
+    if (op.param != Param::kQkNorm) return;
     std::vector<float> dnorm_q(static_cast<size_t>(hd), 0.0f),
         dnorm_k(static_cast<size_t>(hd), 0.0f);
     for (int64_t i = 0; i < t_; ++i) {
       float* dq = dqkv + i * ld;
-      const float* raw = kept(Act::kQkvRaw) + i * ld;
+      const float* raw = kept(op.in) + i * ld;
       kernels::rmsnorm_backward(raw, dq, c_.num_heads, hd, l().q_norm.data(), eps(), dq,
                                 dnorm_q.data());
       kernels::rmsnorm_backward(raw + qd, dq + qd, c_.num_kv_heads, hd, l().k_norm.data(), eps(),

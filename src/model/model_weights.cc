@@ -152,7 +152,8 @@ class Loader {
     MILES_RETURN_IF_ERROR(vec("model.norm.weight", c_.hidden_size, m.final_norm));
     MILES_ASSIGN_OR_RETURN(m.rope, kernels::make_rope_table(c_.rope, c_.head_dim));
     m.programs.clear();
-    for (const LayerWeights& l : m.layers) m.programs.push_back(describe_layer(c_, l));
+    for (int64_t l = 0; l < c_.num_layers; ++l)
+      m.programs.push_back(describe_layer(c_, l, m.layers[l]));
     return Status::Ok();
   }
 
