@@ -27,7 +27,14 @@ What it makes (deterministic: fixed seeds, CPU):
                                         (unpermuted) weights after the same quantisation, i.e. that
                                         transformers' reverse permutation undoes llama.cpp's.
 
-Rerun with:  /root/.venvs/miles-ref/bin/python scripts/make_gguf_fixtures.py
+  tests/data/gguf/tiny_qwen2.gguf       a tiny random Qwen2 as llama.cpp writes one (rows in HF's order, q/k/v
+                                        biases F32, matrices Q8_0, tied embeddings, pre "qwen2", rope 1e6).
+  tests/data/gguf/tiny_qwen2_expected.safetensors
+                                        transformers' view of it: `ids`, `logits`, layer 0's q_proj weight,
+                                        layer 1's q bias and layer 0's v bias.
+
+Rerun with:  PYTHON scripts/make_gguf_fixtures.py [types] [tiny_llama] [tiny_qwen2]
+(PYTHON: a venv with gguf, numpy, torch and transformers: scripts/setup.sh --reference)
 """
 
 from __future__ import annotations
@@ -287,10 +294,93 @@ def make_tiny_llama(path: Path) -> None:
                      {**versions(), "torch": torch.__version__, "transformers": transformers.__version__})
 
 
+def make_tiny_qwen2(path: Path) -> None:
+    """A tiny random Qwen2 as llama.cpp's converter writes one: arch qwen2, q/k rows in HF's order
+    (its Qwen2 converter does not permute), q/k/v biases F32, matrices Q8_0, no output.weight (tied
+    embeddings), pre-tokenizer qwen2, rope base 1e6."""
+    rng = np.random.default_rng(SEED + 2)
+
+    def linear(out_f: int, in_f: int) -> np.ndarray:
+        return (rng.standard_normal((out_f, in_f)) / np.sqrt(in_f)).astype(np.float32)
+
+    def norm() -> np.ndarray:
+        return (1 + 0.2 * rng.standard_normal(HIDDEN)).astype(np.float32)
+
+    def bias(n: int) -> np.ndarray:
+        return (0.5 * rng.standard_normal(n)).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_name("tiny-qwen2")
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(INTER)
+    w.add_block_count(LAYERS)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_rope_freq_base(1000000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(VOCAB)
+    tokens, types, merges = tiny_vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_pad_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    embed = rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32)
+    w.add_tensor("token_embd.weight", gguf.quants.quantize(embed, Q.Q8_0), raw_dtype=Q.Q8_0)
+    for l in range(LAYERS):
+        p = f"blk.{l}."
+        mats = {
+            "attn_q": linear(HEADS * HEAD_DIM, HIDDEN),
+            "attn_k": linear(KV_HEADS * HEAD_DIM, HIDDEN),
+            "attn_v": linear(KV_HEADS * HEAD_DIM, HIDDEN),
+            "attn_output": linear(HIDDEN, HEADS * HEAD_DIM),
+            "ffn_gate": linear(INTER, HIDDEN),
+            "ffn_up": linear(INTER, HIDDEN),
+            "ffn_down": linear(HIDDEN, INTER),
+        }
+        w.add_tensor(p + "attn_norm.weight", norm())
+        for name, m in mats.items():
+            w.add_tensor(p + name + ".weight", gguf.quants.quantize(m, Q.Q8_0), raw_dtype=Q.Q8_0)
+        w.add_tensor(p + "attn_q.bias", bias(HEADS * HEAD_DIM))
+        w.add_tensor(p + "attn_k.bias", bias(KV_HEADS * HEAD_DIM))
+        w.add_tensor(p + "attn_v.bias", bias(KV_HEADS * HEAD_DIM))
+        w.add_tensor(p + "ffn_norm.weight", norm())
+    w.add_tensor("output_norm.weight", norm())
+    write(w)
+
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model.eval()
+    assert type(model).__name__ == "Qwen2ForCausalLM", type(model).__name__
+    sd = model.state_dict()
+    ids = np.array([1, 3, 200, 259, 275, 40, 41, 287, 2, 100, 7, 286], dtype=np.int32)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(ids.astype(np.int64))[None]).logits[0].numpy().astype(np.float32)
+    save_safetensors(OUT / "tiny_qwen2_expected.safetensors",
+                     {"ids": ids, "logits": logits,
+                      "q_proj0": sd["model.layers.0.self_attn.q_proj.weight"].numpy(),
+                      "q_bias1": sd["model.layers.1.self_attn.q_proj.bias"].numpy(),
+                      "v_bias0": sd["model.layers.0.self_attn.v_proj.bias"].numpy()},
+                     {**versions(), "torch": torch.__version__, "transformers": transformers.__version__})
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
-    make_types(OUT / "types.gguf")
-    make_tiny_llama(OUT / "tiny_llama.gguf")
+    only = sys.argv[1:]  # fixture names to make (types, tiny_llama, tiny_qwen2); none: all
+    for name, make in (("types", make_types), ("tiny_llama", make_tiny_llama), ("tiny_qwen2", make_tiny_qwen2)):
+        if not only or name in only:
+            make(OUT / f"{name}.gguf")
     total = sum(f.stat().st_size for f in OUT.iterdir())
     print(f"wrote {OUT} ({total} bytes)")
     return 0

@@ -1,12 +1,14 @@
 // GGUF -> HF conversion: config.json fields, tensor names and the q/k un-permutation (checked
-// against transformers' own GGUF loader through tests/data/gguf/tiny_llama*, made by
-// scripts/make_gguf_fixtures.py), logits of the converted model against transformers', the atomic
-// directory write, tokenizer.json from real llama.cpp vocabularies (../shared), and the errors.
+// against transformers' own GGUF loader through tests/data/gguf/tiny_llama* and tiny_qwen2*, made
+// by scripts/make_gguf_fixtures.py), logits of the converted model against transformers', the
+// atomic directory write, tokenizer.json from real llama.cpp vocabularies (../shared), and the
+// errors.
 #include "miles/convert.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -65,8 +67,8 @@ struct TinyExpected {
   TensorMap map;
 };
 
-TinyExpected tiny_expected() {
-  auto m = read_safetensors(fixture("tiny_llama_expected.safetensors"));
+TinyExpected tiny_expected(const std::string& file = "tiny_llama_expected.safetensors") {
+  auto m = read_safetensors(fixture(file));
   EXPECT_TRUE(m.ok()) << m.message();
   TinyExpected e;
   if (!m.ok()) return e;
@@ -215,7 +217,7 @@ TEST(Convert, FailedConversionLeavesNothing) {
   auto s = convert_gguf((dir / "gpt2.gguf").string(), (dir / "out").string());
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("'general.architecture' is 'gpt2', which miles convert does not "
-                             "support (supported: llama, qwen3)"),
+                             "support (supported: llama, qwen2, qwen3)"),
             std::string::npos)
       << s.message();
   s = convert_gguf((dir / "cut.gguf").string(), (dir / "out").string());
@@ -226,6 +228,49 @@ TEST(Convert, FailedConversionLeavesNothing) {
 }
 
 // ---- synthetic models from the builder ----------------------------------------------------------
+
+// ---- the tiny Qwen2 written like llama.cpp's converter ------------------------------------------
+
+bool same_bytes(const Tensor* a, const Tensor* b) {
+  return a && b && a->shape() == b->shape() &&
+         std::memcmp(a->raw(), b->raw(), static_cast<size_t>(a->nbytes())) == 0;
+}
+
+// Qwen2 (q/k/v biases, rows in HF's order, tied embeddings) converted and run: its tensors are
+// transformers' own GGUF loader's, its logits within 1e-4, its tokenizer the qwen2 pre-tokenizer.
+TEST(Convert, TinyQwen2MatchesTransformers) {
+  auto f = GgufFile::open(fixture("tiny_qwen2.gguf"));
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto text = gguf_config_json(*f);
+  ASSERT_TRUE(text.ok()) << text.message();
+  const json j = json::parse(*text);
+  EXPECT_EQ(j["architectures"][0], "Qwen2ForCausalLM");
+  EXPECT_FALSE(j.contains("attention_bias")) << "Qwen2's biases belong to its class";
+  EXPECT_EQ(j["rope_theta"], 1000000.0);
+  auto cfg = parse_model_config(*text, "config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.message();
+  EXPECT_EQ(cfg->arch, Arch::kQwen2);
+  EXPECT_TRUE(cfg->attention_bias);
+  EXPECT_TRUE(cfg->tie_word_embeddings);
+  auto tensors = gguf_hf_tensors(*f);
+  ASSERT_TRUE(tensors.ok()) << tensors.message();
+  EXPECT_EQ(tensors->size(), 2u + 2u * 12u);
+  const TensorMap m = to_map(std::move(*tensors));
+  const TinyExpected e = tiny_expected("tiny_qwen2_expected.safetensors");
+  EXPECT_TRUE(same_bytes(m.find("model.layers.0.self_attn.q_proj.weight"), e.map.find("q_proj0")));
+  EXPECT_TRUE(same_bytes(m.find("model.layers.1.self_attn.q_proj.bias"), e.map.find("q_bias1")));
+  EXPECT_TRUE(same_bytes(m.find("model.layers.0.self_attn.v_proj.bias"), e.map.find("v_bias0")));
+
+  const fs::path out = scratch("qwen2") / "tiny";
+  auto s = convert_gguf(fixture("tiny_qwen2.gguf"), out.string());
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(s->architecture, "Qwen2ForCausalLM");
+  auto model = Model::load(out.string());
+  ASSERT_TRUE(model.ok()) << model.message();
+  EXPECT_LE(max_abs_diff(logits_of(**model, e.ids), e.map.find("logits")->data<float>()), 1e-4f);
+  const json tok = json::parse(read_text(out / "tokenizer.json"));
+  EXPECT_EQ(tok["pre_tokenizer"]["pretokenizers"][0]["type"], "Split");
+}
 
 // A one-layer model with hidden 8, 2 heads of 4, 1 KV head, intermediate 8, vocab 5; tensor values
 // encode their row index (row r of a matrix is all r + 1000 * tensor number) so permutations show.
@@ -326,6 +371,33 @@ TEST(Convert, Qwen3KeepsRowOrderAndMapsQkNorms) {
   EXPECT_FALSE(m.contains("lm_head.weight"));
   auto model = Model::from_weights(*cfg, m);
   EXPECT_TRUE(model.ok()) << model.message();
+}
+
+TEST(Convert, Qwen2MapsQkvBiasesAndNeedsThem) {
+  auto b = tiny_model("qwen2", false);
+  b.tensor_f32("blk.0.attn_q.bias", {8}, std::vector<float>(8, 0.5f))
+      .tensor_f32("blk.0.attn_k.bias", {4}, std::vector<float>(4, 0.25f));
+  auto partial = parse(b.build());
+  ASSERT_TRUE(partial.ok()) << partial.message();
+  auto missing = gguf_hf_tensors(*partial);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("'blk.0.attn_v.bias' is missing"), std::string::npos)
+      << missing.message();
+  b.tensor_f32("blk.0.attn_v.bias", {4}, std::vector<float>(4, 0.125f));
+  auto f = parse(b.build());
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto cfg = parse_model_config(*gguf_config_json(*f), "config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.message();
+  EXPECT_EQ(cfg->arch, Arch::kQwen2);
+  auto t = gguf_hf_tensors(*f);
+  ASSERT_TRUE(t.ok()) << t.message();
+  const TensorMap m = to_map(std::move(*t));
+  EXPECT_EQ(row_heads(m, "model.layers.0.self_attn.q_proj.weight"),
+            (std::vector<float>{1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007}));
+  const Tensor* vb = m.find("model.layers.0.self_attn.v_proj.bias");
+  ASSERT_NE(vb, nullptr);
+  EXPECT_EQ(vb->data<float>()[3], 0.125f);
+  EXPECT_TRUE(Model::from_weights(*cfg, m).ok());
 }
 
 TEST(Convert, TiedEmbeddingsWhenThereIsNoOutput) {

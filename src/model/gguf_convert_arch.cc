@@ -1,10 +1,10 @@
 // GGUF `<arch>.*` metadata -> GgufArch -> config.json / generation_config.json.
 //
 // Why: config.json must describe exactly the weights the conversion writes. llama.cpp's keys map
-// one to one onto HF's for the supported architectures (llama, qwen3); everything a plain HF config
-// of those classes cannot express (MoE, llama3 rope_freqs, partial rotary, unknown rope scaling) is
-// refused here with an error naming the file and the key, rather than converted into a model that
-// computes something else.
+// one to one onto HF's for the supported architectures (llama, qwen2, qwen3); everything a plain HF
+// config of those classes cannot express (MoE, llama3 rope_freqs, partial rotary, unknown rope
+// scaling) is refused here with an error naming the file and the key, rather than converted into a
+// model that computes something else.
 #include "model/gguf_convert_arch.h"
 
 #include <charconv>
@@ -44,14 +44,19 @@ Status set_family(const GgufFile& f, GgufArch* a) {
     a->hf_class = "LlamaForCausalLM";
     a->model_type = "llama";
     a->permuted_qk = true;  // convert_hf_to_gguf.py's LlamaModel permutes q/k
+  } else if (a->gguf_arch == "qwen2") {
+    a->hf_class = "Qwen2ForCausalLM";  // its converter keeps HF's q/k row order
+    a->model_type = "qwen2";
+    a->qkv_bias = true;
   } else if (a->gguf_arch == "qwen3") {
     a->hf_class = "Qwen3ForCausalLM";
     a->model_type = "qwen3";
     a->qk_norm = true;
   } else {
-    return key_error(f, "general.architecture",
-                     "is '" + a->gguf_arch +
-                         "', which miles convert does not support (supported: llama, qwen3)");
+    return key_error(
+        f, "general.architecture",
+        "is '" + a->gguf_arch +
+            "', which miles convert does not support (supported: llama, qwen2, qwen3)");
   }
   return Status::Ok();
 }
@@ -215,9 +220,9 @@ Result<std::string> gguf_config_json(const GgufFile& f) {
   }
   j["tie_word_embeddings"] = a.tied;
   j["hidden_act"] = "silu";
-  j["attention_bias"] = false;
+  if (a.model_type != "qwen2") j["attention_bias"] = false;  // Qwen2's q/k/v biases are its class's
   if (a.model_type == "llama") j["mlp_bias"] = false;
-  if (a.model_type == "qwen3") j["use_sliding_window"] = false;
+  if (a.model_type != "llama") j["use_sliding_window"] = false;
   if (a.bos >= 0) j["bos_token_id"] = a.bos;
   if (a.eos >= 0) j["eos_token_id"] = a.eos;
   if (a.pad >= 0) j["pad_token_id"] = a.pad;

@@ -15,11 +15,12 @@
 namespace miles::gguf {
 
 struct GgufArch {
-  std::string gguf_arch;     // general.architecture: "llama", "qwen3"
+  std::string gguf_arch;     // general.architecture: "llama", "qwen2", "qwen3"
   std::string hf_class;      // "LlamaForCausalLM"
   std::string model_type;    // "llama"
   bool permuted_qk = false;  // llama.cpp permuted q/k rows to interleaved rotary pairs
   bool qk_norm = false;      // per-head q_norm / k_norm (qwen3)
+  bool qkv_bias = false;     // q / k / v projection biases (qwen2)
   int64_t vocab = 0;         // rows of token_embd.weight
   int64_t hidden = 0;
   int64_t intermediate = 0;

@@ -41,6 +41,9 @@ Result<Target> layer_target(const GgufArch& a, const std::string& suffix, const 
     return Target{p + "mlp.up_proj.weight", {a.intermediate, a.hidden}};
   if (suffix == "ffn_down.weight")
     return Target{p + "mlp.down_proj.weight", {a.hidden, a.intermediate}};
+  if (a.qkv_bias && suffix == "attn_q.bias") return Target{p + "self_attn.q_proj.bias", {q}};
+  if (a.qkv_bias && suffix == "attn_k.bias") return Target{p + "self_attn.k_proj.bias", {kv}};
+  if (a.qkv_bias && suffix == "attn_v.bias") return Target{p + "self_attn.v_proj.bias", {kv}};
   if (a.qk_norm && suffix == "attn_q_norm.weight")
     return Target{p + "self_attn.q_norm.weight", {a.head_dim}};
   if (a.qk_norm && suffix == "attn_k_norm.weight")
@@ -108,9 +111,11 @@ Result<std::vector<std::pair<std::string, Tensor>>> gguf_hf_tensors(const GgufFi
     std::vector<std::string> parts = {"attn_norm",   "ffn_norm", "attn_q", "attn_k",  "attn_v",
                                       "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
     if (a.qk_norm) parts.insert(parts.end(), {"attn_q_norm", "attn_k_norm"});
+    for (std::string& part : parts) part += ".weight";
+    if (a.qkv_bias) parts.insert(parts.end(), {"attn_q.bias", "attn_k.bias", "attn_v.bias"});
     for (const std::string& part : parts) {
-      if (!f.find_tensor(p + part + ".weight"))
-        return Status::Error(f.path() + ": tensor '" + p + part + ".weight' is missing");
+      if (!f.find_tensor(p + part))
+        return Status::Error(f.path() + ": tensor '" + p + part + "' is missing");
     }
   }
   if (!f.find_tensor("output_norm.weight"))
