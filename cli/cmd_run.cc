@@ -1,5 +1,7 @@
-// `miles run CONFIG.yaml [section.key=value ...]`: an RL job (include/miles/controller/rl_job.h) from a job file
-// (include/miles/controller/run_config.h), validated before anything starts.
+// `miles run CONFIG.yaml [section.key=value ...]`: an RL job (include/miles/controller/rl_job.h)
+// or, with an `sft:` section, an SFT job (include/miles/controller/sft_job.h) from a job file
+// (include/miles/controller/run_config.h), validated before anything starts; `miles check`,
+// `miles eval`, and `miles train-worker`, one rank of either job's trainer group.
 #include <spdlog/spdlog.h>
 
 #include <csignal>
@@ -11,6 +13,7 @@
 #include "miles/controller/controller_service.h"
 #include "miles/controller/rl_job.h"
 #include "miles/controller/run_config.h"
+#include "miles/controller/sft_job.h"
 #include "miles/controller/trainer_group.h"
 #include "miles/durable_file.h"
 #include "miles/model.h"
@@ -47,6 +50,30 @@ Result<controller::RunResources> load_resources(const RunConfig& cfg) {
   return res;
 }
 
+// An SFT job file: a tokenizer only when one is found (token-id data needs none).
+int run_sft(const RunConfig& cfg) {
+  auto res = load_resources(cfg);
+  if (!res.ok() && !cfg.model.tokenizer.empty()) return fail("run", res.message());
+  std::signal(SIGPIPE, SIG_IGN);
+  auto sum = controller::run_sft_job(cfg, res.ok() ? res->tokenizer : nullptr, {});
+  if (!sum.ok()) return fail("run", sum.message());
+  std::printf(
+      "miles run: %lld SFT steps; loss %.4f -> %.4f over steps %lld..%lld (metrics: "
+      "%s/metrics.jsonl)\n",
+      static_cast<long long>(sum->steps), sum->first_loss, sum->last_loss,
+      static_cast<long long>(sum->first_step + 1), static_cast<long long>(sum->steps),
+      cfg.logging.run_dir.c_str());
+  return 0;
+}
+
+// `miles check` and `miles eval` gate and evaluate RL jobs (engines, rewards): an SFT job has none.
+Status rl_job_only(const RunConfig& cfg) {
+  if (!cfg.is_sft()) return Status::Ok();
+  return Status::Error(cfg.source +
+                       ": an SFT job (sft.data is set) has no rollouts to check or "
+                       "evaluate; run it with `miles run`");
+}
+
 int run_run(const RunOptions& o) {
   std::vector<std::string> overrides = o.overrides;
   if (!o.run_dir.empty()) overrides.push_back("logging.run_dir=" + o.run_dir);
@@ -57,6 +84,7 @@ int run_run(const RunOptions& o) {
     std::printf("%s", run_config_to_yaml(*cfg).c_str());
     return 0;
   }
+  if (cfg->is_sft()) return run_sft(*cfg);
   auto res = load_resources(*cfg);
   if (!res.ok()) return fail("run", res.message());
   std::signal(SIGPIPE, SIG_IGN);
@@ -91,6 +119,7 @@ int run_check(const RunOptions& o) {
   if (!o.run_dir.empty()) overrides.push_back("logging.run_dir=" + o.run_dir);
   auto cfg = load_run_config(o.config, overrides);
   if (!cfg.ok()) return fail("check", cfg.message());
+  if (Status s = rl_job_only(*cfg); !s.ok()) return fail("check", s.message());
   auto res = load_resources(*cfg);
   if (!res.ok()) return fail("check", res.message());
   std::signal(SIGPIPE, SIG_IGN);
@@ -129,6 +158,7 @@ int run_eval(const EvalOptions& o) {
   }
   auto cfg = load_run_config(o.config, overrides);
   if (!cfg.ok()) return fail("eval", cfg.message());
+  if (Status s = rl_job_only(*cfg); !s.ok()) return fail("eval", s.message());
   // Never the job's own run folder: its metrics and TensorBoard files stay the training run's.
   cfg->logging.run_dir = o.run_dir.empty() ? cfg->logging.run_dir + "-eval" : o.run_dir;
   auto res = load_resources(*cfg);
@@ -167,7 +197,7 @@ Result<controller::RankPlace> join_remote(const WorkerOptions& o, RunConfig* cfg
   p.store = j.seat.store_address;
   p.host = o.host.empty() ? j.peer_host : o.host;
   p.remote = true;
-  spdlog::info("miles rl-worker: rank {} of {} (controller {}, store {}, bound to {})", p.rank,
+  spdlog::info("miles train-worker: rank {} of {} (controller {}, store {}, bound to {})", p.rank,
                p.world_size, o.controller, p.store, p.host);
   return p;
 }
@@ -186,15 +216,18 @@ Result<controller::RankPlace> local_place(const WorkerOptions& o, RunConfig* cfg
   return p;
 }
 
-// One rank (> 0) of the trainer group of a `miles run` controller (trainer_group.h).
-int run_rl_worker(const WorkerOptions& o) {
+// One rank (> 0) of the trainer group of a job's controller (`miles run`, `miles sft`;
+// trainer_group.h).
+int run_train_worker(const WorkerOptions& o) {
   RunConfig cfg;
   auto place = o.controller.empty() ? local_place(o, &cfg) : join_remote(o, &cfg);
-  if (!place.ok()) return fail("rl-worker", place.message());
+  if (!place.ok()) return fail("train-worker", place.message());
+  const std::string rank_name = "rank " + std::to_string(place->rank);
   TrainState resumed;
   auto rank = controller::TrainerRank::create(cfg, *place, &resumed);
-  if (!rank.ok()) return fail("rl-worker", rank.message());
-  if (Status s = (*rank)->follow(); !s.ok()) return fail("rl-worker", s.message());
+  if (!rank.ok()) return fail("train-worker", rank_name + ": " + rank.message());
+  if (Status s = (*rank)->follow(); !s.ok())
+    return fail("train-worker", rank_name + ": " + s.message());
   return 0;
 }
 
@@ -230,9 +263,10 @@ void register_run(CLI::App& app) {
 
   auto w = std::make_shared<WorkerOptions>();
   CLI::App* worker = app.add_subcommand(
-      "rl-worker",
-      "One rank of a `miles run` trainer group: started by the controller, or joining it from "
-      "another host with --controller (parallel.remote_ranks)");
+      "train-worker",
+      "One rank of a job's trainer group (`miles run`, `miles sft`): started by the controller, "
+      "or joining it from another host with --controller (parallel.remote_ranks)");
+  worker->alias("rl-worker");  // its earlier name
   worker->add_option("--controller", w->controller,
                      "HOST:PORT of the controller's service: take a remote rank's seat (needs "
                      "MILES_RUN_TOKEN)");
@@ -250,11 +284,12 @@ void register_run(CLI::App& app) {
   for (const char* local : {"--config", "--store", "--rank", "--world-size"})
     worker->get_option(local)->excludes("--controller");
   worker->callback([w] {
-    if (int rc = run_rl_worker(*w); rc != 0) throw CLI::RuntimeError(rc);
+    if (int rc = run_train_worker(*w); rc != 0) throw CLI::RuntimeError(rc);
   });
 
   auto o = std::make_shared<RunOptions>();
-  CLI::App* sub = app.add_subcommand("run", "Run an RL job from a YAML config");
+  CLI::App* sub =
+      app.add_subcommand("run", "Run an RL job (or, with an sft: section, an SFT job) from YAML");
   sub->add_option("config", o->config, "job file (configs/*.yaml)")->required();
   sub->add_option("overrides", o->overrides, "section.key=value overrides");
   sub->add_option("--run-dir", o->run_dir, "logging.run_dir (metrics.jsonl, weights, ...)");

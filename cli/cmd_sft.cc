@@ -1,28 +1,22 @@
-// `miles sft`: supervised fine-tuning on JSONL, one JSON line per step; with --layout dp=N it
-// starts N `miles train-worker` processes (one per rank) that meet through a TCP rendezvous store
-// and sum their gradients over Gloo. `miles train-worker` is the same job as one rank of a launched
-// world (the controller or Slurm / Kubernetes start it with --rank, --world-size and --store).
+// `miles sft`: supervised fine-tuning on JSONL, one JSON line per step. Its flags (or a flat YAML
+// of them) make the RunConfig of an SFT job (run_config.h's `sft:` section), run by the job layer
+// like `miles run` (include/miles/controller/sft_job.h): with --layout dp=A,pp=B,tp=C it starts
+// A·B·C − 1 `miles train-worker` ranks beside this process, rank 0, which broadcasts each batch.
 #include <spdlog/spdlog.h>
+#include <stdlib.h>
 #include <yaml-cpp/yaml.h>
 
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <map>
-#include <nlohmann/json.hpp>
+#include <fstream>
 #include <thread>
 
 #include "cli/commands.h"
 #include "cli/model_files.h"
-#include "cli/worker_launch.h"
-#include "miles/comm.h"
-#include "miles/controller/child_process.h"
+#include "miles/controller/run_config.h"
+#include "miles/controller/sft_job.h"
 #include "miles/device_model.h"
-#include "miles/tcp_store.h"
-#include "miles/thread_pool.h"
-#include "miles/trainer/sft_data.h"
-#include "miles/trainer/train_checkpoint.h"
-#include "miles/trainer/trainer.h"
+#include "miles/parallel_layout.h"
 
 namespace miles::cli {
 
@@ -34,16 +28,11 @@ struct SftOptions {
   double lr = 1e-4, min_lr = 0.0, weight_decay = 0.0, clip_grad_norm = 1.0;
   int threads = 0;
   double comm_timeout_s = 60;
-  // Collectives: "shm" (every rank on this host) or "gloo" (TCP); "": shm for the ranks `miles
-  // sft` starts itself, gloo for a train-worker started by an external launcher.
-  std::string comm;
+  std::string comm = "shm";    // the ranks' collectives: shm (this host) or gloo (TCP)
   std::string device = "cpu";  // where forward and backward run (TrainerConfig::device)
-  std::string save_dir;
+  std::string save_dir, run_dir;
   int64_t save_every = 0;
   bool resume = false;
-  // world (train-worker)
-  int rank = 0, world_size = 1;
-  std::string store;
 };
 
 // YAML keys are the long option names with '_' for '-'; a flag given on the command line wins.
@@ -65,7 +54,7 @@ Status apply_yaml(const std::string& path, SftOptions& o, CLI::App& app) {
       opt = app.get_option(flag);
     } catch (const CLI::OptionNotFound&) {
     }
-    if (!opt || key == "config" || key == "rank" || key == "world_size" || key == "store")
+    if (!opt || key == "config")
       return Status::Error(at + "unknown key '" + key +
                            "' (keys are the sft options, e.g. lr, steps)");
     if (opt->count() > 0) continue;
@@ -81,152 +70,104 @@ Status apply_yaml(const std::string& path, SftOptions& o, CLI::App& app) {
   return Status::Ok();
 }
 
-Result<TrainerConfig> trainer_config(const SftOptions& o) {
-  TrainerConfig tc;
-  tc.optimizer.weight_decay = o.weight_decay;
-  tc.optimizer.clip_grad_norm = o.clip_grad_norm;
-  tc.lr.lr = o.lr;
-  tc.lr.min_lr = o.min_lr;
-  tc.lr.warmup_steps = o.warmup_steps;
-  tc.lr.total_steps = o.steps;
-  if (o.decay == "cosine") {
-    tc.lr.decay = LrSchedule::Decay::kCosine;
-  } else if (o.decay != "constant") {
-    return Status::Error("--decay must be constant or cosine, not '" + o.decay + "'");
-  }
-  tc.micro_batch_size = o.micro_batch_size;
-  MILES_ASSIGN_OR_RETURN(tc.device, parse_device(o.device));
-  MILES_RETURN_IF_ERROR(tc.validate());
-  return tc;
-}
-
-// One rank of the job (the whole job when world_size is 1).
-Status run_rank(const SftOptions& o) {
+// The flags' checks, named by flag, then the SFT job's RunConfig (validated like a job file).
+Result<RunConfig> sft_run_config(const SftOptions& o) {
   MILES_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::parse(o.layout));
-  MILES_RETURN_IF_ERROR(layout.check_world_size(o.world_size));
   if (o.steps < 1) return Status::Error("--steps must be >= 1");
-  if (o.batch_size < 1 || o.batch_size % o.micro_batch_size != 0)
+  if (o.batch_size < 1 || o.micro_batch_size < 1 || o.batch_size % o.micro_batch_size != 0)
     return Status::Error("--batch-size must be a positive multiple of --micro-batch-size");
   if ((o.batch_size / o.micro_batch_size) % layout.dp() != 0)
     return Status::Error(
         "--batch-size / --micro-batch-size = " + std::to_string(o.batch_size / o.micro_batch_size) +
         " micro-batches do not split evenly over dp=" + std::to_string(layout.dp()));
-  MILES_ASSIGN_OR_RETURN(TrainerConfig tc, trainer_config(o));
+  if (o.decay != "constant" && o.decay != "cosine")
+    return Status::Error("--decay must be constant or cosine, not '" + o.decay + "'");
+  if (o.resume && o.save_dir.empty()) return Status::Error("--resume needs --save-dir");
+  if (o.save_every > 0 && o.save_dir.empty())
+    return Status::Error("--save-every needs --save-dir (where the checkpoints go)");
+  RunConfig c;
+  c.source = o.config.empty() ? "miles sft" : o.config;
+  c.model.path = o.model;
+  c.model.tokenizer = o.tokenizer;
+  c.sft.data = o.data;
+  c.sft.steps = o.steps;
+  c.sft.max_len = o.max_len;
+  TrainerSection& t = c.trainer;
+  t.global_batch_size = o.batch_size;
+  t.micro_batch_size = o.micro_batch_size;
+  t.lr = o.lr;
+  t.min_lr = o.min_lr;
+  t.warmup_steps = o.warmup_steps;
+  t.decay = o.decay == "cosine" ? LrDecay::kCosine : LrDecay::kConstant;
+  t.weight_decay = o.weight_decay;
+  t.clip_grad_norm = o.clip_grad_norm;
+  const int hw = static_cast<int>(std::thread::hardware_concurrency());
+  t.threads = o.threads > 0 ? o.threads : std::max(1, hw / layout.world_size());
+  MILES_ASSIGN_OR_RETURN(t.device, parse_device(o.device));
+  c.parallel.dp = layout.dp();
+  c.parallel.pp = layout.pp();
+  c.parallel.tp = layout.tp();
+  c.parallel.comm = o.comm == "gloo" ? TrainerComm::kGloo : TrainerComm::kShm;
+  c.parallel.timeout_s = o.comm_timeout_s;
+  c.checkpoint.dir = o.save_dir;
+  c.checkpoint.save_every = o.save_every;
+  c.checkpoint.save_final = !o.save_dir.empty();
+  c.checkpoint.resume = o.resume;
+  c.logging.run_dir = o.run_dir;
+  c.logging.tensorboard = !o.run_dir.empty();
+  c.logging.progress = Progress::kNone;
+  return c;
+}
+
+// A private run directory (config.yaml for the ranks, metrics.jsonl) when --run-dir is not given.
+Result<std::string> temporary_run_dir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/miles-sft-XXXXXX";
+  if (!::mkdtemp(pattern.data())) return Status::Error("cannot create a run directory " + pattern);
+  return pattern;
+}
+
+// The last lines of the other ranks' logs, when a multi-rank job failed.
+void show_rank_logs(const std::string& run_dir) {
+  for (int r = 1;; ++r) {
+    const std::string path = run_dir + "/trainer_rank_" + std::to_string(r) + ".log";
+    std::ifstream in(path);
+    if (!in) return;
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    for (size_t i = lines.size() > 3 ? lines.size() - 3 : 0; i < lines.size(); ++i)
+      std::fprintf(stderr, "  rank %d: %s\n", r, lines[i].c_str());
+  }
+}
+
+Status run_job(const SftOptions& o) {
+  MILES_ASSIGN_OR_RETURN(RunConfig cfg, sft_run_config(o));
+  MILES_RETURN_IF_ERROR(validate_run_config(cfg));
+  std::shared_ptr<const Tokenizer> tok;
   MILES_ASSIGN_OR_RETURN(ModelFiles files, load_model_files(o.model));
-  std::unique_ptr<Tokenizer> tok;
   auto t = find_tokenizer(o.model, o.tokenizer, static_cast<int32_t>(files.config.vocab_size));
   if (t.ok()) {
     tok = std::move(t).value();
   } else if (!o.tokenizer.empty()) {
     return t.status();
   }
-  MILES_ASSIGN_OR_RETURN(std::vector<TrainSample> data,
-                         load_sft_jsonl(o.data, tok.get(), files.config.vocab_size,
-                                        SftDataOptions{.max_len = o.max_len}));
-  std::unique_ptr<Communicator> world;
-  ParallelGroups groups;
-  if (o.world_size > 1) {
-    CommOptions co;
-    co.rank = o.rank;
-    co.world_size = o.world_size;
-    co.store_address = o.store;
-    co.prefix = "sft";
-    co.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.comm_timeout_s * 1000));
-    if (o.comm == "shm") {
-      MILES_ASSIGN_OR_RETURN(world, connect_shm(co));
-    } else {
-      MILES_ASSIGN_OR_RETURN(world, connect_gloo(co));
-    }
-    MILES_ASSIGN_OR_RETURN(groups, make_parallel_groups(*world, layout));
-  }
-  const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  ThreadPool pool(o.threads > 0 ? o.threads : std::max(1, hw / o.world_size));
-  MILES_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                         Trainer::create(files.config, files.weights, tc, &pool));
-  if (layout.pp() > 1)
-    MILES_RETURN_IF_ERROR(trainer->set_pipeline_stage(groups.coord.pp, layout.pp()));
-  const TrainerComms comms{groups.dp.get(), groups.pp.get()};
-  int64_t first = 0;
-  if (o.resume) {
-    if (o.save_dir.empty()) return Status::Error("--resume needs --save-dir");
-    auto latest = latest_checkpoint(o.save_dir);
-    if (latest.ok()) {
-      MILES_ASSIGN_OR_RETURN(TrainState st, load_checkpoint(*latest, *trainer));
-      first = st.step;
-      if (o.rank == 0) spdlog::info("miles sft: resumed from {} (step {})", *latest, first);
-    } else if (o.rank == 0) {
-      spdlog::info("miles sft: nothing to resume in {} ({}); starting fresh", o.save_dir,
-                   latest.message());
-    }
-  }
-  auto save = [&](int64_t done) -> Status {
-    if (o.save_dir.empty()) return Status::Ok();
-    if (comms.pp) MILES_RETURN_IF_ERROR(trainer->gather_pipeline_state(*comms.pp));
-    std::unique_ptr<Trainer> gathered;
-    if (layout.tp() > 1) {
-      MILES_ASSIGN_OR_RETURN(gathered, trainer->gather_tensor_parallel(*groups.tp));
-    }
-    if (o.rank != 0) return Status::Ok();
-    TrainState st;
-    st.step = done;
-    st.data_position = done * o.batch_size;
-    const std::string dir = o.save_dir + "/" + checkpoint_dir_name(done);
-    std::error_code ec;
-    std::filesystem::create_directories(o.save_dir, ec);
-    SaveOptions so;
-    if (std::filesystem::is_directory(o.model)) so.tokenizer_dir = o.model;
-    so.overwrite = true;
-    return save_checkpoint(dir, gathered ? *gathered : *trainer, st, so);
-  };
-  if (layout.tp() > 1) MILES_RETURN_IF_ERROR(trainer->shard_for_tensor_parallel(*groups.tp));
-  for (int64_t step = first; step < o.steps; ++step) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::vector<TrainSample> batch = sft_batch(data, step, o.batch_size);
-    double tokens = 0;
-    for (const TrainSample& s : batch) tokens += s.response_length;
-    auto r = trainer->step(batch, sft_objective(batch, tokens), comms);
-    if (!r.ok()) return r.status().with_context("step " + std::to_string(step + 1));
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (o.rank == 0) {
-      nlohmann::json j;
-      j["step"] = r->step;
-      j["loss"] = r->loss;
-      j["grad_norm"] = r->grad_norm;
-      j["lr"] = r->lr;
-      j["tokens"] = r->tokens;
-      j["step_time_s"] = secs;
-      std::printf("%s\n", j.dump().c_str());
-      std::fflush(stdout);
-    }
-    const int64_t done = step + 1;
-    if ((o.save_every > 0 && done % o.save_every == 0) || (done == o.steps && !o.save_dir.empty()))
-      MILES_RETURN_IF_ERROR(save(done));
-  }
-  if (world) MILES_RETURN_IF_ERROR(world->barrier());
-  return Status::Ok();
+  controller::SftJobOptions jo;
+  jo.json_lines = true;
+  return controller::run_sft_job(cfg, tok, jo).status();
 }
 
-// `miles sft` with a world larger than one: host the store, start one train-worker per rank.
-Status launch(const SftOptions& o, const std::vector<std::string>& job_args) {
-  MILES_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::parse(o.layout));
-  MILES_ASSIGN_OR_RETURN(auto store, TcpStoreServer::start(TcpStoreServerOptions{}));
-  const int n = layout.world_size();
-  std::vector<std::vector<std::string>> argvs;
-  for (int r = 0; r < n; ++r) {
-    std::vector<std::string> a{controller::miles_executable(),
-                               "train-worker",
-                               "--rank",
-                               std::to_string(r),
-                               "--world-size",
-                               std::to_string(n),
-                               "--store",
-                               store->address()};
-    a.insert(a.end(), job_args.begin(), job_args.end());
-    if (o.comm.empty()) a.insert(a.end(), {"--comm", "shm"});  // every rank is on this host
-    argvs.push_back(std::move(a));
+// The job in --run-dir, or in a temporary run directory removed afterwards. When a job with other
+// ranks fails, the end of their logs is shown too.
+Status run_sft(SftOptions o) {
+  const bool temporary = o.run_dir.empty();
+  if (temporary) {
+    MILES_ASSIGN_OR_RETURN(o.run_dir, temporary_run_dir());
   }
-  return run_local_workers(n, argvs);
+  Status s = run_job(o);
+  if (!s.ok()) show_rank_logs(o.run_dir);
+  if (!s.ok() && !temporary) s = Status::Error(s.message() + " (logs in " + o.run_dir + ")");
+  if (temporary) std::filesystem::remove_all(o.run_dir);
+  return s;
 }
 
 void add_job_options(CLI::App* sub, SftOptions* o) {
@@ -251,35 +192,25 @@ void add_job_options(CLI::App* sub, SftOptions* o) {
   sub->add_flag("--resume", o->resume, "continue from the latest checkpoint in --save-dir");
   sub->add_option("--comm-timeout", o->comm_timeout_s,
                   "seconds to wait for a peer (join, collective)");
-  sub->add_option("--comm", o->comm,
-                  "collectives over shm (one host) or gloo (TCP); default: shm for the ranks sft "
-                  "starts, gloo for a train-worker")
+  sub->add_option("--comm", o->comm, "the ranks' collectives: shm (this host) or gloo (TCP)")
       ->check(CLI::IsMember({"shm", "gloo"}));
+  sub->add_option("--run-dir", o->run_dir,
+                  "where config.yaml, metrics.jsonl, TensorBoard and the ranks' logs go "
+                  "(default: a temporary directory, removed at the end)");
   sub->add_option("--device", o->device,
                   "where forward and backward run: cpu, cuda (a GPU) or emulated; "
                   "the same bits on each")
       ->check(CLI::IsMember(device_names()));
 }
 
-// The arguments after the subcommand name, to forward to workers.
-std::vector<std::string> job_args_of(int argc, char** argv) {
-  std::vector<std::string> out;
-  bool seen = false;
-  for (int i = 1; i < argc; ++i) {
-    if (seen) out.push_back(argv[i]);
-    if (std::string(argv[i]) == "sft") seen = true;
-  }
-  return out;
-}
-
 }  // namespace
 
-void register_sft(CLI::App& app, int argc, char** argv) {
+void register_sft(CLI::App& app) {
   auto o = std::make_shared<SftOptions>();
   CLI::App* sub =
       app.add_subcommand("sft", "Supervised fine-tuning on JSONL; one JSON line per step");
   add_job_options(sub, o.get());
-  sub->callback([o, sub, argc, argv] {
+  sub->callback([o, sub] {
     if (!o->config.empty()) {
       if (Status s = apply_yaml(o->config, *o, *sub); !s.ok()) std::exit(fail("sft", s.message()));
     }
@@ -289,26 +220,7 @@ void register_sft(CLI::App& app, int argc, char** argv) {
         std::exit(fail("sft", std::string(need) + " is required"));
     auto layout = ParallelLayout::parse(o->layout);
     if (!layout.ok()) std::exit(fail("sft", "--layout: " + layout.message()));
-    const Status s = layout->world_size() > 1 ? launch(*o, job_args_of(argc, argv)) : run_rank(*o);
-    if (!s.ok()) std::exit(fail("sft", s.message()));
-  });
-
-  auto w = std::make_shared<SftOptions>();
-  CLI::App* worker = app.add_subcommand(
-      "train-worker",
-      "One rank of a training job (started by `miles sft`, the controller or Slurm)");
-  add_job_options(worker, w.get());
-  worker->add_option("--rank", w->rank, "this process's rank")->required();
-  worker->add_option("--world-size", w->world_size, "number of ranks")->required();
-  worker->add_option("--store", w->store, "host:port of the rendezvous store")->required();
-  worker->callback([w, worker] {
-    if (!w->config.empty()) {
-      if (Status s = apply_yaml(w->config, *w, *worker); !s.ok())
-        std::exit(fail("train-worker", s.message()));
-    }
-    const Status s = run_rank(*w);
-    if (!s.ok())
-      std::exit(fail("train-worker", "rank " + std::to_string(w->rank) + ": " + s.message()));
+    if (Status s = run_sft(*o); !s.ok()) std::exit(fail("sft", s.message()));
   });
 }
 

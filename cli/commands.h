@@ -17,6 +17,6 @@ void register_run(CLI::App& app);
 void register_report(CLI::App& app);
 void register_convert(CLI::App& app);
 void register_tokenize(CLI::App& app);
-void register_sft(CLI::App& app, int argc, char** argv);  // sft and train-worker
+void register_sft(CLI::App& app);
 
 }  // namespace miles::cli

@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
   miles::cli::register_report(app);
   miles::cli::register_convert(app);
   miles::cli::register_tokenize(app);
-  miles::cli::register_sft(app, argc, argv);
+  miles::cli::register_sft(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

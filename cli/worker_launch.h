@@ -1,8 +1,8 @@
-// Starting the worker processes of a multi-process job on this machine and waiting for them.
+// Starting whole `miles` processes from a benchmark on this machine and waiting for them.
 //
-// Why: `miles sft --layout dp=2` (and the controller later) runs one `miles train-worker` process
-// per rank. The launcher hosts the rendezvous store, starts the ranks, and if any rank fails, stops
-// the others so that nothing is left waiting on a dead peer.
+// Why: `miles bench sync` runs a trainer and its engines as processes, `miles bench step` one
+// `miles run` per mode; if any fails, the others are stopped so that nothing is left waiting on a
+// dead peer. (Jobs start their ranks through the controller's trainer group, trainer_group.h.)
 #pragma once
 
 #include <string>

@@ -1,7 +1,6 @@
 // RlJob setup and teardown (rl_job_internal.h): run directory, trainer (and resume), rewards,
 // prompts, weight publisher, controller service, engines.
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -11,7 +10,6 @@
 #include "miles/device_model.h"
 #include "miles/host_port.h"
 #include "miles/model.h"
-#include "miles/secret.h"
 #include "miles/tensor_parallel.h"
 #include "miles/trainer/train_checkpoint.h"
 
@@ -20,10 +18,8 @@ namespace miles::controller {
 namespace fs = std::filesystem;
 
 RlJob::~RlJob() {
-  if (service_) service_->stop();  // first: its calls read the members below
+  rt_.stop_service();  // first: its calls read the members below
   if (engines_) engines_->stop();
-  group_.reset();  // before the workers: their store and processes go last
-  workers_.reset();
 }
 
 void RlJob::log_line(const std::string& line) {
@@ -34,37 +30,15 @@ void RlJob::log_line(const std::string& line) {
   }
 }
 
-bool RlJob::should_stop() const { return service_ && service_->stop_requested(); }
-
-Status RlJob::make_run_dir() {
-  std::error_code ec;
-  fs::create_directories(cfg_.logging.run_dir, ec);
-  if (ec) return Status::Error("logging.run_dir " + cfg_.logging.run_dir + ": " + ec.message());
-  std::ofstream(cfg_.logging.run_dir + "/config.yaml") << run_config_to_yaml(cfg_);
-  return Status::Ok();
-}
+bool RlJob::should_stop() const { return rt_.should_stop(); }
 
 Status RlJob::setup_trainer() {
-  const int64_t world = cfg_.parallel.dp * cfg_.parallel.pp * cfg_.parallel.tp;
-  if (world > 1) {
-    if (cfg_.algorithm.old_logp == OldLogp::kRecompute &&
-        (cfg_.parallel.pp > 1 || cfg_.parallel.tp > 1))
-      return Status::Error(
-          "algorithm.old_logp recompute needs parallel.pp = parallel.tp = 1 (use rollout)");
-    MILES_ASSIGN_OR_RETURN(workers_,
-                           TrainerWorkers::start(cfg_, cfg_.logging.run_dir + "/config.yaml"));
-    seats_ = workers_.get();
-    log_line("trainer group: " + std::to_string(world) + " ranks (dp " +
-             std::to_string(cfg_.parallel.dp) + ", pp " + std::to_string(cfg_.parallel.pp) +
-             ", tp " + std::to_string(cfg_.parallel.tp) + "), rendezvous at " +
-             workers_->store_address());
-    if (cfg_.parallel.remote_ranks > 0)
-      log_line("waiting for " + std::to_string(cfg_.parallel.remote_ranks) +
-               " remote trainer rank(s): miles rl-worker --controller " + controller_address_);
-  }
-  TrainState st;
-  MILES_ASSIGN_OR_RETURN(
-      group_, TrainerRank::create(cfg_, workers_ ? workers_->leader_place() : RankPlace{}, &st));
+  if (cfg_.algorithm.old_logp == OldLogp::kRecompute &&
+      (cfg_.parallel.pp > 1 || cfg_.parallel.tp > 1))
+    return Status::Error(
+        "algorithm.old_logp recompute needs parallel.pp = parallel.tp = 1 (use rollout)");
+  MILES_ASSIGN_OR_RETURN(TrainState st, rt_.start_trainer_group());
+  group_ = &rt_.group();
   if (cfg_.checkpoint.resume) {
     if (st.step == 0) {
       log_line("checkpoint.resume: no checkpoint in " + cfg_.checkpoint.dir + "; starting fresh");
@@ -86,53 +60,16 @@ Status RlJob::setup_trainer() {
   return Status::Ok();
 }
 
-// The run token (secret.h): the one this process was given (MILES_RUN_TOKEN), else a fresh one.
-// The engines and ranks this process starts inherit it as their API keys; engines started
-// elsewhere are given the same secret as MILES_API_KEY (scripts/slurm, scripts/k8s).
-static void ensure_run_token() {
-  if (run_token().empty()) ::setenv("MILES_RUN_TOKEN", fresh_token().c_str(), 1);
-  const std::string t = run_token();
-  ::setenv("MILES_API_KEY", t.c_str(), 1);
-  ::setenv("MILES_ADMIN_API_KEY", t.c_str(), 1);
-}
-
 // The controller's gRPC service, before the trainer: remote trainer ranks join through it.
 Status RlJob::start_service() {
-  ensure_run_token();
-  service_ = std::make_unique<ControllerService>(
-      [this](v1::ControllerStatus* s) {
-        s->set_rollout_step(rollout_step_);
-        s->set_num_rollouts(cfg_.rollout.num_rollouts);
-        if (const WeightPublisher* p = published_.load()) s->set_weight_version(p->current());
-        s->set_mode(std::string(name_of(cfg_.async.mode)));
-        s->set_last_reward_mean(last_reward_.load());
-        s->set_run_dir(cfg_.logging.run_dir);
-      },
-      [this](const std::string& peer, int64_t pid, const std::string& hostname) {
-        return claim_seat(peer, pid, hostname);
-      });
-  MILES_RETURN_IF_ERROR(
-      service_->start(cfg_.controller.host, static_cast<int>(cfg_.controller.port)));
-  controller_address_ = host_port(cfg_.controller.host, service_->port());
-  nlohmann::json cj = {{"address", controller_address_}, {"pid", static_cast<int64_t>(getpid())}};
-  std::ofstream(cfg_.logging.run_dir + "/controller.json") << cj.dump() << "\n";
-  log_line("controller listening on " + controller_address_);
-  return Status::Ok();
-}
-
-SeatReply RlJob::claim_seat(const std::string& peer, int64_t pid, const std::string& hostname) {
-  SeatReply r;
-  if (cfg_.parallel.remote_ranks == 0) {
-    r.kind = SeatReply::Kind::kRefused;
-    r.message = "this run has no remote trainer ranks (parallel.remote_ranks: 0)";
-    return r;
-  }
-  TrainerWorkers* w = seats_.load();
-  if (!w) {
-    r.message = "the controller is still starting its trainer group";
-    return r;
-  }
-  return w->claim_remote(peer, pid, hostname);
+  return rt_.start_service([this](v1::ControllerStatus* s) {
+    s->set_rollout_step(rollout_step_);
+    s->set_num_rollouts(cfg_.rollout.num_rollouts);
+    if (const WeightPublisher* p = published_.load()) s->set_weight_version(p->current());
+    s->set_mode(std::string(name_of(cfg_.async.mode)));
+    s->set_last_reward_mean(last_reward_.load());
+    s->set_run_dir(cfg_.logging.run_dir);
+  });
 }
 
 Status RlJob::setup_engines() {
@@ -159,8 +96,8 @@ Status RlJob::setup_engines() {
   po.prepare = [pub](EngineClient& e) { return pub->bring(e, nullptr); };
   po.log = [this](const std::string& s) { log_line(s); };
   engines_ = std::make_unique<EnginePool>(std::move(po));
-  engines_->set_controller_address(controller_address_);
-  service_->attach_engines(*engines_);
+  engines_->set_controller_address(rt_.controller_address());
+  rt_.service().attach_engines(*engines_);
 
   for (const std::string& e : cfg_.rollout.engines) {
     // "host:http_port/grpc_port"
@@ -182,7 +119,7 @@ Status RlJob::setup_engines() {
 }
 
 Status RlJob::setup() {
-  MILES_RETURN_IF_ERROR(make_run_dir());
+  MILES_RETURN_IF_ERROR(rt_.make_run_dir());
   MILES_RETURN_IF_ERROR(start_service());
   std::vector<RewardSpec> specs = cfg_.rewards;
   for (const RewardSpec& s : specs) MILES_RETURN_IF_ERROR(s.validate());
@@ -199,7 +136,7 @@ Status RlJob::setup() {
   // Transport broadcast: one group per pipeline stage, stages 1.. sent by the ranks that lead them;
   // p2p: every trainer rank sends its own shards.
   StageSenders senders;
-  TrainerRank* rank = group_.get();
+  TrainerRank* rank = group_;
   senders.local = [rank](const std::string& name) {
     return std::as_const(rank->trainer()).params().get(name);
   };

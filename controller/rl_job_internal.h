@@ -17,6 +17,7 @@
 #include "controller/evaluator.h"
 #include "controller/group_batch.h"
 #include "controller/group_runner.h"
+#include "controller/job_runtime.h"
 #include "controller/metrics_log.h"
 #include "controller/prompt_data.h"
 #include "controller/sample_dump.h"
@@ -47,7 +48,8 @@ struct SyncPlan {
 
 class RlJob {
  public:
-  RlJob(const RunConfig& config, const RunResources& resources) : cfg_(config), res_(resources) {}
+  RlJob(const RunConfig& config, const RunResources& resources)
+      : cfg_(config), res_(resources), rt_(config, [this](const std::string& s) { log_line(s); }) {}
   ~RlJob();
   Status setup();
   Result<RunSummary> run();
@@ -60,12 +62,9 @@ class RlJob {
 
  private:
   // setup phases (rl_job.cc)
-  Status make_run_dir();
   Status start_service();
   Status setup_trainer();
   Status setup_engines();
-  // JoinTrainer (the controller service's thread): a remote rank's seat, once the group exists.
-  SeatReply claim_seat(const std::string& peer, int64_t pid, const std::string& hostname);
   // schedules (rl_schedules.cc)
   Status run_sync();
   Status run_one_step_off();
@@ -93,19 +92,16 @@ class RlJob {
 
   RunConfig cfg_;
   RunResources res_;
+  JobRuntime rt_;                            // run dir, service, trainer group (destroyed last)
+  TrainerRank* group_ = nullptr;             // rt_'s rank 0: this process
   std::unique_ptr<ThreadPool> pool_;         // the reference model's
-  std::unique_ptr<TrainerWorkers> workers_;  // ranks 1.. of the trainer group
-  // What the service's threads may read while setup runs: set once each exists.
-  std::atomic<TrainerWorkers*> seats_{nullptr};
+  // What the service's threads may read while setup runs: set once it exists.
   std::atomic<WeightPublisher*> published_{nullptr};
-  std::string controller_address_;           // the service's host:port
-  std::unique_ptr<TrainerRank> group_;       // rank 0: this process
   std::unique_ptr<Trainer> reference_;       // frozen initial policy for the KL term
   std::unique_ptr<RewardModel> rewards_;
   std::unique_ptr<PromptData> data_;
   std::unique_ptr<WeightPublisher> publisher_;
   std::unique_ptr<EnginePool> engines_;
-  std::unique_ptr<ControllerService> service_;
   std::unique_ptr<RolloutFunction> rollout_function_;  // rollout.function, when set
   std::unique_ptr<GroupRunner> runner_;
   std::unique_ptr<MetricsLog> metrics_;

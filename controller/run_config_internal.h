@@ -44,6 +44,14 @@ std::span<const std::string_view> section_names();
 std::vector<Section> sections_of(RunConfig& config);  // every section but rewards
 std::vector<Field> reward_fields(RewardSpec& spec);   // the keys of one `rewards:` entry
 
+// The keys only an RL job uses (whole sections such as "rollout" and "rewards", and single keys
+// such as "trainer.num_steps_per_rollout"), given a section name and a key: an SFT job that sets
+// one is refused, and run_config_to_yaml leaves them out of an SFT job's config (and the `sft`
+// section out of an RL job's).
+bool rl_only(std::string_view section, std::string_view key);
+// The same for a path of Origins ("rollout.seed", "rewards[0].weight", "rewards").
+bool rl_only_path(std::string_view path);
+
 // Where each value came from, by path ("rollout.seed", "rewards[0].weight"): "job.yaml:12" for a
 // file line, "override rollout.seed=3" for a command-line override. Validation errors start with
 // it.

@@ -14,14 +14,15 @@
 namespace miles::run_config_internal {
 
 std::span<const std::string_view> section_names() {
-  static constexpr std::array<std::string_view, 14> kNames = {
-      "model",   "rollout",     "trainer", "parallel",   "algorithm", "data",       "eval",
-      "rewards", "weight_sync", "async",   "checkpoint", "logging",   "controller", "check"};
+  static constexpr std::array<std::string_view, 15> kNames = {
+      "model",   "sft",         "rollout", "trainer",    "parallel", "algorithm",  "data", "eval",
+      "rewards", "weight_sync", "async",   "checkpoint", "logging",  "controller", "check"};
   return kNames;
 }
 
 std::vector<Section> sections_of(RunConfig& c) {
   auto& m = c.model;
+  auto& s = c.sft;
   auto& r = c.rollout;
   auto& t = c.trainer;
   auto& p = c.parallel;
@@ -36,6 +37,7 @@ std::vector<Section> sections_of(RunConfig& c) {
   auto& q = c.check;
   return {
       {"model", {{"path", &m.path}, {"tokenizer", &m.tokenizer}, {"reference", &m.reference}}},
+      {"sft", {{"data", &s.data}, {"steps", &s.steps}, {"max_len", &s.max_len}}},
       {"rollout",
        {{"num_rollouts", &r.num_rollouts},
         {"rollout_batch_size", &r.rollout_batch_size},
@@ -84,7 +86,8 @@ std::vector<Section> sections_of(RunConfig& c) {
         {"tp", &p.tp},
         {"comm", &p.comm},
         {"remote_ranks", &p.remote_ranks},
-        {"host", &p.host}}},
+        {"host", &p.host},
+        {"timeout_s", &p.timeout_s}}},
       {"algorithm",
        {{"advantage", &a.advantage},
         {"std_normalize", &a.std_normalize},
@@ -156,6 +159,27 @@ std::vector<Section> sections_of(RunConfig& c) {
         {"grad_norm_rel_tol_tp", &q.grad_norm_rel_tol_tp},
         {"report", &q.report}}},
   };
+}
+
+bool rl_only(std::string_view section, std::string_view key) {
+  static constexpr std::array<std::string_view, 8> kSections = {
+      "rollout", "algorithm", "data", "eval", "rewards", "weight_sync", "async", "check"};
+  if (std::find(kSections.begin(), kSections.end(), section) != kSections.end()) return true;
+  static constexpr std::array<std::pair<std::string_view, std::string_view>, 5> kKeys = {{
+      {"model", "reference"},
+      {"trainer", "num_steps_per_rollout"},
+      {"logging", "samples_every"},
+      {"logging", "samples_keep"},
+      {"logging", "report_every"},
+  }};
+  return std::find(kKeys.begin(), kKeys.end(), std::pair{section, key}) != kKeys.end();
+}
+
+bool rl_only_path(std::string_view path) {
+  const size_t end = path.find_first_of(".[");
+  const std::string_view section = path.substr(0, end);
+  const std::string_view key = end == std::string_view::npos ? "" : path.substr(end + 1);
+  return rl_only(section, key);
 }
 
 std::vector<Field> reward_fields(RewardSpec& s) {

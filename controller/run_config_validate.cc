@@ -320,6 +320,10 @@ void check_services(const RunConfig& c, Checker& check) {
   }
   check.positive("async.update_weights_interval", y.update_weights_interval);
   check.at_least<int64_t>("async.buffer_groups", y.buffer_groups, 0);
+}
+
+// What every job has: checkpoints, the run directory, the controller's service.
+void check_job(const RunConfig& c, Checker& check) {
   check.at_least<int64_t>("checkpoint.save_every", c.checkpoint.save_every, 0);
   check.required("logging.run_dir", c.logging.run_dir, "where the run writes everything");
   check.required("controller.host", c.controller.host, "the controller service's address");
@@ -352,14 +356,47 @@ void check_gate(const RunConfig& c, Checker& check) {
   }
 }
 
+// An SFT job: its own keys, and none of the RL job's (they would be ignored).
+void check_sft(const RunConfig& c, const Origins& origins, Checker& check) {
+  check.required("model.path", c.model.path, "the HF model directory or llama2.c checkpoint");
+  check.positive("sft.steps", c.sft.steps);
+  check.at_least<int64_t>("sft.max_len", c.sft.max_len, 2);
+  for (const auto& [path, where] : origins) {
+    if (rl_only_path(path))
+      check.fail({path}, path +
+                             ": not used by an SFT job (sft.data is set); remove it, or "
+                             "remove sft.data for an RL job");
+  }
+  const TrainerSection& t = c.trainer;
+  if (t.micro_batch_size >= 1 && c.parallel.dp >= 1 && t.global_batch_size >= 1 &&
+      t.global_batch_size % (t.micro_batch_size * c.parallel.dp) != 0)
+    check.fail({"trainer.global_batch_size", "trainer.micro_batch_size", "parallel.dp"},
+               "trainer.global_batch_size: " + str(t.global_batch_size) +
+                   " is not divisible by trainer.micro_batch_size × parallel.dp = " +
+                   str(t.micro_batch_size) + " × " + str(c.parallel.dp) + " = " +
+                   str(t.micro_batch_size * c.parallel.dp));
+}
+
 Status validate_with_origins(const RunConfig& config, const Origins& origins) {
   Checker check(config, origins);
+  check.positive("parallel.timeout_s", config.parallel.timeout_s);
+  if (config.is_sft()) {
+    check_sft(config, origins, check);
+    check_trainer(config, check);
+    check_job(config, check);
+    return check.status();
+  }
+  for (const auto& [path, where] : origins) {
+    if (path.starts_with("sft."))
+      check.fail({path}, path + ": only an SFT job uses it (set sft.data for one)");
+  }
   check_required(config, check);
   check_rollout(config, check);
   check_trainer(config, check);
   check_batches(config, check);
   check_algorithm(config, check);
   check_services(config, check);
+  check_job(config, check);
   check_gate(config, check);
   return check.status();
 }

@@ -66,14 +66,24 @@ std::string run_config_to_yaml(const RunConfig& config) {
   std::vector<run_config_internal::Section> sections = run_config_internal::sections_of(copy);
   for (std::string_view name : run_config_internal::section_names()) {
     if (name == "rewards") {
+      if (copy.is_sft()) continue;
       out += copy.rewards.empty() ? "rewards: []\n" : "rewards:\n";
       for (RewardSpec& spec : copy.rewards) {
         write_fields(run_config_internal::reward_fields(spec), "  - ", "    ", &out);
       }
       continue;
     }
-    for (const auto& section : sections) {
+    for (auto& section : sections) {
       if (section.name != name) continue;
+      // Each kind of job writes only the keys it reads back (run_config_internal::rl_only).
+      if (copy.is_sft()) {
+        std::erase_if(section.fields, [&](const run_config_internal::Field& f) {
+          return run_config_internal::rl_only(name, f.key);
+        });
+      } else if (name == "sft") {
+        section.fields.clear();
+      }
+      if (section.fields.empty()) continue;
       out += std::string(name) + ":\n";
       write_fields(section.fields, "  ", "  ", &out);
     }

@@ -20,7 +20,14 @@ namespace miles::controller {
 
 namespace {
 
-enum Command : int64_t { kStop = 0, kTrain = 1, kGather = 2, kWeightJoin = 3, kWeightSend = 4 };
+enum Command : int64_t {
+  kStop = 0,
+  kTrain = 1,
+  kGather = 2,
+  kWeightJoin = 3,
+  kWeightSend = 4,
+  kTrainSft = 5
+};
 
 // kWeightJoin's payload: lines store, prefix, world size, timeout in ms.
 std::vector<uint8_t> join_payload(const std::string& store, const std::string& prefix, int world,
@@ -30,7 +37,7 @@ std::vector<uint8_t> join_payload(const std::string& store, const std::string& p
   return {s.begin(), s.end()};
 }
 
-void worker_log(const std::string& line) { spdlog::info("miles rl-worker: {}", line); }
+void worker_log(const std::string& line) { spdlog::info("miles train-worker: {}", line); }
 
 Result<TrainerConfig> trainer_config(const RunConfig& cfg) {
   const TrainerSection& t = cfg.trainer;
@@ -43,11 +50,13 @@ Result<TrainerConfig> trainer_config(const RunConfig& cfg) {
   tc.lr.lr = t.lr;
   tc.lr.min_lr = t.min_lr;
   tc.lr.warmup_steps = t.warmup_steps;
-  tc.lr.total_steps = cfg.rollout.num_rollouts * t.num_steps_per_rollout;
+  tc.lr.total_steps =
+      cfg.is_sft() ? cfg.sft.steps : cfg.rollout.num_rollouts * t.num_steps_per_rollout;
   tc.lr.decay =
       t.decay == LrDecay::kCosine ? LrSchedule::Decay::kCosine : LrSchedule::Decay::kConstant;
   tc.micro_batch_size = t.micro_batch_size;
-  tc.need_entropy = true;  // the entropy bonus when entropy_coef != 0, the `entropy` metric always
+  // RL: the entropy bonus when entropy_coef != 0, the `entropy` metric always.
+  tc.need_entropy = !cfg.is_sft();
   tc.replay_experts = true;
   tc.device = t.device;
   MILES_RETURN_IF_ERROR(tc.validate());
@@ -133,8 +142,8 @@ Result<std::unique_ptr<TrainerRank>> TrainerRank::create(const RunConfig& cfg,
     co.world_size = world_size;
     co.store_address = place.store;
     co.host = place.host;
-    co.prefix = "rl";
-    co.timeout = std::chrono::milliseconds(600'000);
+    co.prefix = cfg.is_sft() ? "sft" : "rl";
+    co.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_s * 1000));
     if (cfg.parallel.comm == TrainerComm::kShm) {
       MILES_ASSIGN_OR_RETURN(r->world_, connect_shm(co));
     } else {
@@ -176,6 +185,13 @@ Result<TrainOutcome> TrainerRank::run_steps(const std::vector<TrainSample>& samp
   return out;
 }
 
+Result<StepResult> TrainerRank::run_sft_step(const std::vector<TrainSample>& batch) {
+  double tokens = 0;
+  for (const TrainSample& s : batch) tokens += static_cast<double>(s.response_length);
+  return trainer_->step(batch, sft_objective(batch, tokens),
+                        TrainerComms{groups_.dp.get(), groups_.pp.get()});
+}
+
 Result<const Trainer*> TrainerRank::gather() {
   if (groups_.pp) MILES_RETURN_IF_ERROR(trainer_->gather_pipeline_state(*groups_.pp));
   if (layout_.tp() > 1) {
@@ -200,6 +216,13 @@ Result<TrainOutcome> TrainerRank::train(const std::vector<TrainSample>& samples,
                                         const std::vector<RlSampleData>& data) {
   if (world_) MILES_RETURN_IF_ERROR(command(kTrain, encode_batch(samples, data)));
   return run_steps(samples, data);
+}
+
+Result<StepResult> TrainerRank::train_sft(const std::vector<TrainSample>& batch) {
+  if (world_)
+    MILES_RETURN_IF_ERROR(
+        command(kTrainSft, encode_batch(batch, std::vector<RlSampleData>(batch.size()))));
+  return run_sft_step(batch);
 }
 
 Result<const Trainer*> TrainerRank::full() {
@@ -333,6 +356,11 @@ Status TrainerRank::follow() {
       std::vector<RlSampleData> data;
       MILES_RETURN_IF_ERROR(decode_batch(payload, &samples, &data));
       MILES_RETURN_IF_ERROR(run_steps(samples, data).status());
+    } else if (header[0] == kTrainSft) {
+      std::vector<TrainSample> batch;
+      std::vector<RlSampleData> unused;
+      MILES_RETURN_IF_ERROR(decode_batch(payload, &batch, &unused));
+      MILES_RETURN_IF_ERROR(run_sft_step(batch).status());
     } else {
       return Status::Error("trainer worker: unknown command " + std::to_string(header[0]));
     }

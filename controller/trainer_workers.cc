@@ -19,7 +19,7 @@ int64_t world_of(const RunConfig& cfg) {
 // The argv of a local rank: it reads the run's resolved config from `config_path`.
 std::vector<std::string> local_rank_argv(const RunConfig& cfg, const std::string& config_path,
                                          const std::string& store, int64_t rank) {
-  return {miles_executable(), "rl-worker",
+  return {miles_executable(), "train-worker",
           "--rank",           std::to_string(rank),
           "--world-size",     std::to_string(world_of(cfg)),
           "--store",          store,

@@ -12,7 +12,7 @@
 // One group per pipeline stage: the group of stage s is that stage's (dp = 0, tp = 0) trainer rank
 // (rank 0) and the engines (ranks 1..n), under the prefix "wsync-<generation>-s<s>". The controller
 // is stage 0's sender; the trainer ranks that lead stages 1.. join and send on command
-// (StageSenders: `miles rl-worker` processes, trainer_group.h). Engines receive the stages in
+// (StageSenders: `miles train-worker` processes, trainer_group.h). Engines receive the stages in
 // order.
 #pragma once
 
@@ -37,7 +37,7 @@ std::string weight_stage_prefix(const std::string& prefix, int stage);
 
 // The plan a weight group follows for a trainer of layout `trainer`: broadcast sends whole stages
 // (the plan of dp=1,pp=P,tp=1: each stage's leader sends its stage), p2p every rank's own shards
-// (the trainer's layout). The controller and every rl-worker make it alike.
+// (the trainer's layout). The controller and every train-worker make it alike.
 Result<TransferPlan> weight_group_plan(Transport transport, const ModelConfig& config,
                                        const ParamLayout& params, const ParallelLayout& trainer);
 

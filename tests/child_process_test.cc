@@ -57,9 +57,9 @@ TEST(ChildProcess, MilesChildDiesWhenItsParentIsKilled) {
     close(report[0]);
     ::setenv("MILES_RUN_TOKEN", "child-process-test", 1);
     // Asks a controller that is not there for a trainer seat for a minute.
-    auto child = ChildProcess::spawn(
-        {test::miles_binary(), "rl-worker", "--controller", "127.0.0.1:9", "--join-timeout", "60"},
-        "/dev/null");
+    auto child = ChildProcess::spawn({test::miles_binary(), "train-worker", "--controller",
+                                      "127.0.0.1:9", "--join-timeout", "60"},
+                                     "/dev/null");
     const pid_t pid = child.ok() ? child->pid() : -1;
     if (write(report[1], &pid, sizeof pid) != sizeof pid) _exit(2);
     for (;;) pause();

@@ -57,7 +57,7 @@ TEST(DeployExamples, SlurmScriptPassesTheRunToken) {
   EXPECT_NE(text.find("export MILES_RUN_TOKEN"), std::string::npos);
   EXPECT_NE(text.find("--export=ALL,MILES_API_KEY"), std::string::npos);
   EXPECT_NE(text.find("--export=ALL,MILES_RUN_TOKEN"), std::string::npos);  // remote trainer ranks
-  EXPECT_NE(text.find("rl-worker --controller \"$CONTROLLER\""), std::string::npos);
+  EXPECT_NE(text.find("train-worker --controller \"$CONTROLLER\""), std::string::npos);
   EXPECT_EQ(text.find("--api-key "), std::string::npos);
 }
 
@@ -83,7 +83,7 @@ TEST(DeployExamples, KubernetesManifestIsConsistent) {
   const YAML::Node engine = engines["spec"]["template"]["spec"]["containers"][0];
   const YAML::Node trainer = trainer_job["spec"]["template"]["spec"]["containers"][0];
   const std::vector<std::string> worker_args = strings(trainer["args"]);
-  ASSERT_EQ(worker_args.at(0), "rl-worker");
+  ASSERT_EQ(worker_args.at(0), "train-worker");
   const std::vector<std::string> run_args = strings(controller["args"]);
   const std::vector<std::string> serve_args = strings(engine["args"]);
   ASSERT_EQ(run_args.at(0), "run");

@@ -192,7 +192,7 @@ struct Scenario {
   // The run directory as given to `miles run` (relative to the source directory when set), and
   // the engine's working directory, to show that the engine needs no shared working directory.
   bool relative_run_dir = false;
-  // Trainer ranks on both hosts: pipeline stage 1 is a `miles rl-worker --controller` in B.
+  // Trainer ranks on both hosts: pipeline stage 1 is a `miles train-worker --controller` in B.
   bool remote_trainer_rank = false;
 };
 
@@ -224,7 +224,7 @@ void run_two_hosts(const Scenario& sc, std::string* ns_a, std::string* ns_b) {
   if (sc.remote_trainer_rank) {
     worker.emplace(std::vector<std::string>{"ip", "netns", "exec", hosts.b(), "env",
                                             "MILES_RUN_TOKEN=netns-run-token", test::miles_binary(),
-                                            "rl-worker", "--controller", controller},
+                                            "train-worker", "--controller", controller},
                    test::source_dir(), dir + "/worker.log");
     ASSERT_TRUE(worker->started());
   }
@@ -289,8 +289,8 @@ TEST(Netns, EngineInAnotherNamespaceRegistersAndServesTheRun) {
 }
 
 // Trainer ranks on both hosts: the controller keeps pipeline stage 0, stage 1 joins from B with
-// `miles rl-worker --controller` (its rank, the store and the config from the controller) and binds
-// its collectives to B's address; the engine in B serves the trainer's bits.
+// `miles train-worker --controller` (its rank, the store and the config from the controller) and
+// binds its collectives to B's address; the engine in B serves the trainer's bits.
 TEST(Netns, TrainerRankInAnotherNamespaceJoinsTheRun) {
   MILES_REQUIRE_SHARED();
   REQUIRE_ROOT();

@@ -601,7 +601,7 @@ TEST(RlRun, BenchStepRunsTheThreeSchedulesOnOneJob) {
 namespace miles {
 namespace {
 
-// The trainer group: dp and pp ranks (miles rl-worker processes) give the single-process run bit
+// The trainer group: dp and pp ranks (miles train-worker processes) give the single-process run bit
 // for bit; tp's forward is bitwise (its logprobs equal the engine's on every step, since the engine
 // gets the weights tp trained) and its gradients within 1e-6 (column-parallel input gradients).
 TEST(RlRun, TrainerLayoutsGiveTheSingleProcessRun) {
@@ -634,14 +634,14 @@ TEST(RlRun, TrainerLayoutsGiveTheSingleProcessRun) {
       }
     }
   }
-  // Pipeline stage 1 as a remote rank: the controller keeps it for `miles rl-worker --controller`
-  // (started here before the run, reading the address from RUN_DIR/controller.json as an operator
-  // would), which takes it; the numbers are the single-process run's.
+  // Pipeline stage 1 as a remote rank: the controller keeps it for `miles train-worker
+  // --controller` (started here before the run, reading the address from RUN_DIR/controller.json as
+  // an operator would), which takes it; the numbers are the single-process run's.
   const std::string dir = temp_dir("layout_remote");
   const std::string bin = "'" + test::miles_binary() + "'";
   const std::string worker =
       "(while [ ! -s " + dir + "/controller.json ]; do sleep 0.1; done; exec " + bin +
-      " rl-worker --controller \"$(sed -n 's/.*\"address\":\"\\([^\"]*\\)\".*/\\1/p' " + dir +
+      " train-worker --controller \"$(sed -n 's/.*\"address\":\"\\([^\"]*\\)\".*/\\1/p' " + dir +
       "/controller.json)\" > " + dir + "/worker.log 2>&1) & ";
   const test::CliRun r = test::run_shell(
       "cd '" + test::source_dir() + "' || exit 1; export MILES_RUN_TOKEN=remote-rank-token; " +

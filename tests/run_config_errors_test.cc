@@ -34,18 +34,18 @@ TEST(RunConfigErrors, UnknownSectionHasAHint) {
   EXPECT_EQ(error_of(std::string(kBase) + "rollot:\n  seed: 3\n"),
             "job.yaml:4: unknown section 'rollot' (did you mean rollout?)");
   EXPECT_EQ(error_of(std::string(kBase) + "banana: 1\n"),
-            "job.yaml:4: unknown section 'banana' (sections: model, rollout, trainer, parallel, "
-            "algorithm, data, eval, rewards, weight_sync, async, checkpoint, logging, controller, "
-            "check)");
+            "job.yaml:4: unknown section 'banana' (sections: model, sft, rollout, trainer, "
+            "parallel, algorithm, data, eval, rewards, weight_sync, async, checkpoint, logging, "
+            "controller, check)");
 }
 
 TEST(RunConfigErrors, UnknownKeyHasAHint) {
   EXPECT_EQ(error_of(std::string(kBase) + "rollout:\n  seed: 3\n  n_samples_per_promt: 4\n"),
             "job.yaml:6: rollout.n_samples_per_promt: unknown key (did you mean "
             "n_samples_per_prompt?)");
-  EXPECT_EQ(
-      error_of(std::string(kBase) + "parallel:\n  zz: 1\n"),
-      "job.yaml:5: parallel.zz: unknown key (known keys: dp, pp, tp, comm, remote_ranks, host)");
+  EXPECT_EQ(error_of(std::string(kBase) + "parallel:\n  zz: 1\n"),
+            "job.yaml:5: parallel.zz: unknown key (known keys: dp, pp, tp, comm, remote_ranks, "
+            "host, timeout_s)");
   EXPECT_EQ(error_of("model: {path: m}\ndata: {path: d}\nrewards:\n  - kind: numeric\n"
                      "  - kind: numeric\n    tolerence: 0.1\n"),
             "job.yaml:6: rewards[1].tolerence: unknown key (did you mean tolerance?)");

@@ -86,6 +86,7 @@ TEST(RunConfig, FullConfigSetsEveryField) {
   EXPECT_EQ(c->parallel.dp, 2);
   EXPECT_EQ(c->parallel.pp, 3);
   EXPECT_EQ(c->parallel.tp, 4);
+  EXPECT_EQ(c->parallel.timeout_s, 120);
   const AlgorithmSection& a = c->algorithm;
   EXPECT_EQ(a.advantage, Advantage::kReinforcePpBaseline);
   EXPECT_FALSE(a.std_normalize);
@@ -214,21 +215,41 @@ TEST(RunConfig, ReferenceYamlLoadsAndStatesTheDefaults) {
   expect_equal(*c, expected);
 }
 
+std::string reference_sft_path() { return test::source_dir() + "/configs/reference_sft.yaml"; }
+
+// An SFT job's reference: its own keys at their defaults, and only keys an SFT job reads.
+TEST(RunConfig, ReferenceSftYamlLoadsAndStatesTheDefaults) {
+  auto c = load_run_config(reference_sft_path(), {"model.path=/m", "sft.data=/d.jsonl"});
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_TRUE(c->is_sft());
+  RunConfig expected;
+  expected.source = reference_sft_path();
+  expected.model.path = "/m";
+  expected.sft.data = "/d.jsonl";
+  expected.weight_sync.dir = "runs/default/weights";
+  expected.checkpoint.dir = "runs/default/checkpoints";
+  expected.check.report = "runs/default/check.json";
+  expect_equal(*c, expected);
+}
+
 TEST(RunConfig, ReferenceYamlDocumentsEveryKeyWithAComment) {
-  std::ifstream in(reference_path());
-  ASSERT_TRUE(in) << reference_path();
   std::set<std::string> documented, expected;
-  std::string line, section;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    if (line[0] != ' ') {
-      section = line.substr(0, line.find(':'));
-      continue;
+  // reference.yaml documents every key; reference_sft.yaml the sft section too.
+  for (const std::string& path : {reference_path(), reference_sft_path()}) {
+    std::ifstream in(path);
+    ASSERT_TRUE(in) << path;
+    std::string line, section;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      if (line[0] != ' ') {
+        section = line.substr(0, line.find(':'));
+        continue;
+      }
+      std::string key = line.substr(line.find_first_not_of(" -"));
+      key = key.substr(0, key.find(':'));
+      EXPECT_NE(line.find(" # "), std::string::npos) << "no comment: " << line;
+      documented.insert(section + "." + key);
     }
-    std::string key = line.substr(line.find_first_not_of(" -"));
-    key = key.substr(0, key.find(':'));
-    EXPECT_NE(line.find(" # "), std::string::npos) << "no comment: " << line;
-    documented.insert(section + "." + key);
   }
   RunConfig config;
   for (const auto& s : rci::sections_of(config)) {
@@ -260,6 +281,54 @@ TEST(RunConfig, EnumKeysAreSpelledAsTheirOwnersSpellThem) {
   ASSERT_TRUE(ok.ok()) << ok.message();
   EXPECT_EQ(ok->async.pause_mode, SyncPause::kAbort);
   EXPECT_EQ(ok->trainer.device, Device::kEmulated);
+}
+
+// An SFT job (sft.data set): written with only the keys it reads, read back equal; RL keys in it
+// and SFT keys in an RL job are errors that name them.
+TEST(RunConfig, SftJobKeepsOnlyItsKeys) {
+  auto c = parse_run_config(
+      "model: {path: m}\nsft: {data: d.jsonl, steps: 5, max_len: 64}\n"
+      "trainer: {global_batch_size: 4}\nparallel: {dp: 2, timeout_s: 30}\n",
+      "job.yaml", {});
+  ASSERT_TRUE(c.ok()) << c.message();
+  EXPECT_TRUE(c->is_sft());
+  EXPECT_EQ(c->sft.steps, 5);
+  EXPECT_EQ(c->sft.max_len, 64);
+  EXPECT_EQ(c->parallel.timeout_s, 30);
+  const std::string yaml = run_config_to_yaml(*c);
+  for (const char* rl : {"rollout:", "rewards:", "algorithm:", "weight_sync:", "async:", "check:",
+                         "eval:", "num_steps_per_rollout", "reference:", "samples_every"})
+    EXPECT_EQ(yaml.find(rl), std::string::npos) << rl << "\n" << yaml;
+  auto back = parse_run_config(yaml, "job.yaml", {});
+  ASSERT_TRUE(back.ok()) << back.message() << "\n" << yaml;
+  expect_equal(*back, *c);
+  EXPECT_EQ(run_config_to_yaml(*back), yaml);
+
+  auto rl_in_sft =
+      parse_run_config("model: {path: m}\nsft: {data: d.jsonl}\nrewards: [{kind: exact_match}]\n",
+                       "job.yaml", {"trainer.num_steps_per_rollout=2"});
+  ASSERT_FALSE(rl_in_sft.ok());
+  EXPECT_NE(rl_in_sft.message().find("job.yaml:3: rewards: not used by an SFT job"),
+            std::string::npos)
+      << rl_in_sft.message();
+  EXPECT_NE(rl_in_sft.message().find("override trainer.num_steps_per_rollout=2: "
+                                     "trainer.num_steps_per_rollout: not used by an SFT job"),
+            std::string::npos)
+      << rl_in_sft.message();
+  auto sft_in_rl = parse_run_config(
+      "model: {path: m}\ndata: {path: d.jsonl}\nrewards: [{kind: exact_match}]\n"
+      "sft: {steps: 3}\n",
+      "job.yaml", {});
+  ASSERT_FALSE(sft_in_rl.ok());
+  EXPECT_NE(sft_in_rl.message().find("job.yaml:4: sft.steps: only an SFT job uses it"),
+            std::string::npos)
+      << sft_in_rl.message();
+  auto bad = parse_run_config("model: {path: m}\nsft: {data: d.jsonl, steps: 0}\n", "job.yaml",
+                              {"parallel.timeout_s=0"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("sft.steps: must be > 0"), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find("parallel.timeout_s: must be > 0"), std::string::npos)
+      << bad.message();
 }
 
 TEST(RunConfig, LoadNamesAMissingFile) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -243,13 +244,120 @@ TEST(SftCli, BadInputExitsOneWithAReason) {
 
 TEST(SftCli, AWorkerWhosePeerNeverComesFailsWithinItsTimeout) {
   MILES_REQUIRE_SHARED();
-  // A store with nobody else: rank 0 of 2 waits for rank 1, then reports it by number.
-  CliRun r = run_miles(
-      "train-worker --rank 0 --world-size 2 --store 127.0.0.1:1 --comm-timeout 2 "
-      "--model " +
-      stories() + " --data " + data("ids.jsonl") + " --layout dp=2");
+  // A store nobody serves: rank 1 of 2 waits for the group (parallel.timeout_s), then reports
+  // itself by number.
+  const std::string dir = test::binary_dir() + "/sft_cli_tmp";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/worker.yaml");
+    f << "model: {path: " << stories() << "}\nsft: {data: " << data("ids.jsonl")
+      << "}\ntrainer: {global_batch_size: 4}\nparallel: {dp: 2, comm: gloo, timeout_s: 2}\n";
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  CliRun r = run_miles("train-worker --rank 1 --world-size 2 --store 127.0.0.1:1 --config " + dir +
+                       "/worker.yaml");
   EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("rank 0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank 1"), std::string::npos) << r.out;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30);
+}
+
+std::vector<nlohmann::json> metrics_of(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::stringstream text;
+  text << in.rdbuf();
+  return steps_of(text.str());
+}
+
+void expect_same_steps(const std::vector<nlohmann::json>& a, const std::vector<nlohmann::json>& b,
+                       const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["step"], b[i]["step"]) << what;
+    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << what << " step " << i + 1;
+    EXPECT_EQ(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>())
+        << what << " step " << i + 1;
+  }
+}
+
+// An SFT job file (`sft:` section) through `miles run`: the job layer of RL jobs — its run
+// directory, its trainer group of `miles train-worker` ranks (started here, or one joining from
+// "another host" through the controller service), its TensorBoard — gives `miles sft`'s numbers
+// bit for bit.
+TEST(SftJob, AJobFileRunsOnTheTrainerGroupWithSftsNumbers) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = test::binary_dir() + "/sft_job";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/job.yaml");
+    f << "model: {path: " << stories() << "}\nsft: {data: " << data("ids.jsonl")
+      << ", steps: 3}\ntrainer: {global_batch_size: 4, micro_batch_size: 1, lr: 1.0e-3}\n"
+      << "logging: {progress: lines}\n";
+  }
+  CliRun sft = run_miles("sft --model " + stories() + " --data " + data("ids.jsonl") +
+                             " --steps 3 --lr 1e-3 --batch-size 4 --micro-batch-size 1",
+                         false);
+  ASSERT_EQ(sft.exit_code, 0) << sft.out;
+  const auto want = steps_of(sft.out);
+  ASSERT_EQ(want.size(), 3u) << sft.out;
+
+  CliRun one = run_miles("run " + dir + "/job.yaml --run-dir " + dir + "/one");
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  expect_same_steps(metrics_of(dir + "/one"), want, "miles run, one rank");
+  EXPECT_NE(one.out.find("miles run: 3 SFT steps"), std::string::npos) << one.out;
+  EXPECT_FALSE(std::filesystem::is_empty(dir + "/one/tensorboard"));
+  std::ifstream cfg_in(dir + "/one/config.yaml");
+  const std::string cfg((std::istreambuf_iterator<char>(cfg_in)), {});
+  EXPECT_NE(cfg.find("\nsft:\n"), std::string::npos) << cfg;
+  EXPECT_EQ(cfg.find("rollout:"), std::string::npos) << "an SFT job writes only its keys\n" << cfg;
+
+  CliRun dp = run_miles("run " + dir + "/job.yaml --run-dir " + dir + "/dp parallel.dp=2");
+  ASSERT_EQ(dp.exit_code, 0) << dp.out;
+  EXPECT_NE(dp.out.find("trainer group: 2 ranks"), std::string::npos) << dp.out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/dp/trainer_rank_1.log"));
+  expect_same_steps(metrics_of(dir + "/dp"), want, "dp=2");
+
+  // Pipeline stage 1 joins as a remote rank, as `miles train-worker --controller` from Slurm would.
+  const std::string remote = dir + "/remote";
+  const std::string bin = "'" + miles_binary() + "'";
+  const std::string worker =
+      "(while [ ! -s " + remote + "/controller.json ]; do sleep 0.1; done; exec " + bin +
+      " train-worker --controller \"$(sed -n 's/.*\"address\":\"\\([^\"]*\\)\".*/\\1/p' " + remote +
+      "/controller.json)\" > " + dir + "/worker.log 2>&1) & ";
+  CliRun r = test::run_shell("export MILES_RUN_TOKEN=sft-remote-token; " + worker + bin + " run " +
+                             dir + "/job.yaml --run-dir " + remote +
+                             " parallel.pp=2 parallel.comm=gloo parallel.remote_ranks=1 2>&1;"
+                             " rc=$?; wait; exit $rc");
+  std::ifstream log_in(dir + "/worker.log");
+  const std::string worker_log((std::istreambuf_iterator<char>(log_in)), {});
+  ASSERT_EQ(r.exit_code, 0) << r.out << "\n--- worker:\n" << worker_log;
+  EXPECT_NE(r.out.find("trainer rank 1 joined from 127.0.0.1"), std::string::npos) << r.out;
+  EXPECT_NE(worker_log.find("rank 1 of 2"), std::string::npos) << worker_log;
+  expect_same_steps(metrics_of(remote), want, "pp=2 with a remote rank");
+}
+
+// An SFT job is refused what only RL jobs use, and RL's commands refuse an SFT job.
+TEST(SftJob, RlKeysAndRlCommandsAreRefused) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = test::binary_dir() + "/sft_job_refused";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/job.yaml");
+    f << "model: {path: " << stories() << "}\nsft: {data: " << data("ids.jsonl")
+      << "}\nrollout: {num_rollouts: 3}\n";
+  }
+  CliRun r = run_miles("run " + dir + "/job.yaml --run-dir " + dir + "/run");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("job.yaml:3: rollout.num_rollouts: not used by an SFT job"),
+            std::string::npos)
+      << r.out;
+  {
+    std::ofstream f(dir + "/job.yaml");
+    f << "model: {path: " << stories() << "}\nsft: {data: " << data("ids.jsonl") << "}\n";
+  }
+  CliRun c = run_miles("check " + dir + "/job.yaml --run-dir " + dir + "/run");
+  EXPECT_EQ(c.exit_code, 1) << c.out;
+  EXPECT_NE(c.out.find("an SFT job"), std::string::npos) << c.out;
 }
 
 }  // namespace

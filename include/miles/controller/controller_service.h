@@ -65,7 +65,7 @@ Result<int64_t> register_with_controller(const std::string& controller,
                                          const EngineRegistration& reg, double timeout_s,
                                          const std::function<bool()>& stop = nullptr);
 
-// What `miles rl-worker --controller HOST:PORT` asks for: a remote trainer rank's seat, and the
+// What `miles train-worker --controller HOST:PORT` asks for: a remote trainer rank's seat, and the
 // address the controller saw the call come from. Retries while the controller is unreachable or
 // not ready (up to `timeout_s`); a refusal is an error at once.
 struct JoinedSeat {

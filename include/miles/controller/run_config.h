@@ -74,6 +74,16 @@ struct ModelSection {
   std::string reference;  // reference model for KL (default: the initial policy, `path`)
 };
 
+// Supervised fine-tuning: a job file with `sft.data` is an SFT job (controller/sft_job.h), run by
+// the same job layer and trainer group as RL; it uses the model, trainer, parallel, checkpoint,
+// logging and controller sections and must not set the RL ones (rollout, algorithm, data, eval,
+// rewards, weight_sync, async, check, trainer.num_steps_per_rollout).
+struct SftSection {
+  std::string data;       // JSONL: {"text": ...} or {"input_ids": [...]} per line; set: an SFT job
+  int64_t steps = 10;     // optimizer steps of trainer.global_batch_size samples
+  int64_t max_len = 256;  // tokens kept per sample
+};
+
 struct RolloutSection {
   int64_t num_rollouts = 10;           // rollout steps of the run (required > 0)
   int64_t rollout_batch_size = 8;      // prompts per rollout step
@@ -129,12 +139,13 @@ struct TrainerSection {
 struct ParallelSection {
   int64_t dp = 1, pp = 1, tp = 1;      // trainer layout
   TrainerComm comm = TrainerComm::kShm;  // the trainer ranks' collectives: shm is one host
-  // The highest `remote_ranks` ranks join from other hosts (`miles rl-worker --controller
+  // The highest `remote_ranks` ranks join from other hosts (`miles train-worker --controller
   // HOST:PORT`, controller/trainer_group.h); the controller starts the others on its host.
   int64_t remote_ranks = 0;
   // The address the trainer ranks on the controller's host bind their collectives to (remote ranks
   // connect to it). "": controller.host (127.0.0.1 when no rank is remote).
   std::string host;
+  double timeout_s = 600;  // seconds a rank waits for the others (joining, each collective)
 };
 
 struct AlgorithmSection {
@@ -235,6 +246,7 @@ struct CheckSection {
 struct RunConfig {
   std::string source;                  // the file it was read from
   ModelSection model;
+  SftSection sft;
   RolloutSection rollout;
   TrainerSection trainer;
   ParallelSection parallel;
@@ -248,6 +260,9 @@ struct RunConfig {
   LoggingSection logging;
   ControllerSection controller;
   CheckSection check;
+
+  // An SFT job (sft.data set) rather than an RL job.
+  bool is_sft() const { return !sft.data.empty(); }
 };
 
 // Reads `path`, applies `overrides` ("section.key=value"), validates. Errors name the file, line

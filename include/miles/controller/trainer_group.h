@@ -1,8 +1,9 @@
-// TrainerRank: one rank of the RL trainer group of `miles run` — the controller is rank 0, the
-// other ranks are `miles rl-worker` processes, started by the controller on its host or joining
-// from other hosts (parallel.remote_ranks) — all running this same code.
+// TrainerRank: one rank of the trainer group of a job (`miles run` RL or SFT, `miles sft`) — the
+// controller is rank 0, the other ranks are `miles train-worker` processes, started by the
+// controller on its host or joining from other hosts (parallel.remote_ranks) — all running this
+// same code.
 //
-// Why: the trainer's layouts (parallel.dp × pp × tp) train one rollout batch across processes.
+// Why: the trainer's layouts (parallel.dp × pp × tp) train one batch across processes.
 // Rank 0 broadcasts a command and the batch bytes (batch_wire.h) over the group's world
 // communicator; every rank builds the same RL objective and calls Trainer::step with its data- and
 // pipeline-parallel groups (so dp / pp layouts give the single-process numbers bit for bit, tp
@@ -64,9 +65,11 @@ class TrainerRank {
                                                      const RankPlace& place, TrainState* resumed);
   ~TrainerRank();
 
-  // Rank 0: trains every rank on `samples` (num_steps_per_rollout optimizer steps).
+  // Rank 0, RL job: trains every rank on `samples` (num_steps_per_rollout optimizer steps).
   Result<TrainOutcome> train(const std::vector<TrainSample>& samples,
                              const std::vector<RlSampleData>& data);
+  // Rank 0, SFT job: one optimizer step of every rank on `batch` (the SFT objective).
+  Result<StepResult> train_sft(const std::vector<TrainSample>& batch);
   // Rank 0: the whole model, current (gathers stages and shards on every rank when needed).
   Result<const Trainer*> full();
   // Rank 0: tells the other ranks to exit.
@@ -91,6 +94,7 @@ class TrainerRank {
   TrainerRank() = default;
   Result<TrainOutcome> run_steps(const std::vector<TrainSample>& samples,
                                  const std::vector<RlSampleData>& data);
+  Result<StepResult> run_sft_step(const std::vector<TrainSample>& batch);
   Result<const Trainer*> gather();
   Status command(int64_t cmd, const std::vector<uint8_t>& payload);
   bool leads_later_stage() const;

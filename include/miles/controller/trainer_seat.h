@@ -1,4 +1,4 @@
-// TrainerSeat: what a trainer rank joining from another host is given (`miles rl-worker
+// TrainerSeat: what a trainer rank joining from another host is given (`miles train-worker
 // --controller HOST:PORT`, the JoinTrainer call of proto/miles/v1/controller.proto).
 //
 // Why: with parallel.remote_ranks > 0 the controller starts only the ranks on its own host; the
