@@ -35,6 +35,8 @@ import transformers
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -122,6 +124,11 @@ def model_specs() -> dict:
         # Llama's optional biases: q/k/v and o_proj (attention_bias), gate/up and down_proj (mlp_bias).
         "llama_bias": (LlamaForCausalLM, LlamaConfig,
                        dict(llama, attention_bias=True, mlp_bias=True, **rope_kwargs(10000.0, None))),
+        # Mistral: Llama's layers with sliding-window attention on every layer; a window of 5 so the
+        # prompts of 9, 16 and 33 tokens see it (its class has no bias fields).
+        "mistral": (MistralForCausalLM, MistralConfig,
+                    dict({k: v for k, v in COMMON.items() if k != "attention_bias"},
+                         tie_word_embeddings=False, sliding_window=5, **rope_kwargs(10000.0, None))),
     }
 
 

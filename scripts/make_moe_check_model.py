@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Makes tests/data/models/qwen3_moe_v512 and qwen2_v512: the tiny Qwen3-MoE and Qwen2 test models
-(tests/data/models/qwen3_moe, qwen2: random weights from transformers) cut to the first 512 rows of
-their embedding and LM head (qwen2's head is the tied embedding), so that they speak stories260K's
-512-token llama2.c tokenizer (BOS 1, EOS 2 in all). `miles check` and `miles run` need text for
-prompts and rewards; this gives the MoE path (R3 capture and replay) and the Qwen2 family models they
-can run end to end. Needs only numpy + safetensors (the light venv).
+"""Makes tests/data/models/qwen3_moe_v512, qwen2_v512 and mistral_v512: the tiny Qwen3-MoE, Qwen2
+and Mistral test models (tests/data/models/qwen3_moe, qwen2, mistral: random weights from
+transformers) cut to the first 512 rows of their embedding and LM head (qwen2's head is the tied
+embedding), so that they speak stories260K's 512-token llama2.c tokenizer (BOS 1, EOS 2 in all).
+`miles check` and `miles run` need text for prompts and rewards; this gives the MoE path (R3 capture
+and replay), the Qwen2 family and Mistral's sliding window models they can run end to end. Needs only numpy + safetensors (the light venv).
 
     python3 scripts/make_moe_check_model.py [--data-dir tests/data]
 
@@ -23,7 +23,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data-dir", default="tests/data")
     args = ap.parse_args()
-    for src_name in ("qwen3_moe", "qwen2"):
+    for src_name in ("qwen3_moe", "qwen2", "mistral"):
         cut_vocab(args.data_dir, src_name)
 
 

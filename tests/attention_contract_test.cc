@@ -57,22 +57,27 @@ std::vector<Shape> shapes() {
 
 // Forward: per head and query, key blocks of kAttnBlock, scores scaled, online softmax, p · v by
 // fma in ascending key order, then / denominator.
+// With a sliding window W > 0, query i sees keys i − W + 1 .. i: the blocks before the window's
+// are skipped, the keys before it in its first block score −inf.
 std::vector<float> forward_contract(const std::vector<float>& q, const std::vector<float>& k,
-                                    const std::vector<float>& v, const Shape& s, float scale) {
+                                    const std::vector<float>& v, const Shape& s, float scale,
+                                    int64_t window = 0) {
   const int64_t hd = s.hd, group = s.heads / s.kv_heads;
   std::vector<float> out(s.t * s.heads * hd);
   for (int64_t i = 0; i < s.t; ++i)
     for (int64_t h = 0; h < s.heads; ++h) {
       const float* qh = q.data() + (i * s.heads + h) * hd;
       const int64_t off = (h / group) * hd;
+      const int64_t first = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
       float mx = -INFINITY, den = 0.0f;
       std::vector<float> acc(hd, 0.0f);
-      for (int64_t b0 = 0; b0 <= i; b0 += kAttnBlock) {
+      for (int64_t b0 = first / kAttnBlock * kAttnBlock; b0 <= i; b0 += kAttnBlock) {
         const int64_t n = std::min<int64_t>(kAttnBlock, i + 1 - b0);
         std::vector<float> sc(n);
         float bm = -INFINITY;
         for (int64_t j = 0; j < n; ++j) {
           sc[j] = contract_dot(qh, k.data() + (b0 + j) * s.kv_heads * hd + off, hd) * scale;
+          if (b0 + j < first) sc[j] = -INFINITY;
           bm = std::max(bm, sc[j]);
         }
         const float nm = std::max(mx, bm);
@@ -92,6 +97,31 @@ std::vector<float> forward_contract(const std::vector<float>& q, const std::vect
   return out;
 }
 
+// A sequence's keys and values stored in a paged cache of `bt`-position blocks (unused slots NaN)
+// and its positions 0 .. t − 1.
+struct PagedSequence {
+  std::vector<std::vector<float>> kb, vb;
+  std::vector<const float*> kp, vp;
+  std::vector<int32_t> pos;
+  int64_t bt;
+  PagedSequence(const std::vector<float>& k, const std::vector<float>& v, const Shape& s,
+                int64_t block_tokens)
+      : bt(block_tokens) {
+    const int64_t kvd = s.kv_heads * s.hd, blocks = (s.t + bt - 1) / bt;
+    kb.assign(blocks, std::vector<float>(kvd * bt, std::nanf("")));
+    vb = kb;
+    for (int64_t j = 0; j < s.t; ++j)
+      kv_block_store(k.data() + j * kvd, v.data() + j * kvd, j % bt, bt, s.kv_heads, s.hd,
+                     kb[j / bt].data(), vb[j / bt].data());
+    for (int64_t b = 0; b < blocks; ++b) {
+      kp.push_back(kb[b].data());
+      vp.push_back(vb[b].data());
+    }
+    for (int64_t i = 0; i < s.t; ++i) pos.push_back(static_cast<int32_t>(i));
+  }
+  KvSpan span() const { return KvSpan{kp, vp, bt}; }
+};
+
 // Forward through the paged cache, block sizes that hold whole 8-key segments (keys read in
 // place) and that do not (12: keys gathered); unused cache slots hold NaN. The whole sequence as
 // one prefill, and each query alone at its position (a decode step), give the contract's bits.
@@ -101,20 +131,9 @@ TEST(AttentionContract, ForwardOverThePagedCacheForEveryGroupSize) {
       const int64_t hd = s.hd, kvd = s.kv_heads * hd, qd = s.heads * hd;
       auto q = random_vec(s.t * qd, 11 + s.heads * 100 + hd);
       auto k = random_vec(s.t * kvd, 12 + hd), v = random_vec(s.t * kvd, 13 + hd);
-      const int64_t blocks = (s.t + bt - 1) / bt;
-      std::vector<std::vector<float>> kb(blocks, std::vector<float>(kvd * bt, std::nanf(""))),
-          vb = kb;
-      for (int64_t j = 0; j < s.t; ++j)
-        kv_block_store(k.data() + j * kvd, v.data() + j * kvd, j % bt, bt, s.kv_heads, hd,
-                       kb[j / bt].data(), vb[j / bt].data());
-      std::vector<const float*> kp, vp;
-      for (int64_t b = 0; b < blocks; ++b) {
-        kp.push_back(kb[b].data());
-        vp.push_back(vb[b].data());
-      }
-      const KvSpan span{kp, vp, bt};
-      std::vector<int32_t> pos(s.t);
-      for (int64_t i = 0; i < s.t; ++i) pos[i] = static_cast<int32_t>(i);
+      const PagedSequence paged(k, v, s, bt);
+      const KvSpan span = paged.span();
+      const std::vector<int32_t>& pos = paged.pos;
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
       const auto want = forward_contract(q, k, v, s, scale);
       const std::string what = "heads " + std::to_string(s.heads) + " kv " +
@@ -142,7 +161,7 @@ struct Grads {
 // pairs in ascending (head, query) order.
 Grads backward_contract(const std::vector<float>& q, const std::vector<float>& k,
                         const std::vector<float>& v, const std::vector<float>& d_out,
-                        const Shape& s, float scale) {
+                        const Shape& s, float scale, int64_t window = 0) {
   const int64_t hd = s.hd, t = s.t, group = s.heads / s.kv_heads;
   const int64_t ldq = s.heads * hd, ldkv = s.kv_heads * hd, qb = 64;
   Grads g{std::vector<float>(t * ldq, 0.0f), std::vector<float>(t * ldkv, 0.0f),
@@ -163,6 +182,7 @@ Grads backward_contract(const std::vector<float>& q, const std::vector<float>& k
           float mx = -INFINITY;
           for (int64_t j = 0; j <= i; ++j) {
             p[j] = contract_dot(qi, k.data() + j * ldkv + kh * hd, hd) * scale;
+            if (window > 0 && j < i - window + 1) p[j] = -INFINITY;  // before the window: p = 0
             dp[j] = contract_dot(doi, v.data() + j * ldkv + kh * hd, hd);
             mx = std::max(mx, p[j]);
           }
@@ -211,6 +231,64 @@ TEST(AttentionContract, BackwardForEveryGroupSize) {
     EXPECT_TRUE(same_bits(got.dq, want.dq)) << "dq, " << what;
     EXPECT_TRUE(same_bits(got.dk, want.dk)) << "dk, " << what;
     EXPECT_TRUE(same_bits(got.dv, want.dv)) << "dv, " << what;
+  }
+}
+
+// Sliding windows (Mistral): narrower than a key block, a block's width, one key more, and wider
+// than two blocks. The forward through the paged cache (prefill and each query alone) and the
+// backward give the contract's bits, and the forward is the window's softmax (double precision,
+// within 1e-5): keys before the window do not count.
+TEST(AttentionContract, SlidingWindowForwardAndBackward) {
+  const Shape s{6, 2, 64, 150};
+  const int64_t hd = s.hd, kvd = s.kv_heads * hd, qd = s.heads * hd, bt = 16;
+  auto q = random_vec(s.t * qd, 31), k = random_vec(s.t * kvd, 32), v = random_vec(s.t * kvd, 33);
+  auto d_out = random_vec(s.t * qd, 34);
+  const PagedSequence paged(k, v, s, bt);
+  const KvSpan span = paged.span();
+  const std::vector<int32_t>& pos = paged.pos;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int64_t window : {1, 5, 32, 33, 70}) {
+    const std::string what = "window " + std::to_string(window);
+    const auto want = forward_contract(q, k, v, s, scale, window);
+    std::vector<float> got(s.t * qd);
+    attention(q.data(), s.t, s.heads, s.kv_heads, hd, pos.data(), span, scale, got.data(), window);
+    EXPECT_TRUE(same_bits(got, want)) << "prefill, " << what;
+    for (int64_t i = 0; i < s.t; i += 7) {
+      std::vector<float> one(qd);
+      attention(q.data() + i * qd, 1, s.heads, s.kv_heads, hd, &pos[i], span, scale, one.data(),
+                window);
+      ASSERT_TRUE(std::memcmp(one.data(), want.data() + i * qd, qd * 4) == 0)
+          << "decode at " << i << ", " << what;
+    }
+    double worst = 0;  // the window's softmax in double precision
+    for (int64_t i = 0; i < s.t; ++i)
+      for (int64_t h = 0; h < s.heads; ++h) {
+        const int64_t kh = h / (s.heads / s.kv_heads), first = std::max<int64_t>(0, i - window + 1);
+        std::vector<double> w;
+        double mx = -1e300, den = 0;
+        for (int64_t j = first; j <= i; ++j) {
+          double d = 0;
+          for (int64_t e = 0; e < hd; ++e)
+            d += static_cast<double>(q[i * qd + h * hd + e]) * k[j * kvd + kh * hd + e];
+          w.push_back(d * scale);
+          mx = std::max(mx, w.back());
+        }
+        for (double& x : w) den += (x = std::exp(x - mx));
+        for (int64_t e = 0; e < hd; ++e) {
+          double o = 0;
+          for (int64_t j = first; j <= i; ++j) o += w[j - first] / den * v[j * kvd + kh * hd + e];
+          worst = std::max(worst, std::fabs(o - got[i * qd + h * hd + e]));
+        }
+      }
+    EXPECT_LT(worst, 1e-5) << what;
+    Grads g{std::vector<float>(s.t * qd), std::vector<float>(s.t * kvd),
+            std::vector<float>(s.t * kvd)};
+    attention_backward(q.data(), k.data(), v.data(), qd, kvd, d_out.data(), s.t, s.heads,
+                       s.kv_heads, hd, scale, g.dq.data(), g.dk.data(), g.dv.data(), window);
+    const Grads gw = backward_contract(q, k, v, d_out, s, scale, window);
+    EXPECT_TRUE(same_bits(g.dq, gw.dq)) << "dq, " << what;
+    EXPECT_TRUE(same_bits(g.dk, gw.dk)) << "dk, " << what;
+    EXPECT_TRUE(same_bits(g.dv, gw.dv)) << "dv, " << what;
   }
 }
 

@@ -150,5 +150,24 @@ TEST(Check, AGateThatDoesNotHoldFailsTheCommand) {
   EXPECT_EQ(loose.exit_code, 0) << loose.out;
 }
 
+// Mistral (tests/data/models/mistral_v512: sliding window 5 on every layer, cut to stories260K's
+// 512 tokens): the engine's windowed decode over the paged cache and the trainer's windowed packed
+// forward agree bit for bit, on data- and pipeline-parallel layouts too.
+TEST(Check, MistralSlidingWindowModelAgreesBitForBit) {
+  MILES_REQUIRE_SHARED();
+  Checked c =
+      check("configs/ci_check.yaml", "mistral",
+            "model.path=tests/data/models/mistral_v512 model.tokenizer=" + test::shared_dir() +
+                "/models/stories260K/tok512.bin "
+                "'check.layouts=[dp=2,pp=2]'");
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  ASSERT_TRUE(c.report.is_object()) << c.out;
+  EXPECT_TRUE(c.report["passed"].get<bool>());
+  EXPECT_EQ((*gate(c.report, "logp_abs_diff_max"))["value"], 0.0);
+  EXPECT_EQ((*gate(c.report, "grad_norm_dp=2_rel_diff"))["value"], 0.0);
+  EXPECT_EQ((*gate(c.report, "grad_norm_pp=2_rel_diff"))["value"], 0.0);
+  EXPECT_GT(c.report["grad_norm"].get<double>(), 0.0);
+}
+
 }  // namespace
 }  // namespace miles

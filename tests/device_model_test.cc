@@ -168,7 +168,7 @@ TEST_P(DeviceForward, EmulatedEqualsTheCpuModel) {
 
 INSTANTIATE_TEST_SUITE_P(Models, DeviceForward,
                          ::testing::Values("llama", "llama_tied", "llama_bias", "llama_rope_yarn",
-                                           "qwen2", "qwen3", "qwen3_bf16", "qwen3_moe",
+                                           "mistral", "qwen2", "qwen3", "qwen3_bf16", "qwen3_moe",
                                            "qwen3_moe_nonorm"));
 
 TEST(DeviceForwardStories, EmulatedEqualsTheCpuModel) {
@@ -253,7 +253,8 @@ TEST_P(DeviceTraining, EmulatedTiedHeadShareIsTheCpuModelsBits) {
 
 INSTANTIATE_TEST_SUITE_P(Models, DeviceTraining,
                          ::testing::Values("llama", "llama_tied", "llama_bias", "llama_rope_yarn",
-                                           "qwen2", "qwen3", "qwen3_moe", "qwen3_moe_nonorm"));
+                                           "mistral", "qwen2", "qwen3", "qwen3_moe",
+                                           "qwen3_moe_nonorm"));
 
 TEST(DeviceTrainingMoe, EmulatedGradientsWithRoutingReplayAreTheCpuModelsBits) {
   expect_training_bits(Device::kEmulated, test::data_dir() + "/models/qwen3_moe", false, true);

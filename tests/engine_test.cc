@@ -104,8 +104,12 @@ TEST(Engine, LogprobsAndExpertsEqualTeacherForcedForward) {
   ASSERT_EQ(c.streamed.at({*id, 0}).size(), ev.output.size());
 }
 
-TEST(Engine, RequestIsBitIdenticalAloneAmong63AndWithPrefixHit) {
-  auto model = load("qwen3_moe");
+// MoE (routing recorded per token) and Mistral (sliding window 5: decode and chunked prefill skip
+// and mask the keys before the window over the paged cache).
+class EngineBatchInvariance : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EngineBatchInvariance, RequestIsBitIdenticalAloneAmong63AndWithPrefixHit) {
+  auto model = load(GetParam());
   ThreadPool pool(2);
   std::mt19937 rng(3);
   auto prompt = random_ids(rng, 37);
@@ -143,6 +147,8 @@ TEST(Engine, RequestIsBitIdenticalAloneAmong63AndWithPrefixHit) {
   }
   EXPECT_GT(e.stats().cached_prompt_tokens, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineBatchInvariance, ::testing::Values("qwen3_moe", "mistral"));
 
 TEST(Engine, GroupPrefillsOnceAndEachSampleEqualsItsOwnRequest) {
   auto model = load("qwen3_moe");

@@ -118,6 +118,41 @@ TEST(ModelConfig, Qwen2HasQkvBiasesAndFullAttentionOnly) {
   expect_error(with("use_sliding_window", "true"), "use_sliding_window");
 }
 
+// Mistral: Llama's fields and a sliding window on every layer (MistralConfig's 4096 when absent,
+// none when null); no biases, no layer_types (transformers ignores them); the writer round trips.
+TEST(ModelConfig, MistralSlidingWindowOnEveryLayer) {
+  std::string m = llama_with("architectures", R"(["MistralForCausalLM"])");
+  m = m.replace(m.find("\"llama\""), 7, "\"mistral\"");
+  auto with = [&](const std::string& key, const std::string& value) {
+    return m.substr(0, m.size() - 1) + ", \"" + key + "\": " + value + "}";
+  };
+  auto absent = parse_model_config(m, kSrc);
+  ASSERT_TRUE(absent.ok()) << absent.message();
+  EXPECT_EQ(absent->arch, Arch::kMistral);
+  EXPECT_EQ(absent->sliding_window, 4096);
+  EXPECT_EQ(absent->attention_window(1), 4096);
+  auto none = parse_model_config(with("sliding_window", "null"), kSrc);
+  ASSERT_TRUE(none.ok()) << none.message();
+  EXPECT_EQ(none->attention_window(0), 0);
+  auto five = parse_model_config(with("sliding_window", "5"), kSrc);
+  ASSERT_TRUE(five.ok()) << five.message();
+  EXPECT_EQ(five->attention_window(0), 5);
+  auto back = parse_model_config(model_config_to_hf_json(*five), kSrc);
+  ASSERT_TRUE(back.ok()) << back.message();
+  EXPECT_EQ(back->arch, Arch::kMistral);
+  EXPECT_EQ(back->sliding_window, 5);
+  auto none_back = parse_model_config(model_config_to_hf_json(*none), kSrc);
+  ASSERT_TRUE(none_back.ok()) << none_back.message();
+  EXPECT_EQ(none_back->sliding_window, 0);
+  expect_error(with("sliding_window", "0"), "sliding_window' is 0");
+  expect_error(with("layer_types", R"(["sliding_attention", "sliding_attention"])"),
+               "layer_types' is given");
+  expect_error(with("attention_bias", "true"), "has no biases");
+  // Llama and the Qwen families keep refusing windows.
+  expect_error(llama_with("layer_types", R"(["full_attention", "sliding_attention"])"),
+               "layer_types' [1]");
+}
+
 TEST(ModelConfig, Qwen3MoeLayers) {
   auto r = parse_model_config(kQwen3Moe, kSrc);
   ASSERT_TRUE(r.ok()) << r.message();
@@ -200,7 +235,7 @@ TEST(ModelConfig, RopeParametersV5AndPartialRotary) {
 
 TEST(ModelConfig, Errors) {
   expect_error(llama_with("architectures", R"(["GPT2LMHeadModel"])"), "GPT2LMHeadModel");
-  expect_error(llama_with("architectures", R"(["MistralForCausalLM"])"), "MistralForCausalLM");
+  expect_error(llama_with("architectures", R"(["Gemma3ForCausalLM"])"), "Gemma3ForCausalLM");
   expect_error("[1, 2]", "JSON object");
   expect_error("{\"hidden_size\": ", "not valid JSON");
   expect_error(llama_with("hidden_size", "\"64\""), "hidden_size");

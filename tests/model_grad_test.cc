@@ -91,8 +91,8 @@ TEST_P(GradParity, TrainingForwardGivesTheInferenceLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GradParity,
-                         ::testing::Values("llama", "llama_tied", "llama_bias", "qwen2", "qwen3",
-                                           "qwen3_bf16", "qwen3_moe", "qwen3_moe_nonorm"));
+                         ::testing::Values("llama", "llama_tied", "llama_bias", "mistral", "qwen2",
+                                           "qwen3", "qwen3_bf16", "qwen3_moe", "qwen3_moe_nonorm"));
 
 TEST(ModelBackward, RejectsForwardsItCannotDifferentiate) {
   Case c = load_case("llama");

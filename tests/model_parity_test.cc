@@ -202,7 +202,7 @@ TEST_P(Replay, OwnChoicesChangeNothingOtherIdsAreUsed) {
 INSTANTIATE_TEST_SUITE_P(HfModels, Parity,
                          ::testing::Values("llama", "llama_tied", "llama_bias", "llama_rope_llama3",
                                            "llama_rope_yarn", "llama_rope_linear", "llama_sharded",
-                                           "qwen2", "qwen3", "qwen3_bf16", "qwen3_moe",
+                                           "mistral", "qwen2", "qwen3", "qwen3_bf16", "qwen3_moe",
                                            "qwen3_moe_nonorm"));
 
 INSTANTIATE_TEST_SUITE_P(HfMoeModels, Replay, ::testing::Values("qwen3_moe", "qwen3_moe_nonorm"));

@@ -27,11 +27,13 @@ void swiglu_backward(const float* gate, const float* up, const float* da, int64_
                      int64_t ld_in, float* d_gate, float* d_up, int64_t ld_out);
 
 // Causal self-attention of one sequence from position 0: q[T, H, hd], k/v[T, KVH, hd] (rows with
-// strides ldq, ldkv), out = softmax(q kᵀ · scale) v. Given d_out[T, H, hd], writes dq (stride ldq)
-// and dk, dv (stride ldkv), overwriting them. Probabilities are recomputed (two-pass softmax).
+// strides ldq, ldkv), out = softmax(q kᵀ · scale) v, each query seeing keys 0..i (or with a sliding
+// window > 0, i − window + 1 .. i). Given d_out[T, H, hd], writes dq (stride ldq) and dk, dv
+// (stride ldkv), overwriting them. Probabilities are recomputed (two-pass softmax).
 void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
                         const float* d_out, int64_t t, int64_t heads, int64_t kv_heads,
-                        int64_t head_dim, float scale, float* dq, float* dk, float* dv);
+                        int64_t head_dim, float scale, float* dq, float* dk, float* dv,
+                        int64_t window = 0);
 // One sequence of a packed batch for attention_backward_batch: its rows of q, k, v (strides ldq,
 // ldkv) and d_out ([t, H, hd]), and where its dq, dk, dv rows go.
 struct AttentionSeq {
@@ -45,7 +47,7 @@ struct AttentionSeq {
 // dq row is one query's, and every dk / dv row sums its query blocks in ascending order.
 void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, int64_t ldkv,
                               int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
-                              ThreadPool* pool);
+                              ThreadPool* pool, int64_t window = 0);
 
 // dW[N, K] = dYᵀ · X summed over the M rows with the GEMM's chunk-and-tree rule over rows, in
 // chunks of kWeightGradChunk rows:

@@ -14,7 +14,8 @@
 //    2, 4 or 8 equal parts falls on subtree boundaries and the ranks' partials, summed by the same
 //    tree over ranks, give the single-process bits.
 //  * row reductions (RMSNorm sum of squares, softmax sums): chunks of kGemmChunk, the same tree.
-//  * attention: online softmax over key blocks of kAttnBlock positions from position 0, ascending.
+//  * attention: online softmax over key blocks of kAttnBlock positions from position 0, ascending
+//    (a sliding window skips the blocks before it and scores the keys before it −inf).
 //  * exp: miles' exp_f32 (src/kernels/exp.h), the same bits in scalar and SIMD code, never libm's.
 #pragma once
 
@@ -176,14 +177,17 @@ struct KvSpan {
 void kv_block_store(const float* k, const float* v, int64_t slot, int64_t block_tokens,
                     int64_t kv_heads, int64_t head_dim, float* k_block, float* v_block);
 // Causal attention with GQA for the queries q[T, H, hd] of one sequence at positions[T]: query t
-// sees keys 0..positions[t]. out[T, H, hd]. scale is usually 1/sqrt(hd).
+// sees keys 0..positions[t], or with a sliding window W > 0 keys positions[t] − W + 1 ..
+// positions[t] (transformers' sliding_window: key j visible when j > p − W). out[T, H, hd]. scale
+// is usually 1/sqrt(hd).
 void attention(const float* q, int64_t t, int64_t heads, int64_t kv_heads, int64_t head_dim,
-               const int32_t* positions, const KvSpan& kv, float scale, float* out);
+               const int32_t* positions, const KvSpan& kv, float scale, float* out,
+               int64_t window = 0);
 // The same with row strides: query i at q + i * ldq, its output at out + i * ldo. The queries of
 // one call share each key block's transposition; a query's bits never depend on the others.
 void attention(const float* q, int64_t ldq, int64_t t, int64_t heads, int64_t kv_heads,
                int64_t head_dim, const int32_t* positions, const KvSpan& kv, float scale,
-               float* out, int64_t ldo);
+               float* out, int64_t ldo, int64_t window = 0);
 
 // out[T, D] = table[ids[t], :] for an f32 table [V, D].
 void embedding(const float* table, int64_t d, const int32_t* ids, int64_t t, float* out);

@@ -12,7 +12,7 @@
 
 namespace miles {
 
-enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen2 };
+enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen2, kMistral };
 
 // Rotary position embedding: HF `rope_theta` + `rope_scaling` (or `rope_parameters`) + partial rotary.
 struct RopeConfig {
@@ -61,12 +61,18 @@ struct ModelConfig {
   bool mlp_bias = false;
   RopeConfig rope;
   MoeConfig moe;
+  // Sliding-window attention (Mistral's `sliding_window`, on every layer): a query at position p
+  // sees keys p − sliding_window + 1 .. p (transformers' rule: key j when j > p − window). 0: full
+  // causal attention.
+  int64_t sliding_window = 0;
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
   // Not from config.json: > 1 when this config is one rank's shard of a tensor-parallel split
   // (tensor_parallel::local_config). Row-parallel products then keep the full K's GEMM chunks.
   int64_t tensor_parallel = 1;
 
+  // The attention window of a layer's queries (0: full causal attention).
+  int64_t attention_window(int64_t layer) const { return sliding_window; }
   bool is_moe_layer(int64_t layer) const;
   int64_t num_moe_layers() const;
   int64_t rotary_dim() const;

@@ -295,8 +295,9 @@ class BackendBackward {
     const int64_t items1 = ints_host_[5 * ns], items2 = ints_host_[5 * ns + 1];
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     float* ds = p_ + ints_host_[5 * ns + 2];  // after every sequence's p
-    b_.launch(items1, AttnBackwardRowsKernel{qkv, ld, qd, kvd, heads, kvh, hd, dattn, scale, ns,
-                                             first, len, item1, pbase, p_, ds, dqkv});
+    const int64_t window = m_.programs_[layer_].window;
+    b_.launch(items1, AttnBackwardRowsKernel{qkv, ld, qd, kvd, heads, kvh, hd, dattn, scale, window,
+                                             ns, first, len, item1, pbase, p_, ds, dqkv});
     b_.launch(items2, AttnBackwardKvKernel{qkv, ld, qd, kvd, heads, kvh, hd, dattn, ns, first, len,
                                            item2, pbase, p_, ds, dqkv});
   }

@@ -161,6 +161,7 @@ struct AttnBackwardRowsKernel {
   int64_t ld, q_dim, kv_dim, heads, kv_heads, head_dim;
   const float* d_out;  // [T][heads * head_dim]
   float scale;
+  int64_t window;  // > 0: keys before i − window + 1 score −inf (p = ds = 0)
   int64_t num_seqs;
   const int64_t* seq_first;  // [S]: first token
   const int64_t* seq_len;    // [S]
@@ -184,7 +185,7 @@ struct AttnBackwardRowsKernel {
       const float* kj = qkv + (off + j) * ld + q_dim + kh * hd;
       const float sc = chunked_dot(
           hd, kChunk, [qi](int64_t e) { return qi[e]; }, [kj](int64_t e) { return kj[e]; });
-      pr[j] = sc * scale;
+      pr[j] = window > 0 && j < i - window + 1 ? -inf_f() : sc * scale;
       mx = max_f(mx, pr[j]);
     }
     float sum = 0.0f;

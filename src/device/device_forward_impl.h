@@ -75,9 +75,9 @@ Status BackendModel<B>::forward_op(const Op& op, LayerRun& r) {
       const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
       b_->launch(t * kvd, KvStoreKernel{act(op.in), ld, qd, kvd, hd, bt, r.pos, r.block_of, k_layer,
                                         v_layer});
-      b_->launch(t * c.num_heads,
-                 AttentionKernel{act(op.in), ld, c.num_heads, c.num_kv_heads, hd, bt, kvd, r.pos,
-                                 r.table_of, r.tables, k_layer, v_layer, scale, act(op.out), qd});
+      b_->launch(t * c.num_heads, AttentionKernel{act(op.in), ld, c.num_heads, c.num_kv_heads, hd,
+                                                  bt, kvd, r.pos, r.table_of, r.tables, k_layer,
+                                                  v_layer, scale, act(op.out), qd, program.window});
       return Status::Ok();
     }
     case OpKind::kSwiGlu: {

@@ -137,8 +137,8 @@ struct KvStoreKernel {
 };
 
 // kernels::attention for one (token, head): causal over keys 0..positions[t] of the token's
-// sequence, online softmax over blocks of kAttnBlock positions from 0, ascending, exactly as the
-// CPU's per-query code. Items: T * heads.
+// sequence (or the sliding window's), online softmax over blocks of kAttnBlock positions from 0,
+// ascending, exactly as the CPU's per-query code. Items: T * heads.
 struct AttentionKernel {
   const float* qkv;
   int64_t ld, heads, kv_heads, head_dim, block_tokens, kv_dim;
@@ -150,19 +150,21 @@ struct AttentionKernel {
   float scale;
   float* out;
   int64_t ldo;
+  int64_t window;  // > 0: keys last − window + 1 .. last (blocks before skipped, keys −inf)
   MILES_HD void operator()(int64_t i) const {
     const int64_t t = i / heads, h = i % heads;
     const int64_t kh = h / (heads / kv_heads);
     const float* q = qkv + t * ld + h * head_dim;
     const int32_t* table = tables + table_of[t];
     const int64_t last = positions[t];
+    const int64_t first = window > 0 && last - window + 1 > 0 ? last - window + 1 : 0;
     const int64_t bt = block_tokens, hd = head_dim;
     float acc[kMaxHeadDim];
     for (int64_t e = 0; e < hd; ++e) acc[e] = 0.0f;
     float running_max = -inf_f(), denom = 0.0f;
     float scores[kAttnBlock];
     const float* vrow[kAttnBlock];
-    for (int64_t b0 = 0; b0 <= last; b0 += kAttnBlock) {
+    for (int64_t b0 = first / kAttnBlock * kAttnBlock; b0 <= last; b0 += kAttnBlock) {
       const int64_t n = last + 1 - b0 < kAttnBlock ? last + 1 - b0 : kAttnBlock;
       float block_max = -inf_f();
       for (int64_t j = 0; j < n; ++j) {
@@ -173,7 +175,7 @@ struct AttentionKernel {
         const float s = chunked_dot(
             hd, kChunk, [q](int64_t e) { return q[e]; },
             [kc, bt](int64_t e) { return kc[e * bt]; });
-        scores[j] = s * scale;
+        scores[j] = pos < first ? -inf_f() : s * scale;
         block_max = max_f(block_max, scores[j]);
       }
       const float new_max = max_f(running_max, block_max);

@@ -1,8 +1,11 @@
 // Causal attention with GQA: online softmax over key blocks of kAttnBlock positions from position
 // 0, ascending. A query at position p sees keys 0..p in the same blocks however it was batched
-// (prefill, chunked prefill or decode), so its output bits depend only on the sequence.
+// (prefill, chunked prefill or decode), so its output bits depend only on the sequence. With a
+// sliding window W a query sees keys p − W + 1 .. p: the blocks wholly before them are skipped and
+// the keys before them in the first block scored −inf (exp gives exactly 0).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/attention_avx512.h"
@@ -75,9 +78,15 @@ struct SoftmaxState {
   std::vector<float> max, denom, acc;  // per (query, head of the group); acc: [.. ][head_dim]
 };
 
+// The first key a query at `last` sees: 0, or with a sliding window the window's first.
+int64_t first_key(int64_t last, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, last - window + 1) : 0;
+}
+
 void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64_t group,
-                    int64_t hd, int64_t kh, const int32_t* positions, const KvReader& kv,
-                    float scale, float* out, int64_t ldo, SoftmaxState& st, KeyBlock& kb) {
+                    int64_t hd, int64_t kh, const int32_t* positions, int64_t window,
+                    const KvReader& kv, float scale, float* out, int64_t ldo, SoftmaxState& st,
+                    KeyBlock& kb) {
   const bool simd = hd <= kGemmChunk;  // one chain per dot; longer heads take the scalar dot
   // p · v rows by the AVX-512 row sums where they fit (the same fma chains: the same bits).
   const bool wide_rows = detect_isa() == Isa::kAvx512 && detail::attention_avx512_fits(hd);
@@ -85,15 +94,19 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
   st.max.assign(static_cast<size_t>(lanes), -INFINITY);
   st.denom.assign(static_cast<size_t>(lanes), 0.0f);
   st.acc.assign(static_cast<size_t>(lanes * hd), 0.0f);
-  int64_t last_all = 0;
-  for (int64_t i = 0; i < t; ++i) last_all = std::max<int64_t>(last_all, positions[i]);
+  int64_t last_all = 0, first_all = INT64_MAX;
+  for (int64_t i = 0; i < t; ++i) {
+    last_all = std::max<int64_t>(last_all, positions[i]);
+    first_all = std::min(first_all, first_key(positions[i], window));
+  }
   float scores[detail::kMaxLanes][kAttnBlock], p[detail::kMaxLanes][kAttnBlock];
-  for (int64_t b0 = 0; b0 <= last_all; b0 += kAttnBlock) {
+  for (int64_t b0 = first_all / kAttnBlock * kAttnBlock; b0 <= last_all; b0 += kAttnBlock) {
     kb.load(kv, kh, b0, std::min<int64_t>(kAttnBlock, last_all + 1 - b0), simd);
     for (int64_t i = 0; i < t; ++i) {
-      const int64_t last = positions[i];
-      if (last < b0) continue;
+      const int64_t last = positions[i], first = first_key(last, window);
+      if (last < b0 || first >= b0 + kAttnBlock) continue;
       const int64_t n = std::min<int64_t>(kAttnBlock, last + 1 - b0);
+      const int64_t masked = std::max<int64_t>(0, first - b0);  // keys before the window
       // The group's heads a few at a time: their dots and p·v rows share the key and value loads.
       detail::for_lane_chunks(group, [&]<int L>(int64_t g0) {
         const float* qg[L];
@@ -117,6 +130,7 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
         float block_max[L], den[L];
         for (int l = 0; l < L; ++l) {
           detail::scale_row(scale, sc[l], n);
+          for (int64_t j = 0; j < masked; ++j) sc[l][j] = -INFINITY;
           block_max[l] = detail::max_of(sc[l], n);
         }
         for (int l = 0; l < L; ++l) {
@@ -157,8 +171,8 @@ void attend_kv_head(const float* q, int64_t ldq, int64_t t, int64_t heads, int64
 
 void attention(const float* q, int64_t ldq, int64_t t, int64_t heads, int64_t kv_heads,
                int64_t head_dim, const int32_t* positions, const KvSpan& kv, float scale,
-               float* out, int64_t ldo) {
-  MILES_CHECK(heads % kv_heads == 0 && kv.block_tokens > 0);
+               float* out, int64_t ldo, int64_t window) {
+  MILES_CHECK(heads % kv_heads == 0 && kv.block_tokens > 0 && window >= 0);
   MILES_CHECK(ldq >= heads * head_dim && ldo >= heads * head_dim);
   for (int64_t i = 0; i < t; ++i)
     MILES_CHECK(positions[i] >= 0 &&
@@ -168,8 +182,8 @@ void attention(const float* q, int64_t ldq, int64_t t, int64_t heads, int64_t kv
   thread_local SoftmaxState st;
   thread_local KeyBlock kb;
   for (int64_t kh = 0; kh < kv_heads; ++kh)
-    attend_kv_head(q, ldq, t, heads, heads / kv_heads, head_dim, kh, positions, reader, scale, out,
-                   ldo, st, kb);
+    attend_kv_head(q, ldq, t, heads, heads / kv_heads, head_dim, kh, positions, window, reader,
+                   scale, out, ldo, st, kb);
 }
 
 void kv_block_store(const float* k, const float* v, int64_t slot, int64_t block_tokens,
@@ -184,9 +198,10 @@ void kv_block_store(const float* k, const float* v, int64_t slot, int64_t block_
 }
 
 void attention(const float* q, int64_t t, int64_t heads, int64_t kv_heads, int64_t head_dim,
-               const int32_t* positions, const KvSpan& kv, float scale, float* out) {
+               const int32_t* positions, const KvSpan& kv, float scale, float* out,
+               int64_t window) {
   attention(q, heads * head_dim, t, heads, kv_heads, head_dim, positions, kv, scale, out,
-            heads * head_dim);
+            heads * head_dim, window);
 }
 
 }  // namespace miles::kernels

@@ -8,9 +8,10 @@
 // the contract's dot (one fma chain over the head dimension from 0, for head_dim <= kGemmChunk),
 // eight keys' chains side by side in SIMD lanes over a transposed copy of K (and V for
 // dp_j = d_out_i · v_j), so every lane performs exactly kernels::detail::dot's chain; softmax
-// (two-pass, exp_f32); ds_ij = p_ij (dp_ij − Σ_j p dp) · scale; dq_i = Σ_j ds_ij k_j (ascending j,
-// accumulated in registers). P and dS of the block are kept. The group's heads go a few at a time
-// (attention_lanes.h), sharing the loads of K, V and the k rows; each head's operations are as
+// (two-pass, exp_f32; keys before a sliding window score −inf, so their p and ds are exactly 0 and
+// they add nothing below); ds_ij = p_ij (dp_ij − Σ_j p dp) · scale; dq_i = Σ_j ds_ij k_j (ascending
+// j, accumulated in registers). P and dS of the block are kept. The group's heads go a few at a
+// time (attention_lanes.h), sharing the loads of K, V and the k rows; each head's operations are as
 // above.
 // Phase 2, per key j up to the block's last query: dk_j += Σ ds_ij q_i and dv_j += Σ p_ij d_out_i
 // over the block's (head, query) pairs in ascending (head, query) order, accumulated in registers,
@@ -111,6 +112,7 @@ struct HeadWork {
 struct Shape {
   int64_t ldq, ldkv, heads, kv_heads, hd, group;
   float scale;
+  int64_t window;  // > 0: query i sees keys i − window + 1 .. i (the others score −inf: p = 0)
   bool simd;    // one chain per dot (head_dim <= kGemmChunk); longer heads take the scalar dot
   bool avx512;  // dq and phase 2 by the AVX-512 row sums (the same bits, rows in zmm registers)
 };
@@ -175,8 +177,10 @@ void block_phase1(const Shape& sh, const HeadWork& w, int64_t i0, int64_t i1, fl
       }
       // Element-wise steps a row at a time in vector lanes (scale, max, exp, divide); the sums'
       // chains over j side by side.
+      const int64_t masked = sh.window > 0 ? std::max<int64_t>(0, i - sh.window + 1) : 0;
       for (int l = 0; l < L; ++l) {
         detail::scale_row(sh.scale, p[l], i + 1);
+        for (int64_t j = 0; j < masked; ++j) p[l][j] = -INFINITY;
         mx[l] = detail::max_of(p[l], i + 1);  // std::max from -inf in ascending j
         detail::exp_shifted(p[l], mx[l], i + 1, p[l]);
       }
@@ -237,8 +241,8 @@ constexpr int64_t kKeyRun = 64;                       // keys per phase-2 work i
 
 void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, int64_t ldkv,
                               int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
-                              ThreadPool* pool) {
-  MILES_CHECK(heads % kv_heads == 0);
+                              ThreadPool* pool, int64_t window) {
+  MILES_CHECK(heads % kv_heads == 0 && window >= 0);
   const Shape sh{ldq,
                  ldkv,
                  heads,
@@ -246,6 +250,7 @@ void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, i
                  head_dim,
                  heads / kv_heads,
                  scale,
+                 window,
                  head_dim <= kGemmChunk,
                  detect_isa() == Isa::kAvx512 && detail::attention_avx512_fits(head_dim)};
   std::vector<HeadWork> work;
@@ -311,9 +316,10 @@ void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, i
 
 void attention_backward(const float* q, const float* k, const float* v, int64_t ldq, int64_t ldkv,
                         const float* d_out, int64_t t, int64_t heads, int64_t kv_heads,
-                        int64_t head_dim, float scale, float* dq, float* dk, float* dv) {
+                        int64_t head_dim, float scale, float* dq, float* dk, float* dv,
+                        int64_t window) {
   const AttentionSeq s{q, k, v, d_out, dq, dk, dv, t};
-  attention_backward_batch({&s, 1}, ldq, ldkv, heads, kv_heads, head_dim, scale, nullptr);
+  attention_backward_batch({&s, 1}, ldq, ldkv, heads, kv_heads, head_dim, scale, nullptr, window);
 }
 
 }  // namespace miles::kernels

@@ -70,6 +70,7 @@ void mlp_block(const LayerWeights& l, std::vector<Op>& ops) {
 
 LayerProgram describe_layer(const ModelConfig& config, int64_t layer, const LayerWeights& weights) {
   LayerProgram p;
+  p.window = config.attention_window(layer);
   attention_block(weights, p.ops);
   mlp_block(weights, p.ops);
   if (weights.moe) {

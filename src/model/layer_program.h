@@ -96,6 +96,9 @@ struct LayerProgram {
   // A MoE layer's place among the model's MoE layers: its slice of the routing record and of
   // replayed experts ([tokens, moe layers, top_k]); -1 for a dense layer.
   int64_t moe_index = -1;
+  // The attention's sliding window (ModelConfig::attention_window): a query at p sees keys
+  // p − window + 1 .. p; 0: all of 0 .. p.
+  int64_t window = 0;
   std::array<bool, kNumActs> kept{};  // what a training forward keeps (keeps())
   bool keeps(Act a) const { return kept[static_cast<int>(a)]; }
 };

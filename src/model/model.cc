@@ -237,7 +237,7 @@ class CpuLayers {
       std::vector<const float*> kc(kb[si].begin(), kb[si].end()), vc(vb[si].begin(), vb[si].end());
       kernels::KvSpan span{kc, vc, bt};
       kernels::attention(qkv + i * ld, ld, n, c_.num_heads, c_.num_kv_heads, hd, &plan.positions[i],
-                         span, scale, attn + i * qd, qd);
+                         span, scale, attn + i * qd, qd, w_.programs[layer_].window);
     });
   }
 

@@ -298,8 +298,8 @@ class Backward {
       seqs.push_back({q, q + qd, q + qd + kvd, dattn + off * qd, dq, dq + qd, dq + qd + kvd,
                       tape_.seqs[s].n_tokens});
     }
-    kernels::attention_backward_batch(seqs, ld, ld, c_.num_heads, c_.num_kv_heads, hd, scale,
-                                      pool_);
+    kernels::attention_backward_batch(seqs, ld, ld, c_.num_heads, c_.num_kv_heads, hd, scale, pool_,
+                                      w_.programs[layer_].window);
   }
 
   // RoPE per token (disjoint rows, in parallel), then the q/k norms in ascending token order, in

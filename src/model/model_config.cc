@@ -89,6 +89,7 @@ Status parse_arch(const Reader& r, ModelConfig* c) {
            : type == "qwen2"     ? "Qwen2ForCausalLM"
            : type == "qwen3"     ? "Qwen3ForCausalLM"
            : type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+           : type == "mistral"   ? "MistralForCausalLM"
                                  : "";
     if (name.empty()) return r.error("model_type", "has unsupported value '" + type + "'");
   } else {
@@ -102,11 +103,13 @@ Status parse_arch(const Reader& r, ModelConfig* c) {
     c->arch = Arch::kQwen3;
   } else if (name == "Qwen3MoeForCausalLM") {
     c->arch = Arch::kQwen3Moe;
+  } else if (name == "MistralForCausalLM") {
+    c->arch = Arch::kMistral;
   } else {
     return r.error("architectures",
                    "has unsupported value '" + name +
-                       "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                       "Qwen3MoeForCausalLM)");
+                       "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                       "Qwen3ForCausalLM, Qwen3MoeForCausalLM)");
   }
   c->arch_name = name;
   return Status::Ok();
@@ -181,10 +184,29 @@ Status parse_moe(const Reader& r, MoeConfig* moe) {
   return r.read_int_list("mlp_only_layers", &moe->mlp_only_layers);
 }
 
+// Mistral's sliding_window: every layer's (MistralConfig: 4096 when the key is absent, none when
+// null). transformers' Mistral ignores layer_types, so a config that lists them is refused.
+Status parse_mistral_window(const Reader& r, ModelConfig* c) {
+  if (r.find("layer_types"))
+    return r.error("layer_types",
+                   "is given; MistralForCausalLM applies sliding_window to every layer and ignores "
+                   "it (remove it)");
+  c->sliding_window = r.obj.contains("sliding_window") ? 0 : 4096;
+  MILES_RETURN_IF_ERROR(r.read_int("sliding_window", &c->sliding_window));
+  if (r.find("sliding_window") && c->sliding_window <= 0)
+    return r.error("sliding_window",
+                   "is " + std::to_string(c->sliding_window) + ", must be > 0 (or null: none)");
+  for (const char* bias : {"attention_bias", "mlp_bias"})
+    if (const json* b = r.find(bias); b && b->is_boolean() && b->get<bool>())
+      return r.error(bias, "is true; MistralForCausalLM has no biases");
+  return Status::Ok();
+}
+
 Status parse_fields(const Reader& r, ModelConfig* c) {
   MILES_RETURN_IF_ERROR(parse_arch(r, c));
   if (const json* w = r.find("use_sliding_window"); w && w->is_boolean() && w->get<bool>())
     return r.error("use_sliding_window", "is true; sliding-window attention is not supported");
+  if (c->arch == Arch::kMistral) MILES_RETURN_IF_ERROR(parse_mistral_window(r, c));
   // transformers 5 lists each layer's attention; every one must be full (causal) attention.
   if (const json* lt = r.find("layer_types")) {
     if (!lt->is_array()) return r.error("layer_types", "must be a list, got " + describe(*lt));
@@ -209,7 +231,9 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   } else if (c->num_heads > 0) {
     c->head_dim = c->hidden_size / c->num_heads;
   }
-  c->max_position_embeddings = c->arch == Arch::kLlama ? 2048 : 32768;
+  c->max_position_embeddings = c->arch == Arch::kLlama     ? 2048
+                               : c->arch == Arch::kMistral ? 131072
+                                                           : 32768;
   MILES_RETURN_IF_ERROR(r.read_int("max_position_embeddings", &c->max_position_embeddings));
   MILES_RETURN_IF_ERROR(r.read_double("rms_norm_eps", &c->rms_norm_eps));
   MILES_RETURN_IF_ERROR(r.read_bool("tie_word_embeddings", &c->tie_word_embeddings));

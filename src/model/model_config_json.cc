@@ -24,6 +24,8 @@ const char* model_type_of(Arch arch) {
       return "qwen3";
     case Arch::kQwen3Moe:
       return "qwen3_moe";
+    case Arch::kMistral:
+      return "mistral";
   }
   return "llama";
 }
@@ -38,6 +40,8 @@ const char* default_arch_name(Arch arch) {
       return "Qwen3ForCausalLM";
     case Arch::kQwen3Moe:
       return "Qwen3MoeForCausalLM";
+    case Arch::kMistral:
+      return "MistralForCausalLM";
   }
   return "LlamaForCausalLM";
 }
@@ -100,7 +104,8 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  const bool biases = c.arch != Arch::kQwen2;  // Qwen2's are fixed by its class
+  // Qwen2's biases are fixed by its class; Mistral's class has none.
+  const bool biases = c.arch != Arch::kQwen2 && c.arch != Arch::kMistral;
   if (biases) j["attention_bias"] = c.attention_bias;
   j["attention_dropout"] = 0.0;
   if (biases) j["mlp_bias"] = c.mlp_bias;
@@ -114,7 +119,11 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
   if (c.rope.partial_rotary_factor != RopeConfig{}.partial_rotary_factor)
     j["partial_rotary_factor"] = c.rope.partial_rotary_factor;
   j["rope_scaling"] = rope_scaling_json(c.rope);
-  if (c.arch != Arch::kLlama) j["use_sliding_window"] = false;
+  if (c.arch == Arch::kMistral) {
+    j["sliding_window"] = c.sliding_window > 0 ? ordered_json(c.sliding_window) : ordered_json();
+  } else if (c.arch != Arch::kLlama) {
+    j["use_sliding_window"] = false;
+  }
   if (c.arch == Arch::kQwen3Moe) {
     j["num_experts"] = c.moe.num_experts;
     j["num_experts_per_tok"] = c.moe.top_k;
