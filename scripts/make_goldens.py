@@ -37,6 +37,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
@@ -129,6 +131,12 @@ def model_specs() -> dict:
         "mistral": (MistralForCausalLM, MistralConfig,
                     dict({k: v for k, v in COMMON.items() if k != "attention_bias"},
                          tie_word_embeddings=False, sliding_window=5, **rope_kwargs(10000.0, None))),
+        # Phi-3 / Phi-4-mini: fused qkv_proj and gate_up_proj, partial rotary (0.5, as Phi-4-mini's 0.75 is a
+        # fraction), a sliding window of 7 on every layer, no biases.
+        "phi3": (Phi3ForCausalLM, Phi3Config,
+                 dict({k: v for k, v in COMMON.items() if k != "attention_bias"},
+                      tie_word_embeddings=False, sliding_window=7, resid_pdrop=0.0, embd_pdrop=0.0,
+                      **rope_kwargs(10000.0, {"partial_rotary_factor": 0.5}))),
     }
 
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Makes tests/data/models/qwen3_moe_v512, qwen2_v512 and mistral_v512: the tiny Qwen3-MoE, Qwen2
-and Mistral test models (tests/data/models/qwen3_moe, qwen2, mistral: random weights from
-transformers) cut to the first 512 rows of their embedding and LM head (qwen2's head is the tied
+"""Makes tests/data/models/qwen3_moe_v512, qwen2_v512, mistral_v512 and phi3_v512: the tiny
+Qwen3-MoE, Qwen2, Mistral and Phi-3 test models (tests/data/models/qwen3_moe, qwen2, mistral, phi3:
+random weights from transformers) cut to the first 512 rows of their embedding and LM head (qwen2's head is the tied
 embedding), so that they speak stories260K's 512-token llama2.c tokenizer (BOS 1, EOS 2 in all).
 `miles check` and `miles run` need text for prompts and rewards; this gives the MoE path (R3 capture
-and replay), the Qwen2 family and Mistral's sliding window models they can run end to end. Needs only numpy + safetensors (the light venv).
+and replay), the Qwen2 family, Mistral's sliding window and Phi-3's fused projections models they
+can run end to end. Needs only numpy + safetensors (the light venv).
 
     python3 scripts/make_moe_check_model.py [--data-dir tests/data]
 
@@ -23,7 +24,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data-dir", default="tests/data")
     args = ap.parse_args()
-    for src_name in ("qwen3_moe", "qwen2", "mistral"):
+    for src_name in ("qwen3_moe", "qwen2", "mistral", "phi3"):
         cut_vocab(args.data_dir, src_name)
 
 

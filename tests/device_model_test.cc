@@ -168,8 +168,8 @@ TEST_P(DeviceForward, EmulatedEqualsTheCpuModel) {
 
 INSTANTIATE_TEST_SUITE_P(Models, DeviceForward,
                          ::testing::Values("llama", "llama_tied", "llama_bias", "llama_rope_yarn",
-                                           "mistral", "qwen2", "qwen3", "qwen3_bf16", "qwen3_moe",
-                                           "qwen3_moe_nonorm"));
+                                           "mistral", "phi3", "qwen2", "qwen3", "qwen3_bf16",
+                                           "qwen3_moe", "qwen3_moe_nonorm"));
 
 TEST(DeviceForwardStories, EmulatedEqualsTheCpuModel) {
   MILES_REQUIRE_SHARED();
@@ -253,7 +253,7 @@ TEST_P(DeviceTraining, EmulatedTiedHeadShareIsTheCpuModelsBits) {
 
 INSTANTIATE_TEST_SUITE_P(Models, DeviceTraining,
                          ::testing::Values("llama", "llama_tied", "llama_bias", "llama_rope_yarn",
-                                           "mistral", "qwen2", "qwen3", "qwen3_moe",
+                                           "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe",
                                            "qwen3_moe_nonorm"));
 
 TEST(DeviceTrainingMoe, EmulatedGradientsWithRoutingReplayAreTheCpuModelsBits) {

@@ -12,6 +12,7 @@
 
 #include "miles/checkpoint.h"
 #include "miles/flat_params.h"
+#include "miles/hf_names.h"
 #include "miles/logprob.h"
 #include "miles/model.h"
 #include "test_paths.h"
@@ -31,6 +32,24 @@ struct Case {
   int64_t n_targets = 0;
 };
 
+// The golden under the model's names: torch's gradients of fused checkpoint tensors (Phi-3's
+// qkv_proj, gate_up_proj: "grad.<name>") split into their parts' rows (hf_names.h).
+inline TensorMap golden_in_model_names(const ModelConfig& config, const TensorMap& golden) {
+  TensorMap grads, out;
+  for (const std::string& n : golden.names()) {
+    if (n.rfind("grad.", 0) == 0) {
+      grads.insert(n.substr(5), *golden.find(n), golden.source(n));
+    } else {
+      out.insert(n, *golden.find(n), golden.source(n));
+    }
+  }
+  auto split = from_hf_names(config, grads);
+  EXPECT_TRUE(split.ok()) << split.message();
+  for (const std::string& n : split->names())
+    out.insert("grad." + n, *split->find(n), split->source(n));
+  return out;
+}
+
 inline Case load_case(const std::string& name) {
   Case c;
   const std::string dir = test::data_dir() + "/models/" + name;
@@ -39,13 +58,15 @@ inline Case load_case(const std::string& name) {
   auto w = read_hf_weights(dir);
   EXPECT_TRUE(w.ok()) << w.message();
   c.config = *cfg;
-  c.weights = std::move(*w);
+  auto named = from_hf_names(c.config, *w);  // Phi-3's fused projections
+  EXPECT_TRUE(named.ok()) << named.message();
+  c.weights = std::move(*named);
   auto m = Model::from_weights(c.config, c.weights);
   EXPECT_TRUE(m.ok()) << m.message();
   c.model = std::move(*m);
   auto g = read_safetensors(test::data_dir() + "/grad_goldens/" + name + ".safetensors");
   EXPECT_TRUE(g.ok()) << g.message();
-  c.golden = std::move(*g);
+  c.golden = golden_in_model_names(c.config, *g);
   c.beta = c.golden.find("beta")->data<float>()[0];
   for (int i = 1; i <= 4; ++i) {
     const std::string p = "seq" + std::to_string(i) + ".";

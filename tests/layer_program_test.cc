@@ -189,8 +189,8 @@ TEST_P(LayerOps, EachOpGivesTheCpuBitsOnTheDevice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, LayerOps,
-                         ::testing::Values("llama", "llama_bias", "llama_tied", "mistral", "qwen2",
-                                           "qwen3", "qwen3_moe", "qwen3_moe_nonorm"));
+                         ::testing::Values("llama", "llama_bias", "llama_tied", "mistral", "phi3",
+                                           "qwen2", "qwen3", "qwen3_moe", "qwen3_moe_nonorm"));
 
 }  // namespace
 }  // namespace miles

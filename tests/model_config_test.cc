@@ -153,6 +153,38 @@ TEST(ModelConfig, MistralSlidingWindowOnEveryLayer) {
                "layer_types' [1]");
 }
 
+// Phi-3: no window unless sliding_window is given (Phi3Config's default), dropout 0 only, its
+// longrope scaling (and the su / yarn names Phi3Config maps to it) refused; the writer round trips
+// the partial rotary factor and the window.
+TEST(ModelConfig, Phi3WindowDropoutAndRope) {
+  std::string m = llama_with("architectures", R"(["Phi3ForCausalLM"])");
+  m = m.replace(m.find("\"llama\""), 7, "\"phi3\"");
+  auto with = [&](const std::string& key, const std::string& value) {
+    return m.substr(0, m.size() - 1) + ", \"" + key + "\": " + value + "}";
+  };
+  auto plain = parse_model_config(m, kSrc);
+  ASSERT_TRUE(plain.ok()) << plain.message();
+  EXPECT_EQ(plain->arch, Arch::kPhi3);
+  EXPECT_EQ(plain->sliding_window, 0);
+  auto windowed = parse_model_config(
+      with("sliding_window", "2047").replace(0, 1, R"({"partial_rotary_factor": 0.75, )"), kSrc);
+  ASSERT_TRUE(windowed.ok()) << windowed.message();
+  EXPECT_EQ(windowed->attention_window(3), 2047);
+  EXPECT_EQ(windowed->rotary_dim(), 6);  // head_dim 8 × 0.75
+  auto back = parse_model_config(model_config_to_hf_json(*windowed), kSrc);
+  ASSERT_TRUE(back.ok()) << back.message();
+  EXPECT_EQ(back->arch, Arch::kPhi3);
+  EXPECT_EQ(back->sliding_window, 2047);
+  EXPECT_EQ(back->rotary_dim(), 6);
+  EXPECT_TRUE(parse_model_config(with("resid_pdrop", "0.0"), kSrc).ok());
+  expect_error(with("resid_pdrop", "0.1"), "resid_pdrop");
+  expect_error(with("embd_pdrop", "0.1"), "embd_pdrop");
+  expect_error(with("rope_parameters", R"({"rope_type": "longrope", "rope_theta": 10000.0})"),
+               "longrope");
+  expect_error(with("rope_parameters", R"({"rope_type": "yarn", "factor": 2.0})"), "longrope");
+  expect_error(with("mlp_bias", "true"), "has no biases");
+}
+
 TEST(ModelConfig, Qwen3MoeLayers) {
   auto r = parse_model_config(kQwen3Moe, kSrc);
   ASSERT_TRUE(r.ok()) << r.message();

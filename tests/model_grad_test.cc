@@ -91,8 +91,9 @@ TEST_P(GradParity, TrainingForwardGivesTheInferenceLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GradParity,
-                         ::testing::Values("llama", "llama_tied", "llama_bias", "mistral", "qwen2",
-                                           "qwen3", "qwen3_bf16", "qwen3_moe", "qwen3_moe_nonorm"));
+                         ::testing::Values("llama", "llama_tied", "llama_bias", "mistral", "phi3",
+                                           "qwen2", "qwen3", "qwen3_bf16", "qwen3_moe",
+                                           "qwen3_moe_nonorm"));
 
 TEST(ModelBackward, RejectsForwardsItCannotDifferentiate) {
   Case c = load_case("llama");

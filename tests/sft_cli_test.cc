@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cli_run.h"
+#include "miles/checkpoint.h"
 #include "miles/model.h"
 #include "test_paths.h"
 
@@ -146,6 +147,22 @@ TEST(SftCli, TensorParallelLayoutsGiveTheSingleProcessLossBitwiseAndGradNormWith
 // them under a config that says so, and tensor-parallel ranks (q/k/v and gate/up biases split by
 // rows, o_proj's and down_proj's added after the sum) give the single process's losses and grad
 // norms within 1e-6.
+// `job` with --layout tp=2: its first two steps' losses and grad norms within 1e-6 of `ref`'s.
+void expect_tensor_parallel_within_1e6(const std::string& job,
+                                       const std::vector<nlohmann::json>& ref,
+                                       const std::string& what) {
+  CliRun tp = run_miles(job + "--layout tp=2");
+  ASSERT_EQ(tp.exit_code, 0) << tp.out;
+  const auto got = steps_of(tp.out);
+  ASSERT_EQ(got.size(), 2u);
+  for (int i = 0; i < 2; ++i)
+    for (const char* k : {"loss", "grad_norm"}) {
+      const double want = ref[i][k].get<double>(), have = got[i][k].get<double>();
+      EXPECT_LE(std::fabs(have - want), 1e-6 * std::fabs(want))
+          << what << " step " << i + 1 << " " << k;
+    }
+}
+
 TEST(SftCli, BiasesTrainSaveAndSplitOverTensorParallelRanks) {
   for (const std::string name : {"llama_bias", "qwen2"}) {
     const std::string model = test::data_dir() + "/models/" + name;
@@ -157,16 +174,7 @@ TEST(SftCli, BiasesTrainSaveAndSplitOverTensorParallelRanks) {
     ASSERT_EQ(one.exit_code, 0) << one.out;
     const auto ref = steps_of(one.out);
     ASSERT_EQ(ref.size(), 2u);
-    CliRun tp = run_miles(job + "--layout tp=2");
-    ASSERT_EQ(tp.exit_code, 0) << tp.out;
-    const auto got = steps_of(tp.out);
-    ASSERT_EQ(got.size(), 2u);
-    for (int i = 0; i < 2; ++i)
-      for (const char* k : {"loss", "grad_norm"}) {
-        const double want = ref[i][k].get<double>(), have = got[i][k].get<double>();
-        EXPECT_LE(std::fabs(have - want), 1e-6 * std::fabs(want))
-            << name << " step " << i + 1 << " " << k;
-      }
+    expect_tensor_parallel_within_1e6(job, ref, name);
     auto saved = load_model_files(dir + "/step_00000002");
     ASSERT_TRUE(saved.ok()) << saved.message();
     auto before = load_model_files(model);
@@ -189,6 +197,46 @@ TEST(SftCli, BiasesTrainSaveAndSplitOverTensorParallelRanks) {
     }
     EXPECT_EQ(saved->weights.contains("model.layers.1.self_attn.o_proj.bias"),
               name == "llama_bias");
+  }
+}
+
+// Phi-3 (tests/data/models/phi3: transformers' Phi3ForCausalLM, fused qkv_proj and gate_up_proj,
+// partial rotary, sliding window 7): trained with its projections split as the model names them,
+// split again over tensor-parallel ranks (within 1e-6), saved fused as transformers loads it, and
+// resumed from that checkpoint bit for bit.
+TEST(SftCli, Phi3SavesFusedProjectionsSplitsOverRanksAndResumes) {
+  const std::string model = test::data_dir() + "/models/phi3";
+  const std::string dir = test::binary_dir() + "/sft_cli_phi3";
+  std::filesystem::remove_all(dir);
+  const std::string job = "sft --model " + model + " --data " + data("ids.jsonl") +
+                          " --lr 1e-2 --batch-size 4 --micro-batch-size 2 --threads 1 ";
+  CliRun straight = run_miles(job + "--steps 4 --save-every 2 --save-dir " + dir + "/a", false);
+  ASSERT_EQ(straight.exit_code, 0) << straight.out;
+  const auto ref = steps_of(straight.out);
+  ASSERT_EQ(ref.size(), 4u);
+  expect_tensor_parallel_within_1e6(job + "--steps 2 ", ref, "phi3");
+  auto stored = read_safetensors(dir + "/a/step_00000002/model.safetensors");
+  ASSERT_TRUE(stored.ok()) << stored.message();
+  EXPECT_TRUE(stored->contains("model.layers.1.self_attn.qkv_proj.weight"));
+  EXPECT_TRUE(stored->contains("model.layers.1.mlp.gate_up_proj.weight"));
+  EXPECT_FALSE(stored->contains("model.layers.1.self_attn.q_proj.weight"));
+  auto saved = load_model_files(dir + "/a/step_00000002");
+  ASSERT_TRUE(saved.ok()) << saved.message();
+  EXPECT_EQ(saved->config.arch, Arch::kPhi3);
+  EXPECT_EQ(saved->config.sliding_window, 7);
+  EXPECT_EQ(saved->config.rotary_dim(), 8);
+  EXPECT_TRUE(saved->weights.contains("model.layers.1.self_attn.v_proj.weight"));
+  // Resumed from the fused checkpoint: steps 3 and 4 as the straight run's.
+  std::filesystem::create_directories(dir + "/b");
+  std::filesystem::copy(dir + "/a/step_00000002", dir + "/b/step_00000002",
+                        std::filesystem::copy_options::recursive);
+  CliRun resumed = run_miles(job + "--steps 4 --resume --save-dir " + dir + "/b", false);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  const auto res = steps_of(resumed.out);
+  ASSERT_EQ(res.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(res[i]["loss"].get<double>(), ref[i + 2]["loss"].get<double>());
+    EXPECT_EQ(res[i]["grad_norm"].get<double>(), ref[i + 2]["grad_norm"].get<double>());
   }
 }
 

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <utility>
 
+#include "miles/hf_names.h"
 #include "miles/trainer/train_checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "trainer/train_checkpoint_io.h"
@@ -180,7 +181,9 @@ Result<TrainState> load_checkpoint(const std::string& dir, Trainer& trainer) {
 
   FlatTensors params(layout), m(layout), v(layout);
   const std::string model_path = dir + "/" + ckpt::kModelFile;
-  MILES_ASSIGN_OR_RETURN(const TensorMap model_file, read_safetensors(model_path));
+  MILES_ASSIGN_OR_RETURN(const TensorMap model_stored, read_safetensors(model_path));
+  MILES_ASSIGN_OR_RETURN(const TensorMap model_file,
+                         from_hf_names(trainer.model_config(), model_stored));  // Phi-3's fused
   MILES_RETURN_IF_ERROR(copy_verified(model_file, model_path, "", rec.sha, params));
   MILES_RETURN_IF_ERROR(check_no_extra(model_file, model_path, {""}, *layout));
   const std::string opt_path = dir + "/" + ckpt::kOptimizerFile;

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <regex>
 
+#include "miles/hf_names.h"
 #include "miles/trainer/train_checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "trainer/train_checkpoint_io.h"
@@ -83,8 +84,10 @@ ordered_json state_json(const Trainer& trainer, const TrainState& state,
 Status write_contents(const std::string& tmp, const Trainer& trainer, const TrainState& state,
                       const ordered_json& extra, const SaveOptions& options) {
   const std::map<std::string, std::string> pt{{"format", "pt"}};
+  // Under the checkpoint's own names (Phi-3's projections fused), so that transformers loads it.
   MILES_RETURN_IF_ERROR(
-      write_safetensors(tmp + "/" + ckpt::kModelFile, views(trainer.params(), ""), pt));
+      write_safetensors(tmp + "/" + ckpt::kModelFile,
+                        to_hf_names(trainer.model_config(), views(trainer.params(), "")), pt));
   std::vector<std::pair<std::string, Tensor>> moments =
       views(trainer.optimizer().exp_avg(), ckpt::kExpAvg);
   for (auto& v : views(trainer.optimizer().exp_avg_sq(), ckpt::kExpAvgSq))

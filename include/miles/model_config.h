@@ -12,7 +12,7 @@
 
 namespace miles {
 
-enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen2, kMistral };
+enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen2, kMistral, kPhi3 };
 
 // Rotary position embedding: HF `rope_theta` + `rope_scaling` (or `rope_parameters`) + partial rotary.
 struct RopeConfig {
@@ -61,7 +61,7 @@ struct ModelConfig {
   bool mlp_bias = false;
   RopeConfig rope;
   MoeConfig moe;
-  // Sliding-window attention (Mistral's `sliding_window`, on every layer): a query at position p
+  // Sliding-window attention (Mistral's and Phi-3's `sliding_window`, on every layer): a query at p
   // sees keys p − sliding_window + 1 .. p (transformers' rule: key j when j > p − window). 0: full
   // causal attention.
   int64_t sliding_window = 0;

@@ -45,6 +45,9 @@ class Tensor {
     return static_cast<T*>(const_cast<void*>(data_));
   }
 
+  // Rows [r0, r1) of a tensor of rank >= 1, as a read-only view sharing its storage and owner.
+  Tensor rows(int64_t r0, int64_t r1) const;
+
   // Float32 copy of the values (bf16 / f16 / f32 sources; other dtypes are an invariant violation).
   std::vector<float> to_f32() const;
   // The same into `out`, reusing its storage (no allocation when it is large enough already).

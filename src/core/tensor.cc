@@ -39,6 +39,16 @@ Tensor Tensor::view(DType dtype, std::vector<int64_t> shape, const void* data,
   return t;
 }
 
+Tensor Tensor::rows(int64_t r0, int64_t r1) const {
+  MILES_CHECK(ndim() >= 1 && r0 >= 0 && r0 <= r1 && r1 <= dim(0), "row range inside the tensor");
+  const int64_t row_bytes = dim(0) > 0 ? nbytes() / dim(0) : 0;
+  std::vector<int64_t> shape = shape_;
+  shape[0] = r1 - r0;
+  Tensor t =
+      view(dtype_, std::move(shape), static_cast<const uint8_t*>(data_) + r0 * row_bytes, owner_);
+  return t;
+}
+
 Tensor Tensor::from_f32(std::vector<int64_t> shape, const std::vector<float>& values) {
   Tensor t = zeros(DType::kF32, std::move(shape));
   MILES_CHECK(static_cast<int64_t>(values.size()) == t.numel(), "value count must match shape");

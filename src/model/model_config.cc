@@ -90,6 +90,7 @@ Status parse_arch(const Reader& r, ModelConfig* c) {
            : type == "qwen3"     ? "Qwen3ForCausalLM"
            : type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
            : type == "mistral"   ? "MistralForCausalLM"
+           : type == "phi3"      ? "Phi3ForCausalLM"
                                  : "";
     if (name.empty()) return r.error("model_type", "has unsupported value '" + type + "'");
   } else {
@@ -105,11 +106,13 @@ Status parse_arch(const Reader& r, ModelConfig* c) {
     c->arch = Arch::kQwen3Moe;
   } else if (name == "MistralForCausalLM") {
     c->arch = Arch::kMistral;
+  } else if (name == "Phi3ForCausalLM") {
+    c->arch = Arch::kPhi3;
   } else {
     return r.error("architectures",
                    "has unsupported value '" + name +
-                       "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
-                       "Qwen3ForCausalLM, Qwen3MoeForCausalLM)");
+                       "' (supported: LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, "
+                       "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)");
   }
   c->arch_name = name;
   return Status::Ok();
@@ -184,21 +187,42 @@ Status parse_moe(const Reader& r, MoeConfig* moe) {
   return r.read_int_list("mlp_only_layers", &moe->mlp_only_layers);
 }
 
-// Mistral's sliding_window: every layer's (MistralConfig: 4096 when the key is absent, none when
-// null). transformers' Mistral ignores layer_types, so a config that lists them is refused.
-Status parse_mistral_window(const Reader& r, ModelConfig* c) {
+// Mistral's and Phi-3's sliding_window: every layer's (when the key is absent, MistralConfig's
+// default is 4096 and Phi3Config's none; null: none). Their classes ignore layer_types, so a
+// config that lists them is refused; they have no biases.
+Status parse_window_on_every_layer(const Reader& r, ModelConfig* c) {
+  const char* cls = c->arch == Arch::kMistral ? "MistralForCausalLM" : "Phi3ForCausalLM";
   if (r.find("layer_types"))
-    return r.error("layer_types",
-                   "is given; MistralForCausalLM applies sliding_window to every layer and ignores "
-                   "it (remove it)");
-  c->sliding_window = r.obj.contains("sliding_window") ? 0 : 4096;
+    return r.error("layer_types", "is given; " + std::string(cls) +
+                                      " applies sliding_window to every layer and ignores it "
+                                      "(remove it)");
+  const int64_t absent = c->arch == Arch::kMistral ? 4096 : 0;
+  c->sliding_window = r.obj.contains("sliding_window") ? 0 : absent;
   MILES_RETURN_IF_ERROR(r.read_int("sliding_window", &c->sliding_window));
   if (r.find("sliding_window") && c->sliding_window <= 0)
     return r.error("sliding_window",
                    "is " + std::to_string(c->sliding_window) + ", must be > 0 (or null: none)");
   for (const char* bias : {"attention_bias", "mlp_bias"})
     if (const json* b = r.find(bias); b && b->is_boolean() && b->get<bool>())
-      return r.error(bias, "is true; MistralForCausalLM has no biases");
+      return r.error(bias, "is true; " + std::string(cls) + " has no biases");
+  return Status::Ok();
+}
+
+// Phi-3: dropout in training only (0 only); its RoPE types other than default are longrope
+// (Phi3Config renames su and yarn to longrope), which is not implemented.
+Status parse_phi3(const Reader& r) {
+  for (const char* key : {"resid_pdrop", "embd_pdrop"})
+    if (const json* d = r.find(key); d && !(d->is_number() && d->get<double>() == 0))
+      return r.error(key, "is " + describe(*d) + "; dropout is not supported (0 only)");
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    const json* v = r.find(key);
+    if (!v || !v->is_object()) continue;
+    for (const char* type_key : {"rope_type", "type"})
+      if (auto t = v->find(type_key); t != v->end() && !(t->is_string() && *t == "default"))
+        return r.error(key, std::string(".") + type_key + " is " + describe(*t) +
+                                "; Phi-3's longrope (su / yarn) scaling is not supported "
+                                "(default only)");
+  }
   return Status::Ok();
 }
 
@@ -206,7 +230,9 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   MILES_RETURN_IF_ERROR(parse_arch(r, c));
   if (const json* w = r.find("use_sliding_window"); w && w->is_boolean() && w->get<bool>())
     return r.error("use_sliding_window", "is true; sliding-window attention is not supported");
-  if (c->arch == Arch::kMistral) MILES_RETURN_IF_ERROR(parse_mistral_window(r, c));
+  if (c->arch == Arch::kMistral || c->arch == Arch::kPhi3)
+    MILES_RETURN_IF_ERROR(parse_window_on_every_layer(r, c));
+  if (c->arch == Arch::kPhi3) MILES_RETURN_IF_ERROR(parse_phi3(r));
   // transformers 5 lists each layer's attention; every one must be full (causal) attention.
   if (const json* lt = r.find("layer_types")) {
     if (!lt->is_array()) return r.error("layer_types", "must be a list, got " + describe(*lt));
@@ -233,6 +259,7 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   }
   c->max_position_embeddings = c->arch == Arch::kLlama     ? 2048
                                : c->arch == Arch::kMistral ? 131072
+                               : c->arch == Arch::kPhi3    ? 4096
                                                            : 32768;
   MILES_RETURN_IF_ERROR(r.read_int("max_position_embeddings", &c->max_position_embeddings));
   MILES_RETURN_IF_ERROR(r.read_double("rms_norm_eps", &c->rms_norm_eps));

@@ -26,6 +26,8 @@ const char* model_type_of(Arch arch) {
       return "qwen3_moe";
     case Arch::kMistral:
       return "mistral";
+    case Arch::kPhi3:
+      return "phi3";
   }
   return "llama";
 }
@@ -42,6 +44,8 @@ const char* default_arch_name(Arch arch) {
       return "Qwen3MoeForCausalLM";
     case Arch::kMistral:
       return "MistralForCausalLM";
+    case Arch::kPhi3:
+      return "Phi3ForCausalLM";
   }
   return "LlamaForCausalLM";
 }
@@ -104,8 +108,8 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  // Qwen2's biases are fixed by its class; Mistral's class has none.
-  const bool biases = c.arch != Arch::kQwen2 && c.arch != Arch::kMistral;
+  // Qwen2's biases are fixed by its class; Mistral's and Phi-3's classes have none.
+  const bool biases = c.arch != Arch::kQwen2 && c.arch != Arch::kMistral && c.arch != Arch::kPhi3;
   if (biases) j["attention_bias"] = c.attention_bias;
   j["attention_dropout"] = 0.0;
   if (biases) j["mlp_bias"] = c.mlp_bias;
@@ -119,7 +123,7 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
   if (c.rope.partial_rotary_factor != RopeConfig{}.partial_rotary_factor)
     j["partial_rotary_factor"] = c.rope.partial_rotary_factor;
   j["rope_scaling"] = rope_scaling_json(c.rope);
-  if (c.arch == Arch::kMistral) {
+  if (c.arch == Arch::kMistral || c.arch == Arch::kPhi3) {
     j["sliding_window"] = c.sliding_window > 0 ? ordered_json(c.sliding_window) : ordered_json();
   } else if (c.arch != Arch::kLlama) {
     j["use_sliding_window"] = false;

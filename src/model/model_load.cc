@@ -1,6 +1,7 @@
 // Model::load: an HF directory (config.json + safetensors) or a llama2.c checkpoint file.
 #include <filesystem>
 
+#include "miles/hf_names.h"
 #include "miles/model.h"
 
 namespace miles {
@@ -11,7 +12,8 @@ Result<ModelFiles> load_model_files(const std::string& path) {
   if (fs::is_directory(path, ec)) {
     ModelFiles f;
     MILES_ASSIGN_OR_RETURN(f.config, load_model_config(path + "/config.json"));
-    MILES_ASSIGN_OR_RETURN(f.weights, read_hf_weights(path));
+    MILES_ASSIGN_OR_RETURN(const TensorMap checkpoint, read_hf_weights(path));
+    MILES_ASSIGN_OR_RETURN(f.weights, from_hf_names(f.config, checkpoint));  // Phi-3's fused names
     return f;
   }
   if (fs::is_regular_file(path, ec)) {
