@@ -33,7 +33,11 @@ What it makes (deterministic: fixed seeds, CPU):
                                         transformers' view of it: `ids`, `logits`, layer 0's q_proj weight,
                                         layer 1's q bias and layer 0's v bias.
 
-Rerun with:  PYTHON scripts/make_gguf_fixtures.py [types] [tiny_llama] [tiny_qwen2]
+  tests/data/gguf/tiny_phi3.gguf        a tiny random Phi-3 as llama.cpp writes one (attn_qkv and ffn_up fused,
+                                        Q8_0, untied F16 output, full rotary, no window); tiny_phi3_expected:
+                                        transformers' `ids`, `logits`, layer 1's qkv_proj and layer 0's gate_up_proj.
+
+Rerun with:  PYTHON scripts/make_gguf_fixtures.py [types] [tiny_llama] [tiny_qwen2] [tiny_phi3]
 (PYTHON: a venv with gguf, numpy, torch and transformers: scripts/setup.sh --reference)
 """
 
@@ -294,11 +298,9 @@ def make_tiny_llama(path: Path) -> None:
                      {**versions(), "torch": torch.__version__, "transformers": transformers.__version__})
 
 
-def make_tiny_qwen2(path: Path) -> None:
-    """A tiny random Qwen2 as llama.cpp's converter writes one: arch qwen2, q/k rows in HF's order
-    (its Qwen2 converter does not permute), q/k/v biases F32, matrices Q8_0, no output.weight (tied
-    embeddings), pre-tokenizer qwen2, rope base 1e6."""
-    rng = np.random.default_rng(SEED + 2)
+def random_makers(seed: int):
+    """Seeded makers of random linear weights (N(0, 1/fan_in)) and norm weights (1 + 0.2 N(0, 1))."""
+    rng = np.random.default_rng(seed)
 
     def linear(out_f: int, in_f: int) -> np.ndarray:
         return (rng.standard_normal((out_f, in_f)) / np.sqrt(in_f)).astype(np.float32)
@@ -306,32 +308,69 @@ def make_tiny_qwen2(path: Path) -> None:
     def norm() -> np.ndarray:
         return (1 + 0.2 * rng.standard_normal(HIDDEN)).astype(np.float32)
 
-    def bias(n: int) -> np.ndarray:
-        return (0.5 * rng.standard_normal(n)).astype(np.float32)
+    return rng, linear, norm
 
-    w = gguf.GGUFWriter(str(path), "qwen2")
-    w.add_name("tiny-qwen2")
+
+def add_tiny_metadata(w: gguf.GGUFWriter, name: str, rope_base: float, eps: float, rope_dims: int | None,
+                      pre: str, chat_template: str | None) -> None:
+    """The sizes, RoPE, norm epsilon and the tiny byte-level vocabulary (BOS 1, EOS = pad = 2)."""
+    w.add_name(name)
     w.add_context_length(256)
     w.add_embedding_length(HIDDEN)
     w.add_feed_forward_length(INTER)
     w.add_block_count(LAYERS)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
-    w.add_rope_freq_base(1000000.0)
-    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(rope_base)
+    if rope_dims is not None:
+        w.add_rope_dimension_count(rope_dims)
+    w.add_layer_norm_rms_eps(eps)
     w.add_vocab_size(VOCAB)
     tokens, types, merges = tiny_vocab()
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    w.add_pad_token_id(2)
+    w.add_pad_token_id(2)  # Phi3Config's default (32000) would be outside this vocabulary
     w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    if chat_template:
+        w.add_chat_template(chat_template)
 
+
+def save_transformers_view(path: Path, cls_name: str, out_name: str, picks: dict[str, str]) -> None:
+    """transformers' own GGUF loader's view of `path`: its logits on fixed ids and the tensors
+    `picks` names (saved name -> state_dict name), into `out_name`."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    model.eval()
+    assert type(model).__name__ == cls_name, type(model).__name__
+    sd = model.state_dict()
+    ids = np.array([1, 3, 200, 259, 275, 40, 41, 287, 2, 100, 7, 286], dtype=np.int32)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(ids.astype(np.int64))[None]).logits[0].numpy().astype(np.float32)
+    save_safetensors(OUT / out_name,
+                     {"ids": ids, "logits": logits, **{k: sd[v].numpy() for k, v in picks.items()}},
+                     {**versions(), "torch": torch.__version__, "transformers": transformers.__version__})
+
+
+def make_tiny_qwen2(path: Path) -> None:
+    """A tiny random Qwen2 as llama.cpp's converter writes one: arch qwen2, q/k rows in HF's order
+    (its Qwen2 converter does not permute), q/k/v biases F32, matrices Q8_0, no output.weight (tied
+    embeddings), pre-tokenizer qwen2, rope base 1e6."""
+    rng, linear, norm = random_makers(SEED + 2)
+
+    def bias(n: int) -> np.ndarray:
+        return (0.5 * rng.standard_normal(n)).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    add_tiny_metadata(w, "tiny-qwen2", 1000000.0, 1e-6, None, "qwen2", CHAT_TEMPLATE)
     embed = rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32)
     w.add_tensor("token_embd.weight", gguf.quants.quantize(embed, Q.Q8_0), raw_dtype=Q.Q8_0)
     for l in range(LAYERS):
@@ -354,31 +393,47 @@ def make_tiny_qwen2(path: Path) -> None:
         w.add_tensor(p + "ffn_norm.weight", norm())
     w.add_tensor("output_norm.weight", norm())
     write(w)
+    save_transformers_view(path, "Qwen2ForCausalLM", "tiny_qwen2_expected.safetensors",
+                           {"q_proj0": "model.layers.0.self_attn.q_proj.weight",
+                            "q_bias1": "model.layers.1.self_attn.q_proj.bias",
+                            "v_bias0": "model.layers.0.self_attn.v_proj.bias"})
 
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    model.eval()
-    assert type(model).__name__ == "Qwen2ForCausalLM", type(model).__name__
-    sd = model.state_dict()
-    ids = np.array([1, 3, 200, 259, 275, 40, 41, 287, 2, 100, 7, 286], dtype=np.int32)
-    with torch.no_grad():
-        logits = model(torch.from_numpy(ids.astype(np.int64))[None]).logits[0].numpy().astype(np.float32)
-    save_safetensors(OUT / "tiny_qwen2_expected.safetensors",
-                     {"ids": ids, "logits": logits,
-                      "q_proj0": sd["model.layers.0.self_attn.q_proj.weight"].numpy(),
-                      "q_bias1": sd["model.layers.1.self_attn.q_proj.bias"].numpy(),
-                      "v_bias0": sd["model.layers.0.self_attn.v_proj.bias"].numpy()},
-                     {**versions(), "torch": torch.__version__, "transformers": transformers.__version__})
+def make_tiny_phi3(path: Path) -> None:
+    """A tiny random Phi-3 as llama.cpp's converter writes one: arch phi3, attn_qkv ([q; k; v] rows)
+    and ffn_up ([gate; up] rows) fused as HF's qkv_proj and gate_up_proj, matrices Q8_0, an untied
+    output, full rotary and no sliding window (transformers' GGUF loader reads neither key, so only
+    then is it a reference; the C++ tests cover both keys on hand-built files)."""
+    rng, linear, norm = random_makers(SEED + 3)
+    w = gguf.GGUFWriter(str(path), "phi3")
+    add_tiny_metadata(w, "tiny-phi3", 10000.0, 1e-5, HEAD_DIM, "qwen2", None)
+    embed = rng.standard_normal((VOCAB, HIDDEN)).astype(np.float32)
+    w.add_tensor("token_embd.weight", gguf.quants.quantize(embed, Q.Q8_0), raw_dtype=Q.Q8_0)
+    for l in range(LAYERS):
+        p = f"blk.{l}."
+        mats = {
+            "attn_qkv": linear((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN),
+            "attn_output": linear(HIDDEN, HEADS * HEAD_DIM),
+            "ffn_up": linear(2 * INTER, HIDDEN),
+            "ffn_down": linear(HIDDEN, INTER),
+        }
+        w.add_tensor(p + "attn_norm.weight", norm())
+        for name, m in mats.items():
+            w.add_tensor(p + name + ".weight", gguf.quants.quantize(m, Q.Q8_0), raw_dtype=Q.Q8_0)
+        w.add_tensor(p + "ffn_norm.weight", norm())
+    w.add_tensor("output_norm.weight", norm())
+    w.add_tensor("output.weight", (linear(VOCAB, HIDDEN) * 4).astype(np.float16))
+    write(w)
+    save_transformers_view(path, "Phi3ForCausalLM", "tiny_phi3_expected.safetensors",
+                           {"qkv_proj1": "model.layers.1.self_attn.qkv_proj.weight",
+                            "gate_up_proj0": "model.layers.0.mlp.gate_up_proj.weight"})
 
 
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     only = sys.argv[1:]  # fixture names to make (types, tiny_llama, tiny_qwen2); none: all
-    for name, make in (("types", make_types), ("tiny_llama", make_tiny_llama), ("tiny_qwen2", make_tiny_qwen2)):
+    for name, make in (("types", make_types), ("tiny_llama", make_tiny_llama), ("tiny_qwen2", make_tiny_qwen2),
+                       ("tiny_phi3", make_tiny_phi3)):
         if not only or name in only:
             make(OUT / f"{name}.gguf")
     total = sum(f.stat().st_size for f in OUT.iterdir())

@@ -217,7 +217,7 @@ TEST(Convert, FailedConversionLeavesNothing) {
   auto s = convert_gguf((dir / "gpt2.gguf").string(), (dir / "out").string());
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("'general.architecture' is 'gpt2', which miles convert does not "
-                             "support (supported: llama, qwen2, qwen3)"),
+                             "support (supported: llama, phi3, qwen2, qwen3)"),
             std::string::npos)
       << s.message();
   s = convert_gguf((dir / "cut.gguf").string(), (dir / "out").string());
@@ -270,6 +270,34 @@ TEST(Convert, TinyQwen2MatchesTransformers) {
   EXPECT_LE(max_abs_diff(logits_of(**model, e.ids), e.map.find("logits")->data<float>()), 1e-4f);
   const json tok = json::parse(read_text(out / "tokenizer.json"));
   EXPECT_EQ(tok["pre_tokenizer"]["pretokenizers"][0]["type"], "Split");
+}
+
+// Phi-3 as llama.cpp writes it (attn_qkv and ffn_up fused): converted under HF's fused names, the
+// tensors byte-equal to transformers' own GGUF loader's, the model's logits within 1e-4.
+TEST(Convert, TinyPhi3MatchesTransformers) {
+  auto f = GgufFile::open(fixture("tiny_phi3.gguf"));
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto text = gguf_config_json(*f);
+  ASSERT_TRUE(text.ok()) << text.message();
+  const json j = json::parse(*text);
+  EXPECT_EQ(j["architectures"][0], "Phi3ForCausalLM");
+  EXPECT_TRUE(j["sliding_window"].is_null());
+  EXPECT_FALSE(j.contains("partial_rotary_factor"));
+  auto tensors = gguf_hf_tensors(*f);
+  ASSERT_TRUE(tensors.ok()) << tensors.message();
+  const TensorMap m = to_map(std::move(*tensors));
+  const TinyExpected e = tiny_expected("tiny_phi3_expected.safetensors");
+  EXPECT_TRUE(
+      same_bytes(m.find("model.layers.1.self_attn.qkv_proj.weight"), e.map.find("qkv_proj1")));
+  EXPECT_TRUE(
+      same_bytes(m.find("model.layers.0.mlp.gate_up_proj.weight"), e.map.find("gate_up_proj0")));
+  const fs::path out = scratch("phi3") / "tiny";
+  auto s = convert_gguf(fixture("tiny_phi3.gguf"), out.string());
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(s->architecture, "Phi3ForCausalLM");
+  auto model = Model::load(out.string());
+  ASSERT_TRUE(model.ok()) << model.message();
+  EXPECT_LE(max_abs_diff(logits_of(**model, e.ids), e.map.find("logits")->data<float>()), 1e-4f);
 }
 
 // A one-layer model with hidden 8, 2 heads of 4, 1 KV head, intermediate 8, vocab 5; tensor values
@@ -398,6 +426,64 @@ TEST(Convert, Qwen2MapsQkvBiasesAndNeedsThem) {
   ASSERT_NE(vb, nullptr);
   EXPECT_EQ(vb->data<float>()[3], 0.125f);
   EXPECT_TRUE(Model::from_weights(*cfg, m).ok());
+}
+
+// Phi-3's metadata that transformers' GGUF loader drops and llama.cpp uses: a partial
+// rope.dimension_count (Phi-4-mini) and attention.sliding_window go into config.json; longrope's
+// factor tensors and unfused projections are refused, naming them.
+TEST(Convert, Phi3PartialRotaryWindowAndRefusals) {
+  auto phi3 = [](bool longrope, bool unfused) {
+    GgufBuilder b;
+    b.kv_str("general.architecture", "phi3")
+        .kv_u32("phi3.block_count", 1)
+        .kv_u32("phi3.embedding_length", 8)
+        .kv_u32("phi3.feed_forward_length", 8)
+        .kv_u32("phi3.attention.head_count", 2)
+        .kv_u32("phi3.attention.head_count_kv", 1)
+        .kv_u32("phi3.context_length", 64)
+        .kv_u32("phi3.rope.dimension_count", 2)
+        .kv_u32("phi3.attention.sliding_window", 3)
+        .kv_f32("phi3.attention.layer_norm_rms_epsilon", 1e-6f);
+    auto mat = [&](const std::string& name, uint64_t rows, uint64_t cols) {
+      b.tensor_f32(name, {cols, rows}, std::vector<float>(rows * cols, 0.01f));
+    };
+    auto vec = [&](const std::string& name, uint64_t n) {
+      b.tensor_f32(name, {n}, std::vector<float>(n, 1.0f));
+    };
+    mat("token_embd.weight", 5, 8);
+    vec("blk.0.attn_norm.weight", 8);
+    mat(unfused ? "blk.0.attn_q.weight" : "blk.0.attn_qkv.weight", unfused ? 8 : 16, 8);
+    mat("blk.0.attn_output.weight", 8, 8);
+    vec("blk.0.ffn_norm.weight", 8);
+    mat("blk.0.ffn_up.weight", 16, 8);
+    mat("blk.0.ffn_down.weight", 8, 8);
+    vec("output_norm.weight", 8);
+    if (longrope) vec("rope_factors_long.weight", 1);
+    return b;
+  };
+  auto f = parse(phi3(false, false).build());
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto text = gguf_config_json(*f);
+  ASSERT_TRUE(text.ok()) << text.message();
+  auto cfg = parse_model_config(*text, "config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.message() << "\n" << *text;
+  EXPECT_EQ(cfg->arch, Arch::kPhi3);
+  EXPECT_EQ(cfg->rotary_dim(), 2);  // head_dim 4 × 0.5
+  EXPECT_EQ(cfg->sliding_window, 3);
+  auto t = gguf_hf_tensors(*f);
+  ASSERT_TRUE(t.ok()) << t.message();
+  EXPECT_TRUE(to_map(std::move(*t)).contains("model.layers.0.self_attn.qkv_proj.weight"));
+  auto lr = parse(phi3(true, false).build());
+  ASSERT_TRUE(lr.ok()) << lr.message();
+  auto refused = gguf_config_json(*lr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("rope_factors_long.weight"), std::string::npos)
+      << refused.message();
+  auto un = parse(phi3(false, true).build());
+  ASSERT_TRUE(un.ok()) << un.message();
+  auto unfused = gguf_hf_tensors(*un);
+  ASSERT_FALSE(unfused.ok());
+  EXPECT_NE(unfused.message().find("blk.0.attn_q.weight"), std::string::npos) << unfused.message();
 }
 
 TEST(Convert, TiedEmbeddingsWhenThereIsNoOutput) {

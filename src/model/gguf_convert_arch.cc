@@ -1,10 +1,10 @@
 // GGUF `<arch>.*` metadata -> GgufArch -> config.json / generation_config.json.
 //
 // Why: config.json must describe exactly the weights the conversion writes. llama.cpp's keys map
-// one to one onto HF's for the supported architectures (llama, qwen2, qwen3); everything a plain HF
-// config of those classes cannot express (MoE, llama3 rope_freqs, partial rotary, unknown rope
-// scaling) is refused here with an error naming the file and the key, rather than converted into a
-// model that computes something else.
+// one to one onto HF's for the supported architectures (llama, phi3, qwen2, qwen3); everything a
+// plain HF config of those classes cannot express (MoE, llama3 rope_freqs, partial rotary, unknown
+// rope scaling) is refused here with an error naming the file and the key, rather than converted
+// into a model that computes something else.
 #include "model/gguf_convert_arch.h"
 
 #include <charconv>
@@ -44,6 +44,10 @@ Status set_family(const GgufFile& f, GgufArch* a) {
     a->hf_class = "LlamaForCausalLM";
     a->model_type = "llama";
     a->permuted_qk = true;  // convert_hf_to_gguf.py's LlamaModel permutes q/k
+  } else if (a->gguf_arch == "phi3") {
+    a->hf_class = "Phi3ForCausalLM";  // its converter keeps qkv_proj and gate_up_proj fused
+    a->model_type = "phi3";
+    a->fused = true;
   } else if (a->gguf_arch == "qwen2") {
     a->hf_class = "Qwen2ForCausalLM";  // its converter keeps HF's q/k row order
     a->model_type = "qwen2";
@@ -56,7 +60,7 @@ Status set_family(const GgufFile& f, GgufArch* a) {
     return key_error(
         f, "general.architecture",
         "is '" + a->gguf_arch +
-            "', which miles convert does not support (supported: llama, qwen2, qwen3)");
+            "', which miles convert does not support (supported: llama, phi3, qwen2, qwen3)");
   }
   return Status::Ok();
 }
@@ -109,16 +113,28 @@ Status read_head_dim(const GgufFile& f, GgufArch* a) {
     return key_error(f, p + "attention.value_length",
                      "(" + std::to_string(v_dim) + ") differs from the key length (" +
                          std::to_string(a->head_dim) + "); not supported");
-  MILES_ASSIGN_OR_RETURN(const int64_t rot, int_or(f, p + "rope.dimension_count", a->head_dim));
-  if (rot != a->head_dim)
+  MILES_ASSIGN_OR_RETURN(a->rotary_dim, int_or(f, p + "rope.dimension_count", a->head_dim));
+  // Phi-3's (Phi-4-mini's 0.75) becomes partial_rotary_factor; elsewhere a plain HF config of the
+  // class cannot say it.
+  const bool partial_ok = a->gguf_arch == "phi3" && a->rotary_dim > 0 && a->rotary_dim % 2 == 0;
+  if (a->rotary_dim != a->head_dim && !(partial_ok && a->rotary_dim < a->head_dim))
     return key_error(f, p + "rope.dimension_count",
-                     "is " + std::to_string(rot) + " but head_dim is " +
+                     "is " + std::to_string(a->rotary_dim) + " but head_dim is " +
                          std::to_string(a->head_dim) + "; partial rotary is not supported");
+  if (a->gguf_arch == "phi3") {
+    MILES_ASSIGN_OR_RETURN(a->sliding_window, int_or(f, p + "attention.sliding_window", 0));
+    if (a->sliding_window < 0)
+      return key_error(f, p + "attention.sliding_window", "must be >= 0 (0: none)");
+  }
   return Status::Ok();
 }
 
 Status read_rope_scaling(const GgufFile& f, GgufArch* a) {
   const std::string p = a->gguf_arch + ".rope.scaling.";
+  for (const char* t : {"rope_factors_long.weight", "rope_factors_short.weight"})
+    if (f.find_tensor(t))
+      return Status::Error(f.path() + ": tensor '" + t +
+                           "' (Phi-3's longrope scaling) is not supported by miles convert");
   if (f.find_tensor("rope_freqs.weight"))
     return Status::Error(f.path() +
                          ": tensor 'rope_freqs.weight' (llama3-style per-frequency "
@@ -210,6 +226,9 @@ Result<std::string> gguf_config_json(const GgufFile& f) {
   j["max_position_embeddings"] = a.context;
   j["rms_norm_eps"] = gguf::shortest_f32(a.rms_eps);
   j["rope_theta"] = gguf::shortest_f32(a.rope_theta);
+  if (a.rotary_dim != a.head_dim)
+    j["partial_rotary_factor"] =
+        static_cast<double>(a.rotary_dim) / static_cast<double>(a.head_dim);
   if (a.rope_scaling.empty()) {
     j["rope_scaling"] = nullptr;
   } else {
@@ -220,9 +239,15 @@ Result<std::string> gguf_config_json(const GgufFile& f) {
   }
   j["tie_word_embeddings"] = a.tied;
   j["hidden_act"] = "silu";
-  if (a.model_type != "qwen2") j["attention_bias"] = false;  // Qwen2's q/k/v biases are its class's
+  // Qwen2's q/k/v biases are its class's; Phi-3's class has none and a window of its own.
+  if (a.model_type != "qwen2" && a.model_type != "phi3") j["attention_bias"] = false;
   if (a.model_type == "llama") j["mlp_bias"] = false;
-  if (a.model_type != "llama") j["use_sliding_window"] = false;
+  if (a.model_type == "phi3") {
+    j["sliding_window"] =
+        a.sliding_window > 0 ? nlohmann::ordered_json(a.sliding_window) : nlohmann::ordered_json();
+  } else if (a.model_type != "llama") {
+    j["use_sliding_window"] = false;
+  }
   if (a.bos >= 0) j["bos_token_id"] = a.bos;
   if (a.eos >= 0) j["eos_token_id"] = a.eos;
   if (a.pad >= 0) j["pad_token_id"] = a.pad;

@@ -15,12 +15,15 @@
 namespace miles::gguf {
 
 struct GgufArch {
-  std::string gguf_arch;     // general.architecture: "llama", "qwen2", "qwen3"
+  std::string gguf_arch;     // general.architecture: "llama", "phi3", "qwen2", "qwen3"
   std::string hf_class;      // "LlamaForCausalLM"
   std::string model_type;    // "llama"
   bool permuted_qk = false;  // llama.cpp permuted q/k rows to interleaved rotary pairs
   bool qk_norm = false;      // per-head q_norm / k_norm (qwen3)
   bool qkv_bias = false;     // q / k / v projection biases (qwen2)
+  bool fused = false;        // attn_qkv and ffn_up ([gate; up]) fused, as HF's Phi-3 (phi3)
+  int64_t rotary_dim = 0;    // rope.dimension_count (phi3: partial rotary when < head_dim)
+  int64_t sliding_window = 0;  // attention.sliding_window (phi3; 0: none)
   int64_t vocab = 0;         // rows of token_embd.weight
   int64_t hidden = 0;
   int64_t intermediate = 0;

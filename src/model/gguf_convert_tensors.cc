@@ -30,6 +30,13 @@ Result<Target> layer_target(const GgufArch& a, const std::string& suffix, const 
   const int64_t heads = a.permuted_qk ? a.heads : 0, kv_heads = a.permuted_qk ? a.kv_heads : 0;
   if (suffix == "attn_norm.weight") return Target{p + "input_layernorm.weight", {a.hidden}};
   if (suffix == "ffn_norm.weight") return Target{p + "post_attention_layernorm.weight", {a.hidden}};
+  if (a.fused && suffix == "attn_qkv.weight")  // Phi-3: HF's fused names (hf_names.h splits them)
+    return Target{p + "self_attn.qkv_proj.weight", {q + 2 * kv, a.hidden}};
+  if (a.fused && suffix == "ffn_up.weight")  // [gate; up], as HF's gate_up_proj
+    return Target{p + "mlp.gate_up_proj.weight", {2 * a.intermediate, a.hidden}};
+  if (a.fused && (suffix == "attn_q.weight" || suffix == "attn_k.weight" ||
+                  suffix == "attn_v.weight" || suffix == "ffn_gate.weight"))
+    return Status::Error("is not how " + a.hf_class + " stores it (attn_qkv, ffn_up fused)");
   if (suffix == "attn_q.weight") return Target{p + "self_attn.q_proj.weight", {q, a.hidden}, heads};
   if (suffix == "attn_k.weight")
     return Target{p + "self_attn.k_proj.weight", {kv, a.hidden}, kv_heads};
@@ -110,6 +117,7 @@ Result<std::vector<std::pair<std::string, Tensor>>> gguf_hf_tensors(const GgufFi
     const std::string p = "blk." + std::to_string(l) + ".";
     std::vector<std::string> parts = {"attn_norm",   "ffn_norm", "attn_q", "attn_k",  "attn_v",
                                       "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+    if (a.fused) parts = {"attn_norm", "ffn_norm", "attn_qkv", "attn_output", "ffn_up", "ffn_down"};
     if (a.qk_norm) parts.insert(parts.end(), {"attn_q_norm", "attn_k_norm"});
     for (std::string& part : parts) part += ".weight";
     if (a.qkv_bias) parts.insert(parts.end(), {"attn_q.bias", "attn_k.bias", "attn_v.bias"});
