@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 
 namespace miles {
 
@@ -70,17 +71,18 @@ std::vector<std::pair<std::string, Tensor>> to_hf_names(
   const std::vector<Fused> fused = all_fused(config);
   if (fused.empty()) return tensors;
   std::map<std::string, const Fused*> first_part;  // a fused tensor's first part → it
+  std::set<std::string> later_parts;               // written with their first part
   std::map<std::string, const Tensor*> by_name;
-  for (const Fused& f : fused) first_part[f.parts.front().first] = &f;
+  for (const Fused& f : fused) {
+    first_part[f.parts.front().first] = &f;
+    for (size_t i = 1; i < f.parts.size(); ++i) later_parts.insert(f.parts[i].first);
+  }
   for (const auto& [name, t] : tensors) by_name[name] = &t;
   std::vector<std::pair<std::string, Tensor>> out;
   for (const auto& [name, t] : tensors) {
     auto it = first_part.find(name);
     if (it == first_part.end()) {
-      bool later_part = false;
-      for (const Fused& f : fused)
-        for (size_t i = 1; i < f.parts.size(); ++i) later_part |= f.parts[i].first == name;
-      if (!later_part) out.emplace_back(name, t);
+      if (!later_parts.contains(name)) out.emplace_back(name, t);
       continue;
     }
     const Fused& f = *it->second;
