@@ -82,6 +82,19 @@ bool valid_engine_address(const std::string& address) {
   return true;
 }
 
+// Every optimizer step's samples split into whole micro-batches on every data-parallel rank.
+void check_micro_batches(const RunConfig& c, Checker& check) {
+  const TrainerSection& t = c.trainer;
+  if (t.micro_batch_size >= 1 && c.parallel.dp >= 1 &&
+      t.global_batch_size % (t.micro_batch_size * c.parallel.dp) != 0) {
+    check.fail({"trainer.global_batch_size", "trainer.micro_batch_size", "parallel.dp"},
+               "trainer.global_batch_size: " + str(t.global_batch_size) +
+                   " is not divisible by trainer.micro_batch_size × parallel.dp = " +
+                   str(t.micro_batch_size) + " × " + str(c.parallel.dp) + " = " +
+                   str(t.micro_batch_size * c.parallel.dp));
+  }
+}
+
 void check_batches(const RunConfig& c, Checker& check) {
   const auto& r = c.rollout;
   const auto& t = c.trainer;
@@ -111,14 +124,7 @@ void check_batches(const RunConfig& c, Checker& check) {
                    str(t.global_batch_size) + " × " + str(t.num_steps_per_rollout) + " = " +
                    str(consumed) + " (did you mean " + fix + "?)");
   }
-  if (t.micro_batch_size >= 1 && c.parallel.dp >= 1 &&
-      t.global_batch_size % (t.micro_batch_size * c.parallel.dp) != 0) {
-    check.fail({"trainer.global_batch_size", "trainer.micro_batch_size", "parallel.dp"},
-               "trainer.global_batch_size: " + str(t.global_batch_size) +
-                   " is not divisible by trainer.micro_batch_size × parallel.dp = " +
-                   str(t.micro_batch_size) + " × " + str(c.parallel.dp) + " = " +
-                   str(t.micro_batch_size * c.parallel.dp));
-  }
+  check_micro_batches(c, check);
   if (r.over_sampling_batch_size != 0 && r.over_sampling_batch_size < r.rollout_batch_size) {
     check.fail("rollout.over_sampling_batch_size",
                "must be 0 (as many as rollout.rollout_batch_size) or >= "
@@ -367,14 +373,7 @@ void check_sft(const RunConfig& c, const Origins& origins, Checker& check) {
                              ": not used by an SFT job (sft.data is set); remove it, or "
                              "remove sft.data for an RL job");
   }
-  const TrainerSection& t = c.trainer;
-  if (t.micro_batch_size >= 1 && c.parallel.dp >= 1 && t.global_batch_size >= 1 &&
-      t.global_batch_size % (t.micro_batch_size * c.parallel.dp) != 0)
-    check.fail({"trainer.global_batch_size", "trainer.micro_batch_size", "parallel.dp"},
-               "trainer.global_batch_size: " + str(t.global_batch_size) +
-                   " is not divisible by trainer.micro_batch_size × parallel.dp = " +
-                   str(t.micro_batch_size) + " × " + str(c.parallel.dp) + " = " +
-                   str(t.micro_batch_size * c.parallel.dp));
+  if (c.trainer.global_batch_size >= 1) check_micro_batches(c, check);
 }
 
 Status validate_with_origins(const RunConfig& config, const Origins& origins) {

@@ -329,6 +329,13 @@ TEST(RunConfig, SftJobKeepsOnlyItsKeys) {
   EXPECT_NE(bad.message().find("sft.steps: must be > 0"), std::string::npos) << bad.message();
   EXPECT_NE(bad.message().find("parallel.timeout_s: must be > 0"), std::string::npos)
       << bad.message();
+  auto split = parse_run_config("model: {path: m}\nsft: {data: d.jsonl}\n", "job.yaml",
+                                {"trainer.global_batch_size=6", "parallel.dp=4"});
+  ASSERT_FALSE(split.ok());
+  EXPECT_NE(split.message().find("trainer.global_batch_size: 6 is not divisible by "
+                                 "trainer.micro_batch_size × parallel.dp = 1 × 4 = 4"),
+            std::string::npos)
+      << split.message();
 }
 
 TEST(RunConfig, LoadNamesAMissingFile) {
