@@ -40,6 +40,17 @@ std::string llama_with(const std::string& key, const std::string& value) {
   return s.substr(0, pos + k.size()) + value + s.substr(end);
 }
 
+// kLlama as another family: its architectures and model_type.
+std::string family(const std::string& cls, const std::string& type) {
+  std::string s = llama_with("architectures", "[\"" + cls + "\"]");
+  return s.replace(s.find("\"llama\""), 7, "\"" + type + "\"");
+}
+
+// `text` (one JSON object) with `key` added.
+std::string with_key(const std::string& text, const std::string& key, const std::string& value) {
+  return text.substr(0, text.size() - 1) + ", \"" + key + "\": " + value + "}";
+}
+
 void expect_error(const std::string& text, const std::string& needle) {
   auto r = parse_model_config(text, kSrc);
   ASSERT_FALSE(r.ok()) << "expected an error mentioning " << needle;
@@ -90,8 +101,7 @@ TEST(ModelConfig, KvHeadsDefaultToHeadsAndModelTypeFallback) {
 // Qwen2 / Qwen2.5: q/k/v biases always (its config has no attention_bias), none on o_proj, no mlp
 // biases; transformers 5's layer_types must all be full attention.
 TEST(ModelConfig, Qwen2HasQkvBiasesAndFullAttentionOnly) {
-  std::string q2 = llama_with("architectures", R"(["Qwen2ForCausalLM"])");
-  q2 = q2.replace(q2.find("\"llama\""), 7, "\"qwen2\"");
+  const std::string q2 = family("Qwen2ForCausalLM", "qwen2");
   auto r = parse_model_config(q2, kSrc);
   ASSERT_TRUE(r.ok()) << r.message();
   EXPECT_EQ(r->arch, Arch::kQwen2);
@@ -103,8 +113,7 @@ TEST(ModelConfig, Qwen2HasQkvBiasesAndFullAttentionOnly) {
   ASSERT_TRUE(by_type.ok()) << by_type.message();
   EXPECT_EQ(by_type->arch, Arch::kQwen2);
   auto with = [&](const std::string& key, const std::string& value) {
-    std::string s = q2;
-    return s.substr(0, s.size() - 1) + ", \"" + key + "\": " + value + "}";
+    return with_key(q2, key, value);
   };
   EXPECT_TRUE(
       parse_model_config(with("layer_types", R"(["full_attention", "full_attention"])"), kSrc)
@@ -121,10 +130,9 @@ TEST(ModelConfig, Qwen2HasQkvBiasesAndFullAttentionOnly) {
 // Mistral: Llama's fields and a sliding window on every layer (MistralConfig's 4096 when absent,
 // none when null); no biases, no layer_types (transformers ignores them); the writer round trips.
 TEST(ModelConfig, MistralSlidingWindowOnEveryLayer) {
-  std::string m = llama_with("architectures", R"(["MistralForCausalLM"])");
-  m = m.replace(m.find("\"llama\""), 7, "\"mistral\"");
+  const std::string m = family("MistralForCausalLM", "mistral");
   auto with = [&](const std::string& key, const std::string& value) {
-    return m.substr(0, m.size() - 1) + ", \"" + key + "\": " + value + "}";
+    return with_key(m, key, value);
   };
   auto absent = parse_model_config(m, kSrc);
   ASSERT_TRUE(absent.ok()) << absent.message();
@@ -157,10 +165,9 @@ TEST(ModelConfig, MistralSlidingWindowOnEveryLayer) {
 // longrope scaling (and the su / yarn names Phi3Config maps to it) refused; the writer round trips
 // the partial rotary factor and the window.
 TEST(ModelConfig, Phi3WindowDropoutAndRope) {
-  std::string m = llama_with("architectures", R"(["Phi3ForCausalLM"])");
-  m = m.replace(m.find("\"llama\""), 7, "\"phi3\"");
+  const std::string m = family("Phi3ForCausalLM", "phi3");
   auto with = [&](const std::string& key, const std::string& value) {
-    return m.substr(0, m.size() - 1) + ", \"" + key + "\": " + value + "}";
+    return with_key(m, key, value);
   };
   auto plain = parse_model_config(m, kSrc);
   ASSERT_TRUE(plain.ok()) << plain.message();
