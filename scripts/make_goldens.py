@@ -33,6 +33,8 @@ import safetensors.numpy
 import torch
 import transformers
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -137,7 +139,25 @@ def model_specs() -> dict:
                  dict({k: v for k, v in COMMON.items() if k != "attention_bias"},
                       tie_word_embeddings=False, sliding_window=7, resid_pdrop=0.0, embd_pdrop=0.0,
                       **rope_kwargs(10000.0, {"partial_rotary_factor": 0.5}))),
+        # Gemma 3 (text): scaled embeddings, GeGLU, (1 + w) norms before and after each block, q/k norms, a window of
+        # 5 on the sliding layers (layer_types), their own RoPE (theta 1e4) while the full layer uses theta 1e6 with
+        # linear scaling (as Gemma-3-4B+), query_pre_attn_scalar 32 (not head_dim), tied like every Gemma 3.
+        "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig, gemma3_kwargs()),
     }
+
+
+def gemma3_kwargs() -> dict:
+    kw = {k: v for k, v in COMMON.items() if k not in ("hidden_act", "attention_bias", "pad_token_id")}
+    kw.update(num_hidden_layers=3, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+              query_pre_attn_scalar=32, sliding_window=5, pad_token_id=0, bos_token_id=2, eos_token_id=1,
+              layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    full = {"rope_type": "linear", "factor": 2.0}
+    if TRANSFORMERS_MAJOR >= 5:
+        kw["rope_parameters"] = {"full_attention": dict(full, rope_theta=1e6),
+                                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    else:
+        kw.update(rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling=full)
+    return kw
 
 
 # Models whose weights are exactly another model's (only config differs): the weight file is a relative symlink
@@ -170,8 +190,8 @@ def init_weights(model: torch.nn.Module, name: str) -> None:
     tied = model.config.tie_word_embeddings
     for pname, p in model.named_parameters():  # tied weights appear once
         noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
-        if pname.endswith("norm.weight"):
-            val = 1.0 + 0.2 * noise
+        if pname.endswith("norm.weight"):  # Gemma's norms multiply by (1 + weight)
+            val = (0.0 if "gemma" in name else 1.0) + 0.2 * noise
         elif "embed_tokens" in pname:
             val = noise * (0.3 if tied else 0.5)
         elif pname == "lm_head.weight":
@@ -342,6 +362,9 @@ def padded_batch_diff(model, prompts: list[np.ndarray], singles: list[np.ndarray
 
 def rope_reference(model) -> tuple[np.ndarray, float]:
     rot = model.model.rotary_emb
+    if hasattr(rot, "full_attention_inv_freq"):  # Gemma 3: the full layers' table
+        return (rot.full_attention_inv_freq.detach().float().numpy().copy(),
+                float(rot.full_attention_attention_scaling))
     return rot.inv_freq.detach().float().numpy().copy(), float(rot.attention_scaling)
 
 

@@ -17,7 +17,7 @@ The loss (the policy-gradient-with-entropy shape the trainer uses):
     Per sequence the two sums are formed in float32 with torch.sum, the four sequences added in order, then / N.
     No MoE auxiliary (load-balancing) loss: output_router_logits is False.
 
-Gradient file  tests/data/grad_goldens/<name>.safetensors  (names: llama, llama_tied, llama_bias, mistral, phi3, qwen2, qwen3, qwen3_bf16, qwen3_moe,
+Gradient file  tests/data/grad_goldens/<name>.safetensors  (names: gemma3, llama, llama_tied, llama_bias, mistral, phi3, qwen2, qwen3, qwen3_bf16, qwen3_moe,
 qwen3_moe_nonorm). All tensors little-endian float32 unless said; names sorted in the file:
     seq{i}.ids        int32 [T]     i = 1..4, the prompt (copied from the logits goldens)
     seq{i}.coef             [T-1]
@@ -93,8 +93,8 @@ import make_goldens as mg  # noqa: E402  (shares the model specs, loader and the
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 
-GRAD_MODELS = ("llama", "llama_tied", "llama_bias", "mistral", "phi3", "qwen2", "qwen3", "qwen3_bf16", "qwen3_moe",
-               "qwen3_moe_nonorm")
+GRAD_MODELS = ("gemma3", "llama", "llama_tied", "llama_bias", "mistral", "phi3", "qwen2", "qwen3", "qwen3_bf16",
+               "qwen3_moe", "qwen3_moe_nonorm")
 ADAMW_MODELS = ("llama", "qwen3_moe")
 SEQS = (1, 2, 3, 4)  # indices into the logits goldens' prompts; seq0 (length 1) has no target
 COEF_SEED = 20240612

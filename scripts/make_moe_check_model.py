@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Makes tests/data/models/qwen3_moe_v512, qwen2_v512, mistral_v512 and phi3_v512: the tiny
-Qwen3-MoE, Qwen2, Mistral and Phi-3 test models (tests/data/models/qwen3_moe, qwen2, mistral, phi3:
-random weights from transformers) cut to the first 512 rows of their embedding and LM head (qwen2's head is the tied
-embedding), so that they speak stories260K's 512-token llama2.c tokenizer (BOS 1, EOS 2 in all).
+"""Makes tests/data/models/qwen3_moe_v512, qwen2_v512, mistral_v512, phi3_v512 and gemma3_v512: the tiny
+Qwen3-MoE, Qwen2, Mistral, Phi-3 and Gemma 3 test models (tests/data/models/qwen3_moe, qwen2, mistral, phi3, gemma3:
+random weights from transformers) cut to the first 512 rows of their embedding and LM head (qwen2's and gemma3's
+heads are the tied embedding), so that they speak stories260K's 512-token llama2.c tokenizer (BOS 1, EOS 2 in all:
+gemma3's own 2 / 1 are swapped to them).
 `miles check` and `miles run` need text for prompts and rewards; this gives the MoE path (R3 capture
-and replay), the Qwen2 family, Mistral's sliding window and Phi-3's fused projections models they
+and replay), the Qwen2 family, Mistral's sliding window Phi-3's fused projections and Gemma 3's
+mixed sliding / full layers models they
 can run end to end. Needs only numpy + safetensors (the light venv).
 
     python3 scripts/make_moe_check_model.py [--data-dir tests/data]
@@ -24,7 +26,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data-dir", default="tests/data")
     args = ap.parse_args()
-    for src_name in ("qwen3_moe", "qwen2", "mistral", "phi3"):
+    for src_name in ("qwen3_moe", "qwen2", "mistral", "phi3", "gemma3"):
         cut_vocab(args.data_dir, src_name)
 
 
@@ -40,10 +42,17 @@ def cut_vocab(data_dir, src_name):
     with open(os.path.join(SRC, "config.json")) as f:
         config = json.load(f)
     config["vocab_size"] = 512
+    tokens = {"bos_token_id": 1, "eos_token_id": 2}
+    config.update(tokens)
     with open(os.path.join(DST, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
-    shutil.copy(os.path.join(SRC, "generation_config.json"), DST)
+    with open(os.path.join(SRC, "generation_config.json")) as f:
+        generation = json.load(f)
+    generation.update((k, v) for k, v in tokens.items() if k in generation)
+    with open(os.path.join(DST, "generation_config.json"), "w") as f:
+        json.dump(generation, f, indent=2)
+        f.write("\n")
 
 if __name__ == "__main__":
     main()

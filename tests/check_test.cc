@@ -81,7 +81,9 @@ TEST(Check, AnotherRolloutBatchSizeStillAgreesBitForBit) {
 // The other families (tests/data/models/<name>_v512: transformers' random-weight checkpoints cut
 // to stories260K's 512 tokens): Qwen2 (q/k/v biases, a tied head), Mistral (a sliding window of 5
 // on every layer: the engine's windowed decode over the paged cache against the trainer's windowed
-// packed forward) and Phi-3 (fused projections split at load, partial rotary, a window of 7):
+// packed forward), Phi-3 (fused projections split at load, partial rotary, a window of 7) and Gemma
+// 3 (GeGLU, (1 + w) norms around each block, scaled embeddings, sliding and full layers with their
+// own RoPEs):
 // engine and trainer agree bit for bit, on data- and pipeline-parallel layouts too.
 class FamilyCheck : public ::testing::TestWithParam<std::string> {};
 
@@ -103,7 +105,8 @@ TEST_P(FamilyCheck, EngineAndTrainerAgreeBitForBit) {
   EXPECT_GT(c.report["grad_norm"].get<double>(), 0.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, FamilyCheck, ::testing::Values("qwen2", "mistral", "phi3"));
+INSTANTIATE_TEST_SUITE_P(Families, FamilyCheck,
+                         ::testing::Values("qwen2", "mistral", "phi3", "gemma3"));
 
 TEST(Check, MoeModelReplaysEveryRoutedExpert) {
   MILES_REQUIRE_SHARED();

@@ -169,7 +169,7 @@ TEST_P(DeviceForward, EmulatedEqualsTheCpuModel) {
 INSTANTIATE_TEST_SUITE_P(Models, DeviceForward,
                          ::testing::Values("llama", "llama_tied", "llama_bias", "llama_rope_yarn",
                                            "mistral", "phi3", "qwen2", "qwen3", "qwen3_bf16",
-                                           "qwen3_moe", "qwen3_moe_nonorm"));
+                                           "qwen3_moe", "qwen3_moe_nonorm", "gemma3"));
 
 TEST(DeviceForwardStories, EmulatedEqualsTheCpuModel) {
   MILES_REQUIRE_SHARED();
@@ -254,7 +254,7 @@ TEST_P(DeviceTraining, EmulatedTiedHeadShareIsTheCpuModelsBits) {
 INSTANTIATE_TEST_SUITE_P(Models, DeviceTraining,
                          ::testing::Values("llama", "llama_tied", "llama_bias", "llama_rope_yarn",
                                            "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe",
-                                           "qwen3_moe_nonorm"));
+                                           "qwen3_moe_nonorm", "gemma3"));
 
 TEST(DeviceTrainingMoe, EmulatedGradientsWithRoutingReplayAreTheCpuModelsBits) {
   expect_training_bits(Device::kEmulated, test::data_dir() + "/models/qwen3_moe", false, true);

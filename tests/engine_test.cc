@@ -148,7 +148,8 @@ TEST_P(EngineBatchInvariance, RequestIsBitIdenticalAloneAmong63AndWithPrefixHit)
   EXPECT_GT(e.stats().cached_prompt_tokens, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, EngineBatchInvariance, ::testing::Values("qwen3_moe", "mistral"));
+INSTANTIATE_TEST_SUITE_P(Models, EngineBatchInvariance,
+                         ::testing::Values("qwen3_moe", "mistral", "gemma3"));
 
 TEST(Engine, GroupPrefillsOnceAndEachSampleEqualsItsOwnRequest) {
   auto model = load("qwen3_moe");

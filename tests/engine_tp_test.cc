@@ -102,7 +102,7 @@ TEST_P(EngineTp, SameBitsAsOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineTp,
                          ::testing::Values("qwen3_moe", "llama_tied", "llama_bias", "qwen2",
-                                           "mistral", "phi3"));
+                                           "mistral", "phi3", "gemma3"));
 
 TEST(EngineTpWeights, AnUpdateReshardsAndABadOneKeepsTheOldWeights) {
   auto files = load_model_files(test::data_dir() + "/models/qwen3_moe");

@@ -73,6 +73,21 @@ TEST_P(LayerOps, EveryProgramKeepsTheDataFlowRules) {
     EXPECT_EQ(p.keeps(Act::kGateUp), !lw.moe);
     EXPECT_FALSE(p.keeps(Act::kH));
     EXPECT_FALSE(p.keeps(Act::kProj));
+    // Gemma 3: each block's output normed before the residual add (its input kept for the
+    // backward), GeGLU, and the sliding layers' own window and RoPE table.
+    const bool gemma = f.config.arch == Arch::kGemma3;
+    int out_norms = 0, geglus = 0;
+    for (const Op& op : p.ops) {
+      out_norms += op.kind == OpKind::kRmsNorm && op.in != Act::kH;
+      geglus += op.kind == OpKind::kGeGlu;
+    }
+    EXPECT_EQ(out_norms, gemma ? 2 : 0) << "layer " << l;
+    EXPECT_EQ(geglus, gemma ? 1 : 0) << "layer " << l;
+    EXPECT_EQ(p.keeps(Act::kAttnOut), gemma);
+    EXPECT_EQ(p.keeps(Act::kMlpOut), gemma);
+    EXPECT_EQ(p.window, f.config.attention_window(static_cast<int64_t>(l)));
+    EXPECT_EQ(p.local_rope, gemma && l != 1)
+        << "layer " << l;  // the test model: sliding, full, sliding
   }
 }
 
@@ -90,6 +105,9 @@ TEST(LayerProgram, BrokenDataFlowIsNamed) {
       << check_program(p);
   p = w->programs[0];
   p.ops[0].keep = Act::kCount;
+  EXPECT_NE(check_program(p).find("names where its input is kept"), std::string::npos);
+  p = w->programs[0];  // a norm of something else naming a kept copy
+  p.ops.push_back({OpKind::kRmsNorm, Act::kAct, Act::kProj, Param::kMlpOutNorm, Act::kHMid});
   EXPECT_NE(check_program(p).find("names where its input is kept"), std::string::npos);
 }
 
@@ -189,8 +207,9 @@ TEST_P(LayerOps, EachOpGivesTheCpuBitsOnTheDevice) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, LayerOps,
-                         ::testing::Values("llama", "llama_bias", "llama_tied", "mistral", "phi3",
-                                           "qwen2", "qwen3", "qwen3_moe", "qwen3_moe_nonorm"));
+                         ::testing::Values("gemma3", "llama", "llama_bias", "llama_tied", "mistral",
+                                           "phi3", "qwen2", "qwen3", "qwen3_moe",
+                                           "qwen3_moe_nonorm"));
 
 }  // namespace
 }  // namespace miles

@@ -192,6 +192,85 @@ TEST(ModelConfig, Phi3WindowDropoutAndRope) {
   expect_error(with("mlp_bias", "true"), "has no biases");
 }
 
+// Gemma 3 (gemma3_text): its defaults (head_dim 256, tied, query_pre_attn_scalar 256, window 4096,
+// every sixth layer full), the window per layer from layer_types or sliding_window_pattern, the two
+// RoPEs in both spellings, the refusals, and the writer's round trip.
+TEST(ModelConfig, Gemma3LayersRopesAndRefusals) {
+  const std::string m = family("Gemma3ForCausalLM", "gemma3_text");
+  auto with = [&](const std::string& key, const std::string& value) {
+    return with_key(m, key, value);
+  };
+  auto plain = parse_model_config(m, kSrc);
+  ASSERT_TRUE(plain.ok()) << plain.message();
+  const ModelConfig& c = *plain;
+  EXPECT_EQ(c.arch, Arch::kGemma3);
+  EXPECT_EQ(c.activation, Activation::kGeluTanh);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_TRUE(c.norm_adds_one() && c.has_block_output_norms() && c.has_qk_norm());
+  EXPECT_EQ(c.attention_scale(), 0.0625f);  // 256^-1/2
+  EXPECT_EQ(c.embed_scale(), 8.0f);         // sqrt(64)
+  EXPECT_EQ(c.sliding_window, 4096);
+  for (int l = 0; l < 5; ++l) EXPECT_EQ(c.attention_window(l), 4096) << l;  // pattern 6: no full
+  EXPECT_EQ(c.rope.theta, 10000.0);  // the file's rope_theta (the full layers')
+  EXPECT_EQ(c.rope_local.theta, 10000.0);
+  EXPECT_EQ(c.bos_token_id, 1);
+  auto pattern = parse_model_config(with("sliding_window_pattern", "2"), kSrc);
+  ASSERT_TRUE(pattern.ok()) << pattern.message();
+  for (int l = 0; l < 5; ++l) {
+    EXPECT_EQ(pattern->attention_window(l), l % 2 == 1 ? 0 : 4096) << l;
+    EXPECT_EQ(pattern->uses_local_rope(l), l % 2 == 0) << l;
+  }
+  const std::string types =
+      R"(["full_attention", "sliding_attention", "full_attention", "full_attention",
+          "sliding_attention"])";
+  const std::string v5 = with_key(
+      with_key(with("layer_types", types), "sliding_window", "512"), "rope_parameters",
+      R"({"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})");
+  auto typed = parse_model_config(v5, kSrc);
+  ASSERT_TRUE(typed.ok()) << typed.message();
+  EXPECT_EQ(typed->attention_window(0), 0);
+  EXPECT_EQ(typed->attention_window(1), 512);
+  EXPECT_EQ(typed->rope.type, RopeConfig::Type::kLinear);
+  EXPECT_EQ(typed->rope.factor, 8.0);
+  EXPECT_EQ(typed->rope.theta, 1e6);
+  EXPECT_EQ(typed->rope_local.type, RopeConfig::Type::kDefault);
+  for (const ModelConfig& x : {*typed, *pattern}) {
+    auto back = parse_model_config(model_config_to_hf_json(x), kSrc);
+    ASSERT_TRUE(back.ok()) << back.message();
+    EXPECT_EQ(back->arch, Arch::kGemma3);
+    EXPECT_EQ(back->sliding_layers, x.sliding_layers);
+    EXPECT_EQ(back->sliding_window, x.sliding_window);
+    EXPECT_EQ(back->rope.type, x.rope.type);
+    EXPECT_EQ(back->rope.factor, x.rope.factor);
+    EXPECT_EQ(back->rope.theta, x.rope.theta);
+    EXPECT_EQ(back->rope_local.theta, x.rope_local.theta);
+    EXPECT_EQ(back->query_pre_attn_scalar, x.query_pre_attn_scalar);
+    EXPECT_EQ(back->head_dim, x.head_dim);
+  }
+  auto scalar = parse_model_config(with("query_pre_attn_scalar", "144"), kSrc);
+  ASSERT_TRUE(scalar.ok());
+  EXPECT_EQ(scalar->attention_scale(), static_cast<float>(1.0 / 12.0));
+  expect_error(with("final_logit_softcapping", "30.0"), "final_logit_softcapping");
+  expect_error(with("attn_logit_softcapping", "50.0"), "attn_logit_softcapping");
+  expect_error(with("use_bidirectional_attention", "true"), "use_bidirectional_attention");
+  expect_error(with("hidden_activation", "\"gelu\""), "hidden_activation");
+  expect_error(with("attention_bias", "true"), "attention_bias");
+  expect_error(with("partial_rotary_factor", "0.5"), "partial_rotary_factor");
+  expect_error(with("layer_types", R"(["full_attention"])"), "layer_types");
+  expect_error(with("layer_types", R"(["full_attention", "chunked_attention", "full_attention",
+               "full_attention", "full_attention"])"),
+               "layer_types' [1]");
+  expect_error(with("rope_parameters", R"({"global": {"rope_type": "default"}})"), "global");
+  expect_error(with("sliding_window", "0"), "sliding_window");
+  std::string multimodal = m;
+  multimodal.replace(multimodal.find("\"gemma3_text\""), 13, "\"gemma3\"");
+  expect_error(multimodal, "multimodal");
+  expect_error(family("Gemma3ForConditionalGeneration", "gemma3"),
+               "Gemma3ForConditionalGeneration");
+}
+
 TEST(ModelConfig, Qwen3MoeLayers) {
   auto r = parse_model_config(kQwen3Moe, kSrc);
   ASSERT_TRUE(r.ok()) << r.message();

@@ -91,8 +91,8 @@ TEST_P(GradParity, TrainingForwardGivesTheInferenceLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GradParity,
-                         ::testing::Values("llama", "llama_tied", "llama_bias", "mistral", "phi3",
-                                           "qwen2", "qwen3", "qwen3_bf16", "qwen3_moe",
+                         ::testing::Values("gemma3", "llama", "llama_tied", "llama_bias", "mistral",
+                                           "phi3", "qwen2", "qwen3", "qwen3_bf16", "qwen3_moe",
                                            "qwen3_moe_nonorm"));
 
 TEST(ModelBackward, RejectsForwardsItCannotDifferentiate) {

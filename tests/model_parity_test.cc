@@ -200,10 +200,11 @@ TEST_P(Replay, OwnChoicesChangeNothingOtherIdsAreUsed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HfModels, Parity,
-                         ::testing::Values("llama", "llama_tied", "llama_bias", "llama_rope_llama3",
-                                           "llama_rope_yarn", "llama_rope_linear", "llama_sharded",
-                                           "mistral", "phi3", "qwen2", "qwen3", "qwen3_bf16",
-                                           "qwen3_moe", "qwen3_moe_nonorm"));
+                         ::testing::Values("gemma3", "llama", "llama_tied", "llama_bias",
+                                           "llama_rope_llama3", "llama_rope_yarn",
+                                           "llama_rope_linear", "llama_sharded", "mistral", "phi3",
+                                           "qwen2", "qwen3", "qwen3_bf16", "qwen3_moe",
+                                           "qwen3_moe_nonorm"));
 
 INSTANTIATE_TEST_SUITE_P(HfMoeModels, Replay, ::testing::Values("qwen3_moe", "qwen3_moe_nonorm"));
 

@@ -26,6 +26,10 @@ void rope_backward(float* dx, int64_t t, int64_t heads, int64_t head_dim, const 
 void swiglu_backward(const float* gate, const float* up, const float* da, int64_t m, int64_t f,
                      int64_t ld_in, float* d_gate, float* d_up, int64_t ld_out);
 
+// a = gelu_tanh(g) * u, the same layout as swiglu_backward.
+void geglu_backward(const float* gate, const float* up, const float* da, int64_t m, int64_t f,
+                    int64_t ld_in, float* d_gate, float* d_up, int64_t ld_out);
+
 // Causal self-attention of one sequence from position 0: q[T, H, hd], k/v[T, KVH, hd] (rows with
 // strides ldq, ldkv), out = softmax(q kᵀ · scale) v, each query seeing keys 0..i (or with a sliding
 // window > 0, i − window + 1 .. i). Given d_out[T, H, hd], writes dq (stride ldq) and dk, dv

@@ -144,6 +144,9 @@ void rope_apply(float* x, int64_t t, int64_t heads, int64_t head_dim, const int3
 
 // out[M, F] = silu(gate) * up, gate/up rows with stride ld_in.
 void swiglu(const float* gate, const float* up, int64_t m, int64_t f, int64_t ld_in, float* out);
+// out[M, F] = gelu_tanh(gate) * up (GeGLU; torch's gelu(approximate="tanh"), tanh from miles' exp),
+// gate/up rows with stride ld_in.
+void geglu(const float* gate, const float* up, int64_t m, int64_t f, int64_t ld_in, float* out);
 
 // In-place softmax / log-softmax of one row of n values.
 void softmax_row(float* x, int64_t n);

@@ -12,7 +12,11 @@
 
 namespace miles {
 
-enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen2, kMistral, kPhi3 };
+enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen2, kMistral, kPhi3, kGemma3 };
+
+// The gated MLP's activation: silu(gate) · up (SwiGLU) or gelu_tanh(gate) · up (GeGLU, Gemma's
+// gelu_pytorch_tanh).
+enum class Activation { kSilu, kGeluTanh };
 
 // Rotary position embedding: HF `rope_theta` + `rope_scaling` (or `rope_parameters`) + partial rotary.
 struct RopeConfig {
@@ -65,14 +69,46 @@ struct ModelConfig {
   // sees keys p − sliding_window + 1 .. p (transformers' rule: key j when j > p − window). 0: full
   // causal attention.
   int64_t sliding_window = 0;
+  // Gemma 3's `layer_types`: which layers are "sliding_attention" (the others full attention).
+  // Empty: sliding_window (when set) applies to every layer.
+  std::vector<bool> sliding_layers;
+  // Gemma 3's sliding layers rotate with their own table (rope_local_base_freq, default RoPE).
+  RopeConfig rope_local;
+  Activation activation = Activation::kSilu;
+  // Gemma 3's query_pre_attn_scalar: attention scores are scaled by its −½ power (0: head_dim's).
+  double query_pre_attn_scalar = 0;
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
+  // `pad_token_id`: transformers builds every family's embedding with it as padding_idx, so its row
+  // gets no gradient from the tokens that look it up (the forward reads it as any row). -1: none.
+  int64_t pad_token_id = -1;
   // Not from config.json: > 1 when this config is one rank's shard of a tensor-parallel split
   // (tensor_parallel::local_config). Row-parallel products then keep the full K's GEMM chunks.
   int64_t tensor_parallel = 1;
 
   // The attention window of a layer's queries (0: full causal attention).
-  int64_t attention_window(int64_t layer) const { return sliding_window; }
+  int64_t attention_window(int64_t layer) const {
+    return sliding_layers.empty() || sliding_layers[layer] ? sliding_window : 0;
+  }
+  // Whether a layer rotates with rope_local instead of rope (Gemma 3's sliding layers).
+  bool uses_local_rope(int64_t layer) const {
+    return arch == Arch::kGemma3 && !sliding_layers.empty() && sliding_layers[layer];
+  }
+  // The scale of attention scores: 1/sqrt(head_dim), or query_pre_attn_scalar^−½ (as a float).
+  float attention_scale() const;
+  // Per-head RMSNorms of q and k before RoPE (Qwen3, Qwen3-MoE, Gemma 3).
+  bool has_qk_norm() const {
+    return arch == Arch::kQwen3 || arch == Arch::kQwen3Moe || arch == Arch::kGemma3;
+  }
+  // Gemma's RMSNorm multiplies by (1 + weight): every norm of a Gemma 3 model (input,
+  // post-attention, pre- and post-feedforward, q/k and final) stores weight and runs with 1 +
+  // weight.
+  bool norm_adds_one() const { return arch == Arch::kGemma3; }
+  // Gemma 3's norms of each block's output before the residual add (post_attention_layernorm,
+  // post_feedforward_layernorm; its pre_feedforward_layernorm is the MLP's input norm).
+  bool has_block_output_norms() const { return arch == Arch::kGemma3; }
+  // The factor the embedding's rows are multiplied by (Gemma 3: sqrt(hidden_size) as a float).
+  float embed_scale() const;
   bool is_moe_layer(int64_t layer) const;
   int64_t num_moe_layers() const;
   int64_t rotary_dim() const;

@@ -46,8 +46,9 @@ class BackendBackward {
       const std::vector<Op>& ops = m_.programs_[layer].ops;
       for (auto op = ops.rbegin(); op != ops.rend(); ++op) MILES_RETURN_IF_ERROR(backward(*op));
     }
-    b_.launch(d,
-              EmbedBackwardKernel{tape_.d_tokens, t_, d, dh_, grad("model.embed_tokens.weight")});
+    if (const float s = c_.embed_scale(); s != 1.0f) b_.launch(t_ * d, ScaleKernel{dh_, s});
+    b_.launch(d, EmbedBackwardKernel{tape_.d_tokens, t_, d, dh_, grad("model.embed_tokens.weight"),
+                                     c_.pad_token_id});
     return Status::Ok();
   }
 
@@ -134,9 +135,14 @@ class BackendBackward {
   Status backward(const Op& op) {
     const DevLayer& w = m_.layers_[layer_];
     switch (op.kind) {
-      case OpKind::kRmsNorm: {  // d in += norm_backward(d out)
+      case OpKind::kRmsNorm: {  // the stream: d in += norm_backward(d out); else d in = it
         const int64_t d = width(op.in);
-        const float* weight = op.param == Param::kInputNorm ? w.input_norm : w.post_norm;
+        const float* weight = BackendModel<B>::norm_of(w, op.param);
+        if (op.keep == Act::kCount) {  // a block output's norm (d out is the stream's d h)
+          norm_backward(kept(op.in), dact(op.out), Rows{d, 1, d}, t_, weight, dact(op.in),
+                        grad(parts(op.param)[0].first));
+          return Status::Ok();
+        }
         norm_backward(kept(op.keep), dact(op.out), Rows{d, 1, d}, t_, weight, dact(op.out),
                       grad(parts(op.param)[0].first));
         b_.launch(t_ * d, AddKernel{dact(op.in), dact(op.out)});
@@ -170,6 +176,11 @@ class BackendBackward {
         b_.launch(t_ * f, SwigluBackwardKernel{kept(op.in), dact(op.out), f, dact(op.in)});
         return Status::Ok();
       }
+      case OpKind::kGeGlu: {
+        const int64_t f = width(op.out);
+        b_.launch(t_ * f, GegluBackwardKernel{kept(op.in), dact(op.out), f, dact(op.in)});
+        return Status::Ok();
+      }
       case OpKind::kMoe:
         return moe(kept(op.in), dact(op.out), dact(op.in));
       case OpKind::kResidual:  // d in is d h (one storage)
@@ -186,8 +197,11 @@ class BackendBackward {
     const int64_t qd = c_.q_dim(), ld = width(op.out), hd = c_.head_dim;
     const int64_t heads = c_.num_heads, kvh = c_.num_kv_heads, half = m_.rope_.rotary_dim / 2;
     float* dqkv = dact(op.out);
-    b_.launch(t_ * (heads + kvh), QkNormRopeKernel{dqkv, ld, heads, kvh, hd, half, nullptr, nullptr,
-                                                   0.0f, tape_.d_cos, tape_.d_neg_sin});
+    const bool local = m_.programs_[layer_].local_rope;
+    b_.launch(t_ * (heads + kvh),
+              QkNormRopeKernel{dqkv, ld, heads, kvh, hd, half, nullptr, nullptr, 0.0f,
+                               local ? tape_.d_cos_local : tape_.d_cos,
+                               local ? tape_.d_neg_sin_local : tape_.d_neg_sin});
     if (op.param != Param::kQkNorm) return;
     const auto names = parts(Param::kQkNorm);
     const float* raw = kept(op.in);
@@ -293,7 +307,7 @@ class BackendBackward {
     int64_t* item2 = item1 + ns;
     int64_t* pbase = item2 + ns;
     const int64_t items1 = ints_host_[5 * ns], items2 = ints_host_[5 * ns + 1];
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float scale = c_.attention_scale();
     float* ds = p_ + ints_host_[5 * ns + 2];  // after every sequence's p
     const int64_t window = m_.programs_[layer_].window;
     b_.launch(items1, AttnBackwardRowsKernel{qkv, ld, qd, kvd, heads, kvh, hd, dattn, scale, window,

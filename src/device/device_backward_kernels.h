@@ -126,6 +126,27 @@ struct SwigluBackwardKernel {
   }
 };
 
+// kernels::geglu_backward, the same layout as SwigluBackwardKernel. Items: T * f.
+struct GegluBackwardKernel {
+  const float* gate_up;
+  const float* da;
+  int64_t f;
+  float* dgu;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t r = i / f, j = i % f;
+    const float g = gate_up[r * 2 * f + j], u = gate_up[r * 2 * f + f + j], a = da[i];
+    dgu[r * 2 * f + f + j] = a * gelu_tanh_f(g);
+    dgu[r * 2 * f + j] = (a * u) * gelu_tanh_grad_f(g);
+  }
+};
+
+// x[i] = x[i] · s (the scaled embedding's row gradients). Items: n.
+struct ScaleKernel {
+  float* x;
+  float s;
+  MILES_HD void operator()(int64_t i) const { x[i] = x[i] * s; }
+};
+
 // out[j] = out[j] + Σ_r x[r, j] in ascending rows (bias gradients). Items: n.
 struct ColumnSumKernel {
   const float* x;
@@ -144,8 +165,10 @@ struct EmbedBackwardKernel {
   int64_t t, d;
   const float* dh;
   float* de;
+  int64_t pad = -1;  // ModelConfig::pad_token_id: its lookups add nothing
   MILES_HD void operator()(int64_t e) const {
     for (int64_t i = 0; i < t; ++i) {
+      if (tokens[i] == pad) continue;
       float& v = de[static_cast<int64_t>(tokens[i]) * d + e];
       v = v + dh[i * d + e];
     }

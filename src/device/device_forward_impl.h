@@ -22,6 +22,7 @@ struct BackendModel<B>::LayerRun {
   std::array<float*, kNumActs> home{};  // scratch of the activations nothing keeps
   const int32_t *pos = nullptr, *block_of = nullptr, *table_of = nullptr, *tables = nullptr;
   const float *cos = nullptr, *sin = nullptr;  // RoPE's tables per token
+  const float *cos_local = nullptr, *sin_local = nullptr;  // rope_local_'s (Gemma 3)
   float* record = nullptr;                     // routed experts out, or null
   const int32_t* forced = nullptr;             // replayed experts, or null
 };
@@ -43,9 +44,8 @@ Status BackendModel<B>::forward_op(const Op& op, LayerRun& r) {
   switch (op.kind) {
     case OpKind::kRmsNorm: {
       const int64_t d = width(op.in);
-      if (r.tape) copy(act(op.keep), act(op.in), t * d);
-      const float* w = op.param == Param::kInputNorm ? l.input_norm : l.post_norm;
-      b_->launch(t, RmsnormKernel{act(op.in), d, w, d, eps, act(op.out), d});
+      if (r.tape && op.keep != Act::kCount) copy(act(op.keep), act(op.in), t * d);
+      b_->launch(t, RmsnormKernel{act(op.in), d, norm_of(l, op.param), d, eps, act(op.out), d});
       return Status::Ok();
     }
     case OpKind::kLinear:
@@ -61,10 +61,11 @@ Status BackendModel<B>::forward_op(const Op& op, LayerRun& r) {
       float* qkv = act(op.out);
       if (qkv != act(op.in)) copy(qkv, act(op.in), t * ld);
       const bool norms = op.param == Param::kQkNorm;
+      const bool local = program.local_rope;
       b_->launch(t * (c.num_heads + c.num_kv_heads),
                  QkNormRopeKernel{qkv, ld, c.num_heads, c.num_kv_heads, c.head_dim, half,
                                   norms ? l.q_norm : nullptr, norms ? l.k_norm : nullptr, eps,
-                                  r.cos, r.sin});
+                                  local ? r.cos_local : r.cos, local ? r.sin_local : r.sin});
       return Status::Ok();
     }
     case OpKind::kAttention: {
@@ -72,7 +73,7 @@ Status BackendModel<B>::forward_op(const Op& op, LayerRun& r) {
       const int64_t bt = r.kv.block_tokens;
       float* k_layer = r.kv.k + r.layer * r.kv.num_blocks * r.kv.block_floats;
       float* v_layer = r.kv.v + r.layer * r.kv.num_blocks * r.kv.block_floats;
-      const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      const float scale = c.attention_scale();
       b_->launch(t * kvd, KvStoreKernel{act(op.in), ld, qd, kvd, hd, bt, r.pos, r.block_of, k_layer,
                                         v_layer});
       b_->launch(t * c.num_heads, AttentionKernel{act(op.in), ld, c.num_heads, c.num_kv_heads, hd,
@@ -83,6 +84,11 @@ Status BackendModel<B>::forward_op(const Op& op, LayerRun& r) {
     case OpKind::kSwiGlu: {
       const int64_t f = width(op.out);
       b_->launch(t * f, SwigluKernel{act(op.in), f, act(op.out)});
+      return Status::Ok();
+    }
+    case OpKind::kGeGlu: {
+      const int64_t f = width(op.out);
+      b_->launch(t * f, GegluKernel{act(op.in), f, act(op.out)});
       return Status::Ok();
     }
     case OpKind::kMoe:
@@ -104,7 +110,9 @@ Status BackendModel<B>::forward_op(const Op& op, LayerRun& r) {
 template <class B>
 struct BackendModel<B>::HostBatch {
   std::vector<int32_t> ints;
-  std::vector<float> cs;  // [cos T×half][sin T×half][−sin T×half] (the last for the backward)
+  // [cos T×half][sin T×half][−sin T×half] (the last for the backward), then the same from
+  // rope_local_ when the model has one.
+  std::vector<float> cs;
   int64_t t = 0, rows = 0;
 };
 
@@ -141,17 +149,22 @@ Result<typename BackendModel<B>::HostBatch> BackendModel<B>::host_batch(const De
   HostBatch h;
   h.t = t;
   h.rows = static_cast<int64_t>(rows.size());
-  const int64_t half = rope_.rotary_dim / 2;
-  h.cs.resize(static_cast<size_t>(3 * t * std::max<int64_t>(half, 1)));
-  for (int64_t r = 0; r < t; ++r) {
-    const float pos = static_cast<float>(positions[r]);
-    for (int64_t j = 0; j < half; ++j) {
-      const float angle = pos * rope_.inv_freq[j];
-      h.cs[r * half + j] = std::cos(angle) * rope_.attention_scaling;
-      h.cs[(t + r) * half + j] = std::sin(angle) * rope_.attention_scaling;
-      h.cs[(2 * t + r) * half + j] = -(std::sin(angle) * rope_.attention_scaling);
+  const int64_t half = rope_.rotary_dim / 2, per_table = 3 * t * std::max<int64_t>(half, 1);
+  const bool local = !rope_local_.inv_freq.empty();
+  h.cs.resize(static_cast<size_t>((local ? 2 : 1) * per_table));
+  auto fill = [&](const kernels::RopeTable& rope, float* cs) {
+    for (int64_t r = 0; r < t; ++r) {
+      const float pos = static_cast<float>(positions[r]);
+      for (int64_t j = 0; j < half; ++j) {
+        const float angle = pos * rope.inv_freq[j];
+        cs[r * half + j] = std::cos(angle) * rope.attention_scaling;
+        cs[(t + r) * half + j] = std::sin(angle) * rope.attention_scaling;
+        cs[(2 * t + r) * half + j] = -(std::sin(angle) * rope.attention_scaling);
+      }
     }
-  }
+  };
+  fill(rope_, h.cs.data());
+  if (local) fill(rope_local_, h.cs.data() + per_table);
   h.ints.reserve(static_cast<size_t>(5 * t + h.rows) + tables.size());
   h.ints.insert(h.ints.end(), batch.tokens.begin(), batch.tokens.end());
   for (const auto* v : {&positions, &block_of, &table_of, &rows, &tables})
@@ -228,11 +241,16 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
   run.tables = di + 4 * t + nr;
   run.cos = dcs;
   run.sin = dcs + t * half;
+  const float* lcs = dcs + 3 * t * std::max<int64_t>(half, 1);  // rope_local_'s, when it has one
+  run.cos_local = lcs;
+  run.sin_local = lcs + t * half;
   if (tape) {
     MILES_RETURN_IF_ERROR(lay_out_tape(*tape, t));
     tape->d_tokens = d_tokens;
     tape->d_cos = dcs;
     tape->d_neg_sin = dcs + 2 * t * half;
+    tape->d_cos_local = lcs;
+    tape->d_neg_sin_local = lcs + 2 * t * half;
   }
   // Routed experts of every token and MoE layer ([T, moe_layers, k] ids, then the weights).
   const int64_t n_moe = c.num_moe_layers(), topk = c.moe.top_k;

@@ -206,6 +206,18 @@ struct SwigluKernel {
   }
 };
 
+// kernels::geglu: out[r, j] = gelu_tanh(g) · u (gelu_tanh_f: geglu.cc's operations). Items: rows *
+// f.
+struct GegluKernel {
+  const float* gate_up;  // [rows][2 f]
+  int64_t f;
+  float* out;  // [rows][f]
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t r = i / f, j = i % f;
+    out[i] = gelu_tanh_f(gate_up[r * 2 * f + j]) * gate_up[r * 2 * f + f + j];
+  }
+};
+
 // Qwen3-MoE routing of one token (moe.cc's route): the router's logits [T, E] turned into its
 // softmax in place (kernels::softmax_row), then the top-k (kernels::topk: larger first, NaN never
 // wins, ties to the lower id) or the forced ids of routing replay with their probabilities, the

@@ -92,6 +92,21 @@ MILES_HD inline float exp_f32(float x) {
   return (y * s1) * s2;
 }
 
+// kernels::geglu's gelu_tanh and its derivative (src/kernels/geglu.cc), operation for operation:
+// tanh(u) = 1 − 2 / (exp(2u) + 1).
+MILES_HD inline float tanh_via_exp_f(float u) { return 1.0f - 2.0f / (exp_f32(2.0f * u) + 1.0f); }
+MILES_HD inline float gelu_tanh_f(float x) {
+  const float inner = 0.7978845608028654f * (x + 0.044715f * (x * x * x));
+  return (0.5f * x) * (1.0f + tanh_via_exp_f(inner));
+}
+MILES_HD inline float gelu_tanh_grad_f(float x) {
+  const float x_sq = x * x;
+  const float th = tanh_via_exp_f(0.7978845608028654f * (x + 0.044715f * (x_sq * x)));
+  const float left = 0.5f * x, right = 1.0f + th;
+  const float inner_derivative = 0.7978845608028654f * (1.0f + 3.0f * 0.044715f * x_sq);
+  return 0.5f * right + left * (1.0f - th * th) * inner_derivative;
+}
+
 // The contract's balanced halving tree over leaves 0 .. n - 1 (split [lo, hi) at
 // lo + ceil((hi - lo) / 2), left + right), with leaf(i) evaluated once each, in ascending i, as the
 // traversal reaches it: an explicit stack of O(log n) frames and no array of partials, so any n

@@ -69,6 +69,7 @@ struct DevMatrix {
 struct DevLayer {
   const float *input_norm = nullptr, *qkv_bias = nullptr, *q_norm = nullptr, *k_norm = nullptr;
   const float *o_bias = nullptr, *post_norm = nullptr;
+  const float *attn_out_norm = nullptr, *mlp_out_norm = nullptr;  // Gemma 3
   const float *gate_up_bias = nullptr, *down_bias = nullptr;  // mlp_bias
   DevMatrix qkv, o, gate_up, down;
   DevMatrix qkv_t, o_t, gate_up_t, down_t;  // the transposed packs, made for the backward
@@ -107,6 +108,8 @@ struct DevTape {
   const int32_t* d_tokens = nullptr;  // on the device, valid until the next forward
   const float* d_cos = nullptr;       // RoPE tables of the tokens ([T][rotary_dim / 2])
   const float* d_neg_sin = nullptr;   // −sin: the inverse rotation
+  const float* d_cos_local = nullptr;  // the same from rope_local_ (Gemma 3's sliding layers)
+  const float* d_neg_sin_local = nullptr;
 };
 
 template <class B>
@@ -245,6 +248,7 @@ class BackendModel final : public DeviceModel {
     MILES_ASSIGN_OR_RETURN(ModelWeights w, load_model_weights(config_, weights, pool));
     reloading_ = embed_ != nullptr;
     rope_ = w.rope;
+    rope_local_ = w.rope_local;
     programs_ = w.programs;
     MILES_RETURN_IF_ERROR(put(w.embed, embed_));
     MILES_RETURN_IF_ERROR(put(w.final_norm, final_norm_));
@@ -261,6 +265,8 @@ class BackendModel final : public DeviceModel {
       MILES_RETURN_IF_ERROR(put(l.o, d.o));
       MILES_RETURN_IF_ERROR(put(l.o_bias, d.o_bias));
       MILES_RETURN_IF_ERROR(put(l.post_norm, d.post_norm));
+      MILES_RETURN_IF_ERROR(put(l.attn_out_norm, d.attn_out_norm));
+      MILES_RETURN_IF_ERROR(put(l.mlp_out_norm, d.mlp_out_norm));
       MILES_RETURN_IF_ERROR(put(l.gate_up, d.gate_up));
       MILES_RETURN_IF_ERROR(put(l.down, d.down));
       MILES_RETURN_IF_ERROR(put(l.gate_up_bias, d.gate_up_bias));
@@ -390,6 +396,19 @@ class BackendModel final : public DeviceModel {
         return l.down;
     }
   }
+  static const float* norm_of(const DevLayer& l, Param p) {
+    switch (p) {
+      case Param::kInputNorm:
+        return l.input_norm;
+      case Param::kAttnOutNorm:
+        return l.attn_out_norm;
+      case Param::kMlpOutNorm:
+        return l.mlp_out_norm;
+      default:
+        MILES_CHECK(p == Param::kPostNorm, "a norm parameter");
+        return l.post_norm;
+    }
+  }
   static const float* bias(const DevLayer& l, Param p) {
     switch (p) {
       case Param::kQkvBias:
@@ -457,7 +476,7 @@ class BackendModel final : public DeviceModel {
   DevMatrix lm_head_t_;
   ThreadPool* pool_ = nullptr;
   bool reloading_ = false;
-  kernels::RopeTable rope_;
+  kernels::RopeTable rope_, rope_local_;  // rope_local_: empty unless a layer uses it
   const float* embed_ = nullptr;
   const float* final_norm_ = nullptr;
   DevMatrix lm_head_;

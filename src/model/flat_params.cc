@@ -42,11 +42,15 @@ std::shared_ptr<const ParamLayout> ParamLayout::for_model(const ModelConfig& c,
     if (c.attention_bias && c.arch == Arch::kLlama &&
         (!weights || weights->contains(p + "self_attn.o_proj.bias")))
       l->add(p + "self_attn.o_proj.bias", {d});
-    if (c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe) {
+    if (c.has_qk_norm()) {
       l->add(p + "self_attn.q_norm.weight", {c.head_dim});
       l->add(p + "self_attn.k_norm.weight", {c.head_dim});
     }
     l->add(p + "post_attention_layernorm.weight", {d});
+    if (c.has_block_output_norms()) {
+      l->add(p + "pre_feedforward_layernorm.weight", {d});
+      l->add(p + "post_feedforward_layernorm.weight", {d});
+    }
     if (!c.is_moe_layer(i)) {
       l->add(p + "mlp.gate_proj.weight", {c.intermediate_size, d});
       l->add(p + "mlp.up_proj.weight", {c.intermediate_size, d});

@@ -1,4 +1,4 @@
-// The decoder layer's program (layer_program.h): Llama, Qwen2/3 and Qwen3-MoE layers.
+// The decoder layer's program (layer_program.h): the layers of every supported family.
 #include "model/layer_program.h"
 
 #include "model/model_weights.h"
@@ -20,6 +20,7 @@ Act read_by_backward(const Op& op) {
     case OpKind::kRope:
     case OpKind::kAttention:
     case OpKind::kSwiGlu:
+    case OpKind::kGeGlu:
     case OpKind::kMoe:
       return op.in;
     case OpKind::kBias:
@@ -31,7 +32,7 @@ Act read_by_backward(const Op& op) {
   return Act::kCount;
 }
 
-// norm → attention → residual.
+// norm → attention → (Gemma 3: norm) → residual.
 void attention_block(const LayerWeights& l, std::vector<Op>& ops) {
   ops.push_back({OpKind::kRmsNorm, Act::kH, Act::kXn1, Param::kInputNorm, Act::kHIn});
   ops.push_back({OpKind::kTpEnter, Act::kXn1, Act::kXn1});
@@ -41,14 +42,17 @@ void attention_block(const LayerWeights& l, std::vector<Op>& ops) {
   ops.push_back(
       {OpKind::kRope, Act::kQkvRaw, Act::kQkv, l.q_norm.empty() ? Param::kNone : Param::kQkNorm});
   ops.push_back({OpKind::kAttention, Act::kQkv, Act::kAttn});
-  ops.push_back({OpKind::kLinear, Act::kAttn, Act::kProj, Param::kO});
-  ops.push_back({OpKind::kTpExit, Act::kProj, Act::kProj});
-  if (!l.o_bias.empty()) ops.push_back({OpKind::kBias, Act::kProj, Act::kProj, Param::kOBias});
+  const bool out_norm = !l.attn_out_norm.empty();
+  const Act o = out_norm ? Act::kAttnOut : Act::kProj;
+  ops.push_back({OpKind::kLinear, Act::kAttn, o, Param::kO});
+  ops.push_back({OpKind::kTpExit, o, o});
+  if (!l.o_bias.empty()) ops.push_back({OpKind::kBias, o, o, Param::kOBias});
+  if (out_norm) ops.push_back({OpKind::kRmsNorm, o, Act::kProj, Param::kAttnOutNorm});
   ops.push_back({OpKind::kResidual, Act::kProj, Act::kH});
 }
 
-// norm → SwiGLU MLP (or the MoE block) → residual.
-void mlp_block(const LayerWeights& l, std::vector<Op>& ops) {
+// norm → gated MLP (or the MoE block) → (Gemma 3: norm) → residual.
+void mlp_block(const ModelConfig& c, const LayerWeights& l, std::vector<Op>& ops) {
   ops.push_back({OpKind::kRmsNorm, Act::kH, Act::kXn2, Param::kPostNorm, Act::kHMid});
   if (l.moe) {
     ops.push_back({OpKind::kMoe, Act::kXn2, Act::kProj, Param::kMoe});
@@ -57,11 +61,13 @@ void mlp_block(const LayerWeights& l, std::vector<Op>& ops) {
     ops.push_back({OpKind::kLinear, Act::kXn2, Act::kGateUp, Param::kGateUp});
     if (!l.gate_up_bias.empty())
       ops.push_back({OpKind::kBias, Act::kGateUp, Act::kGateUp, Param::kGateUpBias});
-    ops.push_back({OpKind::kSwiGlu, Act::kGateUp, Act::kAct});
-    ops.push_back({OpKind::kLinear, Act::kAct, Act::kProj, Param::kDown});
-    ops.push_back({OpKind::kTpExit, Act::kProj, Act::kProj});
-    if (!l.down_bias.empty())
-      ops.push_back({OpKind::kBias, Act::kProj, Act::kProj, Param::kDownBias});
+    const bool gelu = c.activation == Activation::kGeluTanh;
+    ops.push_back({gelu ? OpKind::kGeGlu : OpKind::kSwiGlu, Act::kGateUp, Act::kAct});
+    const Act o = l.mlp_out_norm.empty() ? Act::kProj : Act::kMlpOut;
+    ops.push_back({OpKind::kLinear, Act::kAct, o, Param::kDown});
+    ops.push_back({OpKind::kTpExit, o, o});
+    if (!l.down_bias.empty()) ops.push_back({OpKind::kBias, o, o, Param::kDownBias});
+    if (o == Act::kMlpOut) ops.push_back({OpKind::kRmsNorm, o, Act::kProj, Param::kMlpOutNorm});
   }
   ops.push_back({OpKind::kResidual, Act::kProj, Act::kH});
 }
@@ -71,8 +77,9 @@ void mlp_block(const LayerWeights& l, std::vector<Op>& ops) {
 LayerProgram describe_layer(const ModelConfig& config, int64_t layer, const LayerWeights& weights) {
   LayerProgram p;
   p.window = config.attention_window(layer);
+  p.local_rope = config.uses_local_rope(layer);
   attention_block(weights, p.ops);
-  mlp_block(weights, p.ops);
+  mlp_block(config, weights, p.ops);
   if (weights.moe) {
     p.moe_index = 0;
     for (int64_t l = 0; l < layer; ++l) p.moe_index += config.is_moe_layer(l) ? 1 : 0;
@@ -92,6 +99,8 @@ int64_t act_width(const ModelConfig& c, Act a) {
     case Act::kXn1:
     case Act::kXn2:
     case Act::kProj:
+    case Act::kAttnOut:
+    case Act::kMlpOut:
       return c.hidden_size;
     case Act::kQkvRaw:
     case Act::kQkv:
@@ -117,6 +126,8 @@ Act scratch_home(Act a) {
       return Act::kXn1;
     case Act::kQkv:
       return Act::kQkvRaw;
+    case Act::kMlpOut:
+      return Act::kAttnOut;
     default:
       return a;
   }
@@ -129,6 +140,8 @@ Act grad_home(Act a) {
       return Act::kH;
     case Act::kXn1:
     case Act::kXn2:
+    case Act::kAttnOut:  // written by its norm's backward, read by the projection's before the
+    case Act::kMlpOut:   // norm inputs' gradients are written
       return Act::kXn1;
     case Act::kAttn:
     case Act::kAct:
@@ -161,7 +174,13 @@ std::vector<std::pair<std::string, int64_t>> param_parts(const ModelConfig& c, i
     case Param::kOBias:
       return {{l + "self_attn.o_proj.bias", d}};
     case Param::kPostNorm:
+      return {{l + (c.has_block_output_norms() ? "pre_feedforward_layernorm.weight"
+                                               : "post_attention_layernorm.weight"),
+               d}};
+    case Param::kAttnOutNorm:
       return {{l + "post_attention_layernorm.weight", d}};
+    case Param::kMlpOutNorm:
+      return {{l + "post_feedforward_layernorm.weight", d}};
     case Param::kGateUp:
       return {{l + "mlp.gate_proj.weight", f}, {l + "mlp.up_proj.weight", f}};
     case Param::kDown:
@@ -186,11 +205,11 @@ std::string check_program(const LayerProgram& program) {
       return at + "in place exactly when it is a bias or a tp mark";
     if (op.kind == OpKind::kResidual && op.out != Act::kH)
       return at + "a residual add writes the stream";
-    if ((op.kind == OpKind::kRmsNorm) != (op.in == Act::kH && op.in != op.out))
+    if (op.in == Act::kH && op.kind != OpKind::kRmsNorm)
       return at +
              "the stream is read by its norms (which accumulate its gradient) and nothing else";
-    if (op.kind == OpKind::kRmsNorm && op.keep == Act::kCount)
-      return at + "a norm of the stream names where its input is kept";
+    if (op.kind == OpKind::kRmsNorm && (op.in == Act::kH) != (op.keep != Act::kCount))
+      return at + "a norm of the stream, and only one, names where its input is kept";
     if (op.in == op.out) continue;
     if (++readers[static_cast<int>(op.in)] > 1 && op.in != Act::kH)
       return at + std::string(act_name(op.in)) + " has a second reader";
@@ -213,6 +232,8 @@ const char* op_name(OpKind kind) {
       return "attention";
     case OpKind::kSwiGlu:
       return "swiglu";
+    case OpKind::kGeGlu:
+      return "geglu";
     case OpKind::kMoe:
       return "moe";
     case OpKind::kResidual:
@@ -226,8 +247,9 @@ const char* op_name(OpKind kind) {
 }
 
 const char* act_name(Act a) {
-  static constexpr const char* kNames[] = {"h",    "h_in",  "xn1", "qkv_raw", "qkv", "attn",
-                                           "proj", "h_mid", "xn2", "gate_up", "act"};
+  static constexpr const char* kNames[] = {"h",    "h_in",     "xn1",    "qkv_raw", "qkv",
+                                           "attn", "proj",     "h_mid",  "xn2",     "gate_up",
+                                           "act",  "attn_out", "mlp_out"};
   return a == Act::kCount ? "-" : kNames[static_cast<int>(a)];
 }
 

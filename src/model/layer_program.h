@@ -9,7 +9,8 @@
 // Data flow. Every op reads `in` and writes `out` (in == out: in place). The residual stream kH is
 // the only activation read by several ops, so in the backward:
 //   - kResidual (h += in) hands d h to d in unchanged (the same storage);
-//   - kRmsNorm adds its input gradient into d in (the norm's input is always the residual stream);
+//   - kRmsNorm of the stream adds its input gradient into d in; a norm of a block's output (Gemma
+//   3's post-norms: kAttnOut, kMlpOut, whose one reader it is) writes d in whole;
 //   - every other op writes d in whole (its input has no other reader; in place ops transform d
 //   out).
 // check_program() states these rules as checks.
@@ -39,17 +40,19 @@ struct LayerWeights;
 
 // A layer's activations, [T, act_width] each.
 enum class Act : uint8_t {
-  kH,       // the residual stream
-  kHIn,     // kept: the stream entering the attention block
-  kXn1,     // input_layernorm's output
-  kQkvRaw,  // the fused q/k/v projection (+ bias), before q/k norms and RoPE
-  kQkv,     // after them: what attention reads (its k and v go to the KV cache)
-  kAttn,    // attention's output, before o_proj
-  kProj,    // a block's output (o_proj, down_proj or the MoE block), before the residual add
-  kHMid,    // kept: the stream after the attention block
-  kXn2,     // post_attention_layernorm's output
-  kGateUp,  // the fused gate/up projection
-  kAct,     // the gated activation
+  kH,        // the residual stream
+  kHIn,      // kept: the stream entering the attention block
+  kXn1,      // input_layernorm's output
+  kQkvRaw,   // the fused q/k/v projection (+ bias), before q/k norms and RoPE
+  kQkv,      // after them: what attention reads (its k and v go to the KV cache)
+  kAttn,     // attention's output, before o_proj
+  kProj,     // a block's output (o_proj, down_proj or the MoE block), before the residual add
+  kHMid,     // kept: the stream after the attention block
+  kXn2,      // post_attention_layernorm's output (Gemma 3: pre_feedforward_layernorm's)
+  kGateUp,   // the fused gate/up projection
+  kAct,      // the gated activation
+  kAttnOut,  // Gemma 3: o_proj's output, before post_attention_layernorm
+  kMlpOut,   // Gemma 3: down_proj's output, before post_feedforward_layernorm
   kCount,
 };
 inline constexpr int kNumActs = static_cast<int>(Act::kCount);
@@ -57,18 +60,20 @@ inline constexpr int kNumActs = static_cast<int>(Act::kCount);
 // A layer's parameters an op uses.
 enum class Param : uint8_t {
   kNone,
-  kInputNorm,   // input_layernorm.weight
-  kQkv,         // [q; k; v]_proj.weight
-  kQkvBias,     // [q; k; v]_proj.bias
-  kQkNorm,      // q_norm.weight, k_norm.weight (per head)
-  kO,           // o_proj.weight
-  kOBias,       // o_proj.bias
-  kPostNorm,    // post_attention_layernorm.weight
-  kGateUp,      // [gate; up]_proj.weight
-  kDown,        // down_proj.weight
-  kGateUpBias,  // [gate; up]_proj.bias (mlp_bias)
-  kDownBias,    // down_proj.bias (mlp_bias)
-  kMoe,         // the router and every expert
+  kInputNorm,    // input_layernorm.weight
+  kQkv,          // [q; k; v]_proj.weight
+  kQkvBias,      // [q; k; v]_proj.bias
+  kQkNorm,       // q_norm.weight, k_norm.weight (per head)
+  kO,            // o_proj.weight
+  kOBias,        // o_proj.bias
+  kPostNorm,     // post_attention_layernorm.weight (Gemma 3: pre_feedforward_layernorm.weight)
+  kGateUp,       // [gate; up]_proj.weight
+  kDown,         // down_proj.weight
+  kGateUpBias,   // [gate; up]_proj.bias (mlp_bias)
+  kDownBias,     // down_proj.bias (mlp_bias)
+  kMoe,          // the router and every expert
+  kAttnOutNorm,  // Gemma 3: post_attention_layernorm.weight
+  kMlpOutNorm,   // Gemma 3: post_feedforward_layernorm.weight
 };
 
 enum class OpKind : uint8_t {
@@ -78,6 +83,7 @@ enum class OpKind : uint8_t {
   kRope,       // out = RoPE(in), with the per-head q/k norms first when param is kQkNorm
   kAttention,  // in's keys and values into the KV cache; out = causal attention of in's queries
   kSwiGlu,     // out = silu(in[:, :f]) · in[:, f:]
+  kGeGlu,      // out = gelu_tanh(in[:, :f]) · in[:, f:]
   kMoe,        // out = the MoE block of in (router, top-k experts, combined)
   kResidual,   // out (the stream) += in
   kTpEnter,    // identity; backward: d in summed over the tensor-parallel group (in place)
@@ -99,6 +105,8 @@ struct LayerProgram {
   // The attention's sliding window (ModelConfig::attention_window): a query at p sees keys
   // p − window + 1 .. p; 0: all of 0 .. p.
   int64_t window = 0;
+  // Whether RoPE uses the model's local table (ModelConfig::uses_local_rope).
+  bool local_rope = false;
   std::array<bool, kNumActs> kept{};  // what a training forward keeps (keeps())
   bool keeps(Act a) const { return kept[static_cast<int>(a)]; }
 };

@@ -114,6 +114,10 @@ class CpuLayers {
         return l().input_norm;
       case Param::kPostNorm:
         return l().post_norm;
+      case Param::kAttnOutNorm:
+        return l().attn_out_norm;
+      case Param::kMlpOutNorm:
+        return l().mlp_out_norm;
       case Param::kQkvBias:
         return l().qkv_bias;
       case Param::kOBias:
@@ -147,7 +151,8 @@ class CpuLayers {
     const int64_t t = b_.t;
     switch (op.kind) {
       case OpKind::kRmsNorm:
-        if (tape_) copy_over(act(op.in), t * width(op.in), act(op.keep), pool_);
+        if (tape_ && op.keep != Act::kCount)
+          copy_over(act(op.in), t * width(op.in), act(op.keep), pool_);
         rmsnorm_rows(act(op.in), t, width(op.in), vec(op.param), c_.rms_norm_eps, act(op.out),
                      pool_);
         return Status::Ok();
@@ -164,12 +169,14 @@ class CpuLayers {
       case OpKind::kAttention:
         attention(act(op.in), act(op.out));
         return Status::Ok();
-      case OpKind::kSwiGlu: {
+      case OpKind::kSwiGlu:
+      case OpKind::kGeGlu: {
         const int64_t f = width(op.out);
         float* gu = act(op.in);
         float* y = act(op.out);
+        const auto kernel = op.kind == OpKind::kSwiGlu ? kernels::swiglu : kernels::geglu;
         parallel_ranges(pool_, t, 8 * f, [&](int64_t r0, int64_t r1) {
-          kernels::swiglu(gu + r0 * 2 * f, gu + r0 * 2 * f + f, r1 - r0, f, 2 * f, y + r0 * f);
+          kernel(gu + r0 * 2 * f, gu + r0 * 2 * f + f, r1 - r0, f, 2 * f, y + r0 * f);
         });
         return Status::Ok();
       }
@@ -189,6 +196,7 @@ class CpuLayers {
   // Per token: the q/k norms (when the layer has them), then RoPE over q's heads and k's.
   void rope(const float* raw, float* qkv, bool qk_norm) {
     const int64_t qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim, ld = qd + 2 * kvd;
+    const kernels::RopeTable& table = w_.programs[layer_].local_rope ? w_.rope_local : w_.rope;
     parallel_ranges(pool_, b_.t, 4 * (qd + kvd), [&](int64_t i0, int64_t i1) {
       if (qkv != raw) std::copy(raw + i0 * ld, raw + i1 * ld, qkv + i0 * ld);
       for (int64_t i = i0; i < i1; ++i) {
@@ -200,8 +208,7 @@ class CpuLayers {
           kernels::rmsnorm(k, c_.num_kv_heads, hd, l().k_norm.data(), eps, k);
         }
         // q's heads then k's, side by side in the row: one rotation table lookup for both.
-        kernels::rope_apply(q, 1, c_.num_heads + c_.num_kv_heads, hd, &b_.plan.positions[i],
-                            w_.rope);
+        kernels::rope_apply(q, 1, c_.num_heads + c_.num_kv_heads, hd, &b_.plan.positions[i], table);
       }
     });
   }
@@ -221,7 +228,7 @@ class CpuLayers {
                                 vb[si][pos / bt]);
       }
     }
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float scale = c_.attention_scale();
     // Work items: runs of up to kQueriesPerItem consecutive tokens of one sequence (they share each
     // key block's transposition); a token's bits do not depend on how the runs are cut.
     constexpr int64_t kQueriesPerItem = 16;

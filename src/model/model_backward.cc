@@ -146,7 +146,16 @@ class Backward {
   const float* kept(Act a) const { return lt()[a].data(); }
 
   const std::vector<float>& norm_weight(Param p) const {
-    return p == Param::kInputNorm ? l().input_norm : l().post_norm;
+    switch (p) {
+      case Param::kInputNorm:
+        return l().input_norm;
+      case Param::kAttnOutNorm:
+        return l().attn_out_norm;
+      case Param::kMlpOutNorm:
+        return l().mlp_out_norm;
+      default:
+        return l().post_norm;
+    }
   }
   const kernels::PackedMatrix& transposed(Param p) const {
     const LayerWeightsT& wt = bw_.layers[layer_];
@@ -164,9 +173,14 @@ class Backward {
 
   void backward(const Op& op) {
     switch (op.kind) {
-      case OpKind::kRmsNorm: {  // d in += norm_backward(d out)
+      case OpKind::kRmsNorm: {  // the stream: d in += norm_backward(d out); else d in = it
         const int64_t d = width(op.in);
         float* dout = grad(op.out);
+        if (op.keep == Act::kCount) {  // a block output's norm (d out is the stream's d h)
+          kernels::rmsnorm_backward(kept(op.in), dout, t_, d, norm_weight(op.param).data(), eps(),
+                                    grad(op.in), g_.accumulate(parts(op.param)[0].first), pool_);
+          return;
+        }
         kernels::rmsnorm_backward(kept(op.keep), dout, t_, d, norm_weight(op.param).data(), eps(),
                                   dout, g_.accumulate(parts(op.param)[0].first), pool_);
         add_into(grad(op.in), dout, t_ * d, pool_);
@@ -195,14 +209,17 @@ class Backward {
       case OpKind::kAttention:
         attention(kept(op.in), grad(op.out), grad(op.in));
         return;
-      case OpKind::kSwiGlu: {
+      case OpKind::kSwiGlu:
+      case OpKind::kGeGlu: {
         const int64_t f = width(op.out);
         const float* gu = kept(op.in);
         const float* dact = grad(op.out);
         float* dgu = grad(op.in);
+        const auto kernel =
+            op.kind == OpKind::kSwiGlu ? kernels::swiglu_backward : kernels::geglu_backward;
         parallel_ranges(pool_, t_, 16 * f, [&](int64_t r0, int64_t r1) {  // rows are independent
-          kernels::swiglu_backward(gu + r0 * 2 * f, gu + r0 * 2 * f + f, dact + r0 * f, r1 - r0, f,
-                                   2 * f, dgu + r0 * 2 * f, dgu + r0 * 2 * f + f, 2 * f);
+          kernel(gu + r0 * 2 * f, gu + r0 * 2 * f + f, dact + r0 * f, r1 - r0, f, 2 * f,
+                 dgu + r0 * 2 * f, dgu + r0 * 2 * f + f, 2 * f);
         });
         return;
       }
@@ -287,7 +304,7 @@ class Backward {
   // Attention per sequence: d attn in, d qkv (after RoPE) out, every row written by its kv heads.
   void attention(const float* qkv, float* dattn, float* dqkv) {
     const int64_t qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim, ld = qd + 2 * kvd;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float scale = c_.attention_scale();
     // Work items over (sequence, kv head, query block), then (sequence, kv head, run of keys);
     // every sum keeps its (head, query, key) order.
     std::vector<kernels::AttentionSeq> seqs;
@@ -307,12 +324,13 @@ class Backward {
   void rope(const Op& op) {
     const int64_t qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim, ld = qd + 2 * kvd;
     float* dqkv = grad(op.out);
+    const kernels::RopeTable& table = w_.programs[layer_].local_rope ? w_.rope_local : w_.rope;
     parallel_for(pool_, (t_ + kRopeRows - 1) / kRopeRows, [&](int64_t b) {
       for (int64_t i = b * kRopeRows; i < std::min(t_, (b + 1) * kRopeRows); ++i) {
         float* dq = dqkv + i * ld;
         // dq's heads then dk's, side by side in the row (k at qd = num_heads · hd).
         kernels::rope_backward(dq, 1, c_.num_heads + c_.num_kv_heads, hd, &tape_.positions[i],
-                               w_.rope);
+                               table);
       }
     });
     if (op.param != Param::kQkNorm) return;
@@ -333,12 +351,16 @@ class Backward {
     std::copy(dnorm_k.begin(), dnorm_k.end(), g_.overwrite(names[1].first));
   }
 
-  void embedding(const std::vector<float>& dh) {
+  // h = embed[token] · embed_scale: the rows' gradient is d h · embed_scale (in place: d h is
+  // dead); the padding row's lookups add nothing (torch's padding_idx).
+  void embedding(std::vector<float>& dh) {
+    if (const float s = c_.embed_scale(); s != 1.0f)
+      for (float& x : dh) x = x * s;
     const int64_t vb = io_.tp ? io_.tp->vocab_begin : 0, vl = c_.vocab_size;
     std::vector<int64_t> rows(static_cast<size_t>(t_));
     for (int64_t i = 0; i < t_; ++i) {
       const int64_t row = tape_.tokens[i] - vb;  // vocabulary-parallel: this rank's rows only
-      rows[i] = row >= 0 && row < vl ? row : -1;
+      rows[i] = row >= 0 && row < vl && tape_.tokens[i] != c_.pad_token_id ? row : -1;
     }
     g_.scatter_rows("model.embed_tokens.weight", rows, dh.data(), c_.hidden_size);
   }

@@ -6,6 +6,7 @@
 #include "miles/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -85,13 +86,14 @@ Status parse_arch(const Reader& r, ModelConfig* c) {
   } else if (const json* t = r.find("model_type")) {
     if (!t->is_string()) return r.error("model_type", "must be a string, got " + describe(*t));
     const std::string type = t->get<std::string>();
-    name = type == "llama"       ? "LlamaForCausalLM"
-           : type == "qwen2"     ? "Qwen2ForCausalLM"
-           : type == "qwen3"     ? "Qwen3ForCausalLM"
-           : type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
-           : type == "mistral"   ? "MistralForCausalLM"
-           : type == "phi3"      ? "Phi3ForCausalLM"
-                                 : "";
+    name = type == "llama"         ? "LlamaForCausalLM"
+           : type == "qwen2"       ? "Qwen2ForCausalLM"
+           : type == "qwen3"       ? "Qwen3ForCausalLM"
+           : type == "qwen3_moe"   ? "Qwen3MoeForCausalLM"
+           : type == "mistral"     ? "MistralForCausalLM"
+           : type == "phi3"        ? "Phi3ForCausalLM"
+           : type == "gemma3_text" ? "Gemma3ForCausalLM"
+                                   : "";
     if (name.empty()) return r.error("model_type", "has unsupported value '" + type + "'");
   } else {
     return r.error("architectures", "is required (or 'model_type')");
@@ -108,11 +110,20 @@ Status parse_arch(const Reader& r, ModelConfig* c) {
     c->arch = Arch::kMistral;
   } else if (name == "Phi3ForCausalLM") {
     c->arch = Arch::kPhi3;
+  } else if (name == "Gemma3ForCausalLM") {
+    c->arch = Arch::kGemma3;
   } else {
     return r.error("architectures",
                    "has unsupported value '" + name +
-                       "' (supported: LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, "
-                       "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)");
+                       "' (supported: Gemma3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
+                       "Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)");
+  }
+  if (c->arch == Arch::kGemma3) {  // the text model's config (not Gemma3Config's text_config)
+    const json* t = r.find("model_type");
+    if (t && !(t->is_string() && *t == "gemma3_text"))
+      return r.error("model_type", "is " + describe(*t) +
+                                       "; Gemma3ForCausalLM reads a gemma3_text config (the "
+                                       "multimodal gemma3 model is not supported)");
   }
   c->arch_name = name;
   return Status::Ok();
@@ -226,6 +237,79 @@ Status parse_phi3(const Reader& r) {
   return Status::Ok();
 }
 
+// Gemma 3 (Gemma3TextConfig): GeGLU, a window on the layers layer_types (or the older
+// sliding_window_pattern) names sliding, each kind of layer its own RoPE — rope_parameters keyed by
+// layer type (transformers 5) or rope_theta + rope_scaling for the full layers and
+// rope_local_base_freq for the sliding ones (v4) —, query_pre_attn_scalar, and softcapping,
+// bidirectional attention and biases refused.
+Status parse_gemma3(const Reader& r, ModelConfig* c) {
+  c->activation = Activation::kGeluTanh;
+  if (const json* a = r.find("hidden_activation");
+      a && !(a->is_string() && *a == "gelu_pytorch_tanh"))
+    return r.error("hidden_activation",
+                   "is " + describe(*a) + "; only \"gelu_pytorch_tanh\" (GeGLU) is supported");
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"})
+    if (const json* v = r.find(key))
+      return r.error(key, "is " + describe(*v) + "; softcapping is not supported (null only)");
+  for (const char* key : {"use_bidirectional_attention", "attention_bias"})
+    if (const json* b = r.find(key); b && !(b->is_boolean() && !b->get<bool>()))
+      return r.error(key, "is " + describe(*b) + "; only false is supported");
+  c->query_pre_attn_scalar = 256;
+  MILES_RETURN_IF_ERROR(r.read_double("query_pre_attn_scalar", &c->query_pre_attn_scalar));
+  if (!(c->query_pre_attn_scalar > 0)) return r.error("query_pre_attn_scalar", "must be positive");
+  c->sliding_window = 4096;
+  MILES_RETURN_IF_ERROR(r.read_int("sliding_window", &c->sliding_window));
+  if (c->sliding_window <= 0) return r.error("sliding_window", "must be positive");
+  int64_t pattern = 6;
+  MILES_RETURN_IF_ERROR(r.read_int("sliding_window_pattern", &pattern));
+  if (pattern <= 0) return r.error("sliding_window_pattern", "must be positive");
+  c->sliding_layers.assign(static_cast<size_t>(std::max<int64_t>(c->num_layers, 0)), false);
+  if (const json* lt = r.find("layer_types")) {
+    if (!lt->is_array() || static_cast<int64_t>(lt->size()) != c->num_layers)
+      return r.error("layer_types", "must list num_hidden_layers entries, got " + describe(*lt));
+    for (size_t i = 0; i < lt->size(); ++i) {
+      const json& e = (*lt)[i];
+      if (!(e.is_string() && (e == "sliding_attention" || e == "full_attention")))
+        return r.error("layer_types", "[" + std::to_string(i) + "] is " + describe(e) +
+                                          "; sliding_attention or full_attention");
+      c->sliding_layers[i] = e == "sliding_attention";
+    }
+  } else {
+    for (int64_t i = 0; i < c->num_layers; ++i) c->sliding_layers[i] = (i + 1) % pattern != 0;
+  }
+  // RoPE: the full layers' (rope_theta, default 1e6, and rope_scaling) and the sliding layers'
+  // (rope_local_base_freq, default 1e4, default type); rope_parameters keyed by layer type wins.
+  c->rope.theta = 1e6;
+  c->rope_local.theta = 1e4;
+  MILES_RETURN_IF_ERROR(r.read_double("rope_theta", &c->rope.theta));
+  MILES_RETURN_IF_ERROR(r.read_double("rope_local_base_freq", &c->rope_local.theta));
+  if (r.find("partial_rotary_factor"))
+    return r.error("partial_rotary_factor", "is given; Gemma 3 rotates whole heads");
+  if (const json* v = r.find("rope_scaling")) {
+    if (!v->is_object()) return r.error("rope_scaling", "must be an object or null");
+    MILES_RETURN_IF_ERROR(parse_rope_fields(Reader{*v, r.source, "rope_scaling."}, &c->rope));
+  }
+  if (const json* v = r.find("rope_parameters")) {
+    if (!v->is_object()) return r.error("rope_parameters", "must be an object or null");
+    for (const auto& [type, params] : v->items()) {
+      RopeConfig* rope = type == "full_attention"      ? &c->rope
+                         : type == "sliding_attention" ? &c->rope_local
+                                                       : nullptr;
+      if (!rope)
+        return r.error("rope_parameters", "has key '" + type +
+                                              "'; Gemma 3's are full_attention and "
+                                              "sliding_attention");
+      if (params.is_null()) continue;
+      if (!params.is_object()) return r.error("rope_parameters", "." + type + " must be an object");
+      MILES_RETURN_IF_ERROR(
+          parse_rope_fields(Reader{params, r.source, "rope_parameters." + type + "."}, rope));
+    }
+  }
+  if (c->rope_local.partial_rotary_factor != 1 || c->rope.partial_rotary_factor != 1)
+    return r.error("rope_parameters", "sets partial_rotary_factor; Gemma 3 rotates whole heads");
+  return Status::Ok();
+}
+
 Status parse_fields(const Reader& r, ModelConfig* c) {
   MILES_RETURN_IF_ERROR(parse_arch(r, c));
   if (const json* w = r.find("use_sliding_window"); w && w->is_boolean() && w->get<bool>())
@@ -233,8 +317,9 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   if (c->arch == Arch::kMistral || c->arch == Arch::kPhi3)
     MILES_RETURN_IF_ERROR(parse_window_on_every_layer(r, c));
   if (c->arch == Arch::kPhi3) MILES_RETURN_IF_ERROR(parse_phi3(r));
-  // transformers 5 lists each layer's attention; every one must be full (causal) attention.
-  if (const json* lt = r.find("layer_types")) {
+  // transformers 5 lists each layer's attention; every one must be full (causal) attention
+  // (Gemma 3's are read with its window).
+  if (const json* lt = r.find("layer_types"); lt && c->arch != Arch::kGemma3) {
     if (!lt->is_array()) return r.error("layer_types", "must be a list, got " + describe(*lt));
     for (size_t i = 0; i < lt->size(); ++i)
       if (!((*lt)[i].is_string() && (*lt)[i] == "full_attention"))
@@ -248,7 +333,8 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   MILES_RETURN_IF_ERROR(r.read_int("num_attention_heads", &c->num_heads, true));
   c->num_kv_heads = c->num_heads;
   MILES_RETURN_IF_ERROR(r.read_int("num_key_value_heads", &c->num_kv_heads));
-  if (r.find("head_dim")) {
+  if (c->arch == Arch::kGemma3) c->head_dim = 256;  // Gemma3TextConfig's default
+  if (r.find("head_dim") || c->arch == Arch::kGemma3) {
     MILES_RETURN_IF_ERROR(r.read_int("head_dim", &c->head_dim));
   } else if (c->num_heads > 0 && c->hidden_size % c->num_heads != 0) {
     return r.error("num_attention_heads",
@@ -260,9 +346,11 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   c->max_position_embeddings = c->arch == Arch::kLlama     ? 2048
                                : c->arch == Arch::kMistral ? 131072
                                : c->arch == Arch::kPhi3    ? 4096
+                               : c->arch == Arch::kGemma3  ? 131072
                                                            : 32768;
   MILES_RETURN_IF_ERROR(r.read_int("max_position_embeddings", &c->max_position_embeddings));
   MILES_RETURN_IF_ERROR(r.read_double("rms_norm_eps", &c->rms_norm_eps));
+  c->tie_word_embeddings = c->arch == Arch::kGemma3;  // Gemma3TextConfig's default
   MILES_RETURN_IF_ERROR(r.read_bool("tie_word_embeddings", &c->tie_word_embeddings));
   MILES_RETURN_IF_ERROR(r.read_bool("attention_bias", &c->attention_bias));
   // Qwen2 always has q/k/v biases and none on o_proj: transformers' Qwen2 ignores attention_bias
@@ -278,12 +366,25 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   if (const json* o = r.find("output_router_logits"); o && o->is_boolean() && o->get<bool>())
     return r.error("output_router_logits",
                    "is true; the router's auxiliary loss is not supported (false only)");
-  if (const json* act = r.find("hidden_act"); act && !(act->is_string() && *act == "silu"))
+  // Gemma 3 reads hidden_activation (parse_gemma3) and ignores hidden_act, as transformers does.
+  if (const json* act = r.find("hidden_act");
+      act && c->arch != Arch::kGemma3 && !(act->is_string() && *act == "silu"))
     return r.error("hidden_act", "is " + describe(*act) + "; only \"silu\" (SwiGLU) is supported");
+  if (c->arch == Arch::kGemma3) {
+    c->bos_token_id = 2;  // Gemma3TextConfig's defaults
+    c->eos_token_ids = {1};
+  }
   MILES_RETURN_IF_ERROR(r.read_int("bos_token_id", &c->bos_token_id));
   MILES_RETURN_IF_ERROR(r.read_int_list("eos_token_id", &c->eos_token_ids));
-  MILES_RETURN_IF_ERROR(parse_rope(r, &c->rope));
+  if (c->arch == Arch::kGemma3) c->pad_token_id = 0;  // Gemma3TextConfig's default
+  MILES_RETURN_IF_ERROR(r.read_int("pad_token_id", &c->pad_token_id));
+  if (c->arch == Arch::kGemma3) {
+    MILES_RETURN_IF_ERROR(parse_gemma3(r, c));
+  } else {
+    MILES_RETURN_IF_ERROR(parse_rope(r, &c->rope));
+  }
   c->rope.max_position_embeddings = c->max_position_embeddings;
+  c->rope_local.max_position_embeddings = c->max_position_embeddings;
   if (c->arch == Arch::kQwen3Moe) MILES_RETURN_IF_ERROR(parse_moe(r, &c->moe));
   return Status::Ok();
 }
@@ -303,6 +404,16 @@ int64_t ModelConfig::num_moe_layers() const {
   int64_t n = 0;
   for (int64_t l = 0; l < num_layers; ++l) n += is_moe_layer(l) ? 1 : 0;
   return n;
+}
+
+float ModelConfig::attention_scale() const {
+  if (query_pre_attn_scalar > 0) return static_cast<float>(std::pow(query_pre_attn_scalar, -0.5));
+  return 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+float ModelConfig::embed_scale() const {
+  return arch == Arch::kGemma3 ? static_cast<float>(std::sqrt(static_cast<double>(hidden_size)))
+                               : 1.0f;
 }
 
 int64_t ModelConfig::rotary_dim() const {
@@ -330,6 +441,8 @@ Status ModelConfig::validate(const std::string& source) const {
         "(" + str(num_kv_heads) + ") must divide num_attention_heads (" + str(num_heads) + ")");
   if (!(rms_norm_eps > 0)) return fail("rms_norm_eps", "must be positive");
   if (!(rope.theta > 0)) return fail("rope_theta", "must be positive");
+  if (arch == Arch::kGemma3 && !(rope_local.theta > 0))
+    return fail("rope_local_base_freq", "must be positive");
   if (!(rope.partial_rotary_factor > 0 && rope.partial_rotary_factor <= 1))
     return fail("partial_rotary_factor", "must be in (0, 1]");
   const int64_t rd = rotary_dim();

@@ -28,6 +28,8 @@ const char* model_type_of(Arch arch) {
       return "mistral";
     case Arch::kPhi3:
       return "phi3";
+    case Arch::kGemma3:
+      return "gemma3_text";
   }
   return "llama";
 }
@@ -46,6 +48,8 @@ const char* default_arch_name(Arch arch) {
       return "MistralForCausalLM";
     case Arch::kPhi3:
       return "Phi3ForCausalLM";
+    case Arch::kGemma3:
+      return "Gemma3ForCausalLM";
   }
   return "LlamaForCausalLM";
 }
@@ -91,6 +95,35 @@ ordered_json rope_scaling_json(const RopeConfig& r) {
   return s;
 }
 
+// Gemma 3's keys: its window per layer, its two RoPEs (rope_theta + rope_scaling for the full
+// layers and rope_local_base_freq for the sliding ones, which transformers 4 and 5 both read;
+// rope_parameters keyed by layer type when the sliding layers' RoPE is not a default one).
+void gemma3_json(const ModelConfig& c, ordered_json& j) {
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
+  j["sliding_window"] = c.sliding_window;
+  ordered_json types = ordered_json::array();
+  for (bool s : c.sliding_layers) types.push_back(s ? "sliding_attention" : "full_attention");
+  j["layer_types"] = types;
+  j["final_logit_softcapping"] = nullptr;
+  j["attn_logit_softcapping"] = nullptr;
+  if (c.rope_local.type == RopeConfig::Type::kDefault) {
+    j["rope_theta"] = c.rope.theta;
+    j["rope_local_base_freq"] = c.rope_local.theta;
+    j["rope_scaling"] = rope_scaling_json(c.rope);
+    return;
+  }
+  ordered_json p = ordered_json::object();
+  for (const auto& [type, rope] :
+       {std::pair{"full_attention", &c.rope}, std::pair{"sliding_attention", &c.rope_local}}) {
+    ordered_json r = rope_scaling_json(*rope);
+    if (r.is_null()) r = {{"rope_type", "default"}};
+    r["rope_theta"] = rope->theta;
+    p[type] = r;
+  }
+  j["rope_parameters"] = p;
+}
+
 }  // namespace
 
 std::string model_config_to_hf_json(const ModelConfig& c) {
@@ -106,26 +139,32 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
   j["head_dim"] = c.head_dim;
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = c.rms_norm_eps;
-  j["hidden_act"] = "silu";
+  if (c.arch != Arch::kGemma3) j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   // Qwen2's biases are fixed by its class; Mistral's and Phi-3's classes have none.
-  const bool biases = c.arch != Arch::kQwen2 && c.arch != Arch::kMistral && c.arch != Arch::kPhi3;
+  const bool biases = c.arch != Arch::kQwen2 && c.arch != Arch::kMistral && c.arch != Arch::kPhi3 &&
+                      c.arch != Arch::kGemma3;
   if (biases) j["attention_bias"] = c.attention_bias;
   j["attention_dropout"] = 0.0;
   if (biases) j["mlp_bias"] = c.mlp_bias;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
+  j["pad_token_id"] = c.pad_token_id >= 0 ? ordered_json(c.pad_token_id) : ordered_json();
   if (c.eos_token_ids.size() == 1) {
     j["eos_token_id"] = c.eos_token_ids[0];
   } else if (!c.eos_token_ids.empty()) {
     j["eos_token_id"] = c.eos_token_ids;
   }
-  j["rope_theta"] = c.rope.theta;
-  if (c.rope.partial_rotary_factor != RopeConfig{}.partial_rotary_factor)
-    j["partial_rotary_factor"] = c.rope.partial_rotary_factor;
-  j["rope_scaling"] = rope_scaling_json(c.rope);
+  if (c.arch == Arch::kGemma3) {
+    gemma3_json(c, j);
+  } else {
+    j["rope_theta"] = c.rope.theta;
+    if (c.rope.partial_rotary_factor != RopeConfig{}.partial_rotary_factor)
+      j["partial_rotary_factor"] = c.rope.partial_rotary_factor;
+    j["rope_scaling"] = rope_scaling_json(c.rope);
+  }
   if (c.arch == Arch::kMistral || c.arch == Arch::kPhi3) {
     j["sliding_window"] = c.sliding_window > 0 ? ordered_json(c.sliding_window) : ordered_json();
-  } else if (c.arch != Arch::kLlama) {
+  } else if (c.arch != Arch::kLlama && c.arch != Arch::kGemma3) {
     j["use_sliding_window"] = false;
   }
   if (c.arch == Arch::kQwen3Moe) {

@@ -33,6 +33,14 @@ class Loader {
     t.to_f32(out);
     return Status::Ok();
   }
+  // A norm's weight as the kernels multiply by it: Gemma's 1 + weight (in float32, as its RMSNorm
+  // computes it), else the weight.
+  Status norm(const std::string& name, int64_t n, std::vector<float>& out) {
+    MILES_RETURN_IF_ERROR(vec(name, n, out));
+    if (c_.norm_adds_one())
+      for (float& x : out) x = 1.0f + x;
+    return Status::Ok();
+  }
   Result<Tensor> mat(const std::string& name, int64_t rows, int64_t cols) {
     return w_.get(name, {rows, cols});
   }
@@ -64,9 +72,9 @@ class Loader {
       if (c_.arch == Arch::kLlama && w_.contains(p + "self_attn.o_proj.bias"))
         MILES_RETURN_IF_ERROR(vec(p + "self_attn.o_proj.bias", d, l.o_bias));
     }
-    if (c_.arch == Arch::kQwen3 || c_.arch == Arch::kQwen3Moe) {
-      MILES_RETURN_IF_ERROR(vec(p + "self_attn.q_norm.weight", c_.head_dim, l.q_norm));
-      MILES_RETURN_IF_ERROR(vec(p + "self_attn.k_norm.weight", c_.head_dim, l.k_norm));
+    if (c_.has_qk_norm()) {
+      MILES_RETURN_IF_ERROR(norm(p + "self_attn.q_norm.weight", c_.head_dim, l.q_norm));
+      MILES_RETURN_IF_ERROR(norm(p + "self_attn.k_norm.weight", c_.head_dim, l.k_norm));
     }
     return Status::Ok();
   }
@@ -115,8 +123,17 @@ class Loader {
   Status layer(int64_t i, LayerWeights& l) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     LayerWeightsT* t = bw_ ? &bw_->layers[i] : nullptr;
-    MILES_RETURN_IF_ERROR(vec(p + "input_layernorm.weight", c_.hidden_size, l.input_norm));
-    MILES_RETURN_IF_ERROR(vec(p + "post_attention_layernorm.weight", c_.hidden_size, l.post_norm));
+    const int64_t d = c_.hidden_size;
+    MILES_RETURN_IF_ERROR(norm(p + "input_layernorm.weight", d, l.input_norm));
+    l.attn_out_norm.clear();
+    l.mlp_out_norm.clear();
+    if (c_.has_block_output_norms()) {  // Gemma 3: its MLP's input norm is pre_feedforward's
+      MILES_RETURN_IF_ERROR(norm(p + "post_attention_layernorm.weight", d, l.attn_out_norm));
+      MILES_RETURN_IF_ERROR(norm(p + "pre_feedforward_layernorm.weight", d, l.post_norm));
+      MILES_RETURN_IF_ERROR(norm(p + "post_feedforward_layernorm.weight", d, l.mlp_out_norm));
+    } else {
+      MILES_RETURN_IF_ERROR(norm(p + "post_attention_layernorm.weight", d, l.post_norm));
+    }
     MILES_RETURN_IF_ERROR(attention(p, l, t));
     l.moe = c_.is_moe_layer(i);
     if (l.moe) return moe(p, l, t);
@@ -144,13 +161,18 @@ class Loader {
         pack(m.lm_head, {&head}, bw_ ? &bw_->lm_head_t : nullptr);
       } else if (i == 1) {
         emb.to_f32(m.embed);
+        if (const float s = c_.embed_scale(); s != 1.0f)
+          for (float& x : m.embed) x = x * s;
       } else {
         got[i] = layer(i - 2, m.layers[i - 2]);
       }
     });
     for (const Status& s : got) MILES_RETURN_IF_ERROR(s);
-    MILES_RETURN_IF_ERROR(vec("model.norm.weight", c_.hidden_size, m.final_norm));
+    MILES_RETURN_IF_ERROR(norm("model.norm.weight", c_.hidden_size, m.final_norm));
     MILES_ASSIGN_OR_RETURN(m.rope, kernels::make_rope_table(c_.rope, c_.head_dim));
+    if (c_.arch == Arch::kGemma3) {
+      MILES_ASSIGN_OR_RETURN(m.rope_local, kernels::make_rope_table(c_.rope_local, c_.head_dim));
+    }
     m.programs.clear();
     for (int64_t l = 0; l < c_.num_layers; ++l)
       m.programs.push_back(describe_layer(c_, l, m.layers[l]));

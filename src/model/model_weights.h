@@ -31,6 +31,9 @@ struct LayerWeights {
   kernels::PackedMatrix o;            // (hidden, q_dim)
   std::vector<float> o_bias;          // (hidden) when attention_bias
   std::vector<float> post_norm;       // (hidden)
+  // Gemma 3's norms of the attention's and the MLP's outputs (hidden), else empty. Every norm
+  // vector holds the factor the kernels multiply by: 1 + weight where ModelConfig::norm_adds_one.
+  std::vector<float> attn_out_norm, mlp_out_norm;
   bool moe = false;
   kernels::PackedMatrix gate_up;  // dense: (2 * intermediate, hidden)
   kernels::PackedMatrix down;     // dense: (hidden, intermediate)
@@ -41,11 +44,12 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  std::vector<float> embed;  // (vocab, hidden)
+  std::vector<float> embed;  // (vocab, hidden), times ModelConfig::embed_scale()
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // (hidden)
   kernels::PackedMatrix lm_head;  // (vocab, hidden); the embedding when tied
   kernels::RopeTable rope;
+  kernels::RopeTable rope_local;       // the sliding layers' (ModelConfig::uses_local_rope), if any
   std::vector<LayerProgram> programs;  // each layer's (layer_program.h)
 };
 
