@@ -4,12 +4,13 @@
 What it makes (deterministic: fixed seeds, CPU):
   tests/data/gguf/types.gguf            one tensor per ggml type the C++ reader decodes (F32, F16, BF16,
                                         Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; plus 3-D and 4-D F32 tensors for the
-                                        shape order) and one metadata key per GGUF value type, written by the
-                                        `gguf` package's GGUFWriter. F32/F16/BF16 hold random bit patterns
-                                        (with inf, quiet NaNs, subnormals, -0); Q8_0/Q4_0/Q4_1 are the
-                                        package's own quantisations of random normals (one all-zero row);
-                                        the package has no Q4_K/Q6_K quantiser, so those blocks are random
-                                        bytes with finite half-precision super-block scales.
+                                        shape order; then Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS) and one
+                                        metadata key per GGUF value type, written by the `gguf` package's
+                                        GGUFWriter. F32/F16/BF16 hold random bit patterns (with inf, quiet
+                                        NaNs, subnormals, -0); Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 are the package's own
+                                        quantisations of random normals (one all-zero row); the package has no
+                                        quantiser for the k-quants and IQ4 types, so those blocks are random
+                                        bytes with finite half-precision (super-)block scales.
   tests/data/gguf/types_expected.safetensors
                                         each tensor as the package's numpy dequantisers decode it (float32,
                                         row-major: shape = reversed ggml ne), read back through GGUFReader.
@@ -122,6 +123,24 @@ def make_types(path: Path) -> None:
     w.add_tensor("q6_k", random_k_blocks(rng, 6, 210, [208]).reshape(3, 420), raw_dtype=Q.Q6_K)
     w.add_tensor("f32_3d", rng.standard_normal((2, 3, 8)).astype(np.float32))
     w.add_tensor("f32_4d", rng.standard_normal((2, 1, 3, 4)).astype(np.float32))
+    # Added later, after every earlier draw of `rng`, so the tensors above keep their bytes. Q5_0 and
+    # Q5_1 are the package's quantisations (one all-zero row); the package has no quantiser for the
+    # others, so they are random block bytes with finite half scales at the given offsets.
+    for name, qtype in (("q5_0", Q.Q5_0), ("q5_1", Q.Q5_1)):
+        x = rng.standard_normal((4, 64)).astype(np.float32)
+        x[3] = 0.0
+        w.add_tensor(name, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
+    # Q2_K: scales[16], qs[64], half d, half dmin; Q3_K: hmask[32], qs[64], scales[12], half d;
+    # Q5_K: half d, half dmin, scales[12], qh[32], qs[128]; IQ4_NL: half d, qs[16]; IQ4_XS: half d,
+    # u16 scales_h, scales_l[4], qs[128].
+    for name, qtype, elems, nbytes, halves in (("q2_k", Q.Q2_K, 256, 84, [80, 82]),
+                                               ("q3_k", Q.Q3_K, 256, 110, [108]),
+                                               ("q5_k", Q.Q5_K, 256, 176, [0, 2]),
+                                               ("iq4_nl", Q.IQ4_NL, 32, 18, [0]),
+                                               ("iq4_xs", Q.IQ4_XS, 256, 136, [0])):
+        n_blocks = 6 if elems == 256 else 12
+        blocks = random_k_blocks(rng, n_blocks, nbytes, halves)
+        w.add_tensor(name, blocks.reshape(3, -1), raw_dtype=qtype)
     write(w)
 
     r = gguf.GGUFReader(str(path))
