@@ -721,6 +721,8 @@ TEST(Convert, Gemma3Refusals) {
                "'gemma3.rope.scaling.type' is 'yarn'");
   expect_error(gemma3_model(1).kv_u32("gemma3.embedding_length_per_layer_input", 4),
                "'gemma3.embedding_length_per_layer_input' is not a key miles convert knows");
+  expect_error(gemma3_model(1).kv_u32("gemma3.vision.block_count", 27),
+               "'gemma3.vision.block_count' describes a vision tower");
   expect_error(gemma3_model(1).kv_u32("gemma3.vocab_size", 6), "'gemma3.vocab_size' is 6");
   expect_error(gemma3_model(1, false), "'gemma3.attention.sliding_window' is missing or 0");
   expect_error(gemma3_model(1, false).kv_u32("gemma3.attention.sliding_window", 0),

@@ -203,10 +203,14 @@ const std::set<std::string>& gemma3_keys() {
 // heads) for the 27B model (62 layers), which is query_pre_attn_scalar in HF's terms.
 Status read_gemma3(const GgufFile& f, GgufArch* a) {
   const std::string p = "gemma3.";
-  for (const auto& [key, value] : f.metadata())
-    if (key.rfind(p, 0) == 0 && !gemma3_keys().count(key.substr(p.size())))
+  for (const auto& [key, value] : f.metadata()) {
+    if (key.rfind(p, 0) != 0 || gemma3_keys().count(key.substr(p.size()))) continue;
+    if (key.rfind(p + "vision.", 0) == 0 || key.rfind(p + "mm.", 0) == 0)
       return key_error(f, key,
-                       "is not a key miles convert knows for gemma3 (refused, not ignored)");
+                       "describes a vision tower (a multimodal GGUF); miles convert reads "
+                       "Gemma3ForCausalLM text models only");
+    return key_error(f, key, "is not a key miles convert knows for gemma3 (refused, not ignored)");
+  }
   if (f.find(p + "vocab_size")) {
     MILES_ASSIGN_OR_RETURN(const int64_t v, f.get_int(p + "vocab_size"));
     if (v != a->vocab)
