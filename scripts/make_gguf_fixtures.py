@@ -4,12 +4,13 @@
 What it makes (deterministic: fixed seeds, CPU):
   tests/data/gguf/types.gguf            one tensor per ggml type the C++ reader decodes (F32, F16, BF16,
                                         Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; plus 3-D and 4-D F32 tensors for the
-                                        shape order) and one metadata key per GGUF value type, written by the
-                                        `gguf` package's GGUFWriter. F32/F16/BF16 hold random bit patterns
-                                        (with inf, quiet NaNs, subnormals, -0); Q8_0/Q4_0/Q4_1 are the
-                                        package's own quantisations of random normals (one all-zero row);
-                                        the package has no Q4_K/Q6_K quantiser, so those blocks are random
-                                        bytes with finite half-precision super-block scales.
+                                        shape order; then Q5_0, Q5_1, Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS) and one
+                                        metadata key per GGUF value type, written by the `gguf` package's
+                                        GGUFWriter. F32/F16/BF16 hold random bit patterns (with inf, quiet
+                                        NaNs, subnormals, -0); Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 are the package's own
+                                        quantisations of random normals (one all-zero row); the package has no
+                                        quantiser for the k-quants and IQ4 types, so those blocks are random
+                                        bytes with finite half-precision (super-)block scales.
   tests/data/gguf/types_expected.safetensors
                                         each tensor as the package's numpy dequantisers decode it (float32,
                                         row-major: shape = reversed ggml ne), read back through GGUFReader.
@@ -37,7 +38,13 @@ What it makes (deterministic: fixed seeds, CPU):
                                         Q8_0, untied F16 output, full rotary, no window); tiny_phi3_expected:
                                         transformers' `ids`, `logits`, layer 1's qkv_proj and layer 0's gate_up_proj.
 
-Rerun with:  PYTHON scripts/make_gguf_fixtures.py [types] [tiny_llama] [tiny_qwen2] [tiny_phi3]
+  tests/data/gguf/tiny_gemma3.gguf      a tiny random Gemma 3 as llama.cpp writes one (norms stored as 1 + w, head_dim 8
+                                        unlike hidden / heads, 7 layers, window 4, linear RoPE scaling, Q8_0 / Q5_0 /
+                                        F16 / F32 tensors); tiny_gemma3_expected: every tensor of transformers' GGUF
+                                        loader's state dict, and the logits of Gemma3ForCausalLM with those weights
+                                        under the config llama.cpp's semantics give (make_tiny_gemma3's docstring).
+
+Rerun with:  PYTHON scripts/make_gguf_fixtures.py [types] [tiny_llama] [tiny_qwen2] [tiny_phi3] [tiny_gemma3]
 (PYTHON: a venv with gguf, numpy, torch and transformers: scripts/setup.sh --reference)
 """
 
@@ -122,6 +129,24 @@ def make_types(path: Path) -> None:
     w.add_tensor("q6_k", random_k_blocks(rng, 6, 210, [208]).reshape(3, 420), raw_dtype=Q.Q6_K)
     w.add_tensor("f32_3d", rng.standard_normal((2, 3, 8)).astype(np.float32))
     w.add_tensor("f32_4d", rng.standard_normal((2, 1, 3, 4)).astype(np.float32))
+    # Added later, after every earlier draw of `rng`, so the tensors above keep their bytes. Q5_0 and
+    # Q5_1 are the package's quantisations (one all-zero row); the package has no quantiser for the
+    # others, so they are random block bytes with finite half scales at the given offsets.
+    for name, qtype in (("q5_0", Q.Q5_0), ("q5_1", Q.Q5_1)):
+        x = rng.standard_normal((4, 64)).astype(np.float32)
+        x[3] = 0.0
+        w.add_tensor(name, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
+    # Q2_K: scales[16], qs[64], half d, half dmin; Q3_K: hmask[32], qs[64], scales[12], half d;
+    # Q5_K: half d, half dmin, scales[12], qh[32], qs[128]; IQ4_NL: half d, qs[16]; IQ4_XS: half d,
+    # u16 scales_h, scales_l[4], qs[128].
+    for name, qtype, elems, nbytes, halves in (("q2_k", Q.Q2_K, 256, 84, [80, 82]),
+                                               ("q3_k", Q.Q3_K, 256, 110, [108]),
+                                               ("q5_k", Q.Q5_K, 256, 176, [0, 2]),
+                                               ("iq4_nl", Q.IQ4_NL, 32, 18, [0]),
+                                               ("iq4_xs", Q.IQ4_XS, 256, 136, [0])):
+        n_blocks = 6 if elems == 256 else 12
+        blocks = random_k_blocks(rng, n_blocks, nbytes, halves)
+        w.add_tensor(name, blocks.reshape(3, -1), raw_dtype=qtype)
     write(w)
 
     r = gguf.GGUFReader(str(path))
@@ -429,11 +454,143 @@ def make_tiny_phi3(path: Path) -> None:
                             "gate_up_proj0": "model.layers.0.mlp.gate_up_proj.weight"})
 
 
+# ---- tiny Gemma 3 ------------------------------------------------------------------------------
+
+G_HIDDEN, G_INTER, G_LAYERS, G_HEADS, G_KV_HEADS, G_HEAD_DIM = 32, 64, 7, 2, 1, 8
+G_WINDOW, G_ROPE_FACTOR = 4, 2.0
+
+
+def gemma3_hf_config(tied: bool) -> dict:
+    """The Gemma3ForCausalLM config that computes what llama.cpp computes for tiny_gemma3.gguf (what
+    miles convert must write): llama.cpp's fixed window pattern (every 6th layer full), its sliding
+    layers' RoPE base 10000, its attention scale 1 / sqrt(head_dim) as query_pre_attn_scalar, and the
+    file's linear RoPE scaling on the full layers."""
+    return {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": VOCAB,
+        "hidden_size": G_HIDDEN, "intermediate_size": G_INTER, "num_hidden_layers": G_LAYERS,
+        "num_attention_heads": G_HEADS, "num_key_value_heads": G_KV_HEADS, "head_dim": G_HEAD_DIM,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": tied, "query_pre_attn_scalar": G_HEAD_DIM, "sliding_window": G_WINDOW,
+        "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(G_LAYERS)],
+        "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": G_ROPE_FACTOR},
+        "final_logit_softcapping": None, "attn_logit_softcapping": None,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
+    }
+
+
+def make_tiny_gemma3(path: Path) -> None:
+    """A tiny random Gemma 3 as llama.cpp's Gemma3Model converter writes one: arch gemma3, q/k rows in
+    HF's order, every norm weight stored as 1 + w (its norm_shift), head_dim (key_length 8) unlike
+    hidden / heads (16), 7 layers (layer 5 the only full-attention one), a window of 4, rope 1e6 with
+    linear scaling 2 for the full layers and freq_base_swa 10000, tied embeddings; token_embd and
+    q/k/v Q8_0, ffn_gate/up Q5_0, attn_output and ffn_down F16, norms F32; the tiny byte-level BPE
+    vocabulary (its converter writes a gpt2 vocabulary when there is no tokenizer.model).
+
+    tiny_gemma3_expected: every tensor of transformers' GGUF loader's state dict (norms minus 1), and
+    the logits of Gemma3ForCausalLM with those weights under gemma3_hf_config(): transformers' GGUF
+    loader reads neither query_pre_attn_scalar (it keeps the default 256) nor the RoPE scaling, so
+    its own model is not llama.cpp's; the script asserts that it agrees on everything else."""
+    rng = np.random.default_rng(SEED + 4)
+
+    def linear(out_f: int, in_f: int) -> np.ndarray:
+        return (rng.standard_normal((out_f, in_f)) / np.sqrt(in_f)).astype(np.float32)
+
+    def hf_norm(n: int) -> np.ndarray:  # HF's w (Gemma3RMSNorm multiplies by 1 + w)
+        return (0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_name("tiny-gemma3")
+    w.add_context_length(256)
+    w.add_embedding_length(G_HIDDEN)
+    w.add_block_count(G_LAYERS)
+    w.add_feed_forward_length(G_INTER)
+    w.add_head_count(G_HEADS)
+    w.add_head_count_kv(G_KV_HEADS)
+    w.add_key_length(G_HEAD_DIM)
+    w.add_value_length(G_HEAD_DIM)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1000000.0)
+    w.add_rope_freq_base_swa(10000.0)
+    w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    w.add_rope_scaling_factor(G_ROPE_FACTOR)
+    w.add_sliding_window(G_WINDOW)
+    tokens, types, merges = tiny_vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_pad_token_id(2)
+    w.add_add_bos_token(False)
+
+    def norm(name: str, n: int) -> None:
+        w.add_tensor(name, hf_norm(n) + np.float32(1))  # llama.cpp's converter: data_torch + 1
+
+    embed = rng.standard_normal((VOCAB, G_HIDDEN)).astype(np.float32)
+    w.add_tensor("token_embd.weight", gguf.quants.quantize(embed, Q.Q8_0), raw_dtype=Q.Q8_0)
+    q_dim, kv_dim = G_HEADS * G_HEAD_DIM, G_KV_HEADS * G_HEAD_DIM
+    for l in range(G_LAYERS):
+        p = f"blk.{l}."
+        norm(p + "attn_norm.weight", G_HIDDEN)
+        for name, m in (("attn_q", linear(q_dim, G_HIDDEN)), ("attn_k", linear(kv_dim, G_HIDDEN)),
+                        ("attn_v", linear(kv_dim, G_HIDDEN))):
+            w.add_tensor(p + name + ".weight", gguf.quants.quantize(m, Q.Q8_0), raw_dtype=Q.Q8_0)
+        norm(p + "attn_q_norm.weight", G_HEAD_DIM)
+        norm(p + "attn_k_norm.weight", G_HEAD_DIM)
+        w.add_tensor(p + "attn_output.weight", linear(G_HIDDEN, q_dim).astype(np.float16))
+        norm(p + "post_attention_norm.weight", G_HIDDEN)
+        norm(p + "ffn_norm.weight", G_HIDDEN)
+        for name in ("ffn_gate", "ffn_up"):
+            m = linear(G_INTER, G_HIDDEN)
+            w.add_tensor(p + name + ".weight", gguf.quants.quantize(m, Q.Q5_0), raw_dtype=Q.Q5_0)
+        w.add_tensor(p + "ffn_down.weight", linear(G_HIDDEN, G_INTER).astype(np.float16))
+        norm(p + "post_ffw_norm.weight", G_HIDDEN)
+    norm("output_norm.weight", G_HIDDEN)
+    write(w)
+
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.set_num_threads(1)
+    loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    assert type(loaded).__name__ == "Gemma3ForCausalLM", type(loaded).__name__
+    want = gemma3_hf_config(tied=True)
+    got = loaded.config
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window", "layer_types",
+                "tie_word_embeddings", "hidden_activation"):
+        assert getattr(got, key) == want[key], (key, getattr(got, key), want[key])
+    assert abs(got.rms_norm_eps - want["rms_norm_eps"]) < 1e-12, got.rms_norm_eps
+    assert got.rope_parameters["full_attention"]["rope_theta"] == want["rope_theta"], got.rope_parameters
+    assert got.rope_parameters["sliding_attention"]["rope_theta"] == want["rope_local_base_freq"]
+    sd = {k: v.detach().clone() for k, v in loaded.state_dict().items()}
+    # The reference: HF's class under the config llama.cpp's semantics give, with the loader's weights.
+    config = Gemma3TextConfig(**{k: v for k, v in want.items() if k not in ("architectures", "model_type")})
+    assert config.query_pre_attn_scalar == G_HEAD_DIM and config.rope_parameters["full_attention"] == {
+        "rope_type": "linear", "factor": G_ROPE_FACTOR, "rope_theta": 1000000.0}, config.rope_parameters
+    model = Gemma3ForCausalLM(config).to(torch.float32)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    model.eval()
+    assert torch.equal(model.lm_head.weight, sd["model.embed_tokens.weight"])
+    ids = np.array([1, 3, 200, 259, 275, 40, 41, 287, 2, 100, 7, 286], dtype=np.int32)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(ids.astype(np.int64))[None]).logits[0].numpy().astype(np.float32)
+    tensors = {k: v.numpy() for k, v in sd.items() if k != "lm_head.weight"}
+    save_safetensors(OUT / "tiny_gemma3_expected.safetensors", {"ids": ids, "logits": logits, **tensors},
+                     {**versions(), "torch": torch.__version__, "transformers": transformers.__version__})
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
-    only = sys.argv[1:]  # fixture names to make (types, tiny_llama, tiny_qwen2); none: all
+    only = sys.argv[1:]  # fixture names to make (types, tiny_llama, tiny_qwen2, tiny_phi3, tiny_gemma3); none: all
     for name, make in (("types", make_types), ("tiny_llama", make_tiny_llama), ("tiny_qwen2", make_tiny_qwen2),
-                       ("tiny_phi3", make_tiny_phi3)):
+                       ("tiny_phi3", make_tiny_phi3), ("tiny_gemma3", make_tiny_gemma3)):
         if not only or name in only:
             make(OUT / f"{name}.gguf")
     total = sum(f.stat().st_size for f in OUT.iterdir())

@@ -1,8 +1,8 @@
 // GGUF -> HF conversion: config.json fields, tensor names and the q/k un-permutation (checked
-// against transformers' own GGUF loader through tests/data/gguf/tiny_llama* and tiny_qwen2*, made
-// by scripts/make_gguf_fixtures.py), logits of the converted model against transformers', the
-// atomic directory write, tokenizer.json from real llama.cpp vocabularies (../shared), and the
-// errors.
+// against transformers' own GGUF loader through tests/data/gguf/tiny_llama*, tiny_qwen2*,
+// tiny_phi3* and tiny_gemma3*, made by scripts/make_gguf_fixtures.py), logits of the converted
+// model against transformers', the atomic directory write, tokenizer.json from real llama.cpp
+// vocabularies (../shared), and the errors.
 #include "miles/convert.h"
 
 #include <gtest/gtest.h>
@@ -217,7 +217,7 @@ TEST(Convert, FailedConversionLeavesNothing) {
   auto s = convert_gguf((dir / "gpt2.gguf").string(), (dir / "out").string());
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("'general.architecture' is 'gpt2', which miles convert does not "
-                             "support (supported: llama, phi3, qwen2, qwen3)"),
+                             "support (supported: llama, phi3, qwen2, qwen3, gemma3)"),
             std::string::npos)
       << s.message();
   s = convert_gguf((dir / "cut.gguf").string(), (dir / "out").string());
@@ -297,6 +297,81 @@ TEST(Convert, TinyPhi3MatchesTransformers) {
   EXPECT_EQ(s->architecture, "Phi3ForCausalLM");
   auto model = Model::load(out.string());
   ASSERT_TRUE(model.ok()) << model.message();
+  EXPECT_LE(max_abs_diff(logits_of(**model, e.ids), e.map.find("logits")->data<float>()), 1e-4f);
+}
+
+// Gemma 3 as llama.cpp writes it (norms stored as 1 + w, head_dim 8 unlike hidden / heads, 7
+// layers, window 4, linear RoPE scaling; Q8_0, Q5_0, F16 and F32 tensors): config.json carries what
+// llama.cpp fixes in its code (layer 5 the only full-attention layer, the sliding layers' base
+// 10000, query_pre_attn_scalar = head_dim), and every converted tensor is bitwise transformers' own
+// GGUF loader's (norms minus 1 in float32).
+TEST(Convert, TinyGemma3MatchesTransformers) {
+  auto f = GgufFile::open(fixture("tiny_gemma3.gguf"));
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto text = gguf_config_json(*f);
+  ASSERT_TRUE(text.ok()) << text.message();
+  const json j = json::parse(*text);
+  EXPECT_EQ(j["architectures"], json::array({"Gemma3ForCausalLM"}));
+  EXPECT_EQ(j["model_type"], "gemma3_text");
+  EXPECT_EQ(j["vocab_size"], 288);
+  EXPECT_EQ(j["hidden_size"], 32);
+  EXPECT_EQ(j["intermediate_size"], 64);
+  EXPECT_EQ(j["num_hidden_layers"], 7);
+  EXPECT_EQ(j["num_attention_heads"], 2);
+  EXPECT_EQ(j["num_key_value_heads"], 1);
+  EXPECT_EQ(j["head_dim"], 8);
+  EXPECT_EQ(j["max_position_embeddings"], 256);
+  EXPECT_EQ(j["rms_norm_eps"], 1e-6);
+  EXPECT_EQ(j["hidden_activation"], "gelu_pytorch_tanh");
+  EXPECT_FALSE(j.contains("hidden_act"));
+  EXPECT_EQ(j["tie_word_embeddings"], true);
+  EXPECT_EQ(j["query_pre_attn_scalar"], 8);
+  EXPECT_EQ(j["sliding_window"], 4);
+  const json sliding = "sliding_attention", full = "full_attention";
+  EXPECT_EQ(j["layer_types"],
+            json::array({sliding, sliding, sliding, sliding, sliding, full, sliding}));
+  EXPECT_EQ(j["rope_theta"], 1000000.0);
+  EXPECT_EQ(j["rope_local_base_freq"], 10000.0);
+  EXPECT_EQ(j["rope_scaling"], json::parse(R"({"rope_type": "linear", "factor": 2.0})"));
+  EXPECT_TRUE(j.contains("final_logit_softcapping") && j["final_logit_softcapping"].is_null());
+  EXPECT_TRUE(j.contains("attn_logit_softcapping") && j["attn_logit_softcapping"].is_null());
+  EXPECT_EQ(j["bos_token_id"], 1);
+  EXPECT_EQ(j["eos_token_id"], 2);
+
+  auto tensors = gguf_hf_tensors(*f);
+  ASSERT_TRUE(tensors.ok()) << tensors.message();
+  const TensorMap m = to_map(std::move(*tensors));
+  const TinyExpected e = tiny_expected("tiny_gemma3_expected.safetensors");
+  ASSERT_EQ(m.size() + 2, e.map.size()) << "every tensor but ids and logits";
+  for (const std::string& name : m.names()) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(same_bytes(m.find(name), e.map.find(name)));
+  }
+  // The norms arrive as HF's w (~ 0.2 N(0, 1)), not as the stored 1 + w.
+  const Tensor* norm = m.find("model.layers.5.post_feedforward_layernorm.weight");
+  ASSERT_NE(norm, nullptr);
+  EXPECT_LT(std::fabs(norm->data<float>()[0]), 0.9f);
+
+  const fs::path out = scratch("gemma3") / "tiny";
+  auto s = convert_gguf(fixture("tiny_gemma3.gguf"), out.string());
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(s->architecture, "Gemma3ForCausalLM");
+  EXPECT_EQ(s->tensors, static_cast<int64_t>(m.size()));
+  EXPECT_EQ(read_text(out / "config.json"), *text);
+}
+
+// The converted directory runs as llama.cpp runs the GGUF: logits within 1e-4 of
+// Gemma3ForCausalLM with the fixture's weights under that config (needs miles' Gemma 3 model).
+TEST(Convert, TinyGemma3LogitsMatchTheReference) {
+  const fs::path out = scratch("gemma3_logits") / "tiny";
+  auto s = convert_gguf(fixture("tiny_gemma3.gguf"), out.string());
+  ASSERT_TRUE(s.ok()) << s.message();
+  auto cfg = parse_model_config(read_text(out / "config.json"), "config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.message();
+  EXPECT_EQ(cfg->max_position_embeddings, 256);
+  auto model = Model::load(out.string());
+  ASSERT_TRUE(model.ok()) << model.message();
+  const TinyExpected e = tiny_expected("tiny_gemma3_expected.safetensors");
   EXPECT_LE(max_abs_diff(logits_of(**model, e.ids), e.map.find("logits")->data<float>()), 1e-4f);
 }
 
@@ -484,6 +559,181 @@ TEST(Convert, Phi3PartialRotaryWindowAndRefusals) {
   auto unfused = gguf_hf_tensors(*un);
   ASSERT_FALSE(unfused.ok());
   EXPECT_NE(unfused.message().find("blk.0.attn_q.weight"), std::string::npos) << unfused.message();
+}
+
+// A hand-built gemma3 file: `layers` layers of hidden 8, 2 heads of head_dim 2 (key_length; hidden
+// / heads would be 4), 1 KV head, intermediate 8, vocab 5, window 3 (or none); matrix rows hold
+// their index, norms 1 + 0.5 (HF's 0.5).
+GgufBuilder gemma3_model(int layers, bool window = true) {
+  GgufBuilder b;
+  b.kv_str("general.architecture", "gemma3")
+      .kv_u32("gemma3.block_count", static_cast<uint32_t>(layers))
+      .kv_u32("gemma3.embedding_length", 8)
+      .kv_u32("gemma3.feed_forward_length", 8)
+      .kv_u32("gemma3.attention.head_count", 2)
+      .kv_u32("gemma3.attention.head_count_kv", 1)
+      .kv_u32("gemma3.attention.key_length", 2)
+      .kv_u32("gemma3.attention.value_length", 2)
+      .kv_u32("gemma3.context_length", 64)
+      .kv_f32("gemma3.rope.freq_base", 1e6f)
+      .kv_f32("gemma3.attention.layer_norm_rms_epsilon", 1e-6f);
+  if (window) b.kv_u32("gemma3.attention.sliding_window", 3);
+  auto mat = [&](const std::string& name, uint64_t rows, uint64_t cols) {
+    std::vector<float> v(rows * cols);
+    for (uint64_t r = 0; r < rows; ++r)
+      for (uint64_t c = 0; c < cols; ++c) v[r * cols + c] = static_cast<float>(r);
+    b.tensor_f32(name, {cols, rows}, v);
+  };
+  auto norm = [&](const std::string& name, uint64_t n) {
+    b.tensor_f32(name, {n}, std::vector<float>(n, 1.5f));
+  };
+  mat("token_embd.weight", 5, 8);
+  for (int l = 0; l < layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    norm(p + "attn_norm.weight", 8);
+    mat(p + "attn_q.weight", 4, 8);
+    mat(p + "attn_k.weight", 2, 8);
+    mat(p + "attn_v.weight", 2, 8);
+    norm(p + "attn_q_norm.weight", 2);
+    norm(p + "attn_k_norm.weight", 2);
+    mat(p + "attn_output.weight", 8, 4);
+    norm(p + "post_attention_norm.weight", 8);
+    norm(p + "ffn_norm.weight", 8);
+    mat(p + "ffn_gate.weight", 8, 8);
+    mat(p + "ffn_up.weight", 8, 8);
+    mat(p + "ffn_down.weight", 8, 8);
+    norm(p + "post_ffw_norm.weight", 8);
+  }
+  norm("output_norm.weight", 8);
+  return b;
+}
+
+TEST(Convert, Gemma3NamesNormsPatternAndScale) {
+  auto f = parse(gemma3_model(13).build());
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto text = gguf_config_json(*f);
+  ASSERT_TRUE(text.ok()) << text.message();
+  const json j = json::parse(*text);
+  std::vector<std::string> types;
+  for (const json& t : j["layer_types"]) types.push_back(t);
+  std::vector<std::string> want(13, "sliding_attention");
+  want[5] = want[11] = "full_attention";  // llama.cpp: layer il slides iff il % 6 < 5
+  EXPECT_EQ(types, want);
+  EXPECT_EQ(j["query_pre_attn_scalar"], 2);  // head_dim, not hidden / heads
+  EXPECT_EQ(j["sliding_window"], 3);
+  EXPECT_TRUE(j["rope_scaling"].is_null());
+  EXPECT_EQ(j["rope_local_base_freq"], 10000.0);
+  auto t = gguf_hf_tensors(*f);
+  ASSERT_TRUE(t.ok()) << t.message();
+  const TensorMap m = to_map(std::move(*t));
+  EXPECT_EQ(m.size(), 2u + 13u * 13u);
+  // q/k rows keep HF's order; every norm is the stored value minus 1.
+  EXPECT_EQ(row_heads(m, "model.layers.0.self_attn.q_proj.weight"),
+            (std::vector<float>{0, 1, 2, 3}));
+  for (const char* name :
+       {"model.layers.12.input_layernorm.weight", "model.layers.12.post_attention_layernorm.weight",
+        "model.layers.12.pre_feedforward_layernorm.weight",
+        "model.layers.12.post_feedforward_layernorm.weight",
+        "model.layers.12.self_attn.q_norm.weight", "model.layers.12.self_attn.k_norm.weight",
+        "model.norm.weight"}) {
+    const Tensor* n = m.find(name);
+    ASSERT_NE(n, nullptr) << name;
+    EXPECT_EQ(n->data<float>()[0], 0.5f) << name;
+  }
+  EXPECT_EQ(m.find("model.embed_tokens.weight")->data<float>()[8], 1.0f);  // not a norm: as stored
+  EXPECT_FALSE(m.contains("lm_head.weight"));
+
+  // A pattern key that agrees with llama.cpp's fixed pattern is accepted (scalar or per layer).
+  std::vector<int32_t> flags(13, 1);
+  flags[5] = flags[11] = 0;
+  for (auto b : {gemma3_model(13).kv_u32("gemma3.attention.sliding_window_pattern", 6),
+                 gemma3_model(13).kv_i32s("gemma3.attention.sliding_window_pattern", flags),
+                 gemma3_model(13).kv_f32("gemma3.rope.freq_base_swa", 10000.f),
+                 gemma3_model(13).kv_f32("gemma3.final_logit_softcapping", 0.f)}) {
+    auto ok = parse(b.build());
+    ASSERT_TRUE(ok.ok()) << ok.message();
+    EXPECT_TRUE(gguf_config_json(*ok).ok()) << gguf_config_json(*ok).message();
+  }
+  // Linear RoPE scaling (the full layers').
+  auto scaled = parse(gemma3_model(1)
+                          .kv_str("gemma3.rope.scaling.type", "linear")
+                          .kv_f32("gemma3.rope.scaling.factor", 8.f)
+                          .build());
+  ASSERT_TRUE(scaled.ok()) << scaled.message();
+  const json sj = json::parse(*gguf_config_json(*scaled));
+  EXPECT_EQ(sj["rope_scaling"], json::parse(R"({"rope_type": "linear", "factor": 8.0})"));
+  EXPECT_EQ(sj["layer_types"], json::array({"sliding_attention"}));
+}
+
+// llama.cpp's 27B rule (62 layers): the queries are scaled by 1 / sqrt(hidden / heads), not by
+// 1 / sqrt(head_dim). Only the metadata and token_embd are needed for config.json.
+TEST(Convert, Gemma3TwentySevenBScalesByHiddenOverHeads) {
+  GgufBuilder b;
+  b.kv_str("general.architecture", "gemma3")
+      .kv_u32("gemma3.block_count", 62)
+      .kv_u32("gemma3.embedding_length", 5376)
+      .kv_u32("gemma3.feed_forward_length", 21504)
+      .kv_u32("gemma3.attention.head_count", 32)
+      .kv_u32("gemma3.attention.head_count_kv", 16)
+      .kv_u32("gemma3.attention.key_length", 128)
+      .kv_u32("gemma3.attention.value_length", 128)
+      .kv_u32("gemma3.attention.sliding_window", 1024)
+      .kv_u32("gemma3.context_length", 131072)
+      .kv_f32("gemma3.attention.layer_norm_rms_epsilon", 1e-6f)
+      .tensor("token_embd.weight", {5376, 2}, 0, std::vector<uint8_t>(5376 * 2 * 4));
+  auto f = parse(b.build());
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto text = gguf_config_json(*f);
+  ASSERT_TRUE(text.ok()) << text.message();
+  const json j = json::parse(*text);
+  EXPECT_EQ(j["query_pre_attn_scalar"], 168);
+  EXPECT_EQ(j["head_dim"], 128);
+  EXPECT_EQ(j["layer_types"].size(), 62u);
+  EXPECT_EQ(j["layer_types"][59], "full_attention");
+  EXPECT_EQ(j["layer_types"][61], "sliding_attention");
+}
+
+// What Gemma3ForCausalLM (or llama.cpp) cannot be told is refused, naming the key or tensor.
+TEST(Convert, Gemma3Refusals) {
+  auto expect_error = [](GgufBuilder b, const std::string& what) {
+    auto f = parse(b.build());
+    ASSERT_TRUE(f.ok()) << f.message();
+    auto cfg = gguf_config_json(*f);
+    auto t = cfg.ok() ? gguf_hf_tensors(*f).status() : cfg.status();
+    ASSERT_FALSE(t.ok()) << what;
+    EXPECT_NE(t.message().find("m.gguf: "), std::string::npos) << t.message();
+    EXPECT_NE(t.message().find(what), std::string::npos) << t.message();
+  };
+  expect_error(gemma3_model(1).kv_f32("gemma3.final_logit_softcapping", 30.f),
+               "'gemma3.final_logit_softcapping' is 30");
+  expect_error(gemma3_model(1).kv_f32("gemma3.attn_logit_softcapping", 50.f),
+               "'gemma3.attn_logit_softcapping' is 50");
+  expect_error(gemma3_model(7).kv_u32("gemma3.attention.sliding_window_pattern", 4),
+               "'gemma3.attention.sliding_window_pattern' differs from llama.cpp's");
+  expect_error(gemma3_model(2).kv_i32s("gemma3.attention.sliding_window_pattern", {1, 0}),
+               "'gemma3.attention.sliding_window_pattern' differs from llama.cpp's");
+  expect_error(gemma3_model(1).kv_f32("gemma3.rope.freq_base_swa", 20000.f),
+               "'gemma3.rope.freq_base_swa' is 20000");
+  expect_error(gemma3_model(1)
+                   .kv_str("gemma3.rope.scaling.type", "yarn")
+                   .kv_f32("gemma3.rope.scaling.factor", 4.f)
+                   .kv_u32("gemma3.rope.scaling.original_context_length", 32),
+               "'gemma3.rope.scaling.type' is 'yarn'");
+  expect_error(gemma3_model(1).kv_u32("gemma3.embedding_length_per_layer_input", 4),
+               "'gemma3.embedding_length_per_layer_input' is not a key miles convert knows");
+  expect_error(gemma3_model(1).kv_u32("gemma3.vision.block_count", 27),
+               "'gemma3.vision.block_count' describes a vision tower");
+  expect_error(gemma3_model(1).kv_u32("gemma3.vocab_size", 6), "'gemma3.vocab_size' is 6");
+  expect_error(gemma3_model(1, false), "'gemma3.attention.sliding_window' is missing or 0");
+  expect_error(gemma3_model(1, false).kv_u32("gemma3.attention.sliding_window", 0),
+               "'gemma3.attention.sliding_window' is missing or 0");
+  expect_error(gemma3_model(1).tensor_f32("v.blk.0.attn_q.weight", {2}, {1, 1}),
+               "tensor 'v.blk.0.attn_q.weight' belongs to a vision tower");
+  expect_error(gemma3_model(1).tensor_f32("mm.input_projection.weight", {2}, {1, 1}),
+               "tensor 'mm.input_projection.weight' belongs to a vision tower");
+  // A Llama-shaped layer (no post-attention / post-FFN norms) is missing Gemma's norms.
+  expect_error(tiny_model("gemma3", true, true).kv_u32("gemma3.attention.sliding_window", 3),
+               "tensor 'blk.0.post_attention_norm.weight' is missing");
 }
 
 TEST(Convert, TiedEmbeddingsWhenThereIsNoOutput) {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 
+#include "checkpoint/gguf_dequant.h"
 #include "gguf_builder.h"
 #include "miles/checkpoint.h"
 #include "test_paths.h"
@@ -102,11 +103,15 @@ TEST(Gguf, DequantisationMatchesTheGgufPackageBitwise) {
   ASSERT_TRUE(expected.ok()) << expected.message();
   ASSERT_EQ(f->tensors().size(), expected->size());
   const std::map<std::string, std::string> types = {
-      {"f32", "F32"},   {"f16", "F16"},   {"bf16", "BF16"}, {"q8_0", "Q8_0"},  {"q4_0", "Q4_0"},
-      {"q4_1", "Q4_1"}, {"q4_k", "Q4_K"}, {"q6_k", "Q6_K"}, {"f32_3d", "F32"}, {"f32_4d", "F32"}};
+      {"f32", "F32"},   {"f16", "F16"},       {"bf16", "BF16"},     {"q8_0", "Q8_0"},
+      {"q4_0", "Q4_0"}, {"q4_1", "Q4_1"},     {"q4_k", "Q4_K"},     {"q6_k", "Q6_K"},
+      {"q5_0", "Q5_0"}, {"q5_1", "Q5_1"},     {"q2_k", "Q2_K"},     {"q3_k", "Q3_K"},
+      {"q5_k", "Q5_K"}, {"iq4_nl", "IQ4_NL"}, {"iq4_xs", "IQ4_XS"}, {"f32_3d", "F32"},
+      {"f32_4d", "F32"}};
   for (const GgufTensorInfo& t : f->tensors()) {
     SCOPED_TRACE(t.name);
     ASSERT_TRUE(types.count(t.name));
+    EXPECT_EQ(gguf::ggml_type_name(t.type), types.at(t.name));
     auto got = f->dequantize(t);
     ASSERT_TRUE(got.ok()) << got.message();
     const Tensor* want = expected->find(t.name);
@@ -176,12 +181,13 @@ TEST(Gguf, FileWithoutTensorsNeedsNoPadding) {
 }
 
 TEST(Gguf, KnownTypeWithoutDecoderParsesButDoesNotDequantise) {
-  const auto b = GgufBuilder().tensor("w", {256}, 13, std::vector<uint8_t>(176)).build();  // Q5_K
+  // IQ2_XXS: an i-quant with a code-book grid, which the reader does not decode.
+  const auto b = GgufBuilder().tensor("w", {256}, 16, std::vector<uint8_t>(66)).build();
   auto f = parse(b);
   ASSERT_TRUE(f.ok()) << f.message();
   auto t = f->dequantize(f->tensors()[0]);
   ASSERT_FALSE(t.ok());
-  EXPECT_NE(t.message().find("tensor 'w' has ggml type Q5_K"), std::string::npos) << t.message();
+  EXPECT_NE(t.message().find("tensor 'w' has ggml type IQ2_XXS"), std::string::npos) << t.message();
 }
 
 // ---- broken files: each an error naming the file and what is wrong ------------------------------

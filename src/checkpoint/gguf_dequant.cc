@@ -19,7 +19,7 @@ namespace {
 static_assert(std::endian::native == std::endian::little,
               "GGUF decoding assumes a little-endian host");
 
-constexpr int64_t kQK = 32;     // elements per block of the legacy types (Q4_0, Q4_1, Q8_0)
+constexpr int64_t kQK = 32;     // elements per block of the legacy types (Q4_0 ... Q8_0, IQ4_NL)
 constexpr int64_t kQK_K = 256;  // elements per super-block of the k-quants
 
 uint16_t load_u16(const uint8_t* p) {
@@ -29,6 +29,16 @@ uint16_t load_u16(const uint8_t* p) {
 }
 
 float load_half(const uint8_t* p) { return half_to_float(load_u16(p)); }
+
+uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// llama.cpp's non-linear 4-bit code book of IQ4_NL and IQ4_XS (kvalues_iq4nl).
+constexpr int8_t kIq4nlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                     1,    13,   25,  38,  53,  69,  89,  113};
 
 // block_q4_0 (18 bytes): half d; uint8 qs[16]. Element j is the low nibble of qs[j], element j + 16
 // the high nibble; value (q - 8) * d.
@@ -52,6 +62,35 @@ void q4_1(const uint8_t* b, float* y) {
   }
 }
 
+// block_q5_0 (22 bytes): half d; uint8 qh[4]; uint8 qs[16]. Element j < 16 is the low nibble of
+// qs[j] with bit j of qh (read as a little-endian uint32) as its fifth bit, element j + 16 the high
+// nibble of qs[j] with bit j + 16; value (q - 16) * d.
+void q5_0(const uint8_t* b, float* y) {
+  const float d = load_half(b);
+  const uint32_t qh = load_u32(b + 2);
+  const uint8_t* qs = b + 6;
+  for (int j = 0; j < kQK / 2; ++j) {
+    const int x0 = static_cast<int>((qs[j] & 0x0f) | (((qh >> j) << 4) & 0x10)) - 16;
+    const int x1 = static_cast<int>((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+    y[j] = static_cast<float>(x0) * d;
+    y[j + kQK / 2] = static_cast<float>(x1) * d;
+  }
+}
+
+// block_q5_1 (24 bytes): half d; half m; uint8 qh[4]; uint8 qs[16]; bits as Q5_0, value q * d + m.
+void q5_1(const uint8_t* b, float* y) {
+  const float d = load_half(b);
+  const float m = load_half(b + 2);
+  const uint32_t qh = load_u32(b + 4);
+  const uint8_t* qs = b + 8;
+  for (int j = 0; j < kQK / 2; ++j) {
+    const uint32_t x0 = (qs[j] & 0x0f) | (((qh >> j) << 4) & 0x10);
+    const uint32_t x1 = (qs[j] >> 4) | ((qh >> (j + 12)) & 0x10);
+    y[j] = static_cast<float>(x0) * d + m;
+    y[j + kQK / 2] = static_cast<float>(x1) * d + m;
+  }
+}
+
 // block_q8_0 (34 bytes): half d; int8 qs[32]; value q * d.
 void q8_0(const uint8_t* b, float* y) {
   const float d = load_half(b);
@@ -68,6 +107,49 @@ void q4_k_scale_min(int j, const uint8_t* s, uint8_t* scale, uint8_t* min) {
   } else {
     *scale = static_cast<uint8_t>((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4));
     *min = static_cast<uint8_t>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  }
+}
+
+// block_q2_K (84 bytes): uint8 scales[16]; uint8 qs[64]; half d; half dmin. Two halves of 128; in
+// half h, element 16s + l (s = 0..7, l < 16) is bits 2(s / 2), 2(s / 2) + 1 of
+// qs[32h + 16(s % 2) + l]; its sub-block 8h + s has scale (low nibble) and min (high nibble) in
+// scales[8h + s]; value (d * scale) * q - (dmin * min).
+void q2_k(const uint8_t* b, float* y) {
+  const uint8_t* scales = b;
+  const uint8_t* qs = b + 16;
+  const float d = load_half(b + 80);
+  const float dmin = load_half(b + 82);
+  for (int s = 0; s < 16; ++s, y += 16) {
+    const float dl = d * static_cast<float>(scales[s] & 0x0f);
+    const float ml = dmin * static_cast<float>(scales[s] >> 4);
+    const uint8_t* q = qs + 32 * (s / 8) + 16 * (s % 2);
+    const int shift = 2 * ((s % 8) / 2);
+    for (int l = 0; l < 16; ++l) y[l] = dl * static_cast<float>((q[l] >> shift) & 3) - ml;
+  }
+}
+
+// block_q3_K (110 bytes): uint8 hmask[32]; uint8 qs[64]; uint8 scales[12]; half d. Sixteen
+// sub-blocks of 16: sub-block s = 8h + t (t = 0..7) takes its low 2 bits from bits 2(t / 2),
+// 2(t / 2) + 1 of qs[32h + 16(t % 2) + l] and subtracts 4 where bit s / 2 of hmask[16(s % 2) + l]
+// is clear. Its 6-bit scale: low 4 bits from byte s (s < 8) or the high nibble of byte s - 8, top
+// 2 bits from bits 2(s / 4), 2(s / 4) + 1 of byte 8 + s % 4; value (d * (scale - 32)) * q.
+void q3_k(const uint8_t* b, float* y) {
+  const uint8_t* hmask = b;
+  const uint8_t* qs = b + 32;
+  const uint8_t* sc = b + 96;
+  const float d = load_half(b + 108);
+  for (int s = 0; s < 16; ++s, y += 16) {
+    const int low = s < 8 ? (sc[s] & 0x0f) : (sc[s - 8] >> 4);
+    const int high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+    const float dl = d * static_cast<float>((low | (high << 4)) - 32);
+    const uint8_t* q = qs + 32 * (s / 8) + 16 * ((s % 8) % 2);
+    const uint8_t* hm = hmask + 16 * (s % 2);
+    const int shift = 2 * ((s % 8) / 2);
+    const int bit = s / 2;
+    for (int l = 0; l < 16; ++l) {
+      const int v = ((q[l] >> shift) & 3) - (((hm[l] >> bit) & 1) ? 0 : 4);
+      y[l] = dl * static_cast<float>(v);
+    }
   }
 }
 
@@ -89,6 +171,28 @@ void q4_k(const uint8_t* b, float* y) {
     float* out = y + 64 * i;
     for (int l = 0; l < 32; ++l) out[l] = d1 * static_cast<float>(q[l] & 0x0f) - m1;
     for (int l = 0; l < 32; ++l) out[32 + l] = d2 * static_cast<float>(q[l] >> 4) - m2;
+  }
+}
+
+// block_q5_K (176 bytes): half d; half dmin; uint8 scales[12] (as Q4_K); uint8 qh[32]; uint8
+// qs[128]. Nibbles as Q4_K; sub-block j's fifth bit is bit j of qh[l]; value
+// (d * scale) * q - (dmin * min).
+void q5_k(const uint8_t* b, float* y) {
+  const float d = load_half(b);
+  const float dmin = load_half(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = b + 48;
+  for (int j = 0; j < 8; ++j, y += 32) {
+    uint8_t sc, m;
+    q4_k_scale_min(j, scales, &sc, &m);
+    const float dl = d * static_cast<float>(sc), ml = dmin * static_cast<float>(m);
+    const uint8_t* q = qs + 32 * (j / 2);
+    const int shift = 4 * (j % 2);
+    for (int l = 0; l < 32; ++l) {
+      const int v = ((q[l] >> shift) & 0x0f) | (((qh[l] >> j) & 1) << 4);
+      y[l] = dl * static_cast<float>(v) - ml;
+    }
   }
 }
 
@@ -116,6 +220,34 @@ void q6_k(const uint8_t* b, float* y) {
   }
 }
 
+// block_iq4_nl (18 bytes): half d; uint8 qs[16]; nibbles as Q4_0, value d * kvalues[q].
+void iq4_nl(const uint8_t* b, float* y) {
+  const float d = load_half(b);
+  const uint8_t* qs = b + 2;
+  for (int j = 0; j < kQK / 2; ++j) {
+    y[j] = d * static_cast<float>(kIq4nlValues[qs[j] & 0x0f]);
+    y[j + kQK / 2] = d * static_cast<float>(kIq4nlValues[qs[j] >> 4]);
+  }
+}
+
+// block_iq4_xs (136 bytes): half d; uint16 scales_h; uint8 scales_l[4]; uint8 qs[128]. Eight
+// sub-blocks of 32 laid out as IQ4_NL blocks; sub-block i's 6-bit scale is nibble i % 2 of
+// scales_l[i / 2] with bits 2i, 2i + 1 of scales_h on top; value (d * (scale - 32)) * kvalues[q].
+void iq4_xs(const uint8_t* b, float* y) {
+  const float d = load_half(b);
+  const uint16_t scales_h = load_u16(b + 2);
+  const uint8_t* scales_l = b + 4;
+  const uint8_t* qs = b + 8;
+  for (int i = 0; i < 8; ++i, y += 32, qs += 16) {
+    const int ls = ((scales_l[i / 2] >> (4 * (i % 2))) & 0x0f) | (((scales_h >> (2 * i)) & 3) << 4);
+    const float dl = d * static_cast<float>(ls - 32);
+    for (int j = 0; j < 16; ++j) {
+      y[j] = dl * static_cast<float>(kIq4nlValues[qs[j] & 0x0f]);
+      y[j + 16] = dl * static_cast<float>(kIq4nlValues[qs[j] >> 4]);
+    }
+  }
+}
+
 struct Entry {
   uint32_t type;
   GgmlTypeTraits traits;
@@ -125,15 +257,15 @@ struct Entry {
 constexpr Entry kTypes[] = {
     {0, {"F32", 1, 4, true}},          {1, {"F16", 1, 2, true}},
     {2, {"Q4_0", 32, 18, true}},       {3, {"Q4_1", 32, 20, true}},
-    {6, {"Q5_0", 32, 22, false}},      {7, {"Q5_1", 32, 24, false}},
+    {6, {"Q5_0", 32, 22, true}},       {7, {"Q5_1", 32, 24, true}},
     {8, {"Q8_0", 32, 34, true}},       {9, {"Q8_1", 32, 40, false}},
-    {10, {"Q2_K", 256, 84, false}},    {11, {"Q3_K", 256, 110, false}},
-    {12, {"Q4_K", 256, 144, true}},    {13, {"Q5_K", 256, 176, false}},
+    {10, {"Q2_K", 256, 84, true}},     {11, {"Q3_K", 256, 110, true}},
+    {12, {"Q4_K", 256, 144, true}},    {13, {"Q5_K", 256, 176, true}},
     {14, {"Q6_K", 256, 210, true}},    {15, {"Q8_K", 256, 292, false}},
     {16, {"IQ2_XXS", 256, 66, false}}, {17, {"IQ2_XS", 256, 74, false}},
     {18, {"IQ3_XXS", 256, 98, false}}, {19, {"IQ1_S", 256, 50, false}},
-    {20, {"IQ4_NL", 32, 18, false}},   {21, {"IQ3_S", 256, 110, false}},
-    {22, {"IQ2_S", 256, 82, false}},   {23, {"IQ4_XS", 256, 136, false}},
+    {20, {"IQ4_NL", 32, 18, true}},    {21, {"IQ3_S", 256, 110, false}},
+    {22, {"IQ2_S", 256, 82, false}},   {23, {"IQ4_XS", 256, 136, true}},
     {24, {"I8", 1, 1, false}},         {25, {"I16", 1, 2, false}},
     {26, {"I32", 1, 4, false}},        {27, {"I64", 1, 8, false}},
     {28, {"F64", 1, 8, false}},        {29, {"IQ1_M", 256, 56, false}},
@@ -211,14 +343,35 @@ void dequantize_blocks(uint32_t type, const uint8_t* src, int64_t n_blocks, floa
     case T::kQ4_1:
       block = q4_1;
       break;
+    case T::kQ5_0:
+      block = q5_0;
+      break;
+    case T::kQ5_1:
+      block = q5_1;
+      break;
     case T::kQ8_0:
       block = q8_0;
+      break;
+    case T::kQ2_K:
+      block = q2_k;
+      break;
+    case T::kQ3_K:
+      block = q3_k;
       break;
     case T::kQ4_K:
       block = q4_k;
       break;
+    case T::kQ5_K:
+      block = q5_k;
+      break;
     case T::kQ6_K:
       block = q6_k;
+      break;
+    case T::kIQ4_NL:
+      block = iq4_nl;
+      break;
+    case T::kIQ4_XS:
+      block = iq4_xs;
       break;
     default:
       break;

@@ -2,10 +2,11 @@
 //
 // Why: a GGUF tensor's byte size follows from its type's block size and block bytes, which the
 // reader must know for every type it may meet (to bounds-check files whose tensors it cannot
-// decode), while only a few types (those real checkpoints use: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
-// Q4_K, Q6_K) are decoded. The block layouts are ggml's (ggml-common.h); the arithmetic follows
-// ggml's reference dequantisers operation by operation, so the results are bitwise those of the
-// `gguf` Python package.
+// decode), while only the types real checkpoints mostly use are decoded: F32, F16, BF16, Q4_0,
+// Q4_1, Q5_0, Q5_1, Q8_0, the k-quants Q2_K ... Q6_K (every tensor of llama.cpp's Q2_K ... Q6_K
+// mixes) and IQ4_NL / IQ4_XS; not the other i-quants, with their code-book grids. The block layouts
+// are ggml's (ggml-common.h); the arithmetic follows ggml's reference dequantisers operation by
+// operation, so the results are bitwise those of the `gguf` Python package.
 #pragma once
 
 #include <cstdint>

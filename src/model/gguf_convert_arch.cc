@@ -1,15 +1,18 @@
 // GGUF `<arch>.*` metadata -> GgufArch -> config.json / generation_config.json.
 //
 // Why: config.json must describe exactly the weights the conversion writes. llama.cpp's keys map
-// one to one onto HF's for the supported architectures (llama, phi3, qwen2, qwen3); everything a
-// plain HF config of those classes cannot express (MoE, llama3 rope_freqs, partial rotary, unknown
-// rope scaling) is refused here with an error naming the file and the key, rather than converted
-// into a model that computes something else.
+// one to one onto HF's for the supported architectures (llama, phi3, qwen2, qwen3, gemma3: for
+// Gemma 3 llama.cpp also fixes the window pattern, the sliding layers' RoPE base and the attention
+// scale in its code, which become layer_types, rope_local_base_freq and query_pre_attn_scalar);
+// everything a plain HF config of those classes cannot express (MoE, llama3 rope_freqs, partial
+// rotary, unknown rope scaling, softcapping) is refused here with an error naming the file and the
+// key, rather than converted into a model that computes something else.
 #include "model/gguf_convert_arch.h"
 
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <set>
 
 #include "miles/convert.h"
 #include "nlohmann/json.hpp"
@@ -34,6 +37,13 @@ Result<double> float_or(const GgufFile& f, const std::string& key, double fallba
   return f.get_float(key);
 }
 
+// The shortest decimal spelling of `v` that reads back as it ("30", "0.5").
+std::string num(double v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
+}
+
 Status key_error(const GgufFile& f, const std::string& key, const std::string& what) {
   return Status::Error(f.path() + ": metadata key '" + key + "' " + what);
 }
@@ -56,11 +66,16 @@ Status set_family(const GgufFile& f, GgufArch* a) {
     a->hf_class = "Qwen3ForCausalLM";
     a->model_type = "qwen3";
     a->qk_norm = true;
+  } else if (a->gguf_arch == "gemma3") {
+    a->hf_class = "Gemma3ForCausalLM";  // the text model; its converter keeps HF's q/k row order
+    a->model_type = "gemma3_text";
+    a->qk_norm = true;
+    a->gemma3 = true;
   } else {
-    return key_error(
-        f, "general.architecture",
-        "is '" + a->gguf_arch +
-            "', which miles convert does not support (supported: llama, phi3, qwen2, qwen3)");
+    return key_error(f, "general.architecture",
+                     "is '" + a->gguf_arch +
+                         "', which miles convert does not support (supported: llama, phi3, qwen2, "
+                         "qwen3, gemma3)");
   }
   return Status::Ok();
 }
@@ -152,6 +167,110 @@ Status read_rope_scaling(const GgufFile& f, GgufArch* a) {
   return Status::Ok();
 }
 
+// Every gemma3.* key llama.cpp's converter writes (and a few it may); any other is refused, as its
+// meaning for the HF class is unknown.
+const std::set<std::string>& gemma3_keys() {
+  static const std::set<std::string> keys = {
+      "context_length",
+      "embedding_length",
+      "block_count",
+      "feed_forward_length",
+      "vocab_size",
+      "attention.head_count",
+      "attention.head_count_kv",
+      "attention.key_length",
+      "attention.value_length",
+      "attention.layer_norm_rms_epsilon",
+      "attention.sliding_window",
+      "attention.sliding_window_pattern",
+      "rope.dimension_count",
+      "rope.freq_base",
+      "rope.freq_base_swa",
+      "rope.scaling.type",
+      "rope.scaling.factor",
+      "rope.scaling.original_context_length",
+      "final_logit_softcapping",
+      "attn_logit_softcapping",
+      "expert_count",  // refused by read_sizes, naming it
+  };
+  return keys;
+}
+
+// Gemma 3 as llama.cpp's llama-model.cpp defines it: the window from attention.sliding_window on
+// every layer but each 6th (set_swa_pattern(6): layer il slides iff il % 6 < 5, the
+// `(i + 1) % 6 != 0` of HF's Gemma3TextConfig), those layers' RoPE base fixed at 10000
+// (rope_freq_base_train_swa), the queries scaled by 1 / sqrt(head_dim), or 1 / sqrt(hidden /
+// heads) for the 27B model (62 layers), which is query_pre_attn_scalar in HF's terms.
+Status read_gemma3(const GgufFile& f, GgufArch* a) {
+  const std::string p = "gemma3.";
+  for (const auto& [key, value] : f.metadata()) {
+    if (key.rfind(p, 0) != 0 || gemma3_keys().count(key.substr(p.size()))) continue;
+    if (key.rfind(p + "vision.", 0) == 0 || key.rfind(p + "mm.", 0) == 0)
+      return key_error(f, key,
+                       "describes a vision tower (a multimodal GGUF); miles convert reads "
+                       "Gemma3ForCausalLM text models only");
+    return key_error(f, key, "is not a key miles convert knows for gemma3 (refused, not ignored)");
+  }
+  if (f.find(p + "vocab_size")) {
+    MILES_ASSIGN_OR_RETURN(const int64_t v, f.get_int(p + "vocab_size"));
+    if (v != a->vocab)
+      return key_error(f, p + "vocab_size",
+                       "is " + std::to_string(v) + " but token_embd.weight has " +
+                           std::to_string(a->vocab) + " rows");
+  }
+  for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
+    MILES_ASSIGN_OR_RETURN(const double cap, float_or(f, p + key, 0.0));
+    if (cap != 0)
+      return key_error(f, p + key,
+                       "is " + num(cap) +
+                           "; softcapping is not supported for Gemma 3 (Gemma3ForCausalLM: null)");
+  }
+  if (a->rope_scaling == "yarn")
+    return key_error(f, p + "rope.scaling.type", "is 'yarn' (supported for gemma3: none, linear)");
+
+  MILES_ASSIGN_OR_RETURN(a->sliding_window, int_or(f, p + "attention.sliding_window", 0));
+  if (a->sliding_window <= 0 || a->sliding_window > INT32_MAX)
+    return key_error(f, p + "attention.sliding_window",
+                     a->sliding_window == 0
+                         ? std::string("is missing or 0 (llama.cpp then gives every layer full "
+                                       "attention); only windowed Gemma 3 models are supported")
+                         : "is " + std::to_string(a->sliding_window) + ", must be in [1, 2^31)");
+  constexpr int64_t kPattern = 6;  // llama.cpp: hparams.set_swa_pattern(6)
+  a->sliding_layers.resize(static_cast<size_t>(a->layers));
+  for (int64_t l = 0; l < a->layers; ++l)
+    a->sliding_layers[static_cast<size_t>(l)] = l % kPattern < kPattern - 1;
+  // llama.cpp's gemma3 does not read a pattern key; one that says otherwise is ambiguous.
+  const std::string pattern_key = p + "attention.sliding_window_pattern";
+  if (const GgufValue* v = f.find(pattern_key)) {
+    bool agrees = false;
+    if (v->type == GgufType::kArray) {
+      MILES_ASSIGN_OR_RETURN(const std::vector<int64_t> flags, f.get_ints(pattern_key));
+      agrees = flags.size() == a->sliding_layers.size();
+      for (size_t l = 0; agrees && l < flags.size(); ++l)
+        agrees = (flags[l] != 0) == a->sliding_layers[l];
+    } else {
+      MILES_ASSIGN_OR_RETURN(const int64_t n, f.get_int(pattern_key));
+      agrees = n == kPattern;
+    }
+    if (!agrees)
+      return key_error(f, pattern_key,
+                       "differs from llama.cpp's fixed gemma3 pattern (every 6th layer full "
+                       "attention, the rest sliding), which llama.cpp uses regardless");
+  }
+  constexpr double kLocalBase = 10000.0;  // llama.cpp: hparams.rope_freq_base_train_swa
+  MILES_ASSIGN_OR_RETURN(a->rope_local_theta, float_or(f, p + "rope.freq_base_swa", kLocalBase));
+  if (a->rope_local_theta != kLocalBase)
+    return key_error(f, p + "rope.freq_base_swa",
+                     "is " + num(a->rope_local_theta) +
+                         "; llama.cpp's gemma3 uses 10000 for the sliding layers regardless");
+  // llama.cpp's LLM_TYPE_27B is n_layer == 62; its scale 1 / sqrt(float(n_embd / n_head)) divides
+  // integers, as HF's query_pre_attn_scalar (168 for 27B) is.
+  a->query_pre_attn_scalar = a->layers == 62 ? a->hidden / a->heads : a->head_dim;
+  if (a->query_pre_attn_scalar <= 0)
+    return key_error(f, p + "embedding_length", "/ attention.head_count must be positive");
+  return Status::Ok();
+}
+
 Status read_embedding(const GgufFile& f, GgufArch* a) {
   const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
   if (!emb) return Status::Error(f.path() + ": tensor 'token_embd.weight' is missing");
@@ -204,6 +323,7 @@ Result<GgufArch> read_gguf_arch(const GgufFile& f) {
   MILES_RETURN_IF_ERROR(read_rope_scaling(f, &a));
   MILES_RETURN_IF_ERROR(read_embedding(f, &a));
   MILES_RETURN_IF_ERROR(read_special_ids(f, &a));
+  if (a.gemma3) MILES_RETURN_IF_ERROR(read_gemma3(f, &a));
   return a;
 }
 
@@ -211,20 +331,10 @@ Result<GgufArch> read_gguf_arch(const GgufFile& f) {
 
 namespace miles {
 
-Result<std::string> gguf_config_json(const GgufFile& f) {
-  MILES_ASSIGN_OR_RETURN(const gguf::GgufArch a, gguf::read_gguf_arch(f));
-  nlohmann::ordered_json j;
-  j["architectures"] = {a.hf_class};
-  j["model_type"] = a.model_type;
-  j["vocab_size"] = a.vocab;
-  j["hidden_size"] = a.hidden;
-  j["intermediate_size"] = a.intermediate;
-  j["num_hidden_layers"] = a.layers;
-  j["num_attention_heads"] = a.heads;
-  j["num_key_value_heads"] = a.kv_heads;
-  j["head_dim"] = a.head_dim;
-  j["max_position_embeddings"] = a.context;
-  j["rms_norm_eps"] = gguf::shortest_f32(a.rms_eps);
+namespace {
+
+// Llama, Phi-3 and the Qwen families: RoPE, tying, SwiGLU, and their classes' bias / window keys.
+void plain_json(const gguf::GgufArch& a, nlohmann::ordered_json& j) {
   j["rope_theta"] = gguf::shortest_f32(a.rope_theta);
   if (a.rotary_dim != a.head_dim)
     j["partial_rotary_factor"] =
@@ -247,6 +357,53 @@ Result<std::string> gguf_config_json(const GgufFile& f) {
         a.sliding_window > 0 ? nlohmann::ordered_json(a.sliding_window) : nlohmann::ordered_json();
   } else if (a.model_type != "llama") {
     j["use_sliding_window"] = false;
+  }
+}
+
+// Gemma 3: GeGLU, the query scale, the window on the layers llama.cpp's pattern makes sliding, and
+// the two RoPEs (rope_theta + rope_scaling for the full layers, rope_local_base_freq for the
+// sliding ones, as transformers 4 and 5 both read them); no softcapping.
+void gemma3_json(const gguf::GgufArch& a, nlohmann::ordered_json& j) {
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  j["tie_word_embeddings"] = a.tied;
+  j["query_pre_attn_scalar"] = a.query_pre_attn_scalar;
+  j["sliding_window"] = a.sliding_window;
+  nlohmann::ordered_json types = nlohmann::ordered_json::array();
+  for (bool sliding : a.sliding_layers)
+    types.push_back(sliding ? "sliding_attention" : "full_attention");
+  j["layer_types"] = types;
+  j["rope_theta"] = gguf::shortest_f32(a.rope_theta);
+  j["rope_local_base_freq"] = gguf::shortest_f32(a.rope_local_theta);
+  if (a.rope_scaling.empty()) {
+    j["rope_scaling"] = nullptr;
+  } else {
+    j["rope_scaling"] = {{"rope_type", a.rope_scaling},
+                         {"factor", gguf::shortest_f32(a.rope_factor)}};
+  }
+  j["final_logit_softcapping"] = nullptr;
+  j["attn_logit_softcapping"] = nullptr;
+}
+
+}  // namespace
+
+Result<std::string> gguf_config_json(const GgufFile& f) {
+  MILES_ASSIGN_OR_RETURN(const gguf::GgufArch a, gguf::read_gguf_arch(f));
+  nlohmann::ordered_json j;
+  j["architectures"] = {a.hf_class};
+  j["model_type"] = a.model_type;
+  j["vocab_size"] = a.vocab;
+  j["hidden_size"] = a.hidden;
+  j["intermediate_size"] = a.intermediate;
+  j["num_hidden_layers"] = a.layers;
+  j["num_attention_heads"] = a.heads;
+  j["num_key_value_heads"] = a.kv_heads;
+  j["head_dim"] = a.head_dim;
+  j["max_position_embeddings"] = a.context;
+  j["rms_norm_eps"] = gguf::shortest_f32(a.rms_eps);
+  if (a.gemma3) {
+    gemma3_json(a, j);
+  } else {
+    plain_json(a, j);
   }
   if (a.bos >= 0) j["bos_token_id"] = a.bos;
   if (a.eos >= 0) j["eos_token_id"] = a.eos;

@@ -1,8 +1,9 @@
 // The architecture facts of a GGUF model that both config.json and the tensor conversion need.
 //
 // Why: llama.cpp spells hyper-parameters as `<arch>.<name>` keys and renames/permutes tensors per
-// architecture. Reading them once into this struct keeps config.json and the weights consistent
-// (the head counts that un-permute q/k are the ones written to config.json).
+// architecture (and fixes some in its own code, as Gemma 3's window pattern). Reading them once
+// into this struct keeps config.json and the weights consistent (the head counts that un-permute
+// q/k are the ones written to config.json).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,7 @@
 namespace miles::gguf {
 
 struct GgufArch {
-  std::string gguf_arch;     // general.architecture: "llama", "phi3", "qwen2", "qwen3"
+  std::string gguf_arch;     // general.architecture: "llama", "phi3", "qwen2", "qwen3", "gemma3"
   std::string hf_class;      // "LlamaForCausalLM"
   std::string model_type;    // "llama"
   bool permuted_qk = false;  // llama.cpp permuted q/k rows to interleaved rotary pairs
@@ -23,7 +24,13 @@ struct GgufArch {
   bool qkv_bias = false;     // q / k / v projection biases (qwen2)
   bool fused = false;        // attn_qkv and ffn_up ([gate; up]) fused, as HF's Phi-3 (phi3)
   int64_t rotary_dim = 0;    // rope.dimension_count (phi3: partial rotary when < head_dim)
-  int64_t sliding_window = 0;  // attention.sliding_window (phi3; 0: none)
+  int64_t sliding_window = 0;  // attention.sliding_window (phi3, gemma3; 0: none)
+  // Gemma 3 (gemma3): norms stored as 1 + w, post-attention and post-FFN norms, GeGLU, a window on
+  // the layers llama.cpp's fixed pattern makes sliding (every 6th layer full), their own RoPE base.
+  bool gemma3 = false;
+  std::vector<bool> sliding_layers;   // gemma3: per layer, true = sliding_attention
+  double rope_local_theta = 0;        // gemma3: the sliding layers' base (llama.cpp: 10000)
+  int64_t query_pre_attn_scalar = 0;  // gemma3: 1 / sqrt(this) scales the queries
   int64_t vocab = 0;         // rows of token_embd.weight
   int64_t hidden = 0;
   int64_t intermediate = 0;

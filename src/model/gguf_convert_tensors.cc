@@ -5,8 +5,10 @@
 // k within each head: HF rotates the pairs (i, i + head_dim/2) ("half split"), llama.cpp the
 // adjacent pairs (2i, 2i + 1). The GGUF row h*head_dim + 2i + j holds HF row h*head_dim +
 // j*head_dim/2 + i; we move every row back (the inverse of convert_hf_to_gguf.py's `permute`, as
-// transformers' own GGUF loader does). Shapes are checked against the architecture before anything
-// is dequantised; errors name the GGUF tensor.
+// transformers' own GGUF loader does). Gemma 3's converter stores every norm weight as 1 + w (HF's
+// Gemma3RMSNorm multiplies by 1 + w, llama.cpp's norm by the stored weight); we subtract 1 in
+// float32 after dequantising, as transformers' GGUF loader does (Gemma2TensorProcessor). Shapes are
+// checked against the architecture before anything is dequantised; errors name the GGUF tensor.
 #include <cstring>
 #include <map>
 
@@ -22,12 +24,21 @@ struct Target {
   std::string hf_name;
   std::vector<int64_t> shape;  // HF (row-major) shape
   int64_t permute_heads = 0;   // > 0: un-permute q/k rows with this many heads
+  bool minus_one = false;      // Gemma 3's norms: stored 1 + w, HF's w
 };
 
 // Per-layer GGUF suffix -> HF suffix and shape.
 Result<Target> layer_target(const GgufArch& a, const std::string& suffix, const std::string& p) {
   const int64_t q = a.heads * a.head_dim, kv = a.kv_heads * a.head_dim;
   const int64_t heads = a.permuted_qk ? a.heads : 0, kv_heads = a.permuted_qk ? a.kv_heads : 0;
+  if (a.gemma3) {  // four norms per layer: around attention and around the MLP
+    if (suffix == "post_attention_norm.weight")
+      return Target{p + "post_attention_layernorm.weight", {a.hidden}};
+    if (suffix == "ffn_norm.weight")
+      return Target{p + "pre_feedforward_layernorm.weight", {a.hidden}};
+    if (suffix == "post_ffw_norm.weight")
+      return Target{p + "post_feedforward_layernorm.weight", {a.hidden}};
+  }
   if (suffix == "attn_norm.weight") return Target{p + "input_layernorm.weight", {a.hidden}};
   if (suffix == "ffn_norm.weight") return Target{p + "post_attention_layernorm.weight", {a.hidden}};
   if (a.fused && suffix == "attn_qkv.weight")  // Phi-3: HF's fused names (hf_names.h splits them)
@@ -59,7 +70,10 @@ Result<Target> layer_target(const GgufArch& a, const std::string& suffix, const 
 }
 
 // GGUF name -> HF name, shape and permutation.
-Result<Target> target_of(const GgufArch& a, const std::string& name) {
+Result<Target> mapped_target(const GgufArch& a, const std::string& name) {
+  if (name.rfind("v.", 0) == 0 || name.rfind("mm.", 0) == 0)
+    return Status::Error("belongs to a vision tower or multimodal projector; miles convert reads " +
+                         a.hf_class + " text models only");
   if (name == "token_embd.weight") return Target{"model.embed_tokens.weight", {a.vocab, a.hidden}};
   if (name == "output_norm.weight") return Target{"model.norm.weight", {a.hidden}};
   if (name == "output.weight") return Target{"lm_head.weight", {a.vocab, a.hidden}};
@@ -74,6 +88,15 @@ Result<Target> target_of(const GgufArch& a, const std::string& name) {
     return layer_target(a, name.substr(dot + 1), "model.layers." + std::to_string(layer) + ".");
   }
   return Status::Error("has no Hugging Face counterpart in " + a.hf_class);
+}
+
+// GGUF name -> HF name, shape, permutation and norm shift.
+Result<Target> target_of(const GgufArch& a, const std::string& name) {
+  MILES_ASSIGN_OR_RETURN(Target t, mapped_target(a, name));
+  const std::string norm = "norm.weight";  // every norm's name ends so, and nothing else's
+  t.minus_one = a.gemma3 && name.size() >= norm.size() &&
+                name.compare(name.size() - norm.size(), norm.size(), norm) == 0;
+  return t;
 }
 
 // HF row h*hd + j*hd/2 + i <- GGUF row h*hd + 2i + j, for each of `heads` heads.
@@ -119,6 +142,7 @@ Result<std::vector<std::pair<std::string, Tensor>>> gguf_hf_tensors(const GgufFi
                                       "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
     if (a.fused) parts = {"attn_norm", "ffn_norm", "attn_qkv", "attn_output", "ffn_up", "ffn_down"};
     if (a.qk_norm) parts.insert(parts.end(), {"attn_q_norm", "attn_k_norm"});
+    if (a.gemma3) parts.insert(parts.end(), {"post_attention_norm", "post_ffw_norm"});
     for (std::string& part : parts) part += ".weight";
     if (a.qkv_bias) parts.insert(parts.end(), {"attn_q.bias", "attn_k.bias", "attn_v.bias"});
     for (const std::string& part : parts) {
@@ -134,6 +158,10 @@ Result<std::vector<std::pair<std::string, Tensor>>> gguf_hf_tensors(const GgufFi
     const auto& [info, target] = entry;
     MILES_ASSIGN_OR_RETURN(Tensor t, f.dequantize(*info));
     if (target.permute_heads > 0) t = unpermute_rows(t, target.permute_heads);
+    if (target.minus_one) {
+      float* x = t.mutable_data<float>();
+      for (int64_t i = 0; i < t.numel(); ++i) x[i] -= 1.0f;
+    }
     out.emplace_back(hf_name, std::move(t));
   }
   return out;
