@@ -181,8 +181,9 @@ def generator_for(name: str) -> torch.Generator:
 def init_weights(model: torch.nn.Module, name: str) -> None:
     """Overwrite every parameter with seeded normals, scaled so activations and logits are O(1).
 
-    Norm weights are 1 + 0.2·N(0,1) (so an implementation that drops a norm weight fails), linear weights
-    N(0,1)·gain/sqrt(fan_in), the input embedding N(0,1)·0.5 (0.3 when tied to the LM head), the untied LM head
+    Norm weights are 1 + 0.2·N(0,1) (Gemma's, which multiply by 1 + weight: 0.2·N(0,1)) (so an implementation that drops a norm weight fails), linear weights
+    N(0,1)·gain/sqrt(fan_in), the input embedding N(0,1)·0.5 (0.3 when tied to the LM head; Gemma's, scaled by
+    sqrt(hidden) in the forward, 0.15), the untied LM head
     N(0,1)·2.5/sqrt(hidden), the MoE router N(0,1)·2/sqrt(hidden) (peaked routing, clear top-k margins).
     """
     g = generator_for(name)
@@ -192,6 +193,11 @@ def init_weights(model: torch.nn.Module, name: str) -> None:
         noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
         if pname.endswith("norm.weight"):  # Gemma's norms multiply by (1 + weight)
             val = (0.0 if "gemma" in name else 1.0) + 0.2 * noise
+        elif "embed_tokens" in pname and "gemma" in name:
+            # Gemma multiplies the rows by sqrt(hidden) = 8: 0.15 keeps them near the blocks' normed
+            # outputs, so the tied head does not just repeat the input token (0.3: every sample of
+            # `miles check` would be one token repeated, with no reward variance to train on).
+            val = noise * 0.15
         elif "embed_tokens" in pname:
             val = noise * (0.3 if tied else 0.5)
         elif pname == "lm_head.weight":

@@ -6,8 +6,11 @@
 
 #include <array>
 #include <cstdio>
+#include <sstream>
 #include <string>
+#include <vector>
 
+#include "nlohmann/json.hpp"
 #include "test_paths.h"
 
 namespace miles::test {
@@ -38,6 +41,18 @@ inline CliRun run_miles(const std::string& args, bool with_stderr = true) {
 // relative to it.
 inline CliRun run_miles_in_source(const std::string& args) {
   return run_shell("cd '" + source_dir() + "' && " + miles_binary() + " " + args + " 2>&1");
+}
+
+// The JSON lines of a run's output that report a step (`miles sft`'s).
+inline std::vector<nlohmann::json> steps_of(const std::string& out) {
+  std::vector<nlohmann::json> v;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("step")) v.push_back(j);
+  }
+  return v;
 }
 
 }  // namespace miles::test

