@@ -85,8 +85,9 @@ TEST(TrainCheckpoint, IsAnHfDirectoryOurLoaderReadsToTheSameLogits) {
 TEST(TrainCheckpoint, ExportForTransformers) {
   const char* out = std::getenv("MILES_EXPORT_DIR");
   if (!out) GTEST_SKIP() << "MILES_EXPORT_DIR not set (tests/reference/check_hf_export.sh sets it)";
-  for (const std::string name : {"llama", "llama_tied", "qwen3", "qwen3_moe", "llama_rope_llama3",
-                                 "llama_rope_yarn", "stories260K"}) {
+  for (const std::string name :
+       {"llama", "llama_tied", "qwen3", "qwen3_moe", "llama_rope_llama3", "llama_rope_yarn",
+        "llama_bias", "qwen2", "mistral", "gemma3", "stories260K"}) {
     if (name == "stories260K" && !test::shared_available()) continue;
     const Source src = load_source(name);
     auto t = make_trainer(src);

@@ -100,7 +100,13 @@ ordered_json rope_scaling_json(const RopeConfig& r) {
 // rope_parameters keyed by layer type when the sliding layers' RoPE is not a default one).
 void gemma3_json(const ModelConfig& c, ordered_json& j) {
   j["hidden_activation"] = "gelu_pytorch_tanh";
-  j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
+  // Gemma3TextConfig is strict: an int (its declared type) when the value is whole.
+  const double q = c.query_pre_attn_scalar;
+  if (q == static_cast<double>(static_cast<int64_t>(q))) {
+    j["query_pre_attn_scalar"] = static_cast<int64_t>(q);
+  } else {
+    j["query_pre_attn_scalar"] = q;
+  }
   j["sliding_window"] = c.sliding_window;
   ordered_json types = ordered_json::array();
   for (bool s : c.sliding_layers) types.push_back(s ? "sliding_attention" : "full_attention");
