@@ -79,11 +79,11 @@ TEST_F(Gemma3_270m, GreedyContinuationIsTransformers) {
   constexpr int32_t kEos = 1;
   ThreadPool pool(0);
   const std::vector<int32_t> answer = test::greedy(*model_, prompt, 24, kEos, &pool);
+  EXPECT_EQ(answer, want);
   auto tok = load_tokenizer(model_dir() + "/tokenizer.json", 0);
   ASSERT_TRUE(tok.ok()) << tok.message();
-  const std::string text = (*tok)->decode(answer);
-  std::printf("[ gemma3   ] greedy continuation: %s\n", text.c_str());
-  EXPECT_EQ(answer, want) << "transformers continued: " << (*tok)->decode(want);
+  std::printf("[ gemma3   ] greedy continuation: %s\n", (*tok)->decode(answer).c_str());
+  EXPECT_EQ((*tok)->decode(want), (*tok)->decode(answer));
 }
 
 // The converted tokenizer.json (a 262k SentencePiece vocabulary) gives transformers' ids.

@@ -215,6 +215,12 @@ TEST(ModelConfig, Gemma3LayersRopesAndRefusals) {
   EXPECT_EQ(c.rope.theta, 10000.0);  // the file's rope_theta (the full layers')
   EXPECT_EQ(c.rope_local.theta, 10000.0);
   EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.pad_token_id, 0);  // Gemma3TextConfig's default: its embedding's padding_idx
+  auto padded = parse_model_config(llama_with("pad_token_id", "7"), kSrc);
+  ASSERT_TRUE(padded.ok());
+  EXPECT_EQ(padded->pad_token_id, 7);
+  EXPECT_EQ(parse_model_config(model_config_to_hf_json(*padded), kSrc)->pad_token_id, 7);
+  EXPECT_EQ(parse_model_config(kLlama, kSrc)->pad_token_id, -1);
   auto pattern = parse_model_config(with("sliding_window_pattern", "2"), kSrc);
   ASSERT_TRUE(pattern.ok()) << pattern.message();
   for (int l = 0; l < 5; ++l) {

@@ -154,7 +154,7 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
   j["attention_dropout"] = 0.0;
   if (biases) j["mlp_bias"] = c.mlp_bias;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
-  j["pad_token_id"] = c.pad_token_id >= 0 ? ordered_json(c.pad_token_id) : ordered_json();
+  if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
   if (c.eos_token_ids.size() == 1) {
     j["eos_token_id"] = c.eos_token_ids[0];
   } else if (!c.eos_token_ids.empty()) {
