@@ -25,9 +25,9 @@ int run_convert(const ConvertFlags& o) {
   if (!s.ok()) return fail("convert", s.message());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
-      "miles convert: wrote %s (%s, %lld tensors, %.1f M parameters as float32) in %.1f s\n",
+      "miles convert: wrote %s (%s, %lld tensors, %.1f M parameters as float32; %s) in %.1f s\n",
       o.out.c_str(), s->architecture.c_str(), static_cast<long long>(s->tensors),
-      static_cast<double>(s->parameters) / 1e6, secs);
+      static_cast<double>(s->parameters) / 1e6, s->tokenizer_file.c_str(), secs);
   return 0;
 }
 

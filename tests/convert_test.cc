@@ -16,6 +16,7 @@
 #include "miles/checkpoint.h"
 #include "miles/model.h"
 #include "miles/thread_pool.h"
+#include "miles/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "test_paths.h"
 
@@ -832,6 +833,37 @@ TEST(ConvertTokenizer, SentencePieceIsRefused) {
   ASSERT_FALSE(files.ok());
   EXPECT_NE(files.message().find("'tokenizer.ggml.model' is 'llama'"), std::string::npos)
       << files.message();
+}
+
+// What miles convert keeps instead (tokenizer.gguf): the vocabulary's tokenizer.* keys as a
+// vocabulary-only GGUF, which encodes every one of llama.cpp's test strings as the original file
+// does (and so as llama.cpp: tokenizer_gguf_test checks the original against its vectors).
+TEST(ConvertTokenizer, SentencePieceKeptAsAVocabularyOnlyGguf) {
+  MILES_REQUIRE_SHARED();
+  const std::string vocab = test::shared_dir() + "/tokenizers/llama.cpp-vocab/ggml-vocab-llama-spm";
+  auto f = GgufFile::open(vocab + ".gguf");
+  ASSERT_TRUE(f.ok()) << f.message();
+  std::map<std::string, GgufValue> keys;
+  for (const auto& [key, v] : f->metadata())
+    if (key.starts_with("tokenizer.")) keys.emplace(key, v);
+  auto image = std::make_shared<std::string>(gguf_metadata_image(keys));
+  auto kept = GgufFile::parse(reinterpret_cast<const uint8_t*>(image->data()), image->size(),
+                              "tokenizer.gguf", image);
+  ASSERT_TRUE(kept.ok()) << kept.message();
+  auto a = gguf_tokenizer(*f);
+  auto b = gguf_tokenizer(*kept);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.message() << b.message();
+  const std::string inp = read_text(vocab + ".gguf.inp");
+  int strings = 0;
+  for (size_t at = 0; at < inp.size();) {
+    size_t end = inp.find("\n__ggml_vocab_test__\n", at);
+    if (end == std::string::npos) end = inp.size();
+    const std::string text = inp.substr(at, end - at);
+    EXPECT_EQ((*a)->encode(text, true), (*b)->encode(text, true)) << text;
+    ++strings;
+    at = end + 22;
+  }
+  EXPECT_GT(strings, 20);
 }
 
 TEST(ConvertTokenizer, BadMetadataIsNamed) {

@@ -80,16 +80,17 @@ TEST_F(Gemma3_270m, GreedyContinuationIsTransformers) {
   ThreadPool pool(0);
   const std::vector<int32_t> answer = test::greedy(*model_, prompt, 24, kEos, &pool);
   EXPECT_EQ(answer, want);
-  auto tok = load_tokenizer(model_dir() + "/tokenizer.json", 0);
+  auto tok = load_tokenizer(model_dir(), 0);
   ASSERT_TRUE(tok.ok()) << tok.message();
   std::printf("[ gemma3   ] greedy continuation: %s\n", (*tok)->decode(answer).c_str());
   EXPECT_EQ((*tok)->decode(want), (*tok)->decode(answer));
 }
 
-// The converted tokenizer.json (a 262k SentencePiece vocabulary) gives transformers' ids.
+// The converted tokenizer (a 262k SentencePiece vocabulary, kept by miles convert as the GGUF's
+// tokenizer metadata in tokenizer.gguf) gives transformers' ids.
 TEST_F(Gemma3_270m, ConvertedTokenizerGivesTransformersIds) {
   MILES_REQUIRE_GEMMA3();
-  auto tok = load_tokenizer(model_dir() + "/tokenizer.json", 0);
+  auto tok = load_tokenizer(model_dir(), 0);
   ASSERT_TRUE(tok.ok()) << tok.message();
   auto meta = read_safetensors_metadata(test::data_dir() + "/gemma3_270m/goldens.safetensors");
   ASSERT_TRUE(meta.ok()) << meta.message();
@@ -117,9 +118,8 @@ TEST(Gemma3_270mSft, OneStepTrains) {
   using test::run_miles;
   using test::steps_of;
   for (int threads : {1, 2}) {
-    CliRun r = run_miles("sft --model " + model_dir() + " --tokenizer " + model_dir() +
-                         "/tokenizer.json --data " + dir +
-                         "/data.jsonl --steps 1 --lr 1e-5 --batch-size 2 --threads " +
+    CliRun r = run_miles("sft --model " + model_dir() + " --tokenizer " + model_dir() + " --data " +
+                         dir + "/data.jsonl --steps 1 --lr 1e-5 --batch-size 2 --threads " +
                          std::to_string(threads));
     ASSERT_EQ(r.exit_code, 0) << r.out;
     steps[threads - 1] = steps_of(r.out);

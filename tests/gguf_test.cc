@@ -77,6 +77,31 @@ TEST(Gguf, MetadataOfEveryValueType) {
   EXPECT_EQ(f->find("test.bools")->elem, GgufType::kBool);
 }
 
+// gguf_metadata_image (what miles convert writes as tokenizer.gguf): every key of every value
+// type read back with its type and value; the image has no tensors.
+TEST(Gguf, MetadataImageReadsBackEveryKey) {
+  auto f = GgufFile::open(fixture("types.gguf"));
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto image = std::make_shared<std::string>(gguf_metadata_image(f->metadata()));
+  auto back = GgufFile::parse(reinterpret_cast<const uint8_t*>(image->data()), image->size(),
+                              "image", image);
+  ASSERT_TRUE(back.ok()) << back.message();
+  EXPECT_TRUE(back->tensors().empty());
+  ASSERT_EQ(back->metadata().size(), f->metadata().size());
+  for (const auto& [key, v] : f->metadata()) {
+    const GgufValue* w = back->find(key);
+    ASSERT_NE(w, nullptr) << key;
+    EXPECT_EQ(w->type, v.type) << key;
+    EXPECT_EQ(w->elem, v.elem) << key;
+    EXPECT_EQ(w->i, v.i) << key;
+    EXPECT_EQ(w->f, v.f) << key;
+    EXPECT_EQ(w->s, v.s) << key;
+    EXPECT_EQ(w->ints, v.ints) << key;
+    EXPECT_EQ(w->floats, v.floats) << key;
+    EXPECT_EQ(w->strings, v.strings) << key;
+  }
+}
+
 TEST(Gguf, GetterErrorsNameFileAndKey) {
   auto f = GgufFile::open(fixture("types.gguf"));
   ASSERT_TRUE(f.ok()) << f.message();

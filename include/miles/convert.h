@@ -48,11 +48,16 @@ struct ConvertSummary {
   std::string architecture;  // "LlamaForCausalLM"
   int64_t tensors = 0;
   int64_t parameters = 0;
+  // "tokenizer.json", or "tokenizer.gguf": the vocabulary kept as a vocabulary-only GGUF (its
+  // tokenizer.* keys) where tokenizer.json cannot express it yet (SentencePiece vocabularies);
+  // load_tokenizer finds either in the directory.
+  std::string tokenizer_file;
 };
 
 // Writes config.json, generation_config.json, model.safetensors (float32), tokenizer.json and
-// tokenizer_config.json into out_dir. Everything is written into a temporary sibling directory that
-// is renamed to out_dir at the end, so a failed conversion leaves no partial out_dir.
+// tokenizer_config.json (or tokenizer.gguf, ConvertSummary::tokenizer_file) into out_dir.
+// Everything is written into a temporary sibling directory that is renamed to out_dir at the end,
+// so a failed conversion leaves no partial out_dir.
 Result<ConvertSummary> convert_gguf(const std::string& gguf_path, const std::string& out_dir,
                                     const ConvertOptions& options = {});
 

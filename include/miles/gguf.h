@@ -73,6 +73,11 @@ struct GgufTensorInfo {
   const uint8_t* data = nullptr;  // inside the mapping, bounds-checked
 };
 
+// A GGUF (version 3) holding only `metadata`, no tensors: a vocabulary-only file, as llama.cpp's
+// ggml-vocab-*.gguf. Each value keeps its type (an array its element type). The bytes; the caller
+// writes them.
+std::string gguf_metadata_image(const std::map<std::string, GgufValue>& metadata);
+
 class GgufFile {
  public:
   static Result<GgufFile> open(const std::string& path);

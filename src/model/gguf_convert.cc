@@ -14,6 +14,8 @@
 
 #include "miles/checkpoint.h"
 #include "miles/convert.h"
+#include "miles/gguf.h"
+#include "miles/tokenizer.h"
 #include "model/gguf_convert_arch.h"
 
 namespace miles {
@@ -41,21 +43,37 @@ Status write_text(const fs::path& path, const std::string& text) {
   return Status::Ok();
 }
 
-// All five files of the HF directory into `dir` (which exists and is empty).
+// tokenizer.json + tokenizer_config.json, or where the tokenizer.json writer cannot express the
+// vocabulary but miles' GGUF tokenizer reads it (SentencePiece: Gemma 3, Phi-3, Llama 2), the
+// file's tokenizer.* metadata as a vocabulary-only tokenizer.gguf. Neither: the writer's error.
+Result<std::string> write_tokenizer(const GgufFile& f, const fs::path& dir) {
+  Result<HfTokenizerFiles> tok = gguf_tokenizer_files(f);
+  if (tok.ok()) {
+    MILES_RETURN_IF_ERROR(write_text(dir / "tokenizer.json", tok->tokenizer_json));
+    MILES_RETURN_IF_ERROR(write_text(dir / "tokenizer_config.json", tok->tokenizer_config_json));
+    return std::string("tokenizer.json");
+  }
+  if (!gguf_tokenizer(f).ok()) return tok.status();
+  std::map<std::string, GgufValue> vocab;
+  for (const auto& [key, value] : f.metadata())
+    if (key.starts_with("tokenizer.")) vocab.emplace(key, value);
+  MILES_RETURN_IF_ERROR(write_text(dir / "tokenizer.gguf", gguf_metadata_image(vocab)));
+  return std::string("tokenizer.gguf");
+}
+
+// All files of the HF directory into `dir` (which exists and is empty).
 Result<ConvertSummary> write_files(const GgufFile& f, const fs::path& dir) {
   MILES_ASSIGN_OR_RETURN(const gguf::GgufArch arch, gguf::read_gguf_arch(f));
   MILES_ASSIGN_OR_RETURN(const std::string config, gguf_config_json(f));
   MILES_ASSIGN_OR_RETURN(const std::string generation, gguf_generation_config_json(f));
-  MILES_ASSIGN_OR_RETURN(const HfTokenizerFiles tok, gguf_tokenizer_files(f));
+  ConvertSummary s;
+  MILES_ASSIGN_OR_RETURN(s.tokenizer_file, write_tokenizer(f, dir));
   MILES_ASSIGN_OR_RETURN(const auto tensors, gguf_hf_tensors(f));
   MILES_RETURN_IF_ERROR(write_text(dir / "config.json", config));
   MILES_RETURN_IF_ERROR(write_text(dir / "generation_config.json", generation));
-  MILES_RETURN_IF_ERROR(write_text(dir / "tokenizer.json", tok.tokenizer_json));
-  MILES_RETURN_IF_ERROR(write_text(dir / "tokenizer_config.json", tok.tokenizer_config_json));
   const std::string source = fs::path(f.path()).filename().string();
   MILES_RETURN_IF_ERROR(write_safetensors((dir / "model.safetensors").string(), tensors,
                                           {{"format", "pt"}, {"converted_from", source}}));
-  ConvertSummary s;
   s.architecture = arch.hf_class;
   s.tensors = static_cast<int64_t>(tensors.size());
   for (const auto& [name, t] : tensors) s.parameters += t.numel();

@@ -2,8 +2,9 @@
 // reader.
 //
 // Why: callers (CLI, rollout engine) hold a path from a config, not a format. Recognition happens
-// once, here: a directory means the tokenizer.json inside it, a .json file is a Hugging Face
-// tokenizer, the GGUF magic means GGUF metadata, anything else is a llama2.c tokenizer file.
+// once, here: a directory means the tokenizer.json inside it (else a tokenizer.gguf), a .json file
+// is a Hugging Face tokenizer, the GGUF magic means GGUF metadata, anything else is a llama2.c
+// tokenizer file.
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -35,9 +36,12 @@ Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path,
   if (fs::is_directory(path, ec)) {
     const fs::path json = fs::path(path) / "tokenizer.json";
     if (fs::exists(json, ec)) return load_hf_tokenizer(json.string());
+    // miles convert's vocabulary-only GGUF, for vocabularies tokenizer.json cannot express yet
+    const fs::path vocab = fs::path(path) / "tokenizer.gguf";
+    if (fs::exists(vocab, ec)) return load_gguf_tokenizer(vocab.string());
     return Status::Error(path +
-                         ": is a directory without tokenizer.json; pass a tokenizer.json, a GGUF "
-                         "file or a llama2.c tokenizer .bin file");
+                         ": is a directory without tokenizer.json (or tokenizer.gguf); pass a "
+                         "tokenizer.json, a GGUF file or a llama2.c tokenizer .bin file");
   }
   if (ends_with(path, ".json")) return load_hf_tokenizer(path);
   if (starts_with_gguf_magic(path)) return load_gguf_tokenizer(path);
