@@ -1,15 +1,17 @@
 // Tokenizers from GGUF metadata (tokenizer.ggml.*), configured as llama.cpp configures them.
 //
 // Why llama.cpp's reading: a GGUF names its pre-tokenizer (tokenizer.ggml.pre) instead of spelling
-// it out, and the meaning of each name is llama.cpp's: "gpt-2" the GPT-2 regex, "qwen2" the Qwen2
-// regex, "smollm" every digit alone then the GPT-2 regex, "llama-bpe" the Llama-3 regex with
-// ignore_merges. There is no normalizer (llama.cpp applies none to BPE vocabularies), and added
-// tokens are the entries typed control, user-defined or unknown, matched longest first. Errors
-// name the file and the key.
+// it out, and the meaning of each name is llama.cpp's (gguf_pre_tokenizer.h: its regexes, whether
+// merges are ignored, whether BOS is added by default). There is no normalizer (llama.cpp applies
+// none to BPE vocabularies), and added tokens are the entries typed control, user-defined or
+// unknown, matched longest first. Errors name the file and the key.
+#include <spdlog/spdlog.h>
+
 #include "miles/gguf.h"
 #include "miles/tokenizer.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/gguf_pre_tokenizer.h"
 #include "tokenizer/spm_tokenizer.h"
 
 namespace miles {
@@ -42,28 +44,23 @@ Result<int32_t> token_id_key(const GgufFile& f, const std::string& key, int64_t 
   return static_cast<int32_t>(id);
 }
 
+// The pre-tokenizer tokenizer.ggml.pre names, from llama.cpp's table (gguf_pre_tokenizer.h): each
+// regex an Isolated split.
 Result<std::vector<PreTokenizerStep>> pre_tokenizer_for(const GgufFile& f, const std::string& pre,
-                                                        bool* ignore_merges) {
-  auto split = [](tokenizer::SplitPattern p) {
+                                                        tokenizer::GgufPreTokenizer* def) {
+  auto found = tokenizer::gguf_pre_tokenizer(pre);
+  if (!found.ok()) return key_error(f, "tokenizer.ggml.pre", found.message());
+  *def = std::move(found).value();
+  std::vector<PreTokenizerStep> steps;
+  for (const std::string_view regex : def->regexes) {
     PreTokenizerStep s;
     s.kind = PreTokenizerStep::Kind::kSplitRegex;
-    s.pattern = p;
-    return s;
-  };
-  if (pre == "gpt-2") return std::vector<PreTokenizerStep>{split(tokenizer::SplitPattern::kGpt2)};
-  if (pre == "qwen2") return std::vector<PreTokenizerStep>{split(tokenizer::SplitPattern::kQwen2)};
-  if (pre == "llama-bpe" || pre == "llama3") {
-    *ignore_merges = true;
-    return std::vector<PreTokenizerStep>{split(tokenizer::SplitPattern::kLlama3)};
+    auto re = tokenizer::SplitRegex::compile(regex);  // a test compiles every pattern of the table
+    if (!re.ok()) return key_error(f, "tokenizer.ggml.pre", re.message());
+    s.regex = std::move(re).value();
+    steps.push_back(std::move(s));
   }
-  if (pre == "smollm") {
-    PreTokenizerStep digits;
-    digits.kind = PreTokenizerStep::Kind::kDigits;
-    digits.individual_digits = true;
-    return std::vector<PreTokenizerStep>{digits, split(tokenizer::SplitPattern::kGpt2)};
-  }
-  return key_error(f, "tokenizer.ggml.pre",
-                   "\"" + pre + "\" is not supported (gpt-2, qwen2, smollm, llama-bpe)");
+  return steps;
 }
 
 Result<std::vector<int32_t>> token_types(const GgufFile& f, size_t n) {
@@ -82,9 +79,16 @@ Result<std::unique_ptr<Tokenizer>> gpt2_tokenizer(const GgufFile& f,
                                                   std::vector<int32_t> types) {
   tokenizer::BpeTokenizerSpec spec;
   const auto n = static_cast<int64_t>(tokens.size());
-  MILES_ASSIGN_OR_RETURN(const std::string pre, f.get_string("tokenizer.ggml.pre"));
-  MILES_ASSIGN_OR_RETURN(spec.pre_tokenizer,
-                         pre_tokenizer_for(f, pre, &spec.options.ignore_merges));
+  std::string pre;  // llama.cpp reads a missing name as "default"
+  if (f.find("tokenizer.ggml.pre")) {
+    MILES_ASSIGN_OR_RETURN(pre, f.get_string("tokenizer.ggml.pre"));
+  } else {
+    spdlog::warn("{}: no tokenizer.ggml.pre; using llama.cpp's \"default\" pre-tokenizer",
+                 f.path());
+  }
+  tokenizer::GgufPreTokenizer def;
+  MILES_ASSIGN_OR_RETURN(spec.pre_tokenizer, pre_tokenizer_for(f, pre, &def));
+  spec.options.ignore_merges = def.ignore_merges;
   spec.options.byte_level = true;
   std::unordered_map<std::string, int32_t> lookup;  // as stored; later ids win (llama.cpp)
   for (int32_t id = 0; id < n; ++id) lookup[tokens[id]] = id;
@@ -126,7 +130,7 @@ Result<std::unique_ptr<Tokenizer>> gpt2_tokenizer(const GgufFile& f,
   MILES_ASSIGN_OR_RETURN(spec.bos_id, token_id_key(f, "tokenizer.ggml.bos_token_id", n));
   MILES_ASSIGN_OR_RETURN(spec.eos_id, token_id_key(f, "tokenizer.ggml.eos_token_id", n));
   MILES_ASSIGN_OR_RETURN(const bool add_bos,
-                         optional_bool(f, "tokenizer.ggml.add_bos_token", pre == "llama-bpe"));
+                         optional_bool(f, "tokenizer.ggml.add_bos_token", def.add_bos));
   MILES_ASSIGN_OR_RETURN(const bool add_eos,
                          optional_bool(f, "tokenizer.ggml.add_eos_token", false));
   if (add_bos && spec.bos_id >= 0) spec.prefix.push_back(spec.bos_id);
