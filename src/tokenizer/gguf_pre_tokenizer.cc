@@ -7,7 +7,9 @@
 // the table holds the original: it is what the model was trained with, and it is what HF
 // `tokenizers` runs. llama.cpp's GPT-2 regex lacks the final `|\s+` of the original; split as
 // llama.cpp splits (a whitespace code point no alternative matches becomes a piece of its own) the
-// two cut every text the same way, so the table holds the original, which has a scanner.
+// two cut every text the same way, so the table holds the original, which has a scanner. DBRX,
+// Smaug and ChatGLM-4 get the Llama-3 regex (llama.cpp spells only its adapted form for them).
+// Names that share a definition share its array.
 #include "tokenizer/gguf_pre_tokenizer.h"
 
 #include <span>
@@ -61,26 +63,15 @@ constexpr std::string_view kFalcon[] = {
     R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
     R"re([0-9][0-9][0-9])re",
 };
-constexpr std::string_view kMpt[] = {
+constexpr std::string_view kGpt2[] = {
     R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
 };
 constexpr std::string_view kStarcoder[] = {
     R"re(\p{N})re",
     R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
 };
-constexpr std::string_view kGpt2[] = {
-    R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
-};
 constexpr std::string_view kJais2[] = {
     R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1})re",
-};
-constexpr std::string_view kRefact[] = {
-    R"re(\p{N})re",
-    R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kCommandR[] = {
-    R"re(\p{N})re",
-    R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
 };
 constexpr std::string_view kQwen2[] = {
     R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
@@ -88,51 +79,15 @@ constexpr std::string_view kQwen2[] = {
 constexpr std::string_view kQwen35[] = {
     R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
 };
-constexpr std::string_view kStablelm2[] = {
-    R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kOlmo[] = {
-    R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kDbrx[] = {
-    R"re((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kSmaug[] = {
-    R"re((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
-};
 constexpr std::string_view kPoro[] = {
     R"re( ?[^(\s|.,!?…。，、।۔،)]+)re",
-};
-constexpr std::string_view kChatglm4[] = {
-    R"re((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
 };
 constexpr std::string_view kViking[] = {
     R"re( ?[^(\s|.,!?…。，、।۔،)]+)re",
     R"re(\p{N})re",
 };
-constexpr std::string_view kJais[] = {
-    R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
-};
 constexpr std::string_view kTekken[] = {
     R"re([^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kSmollm[] = {
-    R"re(\p{N})re",
-    R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kCodeshell[] = {
-    R"re(\p{N})re",
-    R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kBloom[] = {
-    R"re( ?[^(\s|.,!?…。，、।۔،)]+)re",
-};
-constexpr std::string_view kGpt3Finnish[] = {
-    R"re( ?[^(\s|.,!?…。，、।۔،)]+)re",
-};
-constexpr std::string_view kExaone[] = {
-    R"re(\p{N})re",
-    R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
 };
 constexpr std::string_view kExaoneMoe[] = {
     R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+)re",
@@ -143,10 +98,6 @@ constexpr std::string_view kChameleon[] = {
     R"re(([\t\n]|    |  ))re",
     R"re(\p{N})re",
     R"re([\p{P}!-/:-@\[-`{-~])re",
-    R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kMinerva[] = {
-    R"re(\p{N})re",
     R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
 };
 constexpr std::string_view kGpt4o[] = {
@@ -163,55 +114,18 @@ constexpr std::string_view kSuperbpe[] = {
     R"re(\p{N}+)re",
     R"re((?=(\d{3})+(?!\d)))re",
 };
-constexpr std::string_view kTrillion[] = {
-    R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kGraniteDocling[] = {
-    R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
-};
 constexpr std::string_view kBailingmoe[] = {
     R"re('(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+)re",
 };
 constexpr std::string_view kSeedCoder[] = {
     R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+)re",
 };
-constexpr std::string_view kHunyuan[] = {
-    R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kHunyuanDense[] = {
-    R"re(\p{N}{1,3})re",
-    R"re([一-龥぀-ゟ゠-ヿ]+)re",
-    R"re([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kHyV4[] = {
-    R"re(\p{N}{1,3})re",
-    R"re([一-龥぀-ゟ゠-ヿ]+)re",
-    R"re([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kJoyaiLlm[] = {
-    R"re(\p{N}{1,3})re",
-    R"re([一-龥぀-ゟ゠-ヿ]+)re",
-    R"re([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
-};
 constexpr std::string_view kUfakzeka[] = {
     R"re([^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kGrok2[] = {
-    R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
 };
 constexpr std::string_view kLaguna[] = {
     R"re([^\n]+|[\n]+)re",
     R"re((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kMinimaxM2[] = {
-    R"re([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kSolarOpen[] = {
-    R"re((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
-};
-constexpr std::string_view kMellum2[] = {
-    R"re(\p{N})re",
-    R"re('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)re",
 };
 
 struct Entry {
@@ -239,7 +153,7 @@ const Entry kEntries[] = {
     {"spark2_5", kSpark25, false, false, {}},
     {"youtu", kYoutu, true, false, {}},
     {"falcon", kFalcon, false, false, {}},
-    {"mpt", kMpt, false, false, {}},
+    {"mpt", kGpt2, false, false, {}},
     {"starcoder", kStarcoder, false, false, {}},
     {"gpt-2", kGpt2, false, false, {}},
     {"phi-2", kGpt2, false, false, {}},
@@ -253,33 +167,33 @@ const Entry kEntries[] = {
     {"modern-bert", kGpt2, false, false, {}},
     {"exaone4", kGpt2, false, false, {}},
     {"jais-2", kJais2, false, false, {}},
-    {"refact", kRefact, false, false, {}},
-    {"command-r", kCommandR, false, false, {}},
+    {"refact", kStarcoder, false, false, {}},
+    {"command-r", kStarcoder, false, false, {}},
     {"qwen2", kQwen2, false, false, {}},
     {"deepseek-r1-qwen", kQwen2, false, false, {}},
     {"kormo", kQwen2, false, false, {}},
     {"f2llmv2", kQwen2, false, false, {}},
     {"megrez", kQwen2, false, false, {}},
     {"qwen35", kQwen35, false, false, {}},
-    {"stablelm2", kStablelm2, false, false, {}},
-    {"olmo", kOlmo, false, false, {}},
-    {"dbrx", kDbrx, false, false, {}},
-    {"smaug-bpe", kSmaug, false, false, {}},
+    {"stablelm2", kQwen2, false, false, {}},
+    {"olmo", kGpt2, false, false, {}},
+    {"dbrx", kLlama3, false, false, {}},
+    {"smaug-bpe", kLlama3, false, false, {}},
     {"poro-chat", kPoro, false, false, {}},
-    {"chatglm-bpe", kChatglm4, false, false, {}},
-    {"glm4", kChatglm4, true, false, {}},
-    {"glm5", kChatglm4, true, false, {}},
+    {"chatglm-bpe", kLlama3, false, false, {}},
+    {"glm4", kLlama3, true, false, {}},
+    {"glm5", kLlama3, true, false, {}},
     {"viking", kViking, false, false, {}},
-    {"jais", kJais, false, false, {}},
+    {"jais", kGpt2, false, false, {}},
     {"tekken", kTekken, true, true, {}},
-    {"smollm", kSmollm, false, false, {}},
-    {"codeshell", kCodeshell, false, false, {}},
-    {"bloom", kBloom, false, false, {}},
-    {"gpt3-finnish", kGpt3Finnish, false, false, {}},
-    {"exaone", kExaone, false, false, {}},
+    {"smollm", kStarcoder, false, false, {}},
+    {"codeshell", kStarcoder, false, false, {}},
+    {"bloom", kPoro, false, false, {}},
+    {"gpt3-finnish", kPoro, false, false, {}},
+    {"exaone", kStarcoder, false, false, {}},
     {"exaone-moe", kExaoneMoe, false, false, {}},
     {"chameleon", kChameleon, false, true, {}},
-    {"minerva-7b", kMinerva, false, false, {}},
+    {"minerva-7b", kStarcoder, false, false, {}},
     {"gpt-4o", kGpt4o, false, false, {}},
     {"llama4", kGpt4o, false, false, {}},
     {"kanana2", kGpt4o, false, false, {}},
@@ -288,22 +202,22 @@ const Entry kEntries[] = {
     {"tiny_aya", kTinyAya, false, false, {}},
     {"cohere2moe", kTinyAya, false, false, {}},
     {"superbpe", kSuperbpe, false, false, {}},
-    {"trillion", kTrillion, false, false, {}},
-    {"granite-docling", kGraniteDocling, false, false, {}},
+    {"trillion", kGpt2, false, false, {}},
+    {"granite-docling", kGpt2, false, false, {}},
     {"bailingmoe", kBailingmoe, false, false, {}},
     {"bailingmoe2", kBailingmoe, false, false, {}},
     {"llada-moe", kBailingmoe, false, false, {}},
     {"seed-coder", kSeedCoder, false, false, {}},
-    {"hunyuan", kHunyuan, false, false, {}},
-    {"hunyuan-dense", kHunyuanDense, false, false, {}},
-    {"hy_v4", kHyV4, false, false, {}},
-    {"joyai-llm", kJoyaiLlm, false, false, {}},
+    {"hunyuan", kQwen2, false, false, {}},
+    {"hunyuan-dense", kDeepseek3Llm, false, false, {}},
+    {"hy_v4", kDeepseek3Llm, false, false, {}},
+    {"joyai-llm", kDeepseek3Llm, false, false, {}},
     {"ufakzeka", kUfakzeka, false, false, {}},
-    {"grok-2", kGrok2, false, false, {}},
+    {"grok-2", kQwen2, false, false, {}},
     {"laguna", kLaguna, false, false, {}},
-    {"minimax-m2", kMinimaxM2, false, false, {}},
-    {"solar-open", kSolarOpen, false, false, {}},
-    {"mellum2", kMellum2, false, false, {}},
+    {"minimax-m2", kGpt4o, false, false, {}},
+    {"solar-open", kQwen2, false, false, {}},
+    {"mellum2", kStarcoder, false, false, {}},
     {"kimi-k2",
      {},
      false,

@@ -54,8 +54,13 @@ Result<std::shared_ptr<const SplitRegex>> SplitRegex::compile(std::string_view p
                                                               Engine engine) {
   std::shared_ptr<SplitRegex> re(new SplitRegex());
   re->pattern_ = std::string(pattern);
-  if (engine == Engine::kFastest) re->scanner_ = pattern_from_regex(pattern);
-  if (re->scanner_) return std::shared_ptr<const SplitRegex>(std::move(re));
+  if (engine == Engine::kFastest) {
+    re->scanner_ = pattern_from_regex(pattern);
+    if (pattern == R"(\p{N})") re->run_max_ = 1;
+    if (pattern == R"(\p{N}{1,3})") re->run_max_ = 3;
+    if (pattern == R"(\p{N}+)") re->run_max_ = SIZE_MAX;
+  }
+  if (re->fast()) return std::shared_ptr<const SplitRegex>(std::move(re));
   init_oniguruma();
   regex_t* reg = nullptr;
   OnigErrorInfo info;
@@ -81,6 +86,10 @@ void SplitRegex::find_parts(std::string_view text, std::vector<Part>& out) const
     std::vector<Span> spans;
     find_matches(*scanner_, text, spans);
     for (const Span& s : spans) out.push_back({s, true});
+    return;
+  }
+  if (run_max_ > 0) {
+    number_runs(text, out);
     return;
   }
   if (first_invalid(text) == text.size()) {
@@ -109,6 +118,36 @@ void SplitRegex::find_parts(std::string_view text, std::vector<Part>& out) const
   for (size_t k = first; k < out.size(); ++k) {
     out[k].span.begin = to_text[out[k].span.begin];
     out[k].span.end = to_text[out[k].span.end];
+  }
+}
+
+// \p{N}, \p{N}{1,3} or \p{N}+: each run of number code points cut into matches of at most
+// run_max_ (leftmost, greedy), the rest gaps.
+void SplitRegex::number_runs(std::string_view text, std::vector<Part>& out) const {
+  size_t gap = 0, match = 0, count = 0;  // open gap start; open match start and its length
+  bool in_match = false;
+  for (size_t i = 0; i < text.size();) {
+    uint32_t cp;
+    const int len = unicode::decode_utf8(text.data() + i, text.size() - i, &cp);
+    const bool number = cp != unicode::kInvalid && (unicode::flags(cp) & unicode::kNumber);
+    if (in_match && (!number || count == run_max_)) {
+      out.push_back({{match, i}, true});
+      in_match = false;
+      gap = i;
+    }
+    if (number && !in_match) {
+      if (gap < i) out.push_back({{gap, i}, false});
+      in_match = true;
+      match = i;
+      count = 0;
+    }
+    count += number;
+    i += len;
+  }
+  if (in_match) {
+    out.push_back({{match, text.size()}, true});
+  } else if (gap < text.size()) {
+    out.push_back({{gap, text.size()}, false});
   }
 }
 

@@ -11,8 +11,15 @@
 // Oniguruma release the `onig` crate bundles (6.9.8).
 //
 // Fast paths: the GPT-2, Llama-3 and Qwen2 patterns (the bulk of real use) run through the
-// hand-written scanners of split_pattern.h, a few times faster than Oniguruma;
+// hand-written scanners of split_pattern.h, a few times faster than Oniguruma, and the digit
+// patterns of llama.cpp's table (\p{N}, \p{N}+, \p{N}{1,3}) through a class-run scan;
 // tests/tokenizer_regex_test.cc proves each identical to Oniguruma on the corpus and random text.
+//
+// Unicode versions: the fast paths use the classes of unicode.h, measured from HF `tokenizers`
+// 0.23, whose bundled Oniguruma (6.9.10) has Unicode 16 data. Debian bookworm packages Oniguruma
+// 6.9.8, with Unicode 14 data: on the 9392 code points Unicode 15 and 16 made letters, digits or
+// spaces, a pattern without a fast path classifies as Unicode 14 did (unassigned), where HF
+// 0.23 uses Unicode 16. tokenizers built with an older Oniguruma (before 0.21) agree with us.
 #pragma once
 
 #include <memory>
@@ -49,14 +56,18 @@ class SplitRegex {
 
   // The scanner, when this pattern runs on one (its matches tile every text).
   const std::optional<SplitPattern>& scanner() const { return scanner_; }
+  // Whether the pattern runs on a fast path (a scanner or a class-run scan), not Oniguruma.
+  bool fast() const { return scanner_ || run_max_ > 0; }
   const std::string& pattern() const { return pattern_; }
 
  private:
   SplitRegex() = default;
   void onig_parts(std::string_view text, std::vector<Part>& out) const;
+  void number_runs(std::string_view text, std::vector<Part>& out) const;
 
   std::string pattern_;
   std::optional<SplitPattern> scanner_;
+  size_t run_max_ = 0;    // > 0: \p{N} runs of at most this many code points (SIZE_MAX: +)
   void* onig_ = nullptr;  // regex_t*, compiled once; searching it is thread-safe
 };
 

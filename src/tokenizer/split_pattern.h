@@ -28,6 +28,8 @@ enum class SplitPattern {
 
 // The pattern whose regex source is exactly `regex`, or nothing.
 std::optional<SplitPattern> pattern_from_regex(std::string_view regex);
+// The regex source of `p`.
+std::string_view regex_of(SplitPattern p);
 
 struct Span {
   size_t begin, end;  // byte offsets
