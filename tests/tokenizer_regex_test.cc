@@ -193,11 +193,11 @@ bool has_differing(std::string_view text) {
 
 TEST(SplitRegex, OnigurumaClassesDifferFromHfOnlyOnUnicode15And16) {
   const auto& d = engine_differs();
-  // Unicode 15 and 16 added 4,489 + 5,185 characters, most of them letters or digits; none of
-  // them is below U+1C89 (the first Unicode 16 letter here), nor ASCII or Latin-1.
-  EXPECT_LT(d.size(), 10000u);
-  ASSERT_FALSE(d.empty());
-  EXPECT_GE(d.front(), 0x1C89u);
+  // Debian bookworm's Oniguruma 6.9.8 (Unicode 14) against HF 0.23's tables (Unicode 16): exactly
+  // the 9392 code points unassigned in Unicode 14 that HF classes as letters, digits or spaces
+  // (counted with Python's unicodedata 14.0), none below U+1C89. A newer Oniguruma differs less.
+  EXPECT_LE(d.size(), 9392u);
+  if (!d.empty()) EXPECT_GE(d.front(), 0x1C89u);
   std::printf("Oniguruma and HF classify %zu code points differently\n", d.size());
 }
 

@@ -3,12 +3,13 @@
 //
 // Why Oniguruma: HF `tokenizers` compiles every Split pattern with Oniguruma (the `onig` crate:
 // UTF-8, ONIG_OPTION_NONE, Oniguruma's default syntax) and its find_iter. Running the same engine
-// makes its dialect ours for free: (?i:...) with Unicode case folding, \p{...} classes with
-// Oniguruma's Unicode tables, possessive and atomic groups, look-behind, $ before a final newline.
-// PCRE2 would be the other choice (faster with its JIT, also in Debian), but it is a different
-// dialect: case folding, class tables, \h and \R, and what `$` and `\Z` match differ, and each
-// difference is a tokenizer whose ids differ from HF's without an error. Debian packages the
-// Oniguruma release the `onig` crate bundles (6.9.8).
+// makes its dialect ours for free: (?i:...) with Unicode case folding (U+017F folds to s),
+// \p{...} classes with Oniguruma's Unicode tables, possessive and atomic groups, look-behind, `$`
+// as a Ruby-style end-of-line anchor. PCRE2 would be the other choice (faster with its JIT, also in
+// Debian), but it is a different dialect: its `$` matches only at the end (or before a final
+// newline), \h, \R and \X differ, class and case-folding tables follow PCRE2's own Unicode
+// version, and each difference is a tokenizer whose ids differ from HF's without an error.
+// Debian bookworm packages Oniguruma 6.9.8 (libonig-dev); see "Unicode versions" below.
 //
 // Fast paths: the GPT-2, Llama-3 and Qwen2 patterns (the bulk of real use) run through the
 // hand-written scanners of split_pattern.h, a few times faster than Oniguruma, and the digit
@@ -16,10 +17,10 @@
 // tests/tokenizer_regex_test.cc proves each identical to Oniguruma on the corpus and random text.
 //
 // Unicode versions: the fast paths use the classes of unicode.h, measured from HF `tokenizers`
-// 0.23, whose bundled Oniguruma (6.9.10) has Unicode 16 data. Debian bookworm packages Oniguruma
-// 6.9.8, with Unicode 14 data: on the 9392 code points Unicode 15 and 16 made letters, digits or
-// spaces, a pattern without a fast path classifies as Unicode 14 did (unassigned), where HF
-// 0.23 uses Unicode 16. tokenizers built with an older Oniguruma (before 0.21) agree with us.
+// 0.23, whose bundled Oniguruma has Unicode 16 data. Debian bookworm's Oniguruma 6.9.8 has Unicode
+// 14 data: the two disagree on exactly the 9392 code points that are unassigned in Unicode 14 and
+// letters, digits or spaces in HF's tables (tests/tokenizer_regex_test.cc counts them). A pattern
+// without a fast path sees those as unassigned, where HF 0.23 sees Unicode 16's classes.
 #pragma once
 
 #include <memory>
