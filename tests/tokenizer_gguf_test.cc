@@ -1,4 +1,4 @@
-// GGUF tokenizers against llama.cpp: every test vector of llama.cpp's vocabularies (13 of them,
+// GGUF tokenizers against llama.cpp: every test vector of llama.cpp's vocabularies (14 of them,
 // from models/.cache/llama.cpp-vocab; read as llama.cpp's test-tokenizer-0 reads them: chunks split
 // at
 // "\n__ggml_vocab_test__\n", no BOS, special tokens not parsed), SmolLM2's GGUF against HF on the
@@ -89,11 +89,11 @@ TEST_P(LlamaCppVocab, EveryTestVectorMatches) {
 }
 
 // Every vocabulary of llama.cpp's with test vectors that miles supports (all but bert-bge, a
-// WordPiece vocabulary, and gemma-4, see below).
+// WordPiece vocabulary).
 INSTANTIATE_TEST_SUITE_P(Vocabs, LlamaCppVocab,
                          ::testing::Values("command-r", "deepseek-coder", "deepseek-llm", "falcon",
-                                           "gpt-2", "llama-bpe", "llama-spm", "mpt", "phi-3",
-                                           "qwen2", "qwen35", "refact", "starcoder"));
+                                           "gemma-4", "gpt-2", "llama-bpe", "llama-spm", "mpt",
+                                           "phi-3", "qwen2", "qwen35", "refact", "starcoder"));
 
 // The vocabularies without vectors load; those of kinds miles does not implement are refused with
 // an error that names the key.
@@ -103,7 +103,7 @@ TEST(LlamaCppVocabs, OthersLoadOrAreRefusedByName) {
     auto t = load_tokenizer(vocab_path(name), 0);
     EXPECT_TRUE(t.ok()) << name << ": " << t.message();
   }
-  for (const char* name : {"bert-bge", "gemma-4", "nomic-bert-moe"}) {
+  for (const char* name : {"bert-bge", "nomic-bert-moe"}) {
     MILES_REQUIRE_VOCAB(vocab_path(name));
     auto t = load_tokenizer(vocab_path(name), 0);
     ASSERT_FALSE(t.ok()) << name;

@@ -98,8 +98,9 @@ Result<std::unique_ptr<Tokenizer>> parse_hf_tokenizer(std::string_view json,
 class GgufFile;
 // The tokenizer in a GGUF file's metadata, encoding as llama.cpp does: tokenizer.ggml.model
 // "gpt2" (byte-level BPE; every tokenizer.ggml.pre name llama.cpp knows, from its name -> regex
-// table, except the few it splits with hand-written code) or "llama" (SentencePiece-style: scores,
-// byte fallback <0xNN>, a space prefix).
+// table, except the few it splits with hand-written code), "gemma4" (BPE over escaped spaces and
+// raw UTF-8, byte fallback) or "llama" (SentencePiece-style: scores, byte fallback <0xNN>, a space
+// prefix).
 Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const std::string& path);
 Result<std::unique_ptr<Tokenizer>> gguf_tokenizer(const GgufFile& file);
 

@@ -128,11 +128,17 @@ constexpr std::string_view kLaguna[] = {
     R"re((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)re",
 };
 
+constexpr std::string_view kLines[] = {R"re([^\n]+|[\n]+)re"};
+
+// How an escaped-spaces (SentencePiece-style) BPE name works; kNo for byte-level BPE.
+enum class Escaped { kNo, kYes, kYesNewlineWords };
+
 struct Entry {
   std::string_view name;
   std::span<const std::string_view> regexes;  // empty: refused
   bool ignore_merges, add_bos;
   std::string_view refusal;
+  Escaped escaped = Escaped::kNo;
 };
 
 const Entry kEntries[] = {
@@ -228,24 +234,9 @@ const Entry kEntries[] = {
      false,
      false,
      "llama.cpp splits its digits with hand-written code (unicode.cpp), not a regex"},
-    {"gemma4",
-     {},
-     false,
-     false,
-     "SentencePiece-style BPE over escaped spaces (tokenizer.ggml.model \"gemma4\") is not "
-     "implemented"},
-    {"granite-embed-multi-311m",
-     {},
-     false,
-     false,
-     "SentencePiece-style BPE over escaped spaces (tokenizer.ggml.model \"gemma4\") is not "
-     "implemented"},
-    {"sarvam-moe",
-     {},
-     false,
-     false,
-     "SentencePiece-style BPE over escaped spaces (tokenizer.ggml.model \"gemma4\") is not "
-     "implemented"},
+    {"gemma4", kLines, false, false, {}, Escaped::kYesNewlineWords},
+    {"granite-embed-multi-311m", kLines, false, false, {}, Escaped::kYesNewlineWords},
+    {"sarvam-moe", kLines, false, false, {}, Escaped::kYes},
     {"whitespace",
      {},
      false,
@@ -277,7 +268,11 @@ Result<GgufPreTokenizer> gguf_pre_tokenizer(std::string_view name) {
     if (e.regexes.empty())
       return Status::Error("pre-tokenizer \"" + std::string(name) +
                            "\" is not supported: " + std::string(e.refusal));
-    return GgufPreTokenizer{{e.regexes.begin(), e.regexes.end()}, e.ignore_merges, e.add_bos};
+    return GgufPreTokenizer{{e.regexes.begin(), e.regexes.end()},
+                            e.ignore_merges,
+                            e.add_bos,
+                            e.escaped != Escaped::kNo,
+                            e.escaped == Escaped::kYesNewlineWords};
   }
   return Status::Error("pre-tokenizer \"" + std::string(name) + "\" is unknown to llama.cpp");
 }

@@ -19,6 +19,11 @@ struct GgufPreTokenizer {
   std::vector<std::string_view> regexes;  // applied in order, each an Isolated split
   bool ignore_merges = false;             // a word that is a token is that token
   bool add_bos = false;                   // llama.cpp's default for tokenizer.ggml.add_bos_token
+  // SentencePiece-style BPE (Gemma 4, Sarvam): spaces become U+2581 before splitting, the BPE runs
+  // on raw UTF-8 (no byte-level alphabet; <0xNN> tokens for unknown bytes) and the tokens decode
+  // with U+2581 as a space.
+  bool escaped_spaces = false;
+  bool newline_words_whole = false;  // a word of newlines only that is a token is that token
 };
 
 // The definition of `name` ("" is llama.cpp's "default"), or an error saying why not.

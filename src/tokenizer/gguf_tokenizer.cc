@@ -11,6 +11,7 @@
 #include "miles/tokenizer.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/decoder.h"
 #include "tokenizer/gguf_pre_tokenizer.h"
 #include "tokenizer/spm_tokenizer.h"
 
@@ -52,6 +53,14 @@ Result<std::vector<PreTokenizerStep>> pre_tokenizer_for(const GgufFile& f, const
   if (!found.ok()) return key_error(f, "tokenizer.ggml.pre", found.message());
   *def = std::move(found).value();
   std::vector<PreTokenizerStep> steps;
+  if (def->escaped_spaces) {  // llama_escape_whitespace: every space becomes U+2581
+    PreTokenizerStep s;
+    s.kind = PreTokenizerStep::Kind::kMetaspace;
+    s.literal = "\xE2\x96\x81";
+    s.prepend = tokenizer::PrependScheme::kNever;
+    s.split = false;
+    steps.push_back(std::move(s));
+  }
   for (const std::string_view regex : def->regexes) {
     PreTokenizerStep s;
     s.kind = PreTokenizerStep::Kind::kSplitRegex;
@@ -74,13 +83,17 @@ Result<std::vector<int32_t>> token_types(const GgufFile& f, size_t n) {
   return types;
 }
 
+// BPE vocabularies: "gpt2" (byte-level) and "gemma4" (whose pre-tokenizer llama.cpp fixes to
+// "gemma4": escaped spaces, raw UTF-8 symbols, <0xNN> byte tokens).
 Result<std::unique_ptr<Tokenizer>> gpt2_tokenizer(const GgufFile& f,
                                                   std::vector<std::string> tokens,
-                                                  std::vector<int32_t> types) {
+                                                  std::vector<int32_t> types, bool gemma4) {
   tokenizer::BpeTokenizerSpec spec;
   const auto n = static_cast<int64_t>(tokens.size());
   std::string pre;  // llama.cpp reads a missing name as "default"
-  if (f.find("tokenizer.ggml.pre")) {
+  if (gemma4) {
+    pre = "gemma4";
+  } else if (f.find("tokenizer.ggml.pre")) {
     MILES_ASSIGN_OR_RETURN(pre, f.get_string("tokenizer.ggml.pre"));
   } else {
     spdlog::warn("{}: no tokenizer.ggml.pre; using llama.cpp's \"default\" pre-tokenizer",
@@ -89,7 +102,9 @@ Result<std::unique_ptr<Tokenizer>> gpt2_tokenizer(const GgufFile& f,
   tokenizer::GgufPreTokenizer def;
   MILES_ASSIGN_OR_RETURN(spec.pre_tokenizer, pre_tokenizer_for(f, pre, &def));
   spec.options.ignore_merges = def.ignore_merges;
-  spec.options.byte_level = true;
+  spec.options.newline_words_whole = def.newline_words_whole;
+  spec.options.byte_level = !def.escaped_spaces;
+  spec.options.byte_fallback = def.escaped_spaces;
   std::unordered_map<std::string, int32_t> lookup;  // as stored; later ids win (llama.cpp)
   for (int32_t id = 0; id < n; ++id) lookup[tokens[id]] = id;
   MILES_ASSIGN_OR_RETURN(const auto merges, f.get_strings("tokenizer.ggml.merges"));
@@ -114,14 +129,31 @@ Result<std::unique_ptr<Tokenizer>> gpt2_tokenizer(const GgufFile& f,
   spec.token_bytes.resize(tokens.size());
   for (const auto& [text, id] : lookup) {
     std::string bytes;
-    if (tokenizer::byte_level_decode(text, &bytes)) spec.model_vocab.emplace_back(bytes, id);
+    if (def.escaped_spaces) {
+      spec.model_vocab.emplace_back(text, id);
+    } else if (tokenizer::byte_level_decode(text, &bytes)) {
+      spec.model_vocab.emplace_back(bytes, id);
+    }
   }
+  // llama.cpp's token_to_piece: normal tokens through the byte-level map (or with U+2581 as a
+  // space), byte tokens as their byte, the rest as stored.
+  std::vector<tokenizer::DecoderStep> unescape(2);
+  unescape[0].kind = tokenizer::DecoderStep::Kind::kReplace;
+  unescape[0].from = "\xE2\x96\x81";
+  unescape[0].to = " ";
+  unescape[1].kind = tokenizer::DecoderStep::Kind::kByteFallback;
   for (int32_t id = 0; id < n; ++id) {
     const int32_t t = types[id];
     std::string bytes;
     const bool normal = t == tokenizer::kTokenNormal;
-    spec.token_bytes[id] =
-        normal && tokenizer::byte_level_decode(tokens[id], &bytes) ? bytes : tokens[id];
+    if (def.escaped_spaces) {
+      spec.token_bytes[id] = normal || t == tokenizer::kTokenByte
+                                 ? tokenizer::decode_token(unescape, tokens[id], false)
+                                 : tokens[id];
+    } else {
+      spec.token_bytes[id] =
+          normal && tokenizer::byte_level_decode(tokens[id], &bytes) ? bytes : tokens[id];
+    }
     if (t == tokenizer::kTokenControl || t == tokenizer::kTokenUserDefined ||
         t == tokenizer::kTokenUnknown)
       spec.added_tokens.push_back({tokens[id], id, t != tokenizer::kTokenUserDefined});
@@ -170,9 +202,11 @@ Result<std::unique_ptr<Tokenizer>> gguf_tokenizer(const GgufFile& f) {
     return key_error(f, "tokenizer.ggml.tokens",
                      std::to_string(tokens.size()) + " tokens (expected 1 to 2^22)");
   MILES_ASSIGN_OR_RETURN(auto types, token_types(f, tokens.size()));
-  if (model == "gpt2") return gpt2_tokenizer(f, std::move(tokens), std::move(types));
+  if (model == "gpt2" || model == "gemma4")
+    return gpt2_tokenizer(f, std::move(tokens), std::move(types), model == "gemma4");
   if (model == "llama") return llama_tokenizer(f, std::move(tokens), std::move(types));
-  return key_error(f, "tokenizer.ggml.model", "\"" + model + "\" is not supported (gpt2, llama)");
+  return key_error(f, "tokenizer.ggml.model",
+                   "\"" + model + "\" is not supported (gpt2, gemma4, llama)");
 }
 
 Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const std::string& path) {

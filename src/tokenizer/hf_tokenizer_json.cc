@@ -204,10 +204,12 @@ Status Reader::parse_pattern(const json& p, const std::string& field, std::strin
 
 Result<std::string> Reader::get_char(const json& obj, const char* key,
                                      const std::string& field) const {
-  MILES_ASSIGN_OR_RETURN(std::string c, get_string(obj, key, field));
-  uint32_t cp;
-  if (c.empty() || unicode::decode_utf8(c.data(), c.size(), &cp) != static_cast<int>(c.size()) ||
-      cp == unicode::kInvalid)
+  const json* v = find(obj, key);
+  if (!v || !v->is_string()) return error(field + "." + key, "expected a string");
+  const std::string& c = v->get_ref<const std::string&>();
+  uint32_t cp = unicode::kInvalid;
+  const int len = c.empty() ? 0 : unicode::decode_utf8(c.data(), c.size(), &cp);
+  if (len != static_cast<int>(c.size()) || cp == unicode::kInvalid)
     return error(field + "." + key, "expected one character");
   return c;
 }
