@@ -197,7 +197,9 @@ TEST(SplitRegex, OnigurumaClassesDifferFromHfOnlyOnUnicode15And16) {
   // the 9392 code points unassigned in Unicode 14 that HF classes as letters, digits or spaces
   // (counted with Python's unicodedata 14.0), none below U+1C89. A newer Oniguruma differs less.
   EXPECT_LE(d.size(), 9392u);
-  if (!d.empty()) EXPECT_GE(d.front(), 0x1C89u);
+  if (!d.empty()) {
+    EXPECT_GE(d.front(), 0x1C89u);
+  }
   std::printf("Oniguruma and HF classify %zu code points differently\n", d.size());
 }
 
@@ -296,7 +298,7 @@ TEST(GgufPreTokenizerTable, EveryNameCompilesOrIsRefused) {
       EXPECT_TRUE(re.ok()) << name << ": " << re.message();
     }
   }
-  EXPECT_GE(supported, 80u);
+  EXPECT_EQ(supported, names.size() - 3);  // kimi-k2, afmoe, whitespace
   for (const char* name : {"gpt-2", "llama-bpe", "qwen2"}) {
     auto def = gguf_pre_tokenizer(name);
     ASSERT_TRUE(def.ok());

@@ -242,21 +242,11 @@ const Entry kEntries[] = {
      false,
      false,
      "its BPE runs on raw UTF-8 without byte-level encoding, which is not implemented"},
-    {"jina-v1-en",
-     {},
-     false,
-     false,
-     "llama.cpp adds a separator token after the text, which is not implemented"},
-    {"jina-v2-code",
-     {},
-     false,
-     false,
-     "llama.cpp adds a separator token after the text, which is not implemented"},
-    {"roberta-bpe",
-     {},
-     false,
-     false,
-     "llama.cpp adds a separator token after the text, which is not implemented"},
+    // llama.cpp also sets add_sep for these embedding vocabularies; its tokenizer never appends
+    // SEP to BPE text (its embedding and rerank callers do), so the ids are the GPT-2 ones.
+    {"jina-v1-en", kGpt2, false, false, {}},
+    {"jina-v2-code", kGpt2, false, false, {}},
+    {"roberta-bpe", kGpt2, false, false, {}},
 };
 
 }  // namespace
