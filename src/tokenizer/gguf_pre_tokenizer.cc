@@ -241,7 +241,8 @@ const Entry kEntries[] = {
      {},
      false,
      false,
-     "its BPE runs on raw UTF-8 without byte-level encoding, which is not implemented"},
+     "llama.cpp tokenizes it with a session of its own (whitespace dropped, optional lowercasing), "
+     "not implemented"},
     // llama.cpp also sets add_sep for these embedding vocabularies; its tokenizer never appends
     // SEP to BPE text (its embedding and rerank callers do), so the ids are the GPT-2 ones.
     {"jina-v1-en", kGpt2, false, false, {}},
