@@ -188,6 +188,24 @@ TEST(HfTokenizer, Qwen3SameIdsFromManyThreads) {
   for (int k = 0; k < 4; ++k) EXPECT_EQ(mismatches[k], 0) << "thread " << k;
 }
 
+// Oniguruma searches one compiled regex from many threads at once (as HF's encode_batch does).
+TEST(HfTokenizer, OnigurumaPatternsSameIdsFromManyThreads) {
+  auto t = must_load(golden_dir() + "/synthetic/onig_patterns.json");
+  ASSERT_TRUE(t);
+  const auto want = read_ids(golden_dir() + "/synthetic/onig_patterns.ids");
+  ASSERT_EQ(want.size(), corpus().size());
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k)
+    threads.emplace_back([&, k] {
+      for (size_t r = 0; r < 3; ++r)
+        for (size_t i = k; i < corpus().size(); i += 1 + k)
+          mismatches[k] += t->encode(corpus()[i], false) != want[i];
+    });
+  for (std::thread& th : threads) th.join();
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(mismatches[k], 0) << "thread " << k;
+}
+
 // Tokenizers trained on the corpus by make_tokenizer_goldens.py, one per pipeline shape; they
 // live in the repository, so these run everywhere.
 class Synthetic : public ::testing::TestWithParam<const char*> {};
