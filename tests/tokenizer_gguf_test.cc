@@ -265,6 +265,34 @@ TEST(GgufTokenizer, CraftedByteLevelVocabulary) {
   EXPECT_EQ((*t)->eos_id(), 5);
 }
 
+// llama.cpp corrects stored token types by text: "</s>" stored as user-defined is a control token
+// (an end of generation), so with parse_special=false its text is ordinary text; "<|fim_pad|>"
+// likewise unless the file names its FIM pad token; other user-defined tokens still match.
+TEST(GgufTokenizer, ControlLookingTokensAreControlAsInLlamaCpp) {
+  auto build = [](bool names_fim_pad) {
+    GgufBuilder b;
+    b.str("tokenizer.ggml.model", "gpt2")
+        .str("tokenizer.ggml.pre", "gpt-2")
+        .strs("tokenizer.ggml.tokens", {"<", "/", "s", ">", "_", "f", "i", "m", "p", "a", "d", "|",
+                                        "</s>", "<|fim_pad|>", "<x>"})
+        .i32s("tokenizer.ggml.token_type", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4, 4, 4})
+        .strs("tokenizer.ggml.merges", {});
+    if (names_fim_pad) b.u32("tokenizer.ggml.fim_pad_token_id", 13);
+    return b.bytes();
+  };
+  auto t = from_bytes(build(false));
+  ASSERT_TRUE(t.ok()) << t.message();
+  const EncodeOptions plain{false, false}, special{false, true};
+  EXPECT_EQ((*t)->encode_with("</s>", plain), (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ((*t)->encode_with("</s>", special), (std::vector<int32_t>{12}));
+  EXPECT_EQ((*t)->encode_with("<|fim_pad|>", plain).size(), 11u);
+  EXPECT_EQ((*t)->encode_with("<x>", plain), (std::vector<int32_t>{14}));  // user-defined
+  EXPECT_TRUE((*t)->is_special(12));
+  auto named = from_bytes(build(true));
+  ASSERT_TRUE(named.ok()) << named.message();
+  EXPECT_EQ((*named)->encode_with("<|fim_pad|>", plain), (std::vector<int32_t>{13}));
+}
+
 TEST(GgufTokenizer, BadMetadataNamesTheKey) {
   struct Case {
     std::string bytes, key;

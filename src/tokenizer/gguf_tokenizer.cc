@@ -7,6 +7,10 @@
 // unknown, matched longest first. Errors name the file and the key.
 #include <spdlog/spdlog.h>
 
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+
 #include "miles/gguf.h"
 #include "miles/tokenizer.h"
 #include "tokenizer/bpe_tokenizer.h"
@@ -81,6 +85,74 @@ Result<std::vector<int32_t>> token_types(const GgufFile& f, size_t n) {
                      std::to_string(raw.size()) + " entries for " + std::to_string(n) + " tokens");
   for (size_t i = 0; i < n; ++i) types[i] = static_cast<int32_t>(raw[i]);
   return types;
+}
+
+// llama.cpp's corrections of the stored types by token text (llama-vocab.cpp, "auto-detect
+// special tokens by text" and the end-of-generation list): a token whose text marks the end of a
+// turn or of the text, or a fill-in-the-middle role (when the GGUF names no token for that role),
+// is a control token whatever its stored type, so that parse_special=false leaves its text to the
+// ordinary tokenizer; "</s>" stays normal beside Gemma 4's and PLaMo's own end markers, and
+// gpt-oss's channel tokens are user-defined. Where llama.cpp takes the first of several FIM
+// candidates in hash order, every candidate is taken here.
+void apply_llama_cpp_types(const GgufFile& f, const std::vector<std::string>& tokens,
+                           std::vector<int32_t>& types) {
+  static const std::unordered_set<std::string_view> kEndOfGeneration = {"<|eot_id|>",
+                                                                        "<|im_end|>",
+                                                                        "<|end|>",
+                                                                        "<|return|>",
+                                                                        "<|call|>",
+                                                                        "<|flush|>",
+                                                                        "<|calls|>",
+                                                                        "<end_of_turn>",
+                                                                        "<|endoftext|>",
+                                                                        "</s>",
+                                                                        "<|eom_id|>",
+                                                                        "<EOT>",
+                                                                        "_<EOT>",
+                                                                        "[EOT]",
+                                                                        "[EOS]",
+                                                                        "<|end_of_text|>",
+                                                                        "<end_of_utterance>",
+                                                                        "<eos>",
+                                                                        "<turn|>",
+                                                                        "<|tool_response>",
+                                                                        "<｜end▁of▁sentence｜>",
+                                                                        "[e~["};
+  struct Role {
+    const char* key;
+    std::vector<std::string_view> texts;
+  };
+  static const Role kFim[] = {
+      {"tokenizer.ggml.fim_pre_token_id",
+       {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+        "<|code_prefix|>", "<|prefix|>"}},
+      {"tokenizer.ggml.fim_suf_token_id",
+       {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+        "<|code_suffix|>", "<|suffix|>"}},
+      {"tokenizer.ggml.fim_mid_token_id",
+       {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+        "<|code_middle|>", "<|middle|>"}},
+      {"tokenizer.ggml.fim_pad_token_id",
+       {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}},
+      {"tokenizer.ggml.fim_rep_token_id",
+       {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
+      {"tokenizer.ggml.fim_sep_token_id", {"<|file_sep|>"}},
+  };
+  std::unordered_map<std::string_view, size_t> id_of;
+  for (size_t id = 0; id < tokens.size(); ++id) id_of[tokens[id]] = id;  // later ids win
+  auto promote = [&](std::string_view text) {
+    auto it = id_of.find(text);
+    if (it != id_of.end()) types[it->second] = tokenizer::kTokenControl;
+  };
+  for (const std::string_view text : kEndOfGeneration) promote(text);
+  for (const Role& r : kFim)
+    if (!f.find(r.key))
+      for (const std::string_view text : r.texts) promote(text);
+  if (id_of.count("</s>") && (id_of.count("<|tool_response>") || id_of.count("<|plamo:eos|>")))
+    types[id_of["</s>"]] = tokenizer::kTokenNormal;
+  for (const std::string_view text : {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
+    if (auto it = id_of.find(text); it != id_of.end())
+      types[it->second] = tokenizer::kTokenUserDefined;
 }
 
 // BPE vocabularies: "gpt2" (byte-level) and "gemma4" (whose pre-tokenizer llama.cpp fixes to
@@ -202,6 +274,7 @@ Result<std::unique_ptr<Tokenizer>> gguf_tokenizer(const GgufFile& f) {
     return key_error(f, "tokenizer.ggml.tokens",
                      std::to_string(tokens.size()) + " tokens (expected 1 to 2^22)");
   MILES_ASSIGN_OR_RETURN(auto types, token_types(f, tokens.size()));
+  apply_llama_cpp_types(f, tokens, types);
   if (model == "gpt2" || model == "gemma4")
     return gpt2_tokenizer(f, std::move(tokens), std::move(types), model == "gemma4");
   if (model == "llama") return llama_tokenizer(f, std::move(tokens), std::move(types));
