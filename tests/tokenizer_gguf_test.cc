@@ -166,6 +166,38 @@ TEST(GgufTokenizer, SmolLM2MatchesHfOnTheCorpus) {
   EXPECT_EQ(failures, 0u);
 }
 
+// Gemma-3-270M's GGUF (SentencePiece, 262,144 tokens, byte fallback, user-defined whitespace
+// runs) against llama.cpp's own ids on the corpus, with and without special-token parsing
+// (tests/data/tokenizers/llama_cpp/gemma3_270m.*.ids, from scripts/llama_cpp_tokenize.cpp). The
+// GGUF is scripts/get_models.sh gemma3's (models/.cache; MILES_GEMMA3_GGUF overrides).
+TEST(GgufTokenizer, Gemma3MatchesLlamaCppOnTheCorpus) {
+  const char* env = std::getenv("MILES_GEMMA3_GGUF");
+  const std::string path =
+      env ? env : test::source_dir() + "/models/.cache/gemma-3-270m-q4_k_m.gguf";
+  if (!std::filesystem::exists(path))
+    GTEST_SKIP() << path << " not found: scripts/get_models.sh gemma3 fetches it";
+  auto t = load_tokenizer(path, 0);
+  ASSERT_TRUE(t.ok()) << t.message();
+  for (const bool parse_special : {false, true}) {
+    const std::string golden = test::data_dir() + "/tokenizers/llama_cpp/gemma3_270m." +
+                               (parse_special ? "special" : "nospecial") + ".ids";
+    std::istringstream corpus(read_all(test::data_dir() + "/tokenizers/corpus.jsonl"));
+    std::istringstream want_lines(read_all(golden));
+    size_t n = 0, failures = 0;
+    for (std::string line, ids_line;
+         std::getline(corpus, line) && std::getline(want_lines, ids_line); ++n) {
+      std::vector<int32_t> want;
+      std::istringstream words(ids_line);
+      for (int32_t id; words >> id;) want.push_back(id);
+      const std::string text = nlohmann::json::parse(line).get<std::string>();
+      if ((*t)->encode_with(text, {false, parse_special}) != want && ++failures <= 5)
+        ADD_FAILURE() << golden << " line " << n + 1;
+    }
+    EXPECT_GE(n, 500u);
+    EXPECT_EQ(failures, 0u) << golden;
+  }
+}
+
 // ---- GGUF metadata built in memory --------------------------------------------------------
 
 class GgufBuilder {
