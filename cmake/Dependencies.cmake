@@ -9,6 +9,12 @@ find_package(OpenSSL REQUIRED)  # SHA-256 of checkpoint tensors (libssl-dev)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+# Oniguruma: the regex engine of HF `tokenizers`, for tokenizer Split patterns (src/tokenizer/regex.h).
+pkg_check_modules(ONIG QUIET IMPORTED_TARGET oniguruma)
+if(NOT ONIG_FOUND)
+  message(FATAL_ERROR "Oniguruma not found (pkg-config oniguruma): install libonig-dev "
+                      "(scripts/setup.sh does)")
+endif()
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG QUIET)
 if(NOT gRPC_FOUND)

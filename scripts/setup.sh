@@ -32,6 +32,7 @@ build_packages=(
   libspdlog-dev libfmt-dev nlohmann-json3-dev libyaml-cpp-dev
   libgloo-dev libzstd-dev libxxhash-dev libcli11-dev libcpp-httplib-dev
   libssl-dev libpython3-dev
+  libonig-dev  # Oniguruma, the regex engine of tokenizer Split patterns (src/tokenizer/regex.h)
 )
 test_packages=(
   clang-14 libclang-rt-14-dev lld-14

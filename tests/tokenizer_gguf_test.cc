@@ -1,5 +1,6 @@
-// GGUF tokenizers against llama.cpp: every test vector of ../shared/tokenizers/llama.cpp-vocab
-// (gpt-2, qwen2, llama-spm; read as llama.cpp's test-tokenizer-0 reads them: chunks split at
+// GGUF tokenizers against llama.cpp: every test vector of llama.cpp's vocabularies (14 of them,
+// from models/.cache/llama.cpp-vocab; read as llama.cpp's test-tokenizer-0 reads them: chunks split
+// at
 // "\n__ggml_vocab_test__\n", no BOS, special tokens not parsed), SmolLM2's GGUF against HF on the
 // corpus when the file is around, and GGUF metadata built here for the error paths.
 #include <gtest/gtest.h>
@@ -54,19 +55,30 @@ Vectors read_vectors(const std::string& vocab) {
   return v;
 }
 
-class LlamaCppVocab : public ::testing::TestWithParam<const char*> {
- protected:
-  std::string path() const {
-    return test::shared_dir() + "/tokenizers/llama.cpp-vocab/ggml-vocab-" + GetParam() + ".gguf";
-  }
-};
+// llama.cpp's vocabularies with their vectors, as scripts/get_tokenizer_vectors.sh (run by
+// scripts/test.sh) fetches them from the llama-cpp-python sdist. Absent files fail the test: a test
+// that skips in CI cannot fail.
+std::string vocab_dir() {
+  if (const char* env = std::getenv("MILES_LLAMA_CPP_VOCAB")) return env;
+  return test::source_dir() + "/models/.cache/llama.cpp-vocab";
+}
+std::string vocab_path(const std::string& name) {
+  return vocab_dir() + "/ggml-vocab-" + name + ".gguf";
+}
+#define MILES_REQUIRE_VOCAB(path)                                             \
+  ASSERT_TRUE(std::filesystem::exists(path))                                  \
+      << path << " is missing: run scripts/get_tokenizer_vectors.sh (or set " \
+      << "MILES_LLAMA_CPP_VOCAB to a folder of llama.cpp's ggml-vocab-* files)"
+
+class LlamaCppVocab : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LlamaCppVocab, EveryTestVectorMatches) {
-  MILES_REQUIRE_SHARED();
-  auto t = load_tokenizer(path(), 0);
+  const std::string path = vocab_path(GetParam());
+  MILES_REQUIRE_VOCAB(path);
+  auto t = load_tokenizer(path, 0);
   ASSERT_TRUE(t.ok()) << t.message();
-  const Vectors v = read_vectors(path());
-  ASSERT_EQ(v.inputs.size(), 46u);
+  const Vectors v = read_vectors(path);
+  ASSERT_GE(v.inputs.size(), 46u);
   ASSERT_EQ(v.ids.size(), v.inputs.size());
   for (size_t i = 0; i < v.inputs.size(); ++i) {
     const auto ids =
@@ -76,7 +88,28 @@ TEST_P(LlamaCppVocab, EveryTestVectorMatches) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Vocabs, LlamaCppVocab, ::testing::Values("gpt-2", "qwen2", "llama-spm"));
+// Every vocabulary of llama.cpp's with test vectors that miles supports (all but bert-bge, a
+// WordPiece vocabulary).
+INSTANTIATE_TEST_SUITE_P(Vocabs, LlamaCppVocab,
+                         ::testing::Values("command-r", "deepseek-coder", "deepseek-llm", "falcon",
+                                           "gemma-4", "gpt-2", "llama-bpe", "llama-spm", "mpt",
+                                           "phi-3", "qwen2", "qwen35", "refact", "starcoder"));
+
+// The vocabularies without vectors load; those of kinds miles does not implement are refused with
+// an error that names the key.
+TEST(LlamaCppVocabs, OthersLoadOrAreRefusedByName) {
+  for (const char* name : {"aquila", "baichuan", "gpt-neox"}) {
+    MILES_REQUIRE_VOCAB(vocab_path(name));
+    auto t = load_tokenizer(vocab_path(name), 0);
+    EXPECT_TRUE(t.ok()) << name << ": " << t.message();
+  }
+  for (const char* name : {"bert-bge", "nomic-bert-moe"}) {
+    MILES_REQUIRE_VOCAB(vocab_path(name));
+    auto t = load_tokenizer(vocab_path(name), 0);
+    ASSERT_FALSE(t.ok()) << name;
+    EXPECT_NE(t.message().find("tokenizer.ggml.model"), std::string::npos) << t.message();
+  }
+}
 
 TEST(GgufTokenizer, SentencePieceBosAndDummyPrefix) {
   MILES_REQUIRE_SHARED();
@@ -131,6 +164,38 @@ TEST(GgufTokenizer, SmolLM2MatchesHfOnTheCorpus) {
   }
   EXPECT_GE(n, 500u);
   EXPECT_EQ(failures, 0u);
+}
+
+// Gemma-3-270M's GGUF (SentencePiece, 262,144 tokens, byte fallback, user-defined whitespace
+// runs) against llama.cpp's own ids on the corpus, with and without special-token parsing
+// (tests/data/tokenizers/llama_cpp/gemma3_270m.*.ids, from scripts/llama_cpp_tokenize.cpp). The
+// GGUF is scripts/get_models.sh gemma3's (models/.cache; MILES_GEMMA3_GGUF overrides).
+TEST(GgufTokenizer, Gemma3MatchesLlamaCppOnTheCorpus) {
+  const char* env = std::getenv("MILES_GEMMA3_GGUF");
+  const std::string path =
+      env ? env : test::source_dir() + "/models/.cache/gemma-3-270m-q4_k_m.gguf";
+  if (!std::filesystem::exists(path))
+    GTEST_SKIP() << path << " not found: scripts/get_models.sh gemma3 fetches it";
+  auto t = load_tokenizer(path, 0);
+  ASSERT_TRUE(t.ok()) << t.message();
+  for (const bool parse_special : {false, true}) {
+    const std::string golden = test::data_dir() + "/tokenizers/llama_cpp/gemma3_270m." +
+                               (parse_special ? "special" : "nospecial") + ".ids";
+    std::istringstream corpus(read_all(test::data_dir() + "/tokenizers/corpus.jsonl"));
+    std::istringstream want_lines(read_all(golden));
+    size_t n = 0, failures = 0;
+    for (std::string line, ids_line;
+         std::getline(corpus, line) && std::getline(want_lines, ids_line); ++n) {
+      std::vector<int32_t> want;
+      std::istringstream words(ids_line);
+      for (int32_t id; words >> id;) want.push_back(id);
+      const std::string text = nlohmann::json::parse(line).get<std::string>();
+      if ((*t)->encode_with(text, {false, parse_special}) != want && ++failures <= 5)
+        ADD_FAILURE() << golden << " line " << n + 1;
+    }
+    EXPECT_GE(n, 500u);
+    EXPECT_EQ(failures, 0u) << golden;
+  }
 }
 
 // ---- GGUF metadata built in memory --------------------------------------------------------
@@ -232,12 +297,41 @@ TEST(GgufTokenizer, CraftedByteLevelVocabulary) {
   EXPECT_EQ((*t)->eos_id(), 5);
 }
 
+// llama.cpp corrects stored token types by text: "</s>" stored as user-defined is a control token
+// (an end of generation), so with parse_special=false its text is ordinary text; "<|fim_pad|>"
+// likewise unless the file names its FIM pad token; other user-defined tokens still match.
+TEST(GgufTokenizer, ControlLookingTokensAreControlAsInLlamaCpp) {
+  auto build = [](bool names_fim_pad) {
+    GgufBuilder b;
+    b.str("tokenizer.ggml.model", "gpt2")
+        .str("tokenizer.ggml.pre", "gpt-2")
+        .strs("tokenizer.ggml.tokens", {"<", "/", "s", ">", "_", "f", "i", "m", "p", "a", "d", "|",
+                                        "</s>", "<|fim_pad|>", "<x>"})
+        .i32s("tokenizer.ggml.token_type", {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 4, 4, 4})
+        .strs("tokenizer.ggml.merges", {});
+    if (names_fim_pad) b.u32("tokenizer.ggml.fim_pad_token_id", 13);
+    return b.bytes();
+  };
+  auto t = from_bytes(build(false));
+  ASSERT_TRUE(t.ok()) << t.message();
+  const EncodeOptions plain{false, false}, special{false, true};
+  EXPECT_EQ((*t)->encode_with("</s>", plain), (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ((*t)->encode_with("</s>", special), (std::vector<int32_t>{12}));
+  EXPECT_EQ((*t)->encode_with("<|fim_pad|>", plain).size(), 11u);
+  EXPECT_EQ((*t)->encode_with("<x>", plain), (std::vector<int32_t>{14}));  // user-defined
+  EXPECT_TRUE((*t)->is_special(12));
+  auto named = from_bytes(build(true));
+  ASSERT_TRUE(named.ok()) << named.message();
+  EXPECT_EQ((*named)->encode_with("<|fim_pad|>", plain), (std::vector<int32_t>{13}));
+}
+
 TEST(GgufTokenizer, BadMetadataNamesTheKey) {
   struct Case {
     std::string bytes, key;
   };
   std::vector<Case> cases;
-  cases.push_back({tiny_gpt2("default").bytes(), "tokenizer.ggml.pre"});
+  cases.push_back({tiny_gpt2("no-such-pre").bytes(), "tokenizer.ggml.pre"});
+  cases.push_back({tiny_gpt2("kimi-k2").bytes(), "tokenizer.ggml.pre"});  // llama.cpp: hand-written
   cases.push_back({tiny_gpt2("gpt-2", "bert").bytes(), "tokenizer.ggml.model"});
   GgufBuilder bad_merge;
   bad_merge.str("tokenizer.ggml.model", "gpt2")

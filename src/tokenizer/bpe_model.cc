@@ -166,7 +166,8 @@ void BpeModel::merge_symbols(std::vector<int32_t>& ids, std::vector<uint32_t>& l
 
 void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   MILES_CHECK(!word.empty());
-  if (options_.ignore_merges) {
+  if (options_.ignore_merges ||
+      (options_.newline_words_whole && word.find_first_not_of('\n') == std::string_view::npos)) {
     if (const int32_t id = token_id(word); id >= 0) {
       out.push_back(id);
       return;

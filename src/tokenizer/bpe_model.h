@@ -28,6 +28,7 @@ struct BpeOptions {
   bool byte_level = true;      // symbols start as bytes (else as UTF-8 characters)
   bool byte_fallback = false;  // unknown characters become <0xNN> tokens
   bool ignore_merges = false;  // a word that is a token is that token, merges or not
+  bool newline_words_whole = false;  // the same for words of newlines only (llama.cpp, Gemma 4)
   int32_t unk_id = -1;         // unknown characters become this token (-1: they are dropped)
   bool fuse_unk = false;       // consecutive unknowns become one
 };

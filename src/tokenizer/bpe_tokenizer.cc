@@ -18,14 +18,16 @@ class BpeTokenizer final : public Tokenizer {
   explicit BpeTokenizer(BpeTokenizerSpec spec)
       : token_text_(std::move(spec.token_text)),
         token_bytes_(std::move(spec.token_bytes)),
+        first_token_bytes_(std::move(spec.first_token_bytes)),
         model_(std::move(spec.model_vocab), spec.merges, spec.options),
-        nfc_(spec.nfc),
+        normalizer_(std::move(spec.normalizer)),
         pre_(std::move(spec.pre_tokenizer)),
         prefix_(std::move(spec.prefix)),
         suffix_(std::move(spec.suffix)),
         bos_(spec.bos_id),
         eos_(spec.eos_id) {
     MILES_CHECK(token_text_.size() == token_bytes_.size());
+    MILES_CHECK(first_token_bytes_.empty() || first_token_bytes_.size() == token_bytes_.size());
     std::vector<AddedToken> raw, normalized;
     special_.assign(token_text_.size(), false);
     for (AddedToken& t : spec.added_tokens) {
@@ -53,7 +55,8 @@ class BpeTokenizer final : public Tokenizer {
       if (s.id >= 0) {
         ids.push_back(s.id);
       } else {
-        encode_plain(text.substr(s.begin, s.end - s.begin), options.parse_special, ids);
+        encode_plain(text.substr(s.begin, s.end - s.begin), s.begin == 0, options.parse_special,
+                     ids);
       }
     }
     if (options.add_special) ids.insert(ids.end(), suffix_.begin(), suffix_.end());
@@ -62,16 +65,16 @@ class BpeTokenizer final : public Tokenizer {
 
   std::string decode(std::span<const int32_t> ids) const override {
     std::string out;
-    for (const int32_t id : ids) {
-      check_id(id);
-      out += token_bytes_[id];
+    for (size_t i = 0; i < ids.size(); ++i) {
+      check_id(ids[i]);
+      out += bytes_of(ids[i], i == 0);
     }
     return out;
   }
 
   std::string decode_piece(int32_t prev_id, int32_t id) const override {
     check_id(id);
-    return token_bytes_[id];
+    return bytes_of(id, prev_id < 0);
   }
 
   int32_t vocab_size() const override { return static_cast<int32_t>(token_text_.size()); }
@@ -90,17 +93,18 @@ class BpeTokenizer final : public Tokenizer {
   void check_id(int32_t id) const {
     MILES_CHECK(id >= 0 && id < vocab_size(), "token id outside the vocabulary");
   }
+  const std::string& bytes_of(int32_t id, bool first) const {
+    return first && !first_token_bytes_.empty() ? first_token_bytes_[id] : token_bytes_[id];
+  }
 
-  // Steps (2)-(5) for a stretch without raw-matching added tokens.
-  void encode_plain(std::string_view text, bool parse_special, std::vector<int32_t>& ids) const {
+  // Steps (2)-(5) for a stretch without raw-matching added tokens; `at_start`: it begins the text.
+  void encode_plain(std::string_view text, bool at_start, bool parse_special,
+                    std::vector<int32_t>& ids) const {
     std::string normalized;
-    if (nfc_ && !unicode::is_nfc_quick(text)) {
-      normalized = unicode::to_nfc(text);
-      text = normalized;
-    }
+    if (!normalizer_.empty()) text = normalizer_.run(text, normalized);
     auto word = [&](std::string_view w) { model_.encode_word(w, ids); };
     if (normalized_added_.empty()) {
-      pre_.run(text, word);
+      pre_.run(text, word, at_start);
       return;
     }
     std::vector<Segment> segs;
@@ -109,16 +113,17 @@ class BpeTokenizer final : public Tokenizer {
       if (s.id >= 0) {
         ids.push_back(s.id);
       } else {
-        pre_.run(text.substr(s.begin, s.end - s.begin), word);
+        pre_.run(text.substr(s.begin, s.end - s.begin), word, at_start && s.begin == 0);
       }
     }
   }
 
   std::vector<std::string> token_text_;
   std::vector<std::string> token_bytes_;
+  std::vector<std::string> first_token_bytes_;
   std::vector<bool> special_;  // [vocab] added tokens marked special, BOS, EOS
   BpeModel model_;
-  bool nfc_;
+  Normalizer normalizer_;
   PreTokenizer pre_;
   AddedTokenMatcher raw_added_, normalized_added_;
   std::vector<int32_t> prefix_, suffix_;

@@ -24,7 +24,7 @@ CPS = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
 ALL = "".join(map(chr, CPS))
 
 # Flag bits; keep in sync with unicode.h.
-LETTER, NUMBER, SPACE, WORD, DIGIT, NFC_CHECK = 1, 2, 4, 8, 16, 32
+LETTER, NUMBER, SPACE, WORD, DIGIT, NFC_CHECK, PUNCT = 1, 2, 4, 8, 16, 32, 64
 
 
 def regex_class(rx):
@@ -40,6 +40,14 @@ def digits_class():
     text = "".join("a" + chr(c) for c in CPS)  # a non-digit run swallows every non-digit c
     pieces = pre_tokenizers.Digits(individual_digits=True).pre_tokenize_str(text)
     return {CPS[a // 2] for _, (a, b) in pieces if b - a == 1 and a % 2 == 1}
+
+
+def punct_class():
+    """Code points the Punctuation pre-tokenizer cuts at (ASCII or Unicode punctuation)."""
+    kept = set()
+    for _, (a, b) in pre_tokenizers.Punctuation("removed").pre_tokenize_str(ALL):
+        kept.update(range(a, b))
+    return {CPS[i] for i in range(len(CPS)) if i not in kept}
 
 
 def word_class():
@@ -84,8 +92,19 @@ def full_decomposition(c, unknown):
     return out
 
 
+def hf_per_character(norm):
+    """{code point: HF's `norm` of that one character} where it changes the character."""
+    cps = [c for c in CPS if c != 0 and not 0xAC00 <= c <= 0xD7A3]  # Hangul: algorithmic
+    out = batch_normalize(norm, [chr(c) for c in cps])
+    return {c: [ord(x) for x in n] for c, n in zip(cps, out) if n != chr(c)}
+
+
 def main():
     print("tokenizers", tokenizers.__version__, "python unicodedata", ud.unidata_version)
+    # NFKD of each character as HF computes it (its compatibility data is Unicode 9 as well), kept
+    # where it differs from the canonical decomposition; Lowercase: Rust's char::to_lowercase.
+    compat_all = hf_per_character(normalizers.NFKD())
+    lower = hf_per_character(normalizers.Lowercase())
     unknown = hf_unknown_to_normaliser()
     ccc = {c: ud.combining(chr(c)) for c in CPS if ud.combining(chr(c)) and c not in unknown}
     decomp = {}
@@ -112,7 +131,7 @@ def main():
 
     classes = [(LETTER, regex_class(r"\p{L}")), (NUMBER, regex_class(r"\p{N}")),
                (SPACE, regex_class(r"\s")), (WORD, word_class()), (DIGIT, digits_class()),
-               (NFC_CHECK, nfc_check)]
+               (NFC_CHECK, nfc_check), (PUNCT, punct_class())]
     flags = {}
     for bit, members in classes:
         for c in members:
@@ -128,6 +147,15 @@ def main():
     for c in sorted(decomp):
         decomp_rows.append((c, len(pool), len(decomp[c])))
         pool.extend(decomp[c])
+    compat = {c: d for c, d in compat_all.items() if d != decomp.get(c, [c])}
+    compat_rows = []
+    for c in sorted(compat):
+        compat_rows.append((c, len(pool), len(compat[c])))
+        pool.extend(compat[c])
+    lower_rows = []
+    for c in sorted(lower):
+        lower_rows.append((c, len(pool), len(lower[c])))
+        pool.extend(lower[c])
 
     def rows(items, per_line):
         lines = []
@@ -163,6 +191,17 @@ const DecompEntry kDecomp[] = {{
 {rows([f"{{0x{c:X},{o},{n}}}," for c, o, n in decomp_rows], 6)}
 }};
 const size_t kDecompCount = sizeof(kDecomp) / sizeof(kDecomp[0]);
+
+// The same shape for HF's NFKD of a character where it differs from the canonical decomposition
+// (full compatibility decompositions, canonically ordered), and for Rust's char::to_lowercase.
+const DecompEntry kCompatDecomp[] = {{
+{rows([f"{{0x{c:X},{o},{n}}}," for c, o, n in compat_rows], 6)}
+}};
+const size_t kCompatDecompCount = sizeof(kCompatDecomp) / sizeof(kCompatDecomp[0]);
+const DecompEntry kLowercase[] = {{
+{rows([f"{{0x{c:X},{o},{n}}}," for c, o, n in lower_rows], 6)}
+}};
+const size_t kLowercaseCount = sizeof(kLowercase) / sizeof(kLowercase[0]);
 const uint32_t kDecompPool[] = {{
 {rows([f"0x{c:X}," for c in pool], 10)}
 }};
@@ -176,7 +215,8 @@ const size_t kComposeCount = sizeof(kCompose) / sizeof(kCompose[0]);
 }}  // namespace miles::unicode::detail
 """)
     print(f"wrote {OUT}: {len(ranges)} flag ranges, {len(ccc)} ccc, {len(decomp)} decompositions, "
-          f"{len(compose)} compositions, {len(unknown)} characters unknown to HF's normaliser")
+          f"{len(compose)} compositions, {len(compat)} compatibility decompositions, "
+          f"{len(lower)} lowercase mappings, {len(unknown)} characters unknown to HF's normaliser")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,22 @@
 // Tokenizers from GGUF metadata (tokenizer.ggml.*), configured as llama.cpp configures them.
 //
 // Why llama.cpp's reading: a GGUF names its pre-tokenizer (tokenizer.ggml.pre) instead of spelling
-// it out, and the meaning of each name is llama.cpp's: "gpt-2" the GPT-2 regex, "qwen2" the Qwen2
-// regex, "smollm" every digit alone then the GPT-2 regex, "llama-bpe" the Llama-3 regex with
-// ignore_merges. There is no normalizer (llama.cpp applies none to BPE vocabularies), and added
-// tokens are the entries typed control, user-defined or unknown, matched longest first. Errors
-// name the file and the key.
+// it out, and the meaning of each name is llama.cpp's (gguf_pre_tokenizer.h: its regexes, whether
+// merges are ignored, whether BOS is added by default). There is no normalizer (llama.cpp applies
+// none to BPE vocabularies), and added tokens are the entries typed control, user-defined or
+// unknown, matched longest first. Errors name the file and the key.
+#include <spdlog/spdlog.h>
+
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+
 #include "miles/gguf.h"
 #include "miles/tokenizer.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/decoder.h"
+#include "tokenizer/gguf_pre_tokenizer.h"
 #include "tokenizer/spm_tokenizer.h"
 
 namespace miles {
@@ -42,28 +49,31 @@ Result<int32_t> token_id_key(const GgufFile& f, const std::string& key, int64_t 
   return static_cast<int32_t>(id);
 }
 
+// The pre-tokenizer tokenizer.ggml.pre names, from llama.cpp's table (gguf_pre_tokenizer.h): each
+// regex an Isolated split.
 Result<std::vector<PreTokenizerStep>> pre_tokenizer_for(const GgufFile& f, const std::string& pre,
-                                                        bool* ignore_merges) {
-  auto split = [](tokenizer::SplitPattern p) {
+                                                        tokenizer::GgufPreTokenizer* def) {
+  auto found = tokenizer::gguf_pre_tokenizer(pre);
+  if (!found.ok()) return key_error(f, "tokenizer.ggml.pre", found.message());
+  *def = std::move(found).value();
+  std::vector<PreTokenizerStep> steps;
+  if (def->escaped_spaces) {  // llama_escape_whitespace: every space becomes U+2581
+    PreTokenizerStep s;
+    s.kind = PreTokenizerStep::Kind::kMetaspace;
+    s.literal = "\xE2\x96\x81";
+    s.prepend = tokenizer::PrependScheme::kNever;
+    s.split = false;
+    steps.push_back(std::move(s));
+  }
+  for (const std::string_view regex : def->regexes) {
     PreTokenizerStep s;
     s.kind = PreTokenizerStep::Kind::kSplitRegex;
-    s.pattern = p;
-    return s;
-  };
-  if (pre == "gpt-2") return std::vector<PreTokenizerStep>{split(tokenizer::SplitPattern::kGpt2)};
-  if (pre == "qwen2") return std::vector<PreTokenizerStep>{split(tokenizer::SplitPattern::kQwen2)};
-  if (pre == "llama-bpe" || pre == "llama3") {
-    *ignore_merges = true;
-    return std::vector<PreTokenizerStep>{split(tokenizer::SplitPattern::kLlama3)};
+    auto re = tokenizer::SplitRegex::compile(regex);  // a test compiles every pattern of the table
+    if (!re.ok()) return key_error(f, "tokenizer.ggml.pre", re.message());
+    s.regex = std::move(re).value();
+    steps.push_back(std::move(s));
   }
-  if (pre == "smollm") {
-    PreTokenizerStep digits;
-    digits.kind = PreTokenizerStep::Kind::kDigits;
-    digits.individual_digits = true;
-    return std::vector<PreTokenizerStep>{digits, split(tokenizer::SplitPattern::kGpt2)};
-  }
-  return key_error(f, "tokenizer.ggml.pre",
-                   "\"" + pre + "\" is not supported (gpt-2, qwen2, smollm, llama-bpe)");
+  return steps;
 }
 
 Result<std::vector<int32_t>> token_types(const GgufFile& f, size_t n) {
@@ -77,15 +87,96 @@ Result<std::vector<int32_t>> token_types(const GgufFile& f, size_t n) {
   return types;
 }
 
+// llama.cpp's corrections of the stored types by token text (llama-vocab.cpp, "auto-detect
+// special tokens by text" and the end-of-generation list): a token whose text marks the end of a
+// turn or of the text, or a fill-in-the-middle role (when the GGUF names no token for that role),
+// is a control token whatever its stored type, so that parse_special=false leaves its text to the
+// ordinary tokenizer; "</s>" stays normal beside Gemma 4's and PLaMo's own end markers, and
+// gpt-oss's channel tokens are user-defined. Where llama.cpp takes the first of several FIM
+// candidates in hash order, every candidate is taken here.
+void apply_llama_cpp_types(const GgufFile& f, const std::vector<std::string>& tokens,
+                           std::vector<int32_t>& types) {
+  static const std::unordered_set<std::string_view> kEndOfGeneration = {"<|eot_id|>",
+                                                                        "<|im_end|>",
+                                                                        "<|end|>",
+                                                                        "<|return|>",
+                                                                        "<|call|>",
+                                                                        "<|flush|>",
+                                                                        "<|calls|>",
+                                                                        "<end_of_turn>",
+                                                                        "<|endoftext|>",
+                                                                        "</s>",
+                                                                        "<|eom_id|>",
+                                                                        "<EOT>",
+                                                                        "_<EOT>",
+                                                                        "[EOT]",
+                                                                        "[EOS]",
+                                                                        "<|end_of_text|>",
+                                                                        "<end_of_utterance>",
+                                                                        "<eos>",
+                                                                        "<turn|>",
+                                                                        "<|tool_response>",
+                                                                        "<｜end▁of▁sentence｜>",
+                                                                        "[e~["};
+  struct Role {
+    const char* key;
+    std::vector<std::string_view> texts;
+  };
+  static const Role kFim[] = {
+      {"tokenizer.ggml.fim_pre_token_id",
+       {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+        "<|code_prefix|>", "<|prefix|>"}},
+      {"tokenizer.ggml.fim_suf_token_id",
+       {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+        "<|code_suffix|>", "<|suffix|>"}},
+      {"tokenizer.ggml.fim_mid_token_id",
+       {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+        "<|code_middle|>", "<|middle|>"}},
+      {"tokenizer.ggml.fim_pad_token_id",
+       {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}},
+      {"tokenizer.ggml.fim_rep_token_id",
+       {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
+      {"tokenizer.ggml.fim_sep_token_id", {"<|file_sep|>"}},
+  };
+  std::unordered_map<std::string_view, size_t> id_of;
+  for (size_t id = 0; id < tokens.size(); ++id) id_of[tokens[id]] = id;  // later ids win
+  auto promote = [&](std::string_view text) {
+    auto it = id_of.find(text);
+    if (it != id_of.end()) types[it->second] = tokenizer::kTokenControl;
+  };
+  for (const std::string_view text : kEndOfGeneration) promote(text);
+  for (const Role& r : kFim)
+    if (!f.find(r.key))
+      for (const std::string_view text : r.texts) promote(text);
+  if (id_of.count("</s>") && (id_of.count("<|tool_response>") || id_of.count("<|plamo:eos|>")))
+    types[id_of["</s>"]] = tokenizer::kTokenNormal;
+  for (const std::string_view text : {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
+    if (auto it = id_of.find(text); it != id_of.end())
+      types[it->second] = tokenizer::kTokenUserDefined;
+}
+
+// BPE vocabularies: "gpt2" (byte-level) and "gemma4" (whose pre-tokenizer llama.cpp fixes to
+// "gemma4": escaped spaces, raw UTF-8 symbols, <0xNN> byte tokens).
 Result<std::unique_ptr<Tokenizer>> gpt2_tokenizer(const GgufFile& f,
                                                   std::vector<std::string> tokens,
-                                                  std::vector<int32_t> types) {
+                                                  std::vector<int32_t> types, bool gemma4) {
   tokenizer::BpeTokenizerSpec spec;
   const auto n = static_cast<int64_t>(tokens.size());
-  MILES_ASSIGN_OR_RETURN(const std::string pre, f.get_string("tokenizer.ggml.pre"));
-  MILES_ASSIGN_OR_RETURN(spec.pre_tokenizer,
-                         pre_tokenizer_for(f, pre, &spec.options.ignore_merges));
-  spec.options.byte_level = true;
+  std::string pre;  // llama.cpp reads a missing name as "default"
+  if (gemma4) {
+    pre = "gemma4";
+  } else if (f.find("tokenizer.ggml.pre")) {
+    MILES_ASSIGN_OR_RETURN(pre, f.get_string("tokenizer.ggml.pre"));
+  } else {
+    spdlog::warn("{}: no tokenizer.ggml.pre; using llama.cpp's \"default\" pre-tokenizer",
+                 f.path());
+  }
+  tokenizer::GgufPreTokenizer def;
+  MILES_ASSIGN_OR_RETURN(spec.pre_tokenizer, pre_tokenizer_for(f, pre, &def));
+  spec.options.ignore_merges = def.ignore_merges;
+  spec.options.newline_words_whole = def.newline_words_whole;
+  spec.options.byte_level = !def.escaped_spaces;
+  spec.options.byte_fallback = def.escaped_spaces;
   std::unordered_map<std::string, int32_t> lookup;  // as stored; later ids win (llama.cpp)
   for (int32_t id = 0; id < n; ++id) lookup[tokens[id]] = id;
   MILES_ASSIGN_OR_RETURN(const auto merges, f.get_strings("tokenizer.ggml.merges"));
@@ -110,14 +201,31 @@ Result<std::unique_ptr<Tokenizer>> gpt2_tokenizer(const GgufFile& f,
   spec.token_bytes.resize(tokens.size());
   for (const auto& [text, id] : lookup) {
     std::string bytes;
-    if (tokenizer::byte_level_decode(text, &bytes)) spec.model_vocab.emplace_back(bytes, id);
+    if (def.escaped_spaces) {
+      spec.model_vocab.emplace_back(text, id);
+    } else if (tokenizer::byte_level_decode(text, &bytes)) {
+      spec.model_vocab.emplace_back(bytes, id);
+    }
   }
+  // llama.cpp's token_to_piece: normal tokens through the byte-level map (or with U+2581 as a
+  // space), byte tokens as their byte, the rest as stored.
+  std::vector<tokenizer::DecoderStep> unescape(2);
+  unescape[0].kind = tokenizer::DecoderStep::Kind::kReplace;
+  unescape[0].from = "\xE2\x96\x81";
+  unescape[0].to = " ";
+  unescape[1].kind = tokenizer::DecoderStep::Kind::kByteFallback;
   for (int32_t id = 0; id < n; ++id) {
     const int32_t t = types[id];
     std::string bytes;
     const bool normal = t == tokenizer::kTokenNormal;
-    spec.token_bytes[id] =
-        normal && tokenizer::byte_level_decode(tokens[id], &bytes) ? bytes : tokens[id];
+    if (def.escaped_spaces) {
+      spec.token_bytes[id] = normal || t == tokenizer::kTokenByte
+                                 ? tokenizer::decode_token(unescape, tokens[id], false)
+                                 : tokens[id];
+    } else {
+      spec.token_bytes[id] =
+          normal && tokenizer::byte_level_decode(tokens[id], &bytes) ? bytes : tokens[id];
+    }
     if (t == tokenizer::kTokenControl || t == tokenizer::kTokenUserDefined ||
         t == tokenizer::kTokenUnknown)
       spec.added_tokens.push_back({tokens[id], id, t != tokenizer::kTokenUserDefined});
@@ -126,7 +234,7 @@ Result<std::unique_ptr<Tokenizer>> gpt2_tokenizer(const GgufFile& f,
   MILES_ASSIGN_OR_RETURN(spec.bos_id, token_id_key(f, "tokenizer.ggml.bos_token_id", n));
   MILES_ASSIGN_OR_RETURN(spec.eos_id, token_id_key(f, "tokenizer.ggml.eos_token_id", n));
   MILES_ASSIGN_OR_RETURN(const bool add_bos,
-                         optional_bool(f, "tokenizer.ggml.add_bos_token", pre == "llama-bpe"));
+                         optional_bool(f, "tokenizer.ggml.add_bos_token", def.add_bos));
   MILES_ASSIGN_OR_RETURN(const bool add_eos,
                          optional_bool(f, "tokenizer.ggml.add_eos_token", false));
   if (add_bos && spec.bos_id >= 0) spec.prefix.push_back(spec.bos_id);
@@ -166,9 +274,12 @@ Result<std::unique_ptr<Tokenizer>> gguf_tokenizer(const GgufFile& f) {
     return key_error(f, "tokenizer.ggml.tokens",
                      std::to_string(tokens.size()) + " tokens (expected 1 to 2^22)");
   MILES_ASSIGN_OR_RETURN(auto types, token_types(f, tokens.size()));
-  if (model == "gpt2") return gpt2_tokenizer(f, std::move(tokens), std::move(types));
+  apply_llama_cpp_types(f, tokens, types);
+  if (model == "gpt2" || model == "gemma4")
+    return gpt2_tokenizer(f, std::move(tokens), std::move(types), model == "gemma4");
   if (model == "llama") return llama_tokenizer(f, std::move(tokens), std::move(types));
-  return key_error(f, "tokenizer.ggml.model", "\"" + model + "\" is not supported (gpt2, llama)");
+  return key_error(f, "tokenizer.ggml.model",
+                   "\"" + model + "\" is not supported (gpt2, gemma4, llama)");
 }
 
 Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const std::string& path) {

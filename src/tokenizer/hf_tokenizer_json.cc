@@ -1,4 +1,6 @@
-// Reading a Hugging Face tokenizer.json into a BpeTokenizerSpec.
+// Reading a Hugging Face tokenizer.json into a BpeTokenizerSpec: the model, normalizers
+// (normalizer.h), pre-tokenizers (pre_tokenizer.h; Split patterns through regex.h), post-processor,
+// decoders (decoder.h) and added tokens.
 //
 // Why strict: a tokenizer that silently ignores a part it does not understand gives wrong ids
 // without any error. Every part HF would run is either reproduced exactly or refused with an
@@ -13,6 +15,7 @@
 
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/decoder.h"
 #include "tokenizer/unicode.h"
 
 namespace miles {
@@ -55,16 +58,24 @@ class Reader {
 
   Status parse_model(const json& m, tokenizer::BpeTokenizerSpec& spec,
                      std::unordered_map<std::string, int32_t>& vocab, bool byte_level) const;
-  Status parse_normalizer(const json& n, const std::string& field, bool* nfc) const;
+  Status parse_normalizer(const json& n, const std::string& field,
+                          std::vector<tokenizer::NormalizerStep>& steps) const;
+  Status parse_decoder(const json& d, const std::string& field,
+                       std::vector<tokenizer::DecoderStep>& steps, bool* byte_level) const;
   Status parse_pre_tokenizer(const json& p, const std::string& field,
                              std::vector<PreTokenizerStep>& steps) const;
   Status parse_post_processor(const json& p, const std::string& field,
                               tokenizer::BpeTokenizerSpec& spec) const;
   Status parse_added_tokens(const json& a, const std::unordered_map<std::string, int32_t>& vocab,
-                            bool nfc, tokenizer::BpeTokenizerSpec& spec) const;
+                            tokenizer::BpeTokenizerSpec& spec) const;
 
  private:
   Result<int32_t> special_id(const json& pair, const std::string& field) const;
+  // A Replace / Split pattern: {"String": s} or {"Regex": r}; exactly one of literal / regex set.
+  Status parse_pattern(const json& p, const std::string& field, std::string* literal,
+                       std::shared_ptr<const tokenizer::SplitRegex>* regex) const;
+  // A one-character string field (Metaspace's replacement, Strip's content).
+  Result<std::string> get_char(const json& obj, const char* key, const std::string& field) const;
   std::string source_;
 };
 
@@ -172,21 +183,77 @@ Status Reader::parse_model(const json& m, tokenizer::BpeTokenizerSpec& spec,
   return Status::Ok();
 }
 
-Status Reader::parse_normalizer(const json& n, const std::string& field, bool* nfc) const {
-  MILES_ASSIGN_OR_RETURN(const std::string type, type_of(n, field));
-  if (type == "NFC") {
-    *nfc = true;
+Status Reader::parse_pattern(const json& p, const std::string& field, std::string* literal,
+                             std::shared_ptr<const tokenizer::SplitRegex>* regex) const {
+  if (!p.is_object()) return error(field, "expected {\"Regex\": ...} or {\"String\": ...}");
+  if (const json* rx = find(p, "Regex")) {
+    if (!rx->is_string()) return error(field + ".Regex", "expected a string");
+    auto re = tokenizer::SplitRegex::compile(rx->get<std::string>());
+    if (!re.ok()) return error(field + ".Regex", re.message());
+    *regex = std::move(re).value();
     return Status::Ok();
   }
+  if (const json* lit = find(p, "String")) {
+    if (!lit->is_string() || lit->get<std::string>().empty())
+      return error(field + ".String", "expected a non-empty string");
+    *literal = lit->get<std::string>();
+    return Status::Ok();
+  }
+  return error(field, "expected {\"Regex\": ...} or {\"String\": ...}");
+}
+
+Result<std::string> Reader::get_char(const json& obj, const char* key,
+                                     const std::string& field) const {
+  const json* v = find(obj, key);
+  if (!v || !v->is_string()) return error(field + "." + key, "expected a string");
+  const std::string& c = v->get_ref<const std::string&>();
+  uint32_t cp = unicode::kInvalid;
+  const int len = c.empty() ? 0 : unicode::decode_utf8(c.data(), c.size(), &cp);
+  if (len != static_cast<int>(c.size()) || cp == unicode::kInvalid)
+    return error(field + "." + key, "expected one character");
+  return c;
+}
+
+Status Reader::parse_normalizer(const json& n, const std::string& field,
+                                std::vector<tokenizer::NormalizerStep>& steps) const {
+  using Kind = tokenizer::NormalizerStep::Kind;
+  MILES_ASSIGN_OR_RETURN(const std::string type, type_of(n, field));
+  tokenizer::NormalizerStep step;
   if (type == "Sequence") {
     const json* list = find(n, "normalizers");
     if (!list || !list->is_array()) return error(field + ".normalizers", "expected an array");
     for (size_t i = 0; i < list->size(); ++i)
       MILES_RETURN_IF_ERROR(
-          parse_normalizer((*list)[i], field + ".normalizers[" + std::to_string(i) + "]", nfc));
+          parse_normalizer((*list)[i], field + ".normalizers[" + std::to_string(i) + "]", steps));
     return Status::Ok();
+  } else if (type == "NFC" || type == "NFD" || type == "NFKC" || type == "NFKD") {
+    step.kind = type == "NFC"    ? Kind::kNfc
+                : type == "NFD"  ? Kind::kNfd
+                : type == "NFKC" ? Kind::kNfkc
+                                 : Kind::kNfkd;
+  } else if (type == "Lowercase") {
+    step.kind = Kind::kLowercase;
+  } else if (type == "Replace") {
+    step.kind = Kind::kReplace;
+    const json* pat = find(n, "pattern");
+    if (!pat) return error(field + ".pattern", "missing");
+    MILES_RETURN_IF_ERROR(parse_pattern(*pat, field + ".pattern", &step.literal, &step.regex));
+    MILES_ASSIGN_OR_RETURN(step.content, get_string(n, "content", field));
+  } else if (type == "Prepend") {
+    step.kind = Kind::kPrepend;
+    MILES_ASSIGN_OR_RETURN(step.literal, get_string(n, "prepend", field));
+  } else if (type == "Strip") {
+    step.kind = Kind::kStrip;
+    MILES_ASSIGN_OR_RETURN(step.strip_left, get_bool(n, "strip_left", field, false));
+    MILES_ASSIGN_OR_RETURN(step.strip_right, get_bool(n, "strip_right", field, false));
+  } else {
+    return error(field + ".type",
+                 "normalizer \"" + type +
+                     "\" is not supported (NFC, NFD, NFKC, NFKD, Lowercase, Replace, Prepend, "
+                     "Strip, Sequence)");
   }
-  return error(field + ".type", "normalizer \"" + type + "\" is not supported (NFC, Sequence)");
+  steps.push_back(std::move(step));
+  return Status::Ok();
 }
 
 Status Reader::parse_pre_tokenizer(const json& p, const std::string& field,
@@ -208,35 +275,131 @@ Status Reader::parse_pre_tokenizer(const json& p, const std::string& field,
   } else if (type == "Digits") {
     step.kind = PreTokenizerStep::Kind::kDigits;
     MILES_ASSIGN_OR_RETURN(step.individual_digits, get_bool(p, "individual_digits", field, false));
+  } else if (type == "Metaspace") {
+    step.kind = PreTokenizerStep::Kind::kMetaspace;
+    MILES_ASSIGN_OR_RETURN(step.literal, get_char(p, "replacement", field));
+    MILES_ASSIGN_OR_RETURN(step.split, get_bool(p, "split", field, true));
+    if (const json* scheme = find(p, "prepend_scheme")) {
+      const std::string v = scheme->is_string() ? scheme->get<std::string>() : "";
+      if (v == "always") {
+        step.prepend = tokenizer::PrependScheme::kAlways;
+      } else if (v == "first") {
+        step.prepend = tokenizer::PrependScheme::kFirst;
+      } else if (v == "never") {
+        step.prepend = tokenizer::PrependScheme::kNever;
+      } else {
+        return error(field + ".prepend_scheme", "expected \"always\", \"first\" or \"never\"");
+      }
+    } else {  // files older than prepend_scheme: add_prefix_space
+      MILES_ASSIGN_OR_RETURN(const bool add, get_bool(p, "add_prefix_space", field, true));
+      step.prepend = add ? tokenizer::PrependScheme::kAlways : tokenizer::PrependScheme::kNever;
+    }
+  } else if (type == "Whitespace") {
+    step.kind = PreTokenizerStep::Kind::kWhitespace;
+  } else if (type == "WhitespaceSplit") {
+    step.kind = PreTokenizerStep::Kind::kWhitespaceSplit;
+  } else if (type == "Punctuation") {
+    step.kind = PreTokenizerStep::Kind::kPunctuation;
+    step.behavior = SplitBehavior::kIsolated;
+    if (find(p, "behavior")) {
+      MILES_ASSIGN_OR_RETURN(const std::string behavior, get_string(p, "behavior", field));
+      auto b = behavior_from(behavior);
+      if (!b.ok()) return error(field + ".behavior", b.message());
+      step.behavior = *b;
+    }
+  } else if (type == "BertPreTokenizer") {  // HF: whitespace split, then punctuation isolated
+    step.kind = PreTokenizerStep::Kind::kWhitespaceSplit;
+    steps.push_back(step);
+    step.kind = PreTokenizerStep::Kind::kPunctuation;
+    step.behavior = SplitBehavior::kIsolated;
+  } else if (type == "CharDelimiterSplit") {
+    step.kind = PreTokenizerStep::Kind::kSplitString;
+    MILES_ASSIGN_OR_RETURN(step.literal, get_char(p, "delimiter", field));
+    step.behavior = SplitBehavior::kRemoved;
   } else if (type == "Split") {
     const json* pat = find(p, "pattern");
-    if (!pat || !pat->is_object()) return error(field + ".pattern", "expected an object");
-    if (const json* rx = find(*pat, "Regex")) {
-      if (!rx->is_string()) return error(field + ".pattern.Regex", "expected a string");
-      const auto known = tokenizer::pattern_from_regex(rx->get<std::string>());
-      if (!known)
-        return error(field + ".pattern.Regex",
-                     "regex \"" + rx->get<std::string>() +
-                         "\" is not supported (only the GPT-2, Llama-3 and Qwen2 patterns)");
-      step.kind = PreTokenizerStep::Kind::kSplitRegex;
-      step.pattern = *known;
-    } else if (const json* lit = find(*pat, "String")) {
-      if (!lit->is_string() || lit->get<std::string>().empty())
-        return error(field + ".pattern.String", "expected a non-empty string");
-      step.kind = PreTokenizerStep::Kind::kSplitString;
-      step.literal = lit->get<std::string>();
-    } else {
-      return error(field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
-    }
+    if (!pat) return error(field + ".pattern", "missing");
+    MILES_RETURN_IF_ERROR(parse_pattern(*pat, field + ".pattern", &step.literal, &step.regex));
+    step.kind =
+        step.regex ? PreTokenizerStep::Kind::kSplitRegex : PreTokenizerStep::Kind::kSplitString;
     MILES_ASSIGN_OR_RETURN(const std::string behavior, get_string(p, "behavior", field));
     auto b = behavior_from(behavior);
     if (!b.ok()) return error(field + ".behavior", b.message());
     step.behavior = *b;
     MILES_ASSIGN_OR_RETURN(step.invert, get_bool(p, "invert", field, false));
   } else {
-    return error(field + ".type", "pre-tokenizer \"" + type +
-                                      "\" is not supported (Sequence, Split, ByteLevel, Digits)");
+    return error(field + ".type",
+                 "pre-tokenizer \"" + type +
+                     "\" is not supported (Sequence, Split, ByteLevel, Digits, Metaspace, "
+                     "Whitespace, WhitespaceSplit, Punctuation, BertPreTokenizer, "
+                     "CharDelimiterSplit)");
   }
+  steps.push_back(std::move(step));
+  return Status::Ok();
+}
+
+Status Reader::parse_decoder(const json& d, const std::string& field,
+                             std::vector<tokenizer::DecoderStep>& steps, bool* byte_level) const {
+  using Kind = tokenizer::DecoderStep::Kind;
+  MILES_ASSIGN_OR_RETURN(const std::string type, type_of(d, field));
+  tokenizer::DecoderStep step;
+  if (type == "Sequence") {
+    const json* list = find(d, "decoders");
+    if (!list || !list->is_array()) return error(field + ".decoders", "expected an array");
+    for (size_t i = 0; i < list->size(); ++i)
+      MILES_RETURN_IF_ERROR(parse_decoder(
+          (*list)[i], field + ".decoders[" + std::to_string(i) + "]", steps, byte_level));
+    return Status::Ok();
+  }
+  if (type == "ByteLevel") {
+    *byte_level = true;
+    return Status::Ok();
+  }
+  if (type == "Replace") {
+    step.kind = Kind::kReplace;
+    const json* pat = find(d, "pattern");
+    if (!pat) return error(field + ".pattern", "missing");
+    std::shared_ptr<const tokenizer::SplitRegex> regex;
+    MILES_RETURN_IF_ERROR(parse_pattern(*pat, field + ".pattern", &step.from, &regex));
+    if (regex) return error(field + ".pattern.Regex", "a Regex pattern is not supported here");
+    MILES_ASSIGN_OR_RETURN(step.to, get_string(d, "content", field));
+  } else if (type == "ByteFallback") {
+    step.kind = Kind::kByteFallback;
+  } else if (type == "Fuse") {
+    step.kind = Kind::kFuse;
+  } else if (type == "Strip") {
+    step.kind = Kind::kStrip;
+    MILES_ASSIGN_OR_RETURN(step.from, get_char(d, "content", field));
+    for (auto [key, out] : {std::pair{"start", &step.start}, std::pair{"stop", &step.stop}}) {
+      const json* v = find(d, key);
+      if (!v || !v->is_number_integer() || v->get<int64_t>() < 0 || v->get<int64_t>() > 64)
+        return error(field + "." + key, "expected a count in [0, 64]");
+      *out = static_cast<int>(v->get<int64_t>());
+    }
+  } else if (type == "Metaspace") {
+    step.kind = Kind::kMetaspace;
+    MILES_ASSIGN_OR_RETURN(step.replacement, get_char(d, "replacement", field));
+    if (const json* scheme = find(d, "prepend_scheme")) {
+      if (!scheme->is_string() || (*scheme != "always" && *scheme != "first" && *scheme != "never"))
+        return error(field + ".prepend_scheme", "expected \"always\", \"first\" or \"never\"");
+      step.prepend = *scheme != "never";
+    } else {
+      MILES_ASSIGN_OR_RETURN(step.prepend, get_bool(d, "add_prefix_space", field, true));
+    }
+  } else {
+    return error(field + ".type", "decoder \"" + type +
+                                      "\" is not supported (ByteLevel, Replace, ByteFallback, "
+                                      "Fuse, Strip, Metaspace, Sequence)");
+  }
+  // The shapes decode_token runs exactly: per-token steps, one Fuse, then only a Strip of at most
+  // one leading character; never mixed with ByteLevel.
+  bool fused = false;
+  for (const tokenizer::DecoderStep& s : steps) fused = fused || s.kind == Kind::kFuse;
+  if (fused && step.kind == Kind::kFuse) return error(field, "a second Fuse is not supported");
+  if (fused && step.kind != Kind::kStrip)
+    return error(field, "a " + type + " decoder after Fuse is not supported");
+  if (fused && (step.start > 1 || step.stop != 0))
+    return error(field, "Strip after Fuse is supported with start <= 1 and stop 0 only");
   steps.push_back(std::move(step));
   return Status::Ok();
 }
@@ -304,7 +467,7 @@ Status Reader::parse_post_processor(const json& p, const std::string& field,
 }
 
 Status Reader::parse_added_tokens(const json& a,
-                                  const std::unordered_map<std::string, int32_t>& vocab, bool nfc,
+                                  const std::unordered_map<std::string, int32_t>& vocab,
                                   tokenizer::BpeTokenizerSpec& spec) const {
   if (!a.is_array()) return error("added_tokens", "expected an array");
   std::unordered_map<std::string, int32_t> added;  // content -> id
@@ -336,7 +499,10 @@ Status Reader::parse_added_tokens(const json& a,
     }
     next_id = std::max<int64_t>(next_id, int64_t{tok.id} + 1);
     added[content] = tok.id;
-    if (tok.normalized && nfc) tok.content = unicode::to_nfc(tok.content);  // HF matches this
+    if (tok.normalized && !spec.normalizer.empty()) {  // HF matches (and decodes) it normalized
+      std::string buffer;
+      tok.content = std::string(spec.normalizer.run(content, buffer));
+    }
     if (auto s = slot.find(tok.id); s != slot.end()) {
       spec.added_tokens[s->second] = tok;  // the last definition of an id wins
     } else {
@@ -401,18 +567,35 @@ Result<std::unique_ptr<Tokenizer>> parse_with_config(std::string_view text,
   const bool byte_level = pre && has_byte_level(*pre);
   std::unordered_map<std::string, int32_t> vocab;
   MILES_RETURN_IF_ERROR(r.parse_model(*model, spec, vocab, byte_level));
-  if (const json* n = Reader::find(j, "normalizer"))
-    MILES_RETURN_IF_ERROR(r.parse_normalizer(*n, "normalizer", &spec.nfc));
+  if (const json* n = Reader::find(j, "normalizer")) {
+    std::vector<tokenizer::NormalizerStep> steps;
+    MILES_RETURN_IF_ERROR(r.parse_normalizer(*n, "normalizer", steps));
+    spec.normalizer = tokenizer::Normalizer(std::move(steps));
+  }
   if (pre) MILES_RETURN_IF_ERROR(r.parse_pre_tokenizer(*pre, "pre_tokenizer", spec.pre_tokenizer));
   if (const json* p = Reader::find(j, "post_processor"))
     MILES_RETURN_IF_ERROR(r.parse_post_processor(*p, "post_processor", spec));
+  std::vector<tokenizer::DecoderStep> decoder;
   if (const json* d = Reader::find(j, "decoder")) {
-    MILES_ASSIGN_OR_RETURN(const std::string type, r.type_of(*d, "decoder"));
-    if (type != "ByteLevel")
-      return r.error("decoder.type", "decoder \"" + type + "\" is not supported (ByteLevel)");
+    bool byte_level_decoder = false;
+    MILES_RETURN_IF_ERROR(r.parse_decoder(*d, "decoder", decoder, &byte_level_decoder));
+    if (byte_level_decoder && !decoder.empty())
+      return r.error("decoder", "ByteLevel together with other decoders is not supported");
   }
   if (const json* a = Reader::find(j, "added_tokens"))
-    MILES_RETURN_IF_ERROR(r.parse_added_tokens(*a, vocab, spec.nfc, spec));
+    MILES_RETURN_IF_ERROR(r.parse_added_tokens(*a, vocab, spec));
+  if (!decoder.empty()) {  // every id's bytes through the chain (added tokens too, as HF)
+    bool first_differs = false;
+    for (const tokenizer::DecoderStep& s : decoder)
+      first_differs = first_differs || s.kind == tokenizer::DecoderStep::Kind::kStrip ||
+                      (s.kind == tokenizer::DecoderStep::Kind::kMetaspace && s.prepend);
+    for (size_t id = 0; id < spec.token_text.size(); ++id) {
+      spec.token_bytes[id] = tokenizer::decode_token(decoder, spec.token_text[id], false);
+      if (first_differs)
+        spec.first_token_bytes.push_back(
+            tokenizer::decode_token(decoder, spec.token_text[id], true));
+    }
+  }
   const auto n = static_cast<int64_t>(spec.token_text.size());
   for (const int32_t id : spec.prefix)
     if (id >= n) return r.error("post_processor", "token id " + std::to_string(id) + " is unknown");

@@ -25,14 +25,14 @@ void literal_parts(std::string_view piece, std::string_view delim, std::vector<P
   if (prev < piece.size()) parts.push_back({{prev, piece.size()}, false});
 }
 
-// Parts of `piece` for HF's char-predicate pattern "is numeric": each digit is a match, the runs
-// between them are non-matches.
-void digit_parts(std::string_view piece, std::vector<Part>& parts) {
+// Parts of `piece` for one of HF's char-predicate patterns ("is numeric", "is punctuation"): each
+// code point with `flag` is a match, the runs between them are non-matches.
+void char_parts(std::string_view piece, uint8_t flag, std::vector<Part>& parts) {
   size_t prev = 0;
   for (size_t i = 0; i < piece.size();) {
     uint32_t cp;
     const int len = unicode::decode_utf8(piece.data() + i, piece.size() - i, &cp);
-    if (unicode::flags(cp) & unicode::kDigit) {
+    if (unicode::flags(cp) & flag) {
       if (prev < i) parts.push_back({{prev, i}, false});
       parts.push_back({{i, i + len}, true});
       prev = i + len;
@@ -40,6 +40,28 @@ void digit_parts(std::string_view piece, std::vector<Part>& parts) {
     i += len;
   }
   if (prev < piece.size()) parts.push_back({{prev, piece.size()}, false});
+}
+
+// HF's Whitespace (`\w+|[^\w\s]+`, the matches kept) when `split_words`, else WhitespaceSplit
+// (the runs between White_Space code points).
+void whitespace_pieces(std::string_view piece, bool split_words, std::vector<Span>& out) {
+  enum { kNone, kWordRun, kOtherRun } run = kNone;
+  size_t start = 0;
+  for (size_t i = 0; i < piece.size();) {
+    uint32_t cp;
+    const int len = unicode::decode_utf8(piece.data() + i, piece.size() - i, &cp);
+    const uint8_t f = unicode::flags(cp);
+    const auto kind = f & unicode::kSpace                  ? kNone
+                      : !split_words || f & unicode::kWord ? kWordRun
+                                                           : kOtherRun;
+    if (kind != run) {
+      if (run != kNone) out.push_back({start, i});
+      start = i;
+      run = kind;
+    }
+    i += len;
+  }
+  if (run != kNone) out.push_back({start, piece.size()});
 }
 
 }  // namespace
@@ -102,12 +124,12 @@ bool PreTokenizer::has_byte_level() const {
   return false;
 }
 
-void PreTokenizer::run(std::string_view text, PieceSink sink) const {
+void PreTokenizer::run(std::string_view text, PieceSink sink, bool at_start) const {
   std::vector<std::vector<Span>> scratch(steps_.size());
-  apply(0, text, sink, scratch);
+  apply(0, text, at_start, sink, scratch);
 }
 
-void PreTokenizer::apply(size_t step, std::string_view piece, PieceSink sink,
+void PreTokenizer::apply(size_t step, std::string_view piece, bool at_start, PieceSink sink,
                          std::vector<std::vector<Span>>& scratch) const {
   if (piece.empty()) return;
   if (step == steps_.size()) {
@@ -117,7 +139,7 @@ void PreTokenizer::apply(size_t step, std::string_view piece, PieceSink sink,
   const PreTokenizerStep& s = steps_[step];
   std::vector<Span>& pieces = scratch[step];
   pieces.clear();
-  std::string prefixed;  // ByteLevel's added space lives here
+  std::string prefixed;  // ByteLevel's added space, Metaspace's rewritten text live here
   std::string_view text = piece;
   switch (s.kind) {
     case PreTokenizerStep::Kind::kByteLevel:
@@ -128,28 +150,56 @@ void PreTokenizer::apply(size_t step, std::string_view piece, PieceSink sink,
         text = prefixed;
       }
       if (!s.use_regex) {
-        apply(step + 1, text, sink, scratch);
+        apply(step + 1, text, at_start, sink, scratch);
         return;
       }
       find_matches(SplitPattern::kGpt2, text, pieces);  // tiles the text: Isolated keeps all
       break;
     case PreTokenizerStep::Kind::kSplitRegex:
-      if (s.behavior == SplitBehavior::kIsolated) {
-        find_matches(s.pattern, text, pieces);  // matches tile the text, invert changes nothing
+      if (s.regex->scanner() && s.behavior == SplitBehavior::kIsolated) {
+        find_matches(*s.regex->scanner(), text, pieces);  // tiles the text, invert changes nothing
       } else {
-        std::vector<Span> matches;
-        find_matches(s.pattern, text, matches);
         std::vector<Part> parts;
-        parts.reserve(matches.size());
-        for (const Span& m : matches) parts.push_back({m, !s.invert});
+        s.regex->find_parts(text, parts);
+        if (s.invert)
+          for (Part& p : parts) p.is_match = !p.is_match;
         apply_behavior(parts, s.behavior, pieces);
       }
       break;
+    case PreTokenizerStep::Kind::kMetaspace: {
+      const std::string_view rep = s.literal;
+      const bool starts = piece[0] == ' ' || piece.substr(0, rep.size()) == rep;
+      if (s.prepend == PrependScheme::kAlways || (s.prepend == PrependScheme::kFirst && at_start))
+        if (!starts) prefixed = rep;
+      for (const char c : piece) {
+        if (c == ' ') {
+          prefixed.append(rep);
+        } else {
+          prefixed.push_back(c);
+        }
+      }
+      text = prefixed;
+      if (!s.split) {
+        apply(step + 1, text, at_start, sink, scratch);
+        return;
+      }
+      std::vector<Part> parts;
+      literal_parts(text, rep, parts);
+      apply_behavior(parts, SplitBehavior::kMergedWithNext, pieces);
+      break;
+    }
+    case PreTokenizerStep::Kind::kWhitespace:
+    case PreTokenizerStep::Kind::kWhitespaceSplit:
+      whitespace_pieces(text, s.kind == PreTokenizerStep::Kind::kWhitespace, pieces);
+      break;
     case PreTokenizerStep::Kind::kSplitString:
+    case PreTokenizerStep::Kind::kPunctuation:
     case PreTokenizerStep::Kind::kDigits: {
       std::vector<Part> parts;
       if (s.kind == PreTokenizerStep::Kind::kDigits) {
-        digit_parts(text, parts);
+        char_parts(text, unicode::kDigit, parts);
+      } else if (s.kind == PreTokenizerStep::Kind::kPunctuation) {
+        char_parts(text, unicode::kPunct, parts);
       } else {
         literal_parts(text, s.literal, parts);
         if (s.invert)
@@ -165,7 +215,8 @@ void PreTokenizer::apply(size_t step, std::string_view piece, PieceSink sink,
   }
   for (size_t k = 0; k < pieces.size(); ++k) {
     const Span sp = scratch[step][k];  // scratch[step] is not touched by deeper steps
-    apply(step + 1, text.substr(sp.begin, sp.end - sp.begin), sink, scratch);
+    apply(step + 1, text.substr(sp.begin, sp.end - sp.begin), at_start && sp.begin == 0, sink,
+          scratch);
   }
 }
 

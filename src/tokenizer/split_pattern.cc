@@ -166,6 +166,18 @@ std::optional<SplitPattern> pattern_from_regex(std::string_view regex) {
   return std::nullopt;
 }
 
+std::string_view regex_of(SplitPattern p) {
+  switch (p) {
+    case SplitPattern::kGpt2:
+      return kGpt2Regex;
+    case SplitPattern::kLlama3:
+      return kLlama3Regex;
+    case SplitPattern::kQwen2:
+    default:
+      return kQwen2Regex;
+  }
+}
+
 void find_matches(SplitPattern p, std::string_view text, std::vector<Span>& out) {
   const Scanner sc(text);
   for (size_t i = 0; i < text.size();) {

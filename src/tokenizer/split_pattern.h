@@ -1,10 +1,11 @@
 // The pre-tokenizer regexes we know, as hand-written scanners.
 //
-// Why not a regex engine: HF runs these patterns through Oniguruma, which is several times slower
-// than the rest of tokenization; llama.cpp hand-writes them too. Each scanner reproduces
-// Oniguruma's leftmost-first alternation and backtracking for its one pattern over UTF-8 code
-// points, with the character classes of unicode.h. A pattern that is not one of these is refused
-// by name when the tokenizer is loaded (pattern_from_regex), never approximated.
+// Why scanners beside a regex engine: HF runs these patterns through Oniguruma, which is several
+// times slower than the rest of tokenization; llama.cpp hand-writes them too. Each scanner
+// reproduces Oniguruma's leftmost-first alternation and backtracking for its one pattern over UTF-8
+// code points, with the character classes of unicode.h. They are fast paths of SplitRegex
+// (regex.h) only: every other pattern runs through Oniguruma, and tests/tokenizer_regex_test.cc
+// runs each scanner and Oniguruma side by side over the corpus and random text.
 #pragma once
 
 #include <cstddef>
@@ -27,9 +28,17 @@ enum class SplitPattern {
 
 // The pattern whose regex source is exactly `regex`, or nothing.
 std::optional<SplitPattern> pattern_from_regex(std::string_view regex);
+// The regex source of `p`.
+std::string_view regex_of(SplitPattern p);
 
 struct Span {
   size_t begin, end;  // byte offsets
+};
+
+// A span of a text cut by a pattern, flagged as a match of the pattern or a gap between matches.
+struct Part {
+  Span span;
+  bool is_match;
 };
 
 // Appends the matches of `p` in `text`, in order, as Oniguruma's find_iter returns them. Every

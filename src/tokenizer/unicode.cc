@@ -65,7 +65,15 @@ uint8_t ccc(uint32_t cp) {
   return it != end && it->cp == cp ? it->ccc : 0;
 }
 
-void decompose(uint32_t cp, std::vector<uint32_t>& out) {
+// The entry of `cp` in a sorted DecompEntry table, or null.
+const detail::DecompEntry* find_entry(const detail::DecompEntry* table, size_t n, uint32_t cp) {
+  const detail::DecompEntry* end = table + n;
+  const detail::DecompEntry* it = std::lower_bound(
+      table, end, cp, [](const detail::DecompEntry& e, uint32_t c) { return e.cp < c; });
+  return it != end && it->cp == cp ? it : nullptr;
+}
+
+void decompose(uint32_t cp, std::vector<uint32_t>& out, bool compat = false) {
   if (cp >= kSBase && cp < kSBase + kSCount) {
     const uint32_t s = cp - kSBase;
     out.push_back(kLBase + s / kNCount);
@@ -73,10 +81,10 @@ void decompose(uint32_t cp, std::vector<uint32_t>& out) {
     if (s % kTCount != 0) out.push_back(kTBase + s % kTCount);
     return;
   }
-  const detail::DecompEntry* end = detail::kDecomp + detail::kDecompCount;
-  const detail::DecompEntry* it = std::lower_bound(
-      detail::kDecomp, end, cp, [](const detail::DecompEntry& e, uint32_t c) { return e.cp < c; });
-  if (it != end && it->cp == cp) {
+  const detail::DecompEntry* it = nullptr;
+  if (compat) it = find_entry(detail::kCompatDecomp, detail::kCompatDecompCount, cp);
+  if (!it) it = find_entry(detail::kDecomp, detail::kDecompCount, cp);
+  if (it) {
     out.insert(out.end(), detail::kDecompPool + it->offset,
                detail::kDecompPool + it->offset + it->length);
   } else {
@@ -100,8 +108,10 @@ uint32_t compose(uint32_t a, uint32_t b) {
   return it != end && it->first == a && it->second == b ? it->composite : 0;
 }
 
-// NFC of a stretch that starts and ends at boundaries, appended to out.
-void nfc_stretch(std::string_view s, std::string& out) {
+// A normal form of a stretch that starts and ends at boundaries, appended to out: full
+// decomposition (compatibility too when `compat`), canonical ordering, then canonical composition
+// when `compose`.
+void normalize_stretch(std::string_view s, bool compat, bool compose_after, std::string& out) {
   std::vector<uint32_t> cps;
   for (size_t i = 0; i < s.size();) {
     uint32_t cp;
@@ -109,7 +119,7 @@ void nfc_stretch(std::string_view s, std::string& out) {
     if (cp == kInvalid) {
       cps.push_back(kRawByte | static_cast<uint8_t>(s[i]));
     } else {
-      decompose(cp, cps);
+      decompose(cp, cps, compat);
     }
     i += len;
   }
@@ -124,6 +134,16 @@ void nfc_stretch(std::string_view s, std::string& out) {
     std::stable_sort(cps.begin() + i, cps.begin() + j,
                      [](uint32_t a, uint32_t b) { return ccc(a) < ccc(b); });
     i = j;
+  }
+  if (!compose_after) {
+    for (const uint32_t c : cps) {
+      if (c & kRawByte) {
+        out.push_back(static_cast<char>(c & 0xFF));
+      } else {
+        append_utf8(c, out);
+      }
+    }
+    return;
   }
   // Canonical composition: a character joins the last starter unless a character between them
   // is a starter or has a ccc >= its own.
@@ -229,12 +249,49 @@ std::string to_nfc(std::string_view text) {
       end += l;
     }
     out.append(text.substr(copied, begin - copied));
-    nfc_stretch(text.substr(begin, end - begin), out);
+    normalize_stretch(text.substr(begin, end - begin), false, true, out);
     copied = end;
     last_start = end;
     i = end;
   }
   out.append(text.substr(copied));
+  return out;
+}
+
+// NFD, NFKD and NFKC have no quick check here: text with any non-ASCII byte (ASCII is invariant in
+// every form) is normalized whole.
+std::string normalize(std::string_view text, NormalForm form) {
+  if (form == NormalForm::kNfc) return to_nfc(text);
+  bool ascii = true;
+  for (const char c : text) ascii = ascii && static_cast<uint8_t>(c) < 0x80;
+  if (ascii) return std::string(text);
+  std::string out;
+  out.reserve(text.size() + text.size() / 4);
+  normalize_stretch(text, form != NormalForm::kNfd, form == NormalForm::kNfkc, out);
+  return out;
+}
+
+std::string to_lower(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const auto b = static_cast<uint8_t>(text[i]);
+    if (b < 0x80) {
+      out.push_back(b >= 'A' && b <= 'Z' ? static_cast<char>(b + 32) : static_cast<char>(b));
+      ++i;
+      continue;
+    }
+    uint32_t cp;
+    const int len = decode_utf8(text.data() + i, text.size() - i, &cp);
+    const detail::DecompEntry* e =
+        cp == kInvalid ? nullptr : find_entry(detail::kLowercase, detail::kLowercaseCount, cp);
+    if (e) {
+      for (uint8_t k = 0; k < e->length; ++k) append_utf8(detail::kDecompPool[e->offset + k], out);
+    } else {
+      out.append(text.substr(i, len));
+    }
+    i += len;
+  }
   return out;
 }
 

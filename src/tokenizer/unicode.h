@@ -29,6 +29,7 @@ enum : uint8_t {
   kWord = 8,       // \w of Rust regex (single_word added tokens)
   kDigit = 16,     // Rust char::is_numeric (Digits pre-tokenizer)
   kNfcCheck = 32,  // NFC may change text around it (quick check not "yes", or ccc != 0)
+  kPunct = 64,     // ASCII or Unicode punctuation (Punctuation pre-tokenizer)
 };
 
 namespace detail {
@@ -38,7 +39,11 @@ constexpr uint8_t ascii_flags(uint32_t c) {
   if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z')) return kLetter | kWord;
   if (c >= '0' && c <= '9') return kNumber | kWord | kDigit;
   if ((c >= 9 && c <= 13) || c == ' ') return kSpace;
-  return c == '_' ? kWord : 0;
+  if (c == '_') return kWord | kPunct;
+  if ((c >= '!' && c <= '/') || (c >= ':' && c <= '@') || (c >= '[' && c <= '`') ||
+      (c >= '{' && c <= '~'))
+    return kPunct;
+  return 0;
 }
 }  // namespace detail
 
@@ -96,6 +101,13 @@ bool is_nfc_quick(std::string_view text);
 // `text` in Normalization Form C (HF's Unicode-9 tables); ill-formed bytes pass through unchanged
 // and block composition across them.
 std::string to_nfc(std::string_view text);
+// The other normal forms of HF's normalizers (NFD, NFKD, NFKC; Unicode 9 as HF's), with ill-formed
+// bytes treated as in to_nfc.
+enum class NormalForm { kNfc, kNfd, kNfkc, kNfkd };
+std::string normalize(std::string_view text, NormalForm form);
+// HF's Lowercase normalizer: each code point through Rust's char::to_lowercase (no context, so a
+// final sigma stays σ); ill-formed bytes unchanged.
+std::string to_lower(std::string_view text);
 
 namespace detail {
 struct FlagRange {
@@ -108,7 +120,7 @@ struct CccEntry {
 };
 struct DecompEntry {
   uint32_t cp;
-  uint16_t offset;
+  uint32_t offset;
   uint8_t length;
 };
 struct ComposeEntry {
@@ -120,6 +132,10 @@ extern const CccEntry kCcc[];
 extern const size_t kCccCount;
 extern const DecompEntry kDecomp[];
 extern const size_t kDecompCount;
+extern const DecompEntry kCompatDecomp[];
+extern const size_t kCompatDecompCount;
+extern const DecompEntry kLowercase[];
+extern const size_t kLowercaseCount;
 extern const uint32_t kDecompPool[];
 extern const ComposeEntry kCompose[];
 extern const size_t kComposeCount;

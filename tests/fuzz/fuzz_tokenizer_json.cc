@@ -23,7 +23,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                        "\xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\xa6\x99",
                                        "e\xcc\x81 \xef\xac\xaa",
                                        "<|im_start|>x<s></s>[MASK]",
-                                       "\xff\xc3(\x80 bytes"};
+                                       "\xff\xc3(\x80 bytes",
+                                       "\xe2\x96\x81"
+                                       "a, b! \xef\xbc\xa1 <0x41> A\xcc\x8a 1,234"};
   for (const char* text : kTexts) {
     for (const bool parse_special : {true, false}) {
       const std::vector<int32_t> ids = t.encode_with(text, {parse_special, parse_special});
