@@ -429,6 +429,18 @@ Result<GgufFile> parse(const std::vector<uint8_t>& bytes) {
   return GgufFile::parse(owner->data(), owner->size(), "m.gguf", owner);
 }
 
+// A broken model built by `b`: its config or its tensors fail to convert, and the error names the
+// file and `what` (the key or tensor).
+void expect_model_error(GgufBuilder b, const std::string& what) {
+  auto f = parse(b.build());
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto cfg = gguf_config_json(*f);
+  auto t = cfg.ok() ? gguf_hf_tensors(*f).status() : cfg.status();
+  ASSERT_FALSE(t.ok()) << what;
+  EXPECT_NE(t.message().find("m.gguf: "), std::string::npos) << t.message();
+  EXPECT_NE(t.message().find(what), std::string::npos) << t.message();
+}
+
 // The first element of each row of a converted matrix.
 std::vector<float> row_heads(const TensorMap& m, const std::string& name) {
   const Tensor* t = m.find(name);
@@ -696,45 +708,36 @@ TEST(Convert, Gemma3TwentySevenBScalesByHiddenOverHeads) {
 
 // What Gemma3ForCausalLM (or llama.cpp) cannot be told is refused, naming the key or tensor.
 TEST(Convert, Gemma3Refusals) {
-  auto expect_error = [](GgufBuilder b, const std::string& what) {
-    auto f = parse(b.build());
-    ASSERT_TRUE(f.ok()) << f.message();
-    auto cfg = gguf_config_json(*f);
-    auto t = cfg.ok() ? gguf_hf_tensors(*f).status() : cfg.status();
-    ASSERT_FALSE(t.ok()) << what;
-    EXPECT_NE(t.message().find("m.gguf: "), std::string::npos) << t.message();
-    EXPECT_NE(t.message().find(what), std::string::npos) << t.message();
-  };
-  expect_error(gemma3_model(1).kv_f32("gemma3.final_logit_softcapping", 30.f),
-               "'gemma3.final_logit_softcapping' is 30");
-  expect_error(gemma3_model(1).kv_f32("gemma3.attn_logit_softcapping", 50.f),
-               "'gemma3.attn_logit_softcapping' is 50");
-  expect_error(gemma3_model(7).kv_u32("gemma3.attention.sliding_window_pattern", 4),
-               "'gemma3.attention.sliding_window_pattern' differs from llama.cpp's");
-  expect_error(gemma3_model(2).kv_i32s("gemma3.attention.sliding_window_pattern", {1, 0}),
-               "'gemma3.attention.sliding_window_pattern' differs from llama.cpp's");
-  expect_error(gemma3_model(1).kv_f32("gemma3.rope.freq_base_swa", 20000.f),
-               "'gemma3.rope.freq_base_swa' is 20000");
-  expect_error(gemma3_model(1)
-                   .kv_str("gemma3.rope.scaling.type", "yarn")
-                   .kv_f32("gemma3.rope.scaling.factor", 4.f)
-                   .kv_u32("gemma3.rope.scaling.original_context_length", 32),
-               "'gemma3.rope.scaling.type' is 'yarn'");
-  expect_error(gemma3_model(1).kv_u32("gemma3.embedding_length_per_layer_input", 4),
-               "'gemma3.embedding_length_per_layer_input' is not a key miles convert knows");
-  expect_error(gemma3_model(1).kv_u32("gemma3.vision.block_count", 27),
-               "'gemma3.vision.block_count' describes a vision tower");
-  expect_error(gemma3_model(1).kv_u32("gemma3.vocab_size", 6), "'gemma3.vocab_size' is 6");
-  expect_error(gemma3_model(1, false), "'gemma3.attention.sliding_window' is missing or 0");
-  expect_error(gemma3_model(1, false).kv_u32("gemma3.attention.sliding_window", 0),
-               "'gemma3.attention.sliding_window' is missing or 0");
-  expect_error(gemma3_model(1).tensor_f32("v.blk.0.attn_q.weight", {2}, {1, 1}),
-               "tensor 'v.blk.0.attn_q.weight' belongs to a vision tower");
-  expect_error(gemma3_model(1).tensor_f32("mm.input_projection.weight", {2}, {1, 1}),
-               "tensor 'mm.input_projection.weight' belongs to a vision tower");
+  expect_model_error(gemma3_model(1).kv_f32("gemma3.final_logit_softcapping", 30.f),
+                     "'gemma3.final_logit_softcapping' is 30");
+  expect_model_error(gemma3_model(1).kv_f32("gemma3.attn_logit_softcapping", 50.f),
+                     "'gemma3.attn_logit_softcapping' is 50");
+  expect_model_error(gemma3_model(7).kv_u32("gemma3.attention.sliding_window_pattern", 4),
+                     "'gemma3.attention.sliding_window_pattern' differs from llama.cpp's");
+  expect_model_error(gemma3_model(2).kv_i32s("gemma3.attention.sliding_window_pattern", {1, 0}),
+                     "'gemma3.attention.sliding_window_pattern' differs from llama.cpp's");
+  expect_model_error(gemma3_model(1).kv_f32("gemma3.rope.freq_base_swa", 20000.f),
+                     "'gemma3.rope.freq_base_swa' is 20000");
+  expect_model_error(gemma3_model(1)
+                         .kv_str("gemma3.rope.scaling.type", "yarn")
+                         .kv_f32("gemma3.rope.scaling.factor", 4.f)
+                         .kv_u32("gemma3.rope.scaling.original_context_length", 32),
+                     "'gemma3.rope.scaling.type' is 'yarn'");
+  expect_model_error(gemma3_model(1).kv_u32("gemma3.embedding_length_per_layer_input", 4),
+                     "'gemma3.embedding_length_per_layer_input' is not a key miles convert knows");
+  expect_model_error(gemma3_model(1).kv_u32("gemma3.vision.block_count", 27),
+                     "'gemma3.vision.block_count' describes a vision tower");
+  expect_model_error(gemma3_model(1).kv_u32("gemma3.vocab_size", 6), "'gemma3.vocab_size' is 6");
+  expect_model_error(gemma3_model(1, false), "'gemma3.attention.sliding_window' is missing or 0");
+  expect_model_error(gemma3_model(1, false).kv_u32("gemma3.attention.sliding_window", 0),
+                     "'gemma3.attention.sliding_window' is missing or 0");
+  expect_model_error(gemma3_model(1).tensor_f32("v.blk.0.attn_q.weight", {2}, {1, 1}),
+                     "tensor 'v.blk.0.attn_q.weight' belongs to a vision tower");
+  expect_model_error(gemma3_model(1).tensor_f32("mm.input_projection.weight", {2}, {1, 1}),
+                     "tensor 'mm.input_projection.weight' belongs to a vision tower");
   // A Llama-shaped layer (no post-attention / post-FFN norms) is missing Gemma's norms.
-  expect_error(tiny_model("gemma3", true, true).kv_u32("gemma3.attention.sliding_window", 3),
-               "tensor 'blk.0.post_attention_norm.weight' is missing");
+  expect_model_error(tiny_model("gemma3", true, true).kv_u32("gemma3.attention.sliding_window", 3),
+                     "tensor 'blk.0.post_attention_norm.weight' is missing");
 }
 
 TEST(Convert, TiedEmbeddingsWhenThereIsNoOutput) {
@@ -750,33 +753,27 @@ TEST(Convert, TiedEmbeddingsWhenThereIsNoOutput) {
 
 // Each broken model: the error names the file and the key or tensor.
 TEST(Convert, Errors) {
-  auto expect_error = [](GgufBuilder b, const std::string& what) {
-    auto f = parse(b.build());
-    ASSERT_TRUE(f.ok()) << f.message();
-    auto cfg = gguf_config_json(*f);
-    auto t = cfg.ok() ? gguf_hf_tensors(*f).status() : cfg.status();
-    ASSERT_FALSE(t.ok()) << what;
-    EXPECT_NE(t.message().find("m.gguf: "), std::string::npos) << t.message();
-    EXPECT_NE(t.message().find(what), std::string::npos) << t.message();
-  };
-  expect_error(tiny_model("llama", true).kv_u32("llama.expert_count", 8), "mixture-of-experts");
-  expect_error(tiny_model("llama", true).kv_u32("llama.rope.dimension_count", 2), "partial rotary");
-  expect_error(tiny_model("llama", true).tensor_f32("rope_freqs.weight", {2}, {1, 1}),
-               "'rope_freqs.weight'");
-  expect_error(tiny_model("llama", true).kv_str("llama.rope.scaling.type", "longrope"),
-               "'llama.rope.scaling.type' is 'longrope'");
-  expect_error(tiny_model("llama", true).tensor_f32("blk.0.attn_rot.weight", {2}, {1, 1}),
-               "tensor 'blk.0.attn_rot.weight' has no Hugging Face counterpart");
-  expect_error(tiny_model("llama", true)
-                   .tensor_f32("blk.1.attn_norm.weight", {8}, std::vector<float>(8, 1.f)),
-               "tensor 'blk.1.attn_norm.weight' has a layer number outside [0, 1)");
-  expect_error(tiny_model("llama", true).tensor_f32("blk.0.attn_q_norm.weight", {4}, {1, 1, 1, 1}),
-               "'blk.0.attn_q_norm.weight' has no Hugging Face counterpart in LlamaForCausalLM");
-  expect_error(tiny_model("llama", true, false, {.head_count_kv = 3}),
-               "must divide attention.head_count");
+  expect_model_error(tiny_model("llama", true).kv_u32("llama.expert_count", 8),
+                     "mixture-of-experts");
+  expect_model_error(tiny_model("llama", true).kv_u32("llama.rope.dimension_count", 2),
+                     "partial rotary");
+  expect_model_error(tiny_model("llama", true).tensor_f32("rope_freqs.weight", {2}, {1, 1}),
+                     "'rope_freqs.weight'");
+  expect_model_error(tiny_model("llama", true).kv_str("llama.rope.scaling.type", "longrope"),
+                     "'llama.rope.scaling.type' is 'longrope'");
+  expect_model_error(tiny_model("llama", true).tensor_f32("blk.0.attn_rot.weight", {2}, {1, 1}),
+                     "tensor 'blk.0.attn_rot.weight' has no Hugging Face counterpart");
+  expect_model_error(tiny_model("llama", true)
+                         .tensor_f32("blk.1.attn_norm.weight", {8}, std::vector<float>(8, 1.f)),
+                     "tensor 'blk.1.attn_norm.weight' has a layer number outside [0, 1)");
+  expect_model_error(
+      tiny_model("llama", true).tensor_f32("blk.0.attn_q_norm.weight", {4}, {1, 1, 1, 1}),
+      "'blk.0.attn_q_norm.weight' has no Hugging Face counterpart in LlamaForCausalLM");
+  expect_model_error(tiny_model("llama", true, false, {.head_count_kv = 3}),
+                     "must divide attention.head_count");
   // A missing tensor, and a wrong shape.
-  expect_error(tiny_model("qwen3", true), "tensor 'blk.0.attn_q_norm.weight' is missing");
-  expect_error(
+  expect_model_error(tiny_model("qwen3", true), "tensor 'blk.0.attn_q_norm.weight' is missing");
+  expect_model_error(
       tiny_model("llama", true, false, {.feed_forward_length = 16}),
       "tensor 'blk.0.ffn_gate.weight' has shape [8, 8] but LlamaForCausalLM needs [16, 8]");
 }

@@ -154,6 +154,23 @@ void expect_tensor_parallel_within_1e6(const std::string& job,
     }
 }
 
+// `job` resumed from DIR/a's step-2 checkpoint (copied to DIR/b) runs steps 3 and 4 with the
+// straight run's losses and grad norms (`ref`, four steps), bit for bit.
+void expect_resume_from_step_2(const std::string& job, const std::string& dir,
+                               const std::vector<nlohmann::json>& ref) {
+  std::filesystem::create_directories(dir + "/b");
+  std::filesystem::copy(dir + "/a/step_00000002", dir + "/b/step_00000002",
+                        std::filesystem::copy_options::recursive);
+  CliRun resumed = run_miles(job + "--steps 4 --resume --save-dir " + dir + "/b", false);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  const auto res = steps_of(resumed.out);
+  ASSERT_EQ(res.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(res[i]["loss"].get<double>(), ref[i + 2]["loss"].get<double>());
+    EXPECT_EQ(res[i]["grad_norm"].get<double>(), ref[i + 2]["grad_norm"].get<double>());
+  }
+}
+
 TEST(SftCli, BiasesTrainSaveAndSplitOverTensorParallelRanks) {
   for (const std::string name : {"llama_bias", "qwen2"}) {
     const std::string model = test::data_dir() + "/models/" + name;
@@ -218,17 +235,7 @@ TEST(SftCli, Phi3SavesFusedProjectionsSplitsOverRanksAndResumes) {
   EXPECT_EQ(saved->config.rotary_dim(), 8);
   EXPECT_TRUE(saved->weights.contains("model.layers.1.self_attn.v_proj.weight"));
   // Resumed from the fused checkpoint: steps 3 and 4 as the straight run's.
-  std::filesystem::create_directories(dir + "/b");
-  std::filesystem::copy(dir + "/a/step_00000002", dir + "/b/step_00000002",
-                        std::filesystem::copy_options::recursive);
-  CliRun resumed = run_miles(job + "--steps 4 --resume --save-dir " + dir + "/b", false);
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
-  const auto res = steps_of(resumed.out);
-  ASSERT_EQ(res.size(), 2u);
-  for (int i = 0; i < 2; ++i) {
-    EXPECT_EQ(res[i]["loss"].get<double>(), ref[i + 2]["loss"].get<double>());
-    EXPECT_EQ(res[i]["grad_norm"].get<double>(), ref[i + 2]["grad_norm"].get<double>());
-  }
+  expect_resume_from_step_2(job, dir, ref);
 }
 
 // Gemma 3 (tests/data/models/gemma3: transformers' Gemma3ForCausalLM, (1 + w) norms before and
@@ -264,17 +271,7 @@ TEST(SftCli, Gemma3TrainsSplitsSavesAndResumes) {
                         "post_feedforward_layernorm", "self_attn.q_norm"})
     EXPECT_TRUE(saved->weights.contains("model.layers.2." + std::string(n) + ".weight")) << n;
   EXPECT_FALSE(saved->weights.contains("lm_head.weight"));  // tied
-  std::filesystem::create_directories(dir + "/b");
-  std::filesystem::copy(dir + "/a/step_00000002", dir + "/b/step_00000002",
-                        std::filesystem::copy_options::recursive);
-  CliRun resumed = run_miles(job + "--steps 4 --resume --save-dir " + dir + "/b", false);
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
-  const auto res = steps_of(resumed.out);
-  ASSERT_EQ(res.size(), 2u);
-  for (int i = 0; i < 2; ++i) {
-    EXPECT_EQ(res[i]["loss"].get<double>(), ref[i + 2]["loss"].get<double>());
-    EXPECT_EQ(res[i]["grad_norm"].get<double>(), ref[i + 2]["grad_norm"].get<double>());
-  }
+  expect_resume_from_step_2(job, dir, ref);
 }
 
 TEST(SftCli, YamlConfigAndFlagsThatOverrideIt) {
