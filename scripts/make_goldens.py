@@ -35,6 +35,8 @@ import transformers
 from transformers import (
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -143,7 +145,24 @@ def model_specs() -> dict:
         # 5 on the sliding layers (layer_types), their own RoPE (theta 1e4) while the full layer uses theta 1e6 with
         # linear scaling (as Gemma-3-4B+), query_pre_attn_scalar 32 (not head_dim), tied like every Gemma 3.
         "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig, gemma3_kwargs()),
+        # GLM-4 MoE: sigmoid routing with a score-correction bias among 2 groups of 4 experts (the best group
+        # kept), a shared expert, routed weights renormalised and scaled by 2.5, a dense first layer, q/k/v biases
+        # (none on o_proj), q/k norms, half of each head rotated.
+        "glm4_moe": (Glm4MoeForCausalLM, Glm4MoeConfig, glm4_moe_kwargs()),
+        # The other branches: no renormalisation, one group, two shared experts, every layer MoE, no biases or
+        # q/k norms, three quarters of each head rotated.
+        "glm4_moe_nonorm": (Glm4MoeForCausalLM, Glm4MoeConfig, dict(
+            glm4_moe_kwargs(0.75), num_hidden_layers=2, norm_topk_prob=False, n_group=1, topk_group=1,
+            n_shared_experts=2, routed_scaling_factor=1.0, first_k_dense_replace=0, attention_bias=False,
+            use_qk_norm=False)),
     }
+
+
+def glm4_moe_kwargs(partial_rotary: float = 0.5) -> dict:
+    return dict(COMMON, num_hidden_layers=3, tie_word_embeddings=False, attention_bias=True, use_qk_norm=True,
+                n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
+                routed_scaling_factor=2.5, first_k_dense_replace=1, norm_topk_prob=True, moe_intermediate_size=32,
+                **rope_kwargs(10000.0, {"partial_rotary_factor": partial_rotary}))
 
 
 def gemma3_kwargs() -> dict:
@@ -210,6 +229,10 @@ def init_weights(model: torch.nn.Module, name: str) -> None:
             gain = 1.5 if (".q_proj." in pname or ".k_proj." in pname) else 1.0
             val = noise * (gain / p.shape[-1] ** 0.5)
         p.copy_(val.to(p.dtype))
+    # GLM-4 MoE's score-correction bias is a buffer: 0.3·N(0,1), so that it changes which experts win.
+    for bname, b in model.named_buffers():
+        if bname.endswith("e_score_correction_bias"):
+            b.copy_(0.3 * torch.randn(b.shape, generator=g, dtype=torch.float32))
 
 
 def make_prompts() -> list[np.ndarray]:
@@ -292,7 +315,7 @@ def load_for_reference(name: str):
     model_cls = model_specs()[name][0]
     # Load with the stored dtype ("torch_dtype" before v5), so qwen3_bf16 really goes through its BF16 file.
     kwargs = {"attn_implementation": "eager", ("dtype" if TRANSFORMERS_MAJOR >= 5 else "torch_dtype"): "auto"}
-    if model_cls is Qwen3MoeForCausalLM and TRANSFORMERS_MAJOR >= 5:
+    if model_cls in (Qwen3MoeForCausalLM, Glm4MoeForCausalLM) and TRANSFORMERS_MAJOR >= 5:
         kwargs["experts_implementation"] = "eager"
     model = model_cls.from_pretrained(MODELS / name, **kwargs)
     stored = next(model.parameters()).dtype
@@ -302,12 +325,38 @@ def load_for_reference(name: str):
 
 
 def moe_layer_indices(config) -> list[int]:
+    if config.model_type == "glm4_moe":
+        return list(range(config.first_k_dense_replace, config.num_hidden_layers))
     if not hasattr(config, "num_experts"):
         return []
     return [
         i for i in range(config.num_hidden_layers)
         if i not in config.mlp_only_layers and config.num_experts > 0 and (i + 1) % config.decoder_sparse_step == 0
     ]
+
+
+def glm4_routing_check(config, gate, router_logits, weights, indices):
+    """GLM-4 MoE's routing recomputed from the router logits (grouped top-k of the biased sigmoid scores) and
+    checked against the hook's; returns the experts ordered as miles orders them (biased score descending, lower
+    id first on ties), their weights, and the smallest margin of a choice (between the k-th and the next expert
+    among the kept groups, and between the last kept and the first dropped group)."""
+    e, k, ng, kg = config.n_routed_experts, config.num_experts_per_tok, config.n_group, config.topk_group
+    scores = torch.sigmoid(router_logits.float())
+    choice = scores + gate.e_score_correction_bias
+    group = choice.view(-1, ng, e // ng).topk(2, dim=-1)[0].sum(dim=-1)
+    gsorted = torch.sort(group, dim=-1, descending=True).values
+    margin = float((gsorted[:, kg - 1] - gsorted[:, kg]).min()) if kg < ng else float("inf")
+    keep = torch.zeros_like(group).scatter_(1, group.topk(kg, dim=-1)[1], 1)
+    keep = keep.unsqueeze(-1).expand(-1, ng, e // ng).reshape(-1, e).bool()
+    masked = choice.masked_fill(~keep, float("-inf"))
+    msorted = torch.sort(masked, dim=-1, descending=True)
+    if k < kg * (e // ng):
+        margin = min(margin, float((msorted.values[:, k - 1] - msorted.values[:, k]).min()))
+    ids = msorted.indices[:, :k]
+    assert torch.equal(torch.sort(ids, dim=-1).values, torch.sort(indices, dim=-1).values), "GLM routing differs"
+    # The hook's weights in our order.
+    pos = (indices.unsqueeze(1) == ids.unsqueeze(2)).float().argmax(dim=-1)
+    return ids, weights.gather(1, pos), margin
 
 
 @torch.no_grad()
@@ -323,9 +372,11 @@ def run_model(model, ids: np.ndarray):
             captured[li] = out
 
         hooks.append(gate.register_forward_hook(hook))
+    glm = model.config.model_type == "glm4_moe"
     try:
         x = torch.from_numpy(ids.astype(np.int64))[None]
-        out = model(input_ids=x, output_router_logits=bool(moe_layers)) if moe_layers else model(input_ids=x)
+        out = model(input_ids=x, output_router_logits=bool(moe_layers)) if moe_layers and not glm \
+            else model(input_ids=x)
     finally:
         for h in hooks:
             h.remove()
@@ -336,6 +387,13 @@ def run_model(model, ids: np.ndarray):
     experts, weights, margins = [], [], []
     for j, li in enumerate(moe_layers):
         router_logits, scores, indices = captured[li]
+        if glm:
+            gate = model.model.layers[li].mlp.gate
+            indices, scores, margin = glm4_routing_check(model.config, gate, router_logits, scores, indices)
+            margins.append(margin)
+            experts.append(indices.to(torch.int32))
+            weights.append(scores.float())
+            continue
         # Cross-check the hook against an independent recomputation from output_router_logits.
         rl = out.router_logits[j].reshape(-1, model.config.num_experts).float()
         assert torch.equal(rl, router_logits.float())
@@ -451,6 +509,8 @@ def main() -> int:
             meta["moe_layers"] = ",".join(map(str, moe_layers))
             meta["top_k"] = str(model.config.num_experts_per_tok)
             meta["norm_topk_prob"] = str(bool(model.config.norm_topk_prob)).lower()
+            if model.config.model_type == "glm4_moe":
+                meta["routing"] = "grouped sigmoid (min_topk_prob_margin: of the biased scores and group scores)"
             meta["min_topk_prob_margin"] = repr(min_margin)
         gpath = GOLDENS / f"{name}.safetensors"
         write_safetensors(gpath, tensors, meta)

@@ -17,8 +17,8 @@ The loss (the policy-gradient-with-entropy shape the trainer uses):
     Per sequence the two sums are formed in float32 with torch.sum, the four sequences added in order, then / N.
     No MoE auxiliary (load-balancing) loss: output_router_logits is False.
 
-Gradient file  tests/data/grad_goldens/<name>.safetensors  (names: gemma3, llama, llama_tied, llama_bias, mistral, phi3, qwen2, qwen3, qwen3_bf16, qwen3_moe,
-qwen3_moe_nonorm). All tensors little-endian float32 unless said; names sorted in the file:
+Gradient file  tests/data/grad_goldens/<name>.safetensors  (names: gemma3, glm4_moe, glm4_moe_nonorm, llama, llama_tied, llama_bias, mistral, phi3, qwen2,
+qwen3, qwen3_bf16, qwen3_moe, qwen3_moe_nonorm). All tensors little-endian float32 unless said; names sorted in the file:
     seq{i}.ids        int32 [T]     i = 1..4, the prompt (copied from the logits goldens)
     seq{i}.coef             [T-1]
     seq{i}.logp             [T-1]
@@ -38,6 +38,10 @@ qwen3_moe_nonorm). All tensors little-endian float32 unless said; names sorted i
     differentiable); the selected probabilities, renormalised to sum 1 when norm_topk_prob, weight the expert
     outputs. So mlp.gate.weight gets gradient only through those k weights - but through the full softmax
     (each selected weight depends on all E logits). This is exactly HF's Qwen3MoeTopKRouter.
+  - GLM-4 MoE (glm4_moe, glm4_moe_nonorm): scores = sigmoid(router logits); the experts are chosen by scores +
+    e_score_correction_bias among the best groups (not differentiable); the chosen scores (renormalised with
+    + 1e-20 when norm_topk_prob) times routed_scaling_factor weight the expert outputs, plus the shared expert.
+    e_score_correction_bias is a buffer, never trained: the file has no gradient for it.
   - qwen3_bf16: the BF16 checkpoint widened to float32 (HF .float()), then as the others: float32 gradients.
 
 AdamW file  tests/data/grad_goldens/adamw_<name>.safetensors  (llama, qwen3_moe): 10 optimizer steps on the same
@@ -93,8 +97,8 @@ import make_goldens as mg  # noqa: E402  (shares the model specs, loader and the
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 
-GRAD_MODELS = ("gemma3", "llama", "llama_tied", "llama_bias", "mistral", "phi3", "qwen2", "qwen3", "qwen3_bf16",
-               "qwen3_moe", "qwen3_moe_nonorm")
+GRAD_MODELS = ("gemma3", "glm4_moe", "glm4_moe_nonorm", "llama", "llama_tied", "llama_bias", "mistral", "phi3",
+               "qwen2", "qwen3", "qwen3_bf16", "qwen3_moe", "qwen3_moe_nonorm")
 ADAMW_MODELS = ("llama", "qwen3_moe")
 SEQS = (1, 2, 3, 4)  # indices into the logits goldens' prompts; seq0 (length 1) has no target
 COEF_SEED = 20240612
@@ -153,7 +157,9 @@ def to_disk(model, tensors: dict[str, torch.Tensor], disk: dict) -> dict[str, np
                 out[f"{base}{e}.down_proj.weight"] = t[e].numpy().copy()
         else:
             out[pname] = t.numpy().copy()
-    assert out.keys() == disk.keys(), f"names differ from disk: {sorted(set(out) ^ set(disk))}"
+    # GLM-4 MoE's e_score_correction_bias is a buffer (never trained): on disk, not among the parameters.
+    trained = {k for k in disk if not k.endswith("e_score_correction_bias")}
+    assert out.keys() == trained, f"names differ from disk: {sorted(set(out) ^ trained)}"
     for k, v in out.items():
         assert tuple(v.shape) == disk[k][1], (k, v.shape, disk[k])
     return out
@@ -164,7 +170,7 @@ def check_params_equal_disk(name: str, model, disk: dict) -> None:
     params = to_disk(model, dict(model.named_parameters()), disk)
     path = DATA / "models" / name / "model.safetensors"
     with safetensors.safe_open(str(path), framework="pt") as f:
-        for k in disk:
+        for k in params:
             ref = f.get_tensor(k).float().numpy()
             assert np.array_equal(params[k], ref), f"{name}: loaded {k} differs from the file"
 
@@ -235,7 +241,7 @@ def base_meta(name: str, model, prompts, n: int) -> dict[str, str]:
     moe = mg.moe_layer_indices(model.config)
     if moe:
         meta["moe_layers"] = ",".join(map(str, moe))
-        meta["num_experts"] = str(model.config.num_experts)
+        meta["num_experts"] = str(model.config.num_local_experts)
         meta["top_k"] = str(model.config.num_experts_per_tok)
         meta["norm_topk_prob"] = str(bool(model.config.norm_topk_prob)).lower()
         meta["experts_implementation"] = "eager"
@@ -244,6 +250,11 @@ def base_meta(name: str, model, prompts, n: int) -> dict[str, str]:
                             "Qwen3MoeTopKRouter; no aux loss. transformers fuses experts into "
                             "experts.gate_up_proj [E,2I,H] (gate rows first) and experts.down_proj [E,H,I]; "
                             "tensors here are split back to the on-disk per-expert names")
+        if model.config.model_type == "glm4_moe":
+            meta["moe_note"] = ("grouped sigmoid routing (HF's Glm4MoeTopkRouter): the router weight gets gradient "
+                                "through the chosen experts' sigmoid scores (renormalised when norm_topk_prob, "
+                                "scaled by routed_scaling_factor); e_score_correction_bias is a buffer (no "
+                                "gradient); experts split back to the on-disk per-expert names as for Qwen3-MoE")
     return meta
 
 
@@ -265,8 +276,14 @@ def min_topk_margin(model, prompts) -> float | None:
     k = model.config.num_experts_per_tok
     margins = []
     hooks = []
+    glm = model.config.model_type == "glm4_moe"
     for li in moe:
-        def hook(_m, _i, out):
+        gate = model.model.layers[li].mlp.gate
+
+        def hook(_m, _i, out, gate=gate):
+            if glm:  # the margins of its grouped choice (make_goldens.glm4_routing_check)
+                margins.append(mg.glm4_routing_check(model.config, gate, out[0], out[1], out[2])[2])
+                return
             probs = torch.softmax(out[0].float(), dim=-1)
             srt = torch.sort(probs, dim=-1, descending=True).values
             margins.append((srt[:, k - 1] - srt[:, k]).min().item())

@@ -121,6 +121,28 @@ TEST(AdamW, StepIsDeterministicAndClipScalesOnlyAboveTheLimit) {
   EXPECT_NEAR(global_grad_norm(g2), n / 2, 1e-5 * n);
 }
 
+// GLM-4 MoE's e_score_correction_bias is not trainable: a step leaves it exactly as loaded, even
+// with weight decay and a (hypothetical) gradient in its slot, while the router next to it moves.
+TEST(AdamW, SkipsParametersThatAreNotTrainable) {
+  test::Case c = test::load_case("glm4_moe");
+  test::GradRun r = test::run_grad(c, nullptr);
+  const std::string bias = "model.layers.1.mlp.gate.e_score_correction_bias";
+  const std::string router = "model.layers.1.mlp.gate.weight";
+  ASSERT_FALSE(r.grads.layout().at(bias).trainable);
+  for (float g : std::as_const(r.grads).get(bias)) ASSERT_EQ(g, 0.0f);  // no gradient reaches it
+  auto params = FlatTensors::from_tensor_map(r.grads.layout_ptr(), c.weights);
+  ASSERT_TRUE(params.ok()) << params.message();
+  const std::vector<float> bias0(params->get(bias).begin(), params->get(bias).end());
+  const std::vector<float> router0(params->get(router).begin(), params->get(router).end());
+  std::fill(r.grads.get(bias).begin(), r.grads.get(bias).end(), 1.0f);
+  AdamWConfig ac;
+  ac.weight_decay = 0.1;
+  AdamW opt(r.grads.layout_ptr(), ac);
+  opt.step(*params, r.grads, 1e-2);
+  EXPECT_EQ(std::vector<float>(params->get(bias).begin(), params->get(bias).end()), bias0);
+  EXPECT_NE(std::vector<float>(params->get(router).begin(), params->get(router).end()), router0);
+}
+
 // squared_norm's order spelled out one element at a time: the vectorised lanes give its bits, for
 // every tail length, and a tensor sums its slices in ascending order.
 double scalar_slice(const float* g, int64_t n) {

@@ -122,6 +122,25 @@ TEST(Check, MoeModelReplaysEveryRoutedExpert) {
   EXPECT_GT(c.report["grad_norm"].get<double>(), 0.0);
 }
 
+// GLM-4 MoE (tests/data/models/glm4_moe_v512): grouped sigmoid routing with its score-correction
+// bias, a shared expert and a dense first layer; the engine's experts replayed by the trainer for
+// every token, logprobs bit for bit on every layout (the shared and routed experts split over
+// tp=2 ranks, its three layers over pp=3 stages).
+TEST(Check, GlmMoeModelReplaysEveryRoutedExpert) {
+  MILES_REQUIRE_SHARED();
+  Checked c = check("configs/ci_check_moe.yaml", "glm_moe",
+                    "model.path=tests/data/models/glm4_moe_v512 'check.layouts=[dp=2,tp=2,pp=3]'");
+  ASSERT_EQ(c.exit_code, 0) << c.out;
+  EXPECT_EQ((*gate(c.report, "r3_agreement_replay_on"))["value"], 1.0);
+  EXPECT_EQ((*gate(c.report, "routed_experts_shape_mismatches"))["value"], 0.0);
+  EXPECT_EQ((*gate(c.report, "logp_abs_diff_max"))["value"], 0.0);
+  EXPECT_EQ((*gate(c.report, "grad_norm_dp=2_rel_diff"))["value"], 0.0);
+  EXPECT_EQ((*gate(c.report, "grad_norm_pp=3_rel_diff"))["value"], 0.0);
+  EXPECT_EQ((*gate(c.report, "logp_over_limit_tp=2"))["value"], 0.0);
+  EXPECT_EQ((*gate(c.report, "logp_over_limit_pp=3"))["value"], 0.0);
+  EXPECT_GT(c.report["grad_norm"].get<double>(), 0.0);
+}
+
 // The MoE gates with the engine and the trainer on the (emulated) device: the experts the engine
 // records are the ones the trainer replays, for 100 % of tokens, the logprobs agree bit for bit,
 // and the model-parallel layouts (run on the CPU: a device trainer is data-parallel only) give the

@@ -169,7 +169,8 @@ TEST_P(DeviceForward, EmulatedEqualsTheCpuModel) {
 INSTANTIATE_TEST_SUITE_P(Models, DeviceForward,
                          ::testing::Values("llama", "llama_tied", "llama_bias", "llama_rope_yarn",
                                            "mistral", "phi3", "qwen2", "qwen3", "qwen3_bf16",
-                                           "qwen3_moe", "qwen3_moe_nonorm", "gemma3"));
+                                           "qwen3_moe", "qwen3_moe_nonorm", "gemma3", "glm4_moe",
+                                           "glm4_moe_nonorm"));
 
 TEST(DeviceForwardStories, EmulatedEqualsTheCpuModel) {
   MILES_REQUIRE_SHARED();
@@ -254,12 +255,14 @@ TEST_P(DeviceTraining, EmulatedTiedHeadShareIsTheCpuModelsBits) {
 INSTANTIATE_TEST_SUITE_P(Models, DeviceTraining,
                          ::testing::Values("llama", "llama_tied", "llama_bias", "llama_rope_yarn",
                                            "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe",
-                                           "qwen3_moe_nonorm", "gemma3"));
+                                           "qwen3_moe_nonorm", "gemma3", "glm4_moe",
+                                           "glm4_moe_nonorm"));
 
 TEST(DeviceTrainingMoe, EmulatedGradientsWithRoutingReplayAreTheCpuModelsBits) {
   expect_training_bits(Device::kEmulated, test::data_dir() + "/models/qwen3_moe", false, true);
   expect_training_bits(Device::kEmulated, test::data_dir() + "/models/qwen3_moe_nonorm", false,
                        true);
+  expect_training_bits(Device::kEmulated, test::data_dir() + "/models/glm4_moe", false, true);
 }
 
 TEST(DeviceTrainingStories, EmulatedGradientsAreTheCpuModelsBits) {
@@ -307,7 +310,7 @@ TEST_P(DeviceEngine, EmulatedGivesTheCpuEngineBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, DeviceEngine,
-                         ::testing::Values("llama_tied", "qwen3", "qwen3_moe"));
+                         ::testing::Values("llama_tied", "qwen3", "qwen3_moe", "glm4_moe"));
 
 TEST(DeviceEngineStories, EmulatedGivesTheCpuEngineBits) {
   MILES_REQUIRE_SHARED();

@@ -149,7 +149,7 @@ TEST_P(EngineBatchInvariance, RequestIsBitIdenticalAloneAmong63AndWithPrefixHit)
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineBatchInvariance,
-                         ::testing::Values("qwen3_moe", "mistral", "gemma3"));
+                         ::testing::Values("qwen3_moe", "mistral", "gemma3", "glm4_moe"));
 
 TEST(Engine, GroupPrefillsOnceAndEachSampleEqualsItsOwnRequest) {
   auto model = load("qwen3_moe");

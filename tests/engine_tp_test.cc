@@ -102,7 +102,8 @@ TEST_P(EngineTp, SameBitsAsOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineTp,
                          ::testing::Values("qwen3_moe", "llama_tied", "llama_bias", "qwen2",
-                                           "mistral", "phi3", "gemma3"));
+                                           "mistral", "phi3", "gemma3", "glm4_moe",
+                                           "glm4_moe_nonorm"));
 
 TEST(EngineTpWeights, AnUpdateReshardsAndABadOneKeepsTheOldWeights) {
   auto files = load_model_files(test::data_dir() + "/models/qwen3_moe");

@@ -209,7 +209,7 @@ TEST_P(LayerOps, EachOpGivesTheCpuBitsOnTheDevice) {
 INSTANTIATE_TEST_SUITE_P(Models, LayerOps,
                          ::testing::Values("gemma3", "llama", "llama_bias", "llama_tied", "mistral",
                                            "phi3", "qwen2", "qwen3", "qwen3_moe",
-                                           "qwen3_moe_nonorm"));
+                                           "qwen3_moe_nonorm", "glm4_moe", "glm4_moe_nonorm"));
 
 }  // namespace
 }  // namespace miles

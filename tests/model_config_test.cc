@@ -192,6 +192,61 @@ TEST(ModelConfig, Phi3WindowDropoutAndRope) {
   expect_error(with("mlp_bias", "true"), "has no biases");
 }
 
+// GLM-4 MoE (glm4_moe): Glm4MoeConfig's defaults where keys are absent (128 experts, 8 per token, a
+// shared expert, the first layer dense, half of each head rotated, eps 1e-5), the routing checks,
+// the keys it ignores refused, and the writer's round trip.
+TEST(ModelConfig, Glm4MoeDefaultsRoutingChecksAndRoundTrip) {
+  const std::string m = family("Glm4MoeForCausalLM", "glm4_moe");
+  auto with = [&](const std::string& key, const std::string& value) {
+    return with_key(m, key, value);
+  };
+  auto plain = parse_model_config(m, kSrc);
+  ASSERT_TRUE(plain.ok()) << plain.message();
+  const ModelConfig& c = *plain;
+  EXPECT_EQ(c.arch, Arch::kGlm4Moe);
+  EXPECT_EQ(c.moe.score, RouterScore::kSigmoid);
+  EXPECT_EQ(c.moe.num_experts, 128);
+  EXPECT_EQ(c.moe.top_k, 8);
+  EXPECT_EQ(c.moe.n_shared_experts, 1);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_FALSE(c.is_moe_layer(0));
+  EXPECT_TRUE(c.is_moe_layer(1));
+  EXPECT_EQ(c.num_moe_layers(), c.num_layers - 1);
+  EXPECT_EQ(c.rotary_dim(), c.head_dim / 2);
+  EXPECT_FALSE(c.has_qk_norm());
+  EXPECT_TRUE(parse_model_config(with("use_qk_norm", "true"), kSrc)->has_qk_norm());
+  const std::string grouped = with_key(
+      with_key(
+          with_key(with_key(with("n_routed_experts", "16"), "n_group", "4"), "topk_group", "2"),
+          "routed_scaling_factor", "2.5"),
+      "first_k_dense_replace", "0");
+  auto g = parse_model_config(grouped, kSrc);
+  ASSERT_TRUE(g.ok()) << g.message();
+  EXPECT_EQ(g->moe.n_group, 4);
+  EXPECT_EQ(g->moe.topk_group, 2);
+  EXPECT_EQ(g->moe.routed_scaling_factor, 2.5);
+  EXPECT_TRUE(g->is_moe_layer(0));
+  auto back = parse_model_config(model_config_to_hf_json(*g), kSrc);
+  ASSERT_TRUE(back.ok()) << back.message();
+  EXPECT_EQ(back->arch, Arch::kGlm4Moe);
+  EXPECT_EQ(back->moe.num_experts, 16);
+  EXPECT_EQ(back->moe.n_group, 4);
+  EXPECT_EQ(back->moe.topk_group, 2);
+  EXPECT_EQ(back->moe.routed_scaling_factor, 2.5);
+  EXPECT_EQ(back->moe.first_k_dense_replace, 0);
+  EXPECT_EQ(back->moe.n_shared_experts, 1);
+  EXPECT_EQ(back->rotary_dim(), g->rotary_dim());
+  EXPECT_EQ(back->rms_norm_eps, g->rms_norm_eps);
+  expect_error(with("n_group", "3"), "n_group");        // 128 experts do not split in 3
+  expect_error(with("topk_group", "2"), "topk_group");  // of n_group 1
+  expect_error(with_key(with("n_group", "64"), "topk_group", "1"), "num_experts_per_tok");
+  expect_error(with("n_group", "128"), "best two");  // one expert per group
+  expect_error(with("routed_scaling_factor", "0"), "routed_scaling_factor");
+  expect_error(with("decoder_sparse_step", "2"), "first_k_dense_replace");
+  expect_error(with("mlp_bias", "true"), "mlp_bias");
+  expect_error(with("hidden_act", "\"gelu\""), "hidden_act");
+}
+
 // Gemma 3 (gemma3_text): its defaults (head_dim 256, tied, query_pre_attn_scalar 256, window 4096,
 // every sixth layer full), the window per layer from layer_types or sliding_window_pattern, the two
 // RoPEs in both spellings, the refusals, and the writer's round trip.
@@ -420,6 +475,12 @@ TEST(ModelConfig, TestDataModels) {
       EXPECT_EQ(r->arch, Arch::kQwen3Moe);
       EXPECT_EQ(r->moe.num_experts, 8);
       EXPECT_EQ(r->num_moe_layers(), r->num_layers);
+    }
+    if (name == "glm4_moe") {
+      EXPECT_EQ(r->arch, Arch::kGlm4Moe);
+      EXPECT_EQ(r->moe.n_group, 2);
+      EXPECT_EQ(r->num_moe_layers(), r->num_layers - 1);
+      EXPECT_TRUE(r->has_qk_norm());
     }
     if (name == "llama_rope_llama3") {
       EXPECT_EQ(r->rope.type, RopeConfig::Type::kLlama3);

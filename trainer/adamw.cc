@@ -97,7 +97,7 @@ void AdamW::step(FlatTensors& params, const FlatTensors& grads, double lr,
   constexpr int64_t kSlice = int64_t{1} << 16;
   std::vector<std::pair<size_t, int64_t>> items;  // (tensor, first element)
   for (size_t ti = 0; ti < specs.size(); ++ti) {
-    if (only && !(*only)[ti]) continue;
+    if ((only && !(*only)[ti]) || !specs[ti].trainable) continue;
     for (int64_t b = 0; b < specs[ti].numel; b += kSlice) items.emplace_back(ti, b);
   }
   parallel_for(pool, items.size(), [&](int64_t item) {

@@ -25,13 +25,17 @@ struct ParamSpec {
   std::vector<int64_t> shape;  // HF shape, e.g. (q_dim, hidden)
   int64_t offset = 0;          // first float in the flat buffer
   int64_t numel = 0;
+  // False for a buffer the model reads but training never changes (GLM-4 MoE's
+  // e_score_correction_bias): no gradient reaches it and the optimizer skips it.
+  bool trainable = true;
 };
 
 class ParamLayout {
  public:
   // Every parameter the shared model reads for `config`, in canonical order: embedding; per layer
   // input norm, q/k/v (+ biases), o (+ bias), q/k norms, post-attention norm, MLP (gate, up, down)
-  // or router then experts; final norm; lm_head unless tied. `weights` (optional) decides optional
+  // or router (+ its score-correction bias) then experts (+ the shared expert); final norm; lm_head
+  // unless tied. `weights` (optional) decides optional
   // tensors that config.json does not pin down (o_proj.bias).
   static std::shared_ptr<const ParamLayout> for_model(const ModelConfig& config,
                                                       const TensorMap* weights = nullptr);
@@ -41,7 +45,7 @@ class ParamLayout {
   const ParamSpec& at(const std::string& name) const;  // invariant: present
 
  private:
-  void add(std::string name, std::vector<int64_t> shape);
+  void add(std::string name, std::vector<int64_t> shape, bool trainable = true);
   std::vector<ParamSpec> specs_;
   std::unordered_map<std::string, size_t> index_;
   int64_t total_ = 0;

@@ -12,7 +12,7 @@
 
 namespace miles {
 
-enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen2, kMistral, kPhi3, kGemma3 };
+enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen2, kMistral, kPhi3, kGemma3, kGlm4Moe };
 
 // The gated MLP's activation: silu(gate) · up (SwiGLU) or gelu_tanh(gate) · up (GeGLU, Gemma's
 // gelu_pytorch_tanh).
@@ -39,6 +39,11 @@ struct RopeConfig {
   int64_t max_position_embeddings = 0;  // dynamic NTK needs it
 };
 
+// The router's scores: Qwen3-MoE's softmax over the experts, or GLM-4 MoE's / DeepSeek-V3's
+// sigmoid per expert, chosen with a score-correction bias (e_score_correction_bias, not trained)
+// among the experts of the top groups.
+enum class RouterScore { kSoftmax, kSigmoid };
+
 struct MoeConfig {
   int64_t num_experts = 0;  // 0: dense model
   int64_t top_k = 0;
@@ -46,6 +51,20 @@ struct MoeConfig {
   bool norm_topk_prob = false;
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
+  RouterScore score = RouterScore::kSoftmax;
+  // Sigmoid routing (GLM-4 MoE): experts form n_group groups of num_experts / n_group; a group's
+  // score is the sum of its two best biased scores, the topk_group best groups are kept and the
+  // others' biased scores masked to 0; top_k experts are chosen by the biased scores and weighted
+  // by their sigmoid scores (renormalised with + 1e-20 when norm_topk_prob), times
+  // routed_scaling_factor.
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  // A shared expert MLP every token runs (intermediate n_shared_experts * moe_intermediate_size),
+  // added to the routed experts' sum; 0: none.
+  int64_t n_shared_experts = 0;
+  // GLM-4 MoE: layers below it are dense MLPs (intermediate_size), the rest MoE.
+  int64_t first_k_dense_replace = 0;
 };
 
 struct ModelConfig {
@@ -77,6 +96,8 @@ struct ModelConfig {
   Activation activation = Activation::kSilu;
   // Gemma 3's query_pre_attn_scalar: attention scores are scaled by its −½ power (0: head_dim's).
   double query_pre_attn_scalar = 0;
+  // GLM-4 MoE's use_qk_norm: per-head q/k RMSNorms (has_qk_norm).
+  bool use_qk_norm = false;
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
   // `pad_token_id`: transformers builds every family's embedding with it as padding_idx, so its row
@@ -98,7 +119,8 @@ struct ModelConfig {
   float attention_scale() const;
   // Per-head RMSNorms of q and k before RoPE (Qwen3, Qwen3-MoE, Gemma 3).
   bool has_qk_norm() const {
-    return arch == Arch::kQwen3 || arch == Arch::kQwen3Moe || arch == Arch::kGemma3;
+    return arch == Arch::kQwen3 || arch == Arch::kQwen3Moe || arch == Arch::kGemma3 ||
+           (arch == Arch::kGlm4Moe && use_qk_norm);
   }
   // Gemma's RMSNorm multiplies by (1 + weight): every norm of a Gemma 3 model (input,
   // post-attention, pre- and post-feedforward, q/k and final) stores weight and runs with 1 +
@@ -116,6 +138,8 @@ struct ModelConfig {
   int64_t kv_dim() const { return num_kv_heads * head_dim; }
   // Cross-field checks (divisibility, positivity); the message names `source`.
   Status validate(const std::string& source) const;
+  // validate()'s checks of GLM-4 MoE's grouped sigmoid routing.
+  Status validate_grouped_routing(const std::string& source) const;
 };
 
 // Parses the text of an HF config.json; `source` names the file in errors.

@@ -68,7 +68,8 @@ class BackendBackward {
   static int64_t moe_floats(const ModelConfig& c, int64_t t) {
     if (c.num_moe_layers() == 0) return 0;
     const int64_t slots = t * c.moe.top_k, f = c.moe.moe_intermediate_size, d = c.hidden_size;
-    return slots * (1 + d + f + 2 * f + d) + t * c.moe.num_experts + t * d;
+    const int64_t fs = c.moe.n_shared_experts * f;  // the shared expert's d act, d gate/up, d x
+    return slots * (1 + d + f + 2 * f + d) + t * c.moe.num_experts + t * d + t * (3 * fs + d);
   }
 
  private:
@@ -288,12 +289,35 @@ class BackendBackward {
                           k};
       b_.launch(2 * f * d, gu);
     }
-    b_.launch(t_, RouterBackwardKernel{lt.probs, lt.moe_ids, lt.moe_weights, dw, e, k,
-                                       c_.moe.norm_topk_prob, dz});
+    if (w.shared) shared_expert(xn2, dh, p + "mlp.shared_experts.", dxr + t_ * d, dxn);
+    RouterBackwardKernel router{lt.probs, lt.moe_ids, lt.moe_weights,        dw,
+                                e,        k,          c_.moe.norm_topk_prob, dz};
+    router.sigmoid = c_.moe.score == RouterScore::kSigmoid;
+    router.scale = static_cast<float>(c_.moe.routed_scaling_factor);
+    b_.launch(t_, router);
     weight_grad(dz, e, xn2, d, e, d, {{grad(p + "mlp.gate.weight"), e}});
     gemm_dx(dz, e, w.router_t, dxr, d);
     b_.launch(t_ * d, AddKernel{dxn, dxr});
     return Status::Ok();
+  }
+
+  // model_backward.cc's shared_expert: its weight gradients, its d x added into dxn. scratch: t ×
+  // (3 fs + d) floats.
+  void shared_expert(const float* xn2, const float* dh, const std::string& xp, float* scratch,
+                     float* dxn) {
+    const DevTapeLayer& lt = tape_.layers[layer_];
+    const DevLayer& w = m_.layers_[layer_];
+    const int64_t d = c_.hidden_size, fs = c_.moe.n_shared_experts * c_.moe.moe_intermediate_size;
+    float* dact = scratch;
+    float* dgu = dact + t_ * fs;
+    float* dx = dgu + t_ * 2 * fs;
+    gemm_dx(dh, d, w.shared_down_t, dact, fs);
+    weight_grad(dh, d, lt.shared_act, fs, d, fs, {{grad(xp + "down_proj.weight"), d}});
+    b_.launch(t_ * fs, SwigluBackwardKernel{lt.shared_gate_up, dact, fs, dgu});
+    weight_grad(dgu, 2 * fs, xn2, d, 2 * fs, d,
+                {{grad(xp + "gate_proj.weight"), fs}, {grad(xp + "up_proj.weight"), fs}});
+    gemm_dx(dgu, 2 * fs, w.shared_gate_up_t, dx, d);
+    b_.launch(t_ * d, AddKernel{dxn, dx});
   }
 
   // Per sequence: P and dS rows with dq (phase 1), then dk and dv (phase 2).

@@ -317,7 +317,11 @@ struct RouterBackwardKernel {
   int64_t e, k;
   bool norm_topk;
   float* dz;
+  // GLM-4 MoE (probs: the sigmoid scores): model_backward.cc's sigmoid_router_grad.
+  bool sigmoid = false;
+  float scale = 1.0f;
   MILES_HD void operator()(int64_t t) const {
+    if (sigmoid) return sigmoid_backward(t);
     const float* p = probs + t * e;
     const int32_t* id = ids + t * k;
     const float* w = weights + t * k;
@@ -335,6 +339,22 @@ struct RouterBackwardKernel {
     float pd = 0.0f;
     for (int64_t x = 0; x < e; ++x) pd = fma_f(p[x], dp(x), pd);
     for (int64_t x = 0; x < e; ++x) dz[t * e + x] = p[x] * (dp(x) - pd);
+  }
+  MILES_HD void sigmoid_backward(int64_t t) const {
+    const float* s = probs + t * e;
+    const int32_t* id = ids + t * k;
+    const float* w = weights + t * k;
+    const float* g = dw + t * k;
+    for (int64_t x = 0; x < e; ++x) dz[t * e + x] = 0.0f;
+    float sum = 0.0f, gw = 0.0f;
+    for (int64_t j = 0; j < k; ++j) sum = sum + s[id[j]];
+    sum = sum + 1e-20f;
+    for (int64_t j = 0; j < k; ++j) gw = fma_f(g[j], w[j], gw);
+    for (int64_t j = 0; j < k; ++j) {
+      const float ds = norm_topk ? (scale * g[j] - gw) / sum : scale * g[j];
+      const float sj = s[id[j]];
+      dz[t * e + id[j]] = ds * (sj * (1.0f - sj));
+    }
   }
 };
 

@@ -178,7 +178,8 @@ template <class B>
 Status BackendModel<B>::lay_out_tape(DevTape& tape, int64_t t) {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, fm = c.moe.moe_intermediate_size, km = c.moe.top_k;
-  const int64_t per_moe = t * (c.moe.num_experts + 2 * km + km * (3 * fm + d));
+  const int64_t fs = c.moe.n_shared_experts * fm;  // the shared expert's width (0: none)
+  const int64_t per_moe = t * (c.moe.num_experts + 2 * km + km * (3 * fm + d) + 3 * fs);
   int64_t floats = c.num_moe_layers() * per_moe + 2 * t * d;
   for (const LayerProgram& p : programs_)
     for (int a = 0; a < kNumActs; ++a)
@@ -196,6 +197,11 @@ Status BackendModel<B>::lay_out_tape(DevTape& tape, int64_t t) {
       l.moe_act = l.moe_gate_up + t * km * 2 * fm;
       l.moe_y = l.moe_act + t * km * fm;
       tb = l.moe_y + t * km * d;
+      if (layers_[li].shared) {
+        l.shared_gate_up = tb;
+        l.shared_act = tb + t * 2 * fs;
+        tb = l.shared_act + t * fs;
+      }
     }
     for (int a = 0; a < kNumActs; ++a) {
       if (!programs_[li].kept[a]) continue;

@@ -234,7 +234,12 @@ struct RouteKernel {
   int32_t* record_ids;  // + t * record_stride, or null
   float* record_weights;
   int64_t record_stride;
+  // GLM-4 MoE's grouped sigmoid routing (moe.cc's route_sigmoid) when bias is set.
+  const float* bias = nullptr;
+  int64_t n_group = 1, topk_group = 1;
+  float scale = 1.0f;
   MILES_HD void operator()(int64_t t) const {
+    if (bias != nullptr) return sigmoid_route(t);
     float* p = probs + t * e;
     float m = -inf_f();
     for (int64_t x = 0; x < e; ++x) m = max_f(m, p[x]);
@@ -268,6 +273,77 @@ struct RouteKernel {
         record_ids[t * record_stride + j] = id[j];
         record_weights[t * record_stride + j] = w[j];
       }
+  }
+  // route_sigmoid's steps: sigmoid scores; unless replayed, the groups whose score (the sum of
+  // their two best biased scores) ranks among the best topk_group, then the top k of the biased
+  // scores in those groups, each chosen as kernels::topk orders them; weights renormalised (+
+  // 1e-20) when configured, times scale.
+  MILES_HD void sigmoid_route(int64_t t) const {
+    float* p = probs + t * e;
+    for (int64_t x = 0; x < e; ++x) p[x] = 1.0f / (1.0f + exp_f32(-p[x]));
+    int32_t* id = ids + t * k;
+    float* w = weights + t * k;
+    const int64_t per = e / n_group;
+    auto choice = [&](int64_t x) { return p[x] + bias[x]; };
+    auto group_score = [&](int64_t g) {
+      int64_t a = -1, b = -1;  // the best two of the group, by topk's order
+      for (int64_t x = g * per; x < (g + 1) * per; ++x) {
+        if (a < 0 || first(choice(x), choice(a), x, a)) {
+          b = a;
+          a = x;
+        } else if (b < 0 || first(choice(x), choice(b), x, b)) {
+          b = x;
+        }
+      }
+      return choice(a) + choice(b);
+    };
+    auto kept = [&](int64_t g) {  // ranks among the best topk_group groups
+      const float sg = group_score(g);
+      int64_t ahead = 0;
+      for (int64_t h = 0; h < n_group; ++h)
+        if (h != g && first(group_score(h), sg, h, g)) ++ahead;
+      return ahead < topk_group;
+    };
+    auto masked = [&](int64_t x) { return kept(x / per) ? choice(x) : -inf_f(); };
+    for (int64_t j = 0; j < k; ++j) {
+      if (forced != nullptr) {
+        id[j] = forced[t * forced_stride + j];
+      } else {
+        int64_t best = -1;
+        float best_v = 0.0f;
+        for (int64_t x = 0; x < e; ++x) {
+          bool taken = false;
+          for (int64_t q = 0; q < j; ++q) taken = taken || id[q] == x;
+          if (taken) continue;
+          const float v = masked(x);
+          if (best < 0 || first(v, best_v, x, best)) {
+            best = x;
+            best_v = v;
+          }
+        }
+        id[j] = static_cast<int32_t>(best);
+      }
+      w[j] = p[id[j]];
+    }
+    if (norm_topk) {
+      float sum = 0.0f;
+      for (int64_t j = 0; j < k; ++j) sum = sum + w[j];
+      sum = sum + 1e-20f;
+      for (int64_t j = 0; j < k; ++j) w[j] = w[j] / sum;
+    }
+    for (int64_t j = 0; j < k; ++j) w[j] = w[j] * scale;
+    if (record_ids != nullptr)
+      for (int64_t j = 0; j < k; ++j) {
+        record_ids[t * record_stride + j] = id[j];
+        record_weights[t * record_stride + j] = w[j];
+      }
+  }
+  // kernels::topk's order of values va (index a) and vb (index b): a before b.
+  MILES_HD static bool first(float va, float vb, int64_t a, int64_t b) {
+    if (va > vb) return true;
+    if (va < vb) return false;
+    if (is_nan(va) != is_nan(vb)) return is_nan(vb);
+    return a < b;
   }
   // kernels::topk's order: a before b.
   MILES_HD static bool before(const float* p, int64_t a, int64_t b) {
@@ -313,6 +389,7 @@ struct MoeCombineKernel {
   const float* weights;
   int64_t k, d;
   float* out;
+  const float* shared = nullptr;  // [T, d] added after the routed sum (GLM-4 MoE), or null
   MILES_HD void operator()(int64_t i) const {
     const int64_t t = i / d, e = i % d;
     const int32_t* id = ids + t * k;
@@ -326,6 +403,7 @@ struct MoeCombineKernel {
       // No weights (the backward's d x sum): y · 1 is y exactly, so this is the plain sum.
       o = o + y[(t * k + j) * d + e] * (weights ? weights[t * k + j] : 1.0f);
     }
+    if (shared != nullptr) o = o + shared[i];
     out[i] = o;
   }
 };

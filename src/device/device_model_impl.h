@@ -78,6 +78,10 @@ struct DevLayer {
   bool moe = false;
   DevMatrix router, expert_gate_up, expert_down;
   DevMatrix router_t, expert_gate_up_t, expert_down_t;  // transposed (per expert, concatenated)
+  // GLM-4 MoE: the router's score-correction bias, and the shared expert (when `shared`).
+  const float* router_bias = nullptr;
+  bool shared = false;
+  DevMatrix shared_gate_up, shared_down, shared_gate_up_t, shared_down_t;
 };
 
 // A scratch buffer that grows to the largest size asked for.
@@ -96,6 +100,7 @@ struct DevTapeLayer {
   float *probs = nullptr, *moe_weights = nullptr, *moe_gate_up = nullptr, *moe_act = nullptr;
   float* moe_y = nullptr;
   int32_t* moe_ids = nullptr;
+  float *shared_gate_up = nullptr, *shared_act = nullptr;  // the shared expert's [T, 2 fs], [T, fs]
   float* operator[](Act a) const { return acts[static_cast<int>(a)]; }
 };
 struct DevTape {
@@ -276,6 +281,12 @@ class BackendModel final : public DeviceModel {
         MILES_RETURN_IF_ERROR(put(l.router, d.router));
         MILES_RETURN_IF_ERROR(put_experts(l.experts, &ExpertWeights::gate_up, d.expert_gate_up));
         MILES_RETURN_IF_ERROR(put_experts(l.experts, &ExpertWeights::down, d.expert_down));
+        MILES_RETURN_IF_ERROR(put(l.router_bias, d.router_bias));
+        d.shared = l.has_shared;
+        if (d.shared) {
+          MILES_RETURN_IF_ERROR(put(l.shared.gate_up, d.shared_gate_up));
+          MILES_RETURN_IF_ERROR(put(l.shared.down, d.shared_down));
+        }
       }
     }
     reloading_ = false;
@@ -323,6 +334,10 @@ class BackendModel final : public DeviceModel {
         MILES_RETURN_IF_ERROR(one(l.router, l.router_t));
         MILES_RETURN_IF_ERROR(experts(l.expert_gate_up, l.expert_gate_up_t));
         MILES_RETURN_IF_ERROR(experts(l.expert_down, l.expert_down_t));
+        if (l.shared) {
+          MILES_RETURN_IF_ERROR(one(l.shared_gate_up, l.shared_gate_up_t));
+          MILES_RETURN_IF_ERROR(one(l.shared_down, l.shared_down_t));
+        }
         continue;
       }
       MILES_RETURN_IF_ERROR(one(l.gate_up, l.gate_up_t));
@@ -341,7 +356,8 @@ class BackendModel final : public DeviceModel {
   Status forward_op(const Op& op, LayerRun& r);
 
   // moe.cc's moe_block on the device: router GEMM, routing per token, one GEMM per routed slot
-  // (gate/up, SwiGLU, down), the slots summed per token in ascending expert id into `out`. The
+  // (gate/up, SwiGLU, down), the slots summed per token in ascending expert id into `out` (plus the
+  // shared expert's output, run over every token). The
   // ids and weights go to record (ids [T, moe_layers, k] as int32 bits, then the weights) when
   // given.
   Status moe_block(const DevLayer& l, const float* xn, int64_t t, int64_t moe_index, float* record,
@@ -349,28 +365,41 @@ class BackendModel final : public DeviceModel {
     const ModelConfig& c = config_;
     const int64_t e = c.moe.num_experts, k = c.moe.top_k, d = c.hidden_size;
     const int64_t f = c.moe.moe_intermediate_size, n_moe = c.num_moe_layers();
-    const int64_t slots = t * k;
-    MILES_ASSIGN_OR_RETURN(float* buf, scratch(moe_, t * e + 2 * slots + slots * (3 * f + d)));
+    const int64_t slots = t * k, fs = l.shared ? c.moe.n_shared_experts * f : 0;
+    MILES_ASSIGN_OR_RETURN(
+        float* buf, scratch(moe_, t * e + 2 * slots + slots * (3 * f + d) + t * (3 * fs + d)));
     float* probs = buf;
     int32_t* ids = reinterpret_cast<int32_t*>(probs + t * e);
     float* weights = probs + t * e + slots;
     float* gu = weights + slots;
     float* act = gu + slots * 2 * f;
     float* y = act + slots * f;
-    if (tape) {  // a training forward keeps them all
+    float* shared_gu = y + slots * d;
+    float* shared_act = shared_gu + t * 2 * fs;
+    float* shared_y = shared_act + t * fs;
+    if (tape) {  // a training forward keeps them all (but the shared expert's output)
       probs = tape->probs;
       ids = tape->moe_ids;
       weights = tape->moe_weights;
       gu = tape->moe_gate_up;
       act = tape->moe_act;
       y = tape->moe_y;
+      shared_gu = tape->shared_gate_up;
+      shared_act = tape->shared_act;
     }
     gemm(xn, t, d, l.router, probs, e);
     int32_t* rec_ids = record ? reinterpret_cast<int32_t*>(record) + moe_index * k : nullptr;
     float* rec_w = record ? record + t * n_moe * k + moe_index * k : nullptr;
     const int32_t* forced_rows = forced ? forced + moe_index * k : nullptr;
-    b_->launch(t, RouteKernel{probs, e, k, forced_rows, n_moe * k, c.moe.norm_topk_prob, ids,
-                              weights, rec_ids, rec_w, n_moe * k});
+    RouteKernel route{probs, e,       k,       forced_rows, n_moe * k, c.moe.norm_topk_prob,
+                      ids,   weights, rec_ids, rec_w,       n_moe * k};
+    if (c.moe.score == RouterScore::kSigmoid) {
+      route.bias = l.router_bias;
+      route.n_group = c.moe.n_group;
+      route.topk_group = c.moe.topk_group;
+      route.scale = static_cast<float>(c.moe.routed_scaling_factor);
+    }
+    b_->launch(t, route);
     const DevMatrix& gw = l.expert_gate_up;
     const DevMatrix& dw = l.expert_down;
     b_->launch(GemmKernel::items(slots, gw.n),
@@ -380,7 +409,12 @@ class BackendModel final : public DeviceModel {
     b_->launch(GemmKernel::items(slots, dw.n),
                ExpertGemmKernel{act, f, 1, ids, dw.data, expert_floats(dw), slots, dw.n, dw.k,
                                 dw.chunk, y, d});
-    b_->launch(t * d, MoeCombineKernel{y, ids, weights, k, d, out});
+    if (l.shared) {
+      gemm(xn, t, d, l.shared_gate_up, shared_gu, 2 * fs);
+      b_->launch(t * fs, SwigluKernel{shared_gu, fs, shared_act});
+      gemm(shared_act, t, fs, l.shared_down, shared_y, d);
+    }
+    b_->launch(t * d, MoeCombineKernel{y, ids, weights, k, d, out, l.shared ? shared_y : nullptr});
     return Status::Ok();
   }
   static const DevMatrix& matrix(const DevLayer& l, Param p) {

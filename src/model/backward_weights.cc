@@ -36,6 +36,10 @@ void build_backward_weights(const ModelWeights& w, BackwardWeights& bw, ThreadPo
       jobs.push_back({&l.experts[e].gate_up, &t.experts[e].gate_up_t});
       jobs.push_back({&l.experts[e].down, &t.experts[e].down_t});
     }
+    if (l.has_shared) {
+      jobs.push_back({&l.shared.gate_up, &t.shared.gate_up_t});
+      jobs.push_back({&l.shared.down, &t.shared.down_t});
+    }
   }
   // Each job writes its own matrix; transposing only moves values.
   parallel_for(pool, jobs.size(),

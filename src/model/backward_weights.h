@@ -19,6 +19,7 @@ struct LayerWeightsT {
   kernels::PackedMatrix down_t;     // dense: (f, hidden)
   kernels::PackedMatrix router_t;   // moe: (hidden, experts)
   std::vector<ExpertWeightsT> experts;
+  ExpertWeightsT shared;  // moe with a shared expert
 };
 
 struct BackwardWeights {

@@ -10,10 +10,11 @@
 
 namespace miles {
 
-void ParamLayout::add(std::string name, std::vector<int64_t> shape) {
+void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool trainable) {
   ParamSpec s;
   s.name = std::move(name);
   s.shape = std::move(shape);
+  s.trainable = trainable;
   s.numel = 1;
   for (int64_t d : s.shape) s.numel *= d;
   s.offset = total_;
@@ -64,11 +65,19 @@ std::shared_ptr<const ParamLayout> ParamLayout::for_model(const ModelConfig& c,
     }
     const int64_t f = c.moe.moe_intermediate_size;
     l->add(p + "mlp.gate.weight", {c.moe.num_experts, d});
+    if (c.moe.score == RouterScore::kSigmoid)
+      l->add(p + "mlp.gate.e_score_correction_bias", {c.moe.num_experts}, /*trainable=*/false);
     for (int64_t e = 0; e < c.moe.num_experts; ++e) {
       const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
       l->add(x + "gate_proj.weight", {f, d});
       l->add(x + "up_proj.weight", {f, d});
       l->add(x + "down_proj.weight", {d, f});
+    }
+    if (const int64_t fs = c.moe.n_shared_experts * f; fs > 0) {
+      const std::string x = p + "mlp.shared_experts.";
+      l->add(x + "gate_proj.weight", {fs, d});
+      l->add(x + "up_proj.weight", {fs, d});
+      l->add(x + "down_proj.weight", {d, fs});
     }
   }
   l->add("model.norm.weight", {d});

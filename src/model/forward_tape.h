@@ -19,11 +19,12 @@ struct ExpertTape {
 };
 
 struct MoeTape {
-  std::vector<float> probs;    // (T, experts) router softmax
+  std::vector<float> probs;    // (T, experts) router softmax (sigmoid routing: the sigmoid scores)
   std::vector<int32_t> ids;    // (T, top_k)
   std::vector<float> weights;  // (T, top_k) gate weights used (renormalised when configured)
-  std::vector<float> y;        // (T * top_k, d) expert outputs per slot
+  std::vector<float> y;        // (T * top_k, d) expert outputs per slot, then (T, d) shared's
   std::vector<ExpertTape> experts;
+  ExpertTape shared;  // the shared expert's (slots: every token)
 };
 
 // The activations of one layer a training forward keeps (LayerProgram::keeps): (T, act_width).

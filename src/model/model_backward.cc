@@ -244,7 +244,7 @@ class Backward {
     const LayerWeightsT& wt = bw_.layers[layer];
     const int64_t d = c_.hidden_size, f = c_.moe.moe_intermediate_size, k = c_.moe.top_k;
     const int64_t e = c_.moe.num_experts;
-    // out_t = Σ_j w_tj y_tj: d w_tj = dh_t · y_tj; d y_tj = w_tj dh_t.
+    // out_t = Σ_j w_tj y_tj (+ shared_t): d w_tj = dh_t · y_tj; d y_tj = w_tj dh_t.
     std::vector<float> dw(static_cast<size_t>(t_ * k));
     for (int64_t s = 0; s < t_ * k; ++s)
       dw[s] = kernels::detail::dot(dh + (s / k) * d, mt.y.data() + s * d, d);
@@ -273,10 +273,14 @@ class Backward {
       gemm(dgu.data(), n, 2 * f, wt.experts[ex].gate_up_t, dxs.data(), d, pool_);
       for (int64_t r = 0; r < n; ++r) add_into(dxn + (et.slots[r] / k) * d, dxs.data() + r * d, d);
     }
+    if (w_.layers[layer].has_shared) shared_expert(xn2, dh, p + "mlp.shared_experts.", dxn);
     reduce(dxn, t_ * d);
     // Gate weights: w = p[ids] (/ Σ p[ids] when renormalised); router softmax backward.
     std::vector<float> dz(static_cast<size_t>(t_ * e), 0.0f);
-    for (int64_t i = 0; i < t_; ++i) {
+    for (int64_t i = 0; i < t_ && c_.moe.score == RouterScore::kSigmoid; ++i)
+      sigmoid_router_grad(mt.probs.data() + i * e, mt.ids.data() + i * k, mt.weights.data() + i * k,
+                          dw.data() + i * k, dz.data() + i * e);
+    for (int64_t i = 0; i < t_ && c_.moe.score == RouterScore::kSoftmax; ++i) {
       const float* prob = mt.probs.data() + i * e;
       const int32_t* ids = mt.ids.data() + i * k;
       const float* w = mt.weights.data() + i * k;
@@ -299,6 +303,43 @@ class Backward {
     std::vector<float> dxr(static_cast<size_t>(t_ * d));
     gemm(dz.data(), t_, e, wt.router_t, dxr.data(), d, pool_);
     add_into(dxn, dxr.data(), t_ * d, pool_);
+  }
+
+  // GLM-4 MoE's gate weights w_j = scale · s_j (/ (Σ s + 1e-20) when renormalised) of the sigmoid
+  // scores s = sigmoid(z) (the bias only chooses): d s_m = (scale · d w_m − Σ_j d w_j w_j) / (Σ s +
+  // 1e-20) (or scale · d w_m), d z = d s · s (1 − s); unchosen experts get none.
+  void sigmoid_router_grad(const float* s, const int32_t* ids, const float* w, const float* g,
+                           float* dz) const {
+    const int64_t k = c_.moe.top_k;
+    const float scale = static_cast<float>(c_.moe.routed_scaling_factor);
+    float sum = 0.0f, gw = 0.0f;
+    for (int64_t j = 0; j < k; ++j) sum = sum + s[ids[j]];
+    sum = sum + 1e-20f;
+    for (int64_t j = 0; j < k; ++j) gw = std::fma(g[j], w[j], gw);
+    for (int64_t j = 0; j < k; ++j) {
+      const float ds = c_.moe.norm_topk_prob ? (scale * g[j] - gw) / sum : scale * g[j];
+      const float sj = s[ids[j]];
+      dz[ids[j]] = ds * (sj * (1.0f - sj));
+    }
+  }
+
+  // The shared expert's backward (its output added with weight 1): weight gradients, and its input
+  // gradient added into dxn.
+  void shared_expert(const float* xn2, const float* dh, const std::string& xp, float* dxn) {
+    const ExpertTape& et = lt().moe.shared;
+    const ExpertWeightsT& wt = bw_.layers[layer_].shared;
+    const int64_t d = c_.hidden_size, n = t_;
+    const int64_t f = c_.moe.n_shared_experts * c_.moe.moe_intermediate_size;
+    std::vector<float> dact(static_cast<size_t>(n * f)), dgu(static_cast<size_t>(n * 2 * f));
+    gemm(dh, n, d, wt.down_t, dact.data(), f, pool_);
+    g_.weight_grad(dh, d, et.act.data(), f, n, f, {{xp + "down_proj.weight", d}});
+    kernels::swiglu_backward(et.gate_up.data(), et.gate_up.data() + f, dact.data(), n, f, 2 * f,
+                             dgu.data(), dgu.data() + f, 2 * f);
+    g_.weight_grad(dgu.data(), 2 * f, xn2, d, n, d,
+                   {{xp + "gate_proj.weight", f}, {xp + "up_proj.weight", f}});
+    std::vector<float> dxs(static_cast<size_t>(n * d));
+    gemm(dgu.data(), n, 2 * f, wt.gate_up_t, dxs.data(), d, pool_);
+    add_into(dxn, dxs.data(), n * d, pool_);
   }
 
   // Attention per sequence: d attn in, d qkv (after RoPE) out, every row written by its kv heads.

@@ -93,6 +93,7 @@ Status parse_arch(const Reader& r, ModelConfig* c) {
            : type == "mistral"     ? "MistralForCausalLM"
            : type == "phi3"        ? "Phi3ForCausalLM"
            : type == "gemma3_text" ? "Gemma3ForCausalLM"
+           : type == "glm4_moe"    ? "Glm4MoeForCausalLM"
                                    : "";
     if (name.empty()) return r.error("model_type", "has unsupported value '" + type + "'");
   } else {
@@ -112,11 +113,14 @@ Status parse_arch(const Reader& r, ModelConfig* c) {
     c->arch = Arch::kPhi3;
   } else if (name == "Gemma3ForCausalLM") {
     c->arch = Arch::kGemma3;
+  } else if (name == "Glm4MoeForCausalLM") {
+    c->arch = Arch::kGlm4Moe;
   } else {
     return r.error("architectures",
                    "has unsupported value '" + name +
-                       "' (supported: Gemma3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
-                       "Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)");
+                       "' (supported: Gemma3ForCausalLM, Glm4MoeForCausalLM, LlamaForCausalLM, "
+                       "MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                       "Qwen3MoeForCausalLM)");
   }
   if (c->arch == Arch::kGemma3) {  // the text model's config (not Gemma3Config's text_config)
     const json* t = r.find("model_type");
@@ -310,6 +314,38 @@ Status parse_gemma3(const Reader& r, ModelConfig* c) {
   return Status::Ok();
 }
 
+// GLM-4 MoE (Glm4MoeConfig, its defaults where a key is absent): sigmoid routing with a
+// score-correction bias among n_group groups, a shared expert, dense layers below
+// first_k_dense_replace, optional q/k norms. Its multi-token-prediction layers
+// (num_nextn_predict_layers) are not part of the causal LM (transformers skips their tensors).
+Status parse_glm4_moe(const Reader& r, ModelConfig* c) {
+  MoeConfig& m = c->moe;
+  m.score = RouterScore::kSigmoid;
+  m.num_experts = 128;
+  m.top_k = 8;
+  m.moe_intermediate_size = 1408;
+  m.norm_topk_prob = true;
+  m.n_shared_experts = 1;
+  m.first_k_dense_replace = 1;
+  const char* experts_key = r.find("n_routed_experts") ? "n_routed_experts" : "num_local_experts";
+  MILES_RETURN_IF_ERROR(r.read_int(experts_key, &m.num_experts));
+  MILES_RETURN_IF_ERROR(r.read_int("num_experts_per_tok", &m.top_k));
+  MILES_RETURN_IF_ERROR(r.read_int("moe_intermediate_size", &m.moe_intermediate_size));
+  MILES_RETURN_IF_ERROR(r.read_bool("norm_topk_prob", &m.norm_topk_prob));
+  MILES_RETURN_IF_ERROR(r.read_int("n_shared_experts", &m.n_shared_experts));
+  MILES_RETURN_IF_ERROR(r.read_double("routed_scaling_factor", &m.routed_scaling_factor));
+  MILES_RETURN_IF_ERROR(r.read_int("n_group", &m.n_group));
+  MILES_RETURN_IF_ERROR(r.read_int("topk_group", &m.topk_group));
+  MILES_RETURN_IF_ERROR(r.read_int("first_k_dense_replace", &m.first_k_dense_replace));
+  MILES_RETURN_IF_ERROR(r.read_bool("use_qk_norm", &c->use_qk_norm));
+  for (const char* key : {"decoder_sparse_step", "mlp_only_layers"})
+    if (r.find(key))
+      return r.error(key,
+                     "is given; Glm4MoeForCausalLM places its MoE layers by "
+                     "first_k_dense_replace and ignores it (remove it)");
+  return Status::Ok();
+}
+
 Status parse_fields(const Reader& r, ModelConfig* c) {
   MILES_RETURN_IF_ERROR(parse_arch(r, c));
   if (const json* w = r.find("use_sliding_window"); w && w->is_boolean() && w->get<bool>())
@@ -347,8 +383,10 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
                                : c->arch == Arch::kMistral ? 131072
                                : c->arch == Arch::kPhi3    ? 4096
                                : c->arch == Arch::kGemma3  ? 131072
+                               : c->arch == Arch::kGlm4Moe ? 131072
                                                            : 32768;
   MILES_RETURN_IF_ERROR(r.read_int("max_position_embeddings", &c->max_position_embeddings));
+  if (c->arch == Arch::kGlm4Moe) c->rms_norm_eps = 1e-5;  // Glm4MoeConfig's default
   MILES_RETURN_IF_ERROR(r.read_double("rms_norm_eps", &c->rms_norm_eps));
   c->tie_word_embeddings = c->arch == Arch::kGemma3;  // Gemma3TextConfig's default
   MILES_RETURN_IF_ERROR(r.read_bool("tie_word_embeddings", &c->tie_word_embeddings));
@@ -381,11 +419,13 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   if (c->arch == Arch::kGemma3) {
     MILES_RETURN_IF_ERROR(parse_gemma3(r, c));
   } else {
+    if (c->arch == Arch::kGlm4Moe) c->rope.partial_rotary_factor = 0.5;  // Glm4MoeConfig's
     MILES_RETURN_IF_ERROR(parse_rope(r, &c->rope));
   }
   c->rope.max_position_embeddings = c->max_position_embeddings;
   c->rope_local.max_position_embeddings = c->max_position_embeddings;
   if (c->arch == Arch::kQwen3Moe) MILES_RETURN_IF_ERROR(parse_moe(r, &c->moe));
+  if (c->arch == Arch::kGlm4Moe) MILES_RETURN_IF_ERROR(parse_glm4_moe(r, c));
   return Status::Ok();
 }
 
@@ -394,6 +434,7 @@ std::string str(int64_t v) { return std::to_string(v); }
 }  // namespace
 
 bool ModelConfig::is_moe_layer(int64_t layer) const {
+  if (arch == Arch::kGlm4Moe) return moe.num_experts > 0 && layer >= moe.first_k_dense_replace;
   if (arch != Arch::kQwen3Moe || moe.num_experts <= 0 || moe.decoder_sparse_step <= 0) return false;
   const auto& only = moe.mlp_only_layers;
   if (std::find(only.begin(), only.end(), layer) != only.end()) return false;
@@ -456,18 +497,46 @@ Status ModelConfig::validate(const std::string& source) const {
     return fail("rope_scaling",
                 "llama3 needs high_freq_factor > low_freq_factor and a positive "
                 "original_max_position_embeddings");
-  if (arch != Arch::kQwen3Moe) return Status::Ok();
+  if (arch != Arch::kQwen3Moe && arch != Arch::kGlm4Moe) return Status::Ok();
+  const bool glm = arch == Arch::kGlm4Moe;
   if (moe.num_experts <= 0)
-    return fail("num_experts", "must be positive, got " + str(moe.num_experts));
+    return fail(glm ? "n_routed_experts" : "num_experts",
+                "must be positive, got " + str(moe.num_experts));
   if (moe.top_k <= 0 || moe.top_k > moe.num_experts)
     return fail("num_experts_per_tok", "(" + str(moe.top_k) + ") must be in [1, num_experts = " +
                                            str(moe.num_experts) + "]");
   if (moe.moe_intermediate_size <= 0) return fail("moe_intermediate_size", "must be positive");
+  if (glm) return validate_grouped_routing(source);
   if (moe.decoder_sparse_step <= 0) return fail("decoder_sparse_step", "must be positive");
   for (int64_t l : moe.mlp_only_layers)
     if (l < 0 || l >= num_layers)
       return fail("mlp_only_layers",
                   "holds " + str(l) + ", not a layer in [0, " + str(num_layers) + ")");
+  return Status::Ok();
+}
+
+Status ModelConfig::validate_grouped_routing(const std::string& source) const {
+  auto fail = [&](const std::string& key, const std::string& what) {
+    return Status::Error(source + ": key '" + key + "' " + what);
+  };
+  const MoeConfig& m = moe;
+  if (m.n_group <= 0 || m.num_experts % m.n_group != 0)
+    return fail("n_group", "(" + str(m.n_group) + ") must divide n_routed_experts (" +
+                               str(m.num_experts) + ")");
+  if (m.num_experts / m.n_group < 2)
+    return fail("n_group", "leaves " + str(m.num_experts / m.n_group) +
+                               " expert per group; a group's score sums its best two");
+  if (m.topk_group <= 0 || m.topk_group > m.n_group)
+    return fail("topk_group",
+                "(" + str(m.topk_group) + ") must be in [1, n_group = " + str(m.n_group) + "]");
+  if (m.top_k > m.topk_group * (m.num_experts / m.n_group))
+    return fail("num_experts_per_tok", "(" + str(m.top_k) + ") exceeds the experts of topk_group " +
+                                           "groups (" +
+                                           str(m.topk_group * (m.num_experts / m.n_group)) + ")");
+  if (m.n_shared_experts < 0) return fail("n_shared_experts", "must be >= 0");
+  if (m.first_k_dense_replace < 0) return fail("first_k_dense_replace", "must be >= 0");
+  if (!(std::isfinite(m.routed_scaling_factor) && m.routed_scaling_factor > 0))
+    return fail("routed_scaling_factor", "must be positive");
   return Status::Ok();
 }
 

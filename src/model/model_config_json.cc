@@ -30,6 +30,8 @@ const char* model_type_of(Arch arch) {
       return "phi3";
     case Arch::kGemma3:
       return "gemma3_text";
+    case Arch::kGlm4Moe:
+      return "glm4_moe";
   }
   return "llama";
 }
@@ -50,6 +52,8 @@ const char* default_arch_name(Arch arch) {
       return "Phi3ForCausalLM";
     case Arch::kGemma3:
       return "Gemma3ForCausalLM";
+    case Arch::kGlm4Moe:
+      return "Glm4MoeForCausalLM";
   }
   return "LlamaForCausalLM";
 }
@@ -152,7 +156,7 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
                       c.arch != Arch::kGemma3;
   if (biases) j["attention_bias"] = c.attention_bias;
   j["attention_dropout"] = 0.0;
-  if (biases) j["mlp_bias"] = c.mlp_bias;
+  if (biases && c.arch != Arch::kGlm4Moe) j["mlp_bias"] = c.mlp_bias;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
   if (c.eos_token_ids.size() == 1) {
@@ -164,13 +168,14 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
     gemma3_json(c, j);
   } else {
     j["rope_theta"] = c.rope.theta;
-    if (c.rope.partial_rotary_factor != RopeConfig{}.partial_rotary_factor)
+    if (c.rope.partial_rotary_factor != RopeConfig{}.partial_rotary_factor ||
+        c.arch == Arch::kGlm4Moe)  // its default is 0.5
       j["partial_rotary_factor"] = c.rope.partial_rotary_factor;
     j["rope_scaling"] = rope_scaling_json(c.rope);
   }
   if (c.arch == Arch::kMistral || c.arch == Arch::kPhi3) {
     j["sliding_window"] = c.sliding_window > 0 ? ordered_json(c.sliding_window) : ordered_json();
-  } else if (c.arch != Arch::kLlama && c.arch != Arch::kGemma3) {
+  } else if (c.arch != Arch::kLlama && c.arch != Arch::kGemma3 && c.arch != Arch::kGlm4Moe) {
     j["use_sliding_window"] = false;
   }
   if (c.arch == Arch::kQwen3Moe) {
@@ -180,6 +185,19 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
     j["norm_topk_prob"] = c.moe.norm_topk_prob;
     j["decoder_sparse_step"] = c.moe.decoder_sparse_step;
     j["mlp_only_layers"] = c.moe.mlp_only_layers;
+  }
+  if (c.arch == Arch::kGlm4Moe) {
+    const MoeConfig& m = c.moe;
+    j["n_routed_experts"] = m.num_experts;
+    j["num_experts_per_tok"] = m.top_k;
+    j["moe_intermediate_size"] = m.moe_intermediate_size;
+    j["norm_topk_prob"] = m.norm_topk_prob;
+    j["n_shared_experts"] = m.n_shared_experts;
+    j["routed_scaling_factor"] = m.routed_scaling_factor;
+    j["n_group"] = m.n_group;
+    j["topk_group"] = m.topk_group;
+    j["first_k_dense_replace"] = m.first_k_dense_replace;
+    j["use_qk_norm"] = c.use_qk_norm;
   }
   j["torch_dtype"] = "float32";
   j["dtype"] = "float32";

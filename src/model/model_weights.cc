@@ -117,7 +117,15 @@ class Loader {
                                       l.experts[i].down, et ? &et->gate_up_t : nullptr,
                                       et ? &et->down_t : nullptr));
     }
-    return Status::Ok();
+    l.router_bias.clear();
+    if (c_.moe.score == RouterScore::kSigmoid)
+      MILES_RETURN_IF_ERROR(vec(p + "mlp.gate.e_score_correction_bias", e, l.router_bias));
+    l.has_shared = c_.moe.n_shared_experts > 0;
+    if (!l.has_shared) return Status::Ok();
+    return dense_mlp(p + "mlp.shared_experts.",
+                     c_.moe.n_shared_experts * c_.moe.moe_intermediate_size, l.shared.gate_up,
+                     l.shared.down, t ? &t->shared.gate_up_t : nullptr,
+                     t ? &t->shared.down_t : nullptr);
   }
 
   Status layer(int64_t i, LayerWeights& l) {

@@ -40,7 +40,11 @@ struct LayerWeights {
   std::vector<float> gate_up_bias;  // dense with mlp_bias: (2 * intermediate) [gate; up]
   std::vector<float> down_bias;     // dense with mlp_bias: (hidden)
   kernels::PackedMatrix router;   // moe: (num_experts, hidden)
+  std::vector<float> router_bias;  // sigmoid routing: e_score_correction_bias (num_experts)
   std::vector<ExpertWeights> experts;
+  // moe with n_shared_experts: the shared expert, (n_shared * moe_intermediate) wide.
+  ExpertWeights shared;
+  bool has_shared = false;
 };
 
 struct ModelWeights {

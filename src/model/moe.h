@@ -1,5 +1,7 @@
-// The Qwen3-MoE sparse block: softmax router, top-k (or replayed ids), optional renormalisation,
-// SwiGLU experts, outputs combined in ascending expert id (the order HF's index_add_ loop uses).
+// The sparse MoE block: a router (Qwen3-MoE's softmax top-k with optional renormalisation, or
+// GLM-4 MoE's grouped sigmoid top-k with its score-correction bias and scaling; or replayed ids),
+// SwiGLU experts, outputs combined in ascending expert id (the order HF's index_add_ loop uses),
+// plus GLM-4 MoE's shared expert.
 #pragma once
 
 #include <cstdint>

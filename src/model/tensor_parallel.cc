@@ -66,6 +66,9 @@ Status bitwise_split(const ModelConfig& full, int size) {
   MILES_RETURN_IF_ERROR(gemm_k(full.intermediate_size, "down_proj K (intermediate_size)"));
   if (full.moe.num_experts > 0)
     MILES_RETURN_IF_ERROR(gemm_k(full.moe.moe_intermediate_size, "expert down_proj K"));
+  if (full.moe.n_shared_experts > 0)
+    MILES_RETURN_IF_ERROR(gemm_k(full.moe.n_shared_experts * full.moe.moe_intermediate_size,
+                                 "shared expert down_proj K"));
   const int64_t v = full.vocab_size, c = kernels::kGemmChunk;
   if (v % c != 0 || (v / c) % size != 0)
     return Status::Error("vocab_size = " + std::to_string(v) + " sums its softmax in chunks of " +
