@@ -33,6 +33,8 @@ import safetensors.numpy
 import torch
 import transformers
 from transformers import (
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     Gemma3ForCausalLM,
     Gemma3TextConfig,
     Glm4MoeConfig,
@@ -155,7 +157,27 @@ def model_specs() -> dict:
             glm4_moe_kwargs(0.75), num_hidden_layers=2, norm_topk_prob=False, n_group=1, topk_group=1,
             n_shared_experts=2, routed_scaling_factor=1.0, first_k_dense_replace=0, attention_bias=False,
             use_qk_norm=False)),
+        # DeepSeek-V3: multi-head latent attention (q through a q_lora_rank bottleneck with its norm, keys and values
+        # from one compressed latent with its norm and a shared rotated key part, interleaved RoPE, values narrower
+        # than queries) and GLM-4 MoE's routing (the same router, two groups), a dense first layer.
+        "deepseek_v3": (DeepseekV3ForCausalLM, DeepseekV3Config, deepseek_v3_kwargs()),
+        # No q bottleneck (q_proj), half-split RoPE (rope_interleave false), yarn with mscale_all_dim (the attention
+        # scale squared-mscaled), values wider than the query heads, no renormalisation, one group.
+        "deepseek_v3_noq": (DeepseekV3ForCausalLM, DeepseekV3Config, dict(
+            deepseek_v3_kwargs(), num_hidden_layers=2, q_lora_rank=None, rope_interleave=False, v_head_dim=28,
+            norm_topk_prob=False, n_group=1, topk_group=1, routed_scaling_factor=1.0, first_k_dense_replace=0,
+            **rope_kwargs(10000.0, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                                    "mscale": 1.0, "mscale_all_dim": 1.0}))),
     }
+
+
+def deepseek_v3_kwargs() -> dict:
+    base = {k: v for k, v in COMMON.items() if k != "head_dim"}
+    return dict(base, num_hidden_layers=3, num_key_value_heads=4, tie_word_embeddings=False, q_lora_rank=24, kv_lora_rank=32,
+                qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, rope_interleave=True, n_routed_experts=8,
+                num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5,
+                first_k_dense_replace=1, norm_topk_prob=True, moe_intermediate_size=32,
+                **rope_kwargs(10000.0, None))
 
 
 def glm4_moe_kwargs(partial_rotary: float = 0.5) -> dict:
@@ -315,7 +337,7 @@ def load_for_reference(name: str):
     model_cls = model_specs()[name][0]
     # Load with the stored dtype ("torch_dtype" before v5), so qwen3_bf16 really goes through its BF16 file.
     kwargs = {"attn_implementation": "eager", ("dtype" if TRANSFORMERS_MAJOR >= 5 else "torch_dtype"): "auto"}
-    if model_cls in (Qwen3MoeForCausalLM, Glm4MoeForCausalLM) and TRANSFORMERS_MAJOR >= 5:
+    if model_cls in (Qwen3MoeForCausalLM, Glm4MoeForCausalLM, DeepseekV3ForCausalLM) and TRANSFORMERS_MAJOR >= 5:
         kwargs["experts_implementation"] = "eager"
     model = model_cls.from_pretrained(MODELS / name, **kwargs)
     stored = next(model.parameters()).dtype
@@ -325,7 +347,7 @@ def load_for_reference(name: str):
 
 
 def moe_layer_indices(config) -> list[int]:
-    if config.model_type == "glm4_moe":
+    if config.model_type in GROUPED_ROUTING:
         return list(range(config.first_k_dense_replace, config.num_hidden_layers))
     if not hasattr(config, "num_experts"):
         return []
@@ -333,6 +355,9 @@ def moe_layer_indices(config) -> list[int]:
         i for i in range(config.num_hidden_layers)
         if i not in config.mlp_only_layers and config.num_experts > 0 and (i + 1) % config.decoder_sparse_step == 0
     ]
+
+
+GROUPED_ROUTING = ("glm4_moe", "deepseek_v3")  # the models with Glm4MoeTopkRouter's (= DeepseekV3TopkRouter's) routing
 
 
 def glm4_routing_check(config, gate, router_logits, weights, indices):
@@ -372,7 +397,7 @@ def run_model(model, ids: np.ndarray):
             captured[li] = out
 
         hooks.append(gate.register_forward_hook(hook))
-    glm = model.config.model_type == "glm4_moe"
+    glm = model.config.model_type in GROUPED_ROUTING
     try:
         x = torch.from_numpy(ids.astype(np.int64))[None]
         out = model(input_ids=x, output_router_logits=bool(moe_layers)) if moe_layers and not glm \
@@ -509,7 +534,7 @@ def main() -> int:
             meta["moe_layers"] = ",".join(map(str, moe_layers))
             meta["top_k"] = str(model.config.num_experts_per_tok)
             meta["norm_topk_prob"] = str(bool(model.config.norm_topk_prob)).lower()
-            if model.config.model_type == "glm4_moe":
+            if model.config.model_type in GROUPED_ROUTING:
                 meta["routing"] = "grouped sigmoid (min_topk_prob_margin: of the biased scores and group scores)"
             meta["min_topk_prob_margin"] = repr(min_margin)
         gpath = GOLDENS / f"{name}.safetensors"

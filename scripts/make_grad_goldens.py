@@ -97,7 +97,7 @@ import make_goldens as mg  # noqa: E402  (shares the model specs, loader and the
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 
-GRAD_MODELS = ("gemma3", "glm4_moe", "glm4_moe_nonorm", "llama", "llama_tied", "llama_bias", "mistral", "phi3",
+GRAD_MODELS = ("deepseek_v3", "deepseek_v3_noq", "gemma3", "glm4_moe", "glm4_moe_nonorm", "llama", "llama_tied", "llama_bias", "mistral", "phi3",
                "qwen2", "qwen3", "qwen3_bf16", "qwen3_moe", "qwen3_moe_nonorm")
 ADAMW_MODELS = ("llama", "qwen3_moe")
 SEQS = (1, 2, 3, 4)  # indices into the logits goldens' prompts; seq0 (length 1) has no target
@@ -250,7 +250,7 @@ def base_meta(name: str, model, prompts, n: int) -> dict[str, str]:
                             "Qwen3MoeTopKRouter; no aux loss. transformers fuses experts into "
                             "experts.gate_up_proj [E,2I,H] (gate rows first) and experts.down_proj [E,H,I]; "
                             "tensors here are split back to the on-disk per-expert names")
-        if model.config.model_type == "glm4_moe":
+        if model.config.model_type in mg.GROUPED_ROUTING:
             meta["moe_note"] = ("grouped sigmoid routing (HF's Glm4MoeTopkRouter): the router weight gets gradient "
                                 "through the chosen experts' sigmoid scores (renormalised when norm_topk_prob, "
                                 "scaled by routed_scaling_factor); e_score_correction_bias is a buffer (no "
@@ -276,7 +276,7 @@ def min_topk_margin(model, prompts) -> float | None:
     k = model.config.num_experts_per_tok
     margins = []
     hooks = []
-    glm = model.config.model_type == "glm4_moe"
+    glm = model.config.model_type in mg.GROUPED_ROUTING
     for li in moe:
         gate = model.model.layers[li].mlp.gate
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Makes tests/data/models/qwen3_moe_v512, qwen2_v512, mistral_v512, phi3_v512, gemma3_v512 and glm4_moe_v512:
-the tiny Qwen3-MoE, Qwen2, Mistral, Phi-3, Gemma 3 and GLM-4 MoE test models (tests/data/models/qwen3_moe, qwen2,
-mistral, phi3, gemma3, glm4_moe:
+"""Makes tests/data/models/qwen3_moe_v512, qwen2_v512, mistral_v512, phi3_v512, gemma3_v512, glm4_moe_v512 and
+deepseek_v3_v512: the tiny Qwen3-MoE, Qwen2, Mistral, Phi-3, Gemma 3, GLM-4 MoE and DeepSeek-V3 test models
+(tests/data/models/qwen3_moe, qwen2, mistral, phi3, gemma3, glm4_moe, deepseek_v3:
 random weights from transformers) cut to the first 512 rows of their embedding and LM head (qwen2's and gemma3's
 heads are the tied embedding), so that they speak stories260K's 512-token llama2.c tokenizer (BOS 1, EOS 2 in all:
 gemma3's own 2 / 1 are swapped to them).
@@ -27,7 +27,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data-dir", default="tests/data")
     args = ap.parse_args()
-    for src_name in ("qwen3_moe", "qwen2", "mistral", "phi3", "gemma3", "glm4_moe"):
+    for src_name in ("qwen3_moe", "qwen2", "mistral", "phi3", "gemma3", "glm4_moe", "deepseek_v3"):
         cut_vocab(args.data_dir, src_name)
 
 

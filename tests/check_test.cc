@@ -122,23 +122,41 @@ TEST(Check, MoeModelReplaysEveryRoutedExpert) {
   EXPECT_GT(c.report["grad_norm"].get<double>(), 0.0);
 }
 
-// GLM-4 MoE (tests/data/models/glm4_moe_v512): grouped sigmoid routing with its score-correction
-// bias, a shared expert and a dense first layer; the engine's experts replayed by the trainer for
-// every token, logprobs bit for bit on every layout (the shared and routed experts split over
-// tp=2 ranks, its three layers over pp=3 stages).
-TEST(Check, GlmMoeModelReplaysEveryRoutedExpert) {
-  MILES_REQUIRE_SHARED();
-  Checked c = check("configs/ci_check_moe.yaml", "glm_moe",
-                    "model.path=tests/data/models/glm4_moe_v512 'check.layouts=[dp=2,tp=2,pp=3]'");
+// A MoE family's check on the given layouts: every routed expert replayed, logprobs bit for bit on
+// each layout (logp_over_limit_<layout> 0), gradient norms of the dp / pp layouts equal to the
+// single process's.
+void expect_moe_family_exact(const std::string& model, const std::string& name,
+                             const std::vector<std::string>& layouts) {
+  std::string list;
+  for (const std::string& l : layouts) list += (list.empty() ? "" : ",") + l;
+  Checked c = check("configs/ci_check_moe.yaml", name,
+                    "model.path=tests/data/models/" + model + " 'check.layouts=[" + list + "]'");
   ASSERT_EQ(c.exit_code, 0) << c.out;
   EXPECT_EQ((*gate(c.report, "r3_agreement_replay_on"))["value"], 1.0);
   EXPECT_EQ((*gate(c.report, "routed_experts_shape_mismatches"))["value"], 0.0);
   EXPECT_EQ((*gate(c.report, "logp_abs_diff_max"))["value"], 0.0);
-  EXPECT_EQ((*gate(c.report, "grad_norm_dp=2_rel_diff"))["value"], 0.0);
-  EXPECT_EQ((*gate(c.report, "grad_norm_pp=3_rel_diff"))["value"], 0.0);
-  EXPECT_EQ((*gate(c.report, "logp_over_limit_tp=2"))["value"], 0.0);
-  EXPECT_EQ((*gate(c.report, "logp_over_limit_pp=3"))["value"], 0.0);
+  for (const std::string& l : layouts) {
+    EXPECT_EQ((*gate(c.report, "logp_over_limit_" + l))["value"], 0.0) << l;
+    if (!l.starts_with("tp"))
+      EXPECT_EQ((*gate(c.report, "grad_norm_" + l + "_rel_diff"))["value"], 0.0) << l;
+  }
   EXPECT_GT(c.report["grad_norm"].get<double>(), 0.0);
+}
+
+// DeepSeek-V3 (tests/data/models/deepseek_v3_v512): multi-head latent attention (the engine's
+// paged cache holds the latent) and GLM-4 MoE's routing, on data- and pipeline-parallel layouts
+// (MLA is tp=1 only).
+TEST(Check, DeepseekV3MlaAndMoeAgreeBitForBit) {
+  MILES_REQUIRE_SHARED();
+  expect_moe_family_exact("deepseek_v3_v512", "deepseek", {"dp=2", "pp=3"});
+}
+
+// GLM-4 MoE (tests/data/models/glm4_moe_v512): grouped sigmoid routing with its score-correction
+// bias, a shared expert and a dense first layer; the shared and routed experts split over tp=2
+// ranks, its three layers over pp=3 stages.
+TEST(Check, GlmMoeModelReplaysEveryRoutedExpert) {
+  MILES_REQUIRE_SHARED();
+  expect_moe_family_exact("glm4_moe_v512", "glm_moe", {"dp=2", "tp=2", "pp=3"});
 }
 
 // The MoE gates with the engine and the trainer on the (emulated) device: the experts the engine

@@ -17,9 +17,10 @@
 #include "device/device_math.h"
 #include "engine_workload.h"
 #include "kernels/exp.h"
-#include "miles/rollout/engine.h"
 #include "miles/flat_params.h"
 #include "miles/kernels.h"
+#include "miles/rollout/engine.h"
+#include "miles/tensor_parallel.h"
 #include "miles/thread_pool.h"
 #include "test_paths.h"
 
@@ -77,6 +78,20 @@ TEST(DeviceModel, DeviceNamesParseAndAnUnknownOneIsNamed) {
   auto bad = parse_device("gpu");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.message().find("'gpu'"), std::string::npos) << bad.message();
+}
+
+// DeepSeek-V3's MLA has no device functors yet: refused up front, naming it (the CPU runs it), and
+// so is tensor parallelism of MLA.
+TEST(DeviceModel, MlaIsRefusedNamingIt) {
+  auto files = load_model_files(test::data_dir() + "/models/deepseek_v3");
+  ASSERT_TRUE(files.ok()) << files.message();
+  auto m = make_device_model(Device::kEmulated, files->config, files->weights, {16, 8}, nullptr);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.message().find("MLA"), std::string::npos) << m.message();
+  EXPECT_FALSE(check_device_engines("emulated", files->config).ok());
+  auto tp = tensor_parallel::local_config(files->config, 2);
+  ASSERT_FALSE(tp.ok());
+  EXPECT_NE(tp.message().find("MLA"), std::string::npos) << tp.message();
 }
 
 TEST(DeviceModel, BadForcedExpertsAreRefusedNamingThem) {

@@ -149,7 +149,8 @@ TEST_P(EngineBatchInvariance, RequestIsBitIdenticalAloneAmong63AndWithPrefixHit)
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineBatchInvariance,
-                         ::testing::Values("qwen3_moe", "mistral", "gemma3", "glm4_moe"));
+                         ::testing::Values("qwen3_moe", "mistral", "gemma3", "glm4_moe",
+                                           "deepseek_v3"));
 
 TEST(Engine, GroupPrefillsOnceAndEachSampleEqualsItsOwnRequest) {
   auto model = load("qwen3_moe");

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -245,6 +246,65 @@ TEST(ModelConfig, Glm4MoeDefaultsRoutingChecksAndRoundTrip) {
   expect_error(with("decoder_sparse_step", "2"), "first_k_dense_replace");
   expect_error(with("mlp_bias", "true"), "mlp_bias");
   expect_error(with("hidden_act", "\"gelu\""), "hidden_act");
+}
+
+// DeepSeek-V3 (deepseek_v3): DeepseekV3Config's defaults where keys are absent (MLA ranks and head
+// dims, 256 experts in 8 groups, 3 dense layers, scale 2.5), the attention geometry MLA runs with
+// (one latent kv head of qk_rope + kv_lora), its scale (yarn's mscale² with mscale_all_dim), the
+// refusals, and the writer's round trip.
+TEST(ModelConfig, DeepseekV3MlaDefaultsGeometryAndRoundTrip) {
+  std::string m = family("DeepseekV3ForCausalLM", "deepseek_v3");
+  m = with_key(m, "num_key_value_heads", "8");  // = num_attention_heads (kLlama's is 4)
+  auto with = [&](const std::string& key, const std::string& value) {
+    return with_key(m, key, value);
+  };
+  auto plain = parse_model_config(m, kSrc);
+  ASSERT_TRUE(plain.ok()) << plain.message();
+  const ModelConfig& c = *plain;
+  EXPECT_EQ(c.arch, Arch::kDeepseekV3);
+  EXPECT_TRUE(c.is_mla());
+  EXPECT_EQ(c.mla.q_lora_rank, 1536);
+  EXPECT_EQ(c.mla.kv_lora_rank, 512);
+  EXPECT_EQ(c.num_kv_heads, 1);
+  EXPECT_EQ(c.head_dim, 64 + 512);
+  EXPECT_EQ(c.rotary_dim(), 64);
+  EXPECT_EQ(c.attention_scale(), static_cast<float>(1.0 / std::sqrt(192.0)));
+  EXPECT_EQ(c.moe.num_experts, 256);
+  EXPECT_EQ(c.moe.n_group, 8);
+  EXPECT_EQ(c.moe.topk_group, 4);
+  EXPECT_EQ(c.moe.routed_scaling_factor, 2.5);
+  EXPECT_FALSE(c.is_moe_layer(2));
+  EXPECT_TRUE(c.is_moe_layer(3));
+  auto noq = parse_model_config(with("q_lora_rank", "null"), kSrc);
+  ASSERT_TRUE(noq.ok()) << noq.message();
+  EXPECT_EQ(noq->mla.q_lora_rank, 0);
+  std::string yarn = m;
+  const std::string null_scaling = "\"rope_scaling\": null";
+  yarn.replace(yarn.find(null_scaling), null_scaling.size(),
+               R"("rope_scaling": {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0,
+                  "mscale_all_dim": 1.0, "original_max_position_embeddings": 128})");
+  auto y = parse_model_config(yarn, kSrc);
+  ASSERT_TRUE(y.ok()) << y.message();
+  const double ms = 0.1 * std::log(40.0) + 1.0;
+  EXPECT_EQ(y->attention_scale(), static_cast<float>(std::pow(192.0, -0.5) * ms * ms));
+  for (const ModelConfig& x : {*y, *noq}) {
+    auto back = parse_model_config(model_config_to_hf_json(x), kSrc);
+    ASSERT_TRUE(back.ok()) << back.message();
+    EXPECT_EQ(back->arch, Arch::kDeepseekV3);
+    EXPECT_EQ(back->mla.q_lora_rank, x.mla.q_lora_rank);
+    EXPECT_EQ(back->mla.kv_lora_rank, x.mla.kv_lora_rank);
+    EXPECT_EQ(back->mla.v_head_dim, x.mla.v_head_dim);
+    EXPECT_EQ(back->mla.num_key_value_heads, 8);
+    EXPECT_EQ(back->head_dim, x.head_dim);
+    EXPECT_EQ(back->attention_scale(), x.attention_scale());
+    EXPECT_EQ(back->moe.n_group, x.moe.n_group);
+  }
+  expect_error(family("DeepseekV3ForCausalLM", "deepseek_v3"), "num_key_value_heads");
+  expect_error(with("attention_bias", "true"), "attention_bias");
+  expect_error(with("qk_rope_head_dim", "7"), "qk_rope_head_dim");
+  expect_error(with("topk_method", "\"greedy\""), "topk_method");
+  expect_error(with("scoring_func", "\"softmax\""), "scoring_func");
+  expect_error(with("kv_lora_rank", "0"), "kv_lora_rank");
 }
 
 // Gemma 3 (gemma3_text): its defaults (head_dim 256, tied, query_pre_attn_scalar 256, window 4096,

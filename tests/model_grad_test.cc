@@ -100,9 +100,10 @@ TEST_P(GradParity, TrainingForwardGivesTheInferenceLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GradParity,
-                         ::testing::Values("gemma3", "glm4_moe", "glm4_moe_nonorm", "llama",
-                                           "llama_tied", "llama_bias", "mistral", "phi3", "qwen2",
-                                           "qwen3", "qwen3_bf16", "qwen3_moe", "qwen3_moe_nonorm"));
+                         ::testing::Values("deepseek_v3", "deepseek_v3_noq", "gemma3", "glm4_moe",
+                                           "glm4_moe_nonorm", "llama", "llama_tied", "llama_bias",
+                                           "mistral", "phi3", "qwen2", "qwen3", "qwen3_bf16",
+                                           "qwen3_moe", "qwen3_moe_nonorm"));
 
 TEST(ModelBackward, RejectsForwardsItCannotDifferentiate) {
   Case c = load_case("llama");

@@ -170,7 +170,9 @@ TEST_P(Parity, RopeTableMatchesTransformers) {
   const std::string name = GetParam();
   auto cfg = load_model_config(test::data_dir() + "/models/" + name + "/config.json");
   ASSERT_TRUE(cfg.ok()) << cfg.message();
-  auto table = kernels::make_rope_table(cfg->rope, cfg->head_dim);
+  // MLA rotates qk_rope_head_dim of each latent head.
+  auto table = kernels::make_rope_table(cfg->rope,
+                                        cfg->is_mla() ? cfg->mla.qk_rope_head_dim : cfg->head_dim);
   ASSERT_TRUE(table.ok()) << table.message();
   auto golden = read_safetensors(test::data_dir() + "/goldens/" + name + ".safetensors");
   ASSERT_TRUE(golden.ok());
@@ -206,16 +208,17 @@ INSTANTIATE_TEST_SUITE_P(HfModels, Parity,
                                            "llama_rope_llama3", "llama_rope_yarn",
                                            "llama_rope_linear", "llama_sharded", "mistral", "phi3",
                                            "qwen2", "qwen3", "qwen3_bf16", "qwen3_moe",
-                                           "qwen3_moe_nonorm", "glm4_moe", "glm4_moe_nonorm"));
+                                           "qwen3_moe_nonorm", "glm4_moe", "glm4_moe_nonorm",
+                                           "deepseek_v3", "deepseek_v3_noq"));
 
 INSTANTIATE_TEST_SUITE_P(HfMoeModels, Replay,
                          ::testing::Values("qwen3_moe", "qwen3_moe_nonorm", "glm4_moe",
-                                           "glm4_moe_nonorm"));
+                                           "glm4_moe_nonorm", "deepseek_v3", "deepseek_v3_noq"));
 
 // 64 sequences of different lengths in one packed forward (2 threads) against each alone (1 thread):
 // identical logits and expert ids for every sequence, for a dense and an MoE model.
 TEST(BatchInvariance, SequenceAloneEqualsInsideBatchOf64) {
-  for (const char* name : {"qwen3", "qwen3_moe", "glm4_moe"}) {
+  for (const char* name : {"qwen3", "qwen3_moe", "glm4_moe", "deepseek_v3"}) {
     auto model = Model::load(test::data_dir() + "/models/" + name);
     ASSERT_TRUE(model.ok()) << model.message();
     const Model& m = **model;

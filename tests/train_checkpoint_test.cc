@@ -59,11 +59,12 @@ TEST_P(Resume, IsBitIdenticalToAnUninterruptedRun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Resume,
-                         ::testing::Values("llama", "qwen3_moe", "llama_tied", "glm4_moe"));
+                         ::testing::Values("llama", "qwen3_moe", "llama_tied", "glm4_moe",
+                                           "deepseek_v3"));
 
 TEST(TrainCheckpoint, IsAnHfDirectoryOurLoaderReadsToTheSameLogits) {
   TempDir tmp;
-  for (const std::string name : {"llama", "qwen3_moe", "glm4_moe", "stories260K"}) {
+  for (const std::string name : {"llama", "qwen3_moe", "glm4_moe", "deepseek_v3", "stories260K"}) {
     if (name == "stories260K" && !test::shared_available()) continue;
     const Source src = load_source(name);
     auto t = make_trainer(src);
@@ -86,9 +87,9 @@ TEST(TrainCheckpoint, IsAnHfDirectoryOurLoaderReadsToTheSameLogits) {
 TEST(TrainCheckpoint, ExportForTransformers) {
   const char* out = std::getenv("MILES_EXPORT_DIR");
   if (!out) GTEST_SKIP() << "MILES_EXPORT_DIR not set (tests/reference/check_hf_export.sh sets it)";
-  for (const std::string name :
-       {"llama", "llama_tied", "qwen3", "qwen3_moe", "llama_rope_llama3", "llama_rope_yarn",
-        "llama_bias", "qwen2", "mistral", "gemma3", "glm4_moe", "stories260K"}) {
+  for (const std::string name : {"llama", "llama_tied", "qwen3", "qwen3_moe", "llama_rope_llama3",
+                                 "llama_rope_yarn", "llama_bias", "qwen2", "mistral", "gemma3",
+                                 "glm4_moe", "deepseek_v3", "deepseek_v3_noq", "stories260K"}) {
     if (name == "stories260K" && !test::shared_available()) continue;
     const Source src = load_source(name);
     auto t = make_trainer(src);

@@ -46,6 +46,11 @@ class ParamLayout {
 
  private:
   void add(std::string name, std::vector<int64_t> shape, bool trainable = true);
+  // for_model's parts of one layer (prefix p).
+  static void add_attention(ParamLayout& l, const ModelConfig& c, const std::string& p,
+                            const TensorMap* weights);
+  static void add_mla(ParamLayout& l, const ModelConfig& c, const std::string& p);
+  static void add_mlp(ParamLayout& l, const ModelConfig& c, int64_t layer, const std::string& p);
   std::vector<ParamSpec> specs_;
   std::unordered_map<std::string, size_t> index_;
   int64_t total_ = 0;

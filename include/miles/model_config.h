@@ -12,7 +12,17 @@
 
 namespace miles {
 
-enum class Arch { kLlama, kQwen3, kQwen3Moe, kQwen2, kMistral, kPhi3, kGemma3, kGlm4Moe };
+enum class Arch {
+  kLlama,
+  kQwen3,
+  kQwen3Moe,
+  kQwen2,
+  kMistral,
+  kPhi3,
+  kGemma3,
+  kGlm4Moe,
+  kDeepseekV3
+};
 
 // The gated MLP's activation: silu(gate) · up (SwiGLU) or gelu_tanh(gate) · up (GeGLU, Gemma's
 // gelu_pytorch_tanh).
@@ -67,6 +77,21 @@ struct MoeConfig {
   int64_t first_k_dense_replace = 0;
 };
 
+// DeepSeek-V3's multi-head latent attention (MLA). The model runs it absorbed: each head's query
+// q_nope · W_kb (W_kb: the head's key rows of kv_b_proj) attends, with its rotated q_pe, over one
+// latent key head [k_pe, c] and value head [0, c] (c: the normed compressed kv), and each head's
+// latent output times W_vbᵀ is its value output. So the attention runs with num_kv_heads 1 and
+// head_dim qk_rope_head_dim + kv_lora_rank, and the KV cache holds the compressed latent.
+struct MlaConfig {
+  int64_t q_lora_rank = 0;  // 0: a plain q_proj (config.json's null)
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  bool rope_interleave = true;      // q_pe / k_pe rotate interleaved pairs (DeepSeek's layout)
+  int64_t num_key_value_heads = 0;  // as config.json says (the attention's kv head is the latent)
+};
+
 struct ModelConfig {
   Arch arch = Arch::kLlama;
   std::string arch_name;  // as in config.json "architectures"[0]
@@ -103,10 +128,12 @@ struct ModelConfig {
   // `pad_token_id`: transformers builds every family's embedding with it as padding_idx, so its row
   // gets no gradient from the tokens that look it up (the forward reads it as any row). -1: none.
   int64_t pad_token_id = -1;
+  MlaConfig mla;  // DeepSeek-V3
   // Not from config.json: > 1 when this config is one rank's shard of a tensor-parallel split
   // (tensor_parallel::local_config). Row-parallel products then keep the full K's GEMM chunks.
   int64_t tensor_parallel = 1;
 
+  bool is_mla() const { return mla.kv_lora_rank > 0; }
   // The attention window of a layer's queries (0: full causal attention).
   int64_t attention_window(int64_t layer) const {
     return sliding_layers.empty() || sliding_layers[layer] ? sliding_window : 0;

@@ -188,6 +188,9 @@ class BackendBackward {
       case OpKind::kTpEnter:   // one rank holds the whole model (device_supports)
       case OpKind::kTpExit:
         return Status::Ok();
+      case OpKind::kMlaQkv:  // refused by device_supports
+      case OpKind::kMlaOut:
+        return Status::Error("device backward: MLA (DeepSeek-V3) has no device functors yet");
     }
     return Status::Ok();
   }

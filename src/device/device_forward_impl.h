@@ -100,6 +100,9 @@ Status BackendModel<B>::forward_op(const Op& op, LayerRun& r) {
     case OpKind::kTpEnter:
     case OpKind::kTpExit:  // one rank holds the whole model (device_supports)
       return Status::Ok();
+    case OpKind::kMlaQkv:  // refused by device_supports
+    case OpKind::kMlaOut:
+      return Status::Error("device forward: MLA (DeepSeek-V3) has no device functors yet");
   }
   return Status::Ok();
 }

@@ -26,6 +26,7 @@ void build_backward_weights(const ModelWeights& w, BackwardWeights& bw, ThreadPo
     const LayerWeights& l = w.layers[i];
     LayerWeightsT& t = bw.layers[i];
     jobs.insert(jobs.end(), {{&l.qkv, &t.qkv_t}, {&l.o, &t.o_t}});
+    if (!l.mla.kb_t.empty()) build_mla_backward(l.mla, t.mla);  // small: not worth a job
     if (!l.moe) {
       jobs.insert(jobs.end(), {{&l.gate_up, &t.gate_up_t}, {&l.down, &t.down_t}});
       continue;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "miles/kernels.h"
+#include "model/mla.h"
 
 namespace miles {
 
@@ -20,6 +21,7 @@ struct LayerWeightsT {
   kernels::PackedMatrix router_t;   // moe: (hidden, experts)
   std::vector<ExpertWeightsT> experts;
   ExpertWeightsT shared;  // moe with a shared expert
+  MlaWeightsT mla;
 };
 
 struct BackwardWeights {

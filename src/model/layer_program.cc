@@ -1,6 +1,7 @@
 // The decoder layer's program (layer_program.h): the layers of every supported family.
 #include "model/layer_program.h"
 
+#include "model/mla.h"
 #include "model/model_weights.h"
 
 namespace miles {
@@ -22,6 +23,8 @@ Act read_by_backward(const Op& op) {
     case OpKind::kSwiGlu:
     case OpKind::kGeGlu:
     case OpKind::kMoe:
+    case OpKind::kMlaQkv:
+    case OpKind::kMlaOut:
       return op.in;
     case OpKind::kBias:
     case OpKind::kResidual:
@@ -30,6 +33,21 @@ Act read_by_backward(const Op& op) {
       return Act::kCount;
   }
   return Act::kCount;
+}
+
+// MLA (mla.h): norm → [q_a | q; kv_a] → q/k/v rows → RoPE → attention → value outputs → o_proj →
+// residual.
+void mla_block(std::vector<Op>& ops) {
+  ops.push_back({OpKind::kRmsNorm, Act::kH, Act::kXn1, Param::kInputNorm, Act::kHIn});
+  ops.push_back({OpKind::kTpEnter, Act::kXn1, Act::kXn1});
+  ops.push_back({OpKind::kLinear, Act::kXn1, Act::kMlaA, Param::kQkv});
+  ops.push_back({OpKind::kMlaQkv, Act::kMlaA, Act::kQkvRaw, Param::kMla});
+  ops.push_back({OpKind::kRope, Act::kQkvRaw, Act::kQkv});
+  ops.push_back({OpKind::kAttention, Act::kQkv, Act::kAttn});
+  ops.push_back({OpKind::kMlaOut, Act::kAttn, Act::kAttnV, Param::kMla});
+  ops.push_back({OpKind::kLinear, Act::kAttnV, Act::kProj, Param::kO});
+  ops.push_back({OpKind::kTpExit, Act::kProj, Act::kProj});
+  ops.push_back({OpKind::kResidual, Act::kProj, Act::kH});
 }
 
 // norm → attention → (Gemma 3: norm) → residual.
@@ -78,7 +96,11 @@ LayerProgram describe_layer(const ModelConfig& config, int64_t layer, const Laye
   LayerProgram p;
   p.window = config.attention_window(layer);
   p.local_rope = config.uses_local_rope(layer);
-  attention_block(weights, p.ops);
+  if (config.is_mla()) {
+    mla_block(p.ops);
+  } else {
+    attention_block(weights, p.ops);
+  }
   mlp_block(config, weights, p.ops);
   if (weights.moe) {
     p.moe_index = 0;
@@ -111,6 +133,10 @@ int64_t act_width(const ModelConfig& c, Act a) {
       return 2 * c.intermediate_size;
     case Act::kAct:
       return c.intermediate_size;
+    case Act::kMlaA:
+      return c.is_mla() ? mla_a_width(c) : 0;
+    case Act::kAttnV:
+      return c.is_mla() ? mla_out_width(c) : 0;
     case Act::kCount:
       break;
   }
@@ -146,6 +172,9 @@ Act grad_home(Act a) {
     case Act::kAttn:
     case Act::kAct:
       return Act::kAttn;
+    case Act::kMlaA:  // live with d qkv_raw (MLA's q/k/v backward) and d attn (its out's)
+    case Act::kAttnV:
+      return a;
     default:
       return Act::kQkvRaw;
   }
@@ -159,6 +188,7 @@ std::vector<std::pair<std::string, int64_t>> param_parts(const ModelConfig& c, i
     case Param::kInputNorm:
       return {{l + "input_layernorm.weight", d}};
     case Param::kQkv:
+      if (c.is_mla()) return mla_a_parts(c, l);
       return {{l + "self_attn.q_proj.weight", qd},
               {l + "self_attn.k_proj.weight", kvd},
               {l + "self_attn.v_proj.weight", kvd}};
@@ -190,6 +220,7 @@ std::vector<std::pair<std::string, int64_t>> param_parts(const ModelConfig& c, i
     case Param::kDownBias:
       return {{l + "mlp.down_proj.bias", d}};
     case Param::kMoe:
+    case Param::kMla:
     case Param::kNone:
       break;
   }
@@ -242,14 +273,18 @@ const char* op_name(OpKind kind) {
       return "tp_enter";
     case OpKind::kTpExit:
       return "tp_exit";
+    case OpKind::kMlaQkv:
+      return "mla_qkv";
+    case OpKind::kMlaOut:
+      return "mla_out";
   }
   return "?";
 }
 
 const char* act_name(Act a) {
-  static constexpr const char* kNames[] = {"h",    "h_in",     "xn1",    "qkv_raw", "qkv",
-                                           "attn", "proj",     "h_mid",  "xn2",     "gate_up",
-                                           "act",  "attn_out", "mlp_out"};
+  static constexpr const char* kNames[] = {"h",    "h_in",     "xn1",     "qkv_raw", "qkv",
+                                           "attn", "proj",     "h_mid",   "xn2",     "gate_up",
+                                           "act",  "attn_out", "mlp_out", "mla_a",   "attn_v"};
   return a == Act::kCount ? "-" : kNames[static_cast<int>(a)];
 }
 

@@ -53,6 +53,8 @@ enum class Act : uint8_t {
   kAct,      // the gated activation
   kAttnOut,  // Gemma 3: o_proj's output, before post_attention_layernorm
   kMlpOut,   // Gemma 3: down_proj's output, before post_feedforward_layernorm
+  kMlaA,     // MLA: the fused [q_a | q; kv_a] projection's output (mla.h)
+  kAttnV,    // MLA: each head's value output, o_proj's input
   kCount,
 };
 inline constexpr int kNumActs = static_cast<int>(Act::kCount);
@@ -74,6 +76,7 @@ enum class Param : uint8_t {
   kMoe,          // the router and every expert
   kAttnOutNorm,  // Gemma 3: post_attention_layernorm.weight
   kMlpOutNorm,   // Gemma 3: post_feedforward_layernorm.weight
+  kMla,          // MLA's q_a_layernorm, q_b_proj, kv_a_layernorm, kv_b_proj (mla.h)
 };
 
 enum class OpKind : uint8_t {
@@ -88,6 +91,8 @@ enum class OpKind : uint8_t {
   kResidual,   // out (the stream) += in
   kTpEnter,    // identity; backward: d in summed over the tensor-parallel group (in place)
   kTpExit,     // in summed over the tensor-parallel group; backward: identity (in place)
+  kMlaQkv,     // MLA: the a-projection's output → q/k/v rows before RoPE (mla.h)
+  kMlaOut,     // MLA: the attention's latent output → each head's value output (mla.h)
 };
 
 struct Op {

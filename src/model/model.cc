@@ -11,6 +11,7 @@
 #include "model/backward_weights.h"
 #include "model/elementwise.h"
 #include "model/forward_tape.h"
+#include "model/mla.h"
 #include "model/model_weights.h"
 #include "model/moe.h"
 
@@ -182,6 +183,12 @@ class CpuLayers {
       }
       case OpKind::kMoe:
         return moe(act(op.in), act(op.out));
+      case OpKind::kMlaQkv:
+        mla_qkv(c_, l().mla, act(op.in), t, act(op.out), pool_);
+        return Status::Ok();
+      case OpKind::kMlaOut:
+        mla_out(c_, l().mla, act(op.in), t, act(op.out), pool_);
+        return Status::Ok();
       case OpKind::kResidual:
         add_into(act(op.out), act(op.in), t * width(op.out), pool_);
         return Status::Ok();

@@ -21,6 +21,7 @@
 #include "model/backward_weights.h"
 #include "model/elementwise.h"
 #include "model/forward_tape.h"
+#include "model/mla.h"
 #include "model/model_weights.h"
 
 namespace miles {
@@ -111,6 +112,7 @@ class Backward {
   }
 
   const LayerWeights& l() const { return w_.layers[layer_]; }
+  std::string layer_prefix() const { return "model.layers." + std::to_string(layer_) + "."; }
   const LayerTape& lt() const { return tape_.layers[layer_]; }
   int64_t width(Act a) const { return act_width(c_, a); }
   std::vector<std::pair<std::string, int64_t>> parts(Param p) const {
@@ -225,6 +227,14 @@ class Backward {
       }
       case OpKind::kMoe:
         moe(kept(op.in), grad(op.out), grad(op.in));
+        return;
+      case OpKind::kMlaQkv:
+        mla_qkv_backward(c_, l().mla, bw_.layers[layer_].mla, kept(op.in), grad(op.out), t_,
+                         grad(op.in), layer_prefix(), g_, pool_);
+        return;
+      case OpKind::kMlaOut:
+        mla_out_backward(c_, bw_.layers[layer_].mla, kept(op.in), grad(op.out), t_, grad(op.in),
+                         layer_prefix(), g_, pool_);
         return;
       case OpKind::kResidual:  // d in is d h (grad() gives them one storage)
       case OpKind::kTpExit:

@@ -94,6 +94,7 @@ Status parse_arch(const Reader& r, ModelConfig* c) {
            : type == "phi3"        ? "Phi3ForCausalLM"
            : type == "gemma3_text" ? "Gemma3ForCausalLM"
            : type == "glm4_moe"    ? "Glm4MoeForCausalLM"
+           : type == "deepseek_v3" ? "DeepseekV3ForCausalLM"
                                    : "";
     if (name.empty()) return r.error("model_type", "has unsupported value '" + type + "'");
   } else {
@@ -115,12 +116,16 @@ Status parse_arch(const Reader& r, ModelConfig* c) {
     c->arch = Arch::kGemma3;
   } else if (name == "Glm4MoeForCausalLM") {
     c->arch = Arch::kGlm4Moe;
+  } else if (name == "DeepseekV3ForCausalLM") {
+    c->arch = Arch::kDeepseekV3;
   } else {
-    return r.error("architectures",
-                   "has unsupported value '" + name +
-                       "' (supported: Gemma3ForCausalLM, Glm4MoeForCausalLM, LlamaForCausalLM, "
-                       "MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-                       "Qwen3MoeForCausalLM)");
+    return r.error(
+        "architectures",
+        "has unsupported value '" + name +
+            "' (supported: DeepseekV3ForCausalLM, Gemma3ForCausalLM, Glm4MoeForCausalLM, "
+            "LlamaForCausalLM, "
+            "MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+            "Qwen3MoeForCausalLM)");
   }
   if (c->arch == Arch::kGemma3) {  // the text model's config (not Gemma3Config's text_config)
     const json* t = r.find("model_type");
@@ -314,19 +319,23 @@ Status parse_gemma3(const Reader& r, ModelConfig* c) {
   return Status::Ok();
 }
 
-// GLM-4 MoE (Glm4MoeConfig, its defaults where a key is absent): sigmoid routing with a
-// score-correction bias among n_group groups, a shared expert, dense layers below
-// first_k_dense_replace, optional q/k norms. Its multi-token-prediction layers
-// (num_nextn_predict_layers) are not part of the causal LM (transformers skips their tensors).
-Status parse_glm4_moe(const Reader& r, ModelConfig* c) {
+// GLM-4 MoE's and DeepSeek-V3's MoE (their config classes' defaults where a key is absent):
+// sigmoid routing with a score-correction bias among n_group groups, a shared expert, dense layers
+// below first_k_dense_replace. Their multi-token-prediction layers (num_nextn_predict_layers) are
+// not part of the causal LM (transformers skips their tensors).
+Status parse_grouped_moe(const Reader& r, ModelConfig* c) {
   MoeConfig& m = c->moe;
+  const bool glm = c->arch == Arch::kGlm4Moe;
   m.score = RouterScore::kSigmoid;
-  m.num_experts = 128;
+  m.num_experts = glm ? 128 : 256;
   m.top_k = 8;
-  m.moe_intermediate_size = 1408;
+  m.moe_intermediate_size = glm ? 1408 : 2048;
   m.norm_topk_prob = true;
   m.n_shared_experts = 1;
-  m.first_k_dense_replace = 1;
+  m.first_k_dense_replace = glm ? 1 : 3;
+  m.routed_scaling_factor = glm ? 1.0 : 2.5;
+  m.n_group = glm ? 1 : 8;
+  m.topk_group = glm ? 1 : 4;
   const char* experts_key = r.find("n_routed_experts") ? "n_routed_experts" : "num_local_experts";
   MILES_RETURN_IF_ERROR(r.read_int(experts_key, &m.num_experts));
   MILES_RETURN_IF_ERROR(r.read_int("num_experts_per_tok", &m.top_k));
@@ -337,12 +346,58 @@ Status parse_glm4_moe(const Reader& r, ModelConfig* c) {
   MILES_RETURN_IF_ERROR(r.read_int("n_group", &m.n_group));
   MILES_RETURN_IF_ERROR(r.read_int("topk_group", &m.topk_group));
   MILES_RETURN_IF_ERROR(r.read_int("first_k_dense_replace", &m.first_k_dense_replace));
-  MILES_RETURN_IF_ERROR(r.read_bool("use_qk_norm", &c->use_qk_norm));
+  if (glm) MILES_RETURN_IF_ERROR(r.read_bool("use_qk_norm", &c->use_qk_norm));
   for (const char* key : {"decoder_sparse_step", "mlp_only_layers"})
     if (r.find(key))
-      return r.error(key,
-                     "is given; Glm4MoeForCausalLM places its MoE layers by "
-                     "first_k_dense_replace and ignores it (remove it)");
+      return r.error(key, "is given; " + c->arch_name +
+                              " places its MoE layers by first_k_dense_replace and ignores it "
+                              "(remove it)");
+  // DeepSeek's own config.json names its routing; V3's is the only one implemented.
+  for (const auto& [key, want] :
+       {std::pair{"topk_method", "noaux_tc"}, std::pair{"scoring_func", "sigmoid"}})
+    if (const json* v = r.find(key); v && !(v->is_string() && *v == want))
+      return r.error(key, "is " + describe(*v) + "; only \"" + want +
+                              "\" (DeepSeek-V3's routing) is supported");
+  return Status::Ok();
+}
+
+// DeepSeek-V3's MLA (DeepseekV3Config's defaults where a key is absent): the attention runs over
+// one latent head of width qk_rope_head_dim + kv_lora_rank (MlaConfig), so num_kv_heads and
+// head_dim become those; config.json's num_key_value_heads is kept for the writer.
+Status parse_mla(const Reader& r, ModelConfig* c) {
+  MlaConfig& a = c->mla;
+  a.q_lora_rank = 1536;
+  a.kv_lora_rank = 512;
+  a.qk_nope_head_dim = 128;
+  a.qk_rope_head_dim = 64;
+  a.v_head_dim = 128;
+  if (auto q = r.obj.find("q_lora_rank"); q != r.obj.end() && q->is_null()) a.q_lora_rank = 0;
+  MILES_RETURN_IF_ERROR(r.read_int("q_lora_rank", &a.q_lora_rank));
+  MILES_RETURN_IF_ERROR(r.read_int("kv_lora_rank", &a.kv_lora_rank));
+  MILES_RETURN_IF_ERROR(r.read_int("qk_nope_head_dim", &a.qk_nope_head_dim));
+  MILES_RETURN_IF_ERROR(r.read_int("qk_rope_head_dim", &a.qk_rope_head_dim));
+  MILES_RETURN_IF_ERROR(r.read_int("v_head_dim", &a.v_head_dim));
+  MILES_RETURN_IF_ERROR(r.read_bool("rope_interleave", &a.rope_interleave));
+  for (const auto& [key, v] :
+       {std::pair{"kv_lora_rank", a.kv_lora_rank},
+        std::pair{"qk_nope_head_dim", a.qk_nope_head_dim},
+        std::pair{"qk_rope_head_dim", a.qk_rope_head_dim}, std::pair{"v_head_dim", a.v_head_dim}})
+    if (v <= 0 || v > INT32_MAX) return r.error(key, "must be in [1, 2^31)");
+  if (a.q_lora_rank < 0 || a.q_lora_rank > INT32_MAX)
+    return r.error("q_lora_rank", "must be null or in [1, 2^31)");
+  if (a.qk_rope_head_dim % 2 != 0) return r.error("qk_rope_head_dim", "must be even");
+  if (c->attention_bias)
+    return r.error("attention_bias", "is true; DeepSeek-V3's attention biases are not supported");
+  if (c->rope.partial_rotary_factor != 1)
+    return r.error("partial_rotary_factor", "is given; DeepSeek-V3 rotates qk_rope_head_dim");
+  // Its attention expands the latent to every head: transformers would repeat those again.
+  if (c->num_kv_heads != c->num_heads)
+    return r.error("num_key_value_heads", "(" + std::to_string(c->num_kv_heads) +
+                                              ") must equal num_attention_heads (" +
+                                              std::to_string(c->num_heads) + ") for MLA");
+  a.num_key_value_heads = c->num_kv_heads;
+  c->num_kv_heads = 1;
+  c->head_dim = a.qk_rope_head_dim + a.kv_lora_rank;
   return Status::Ok();
 }
 
@@ -379,12 +434,13 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   } else if (c->num_heads > 0) {
     c->head_dim = c->hidden_size / c->num_heads;
   }
-  c->max_position_embeddings = c->arch == Arch::kLlama     ? 2048
-                               : c->arch == Arch::kMistral ? 131072
-                               : c->arch == Arch::kPhi3    ? 4096
-                               : c->arch == Arch::kGemma3  ? 131072
-                               : c->arch == Arch::kGlm4Moe ? 131072
-                                                           : 32768;
+  c->max_position_embeddings = c->arch == Arch::kLlama        ? 2048
+                               : c->arch == Arch::kMistral    ? 131072
+                               : c->arch == Arch::kPhi3       ? 4096
+                               : c->arch == Arch::kGemma3     ? 131072
+                               : c->arch == Arch::kGlm4Moe    ? 131072
+                               : c->arch == Arch::kDeepseekV3 ? 4096
+                                                              : 32768;
   MILES_RETURN_IF_ERROR(r.read_int("max_position_embeddings", &c->max_position_embeddings));
   if (c->arch == Arch::kGlm4Moe) c->rms_norm_eps = 1e-5;  // Glm4MoeConfig's default
   MILES_RETURN_IF_ERROR(r.read_double("rms_norm_eps", &c->rms_norm_eps));
@@ -412,6 +468,10 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
     c->bos_token_id = 2;  // Gemma3TextConfig's defaults
     c->eos_token_ids = {1};
   }
+  if (c->arch == Arch::kDeepseekV3) {
+    c->bos_token_id = 0;  // DeepseekV3Config's defaults
+    c->eos_token_ids = {1};
+  }
   MILES_RETURN_IF_ERROR(r.read_int("bos_token_id", &c->bos_token_id));
   MILES_RETURN_IF_ERROR(r.read_int_list("eos_token_id", &c->eos_token_ids));
   if (c->arch == Arch::kGemma3) c->pad_token_id = 0;  // Gemma3TextConfig's default
@@ -425,7 +485,9 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
   c->rope.max_position_embeddings = c->max_position_embeddings;
   c->rope_local.max_position_embeddings = c->max_position_embeddings;
   if (c->arch == Arch::kQwen3Moe) MILES_RETURN_IF_ERROR(parse_moe(r, &c->moe));
-  if (c->arch == Arch::kGlm4Moe) MILES_RETURN_IF_ERROR(parse_glm4_moe(r, c));
+  if (c->arch == Arch::kGlm4Moe || c->arch == Arch::kDeepseekV3)
+    MILES_RETURN_IF_ERROR(parse_grouped_moe(r, c));
+  if (c->arch == Arch::kDeepseekV3) MILES_RETURN_IF_ERROR(parse_mla(r, c));
   return Status::Ok();
 }
 
@@ -434,7 +496,8 @@ std::string str(int64_t v) { return std::to_string(v); }
 }  // namespace
 
 bool ModelConfig::is_moe_layer(int64_t layer) const {
-  if (arch == Arch::kGlm4Moe) return moe.num_experts > 0 && layer >= moe.first_k_dense_replace;
+  if (arch == Arch::kGlm4Moe || arch == Arch::kDeepseekV3)
+    return moe.num_experts > 0 && layer >= moe.first_k_dense_replace;
   if (arch != Arch::kQwen3Moe || moe.num_experts <= 0 || moe.decoder_sparse_step <= 0) return false;
   const auto& only = moe.mlp_only_layers;
   if (std::find(only.begin(), only.end(), layer) != only.end()) return false;
@@ -448,6 +511,14 @@ int64_t ModelConfig::num_moe_layers() const {
 }
 
 float ModelConfig::attention_scale() const {
+  if (is_mla()) {  // (qk_nope + qk_rope)^-1/2, times yarn's mscale squared with mscale_all_dim
+    double s = std::pow(static_cast<double>(mla.qk_nope_head_dim + mla.qk_rope_head_dim), -0.5);
+    if (rope.type != RopeConfig::Type::kDefault && rope.mscale_all_dim != 0 && rope.factor > 1) {
+      const double m = 0.1 * rope.mscale_all_dim * std::log(rope.factor) + 1.0;
+      s = s * m * m;
+    }
+    return static_cast<float>(s);
+  }
   if (query_pre_attn_scalar > 0) return static_cast<float>(std::pow(query_pre_attn_scalar, -0.5));
   return 1.0f / std::sqrt(static_cast<float>(head_dim));
 }
@@ -458,6 +529,7 @@ float ModelConfig::embed_scale() const {
 }
 
 int64_t ModelConfig::rotary_dim() const {
+  if (is_mla()) return mla.qk_rope_head_dim;
   return static_cast<int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
 }
 
@@ -497,8 +569,9 @@ Status ModelConfig::validate(const std::string& source) const {
     return fail("rope_scaling",
                 "llama3 needs high_freq_factor > low_freq_factor and a positive "
                 "original_max_position_embeddings");
-  if (arch != Arch::kQwen3Moe && arch != Arch::kGlm4Moe) return Status::Ok();
-  const bool glm = arch == Arch::kGlm4Moe;
+  if (arch != Arch::kQwen3Moe && arch != Arch::kGlm4Moe && arch != Arch::kDeepseekV3)
+    return Status::Ok();
+  const bool glm = arch != Arch::kQwen3Moe;
   if (moe.num_experts <= 0)
     return fail(glm ? "n_routed_experts" : "num_experts",
                 "must be positive, got " + str(moe.num_experts));

@@ -32,6 +32,8 @@ const char* model_type_of(Arch arch) {
       return "gemma3_text";
     case Arch::kGlm4Moe:
       return "glm4_moe";
+    case Arch::kDeepseekV3:
+      return "deepseek_v3";
   }
   return "llama";
 }
@@ -54,6 +56,8 @@ const char* default_arch_name(Arch arch) {
       return "Gemma3ForCausalLM";
     case Arch::kGlm4Moe:
       return "Glm4MoeForCausalLM";
+    case Arch::kDeepseekV3:
+      return "DeepseekV3ForCausalLM";
   }
   return "LlamaForCausalLM";
 }
@@ -145,8 +149,9 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
   j["intermediate_size"] = c.intermediate_size;
   j["num_hidden_layers"] = c.num_layers;
   j["num_attention_heads"] = c.num_heads;
-  j["num_key_value_heads"] = c.num_kv_heads;
-  j["head_dim"] = c.head_dim;
+  // MLA's attention geometry is derived (parse_mla): config.json keeps DeepseekV3Config's own.
+  j["num_key_value_heads"] = c.is_mla() ? c.mla.num_key_value_heads : c.num_kv_heads;
+  j["head_dim"] = c.is_mla() ? c.mla.qk_rope_head_dim : c.head_dim;
   j["max_position_embeddings"] = c.max_position_embeddings;
   j["rms_norm_eps"] = c.rms_norm_eps;
   if (c.arch != Arch::kGemma3) j["hidden_act"] = "silu";
@@ -156,7 +161,7 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
                       c.arch != Arch::kGemma3;
   if (biases) j["attention_bias"] = c.attention_bias;
   j["attention_dropout"] = 0.0;
-  if (biases && c.arch != Arch::kGlm4Moe) j["mlp_bias"] = c.mlp_bias;
+  if (biases && c.arch != Arch::kGlm4Moe && c.arch != Arch::kDeepseekV3) j["mlp_bias"] = c.mlp_bias;
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
   if (c.eos_token_ids.size() == 1) {
@@ -169,13 +174,14 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
   } else {
     j["rope_theta"] = c.rope.theta;
     if (c.rope.partial_rotary_factor != RopeConfig{}.partial_rotary_factor ||
-        c.arch == Arch::kGlm4Moe)  // its default is 0.5
+        c.arch == Arch::kGlm4Moe)  // its default is 0.5 (DeepSeek-V3 rotates qk_rope_head_dim)
       j["partial_rotary_factor"] = c.rope.partial_rotary_factor;
     j["rope_scaling"] = rope_scaling_json(c.rope);
   }
   if (c.arch == Arch::kMistral || c.arch == Arch::kPhi3) {
     j["sliding_window"] = c.sliding_window > 0 ? ordered_json(c.sliding_window) : ordered_json();
-  } else if (c.arch != Arch::kLlama && c.arch != Arch::kGemma3 && c.arch != Arch::kGlm4Moe) {
+  } else if (c.arch != Arch::kLlama && c.arch != Arch::kGemma3 && c.arch != Arch::kGlm4Moe &&
+             c.arch != Arch::kDeepseekV3) {
     j["use_sliding_window"] = false;
   }
   if (c.arch == Arch::kQwen3Moe) {
@@ -186,7 +192,7 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
     j["decoder_sparse_step"] = c.moe.decoder_sparse_step;
     j["mlp_only_layers"] = c.moe.mlp_only_layers;
   }
-  if (c.arch == Arch::kGlm4Moe) {
+  if (c.arch == Arch::kGlm4Moe || c.arch == Arch::kDeepseekV3) {
     const MoeConfig& m = c.moe;
     j["n_routed_experts"] = m.num_experts;
     j["num_experts_per_tok"] = m.top_k;
@@ -197,7 +203,16 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
     j["n_group"] = m.n_group;
     j["topk_group"] = m.topk_group;
     j["first_k_dense_replace"] = m.first_k_dense_replace;
-    j["use_qk_norm"] = c.use_qk_norm;
+    if (c.arch == Arch::kGlm4Moe) j["use_qk_norm"] = c.use_qk_norm;
+  }
+  if (c.is_mla()) {
+    const MlaConfig& a = c.mla;
+    j["q_lora_rank"] = a.q_lora_rank > 0 ? ordered_json(a.q_lora_rank) : ordered_json();
+    j["kv_lora_rank"] = a.kv_lora_rank;
+    j["qk_nope_head_dim"] = a.qk_nope_head_dim;
+    j["qk_rope_head_dim"] = a.qk_rope_head_dim;
+    j["v_head_dim"] = a.v_head_dim;
+    j["rope_interleave"] = a.rope_interleave;
   }
   j["torch_dtype"] = "float32";
   j["dtype"] = "float32";

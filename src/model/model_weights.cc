@@ -51,7 +51,29 @@ class Loader {
     if (c_.tensor_parallel > 1) m.set_chunk(kernels::gemm_chunk(m.k() * c_.tensor_parallel));
   }
 
+  // MLA (mla.h): the fused a-projection, o_proj, and the latent path's tensors.
+  Status mla(const std::string& p, LayerWeights& l, LayerWeightsT* t) {
+    const int64_t d = c_.hidden_size;
+    std::vector<Tensor> a;
+    for (const auto& [name, rows] : mla_a_parts(c_, p)) {
+      MILES_ASSIGN_OR_RETURN(Tensor x, mat(name, rows, d));
+      a.push_back(std::move(x));
+    }
+    MILES_ASSIGN_OR_RETURN(Tensor wo, mat(p + "self_attn.o_proj.weight", d, mla_out_width(c_)));
+    std::vector<const Tensor*> parts;
+    for (const Tensor& x : a) parts.push_back(&x);
+    pack(l.qkv, parts, t ? &t->qkv_t : nullptr);
+    pack(l.o, {&wo}, t ? &t->o_t : nullptr);
+    keep_full_chunks(l.o);
+    l.qkv_bias.clear();
+    l.o_bias.clear();
+    MILES_RETURN_IF_ERROR(load_mla_weights(c_, w_, p, l.mla));
+    if (t) build_mla_backward(l.mla, t->mla);
+    return Status::Ok();
+  }
+
   Status attention(const std::string& p, LayerWeights& l, LayerWeightsT* t) {
+    if (c_.is_mla()) return mla(p, l, t);
     const int64_t d = c_.hidden_size, q = c_.q_dim(), kv = c_.kv_dim();
     MILES_ASSIGN_OR_RETURN(Tensor wq, mat(p + "self_attn.q_proj.weight", q, d));
     MILES_ASSIGN_OR_RETURN(Tensor wk, mat(p + "self_attn.k_proj.weight", kv, d));
@@ -177,7 +199,10 @@ class Loader {
     });
     for (const Status& s : got) MILES_RETURN_IF_ERROR(s);
     MILES_RETURN_IF_ERROR(norm("model.norm.weight", c_.hidden_size, m.final_norm));
-    MILES_ASSIGN_OR_RETURN(m.rope, kernels::make_rope_table(c_.rope, c_.head_dim));
+    // MLA rotates the first qk_rope_head_dim of each (latent) head.
+    MILES_ASSIGN_OR_RETURN(
+        m.rope,
+        kernels::make_rope_table(c_.rope, c_.is_mla() ? c_.mla.qk_rope_head_dim : c_.head_dim));
     if (c_.arch == Arch::kGemma3) {
       MILES_ASSIGN_OR_RETURN(m.rope_local, kernels::make_rope_table(c_.rope_local, c_.head_dim));
     }

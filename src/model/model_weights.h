@@ -11,6 +11,7 @@
 #include "miles/kernels.h"
 #include "miles/model_config.h"
 #include "model/layer_program.h"
+#include "model/mla.h"
 
 namespace miles {
 
@@ -25,10 +26,11 @@ struct ExpertWeights {
 
 struct LayerWeights {
   std::vector<float> input_norm;      // (hidden)
-  kernels::PackedMatrix qkv;          // (q_dim + 2 * kv_dim, hidden)
+  kernels::PackedMatrix qkv;          // (q_dim + 2 * kv_dim, hidden); MLA: [q_a | q; kv_a]
   std::vector<float> qkv_bias;        // (q_dim + 2 * kv_dim) when attention_bias, else empty
   std::vector<float> q_norm, k_norm;  // (head_dim) for Qwen3, else empty
-  kernels::PackedMatrix o;            // (hidden, q_dim)
+  kernels::PackedMatrix o;            // (hidden, q_dim); MLA: (hidden, heads * v_head_dim)
+  MlaWeights mla;                     // MLA's other tensors
   std::vector<float> o_bias;          // (hidden) when attention_bias
   std::vector<float> post_norm;       // (hidden)
   // Gemma 3's norms of the attention's and the MLP's outputs (hidden), else empty. Every norm

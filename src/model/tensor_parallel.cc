@@ -25,6 +25,9 @@ Split split_of(const std::string& n) {
 }
 
 Result<ModelConfig> local_config(const ModelConfig& full, int size) {
+  if (full.is_mla() && size > 1)
+    return Status::Error(full.arch_name + ": tensor parallelism (tp=" + std::to_string(size) +
+                         ") of multi-head latent attention (MLA) is not implemented (tp=1 only)");
   auto need = [&](int64_t v, const char* what) -> Status {
     if (v % size != 0)
       return Status::Error(std::string(what) + " = " + std::to_string(v) +
