@@ -124,7 +124,8 @@ TEST(Check, MoeModelReplaysEveryRoutedExpert) {
 
 // A MoE family's check on the given layouts: every routed expert replayed, logprobs bit for bit on
 // each layout (logp_over_limit_<layout> 0), gradient norms of the dp / pp layouts equal to the
-// single process's.
+// single process's, of tp layouts within 1e-6 (MLA's one latent head sums its gradient over the
+// query heads of every rank: 1.3e-8 measured).
 void expect_moe_family_exact(const std::string& model, const std::string& name,
                              const std::vector<std::string>& layouts) {
   std::string list;
@@ -137,18 +138,22 @@ void expect_moe_family_exact(const std::string& model, const std::string& name,
   EXPECT_EQ((*gate(c.report, "logp_abs_diff_max"))["value"], 0.0);
   for (const std::string& l : layouts) {
     EXPECT_EQ((*gate(c.report, "logp_over_limit_" + l))["value"], 0.0) << l;
-    if (!l.starts_with("tp"))
-      EXPECT_EQ((*gate(c.report, "grad_norm_" + l + "_rel_diff"))["value"], 0.0) << l;
+    const double grad = (*gate(c.report, "grad_norm_" + l + "_rel_diff"))["value"].get<double>();
+    if (l.starts_with("tp")) {
+      EXPECT_LE(grad, 1e-6) << l;  // the trainer's stated tensor-parallel tolerance
+    } else {
+      EXPECT_EQ(grad, 0.0) << l;
+    }
   }
   EXPECT_GT(c.report["grad_norm"].get<double>(), 0.0);
 }
 
 // DeepSeek-V3 (tests/data/models/deepseek_v3_v512): multi-head latent attention (the engine's
 // paged cache holds the latent) and GLM-4 MoE's routing, on data- and pipeline-parallel layouts
-// (MLA is tp=1 only).
+// and its heads split over tp=2 ranks (the latent replicated).
 TEST(Check, DeepseekV3MlaAndMoeAgreeBitForBit) {
   MILES_REQUIRE_SHARED();
-  expect_moe_family_exact("deepseek_v3_v512", "deepseek", {"dp=2", "pp=3"});
+  expect_moe_family_exact("deepseek_v3_v512", "deepseek", {"dp=2", "tp=2", "pp=3"});
 }
 
 // GLM-4 MoE (tests/data/models/glm4_moe_v512): grouped sigmoid routing with its score-correction

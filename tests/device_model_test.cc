@@ -81,7 +81,7 @@ TEST(DeviceModel, DeviceNamesParseAndAnUnknownOneIsNamed) {
 }
 
 // DeepSeek-V3's MLA has no device functors yet: refused up front, naming it (the CPU runs it), and
-// so is tensor parallelism of MLA.
+// so is tensor parallelism of MLA without q_lora_rank.
 TEST(DeviceModel, MlaIsRefusedNamingIt) {
   auto files = load_model_files(test::data_dir() + "/models/deepseek_v3");
   ASSERT_TRUE(files.ok()) << files.message();
@@ -89,7 +89,9 @@ TEST(DeviceModel, MlaIsRefusedNamingIt) {
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.message().find("MLA"), std::string::npos) << m.message();
   EXPECT_FALSE(check_device_engines("emulated", files->config).ok());
-  auto tp = tensor_parallel::local_config(files->config, 2);
+  auto noq = load_model_files(test::data_dir() + "/models/deepseek_v3_noq");
+  ASSERT_TRUE(noq.ok()) << noq.message();
+  auto tp = tensor_parallel::local_config(noq->config, 2);
   ASSERT_FALSE(tp.ok());
   EXPECT_NE(tp.message().find("MLA"), std::string::npos) << tp.message();
 }

@@ -90,7 +90,8 @@ TEST_P(EngineTp, SameBitsAsOneProcess) {
   Engine one(one_process_runner(*files, &pool), kEngine);
   TpPair tp;
   ASSERT_TRUE(tp.start(*files, kEngine, &pool).ok());
-  EXPECT_EQ(tp.runner->kv_dim() * 2, files->config.kv_dim());  // rank 0 holds half the KV heads
+  // Rank 0 holds half the KV heads (MLA: the whole latent, which every head reads).
+  EXPECT_EQ(tp.runner->kv_dim() * (files->config.is_mla() ? 1 : 2), files->config.kv_dim());
   Engine two(std::move(tp.runner), kEngine);
   const Finals a = run_workload(one, 5), b = run_workload(two, 5);
   expect_same_bits(a, b);
@@ -103,7 +104,7 @@ TEST_P(EngineTp, SameBitsAsOneProcess) {
 INSTANTIATE_TEST_SUITE_P(Models, EngineTp,
                          ::testing::Values("qwen3_moe", "llama_tied", "llama_bias", "qwen2",
                                            "mistral", "phi3", "gemma3", "glm4_moe",
-                                           "glm4_moe_nonorm"));
+                                           "glm4_moe_nonorm", "deepseek_v3"));
 
 TEST(EngineTpWeights, AnUpdateReshardsAndABadOneKeepsTheOldWeights) {
   auto files = load_model_files(test::data_dir() + "/models/qwen3_moe");

@@ -18,8 +18,10 @@
 
 namespace miles {
 
-// config.json text. Architectures: llama (LlamaForCausalLM) and qwen3 (Qwen3ForCausalLM); others,
-// and features the conversion cannot express (MoE, llama3 rope_freqs, partial rotary), are errors.
+// config.json text. Architectures: llama, phi3, qwen2, qwen3, gemma3 (the text model) and glm4moe
+// (Glm4MoeForCausalLM, its NextN blocks dropped); others, and features the conversion cannot
+// express (MoE outside glm4moe, llama3 rope_freqs, partial rotary outside phi3 / glm4moe, routing
+// other than glm4moe's sigmoid), are errors.
 Result<std::string> gguf_config_json(const GgufFile& f);
 
 // generation_config.json text (bos / eos / pad ids from the tokenizer metadata).
@@ -36,8 +38,9 @@ struct HfTokenizerFiles {
 Result<HfTokenizerFiles> gguf_tokenizer_files(const GgufFile& f);
 
 // Every tensor, dequantised to float32 and renamed to HF (token_embd -> model.embed_tokens, blk.N.*
-// -> model.layers.N.*, output -> lm_head, ...), checked against the config's shapes; ordered by
-// name. An unmapped GGUF tensor is an error, not silently dropped.
+// -> model.layers.N.*, output -> lm_head, ...; stacked experts blk.N.ffn_*_exps cut into
+// model.layers.N.mlp.experts.<e>.*), checked against the config's shapes; ordered by name. An
+// unmapped GGUF tensor is an error, not silently dropped; only glm4moe's NextN blocks are skipped.
 Result<std::vector<std::pair<std::string, Tensor>>> gguf_hf_tensors(const GgufFile& f);
 
 struct ConvertOptions {

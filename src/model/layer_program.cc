@@ -36,10 +36,10 @@ Act read_by_backward(const Op& op) {
 }
 
 // MLA (mla.h): norm → [q_a | q; kv_a] → q/k/v rows → RoPE → attention → value outputs → o_proj →
-// residual.
+// residual. Under tensor parallelism the heads split after the latent norms: the q/k/v op sums its
+// latent gradients over the group itself (no kTpEnter).
 void mla_block(std::vector<Op>& ops) {
   ops.push_back({OpKind::kRmsNorm, Act::kH, Act::kXn1, Param::kInputNorm, Act::kHIn});
-  ops.push_back({OpKind::kTpEnter, Act::kXn1, Act::kXn1});
   ops.push_back({OpKind::kLinear, Act::kXn1, Act::kMlaA, Param::kQkv});
   ops.push_back({OpKind::kMlaQkv, Act::kMlaA, Act::kQkvRaw, Param::kMla});
   ops.push_back({OpKind::kRope, Act::kQkvRaw, Act::kQkv});

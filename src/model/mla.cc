@@ -177,7 +177,8 @@ void mla_out_backward(const ModelConfig& c, const MlaWeightsT& wt, const float* 
 
 void mla_qkv_backward(const ModelConfig& c, const MlaWeights& w, const MlaWeightsT& wt,
                       const float* a, const float* dqkv, int64_t t, float* da, const std::string& p,
-                      GradSink& g, ThreadPool* pool) {
+                      GradSink& g, ThreadPool* pool,
+                      const std::function<void(float*, int64_t)>& reduce) {
   const Dims d(c);
   const int64_t ld = d.qd + 2 * d.kvd;
   const std::string at = p + "self_attn.";
@@ -194,15 +195,22 @@ void mla_qkv_backward(const ModelConfig& c, const MlaWeights& w, const MlaWeight
     rows_grad(g, at + "kv_b_proj.weight", h * (d.nope + d.v), q.data() + h * d.qk, d.h * d.qk,
               d.nope, dqkv + h * d.hd + d.r, ld, d.kl, t, pool);
   }
-  // The latent: d c = d k[r:] + d v[r:], through kv_a_layernorm; d k_pe to its places.
+  // The latent: d c = d k[r:] + d v[r:] and d k_pe (this rank's heads' parts, summed over the
+  // group), then through kv_a_layernorm; d k_pe to its places.
   std::vector<float> x(static_cast<size_t>(t * d.kl)), dc(static_cast<size_t>(t * d.kl));
+  std::vector<float> dpe(static_cast<size_t>(t * d.r));
   for (int64_t i = 0; i < t; ++i) {
     const float* dk = dqkv + i * ld + d.qd;
     const float* dv = dk + d.kvd;
     for (int64_t j = 0; j < d.kl; ++j) dc[i * d.kl + j] = dk[d.r + j] + dv[d.r + j];
     std::copy_n(a + i * d.wa + d.kv_at, d.kl, x.data() + i * d.kl);
-    for (int64_t j = 0; j < d.r; ++j) da[i * d.wa + d.kv_at + d.kl + rope_source(c, j)] = dk[j];
+    std::copy_n(dk, d.r, dpe.data() + i * d.r);
   }
+  reduce(dc.data(), t * d.kl);
+  reduce(dpe.data(), t * d.r);
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = 0; j < d.r; ++j)
+      da[i * d.wa + d.kv_at + d.kl + rope_source(c, j)] = dpe[i * d.r + j];
   kernels::rmsnorm_backward(x.data(), dc.data(), t, d.kl, w.kv_a_norm.data(), kLatentNormEps,
                             dc.data(), g.accumulate(at + "kv_a_layernorm.weight"), pool);
   for (int64_t i = 0; i < t; ++i) std::copy_n(dc.data() + i * d.kl, d.kl, da + i * d.wa + d.kv_at);
@@ -216,6 +224,7 @@ void mla_qkv_backward(const ModelConfig& c, const MlaWeights& w, const MlaWeight
                 {{at + "q_b_proj.weight", d.h * d.qk}});
   std::vector<float> dn(static_cast<size_t>(t * d.ql)), xa(static_cast<size_t>(t * d.ql));
   kernels::gemm(dq.data(), t, d.h * d.qk, wt.q_b_t, dn.data(), d.ql, pool);
+  reduce(dn.data(), t * d.ql);
   for (int64_t i = 0; i < t; ++i) std::copy_n(a + i * d.wa, d.ql, xa.data() + i * d.ql);
   kernels::rmsnorm_backward(xa.data(), dn.data(), t, d.ql, w.q_a_norm.data(), kLatentNormEps,
                             dn.data(), g.accumulate(at + "q_a_layernorm.weight"), pool);

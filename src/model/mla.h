@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -56,10 +57,13 @@ void mla_qkv(const ModelConfig& c, const MlaWeights& w, const float* a, int64_t 
 void mla_out(const ModelConfig& c, const MlaWeights& w, const float* attn, int64_t t, float* out,
              ThreadPool* pool);
 
-// Backwards: d in written whole; weight gradients of layer prefix `p` into g.
+// Backwards: d in written whole; weight gradients of layer prefix `p` into g. Under tensor
+// parallelism (this rank's heads) `reduce` sums the latent's gradients over the group before the
+// replicated norms and projection take them (d in is then the whole model's).
 void mla_qkv_backward(const ModelConfig& c, const MlaWeights& w, const MlaWeightsT& wt,
                       const float* a, const float* dqkv, int64_t t, float* da, const std::string& p,
-                      GradSink& g, ThreadPool* pool);
+                      GradSink& g, ThreadPool* pool,
+                      const std::function<void(float*, int64_t)>& reduce);
 void mla_out_backward(const ModelConfig& c, const MlaWeightsT& wt, const float* attn,
                       const float* dout, int64_t t, float* dattn, const std::string& p, GradSink& g,
                       ThreadPool* pool);

@@ -230,7 +230,8 @@ class Backward {
         return;
       case OpKind::kMlaQkv:
         mla_qkv_backward(c_, l().mla, bw_.layers[layer_].mla, kept(op.in), grad(op.out), t_,
-                         grad(op.in), layer_prefix(), g_, pool_);
+                         grad(op.in), layer_prefix(), g_, pool_,
+                         [this](float* x, int64_t n) { reduce(x, n); });
         return;
       case OpKind::kMlaOut:
         mla_out_backward(c_, bw_.layers[layer_].mla, kept(op.in), grad(op.out), t_, grad(op.in),

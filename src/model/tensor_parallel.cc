@@ -16,18 +16,19 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 Split split_of(const std::string& n) {
   if (n == "model.embed_tokens.weight" || n == "lm_head.weight") return Split::kRows;
-  for (const char* s :
-       {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias",
-        "v_proj.bias", "gate_proj.weight", "up_proj.weight", "gate_proj.bias", "up_proj.bias"})
+  for (const char* s : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias",
+                        "k_proj.bias", "v_proj.bias", "gate_proj.weight", "up_proj.weight",
+                        "gate_proj.bias", "up_proj.bias", "q_b_proj.weight", "kv_b_proj.weight"})
     if (ends_with(n, s)) return Split::kRows;
   if (ends_with(n, "o_proj.weight") || ends_with(n, "down_proj.weight")) return Split::kCols;
   return Split::kReplicated;
 }
 
 Result<ModelConfig> local_config(const ModelConfig& full, int size) {
-  if (full.is_mla() && size > 1)
+  if (full.is_mla() && full.mla.q_lora_rank == 0 && size > 1)
     return Status::Error(full.arch_name + ": tensor parallelism (tp=" + std::to_string(size) +
-                         ") of multi-head latent attention (MLA) is not implemented (tp=1 only)");
+                         ") of multi-head latent attention (MLA) without q_lora_rank (q_proj fused "
+                         "with the replicated kv_a_proj_with_mqa) is not implemented");
   auto need = [&](int64_t v, const char* what) -> Status {
     if (v % size != 0)
       return Status::Error(std::string(what) + " = " + std::to_string(v) +
@@ -35,14 +36,16 @@ Result<ModelConfig> local_config(const ModelConfig& full, int size) {
     return Status::Ok();
   };
   MILES_RETURN_IF_ERROR(need(full.num_heads, "num_attention_heads"));
-  MILES_RETURN_IF_ERROR(need(full.num_kv_heads, "num_key_value_heads"));
+  // MLA's one latent kv head is replicated; its query heads split.
+  if (!full.is_mla()) MILES_RETURN_IF_ERROR(need(full.num_kv_heads, "num_key_value_heads"));
   MILES_RETURN_IF_ERROR(need(full.vocab_size, "vocab_size"));
   MILES_RETURN_IF_ERROR(need(full.intermediate_size, "intermediate_size"));
   if (full.moe.num_experts > 0)
     MILES_RETURN_IF_ERROR(need(full.moe.moe_intermediate_size, "moe_intermediate_size"));
   ModelConfig c = full;
   c.num_heads /= size;
-  c.num_kv_heads /= size;
+  if (!full.is_mla()) c.num_kv_heads /= size;
+  c.mla.num_key_value_heads /= size;
   c.vocab_size /= size;
   c.intermediate_size /= size;
   c.moe.moe_intermediate_size /= size;
@@ -65,7 +68,8 @@ Status bitwise_split(const ModelConfig& full, int size) {
                            " does not split it on chunk boundaries");
     return Status::Ok();
   };
-  MILES_RETURN_IF_ERROR(gemm_k(full.q_dim(), "o_proj K (heads x head_dim)"));
+  MILES_RETURN_IF_ERROR(gemm_k(full.is_mla() ? full.num_heads * full.mla.v_head_dim : full.q_dim(),
+                               "o_proj K (heads x head_dim)"));
   MILES_RETURN_IF_ERROR(gemm_k(full.intermediate_size, "down_proj K (intermediate_size)"));
   if (full.moe.num_experts > 0)
     MILES_RETURN_IF_ERROR(gemm_k(full.moe.moe_intermediate_size, "expert down_proj K"));
