@@ -44,7 +44,15 @@ What it makes (deterministic: fixed seeds, CPU):
                                         loader's state dict, and the logits of Gemma3ForCausalLM with those weights
                                         under the config llama.cpp's semantics give (make_tiny_gemma3's docstring).
 
+  tests/data/gguf/tiny_glm4moe.gguf     tests/data/models/glm4_moe (a random Glm4MoeForCausalLM) as llama.cpp's
+                                        Glm4MoeModel converter writes it in float32: experts stacked into 3-D
+                                        ffn_*_exps tensors, exp_probs_b, shexp, q/k/v biases, q/k norms, partial
+                                        rotary, plus one random NextN block that conversion skips; the tiny
+                                        vocabulary padded to 1024 (make_tiny_glm4moe's docstring). Its expected
+                                        values are the checkpoint itself and tests/data/goldens/glm4_moe.
+
 Rerun with:  PYTHON scripts/make_gguf_fixtures.py [types] [tiny_llama] [tiny_qwen2] [tiny_phi3] [tiny_gemma3]
+             [tiny_glm4moe]
 (PYTHON: a venv with gguf, numpy, torch and transformers: scripts/setup.sh --reference)
 """
 
@@ -586,11 +594,154 @@ def make_tiny_gemma3(path: Path) -> None:
                      {**versions(), "torch": torch.__version__, "transformers": transformers.__version__})
 
 
+# ---- tiny GLM-4 MoE -----------------------------------------------------------------------------
+
+
+def make_tiny_glm4moe(path: Path) -> None:
+    """tests/data/models/glm4_moe (a random Glm4MoeForCausalLM: 3 layers, layer 0 dense, 8 routed
+    experts in 2 groups (top 2 of the best group), a shared expert, q/k/v biases, q/k norms, partial
+    rotary 0.5, routed_scaling_factor 2.5) written as llama.cpp's Glm4MoeModel converter
+    (conversion/glm.py, its TextModel base in conversion/base.py) writes it, in float32 (--outtype
+    f32), so the converted tensors must equal the checkpoint's bit for bit and its logits the
+    transformers goldens (tests/data/goldens/glm4_moe.safetensors):
+      - metadata: TextModel's (block_count, context/embedding/feed-forward lengths, head counts,
+        rope freq_base, rms eps, expert_count / expert_used_count, expert_group_count /
+        expert_group_used_count from n_group / topk_group, key/value lengths) and Glm4MoeModel's
+        (rope.dimension_count = head_dim * partial_rotary_factor, expert_feed_forward_length,
+        expert_shared_count, leading_dense_block_count, expert_gating_func sigmoid,
+        expert_weights_scale, expert_weights_norm, nextn_predict_layers);
+      - tensors under gguf-py's GLM4_MOE names (tensor_mapping.py), q/k rows in HF's order (NeoX
+        RoPE: no permutation), e_score_correction_bias renamed e_score_correction.bias (so
+        blk.N.exp_probs_b.bias), each projection's experts stacked into one [experts, rows, cols]
+        tensor (blk.N.ffn_{gate,up,down}_exps);
+      - one NextN / multi-token-prediction block after the 3 layers (block_count 4,
+        nextn_predict_layers 1), as the converter appends the checkpoint's layer 3 of a real
+        GLM-4.5: random tensors (attention, MoE, nextn.eh_proj / enorm / hnorm / shared_head_norm)
+        that a conversion must skip, as transformers skips those weights;
+      - the tiny byte-level vocabulary padded to the model's 1024 rows with [PAD<i>] tokens of type
+        UNUSED, as the converter's get_vocab_base pads, pre-tokenizer "glm4" (GLM-4.5's)."""
+    from safetensors.numpy import load_file
+
+    src = ROOT / "tests" / "data" / "models" / "glm4_moe"
+    cfg = json.loads((src / "config.json").read_text())
+    hf = load_file(str(src / "model.safetensors"))
+    rope = cfg["rope_parameters"]
+    n_layers, n_nextn = cfg["num_hidden_layers"], cfg["num_nextn_predict_layers"]
+    n_blocks = n_layers + n_nextn
+    hidden, heads, kv_heads, head_dim = (cfg["hidden_size"], cfg["num_attention_heads"],
+                                         cfg["num_key_value_heads"], cfg["head_dim"])
+    n_exp, ff_exp = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+
+    w = gguf.GGUFWriter(str(path), "glm4moe")
+    w.add_name("tiny-glm4moe")
+    w.add_block_count(n_blocks)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_count(n_exp)
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_group_count(cfg["n_group"])
+    w.add_expert_group_used_count(cfg["topk_group"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_rope_dimension_count(int(head_dim * rope["partial_rotary_factor"]))
+    w.add_expert_feed_forward_length(ff_exp)
+    w.add_expert_shared_count(cfg["n_shared_experts"])
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    w.add_expert_weights_norm(cfg["norm_topk_prob"])
+    w.add_nextn_predict_layers(n_nextn)
+    tokens, types, merges = tiny_vocab()
+    for i in range(len(tokens), cfg["vocab_size"]):
+        tokens.append(f"[PAD{i}]")
+        types.append(int(gguf.TokenType.UNUSED))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("glm4")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    # The converter's renaming, with the checkpoint's layers and the appended NextN block.
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GLM4_MOE, n_blocks)
+
+    def gguf_name(hf_name: str) -> str:
+        if hf_name.endswith("e_score_correction_bias"):
+            hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")
+        if hf_name == "model.embed_tokens.weight":
+            return "token_embd.weight"
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert name is not None, hf_name
+        return name
+
+    layer_tensors: dict[str, np.ndarray] = {}
+    for name, t in hf.items():
+        if ".mlp.experts." not in name:
+            layer_tensors[name] = t
+    for l in range(n_layers):
+        for proj in ("down_proj", "gate_proj", "up_proj"):
+            first = f"model.layers.{l}.mlp.experts.0.{proj}.weight"
+            if first not in hf:
+                continue
+            stacked = np.stack([hf[f"model.layers.{l}.mlp.experts.{e}.{proj}.weight"] for e in range(n_exp)])
+            layer_tensors[f"model.layers.{l}.mlp.experts.{proj}.weight"] = stacked
+    for name in sorted(layer_tensors):
+        t = np.ascontiguousarray(layer_tensors[name].astype(np.float32))
+        w.add_tensor(gguf_name(name), t)
+
+    # The NextN block (layer n_layers of a real checkpoint): random, skipped by the conversion.
+    rng = np.random.default_rng(SEED + 5)
+    n = n_layers
+    q_dim, kv_dim, sh_ff = heads * head_dim, kv_heads * head_dim, cfg["n_shared_experts"] * ff_exp
+    nextn = {
+        "input_layernorm.weight": (hidden,),
+        "self_attn.q_proj.weight": (q_dim, hidden), "self_attn.q_proj.bias": (q_dim,),
+        "self_attn.k_proj.weight": (kv_dim, hidden), "self_attn.k_proj.bias": (kv_dim,),
+        "self_attn.v_proj.weight": (kv_dim, hidden), "self_attn.v_proj.bias": (kv_dim,),
+        "self_attn.o_proj.weight": (hidden, q_dim),
+        "self_attn.q_norm.weight": (head_dim,), "self_attn.k_norm.weight": (head_dim,),
+        "post_attention_layernorm.weight": (hidden,),
+        "mlp.gate.weight": (n_exp, hidden), "mlp.gate.e_score_correction_bias": (n_exp,),
+        "mlp.experts.gate_proj.weight": (n_exp, ff_exp, hidden),
+        "mlp.experts.up_proj.weight": (n_exp, ff_exp, hidden),
+        "mlp.experts.down_proj.weight": (n_exp, hidden, ff_exp),
+        "mlp.shared_experts.gate_proj.weight": (sh_ff, hidden),
+        "mlp.shared_experts.up_proj.weight": (sh_ff, hidden),
+        "mlp.shared_experts.down_proj.weight": (hidden, sh_ff),
+        "eh_proj.weight": (hidden, 2 * hidden), "enorm.weight": (hidden,), "hnorm.weight": (hidden,),
+        "shared_head.norm.weight": (hidden,),
+    }
+    for suffix, shape in nextn.items():
+        w.add_tensor(gguf_name(f"model.layers.{n}.{suffix}"), (0.1 * rng.standard_normal(shape)).astype(np.float32))
+    write(w)
+    path.chmod(0o644)
+
+    # What the file holds must be what llama.cpp's loader expects (its create_tensor shapes).
+    r = gguf.GGUFReader(str(path))
+    got = {t.name: [int(x) for x in t.shape] for t in r.tensors}
+    assert got["blk.1.ffn_gate_exps.weight"] == [hidden, ff_exp, n_exp], got["blk.1.ffn_gate_exps.weight"]
+    assert got["blk.1.ffn_down_exps.weight"] == [ff_exp, hidden, n_exp]
+    assert got["blk.2.exp_probs_b.bias"] == [n_exp]
+    assert got[f"blk.{n}.nextn.eh_proj.weight"] == [2 * hidden, hidden]
+    assert "blk.0.ffn_gate.weight" in got and "blk.0.ffn_gate_inp.weight" not in got
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
-    only = sys.argv[1:]  # fixture names to make (types, tiny_llama, tiny_qwen2, tiny_phi3, tiny_gemma3); none: all
+    only = sys.argv[1:]  # fixture names to make (types, tiny_llama, tiny_qwen2, tiny_phi3, tiny_gemma3,
+    #                      tiny_glm4moe); none: all
     for name, make in (("types", make_types), ("tiny_llama", make_tiny_llama), ("tiny_qwen2", make_tiny_qwen2),
-                       ("tiny_phi3", make_tiny_phi3), ("tiny_gemma3", make_tiny_gemma3)):
+                       ("tiny_phi3", make_tiny_phi3), ("tiny_gemma3", make_tiny_gemma3),
+                       ("tiny_glm4moe", make_tiny_glm4moe)):
         if not only or name in only:
             make(OUT / f"{name}.gguf")
     total = sum(f.stat().st_size for f in OUT.iterdir())

@@ -1,7 +1,8 @@
 // GGUF -> HF conversion: config.json fields, tensor names and the q/k un-permutation (checked
 // against transformers' own GGUF loader through tests/data/gguf/tiny_llama*, tiny_qwen2*,
-// tiny_phi3* and tiny_gemma3*, made by scripts/make_gguf_fixtures.py), logits of the converted
-// model against transformers', the atomic directory write, tokenizer.json from real llama.cpp
+// tiny_phi3* and tiny_gemma3*, made by scripts/make_gguf_fixtures.py; tiny_glm4moe against the
+// checkpoint it was written from and its transformers goldens), logits of the converted model
+// against transformers', the atomic directory write, tokenizer.json from real llama.cpp
 // vocabularies (../shared), and the errors.
 #include "miles/convert.h"
 
@@ -218,7 +219,7 @@ TEST(Convert, FailedConversionLeavesNothing) {
   auto s = convert_gguf((dir / "gpt2.gguf").string(), (dir / "out").string());
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("'general.architecture' is 'gpt2', which miles convert does not "
-                             "support (supported: llama, phi3, qwen2, qwen3, gemma3)"),
+                             "support (supported: llama, phi3, qwen2, qwen3, gemma3, glm4moe)"),
             std::string::npos)
       << s.message();
   s = convert_gguf((dir / "cut.gguf").string(), (dir / "out").string());
@@ -374,6 +375,134 @@ TEST(Convert, TinyGemma3LogitsMatchTheReference) {
   ASSERT_TRUE(model.ok()) << model.message();
   const TinyExpected e = tiny_expected("tiny_gemma3_expected.safetensors");
   EXPECT_LE(max_abs_diff(logits_of(**model, e.ids), e.map.find("logits")->data<float>()), 1e-4f);
+}
+
+// ---- the tiny GLM-4 MoE written like llama.cpp's converter
+// ---------------------------------------
+
+// GLM-4 MoE as llama.cpp's Glm4MoeModel converter writes tests/data/models/glm4_moe (float32,
+// experts stacked into ffn_*_exps, one NextN block after the 3 layers): config.json is
+// Glm4MoeForCausalLM's with the checkpoint's routing (2 groups, top 1 group, scale 2.5, normalised,
+// a shared expert, layer 0 dense, q/k/v biases, q/k norms, partial rotary 0.5) and no NextN layer,
+// and every converted tensor is bitwise the checkpoint's, none of the NextN block's.
+TEST(Convert, TinyGlm4MoeMatchesTheCheckpoint) {
+  auto f = GgufFile::open(fixture("tiny_glm4moe.gguf"));
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto text = gguf_config_json(*f);
+  ASSERT_TRUE(text.ok()) << text.message();
+  const json j = json::parse(*text);
+  EXPECT_EQ(j["architectures"], json::array({"Glm4MoeForCausalLM"}));
+  EXPECT_EQ(j["model_type"], "glm4_moe");
+  EXPECT_EQ(j["num_hidden_layers"], 3);
+  EXPECT_EQ(j["num_nextn_predict_layers"], 0);
+  EXPECT_EQ(j["head_dim"], 16);
+  EXPECT_EQ(j["partial_rotary_factor"], 0.5);
+  EXPECT_EQ(j["rms_norm_eps"], 1e-6);
+  EXPECT_EQ(j["attention_bias"], true);
+  EXPECT_EQ(j["use_qk_norm"], true);
+  EXPECT_EQ(j["n_routed_experts"], 8);
+  EXPECT_EQ(j["num_experts_per_tok"], 2);
+  EXPECT_EQ(j["moe_intermediate_size"], 32);
+  EXPECT_EQ(j["n_shared_experts"], 1);
+  EXPECT_EQ(j["first_k_dense_replace"], 1);
+  EXPECT_EQ(j["norm_topk_prob"], true);
+  EXPECT_EQ(j["routed_scaling_factor"], 2.5);
+  EXPECT_EQ(j["n_group"], 2);
+  EXPECT_EQ(j["topk_group"], 1);
+  EXPECT_EQ(j["tie_word_embeddings"], false);
+  auto cfg = parse_model_config(*text, "config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.message();
+  auto want = load_model_config(test::data_dir() + "/models/glm4_moe/config.json");
+  ASSERT_TRUE(want.ok()) << want.message();
+  EXPECT_EQ(cfg->arch, Arch::kGlm4Moe);
+  for (const auto& [ours, theirs] :
+       {std::pair{cfg->vocab_size, want->vocab_size},
+        {cfg->hidden_size, want->hidden_size},
+        {cfg->intermediate_size, want->intermediate_size},
+        {cfg->num_layers, want->num_layers},
+        {cfg->num_heads, want->num_heads},
+        {cfg->num_kv_heads, want->num_kv_heads},
+        {cfg->head_dim, want->head_dim},
+        {cfg->rotary_dim(), want->rotary_dim()},
+        {cfg->max_position_embeddings, want->max_position_embeddings},
+        {cfg->moe.num_experts, want->moe.num_experts},
+        {cfg->moe.top_k, want->moe.top_k},
+        {cfg->moe.moe_intermediate_size, want->moe.moe_intermediate_size},
+        {cfg->moe.n_group, want->moe.n_group},
+        {cfg->moe.topk_group, want->moe.topk_group},
+        {cfg->moe.n_shared_experts, want->moe.n_shared_experts},
+        {cfg->moe.first_k_dense_replace, want->moe.first_k_dense_replace}})
+    EXPECT_EQ(ours, theirs);
+  EXPECT_EQ(cfg->moe.score, RouterScore::kSigmoid);
+  EXPECT_EQ(cfg->moe.norm_topk_prob, want->moe.norm_topk_prob);
+  EXPECT_EQ(cfg->moe.routed_scaling_factor, want->moe.routed_scaling_factor);
+  EXPECT_EQ(cfg->use_qk_norm, want->use_qk_norm);
+  EXPECT_EQ(cfg->attention_bias, want->attention_bias);
+  EXPECT_EQ(cfg->rms_norm_eps, want->rms_norm_eps);
+  EXPECT_EQ(cfg->rope.theta, want->rope.theta);
+  EXPECT_EQ(cfg->tie_word_embeddings, want->tie_word_embeddings);
+
+  auto tensors = gguf_hf_tensors(*f);
+  ASSERT_TRUE(tensors.ok()) << tensors.message();
+  const TensorMap m = to_map(std::move(*tensors));
+  auto hf = read_safetensors(test::data_dir() + "/models/glm4_moe/model.safetensors");
+  ASSERT_TRUE(hf.ok()) << hf.message();
+  EXPECT_EQ(m.size(), hf->size());
+  for (const std::string& name : hf->names()) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(same_bytes(m.find(name), hf->find(name)));
+  }
+  for (const std::string& name : m.names())
+    EXPECT_EQ(name.find("model.layers.3."), std::string::npos) << "a NextN tensor: " << name;
+}
+
+// The converted directory loads and computes transformers' logits (its goldens for the
+// checkpoint), and its tokenizer.json is the glm4 vocabulary as miles reads the GGUF (the Llama-3
+// split, a whole word that is a token taken as it is).
+TEST(Convert, TinyGlm4MoeLogitsMatchTransformers) {
+  const fs::path out = scratch("glm4moe") / "tiny";
+  auto s = convert_gguf(fixture("tiny_glm4moe.gguf"), out.string());
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(s->architecture, "Glm4MoeForCausalLM");
+  EXPECT_EQ(s->tokenizer_file, "tokenizer.json");
+  auto model = Model::load(out.string());
+  ASSERT_TRUE(model.ok()) << model.message();
+  auto goldens = read_safetensors(test::data_dir() + "/goldens/glm4_moe.safetensors");
+  ASSERT_TRUE(goldens.ok()) << goldens.message();
+  float worst = 0;
+  int seqs = 0;
+  for (;; ++seqs) {
+    const std::string p = "seq" + std::to_string(seqs) + ".";
+    const Tensor* ids = goldens->find(p + "ids");
+    if (!ids) break;
+    const std::vector<int32_t> v(ids->data<int32_t>(), ids->data<int32_t>() + ids->numel());
+    const std::vector<float> got = logits_of(**model, v);
+    const std::vector<float> want = goldens->find(p + "logits")->to_f32();
+    ASSERT_EQ(got.size(), want.size());
+    worst = std::max(worst, max_abs_diff(got, want.data()));
+  }
+  EXPECT_GE(seqs, 3);
+  EXPECT_LE(worst, 1e-4f);
+  std::printf("tiny_glm4moe: %d sequences, max |logit - transformers| = %.3g\n", seqs, worst);
+
+  const json tok = json::parse(read_text(out / "tokenizer.json"));
+  EXPECT_EQ(tok["pre_tokenizer"]["pretokenizers"][0]["type"], "Split");
+  EXPECT_EQ(tok["model"]["ignore_merges"], true);
+  EXPECT_TRUE(tok["post_processor"].is_null());
+  EXPECT_EQ(tok["model"]["vocab"].size(), 1024u);
+  const json tc = json::parse(read_text(out / "tokenizer_config.json"));
+  EXPECT_EQ(tc["add_bos_token"], false);
+  EXPECT_EQ(tc["eos_token"], "<|im_end|>");
+  // tokenizer.json encodes as miles' reading of the GGUF vocabulary (llama.cpp's glm4 rules) does.
+  auto f = GgufFile::open(fixture("tiny_glm4moe.gguf"));
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto direct = gguf_tokenizer(*f);
+  auto written = load_tokenizer(out.string(), 1024);
+  ASSERT_TRUE(direct.ok() && written.ok()) << direct.message() << written.message();
+  for (const char* text : {"What is the capital of France?", "Paris is 12345 of\n\n  the",
+                           "<|im_start|>user\nWhat's 3,141?<|im_end|>"})
+    for (bool special : {false, true})
+      EXPECT_EQ((*written)->encode(text, special), (*direct)->encode(text, special)) << text;
 }
 
 // A one-layer model with hidden 8, 2 heads of 4, 1 KV head, intermediate 8, vocab 5; tensor values
@@ -776,6 +905,211 @@ TEST(Convert, Errors) {
   expect_model_error(
       tiny_model("llama", true, false, {.feed_forward_length = 16}),
       "tensor 'blk.0.ffn_gate.weight' has shape [8, 8] but LlamaForCausalLM needs [16, 8]");
+}
+
+// A hand-built glm4moe file: 2 layers (0 dense, 1 MoE) of hidden 8, 2 heads of 4 (rotary 2), 1 KV
+// head, 4 experts of 2 (2 used), a shared expert, and `nextn` NextN blocks; matrices hold
+// 1000 * (tensor number) + row (rows counted across stacked experts).
+struct GlmOpts {
+  bool fused_gate_up = false;  // ffn_gate_up_exps instead of ffn_gate_exps + ffn_up_exps
+  bool scale = true;           // expert_weights_scale present
+  bool probs_b = true;         // blk.1.exp_probs_b.bias present
+  uint32_t gating = 2;         // expert_gating_func
+  uint32_t groups = 0;         // expert_group_count (0: absent)
+  uint32_t groups_used = 0;    // expert_group_used_count (0: absent)
+  uint32_t nextn = 1;          // NextN blocks (tensors) after the 2 layers
+  int64_t nextn_key = -1;      // nextn_predict_layers (-1: = nextn)
+  uint32_t rope_dims = 2;      // rope.dimension_count
+};
+
+GgufBuilder glm4moe_model(GlmOpts o = {}) {
+  GgufBuilder b;
+  const std::string p = "glm4moe.";
+  b.kv_str("general.architecture", "glm4moe")
+      .kv_u32(p + "block_count", 2 + o.nextn)
+      .kv_u32(p + "context_length", 64)
+      .kv_u32(p + "embedding_length", 8)
+      .kv_u32(p + "feed_forward_length", 8)
+      .kv_u32(p + "attention.head_count", 2)
+      .kv_u32(p + "attention.head_count_kv", 1)
+      .kv_u32(p + "attention.key_length", 4)
+      .kv_u32(p + "attention.value_length", 4)
+      .kv_u32(p + "rope.dimension_count", o.rope_dims)
+      .kv_f32(p + "attention.layer_norm_rms_epsilon", 1e-5f)
+      .kv_u32(p + "expert_count", 4)
+      .kv_u32(p + "expert_used_count", 2)
+      .kv_u32(p + "expert_feed_forward_length", 2)
+      .kv_u32(p + "expert_shared_count", 1)
+      .kv_u32(p + "leading_dense_block_count", 1)
+      .kv_u32(p + "expert_gating_func", o.gating)
+      .kv_bool(p + "expert_weights_norm", true);
+  if (o.scale) b.kv_f32(p + "expert_weights_scale", 1.5f);
+  if (o.groups) b.kv_u32(p + "expert_group_count", o.groups);
+  if (o.groups_used) b.kv_u32(p + "expert_group_used_count", o.groups_used);
+  const int64_t nextn_key = o.nextn_key >= 0 ? o.nextn_key : o.nextn;
+  if (nextn_key > 0) b.kv_u32(p + "nextn_predict_layers", static_cast<uint32_t>(nextn_key));
+  int n = 0;
+  // A tensor of row-major `shape`; every element of row r (counted over all leading dims) is
+  // 1000 * n + r.
+  auto mat = [&](const std::string& name, std::vector<uint64_t> shape) {
+    const uint64_t cols = shape.back();
+    uint64_t rows = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+    std::vector<float> v(rows * cols);
+    for (uint64_t r = 0; r < rows; ++r)
+      for (uint64_t c = 0; c < cols; ++c) v[r * cols + c] = static_cast<float>(1000 * n + r);
+    ++n;
+    b.tensor_f32(name, std::vector<uint64_t>(shape.rbegin(), shape.rend()), v);
+  };
+  auto vec = [&](const std::string& name, uint64_t len) {
+    b.tensor_f32(name, {len}, std::vector<float>(len, 1.0f));
+  };
+  mat("token_embd.weight", {5, 8});
+  for (uint32_t l = 0; l < 2 + o.nextn; ++l) {
+    const std::string x = "blk." + std::to_string(l) + ".";
+    vec(x + "attn_norm.weight", 8);
+    mat(x + "attn_q.weight", {8, 8});
+    mat(x + "attn_k.weight", {4, 8});
+    mat(x + "attn_v.weight", {4, 8});
+    mat(x + "attn_output.weight", {8, 8});
+    vec(x + "post_attention_norm.weight", 8);
+    if (l == 0) {
+      mat(x + "ffn_gate.weight", {8, 8});
+      mat(x + "ffn_up.weight", {8, 8});
+      mat(x + "ffn_down.weight", {8, 8});
+      continue;
+    }
+    mat(x + "ffn_gate_inp.weight", {4, 8});
+    if (o.probs_b || l != 1) vec(x + "exp_probs_b.bias", 4);
+    if (o.fused_gate_up) {
+      mat(x + "ffn_gate_up_exps.weight", {4, 4, 8});
+    } else {
+      mat(x + "ffn_gate_exps.weight", {4, 2, 8});
+      mat(x + "ffn_up_exps.weight", {4, 2, 8});
+    }
+    mat(x + "ffn_down_exps.weight", {4, 8, 2});
+    mat(x + "ffn_gate_shexp.weight", {2, 8});
+    mat(x + "ffn_up_shexp.weight", {2, 8});
+    mat(x + "ffn_down_shexp.weight", {8, 2});
+    if (l >= 2) {
+      mat(x + "nextn.eh_proj.weight", {8, 16});
+      vec(x + "nextn.enorm.weight", 8);
+      vec(x + "nextn.hnorm.weight", 8);
+    }
+  }
+  vec("output_norm.weight", 8);
+  mat("output.weight", {5, 8});
+  return b;
+}
+
+// Stacked experts are cut into HF's per-expert matrices (gate rows before up rows in the fused
+// ffn_gate_up_exps), the NextN block is skipped, and the result loads.
+TEST(Convert, Glm4MoeSplitsStackedExpertsAndSkipsNextN) {
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "ffn_gate_up_exps" : "ffn_gate_exps + ffn_up_exps");
+    auto f = parse(glm4moe_model({.fused_gate_up = fused}).build());
+    ASSERT_TRUE(f.ok()) << f.message();
+    auto text = gguf_config_json(*f);
+    ASSERT_TRUE(text.ok()) << text.message();
+    const json j = json::parse(*text);
+    EXPECT_EQ(j["num_hidden_layers"], 2);
+    EXPECT_EQ(j["attention_bias"], false);
+    EXPECT_EQ(j["use_qk_norm"], false);
+    EXPECT_EQ(j["n_group"], 1);
+    EXPECT_EQ(j["topk_group"], 1);
+    EXPECT_EQ(j["routed_scaling_factor"], 1.5);
+    EXPECT_EQ(j["partial_rotary_factor"], 0.5);
+    auto cfg = parse_model_config(*text, "config.json");
+    ASSERT_TRUE(cfg.ok()) << cfg.message();
+    auto t = gguf_hf_tensors(*f);
+    ASSERT_TRUE(t.ok()) << t.message();
+    const TensorMap m = to_map(std::move(*t));
+    // embed, norm, lm_head; layer 0: 2 norms, 4 attention, 3 MLP; layer 1: 2 norms, 4 attention,
+    // router + bias, 4 experts * 3, 3 shared.
+    EXPECT_EQ(m.size(), 3u + 9u + 23u);
+    for (const std::string& name : m.names())
+      EXPECT_EQ(name.find("model.layers.2."), std::string::npos) << name;
+    const std::string x = "model.layers.1.mlp.experts.";
+    const float g0 = row_heads(m, x + "0.gate_proj.weight")[0];
+    const float u0 = row_heads(m, x + "0.up_proj.weight")[0];
+    const float d0 = row_heads(m, x + "0.down_proj.weight")[0];
+    for (int e = 0; e < 4; ++e) {
+      const std::string ex = x + std::to_string(e) + ".";
+      const float stride = fused ? 4.f : 2.f;  // rows per expert in the gate (or gate_up) tensor
+      EXPECT_EQ(row_heads(m, ex + "gate_proj.weight"),
+                (std::vector<float>{g0 + stride * e, g0 + stride * e + 1}));
+      EXPECT_EQ(row_heads(m, ex + "up_proj.weight"),
+                (std::vector<float>{u0 + stride * e, u0 + stride * e + 1}));
+      std::vector<float> down(8);
+      for (int r = 0; r < 8; ++r) down[r] = d0 + 8.f * e + r;
+      EXPECT_EQ(row_heads(m, ex + "down_proj.weight"), down);
+    }
+    if (fused) {
+      EXPECT_EQ(u0, g0 + 2) << "up rows follow gate rows";
+    }
+    EXPECT_EQ(m.find("model.layers.1.mlp.gate.e_score_correction_bias")->shape(),
+              (std::vector<int64_t>{4}));
+    EXPECT_EQ(m.find("model.layers.1.mlp.shared_experts.down_proj.weight")->shape(),
+              (std::vector<int64_t>{8, 2}));
+    EXPECT_TRUE(Model::from_weights(*cfg, m).ok());
+  }
+  // Without NextN blocks, and with group routing.
+  auto f = parse(glm4moe_model({.groups = 2, .groups_used = 1, .nextn = 0}).build());
+  ASSERT_TRUE(f.ok()) << f.message();
+  const json j = json::parse(*gguf_config_json(*f));
+  EXPECT_EQ(j["n_group"], 2);
+  EXPECT_EQ(j["topk_group"], 1);
+  EXPECT_TRUE(gguf_hf_tensors(*f).ok());
+}
+
+// Every glm4moe field miles cannot honour is an error naming it; MoE stays refused elsewhere.
+TEST(Convert, Glm4MoeRefusals) {
+  expect_model_error(glm4moe_model({.gating = 1}),
+                     "'glm4moe.expert_gating_func' is 1 (softmax); only sigmoid");
+  expect_model_error(glm4moe_model({.gating = 3}), "'glm4moe.expert_gating_func' is 3");
+  expect_model_error(glm4moe_model({.scale = false}), "'glm4moe.expert_weights_scale' is missing");
+  expect_model_error(glm4moe_model({.groups = 2, .groups_used = 2}),
+                     "'glm4moe.expert_group_used_count' is 2, must be in [1, 1]");
+  expect_model_error(glm4moe_model({.groups = 3, .groups_used = 1}),
+                     "'glm4moe.expert_group_count' (3) must divide expert_count (4)");
+  expect_model_error(glm4moe_model({.groups = 4, .groups_used = 1}),
+                     "'glm4moe.expert_group_count' (4) must divide");
+  expect_model_error(glm4moe_model({.nextn_key = 3}),
+                     "'glm4moe.nextn_predict_layers' is 3, must be in [0, block_count = 3)");
+  expect_model_error(glm4moe_model({.nextn_key = 0}),
+                     "tensor 'blk.2.nextn.eh_proj.weight' has no Hugging Face counterpart");
+  expect_model_error(glm4moe_model().kv_f32("glm4moe.expert_group_scale", 2.f),
+                     "'glm4moe.expert_group_scale' is not a key miles convert knows for glm4moe");
+  expect_model_error(glm4moe_model().kv_i32s("glm4moe.rope.dimension_sections", {1, 1, 0, 0}),
+                     "'glm4moe.rope.dimension_sections' is set (multimodal M-RoPE");
+  expect_model_error(glm4moe_model().kv_u32("glm4moe.expert_shared_feed_forward_length", 4),
+                     "'glm4moe.expert_shared_feed_forward_length' is 4");
+  expect_model_error(glm4moe_model({.rope_dims = 3}),
+                     "'glm4moe.rope.dimension_count' is 3 but head_dim is 4");
+  expect_model_error(glm4moe_model({.probs_b = false}),
+                     "tensor 'blk.1.exp_probs_b.bias' is missing");
+  expect_model_error(
+      glm4moe_model().tensor_f32("blk.1.ffn_gate.weight", {8, 8}, std::vector<float>(64, 1.f)),
+      "'blk.1.ffn_gate.weight' is a dense MLP's, but layer 1 is a mixture-of-experts layer");
+  expect_model_error(
+      glm4moe_model().tensor_f32("blk.0.ffn_gate_inp.weight", {8, 4}, std::vector<float>(32, 1.f)),
+      "'blk.0.ffn_gate_inp.weight' belongs to a mixture-of-experts layer, but layer 0 is dense");
+  expect_model_error(
+      glm4moe_model().tensor_f32("blk.1.attn_q.bias", {8}, std::vector<float>(8, 1.f)),
+      "'blk.1.attn_q.bias' is present but blk.0.attn_q.bias is not");
+  expect_model_error(
+      glm4moe_model().tensor_f32("blk.1.attn_k_norm.weight", {4}, std::vector<float>(4, 1.f)),
+      "'blk.1.attn_k_norm.weight' is present but blk.0.attn_q_norm.weight is not");
+  expect_model_error(
+      glm4moe_model({.fused_gate_up = true})
+          .tensor_f32("blk.1.ffn_gate_exps.weight", {8, 2, 4}, std::vector<float>(64, 1.f)),
+      "both give model.layers.1.mlp.experts.0.gate_proj.weight");
+  expect_model_error(
+      glm4moe_model().tensor_f32("blk.1.ffn_norm.weight", {8}, std::vector<float>(8, 1.f)),
+      "'blk.1.ffn_norm.weight' has no Hugging Face counterpart in Glm4MoeForCausalLM");
+  // Other architectures' MoE files are still refused.
+  expect_model_error(tiny_model("qwen3", true, true).kv_u32("qwen3.expert_count", 8),
+                     "mixture-of-experts GGUF models are not supported by miles convert for qwen3");
 }
 
 // ---- tokenizer.json from real llama.cpp vocabularies

@@ -1,12 +1,15 @@
 // GGUF `<arch>.*` metadata -> GgufArch -> config.json / generation_config.json.
 //
 // Why: config.json must describe exactly the weights the conversion writes. llama.cpp's keys map
-// one to one onto HF's for the supported architectures (llama, phi3, qwen2, qwen3, gemma3: for
-// Gemma 3 llama.cpp also fixes the window pattern, the sliding layers' RoPE base and the attention
-// scale in its code, which become layer_types, rope_local_base_freq and query_pre_attn_scalar);
-// everything a plain HF config of those classes cannot express (MoE, llama3 rope_freqs, partial
-// rotary, unknown rope scaling, softcapping) is refused here with an error naming the file and the
-// key, rather than converted into a model that computes something else.
+// one to one onto HF's for the supported architectures (llama, phi3, qwen2, qwen3, gemma3,
+// glm4moe: for Gemma 3 llama.cpp also fixes the window pattern, the sliding layers' RoPE base and
+// the attention scale in its code, which become layer_types, rope_local_base_freq and
+// query_pre_attn_scalar; for GLM-4 MoE the expert_* keys become Glm4MoeConfig's routing fields and
+// its NextN blocks are dropped from num_hidden_layers); everything a plain HF config of those
+// classes cannot express (MoE outside glm4moe, llama3 rope_freqs, partial rotary outside phi3 and
+// glm4moe, unknown rope scaling, softcapping, gating other than sigmoid) is refused here with an
+// error naming the file and the key, rather than converted into a model that computes something
+// else.
 #include "model/gguf_convert_arch.h"
 
 #include <charconv>
@@ -71,11 +74,17 @@ Status set_family(const GgufFile& f, GgufArch* a) {
     a->model_type = "gemma3_text";
     a->qk_norm = true;
     a->gemma3 = true;
+  } else if (a->gguf_arch == "glm4moe") {
+    // Its converter keeps HF's q/k row order: llama.cpp runs glm4moe with NeoX RoPE, which rotates
+    // the pairs (i, i + rotary_dim / 2) of the leading rotary_dim dimensions, as HF does.
+    a->hf_class = "Glm4MoeForCausalLM";
+    a->model_type = "glm4_moe";
+    a->glm4moe = true;
   } else {
     return key_error(f, "general.architecture",
                      "is '" + a->gguf_arch +
                          "', which miles convert does not support (supported: llama, phi3, qwen2, "
-                         "qwen3, gemma3)");
+                         "qwen3, gemma3, glm4moe)");
   }
   return Status::Ok();
 }
@@ -99,6 +108,14 @@ Status read_sizes(const GgufFile& f, GgufArch* a) {
   for (const auto& [key, v] : positive)
     if (v <= 0 || v > INT32_MAX)
       return key_error(f, p + key, "is " + std::to_string(v) + ", must be in [1, 2^31)");
+  if (a->glm4moe) {  // the NextN blocks follow the causal LM's layers (llama.cpp skips them too)
+    MILES_ASSIGN_OR_RETURN(a->nextn_layers, int_or(f, p + "nextn_predict_layers", 0));
+    if (a->nextn_layers < 0 || a->nextn_layers >= a->layers)
+      return key_error(f, p + "nextn_predict_layers",
+                       "is " + std::to_string(a->nextn_layers) +
+                           ", must be in [0, block_count = " + std::to_string(a->layers) + ")");
+    a->layers -= a->nextn_layers;
+  }
   if (a->heads % a->kv_heads != 0)
     return key_error(f, p + "attention.head_count_kv",
                      "(" + std::to_string(a->kv_heads) + ") must divide attention.head_count (" +
@@ -106,11 +123,12 @@ Status read_sizes(const GgufFile& f, GgufArch* a) {
   if (!(a->rms_eps > 0)) return key_error(f, p + "attention.layer_norm_rms_epsilon", "must be > 0");
   if (!(a->rope_theta > 0)) return key_error(f, p + "rope.freq_base", "must be > 0");
   MILES_ASSIGN_OR_RETURN(const int64_t experts, int_or(f, p + "expert_count", 0));
-  if (experts > 0)
+  if (experts > 0 && !a->glm4moe)
     return key_error(f, p + "expert_count",
                      "is " + std::to_string(experts) +
                          "; mixture-of-experts GGUF models are not "
-                         "supported by miles convert");
+                         "supported by miles convert for " +
+                         a->gguf_arch + " (only glm4moe)");
   return Status::Ok();
 }
 
@@ -129,13 +147,21 @@ Status read_head_dim(const GgufFile& f, GgufArch* a) {
                      "(" + std::to_string(v_dim) + ") differs from the key length (" +
                          std::to_string(a->head_dim) + "); not supported");
   MILES_ASSIGN_OR_RETURN(a->rotary_dim, int_or(f, p + "rope.dimension_count", a->head_dim));
-  // Phi-3's (Phi-4-mini's 0.75) becomes partial_rotary_factor; elsewhere a plain HF config of the
-  // class cannot say it.
-  const bool partial_ok = a->gguf_arch == "phi3" && a->rotary_dim > 0 && a->rotary_dim % 2 == 0;
+  // Phi-3's (Phi-4-mini's 0.75) and GLM-4 MoE's (0.5) become partial_rotary_factor; elsewhere a
+  // plain HF config of the class cannot say it. The factor must give back rotary_dim exactly
+  // (transformers and miles take int(head_dim * factor)).
+  const bool partial_ok =
+      (a->gguf_arch == "phi3" || a->glm4moe) && a->rotary_dim > 0 && a->rotary_dim % 2 == 0;
   if (a->rotary_dim != a->head_dim && !(partial_ok && a->rotary_dim < a->head_dim))
     return key_error(f, p + "rope.dimension_count",
                      "is " + std::to_string(a->rotary_dim) + " but head_dim is " +
                          std::to_string(a->head_dim) + "; partial rotary is not supported");
+  const double factor = static_cast<double>(a->rotary_dim) / static_cast<double>(a->head_dim);
+  if (static_cast<int64_t>(static_cast<double>(a->head_dim) * factor) != a->rotary_dim)
+    return key_error(f, p + "rope.dimension_count",
+                     "(" + std::to_string(a->rotary_dim) + " of head_dim " +
+                         std::to_string(a->head_dim) +
+                         ") has no partial_rotary_factor that gives it back exactly");
   if (a->gguf_arch == "phi3") {
     MILES_ASSIGN_OR_RETURN(a->sliding_window, int_or(f, p + "attention.sliding_window", 0));
     if (a->sliding_window < 0)
@@ -164,6 +190,18 @@ Status read_rope_scaling(const GgufFile& f, GgufArch* a) {
   if (type == "yarn") {
     MILES_ASSIGN_OR_RETURN(a->rope_original_context, f.get_int(p + "original_context_length"));
   }
+  return Status::Ok();
+}
+
+// `<arch>.vocab_size`, where given, must be token_embd.weight's rows.
+Status check_vocab_size(const GgufFile& f, const GgufArch& a) {
+  const std::string key = a.gguf_arch + ".vocab_size";
+  if (!f.find(key)) return Status::Ok();
+  MILES_ASSIGN_OR_RETURN(const int64_t v, f.get_int(key));
+  if (v != a.vocab)
+    return key_error(f, key,
+                     "is " + std::to_string(v) + " but token_embd.weight has " +
+                         std::to_string(a.vocab) + " rows");
   return Status::Ok();
 }
 
@@ -211,13 +249,7 @@ Status read_gemma3(const GgufFile& f, GgufArch* a) {
                        "Gemma3ForCausalLM text models only");
     return key_error(f, key, "is not a key miles convert knows for gemma3 (refused, not ignored)");
   }
-  if (f.find(p + "vocab_size")) {
-    MILES_ASSIGN_OR_RETURN(const int64_t v, f.get_int(p + "vocab_size"));
-    if (v != a->vocab)
-      return key_error(f, p + "vocab_size",
-                       "is " + std::to_string(v) + " but token_embd.weight has " +
-                           std::to_string(a->vocab) + " rows");
-  }
+  MILES_RETURN_IF_ERROR(check_vocab_size(f, *a));
   for (const char* key : {"final_logit_softcapping", "attn_logit_softcapping"}) {
     MILES_ASSIGN_OR_RETURN(const double cap, float_or(f, p + key, 0.0));
     if (cap != 0)
@@ -268,6 +300,141 @@ Status read_gemma3(const GgufFile& f, GgufArch* a) {
   a->query_pre_attn_scalar = a->layers == 62 ? a->hidden / a->heads : a->head_dim;
   if (a->query_pre_attn_scalar <= 0)
     return key_error(f, p + "embedding_length", "/ attention.head_count must be positive");
+  return Status::Ok();
+}
+
+// Every glm4moe.* key llama.cpp's converter (Glm4MoeModel and TextModel's set_gguf_parameters)
+// writes, and those its loader reads; any other is refused, as its meaning for the HF class is
+// unknown.
+const std::set<std::string>& glm4moe_keys() {
+  static const std::set<std::string> keys = {
+      "context_length",
+      "embedding_length",
+      "block_count",
+      "feed_forward_length",
+      "vocab_size",
+      "attention.head_count",
+      "attention.head_count_kv",
+      "attention.key_length",
+      "attention.value_length",
+      "attention.layer_norm_rms_epsilon",
+      "rope.dimension_count",
+      "rope.dimension_sections",  // M-RoPE: refused unless all zero
+      "rope.freq_base",
+      "rope.scaling.type",
+      "rope.scaling.factor",
+      "rope.scaling.original_context_length",
+      "expert_count",
+      "expert_used_count",
+      "expert_shared_count",
+      "expert_feed_forward_length",
+      "expert_shared_feed_forward_length",
+      "leading_dense_block_count",
+      "expert_gating_func",
+      "expert_weights_scale",
+      "expert_weights_norm",
+      "expert_group_count",
+      "expert_group_used_count",
+      "nextn_predict_layers",
+  };
+  return keys;
+}
+
+// GLM-4 MoE as llama.cpp's glm4moe defines it (llama-model.cpp / models/glm4-moe.cpp and
+// build_moe_ffn in llama-graph.cpp): sigmoid scores (expert_gating_func absent or 0 means sigmoid
+// there too), the top experts chosen by score + exp_probs_b, weighted by their scores,
+// renormalised when expert_weights_norm, times expert_weights_scale; with expert_group_count > 1
+// only the expert_group_used_count groups with the best two-expert sums compete; a shared expert
+// of expert_shared_count * expert_feed_forward_length; the first leading_dense_block_count layers
+// dense. q/k/v biases and q/k norms are optional per tensor in llama.cpp; HF's attention_bias and
+// use_qk_norm are all or nothing, so they are read from layer 0 and required on every layer.
+// (Both mask the groups left out with -inf: transformers 5's Glm4MoeTopkRouter as llama.cpp.)
+Status read_glm4moe(const GgufFile& f, GgufArch* a) {
+  const std::string p = "glm4moe.";
+  for (const auto& [key, value] : f.metadata()) {
+    if (key.rfind(p, 0) != 0 || glm4moe_keys().count(key.substr(p.size()))) continue;
+    return key_error(f, key, "is not a key miles convert knows for glm4moe (refused, not ignored)");
+  }
+  MILES_RETURN_IF_ERROR(check_vocab_size(f, *a));
+  const std::string sections = p + "rope.dimension_sections";
+  if (f.find(sections)) {
+    MILES_ASSIGN_OR_RETURN(const std::vector<int64_t> s, f.get_ints(sections));
+    for (int64_t v : s)
+      if (v != 0)
+        return key_error(f, sections,
+                         "is set (multimodal M-RoPE, GLM-4.5V); Glm4MoeForCausalLM rotates text "
+                         "positions only");
+  }
+  auto in_range = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {
+    return v >= lo && v <= hi ? Status::Ok()
+                              : key_error(f, p + key,
+                                          "is " + std::to_string(v) + ", must be in [" +
+                                              std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  };
+  // Required by llama.cpp's glm4moe loader.
+  MILES_ASSIGN_OR_RETURN(a->experts, f.get_int(p + "expert_count"));
+  MILES_RETURN_IF_ERROR(in_range("expert_count", a->experts, 1, 1 << 20));
+  MILES_ASSIGN_OR_RETURN(a->experts_used, f.get_int(p + "expert_used_count"));
+  MILES_RETURN_IF_ERROR(in_range("expert_used_count", a->experts_used, 1, a->experts));
+  MILES_ASSIGN_OR_RETURN(a->expert_ff, f.get_int(p + "expert_feed_forward_length"));
+  MILES_RETURN_IF_ERROR(in_range("expert_feed_forward_length", a->expert_ff, 1, INT32_MAX));
+  MILES_ASSIGN_OR_RETURN(a->shared_experts, f.get_int(p + "expert_shared_count"));
+  MILES_RETURN_IF_ERROR(in_range("expert_shared_count", a->shared_experts, 0, 1 << 10));
+  // llama.cpp sizes the shared expert as expert_shared_count * expert_feed_forward_length.
+  if (f.find(p + "expert_shared_feed_forward_length")) {
+    MILES_ASSIGN_OR_RETURN(const int64_t v, f.get_int(p + "expert_shared_feed_forward_length"));
+    if (v != a->shared_experts * a->expert_ff)
+      return key_error(f, p + "expert_shared_feed_forward_length",
+                       "is " + std::to_string(v) + " but glm4moe's shared expert is " +
+                           "expert_shared_count * expert_feed_forward_length = " +
+                           std::to_string(a->shared_experts * a->expert_ff));
+  }
+  MILES_ASSIGN_OR_RETURN(a->dense_lead, int_or(f, p + "leading_dense_block_count", 0));
+  MILES_RETURN_IF_ERROR(in_range("leading_dense_block_count", a->dense_lead, 0, a->layers));
+  // LLAMA_EXPERT_GATING_FUNC_TYPE: 0 none (glm4moe: sigmoid), 1 softmax, 2 sigmoid, 3 softmax
+  // over the chosen experts' logits.
+  MILES_ASSIGN_OR_RETURN(const int64_t gating, int_or(f, p + "expert_gating_func", 0));
+  if (gating != 0 && gating != 2)
+    return key_error(f, p + "expert_gating_func",
+                     "is " + std::to_string(gating) +
+                         (gating == 1   ? " (softmax)"
+                          : gating == 3 ? " (softmax of the chosen experts)"
+                                        : "") +
+                         "; only sigmoid (2) routing is supported for glm4moe, as "
+                         "Glm4MoeForCausalLM computes it");
+  // Older llama.cpp requires the key (and scales by it); newer ones skip a missing or 0 scale.
+  // The converter always writes it, so a file without it is refused rather than guessed.
+  if (!f.find(p + "expert_weights_scale"))
+    return key_error(f, p + "expert_weights_scale",
+                     "is missing (llama.cpp versions disagree on its default; its converter "
+                     "writes routed_scaling_factor here)");
+  MILES_ASSIGN_OR_RETURN(a->expert_scale, f.get_float(p + "expert_weights_scale"));
+  if (!(std::isfinite(a->expert_scale) && a->expert_scale > 0))
+    return key_error(f, p + "expert_weights_scale",
+                     "is " + num(a->expert_scale) + ", must be a positive number");
+  if (f.find(p + "expert_weights_norm")) {  // llama.cpp's default: false
+    MILES_ASSIGN_OR_RETURN(a->expert_norm, f.get_bool(p + "expert_weights_norm"));
+  }
+  MILES_ASSIGN_OR_RETURN(const int64_t groups, int_or(f, p + "expert_group_count", 0));
+  MILES_ASSIGN_OR_RETURN(const int64_t used, int_or(f, p + "expert_group_used_count", 0));
+  if (groups < 0) return key_error(f, p + "expert_group_count", "must be >= 0");
+  if (groups > 1) {  // llama.cpp's group routing (and its load-time checks)
+    if (a->experts % groups != 0 || a->experts / groups < 2)
+      return key_error(f, p + "expert_group_count",
+                       "(" + std::to_string(groups) + ") must divide expert_count (" +
+                           std::to_string(a->experts) +
+                           ") into groups of at least 2 (a group scores its best two)");
+    MILES_RETURN_IF_ERROR(in_range("expert_group_used_count", used, 1, groups - 1));
+    if (a->experts_used > used * (a->experts / groups))
+      return key_error(f, p + "expert_used_count",
+                       "(" + std::to_string(a->experts_used) +
+                           ") exceeds the experts of expert_group_used_count groups (" +
+                           std::to_string(used * (a->experts / groups)) + ")");
+    a->expert_groups = groups;
+    a->groups_used = used;
+  }
+  a->qk_norm = f.find_tensor("blk.0.attn_q_norm.weight") != nullptr;
+  a->qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
   return Status::Ok();
 }
 
@@ -324,6 +491,7 @@ Result<GgufArch> read_gguf_arch(const GgufFile& f) {
   MILES_RETURN_IF_ERROR(read_embedding(f, &a));
   MILES_RETURN_IF_ERROR(read_special_ids(f, &a));
   if (a.gemma3) MILES_RETURN_IF_ERROR(read_gemma3(f, &a));
+  if (a.glm4moe) MILES_RETURN_IF_ERROR(read_glm4moe(f, &a));
   return a;
 }
 
@@ -384,6 +552,37 @@ void gemma3_json(const gguf::GgufArch& a, nlohmann::ordered_json& j) {
   j["attn_logit_softcapping"] = nullptr;
 }
 
+// GLM-4 MoE: Glm4MoeConfig's routing fields (every one written, as its defaults differ from
+// llama.cpp's), partial rotary, q/k/v biases and q/k norms as found; no NextN layers (their
+// tensors are not converted).
+void glm4moe_json(const gguf::GgufArch& a, nlohmann::ordered_json& j) {
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = a.tied;
+  j["attention_bias"] = a.qkv_bias;
+  j["attention_dropout"] = 0.0;
+  j["rope_theta"] = gguf::shortest_f32(a.rope_theta);
+  j["partial_rotary_factor"] = static_cast<double>(a.rotary_dim) / static_cast<double>(a.head_dim);
+  if (a.rope_scaling.empty()) {
+    j["rope_scaling"] = nullptr;
+  } else {
+    j["rope_scaling"] = {{"rope_type", a.rope_scaling},
+                         {"factor", gguf::shortest_f32(a.rope_factor)}};
+    if (a.rope_scaling == "yarn")
+      j["rope_scaling"]["original_max_position_embeddings"] = a.rope_original_context;
+  }
+  j["n_routed_experts"] = a.experts;
+  j["num_experts_per_tok"] = a.experts_used;
+  j["moe_intermediate_size"] = a.expert_ff;
+  j["n_shared_experts"] = a.shared_experts;
+  j["first_k_dense_replace"] = a.dense_lead;
+  j["norm_topk_prob"] = a.expert_norm;
+  j["routed_scaling_factor"] = gguf::shortest_f32(a.expert_scale);
+  j["n_group"] = a.expert_groups;
+  j["topk_group"] = a.groups_used;
+  j["use_qk_norm"] = a.qk_norm;
+  j["num_nextn_predict_layers"] = 0;
+}
+
 }  // namespace
 
 Result<std::string> gguf_config_json(const GgufFile& f) {
@@ -402,6 +601,8 @@ Result<std::string> gguf_config_json(const GgufFile& f) {
   j["rms_norm_eps"] = gguf::shortest_f32(a.rms_eps);
   if (a.gemma3) {
     gemma3_json(a, j);
+  } else if (a.glm4moe) {
+    glm4moe_json(a, j);
   } else {
     plain_json(a, j);
   }

@@ -16,14 +16,15 @@
 namespace miles::gguf {
 
 struct GgufArch {
-  std::string gguf_arch;     // general.architecture: "llama", "phi3", "qwen2", "qwen3", "gemma3"
+  std::string gguf_arch;     // general.architecture: "llama", "phi3", "qwen2", "qwen3", "gemma3",
+                             // "glm4moe"
   std::string hf_class;      // "LlamaForCausalLM"
   std::string model_type;    // "llama"
   bool permuted_qk = false;  // llama.cpp permuted q/k rows to interleaved rotary pairs
-  bool qk_norm = false;      // per-head q_norm / k_norm (qwen3)
-  bool qkv_bias = false;     // q / k / v projection biases (qwen2)
+  bool qk_norm = false;      // per-head q_norm / k_norm (qwen3, gemma3; glm4moe when present)
+  bool qkv_bias = false;     // q / k / v projection biases (qwen2; glm4moe when present)
   bool fused = false;        // attn_qkv and ffn_up ([gate; up]) fused, as HF's Phi-3 (phi3)
-  int64_t rotary_dim = 0;    // rope.dimension_count (phi3: partial rotary when < head_dim)
+  int64_t rotary_dim = 0;    // rope.dimension_count (phi3, glm4moe: partial rotary when < head_dim)
   int64_t sliding_window = 0;  // attention.sliding_window (phi3, gemma3; 0: none)
   // Gemma 3 (gemma3): norms stored as 1 + w, post-attention and post-FFN norms, GeGLU, a window on
   // the layers llama.cpp's fixed pattern makes sliding (every 6th layer full), their own RoPE base.
@@ -31,10 +32,25 @@ struct GgufArch {
   std::vector<bool> sliding_layers;   // gemma3: per layer, true = sliding_attention
   double rope_local_theta = 0;        // gemma3: the sliding layers' base (llama.cpp: 10000)
   int64_t query_pre_attn_scalar = 0;  // gemma3: 1 / sqrt(this) scales the queries
-  int64_t vocab = 0;         // rows of token_embd.weight
+  // GLM-4 MoE (glm4moe): sigmoid routing with a score-correction bias (exp_probs_b), routed
+  // experts stacked in 3-D tensors (ffn_{gate,up,down}_exps), a shared expert (ffn_*_shexp),
+  // leading dense layers, optional q/k/v biases and q/k norms (found from the tensors), and
+  // NextN / multi-token-prediction blocks after the causal LM's layers, which are skipped.
+  bool glm4moe = false;
+  int64_t experts = 0;         // expert_count
+  int64_t experts_used = 0;    // expert_used_count
+  int64_t expert_ff = 0;       // expert_feed_forward_length (moe_intermediate_size)
+  int64_t shared_experts = 0;  // expert_shared_count
+  int64_t dense_lead = 0;      // leading_dense_block_count (first_k_dense_replace)
+  int64_t expert_groups = 1;   // expert_group_count (n_group; 1: no group routing)
+  int64_t groups_used = 1;     // expert_group_used_count (topk_group)
+  double expert_scale = 1.0;   // expert_weights_scale (routed_scaling_factor)
+  bool expert_norm = false;    // expert_weights_norm (norm_topk_prob)
+  int64_t nextn_layers = 0;    // nextn_predict_layers: blocks [layers, layers + this) skipped
+  int64_t vocab = 0;           // rows of token_embd.weight
   int64_t hidden = 0;
   int64_t intermediate = 0;
-  int64_t layers = 0;
+  int64_t layers = 0;  // the causal LM's layers (block_count less any NextN blocks)
   int64_t heads = 0;
   int64_t kv_heads = 0;
   int64_t head_dim = 0;

@@ -113,6 +113,10 @@ struct PreTokenizer {
   bool ignore_merges = false;
 };
 
+// The Llama-3 split (GPT-4's: digits in runs of up to three).
+constexpr const char* kLlama3Split =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 Result<PreTokenizer> pre_tokenizer(const GgufFile& f) {
   std::string pre = "default";
   if (f.find("tokenizer.ggml.pre")) {
@@ -127,14 +131,17 @@ Result<PreTokenizer> pre_tokenizer(const GgufFile& f) {
     return PreTokenizer{split_then_bytes(
         R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)")};
   if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3")
-    return PreTokenizer{
-        split_then_bytes(
-            R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"),
-        true};
-  return key_error(f, "tokenizer.ggml.pre",
-                   "is '" + pre +
-                       "', a pre-tokenizer miles convert does not know (supported: default, "
-                       "gpt-2, smollm, qwen2, deepseek-r1-qwen, llama-bpe)");
+    return PreTokenizer{split_then_bytes(kLlama3Split), true};
+  // GLM-4, GLM-4.5 / 4.6 and ChatGLM-4: the same split; glm4 / glm5 also look a whole pre-token up
+  // first (as miles' own reading of the GGUF does: tokenizer/gguf_pre_tokenizer.cc, from the
+  // llama.cpp it follows), chatglm-bpe merges only.
+  if (pre == "glm4" || pre == "glm5") return PreTokenizer{split_then_bytes(kLlama3Split), true};
+  if (pre == "chatglm-bpe") return PreTokenizer{split_then_bytes(kLlama3Split), false};
+  return key_error(
+      f, "tokenizer.ggml.pre",
+      "is '" + pre +
+          "', a pre-tokenizer miles convert does not know (supported: default, "
+          "gpt-2, smollm, qwen2, deepseek-r1-qwen, llama-bpe, glm4, glm5, chatglm-bpe)");
 }
 
 struct Vocab {
