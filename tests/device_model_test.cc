@@ -80,20 +80,15 @@ TEST(DeviceModel, DeviceNamesParseAndAnUnknownOneIsNamed) {
   EXPECT_NE(bad.message().find("'gpu'"), std::string::npos) << bad.message();
 }
 
-// DeepSeek-V3's MLA has no device functors yet: refused up front, naming it (the CPU runs it), and
-// so is tensor parallelism of MLA without q_lora_rank.
-TEST(DeviceModel, MlaIsRefusedNamingIt) {
-  auto files = load_model_files(test::data_dir() + "/models/deepseek_v3");
-  ASSERT_TRUE(files.ok()) << files.message();
-  auto m = make_device_model(Device::kEmulated, files->config, files->weights, {16, 8}, nullptr);
-  ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.message().find("MLA"), std::string::npos) << m.message();
-  EXPECT_FALSE(check_device_engines("emulated", files->config).ok());
+// Tensor parallelism of MLA needs q_lora_rank (q_proj would be fused with the replicated
+// kv_a_proj_with_mqa): refused naming it.
+TEST(DeviceModel, MlaTensorParallelWithoutQLoraIsRefusedNamingIt) {
   auto noq = load_model_files(test::data_dir() + "/models/deepseek_v3_noq");
   ASSERT_TRUE(noq.ok()) << noq.message();
   auto tp = tensor_parallel::local_config(noq->config, 2);
   ASSERT_FALSE(tp.ok());
   EXPECT_NE(tp.message().find("MLA"), std::string::npos) << tp.message();
+  EXPECT_TRUE(tensor_parallel::local_config(noq->config, 1).ok());
 }
 
 TEST(DeviceModel, BadForcedExpertsAreRefusedNamingThem) {
@@ -187,7 +182,7 @@ INSTANTIATE_TEST_SUITE_P(Models, DeviceForward,
                          ::testing::Values("llama", "llama_tied", "llama_bias", "llama_rope_yarn",
                                            "mistral", "phi3", "qwen2", "qwen3", "qwen3_bf16",
                                            "qwen3_moe", "qwen3_moe_nonorm", "gemma3", "glm4_moe",
-                                           "glm4_moe_nonorm"));
+                                           "glm4_moe_nonorm", "deepseek_v3", "deepseek_v3_noq"));
 
 TEST(DeviceForwardStories, EmulatedEqualsTheCpuModel) {
   MILES_REQUIRE_SHARED();
@@ -273,7 +268,7 @@ INSTANTIATE_TEST_SUITE_P(Models, DeviceTraining,
                          ::testing::Values("llama", "llama_tied", "llama_bias", "llama_rope_yarn",
                                            "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe",
                                            "qwen3_moe_nonorm", "gemma3", "glm4_moe",
-                                           "glm4_moe_nonorm"));
+                                           "glm4_moe_nonorm", "deepseek_v3", "deepseek_v3_noq"));
 
 TEST(DeviceTrainingMoe, EmulatedGradientsWithRoutingReplayAreTheCpuModelsBits) {
   expect_training_bits(Device::kEmulated, test::data_dir() + "/models/qwen3_moe", false, true);
@@ -327,7 +322,8 @@ TEST_P(DeviceEngine, EmulatedGivesTheCpuEngineBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, DeviceEngine,
-                         ::testing::Values("llama_tied", "qwen3", "qwen3_moe", "glm4_moe"));
+                         ::testing::Values("llama_tied", "qwen3", "qwen3_moe", "glm4_moe",
+                                           "deepseek_v3"));
 
 TEST(DeviceEngineStories, EmulatedGivesTheCpuEngineBits) {
   MILES_REQUIRE_SHARED();

@@ -192,6 +192,12 @@ TEST_P(LayerOps, EachOpGivesTheCpuBitsOnTheDevice) {
         for (const ParamSpec& s : layout->specs())
           if (s.name.starts_with("model.layers." + std::to_string(l) + ".mlp."))
             names.push_back(s.name);
+      if (op->kind == OpKind::kMlaQkv)  // the latent path's (kv_b_proj's value rows: MLA's out op)
+        for (const char* t : {"q_a_layernorm", "q_b_proj", "kv_a_layernorm", "kv_b_proj"})
+          if (const std::string n =
+                  "model.layers." + std::to_string(l) + ".self_attn." + t + ".weight";
+              layout->find(n))
+            names.push_back(n);
       for (const std::string& name : names) {
         const int64_t at = first_difference(ga.get(name), gb.get(name));
         EXPECT_EQ(at, -1) << "layer " << l << ", backward of " << describe(*op) << ": d " << name
@@ -209,7 +215,8 @@ TEST_P(LayerOps, EachOpGivesTheCpuBitsOnTheDevice) {
 INSTANTIATE_TEST_SUITE_P(Models, LayerOps,
                          ::testing::Values("gemma3", "llama", "llama_bias", "llama_tied", "mistral",
                                            "phi3", "qwen2", "qwen3", "qwen3_moe",
-                                           "qwen3_moe_nonorm", "glm4_moe", "glm4_moe_nonorm"));
+                                           "qwen3_moe_nonorm", "glm4_moe", "glm4_moe_nonorm",
+                                           "deepseek_v3", "deepseek_v3_noq"));
 
 }  // namespace
 }  // namespace miles

@@ -38,6 +38,9 @@ class BackendBackward {
     inv_ = dwide_ + t_ * std::max(2 * f, ld);
     p_ = inv_ + t_ * std::max(c_.num_heads, int64_t{1});
     moe_ = p_ + attention_floats(c_, tape_);
+    dmla_a_ = moe_ + moe_floats(c_, t_);
+    dattn_v_ = dmla_a_ + (c_.is_mla() ? t_ * act_width(c_, Act::kMlaA) : 0);
+    mla_ = dattn_v_ + (c_.is_mla() ? t_ * act_width(c_, Act::kAttnV) : 0);
     ints_ = ints;
     b_.launch(layout_.total(), ZeroKernel{g_});
     head(dlogits);
@@ -57,12 +60,22 @@ class BackendBackward {
     const int64_t t = tape.t, d = c.hidden_size, f = c.intermediate_size;
     const int64_t ld = c.q_dim() + 2 * c.kv_dim();
     return 2 * t * d + t * std::max(f, c.q_dim()) + t * std::max(2 * f, ld) +
-           t * std::max(c.num_heads, int64_t{1}) + attention_floats(c, tape) + moe_floats(c, t);
+           t * std::max(c.num_heads, int64_t{1}) + attention_floats(c, tape) + moe_floats(c, t) +
+           mla_floats(c, t);
   }
   static int64_t attention_floats(const ModelConfig& c, const DevTape& tape) {
     int64_t pds = 0;
     for (const SeqSpan& s : tape.seqs) pds += c.num_heads * s.n_tokens * s.n_tokens;
     return 2 * pds;
+  }
+  // MLA's: d of the a-projection's output and of o_proj's input, then the q/k/v op's scratch (the
+  // recomputed queries and normed q_a, d q, d of the normed q_a, the latent's input and d).
+  static int64_t mla_floats(const ModelConfig& c, int64_t t) {
+    if (!c.is_mla()) return 0;
+    const MlaConfig& m = c.mla;
+    const int64_t hq = c.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim);
+    return t * (act_width(c, Act::kMlaA) + act_width(c, Act::kAttnV) + 2 * hq + 3 * m.q_lora_rank +
+                2 * m.kv_lora_rank);
   }
   // A MoE layer's: per slot dw, dy, d act, d gate/up, d x; d router logits; the router's d x.
   static int64_t moe_floats(const ModelConfig& c, int64_t t) {
@@ -95,8 +108,8 @@ class BackendBackward {
   }
   // rmsnorm_backward over `rows` rows: dw accumulated (ascending rows) unless null, dx written.
   void norm_backward(const float* x, const float* dy, Rows rows, int64_t num_rows,
-                     const float* weight, float* dx, float* dw) {
-    const float eps = static_cast<float>(c_.rms_norm_eps);
+                     const float* weight, float* dx, float* dw, float eps_or_config = -1.0f) {
+    const float eps = eps_or_config >= 0.0f ? eps_or_config : static_cast<float>(c_.rms_norm_eps);
     b_.launch(num_rows, RmsInvKernel{x, rows, eps, inv_});
     if (dw) b_.launch(rows.width, RmsWeightGradKernel{x, dy, rows, num_rows, inv_, dw});
     b_.launch(num_rows, RmsDxKernel{x, dy, rows, weight, inv_, dx});
@@ -122,6 +135,10 @@ class BackendBackward {
         return dxn_;
       case Act::kAttn:
         return dmid_;
+      case Act::kMlaA:
+        return dmla_a_;
+      case Act::kAttnV:
+        return dattn_v_;
       default:
         return dwide_;
     }
@@ -188,9 +205,12 @@ class BackendBackward {
       case OpKind::kTpEnter:   // one rank holds the whole model (device_supports)
       case OpKind::kTpExit:
         return Status::Ok();
-      case OpKind::kMlaQkv:  // refused by device_supports
+      case OpKind::kMlaQkv:
+        mla_qkv(kept(op.in), dact(op.out), dact(op.in));
+        return Status::Ok();
       case OpKind::kMlaOut:
-        return Status::Error("device backward: MLA (DeepSeek-V3) has no device functors yet");
+        mla_out(kept(op.in), dact(op.out), dact(op.in));
+        return Status::Ok();
     }
     return Status::Ok();
   }
@@ -304,6 +324,73 @@ class BackendBackward {
     return Status::Ok();
   }
 
+  // mla.cc's mla_out_backward: d of each head's latent output (its rotary part 0) and W_vb's rows
+  // of kv_b_proj's gradient.
+  void mla_out(const float* attn, const float* dout, float* dattn) {
+    const DevLayer& w = m_.layers_[layer_];
+    const MlaConfig& m = c_.mla;
+    const int64_t h = c_.num_heads, r = m.qk_rope_head_dim, kl = m.kv_lora_rank, v = m.v_head_dim;
+    const int64_t hd = r + kl, nope = m.qk_nope_head_dim;
+    float* kvb = grad("model.layers." + std::to_string(layer_) + ".self_attn.kv_b_proj.weight");
+    b_.launch(t_ * h * r, ZeroColumnsKernel{dattn, h * hd, hd, r});
+    for (int64_t x = 0; x < h; ++x) {
+      gemm_dx(dout + x * v, h * v, w.vb_t[x], dattn + x * hd + r, h * hd);
+      weight_grad(dout + x * v, h * v, attn + x * hd + r, h * hd, v, kl,
+                  {{kvb + (x * (nope + v) + nope) * kl, v}});
+    }
+  }
+
+  // mla.cc's mla_qkv_backward (one rank: nothing to sum): the queries recomputed, d q (its rotary
+  // parts back in place, its nope parts through W_kb), W_kb's rows of kv_b_proj's gradient, the
+  // latent's d through kv_a_layernorm, d k_pe in place, then q_b_proj and q_a_layernorm.
+  void mla_qkv(const float* a, const float* dqkv, float* da) {
+    const DevLayer& w = m_.layers_[layer_];
+    const MlaConfig& m = c_.mla;
+    const int64_t h = c_.num_heads, nope = m.qk_nope_head_dim, r = m.qk_rope_head_dim;
+    const int64_t kl = m.kv_lora_rank, ql = m.q_lora_rank, v = m.v_head_dim, qk = nope + r;
+    const int64_t hd = r + kl, ld = h * hd + 2 * hd, kv_at = ql > 0 ? ql : h * qk;
+    const int64_t wa = kv_at + kl + r;
+    const std::string at = "model.layers." + std::to_string(layer_) + ".self_attn.";
+    constexpr float eps = BackendModel<B>::kMlaNormEps;
+    float* q = mla_;
+    float* dq = q + t_ * h * qk;
+    float* qan = dq + t_ * h * qk;
+    float* dn = qan + t_ * ql;
+    float* xa = dn + t_ * ql;
+    float* xc = xa + t_ * ql;
+    float* dc = xc + t_ * kl;
+    const float* qs = a;
+    int64_t qld = wa;
+    if (ql > 0) {
+      b_.launch(t_, RmsnormKernel{a, wa, w.q_a_norm, ql, eps, qan, ql});
+      m_.gemm(qan, t_, ql, w.q_b, q, h * qk);
+      qs = q;
+      qld = h * qk;
+    }
+    b_.launch(t_ * h * r, MlaRopeGradKernel{dqkv, ld, hd, h, nope, r, m.rope_interleave, dq});
+    for (int64_t x = 0; x < h; ++x) {
+      gemm_dx(dqkv + x * hd + r, ld, w.kb[x], dq + x * qk, h * qk);
+      weight_grad(qs + x * qk, qld, dqkv + x * hd + r, ld, nope, kl,
+                  {{grad(at + "kv_b_proj.weight") + x * (nope + v) * kl, nope}});
+    }
+    b_.launch(t_ * (kl + r), MlaLatentGradKernel{dqkv + h * hd, ld, r, kl, m.rope_interleave, dc,
+                                                 da + kv_at + kl, wa});
+    b_.launch(t_ * kl, StridedCopyKernel{a + kv_at, wa, xc, kl, kl});
+    norm_backward(xc, dc, Rows{kl, 1, kl}, t_, w.kv_a_norm, dc, grad(at + "kv_a_layernorm.weight"),
+                  eps);
+    b_.launch(t_ * kl, StridedCopyKernel{dc, kl, da + kv_at, wa, kl});
+    if (ql == 0) {
+      b_.launch(t_ * h * qk, StridedCopyKernel{dq, h * qk, da, wa, h * qk});
+      return;
+    }
+    weight_grad(dq, h * qk, qan, ql, h * qk, ql, {{grad(at + "q_b_proj.weight"), h * qk}});
+    gemm_dx(dq, h * qk, w.q_b_t, dn, ql);
+    b_.launch(t_ * ql, StridedCopyKernel{a, wa, xa, ql, ql});
+    norm_backward(xa, dn, Rows{ql, 1, ql}, t_, w.q_a_norm, dn, grad(at + "q_a_layernorm.weight"),
+                  eps);
+    b_.launch(t_ * ql, StridedCopyKernel{dn, ql, da, wa, ql});
+  }
+
   // model_backward.cc's shared_expert: its weight gradients, its d x added into dxn. scratch: t ×
   // (3 fs + d) floats.
   void shared_expert(const float* xn2, const float* dh, const std::string& xp, float* scratch,
@@ -379,6 +466,7 @@ class BackendBackward {
   float *dh_ = nullptr, *dxn_ = nullptr, *dmid_ = nullptr, *dwide_ = nullptr, *inv_ = nullptr;
   float* p_ = nullptr;
   float* moe_ = nullptr;
+  float *mla_ = nullptr, *dmla_a_ = nullptr, *dattn_v_ = nullptr;  // MLA's scratch and gradients
   int64_t layer_ = 0;
   int64_t* ints_ = nullptr;
   std::vector<int64_t> ints_host_;

@@ -358,6 +358,54 @@ struct RouterBackwardKernel {
   }
 };
 
+// x[row, h * stride + j] = 0 for j < width: the rotary part of MLA's latent outputs' gradient.
+// Items: rows * heads * width, with ld = heads * stride.
+struct ZeroColumnsKernel {
+  float* x;
+  int64_t ld, stride, width;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t per = ld / stride * width, row = i / per, e = i % per;
+    x[row * ld + (e / width) * stride + e % width] = 0.0f;
+  }
+};
+
+// MLA's d q rotary parts back in their places (mla_qkv_backward): dq[t, h, nope + src(j)] =
+// dqkv[t, h * hd + j]. Items: T * heads * r.
+struct MlaRopeGradKernel {
+  const float* dqkv;
+  int64_t ld, hd, heads, nope, r;
+  bool interleave;
+  float* dq;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t tok = i / (heads * r), e = i % (heads * r), h = e / r, j = e % r;
+    const int64_t src = !interleave ? j : j < r / 2 ? 2 * j : 2 * (j - r / 2) + 1;
+    dq[(tok * heads + h) * (nope + r) + nope + src] = dqkv[tok * ld + h * hd + j];
+  }
+};
+
+// MLA's latent gradients (mla_qkv_backward): dc[t, j] = d k[r + j] + d v[r + j], and d k_pe into
+// the a-projection's gradient rows at dpe[t * ldpe + src(j)] = d k[j]. dk: the key's row (the
+// value's follows it). Items: T * (kl + r).
+struct MlaLatentGradKernel {
+  const float* dk;
+  int64_t ld, r, kl;
+  bool interleave;
+  float* dc;
+  float* dpe;
+  int64_t ldpe;
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t tok = i / (kl + r), e = i % (kl + r);
+    const float* k = dk + tok * ld;
+    if (e < kl) {
+      dc[tok * kl + e] = k[r + e] + k[r + kl + r + e];
+      return;
+    }
+    const int64_t j = e - kl;
+    const int64_t src = !interleave ? j : j < r / 2 ? 2 * j : 2 * (j - r / 2) + 1;
+    dpe[tok * ldpe + src] = k[j];
+  }
+};
+
 // y[i] = 0. Items: n.
 struct ZeroKernel {
   float* y;

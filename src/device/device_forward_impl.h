@@ -100,9 +100,11 @@ Status BackendModel<B>::forward_op(const Op& op, LayerRun& r) {
     case OpKind::kTpEnter:
     case OpKind::kTpExit:  // one rank holds the whole model (device_supports)
       return Status::Ok();
-    case OpKind::kMlaQkv:  // refused by device_supports
+    case OpKind::kMlaQkv:
+      return mla_qkv(l, act(op.in), t, act(op.out));
     case OpKind::kMlaOut:
-      return Status::Error("device forward: MLA (DeepSeek-V3) has no device functors yet");
+      mla_out(l, act(op.in), t, act(op.out));
+      return Status::Ok();
   }
   return Status::Ok();
 }

@@ -408,6 +408,53 @@ struct MoeCombineKernel {
   }
 };
 
+// MLA's q/k/v rows before RoPE (mla.cc's mla_qkv), all but each head's absorbed latent query:
+// head h's q_pe (de-interleaved where `interleave`), the key [k_pe, c] and the value [0, c]. Items:
+// T * (heads * r + 2 (r + kl)).
+struct MlaAssembleKernel {
+  const float* q;  // [T, heads * (nope + r)] rows, stride qld
+  int64_t qld;
+  const float* a;  // the a-projection's rows (stride wa); k_pe at kv_at + kl
+  int64_t wa, kv_at;
+  const float* lat;  // [T, kl] the normed latent
+  int64_t heads, nope, r, kl;
+  bool interleave;
+  float* qkv;
+  MILES_HD int64_t src(int64_t j) const {
+    if (!interleave) return j;
+    return j < r / 2 ? 2 * j : 2 * (j - r / 2) + 1;
+  }
+  MILES_HD void operator()(int64_t i) const {
+    const int64_t hd = r + kl, qd = heads * hd, per = heads * r + 2 * hd;
+    const int64_t tok = i / per, e = i % per;
+    float* row = qkv + tok * (qd + 2 * hd);
+    if (e < heads * r) {
+      const int64_t h = e / r, j = e % r;
+      row[h * hd + j] = q[tok * qld + h * (nope + r) + nope + src(j)];
+      return;
+    }
+    const int64_t k = e - heads * r;
+    if (k < r) {
+      row[qd + k] = a[tok * wa + kv_at + kl + src(k)];
+    } else if (k < hd) {
+      row[qd + k] = lat[tok * kl + k - r];
+    } else {
+      row[qd + k] = k - hd < r ? 0.0f : lat[tok * kl + k - hd - r];
+    }
+  }
+};
+
+// dst[r, j] = src[r, j] for j < width, row strides lds and ldd. Items: rows * width.
+struct StridedCopyKernel {
+  const float* src;
+  int64_t lds;
+  float* dst;
+  int64_t ldd, width;
+  MILES_HD void operator()(int64_t i) const {
+    dst[(i / width) * ldd + i % width] = src[(i / width) * lds + i % width];
+  }
+};
+
 // dst[i] = src[i]. Items: n.
 struct CopyKernel {
   const float* src;

@@ -52,10 +52,6 @@ Status cuda_available() {
 }
 
 Status device_supports(const ModelConfig& c) {
-  if (c.is_mla())
-    return Status::Error("device forward: " + c.arch_name +
-                         "'s multi-head latent attention (MLA) runs on the CPU backend only (its "
-                         "device functors are not written yet)");
   if (c.tensor_parallel > 1)
     return Status::Error("device forward: tensor_parallel " + std::to_string(c.tensor_parallel) +
                          ": a device model holds one rank's whole model");

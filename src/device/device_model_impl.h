@@ -82,6 +82,11 @@ struct DevLayer {
   const float* router_bias = nullptr;
   bool shared = false;
   DevMatrix shared_gate_up, shared_down, shared_gate_up_t, shared_down_t;
+  // MLA (mla.h): the latent norms, q_b_proj, per head W_kbᵀ and W_vb, and the backward's
+  // transposes (q_b_projᵀ, per head W_kb and W_vbᵀ).
+  const float *q_a_norm = nullptr, *kv_a_norm = nullptr;
+  DevMatrix q_b, q_b_t;
+  std::vector<DevMatrix> kb_t, vb, kb, vb_t;
 };
 
 // A scratch buffer that grows to the largest size asked for.
@@ -276,6 +281,17 @@ class BackendModel final : public DeviceModel {
       MILES_RETURN_IF_ERROR(put(l.down, d.down));
       MILES_RETURN_IF_ERROR(put(l.gate_up_bias, d.gate_up_bias));
       MILES_RETURN_IF_ERROR(put(l.down_bias, d.down_bias));
+      if (config_.is_mla()) {
+        MILES_RETURN_IF_ERROR(put(l.mla.q_a_norm, d.q_a_norm));
+        MILES_RETURN_IF_ERROR(put(l.mla.kv_a_norm, d.kv_a_norm));
+        if (config_.mla.q_lora_rank > 0) MILES_RETURN_IF_ERROR(put(l.mla.q_b, d.q_b));
+        d.kb_t.resize(l.mla.kb_t.size());
+        d.vb.resize(l.mla.vb.size());
+        for (size_t h = 0; h < l.mla.kb_t.size(); ++h) {
+          MILES_RETURN_IF_ERROR(put(l.mla.kb_t[h], d.kb_t[h]));
+          MILES_RETURN_IF_ERROR(put(l.mla.vb[h], d.vb[h]));
+        }
+      }
       d.moe = l.moe;
       if (l.moe) {
         MILES_RETURN_IF_ERROR(put(l.router, d.router));
@@ -330,6 +346,13 @@ class BackendModel final : public DeviceModel {
     for (DevLayer& l : layers_) {
       MILES_RETURN_IF_ERROR(one(l.qkv, l.qkv_t));
       MILES_RETURN_IF_ERROR(one(l.o, l.o_t));
+      if (l.q_b.data != nullptr) MILES_RETURN_IF_ERROR(one(l.q_b, l.q_b_t));
+      l.kb.resize(l.kb_t.size());
+      l.vb_t.resize(l.vb.size());
+      for (size_t h = 0; h < l.kb_t.size(); ++h) {
+        MILES_RETURN_IF_ERROR(one(l.kb_t[h], l.kb[h]));
+        MILES_RETURN_IF_ERROR(one(l.vb[h], l.vb_t[h]));
+      }
       if (l.moe) {
         MILES_RETURN_IF_ERROR(one(l.router, l.router_t));
         MILES_RETURN_IF_ERROR(experts(l.expert_gate_up, l.expert_gate_up_t));
@@ -417,6 +440,41 @@ class BackendModel final : public DeviceModel {
     b_->launch(t * d, MoeCombineKernel{y, ids, weights, k, d, out, l.shared ? shared_y : nullptr});
     return Status::Ok();
   }
+  // mla.cc's mla_qkv on the device: the query path (q_a_layernorm, q_b_proj; or q_proj's rows as
+  // they are), the normed latent, the assembled rows, then each head's absorbed query.
+  Status mla_qkv(const DevLayer& l, const float* a, int64_t t, float* qkv) {
+    const MlaConfig& m = config_.mla;
+    const int64_t h = config_.num_heads, qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    const int64_t r = m.qk_rope_head_dim, kl = m.kv_lora_rank, ql = m.q_lora_rank, hd = r + kl;
+    const int64_t kv_at = ql > 0 ? ql : h * qk, wa = kv_at + kl + r, ld = h * hd + 2 * hd;
+    MILES_ASSIGN_OR_RETURN(float* buf, scratch(mla_, t * (h * qk + ql + kl)));
+    float* qan = buf + t * h * qk;
+    float* lat = qan + t * ql;
+    const float* q = a;  // q_proj's rows, or q_b_proj's output
+    int64_t qld = wa;
+    if (ql > 0) {
+      b_->launch(t, RmsnormKernel{a, wa, l.q_a_norm, ql, kMlaNormEps, qan, ql});
+      gemm(qan, t, ql, l.q_b, buf, h * qk);
+      q = buf;
+      qld = h * qk;
+    }
+    b_->launch(t, RmsnormKernel{a + kv_at, wa, l.kv_a_norm, kl, kMlaNormEps, lat, kl});
+    b_->launch(t * (h * r + 2 * hd),
+               MlaAssembleKernel{q, qld, a, wa, kv_at, lat, h, m.qk_nope_head_dim, r, kl,
+                                 m.rope_interleave, qkv});
+    for (int64_t x = 0; x < h; ++x) gemm(q + x * qk, t, qld, l.kb_t[x], qkv + x * hd + r, ld);
+    return Status::Ok();
+  }
+  // mla.cc's mla_out: each head's latent output times W_vbᵀ.
+  void mla_out(const DevLayer& l, const float* attn, int64_t t, float* out) {
+    const MlaConfig& m = config_.mla;
+    const int64_t h = config_.num_heads, hd = m.qk_rope_head_dim + m.kv_lora_rank;
+    for (int64_t x = 0; x < h; ++x)
+      gemm(attn + x * hd + m.qk_rope_head_dim, t, h * hd, l.vb[x], out + x * m.v_head_dim,
+           h * m.v_head_dim);
+  }
+  static constexpr float kMlaNormEps = 1e-6f;  // mla.cc's kLatentNormEps
+
   static const DevMatrix& matrix(const DevLayer& l, Param p) {
     switch (p) {
       case Param::kQkv:
@@ -517,7 +575,7 @@ class BackendModel final : public DeviceModel {
   std::vector<DevLayer> layers_;
   std::vector<LayerProgram> programs_;  // each layer's (layer_program.h)
   Scratch<int32_t> ints_, forced_, slot_lists_;
-  Scratch<float> rope_cs_, h_, sel_, logits_, moe_, record_;
+  Scratch<float> rope_cs_, h_, sel_, logits_, moe_, record_, mla_;
   std::array<Scratch<float>, kNumActs> acts_;  // activations nothing keeps (scratch_home)
   // Training: the tape, its KV blocks, the backward's buffers.
   DevTape tape_;

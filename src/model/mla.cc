@@ -152,11 +152,9 @@ namespace {
 // Rows [row0, row0 + rows) of tensor `name`'s gradient: dyᵀ · x over t rows.
 void rows_grad(GradSink& g, const std::string& name, int64_t row0, const float* dy, int64_t ldy,
                int64_t rows, const float* x, int64_t ldx, int64_t k, int64_t t, ThreadPool* pool) {
-  float* dst = g.accumulate(name) + row0 * k;  // zero-filled; each row block written once
-  std::vector<float> tmp(static_cast<size_t>(rows * k));
-  const kernels::WeightGradPart part{0, rows, tmp.data(), {}};
+  float* dst = g.accumulate(name) + row0 * k;  // each row block of the tensor written once
+  const kernels::WeightGradPart part{0, rows, dst, {}};
   kernels::gemm_weight_grad(dy, ldy, x, ldx, t, {&part, 1}, k, pool);
-  for (int64_t i = 0; i < rows * k; ++i) dst[i] = dst[i] + tmp[i];
 }
 
 }  // namespace
