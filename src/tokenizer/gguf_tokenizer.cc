@@ -18,6 +18,7 @@
 #include "tokenizer/decoder.h"
 #include "tokenizer/gguf_pre_tokenizer.h"
 #include "tokenizer/spm_tokenizer.h"
+#include "tokenizer/wordpiece.h"
 
 namespace miles {
 namespace {
@@ -265,6 +266,22 @@ Result<std::unique_ptr<Tokenizer>> llama_tokenizer(const GgufFile& f,
   return tokenizer::make_spm_tokenizer(std::move(spec));
 }
 
+// "bert": WordPiece ([CLS] and [SEP] around a sequence, as llama.cpp adds them).
+Result<std::unique_ptr<Tokenizer>> bert_tokenizer(const GgufFile& f,
+                                                  std::vector<std::string> tokens,
+                                                  std::vector<int32_t> types) {
+  tokenizer::WordPieceSpec spec;
+  const auto n = static_cast<int64_t>(tokens.size());
+  spec.pieces = std::move(tokens);
+  spec.types = std::move(types);
+  MILES_ASSIGN_OR_RETURN(spec.unk_id, token_id_key(f, "tokenizer.ggml.unknown_token_id", n));
+  MILES_ASSIGN_OR_RETURN(spec.bos_id, token_id_key(f, "tokenizer.ggml.cls_token_id", n));
+  MILES_ASSIGN_OR_RETURN(spec.eos_id, token_id_key(f, "tokenizer.ggml.seperator_token_id", n));
+  MILES_ASSIGN_OR_RETURN(spec.add_bos, optional_bool(f, "tokenizer.ggml.add_bos_token", true));
+  MILES_ASSIGN_OR_RETURN(spec.add_eos, optional_bool(f, "tokenizer.ggml.add_eos_token", true));
+  return tokenizer::make_wordpiece_tokenizer(std::move(spec));
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Tokenizer>> gguf_tokenizer(const GgufFile& f) {
@@ -278,8 +295,9 @@ Result<std::unique_ptr<Tokenizer>> gguf_tokenizer(const GgufFile& f) {
   if (model == "gpt2" || model == "gemma4")
     return gpt2_tokenizer(f, std::move(tokens), std::move(types), model == "gemma4");
   if (model == "llama") return llama_tokenizer(f, std::move(tokens), std::move(types));
+  if (model == "bert") return bert_tokenizer(f, std::move(tokens), std::move(types));
   return key_error(f, "tokenizer.ggml.model",
-                   "\"" + model + "\" is not supported (gpt2, gemma4, llama)");
+                   "\"" + model + "\" is not supported (gpt2, gemma4, llama, bert)");
 }
 
 Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const std::string& path) {
