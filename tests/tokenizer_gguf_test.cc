@@ -333,7 +333,7 @@ TEST(GgufTokenizer, BadMetadataNamesTheKey) {
   std::vector<Case> cases;
   cases.push_back({tiny_gpt2("no-such-pre").bytes(), "tokenizer.ggml.pre"});
   cases.push_back({tiny_gpt2("kimi-k2").bytes(), "tokenizer.ggml.pre"});  // llama.cpp: hand-written
-  cases.push_back({tiny_gpt2("gpt-2", "bert").bytes(), "tokenizer.ggml.model"});
+  cases.push_back({tiny_gpt2("gpt-2", "t5").bytes(), "tokenizer.ggml.model"});
   GgufBuilder bad_merge;
   bad_merge.str("tokenizer.ggml.model", "gpt2")
       .str("tokenizer.ggml.pre", "gpt-2")
