@@ -48,8 +48,17 @@ class Tokenizer {
   // The exact bytes of a sequence: the concatenation of decode_piece(ids[i-1], ids[i]) with -1
   // before the first id. llama2.c: BOS and EOS decode to nothing. tokenizer.json and GGUF: every
   // token decodes to its text, added and special ones included (HF skip_special_tokens=False),
-  // so decode(encode(x)) == x.
-  virtual std::string decode(std::span<const int32_t> ids) const = 0;
+  // so decode(encode(x)) == x (but for WordPiece, whose words are lowercased and stripped of
+  // accents).
+  virtual std::string decode(std::span<const int32_t> ids) const {
+    std::string out;  // the streamed pieces, each after its predecessor (-1 first)
+    int32_t prev = -1;
+    for (const int32_t id : ids) {
+      out += decode_piece(prev, id);
+      prev = id;
+    }
+    return out;
+  }
   // The bytes printed when streaming `id` after `prev_id` (llama2.c: a piece that follows BOS loses
   // its leading space, a `<0xNN>` piece becomes the raw byte NN, BOS and EOS print nothing).
   virtual std::string decode_piece(int32_t prev_id, int32_t id) const = 0;

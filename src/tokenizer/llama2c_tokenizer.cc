@@ -101,16 +101,6 @@ class Llama2cTokenizer final : public Tokenizer {
     return ids;
   }
 
-  std::string decode(std::span<const int32_t> ids) const override {
-    std::string out;
-    int32_t prev = -1;
-    for (const int32_t id : ids) {
-      out += decode_piece(prev, id);
-      prev = id;
-    }
-    return out;
-  }
-
   std::string decode_piece(int32_t prev_id, int32_t id) const override {
     check_id(id);
     const std::string& s = decoded_[id];

@@ -86,15 +86,6 @@ class WordPieceTokenizer final : public Tokenizer {
   }
 
   // llama.cpp's pieces: U+2581 as a space, the text's first space dropped.
-  std::string decode(std::span<const int32_t> ids) const override {
-    std::string out;
-    int32_t prev = -1;
-    for (const int32_t id : ids) {
-      out += decode_piece(prev, id);
-      prev = id;
-    }
-    return out;
-  }
   std::string decode_piece(int32_t prev_id, int32_t id) const override {
     MILES_CHECK(id >= 0 && id < vocab_size(), "token id outside the vocabulary");
     const std::string& p = spec_.pieces[id];
