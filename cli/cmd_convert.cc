@@ -36,8 +36,9 @@ int run_convert(const ConvertFlags& o) {
 void register_convert(CLI::App& app) {
   auto o = std::make_shared<ConvertFlags>();
   CLI::App* sub = app.add_subcommand("convert", "Convert a GGUF checkpoint to an HF directory");
-  sub->add_option("--gguf", o->gguf,
-                  "GGUF file (llama, phi3, qwen2, qwen3, gemma3 or glm4moe architecture)")
+  sub->add_option(
+         "--gguf", o->gguf,
+         "GGUF file (llama, phi3, qwen2, qwen3, gemma3, glm4moe or deepseek2 architecture)")
       ->required();
   sub->add_option("--out", o->out, "output directory (must not exist unless --force)")->required();
   sub->add_flag("--force", o->force, "replace an existing output directory");

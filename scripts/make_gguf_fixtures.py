@@ -51,8 +51,15 @@ What it makes (deterministic: fixed seeds, CPU):
                                         vocabulary padded to 1024 (make_tiny_glm4moe's docstring). Its expected
                                         values are the checkpoint itself and tests/data/goldens/glm4_moe.
 
+  tests/data/gguf/tiny_deepseek2.gguf   tests/data/models/deepseek_v3 (a random DeepseekV3ForCausalLM) as llama.cpp's
+                                        DeepseekV2Model converter writes it in float32: MLA as MQA (head_count_kv 1,
+                                        key/value lengths of the latent, key_length_mla / value_length_mla), kv_b_proj
+                                        split into attn_k_b (transposed) and attn_v_b, experts stacked, exp_probs_b,
+                                        no MTP block (the converter skips it); make_tiny_deepseek2's docstring. Its
+                                        expected values are the checkpoint itself and tests/data/goldens/deepseek_v3.
+
 Rerun with:  PYTHON scripts/make_gguf_fixtures.py [types] [tiny_llama] [tiny_qwen2] [tiny_phi3] [tiny_gemma3]
-             [tiny_glm4moe]
+             [tiny_glm4moe] [tiny_deepseek2]
 (PYTHON: a venv with gguf, numpy, torch and transformers: scripts/setup.sh --reference)
 """
 
@@ -735,13 +742,144 @@ def make_tiny_glm4moe(path: Path) -> None:
     assert "blk.0.ffn_gate.weight" in got and "blk.0.ffn_gate_inp.weight" not in got
 
 
+# ---- tiny DeepSeek-V3 (llama.cpp's deepseek2) --------------------------------------------------
+
+
+def make_tiny_deepseek2(path: Path) -> None:
+    """tests/data/models/deepseek_v3 (a random DeepseekV3ForCausalLM: 3 layers, layer 0 dense, q_lora_rank 24,
+    kv_lora_rank 32, qk_nope 16, qk_rope 8, v_head_dim 12, 4 heads, 8 routed experts in 2 groups (top 2 of the best
+    group), a shared expert, routed_scaling_factor 2.5, interleaved RoPE) written as llama.cpp's DeepseekV2Model
+    converter (conversion/deepseek.py, TextModel base in conversion/base.py) writes it, in float32 (--outtype f32),
+    so the converted tensors must equal the checkpoint's bit for bit and its logits the transformers goldens
+    (tests/data/goldens/deepseek_v3.safetensors):
+      - metadata: TextModel's (block_count = num_hidden_layers, context/embedding/feed-forward lengths, head_count,
+        head_count_kv 1 (the converter sets num_key_value_heads = 1: absorbed MLA is MQA over the latent), rope
+        freq_base, rms eps, expert_used_count, expert_group_count / expert_group_used_count from n_group /
+        topk_group, expert_gating_func sigmoid from DeepSeek-V3's scoring_func "sigmoid" (this checkpoint's
+        transformers-5 config omits the key; DeepSeek-V3's own config.json has it)) and DeepseekV2Model's
+        (leading_dense_block_count, vocab_size, q_lora_rank, kv_lora_rank, key_length = kv_lora_rank + qk_rope,
+        value_length = kv_lora_rank, key_length_mla = qk_nope + qk_rope, value_length_mla = v_head_dim,
+        expert_feed_forward_length, expert_count, expert_shared_count, expert_weights_scale, expert_weights_norm,
+        rope.dimension_count = qk_rope_head_dim; no yarn_log_multiplier: the rope is not scaled);
+      - tensors under gguf-py's DEEPSEEK2 names, rows in HF's order (llama.cpp's deepseek2 rotates adjacent pairs,
+        LLAMA_ROPE_TYPE_NORM, which is DeepSeek's rope_interleave layout: no permutation), e_score_correction_bias
+        as blk.N.exp_probs_b.bias, each projection's experts stacked into one [experts, rows, cols] tensor, and
+        kv_b_proj viewed as [heads, qk_nope + v, kv_lora] and split into attn_k_b = the key rows transposed
+        ([heads, kv_lora, qk_nope]) and attn_v_b = the value rows ([heads, v, kv_lora]);
+      - no NextN / MTP block: the converter skips layers >= num_hidden_layers (skip_mtp) and writes no
+        nextn_predict_layers;
+      - the tiny byte-level vocabulary padded to the model's 1024 rows with [PAD<i>] tokens, pre "deepseek-v3"."""
+    from safetensors.numpy import load_file
+
+    src = ROOT / "tests" / "data" / "models" / "deepseek_v3"
+    cfg = json.loads((src / "config.json").read_text())
+    hf = load_file(str(src / "model.safetensors"))
+    rope = cfg["rope_parameters"]
+    assert rope["rope_type"] == "default" and cfg["rope_interleave"], rope
+    n_layers = cfg["num_hidden_layers"]
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    q_lora, kv_lora = cfg["q_lora_rank"], cfg["kv_lora_rank"]
+    nope, rot, v_dim = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    n_exp, ff_exp = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+
+    w = gguf.GGUFWriter(str(path), "deepseek2")
+    w.add_name("tiny-deepseek2")
+    w.add_block_count(n_layers)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(1)
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_group_count(cfg["n_group"])
+    w.add_expert_group_used_count(cfg["topk_group"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_key_length(kv_lora + rot)  # TextModel's head_dim key, then DeepseekV2Model's value (it overwrites)
+    w.add_value_length(kv_lora)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_q_lora_rank(q_lora)
+    w.add_kv_lora_rank(kv_lora)
+    w.add_key_length_mla(nope + rot)
+    w.add_value_length_mla(v_dim)
+    w.add_expert_feed_forward_length(ff_exp)
+    w.add_expert_count(n_exp)
+    w.add_expert_shared_count(cfg["n_shared_experts"])
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    if cfg["norm_topk_prob"]:
+        w.add_expert_weights_norm(True)
+    w.add_rope_dimension_count(rot)
+    tokens, types, merges = tiny_vocab()
+    for i in range(len(tokens), cfg["vocab_size"]):
+        tokens.append(f"[PAD{i}]")
+        types.append(int(gguf.TokenType.UNUSED))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("deepseek-v3")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    w.add_add_bos_token(True)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, n_layers)
+
+    def gguf_name(hf_name: str) -> str:
+        if hf_name.endswith("e_score_correction_bias"):
+            hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")
+        if hf_name == "model.embed_tokens.weight":
+            return "token_embd.weight"
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert name is not None, hf_name
+        return name
+
+    tensors: dict[str, np.ndarray] = {}
+    for name, t in hf.items():
+        layer = int(name.split(".")[2]) if name.startswith("model.layers.") else -1
+        assert layer < n_layers, name  # this checkpoint has no MTP layer; the converter would skip one
+        if ".mlp.experts." in name:
+            continue
+        if name.endswith("kv_b_proj.weight"):
+            kv_b = t.reshape(heads, nope + v_dim, kv_lora)
+            tensors[name.replace("kv_b_proj", "k_b_proj")] = kv_b[:, :nope, :].transpose(0, 2, 1)
+            tensors[name.replace("kv_b_proj", "v_b_proj")] = kv_b[:, nope:, :]
+            continue
+        tensors[name] = t
+    for l in range(n_layers):
+        for proj in ("down_proj", "gate_proj", "up_proj"):
+            if f"model.layers.{l}.mlp.experts.0.{proj}.weight" not in hf:
+                continue
+            stacked = np.stack([hf[f"model.layers.{l}.mlp.experts.{e}.{proj}.weight"] for e in range(n_exp)])
+            tensors[f"model.layers.{l}.mlp.experts.{proj}.weight"] = stacked
+    for name in sorted(tensors):
+        w.add_tensor(gguf_name(name), np.ascontiguousarray(tensors[name].astype(np.float32)))
+    write(w)
+    path.chmod(0o644)
+
+    # What the file holds must be what llama.cpp's deepseek2 loader expects (its create_tensor shapes, ggml ne).
+    r = gguf.GGUFReader(str(path))
+    got = {t.name: [int(x) for x in t.shape] for t in r.tensors}
+    assert got["blk.0.attn_k_b.weight"] == [nope, kv_lora, heads], got["blk.0.attn_k_b.weight"]
+    assert got["blk.0.attn_v_b.weight"] == [kv_lora, v_dim, heads]
+    assert got["blk.0.attn_q_b.weight"] == [q_lora, heads * (nope + rot)]
+    assert got["blk.0.attn_kv_a_mqa.weight"] == [hidden, kv_lora + rot]
+    assert got["blk.1.ffn_gate_exps.weight"] == [hidden, ff_exp, n_exp]
+    assert got["blk.1.ffn_down_exps.weight"] == [ff_exp, hidden, n_exp]
+    assert got["blk.2.exp_probs_b.bias"] == [n_exp]
+    assert "blk.0.attn_kv_b.weight" not in got and "blk.0.ffn_gate_inp.weight" not in got
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     only = sys.argv[1:]  # fixture names to make (types, tiny_llama, tiny_qwen2, tiny_phi3, tiny_gemma3,
-    #                      tiny_glm4moe); none: all
+    #                      tiny_glm4moe, tiny_deepseek2); none: all
     for name, make in (("types", make_types), ("tiny_llama", make_tiny_llama), ("tiny_qwen2", make_tiny_qwen2),
                        ("tiny_phi3", make_tiny_phi3), ("tiny_gemma3", make_tiny_gemma3),
-                       ("tiny_glm4moe", make_tiny_glm4moe)):
+                       ("tiny_glm4moe", make_tiny_glm4moe), ("tiny_deepseek2", make_tiny_deepseek2)):
         if not only or name in only:
             make(OUT / f"{name}.gguf")
     total = sum(f.stat().st_size for f in OUT.iterdir())

@@ -1,9 +1,9 @@
 // GGUF -> HF conversion: config.json fields, tensor names and the q/k un-permutation (checked
 // against transformers' own GGUF loader through tests/data/gguf/tiny_llama*, tiny_qwen2*,
-// tiny_phi3* and tiny_gemma3*, made by scripts/make_gguf_fixtures.py; tiny_glm4moe against the
-// checkpoint it was written from and its transformers goldens), logits of the converted model
-// against transformers', the atomic directory write, tokenizer.json from real llama.cpp
-// vocabularies (../shared), and the errors.
+// tiny_phi3* and tiny_gemma3*, made by scripts/make_gguf_fixtures.py; tiny_glm4moe and
+// tiny_deepseek2 against the checkpoints they were written from and their transformers goldens),
+// logits of the converted model against transformers', the atomic directory write, tokenizer.json
+// from real llama.cpp vocabularies (../shared), and the errors.
 #include "miles/convert.h"
 
 #include <gtest/gtest.h>
@@ -218,8 +218,9 @@ TEST(Convert, FailedConversionLeavesNothing) {
   std::ofstream(dir / "cut.gguf", std::ios::binary) << whole.substr(0, whole.size() - 100);
   auto s = convert_gguf((dir / "gpt2.gguf").string(), (dir / "out").string());
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("'general.architecture' is 'gpt2', which miles convert does not "
-                             "support (supported: llama, phi3, qwen2, qwen3, gemma3, glm4moe)"),
+  EXPECT_NE(s.message().find(
+                "'general.architecture' is 'gpt2', which miles convert does not "
+                "support (supported: llama, phi3, qwen2, qwen3, gemma3, glm4moe, deepseek2)"),
             std::string::npos)
       << s.message();
   s = convert_gguf((dir / "cut.gguf").string(), (dir / "out").string());
@@ -503,6 +504,114 @@ TEST(Convert, TinyGlm4MoeLogitsMatchTransformers) {
                            "<|im_start|>user\nWhat's 3,141?<|im_end|>"})
     for (bool special : {false, true})
       EXPECT_EQ((*written)->encode(text, special), (*direct)->encode(text, special)) << text;
+}
+
+// ---- the tiny DeepSeek-V3 written like llama.cpp's converter (deepseek2)
+// -------------------------
+
+// DeepSeek-V3 as llama.cpp's DeepseekV2Model converter writes tests/data/models/deepseek_v3
+// (float32, MLA as MQA over the latent, kv_b_proj split into attn_k_b / attn_v_b, experts
+// stacked): config.json is DeepseekV3ForCausalLM's with the checkpoint's MLA sizes, interleaved
+// RoPE and routing, and every converted tensor is bitwise the checkpoint's (kv_b_proj put back
+// together from its two halves).
+TEST(Convert, TinyDeepseek2MatchesTheCheckpoint) {
+  auto f = GgufFile::open(fixture("tiny_deepseek2.gguf"));
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto text = gguf_config_json(*f);
+  ASSERT_TRUE(text.ok()) << text.message();
+  const json j = json::parse(*text);
+  EXPECT_EQ(j["architectures"], json::array({"DeepseekV3ForCausalLM"}));
+  EXPECT_EQ(j["model_type"], "deepseek_v3");
+  EXPECT_EQ(j["num_hidden_layers"], 3);
+  EXPECT_EQ(j["num_key_value_heads"], 4);
+  EXPECT_EQ(j["q_lora_rank"], 24);
+  EXPECT_EQ(j["kv_lora_rank"], 32);
+  EXPECT_EQ(j["qk_nope_head_dim"], 16);
+  EXPECT_EQ(j["qk_rope_head_dim"], 8);
+  EXPECT_EQ(j["v_head_dim"], 12);
+  EXPECT_EQ(j["head_dim"], 8);
+  EXPECT_EQ(j["rope_interleave"], true);
+  EXPECT_TRUE(j["rope_scaling"].is_null());
+  EXPECT_EQ(j["n_routed_experts"], 8);
+  EXPECT_EQ(j["routed_scaling_factor"], 2.5);
+  EXPECT_EQ(j["norm_topk_prob"], true);
+  EXPECT_EQ(j["num_nextn_predict_layers"], 0);
+  auto cfg = parse_model_config(*text, "config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.message();
+  auto want = load_model_config(test::data_dir() + "/models/deepseek_v3/config.json");
+  ASSERT_TRUE(want.ok()) << want.message();
+  EXPECT_EQ(cfg->arch, Arch::kDeepseekV3);
+  for (const auto& [ours, theirs] :
+       {std::pair{cfg->vocab_size, want->vocab_size},
+        {cfg->hidden_size, want->hidden_size},
+        {cfg->intermediate_size, want->intermediate_size},
+        {cfg->num_layers, want->num_layers},
+        {cfg->num_heads, want->num_heads},
+        {cfg->num_kv_heads, want->num_kv_heads},
+        {cfg->head_dim, want->head_dim},
+        {cfg->max_position_embeddings, want->max_position_embeddings},
+        {cfg->mla.q_lora_rank, want->mla.q_lora_rank},
+        {cfg->mla.kv_lora_rank, want->mla.kv_lora_rank},
+        {cfg->mla.qk_nope_head_dim, want->mla.qk_nope_head_dim},
+        {cfg->mla.qk_rope_head_dim, want->mla.qk_rope_head_dim},
+        {cfg->mla.v_head_dim, want->mla.v_head_dim},
+        {cfg->mla.num_key_value_heads, want->mla.num_key_value_heads},
+        {cfg->moe.num_experts, want->moe.num_experts},
+        {cfg->moe.top_k, want->moe.top_k},
+        {cfg->moe.moe_intermediate_size, want->moe.moe_intermediate_size},
+        {cfg->moe.n_group, want->moe.n_group},
+        {cfg->moe.topk_group, want->moe.topk_group},
+        {cfg->moe.n_shared_experts, want->moe.n_shared_experts},
+        {cfg->moe.first_k_dense_replace, want->moe.first_k_dense_replace}})
+    EXPECT_EQ(ours, theirs);
+  EXPECT_EQ(cfg->mla.rope_interleave, want->mla.rope_interleave);
+  EXPECT_EQ(cfg->moe.score, RouterScore::kSigmoid);
+  EXPECT_EQ(cfg->moe.norm_topk_prob, want->moe.norm_topk_prob);
+  EXPECT_EQ(cfg->moe.routed_scaling_factor, want->moe.routed_scaling_factor);
+  EXPECT_EQ(cfg->rms_norm_eps, want->rms_norm_eps);
+  EXPECT_EQ(cfg->rope.theta, want->rope.theta);
+  EXPECT_EQ(cfg->tie_word_embeddings, want->tie_word_embeddings);
+  EXPECT_EQ(cfg->attention_scale(), want->attention_scale());
+
+  auto tensors = gguf_hf_tensors(*f);
+  ASSERT_TRUE(tensors.ok()) << tensors.message();
+  const TensorMap m = to_map(std::move(*tensors));
+  auto hf = read_safetensors(test::data_dir() + "/models/deepseek_v3/model.safetensors");
+  ASSERT_TRUE(hf.ok()) << hf.message();
+  EXPECT_EQ(m.size(), hf->size());
+  for (const std::string& name : hf->names()) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(same_bytes(m.find(name), hf->find(name)));
+  }
+}
+
+// The converted directory loads and computes transformers' logits (its goldens for the
+// checkpoint); the deepseek-v3 vocabulary is kept as tokenizer.gguf.
+TEST(Convert, TinyDeepseek2LogitsMatchTransformers) {
+  const fs::path out = scratch("deepseek2") / "tiny";
+  auto s = convert_gguf(fixture("tiny_deepseek2.gguf"), out.string());
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(s->architecture, "DeepseekV3ForCausalLM");
+  EXPECT_EQ(s->tokenizer_file, "tokenizer.gguf");
+  auto model = Model::load(out.string());
+  ASSERT_TRUE(model.ok()) << model.message();
+  auto goldens = read_safetensors(test::data_dir() + "/goldens/deepseek_v3.safetensors");
+  ASSERT_TRUE(goldens.ok()) << goldens.message();
+  float worst = 0;
+  int seqs = 0;
+  for (;; ++seqs) {
+    const std::string p = "seq" + std::to_string(seqs) + ".";
+    const Tensor* ids = goldens->find(p + "ids");
+    if (!ids) break;
+    const std::vector<int32_t> v(ids->data<int32_t>(), ids->data<int32_t>() + ids->numel());
+    const std::vector<float> got = logits_of(**model, v);
+    const std::vector<float> want = goldens->find(p + "logits")->to_f32();
+    ASSERT_EQ(got.size(), want.size());
+    worst = std::max(worst, max_abs_diff(got, want.data()));
+  }
+  EXPECT_GE(seqs, 3);
+  EXPECT_LE(worst, 1e-4f);
+  std::printf("tiny_deepseek2: %d sequences, max |logit - transformers| = %.3g\n", seqs, worst);
 }
 
 // A one-layer model with hidden 8, 2 heads of 4, 1 KV head, intermediate 8, vocab 5; tensor values
@@ -1110,6 +1219,239 @@ TEST(Convert, Glm4MoeRefusals) {
   // Other architectures' MoE files are still refused.
   expect_model_error(tiny_model("qwen3", true, true).kv_u32("qwen3.expert_count", 8),
                      "mixture-of-experts GGUF models are not supported by miles convert for qwen3");
+}
+
+// A hand-built deepseek2 file: 2 layers (0 dense, 1 MoE) of hidden 8, 2 heads, q LoRA rank 4 (or
+// a plain attn_q), kv LoRA rank 4, qk_nope 2, qk_rope 2, v 3, 4 experts of 2 (2 used), a shared
+// expert, `nextn` NextN blocks. kv_b_proj's element (row, c) is 100 * row + c, written as
+// attn_k_b / attn_v_b (split) or attn_kv_b; other matrices hold 1000 * (tensor number) + row.
+struct DsOpts {
+  bool split = true;           // key_length_mla / value_length_mla, attn_k_b + attn_v_b
+  bool q_lora = true;          // attn_q_a / attn_q_a_norm / attn_q_b, else attn_q
+  int64_t gating = 2;          // expert_gating_func (-1: absent)
+  bool scale = true;           // expert_weights_scale present
+  std::string rope_type = "";  // rope.scaling.type ("": absent)
+  float log_mul = 0.1f;        // yarn_log_multiplier (with yarn)
+  float attn_factor = 1.f;     // yarn_attn_factor (with yarn; 1: absent)
+  uint32_t kv_heads = 0;       // head_count_kv (0: 1 split, 2 legacy)
+  uint32_t nextn = 0;          // NextN blocks after the 2 layers
+};
+
+GgufBuilder deepseek2_model(DsOpts o = {}) {
+  GgufBuilder b;
+  const std::string p = "deepseek2.";
+  const uint64_t h = 8, heads = 2, ql = 4, r = 4, nope = 2, rot = 2, v = 3;
+  b.kv_str("general.architecture", "deepseek2")
+      .kv_u32(p + "block_count", 2 + o.nextn)
+      .kv_u32(p + "context_length", 64)
+      .kv_u32(p + "embedding_length", h)
+      .kv_u32(p + "feed_forward_length", 8)
+      .kv_u32(p + "attention.head_count", heads)
+      .kv_u32(p + "attention.head_count_kv", o.kv_heads ? o.kv_heads : (o.split ? 1 : heads))
+      .kv_u32(p + "attention.key_length", o.split ? r + rot : nope + rot)
+      .kv_u32(p + "attention.value_length", o.split ? r : v)
+      .kv_u32(p + "attention.kv_lora_rank", r)
+      .kv_u32(p + "rope.dimension_count", rot)
+      .kv_f32(p + "attention.layer_norm_rms_epsilon", 1e-6f)
+      .kv_u32(p + "expert_count", 4)
+      .kv_u32(p + "expert_used_count", 2)
+      .kv_u32(p + "expert_feed_forward_length", 2)
+      .kv_u32(p + "expert_shared_count", 1)
+      .kv_u32(p + "leading_dense_block_count", 1)
+      .kv_bool(p + "expert_weights_norm", true);
+  if (o.split)
+    b.kv_u32(p + "attention.key_length_mla", nope + rot)
+        .kv_u32(p + "attention.value_length_mla", v);
+  if (o.q_lora) b.kv_u32(p + "attention.q_lora_rank", ql);
+  if (o.gating >= 0) b.kv_u32(p + "expert_gating_func", static_cast<uint32_t>(o.gating));
+  if (o.scale) b.kv_f32(p + "expert_weights_scale", 2.5f);
+  if (o.nextn) b.kv_u32(p + "nextn_predict_layers", o.nextn);
+  if (!o.rope_type.empty()) {
+    b.kv_str(p + "rope.scaling.type", o.rope_type).kv_f32(p + "rope.scaling.factor", 40.f);
+    b.kv_u32(p + "rope.scaling.original_context_length", 16);
+    b.kv_f32(p + "rope.scaling.yarn_log_multiplier", o.log_mul);
+    if (o.attn_factor != 1.f) b.kv_f32(p + "rope.scaling.yarn_attn_factor", o.attn_factor);
+  }
+  int n = 0;
+  auto mat = [&](const std::string& name, std::vector<uint64_t> shape) {
+    const uint64_t cols = shape.back();
+    uint64_t rows = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+    std::vector<float> x(rows * cols);
+    for (uint64_t i = 0; i < rows; ++i)
+      for (uint64_t c = 0; c < cols; ++c) x[i * cols + c] = static_cast<float>(1000 * n + i);
+    ++n;
+    b.tensor_f32(name, std::vector<uint64_t>(shape.rbegin(), shape.rend()), x);
+  };
+  auto vec = [&](const std::string& name, uint64_t len) {
+    b.tensor_f32(name, {len}, std::vector<float>(len, 1.0f));
+  };
+  mat("token_embd.weight", {5, h});
+  for (uint32_t l = 0; l < 2 + o.nextn; ++l) {
+    const std::string x = "blk." + std::to_string(l) + ".";
+    vec(x + "attn_norm.weight", h);
+    vec(x + "ffn_norm.weight", h);
+    if (o.q_lora) {
+      mat(x + "attn_q_a.weight", {ql, h});
+      vec(x + "attn_q_a_norm.weight", ql);
+      mat(x + "attn_q_b.weight", {heads * (nope + rot), ql});
+    } else {
+      mat(x + "attn_q.weight", {heads * (nope + rot), h});
+    }
+    mat(x + "attn_kv_a_mqa.weight", {r + rot, h});
+    vec(x + "attn_kv_a_norm.weight", r);
+    // kv_b_proj [heads * (nope + v), r], element (row, c) = 100 * row + c.
+    auto kv_b = [&](uint64_t row, uint64_t c) { return static_cast<float>(100 * row + c); };
+    if (o.split) {
+      std::vector<float> k(heads * r * nope), vb(heads * v * r);
+      for (uint64_t hd = 0; hd < heads; ++hd) {
+        for (uint64_t c = 0; c < r; ++c)
+          for (uint64_t i = 0; i < nope; ++i)
+            k[(hd * r + c) * nope + i] = kv_b(hd * (nope + v) + i, c);
+        for (uint64_t j = 0; j < v; ++j)
+          for (uint64_t c = 0; c < r; ++c)
+            vb[(hd * v + j) * r + c] = kv_b(hd * (nope + v) + nope + j, c);
+      }
+      b.tensor_f32(x + "attn_k_b.weight", {nope, r, heads}, k);
+      b.tensor_f32(x + "attn_v_b.weight", {r, v, heads}, vb);
+    } else {
+      std::vector<float> kv(heads * (nope + v) * r);
+      for (uint64_t row = 0; row < heads * (nope + v); ++row)
+        for (uint64_t c = 0; c < r; ++c) kv[row * r + c] = kv_b(row, c);
+      b.tensor_f32(x + "attn_kv_b.weight", {r, heads * (nope + v)}, kv);
+    }
+    mat(x + "attn_output.weight", {h, heads * v});
+    if (l == 0) {
+      mat(x + "ffn_gate.weight", {8, h});
+      mat(x + "ffn_up.weight", {8, h});
+      mat(x + "ffn_down.weight", {h, 8});
+      continue;
+    }
+    mat(x + "ffn_gate_inp.weight", {4, h});
+    vec(x + "exp_probs_b.bias", 4);
+    mat(x + "ffn_gate_exps.weight", {4, 2, h});
+    mat(x + "ffn_up_exps.weight", {4, 2, h});
+    mat(x + "ffn_down_exps.weight", {4, h, 2});
+    mat(x + "ffn_gate_shexp.weight", {2, h});
+    mat(x + "ffn_up_shexp.weight", {2, h});
+    mat(x + "ffn_down_shexp.weight", {h, 2});
+    if (l >= 2) {
+      mat(x + "nextn.eh_proj.weight", {h, 2 * h});
+      vec(x + "nextn.enorm.weight", h);
+      vec(x + "nextn.hnorm.weight", h);
+    }
+  }
+  vec("output_norm.weight", h);
+  mat("output.weight", {5, h});
+  return b;
+}
+
+// kv_b_proj comes back whole from attn_k_b (transposed key rows) + attn_v_b or from attn_kv_b;
+// a plain attn_q gives q_lora_rank null; NextN blocks are skipped; the result loads.
+TEST(Convert, Deepseek2RebuildsKvBAndLoads) {
+  for (const DsOpts& o :
+       {DsOpts{}, DsOpts{.split = false, .q_lora = false}, DsOpts{.q_lora = false, .nextn = 1}}) {
+    SCOPED_TRACE(std::string(o.split ? "attn_k_b + attn_v_b" : "attn_kv_b") +
+                 (o.q_lora ? ", q LoRA" : ", attn_q") + (o.nextn ? ", NextN" : ""));
+    auto f = parse(deepseek2_model(o).build());
+    ASSERT_TRUE(f.ok()) << f.message();
+    auto text = gguf_config_json(*f);
+    ASSERT_TRUE(text.ok()) << text.message();
+    const json j = json::parse(*text);
+    EXPECT_EQ(j["num_hidden_layers"], 2);
+    EXPECT_EQ(j["num_key_value_heads"], 2);
+    EXPECT_EQ(j["qk_nope_head_dim"], 2);
+    EXPECT_EQ(j["qk_rope_head_dim"], 2);
+    EXPECT_EQ(j["v_head_dim"], 3);
+    EXPECT_EQ(j["kv_lora_rank"], 4);
+    if (o.q_lora) {
+      EXPECT_EQ(j["q_lora_rank"], 4);
+    } else {
+      EXPECT_TRUE(j["q_lora_rank"].is_null());
+    }
+    EXPECT_EQ(j["routed_scaling_factor"], 2.5);
+    auto cfg = parse_model_config(*text, "config.json");
+    ASSERT_TRUE(cfg.ok()) << cfg.message();
+    auto t = gguf_hf_tensors(*f);
+    ASSERT_TRUE(t.ok()) << t.message();
+    const TensorMap m = to_map(std::move(*t));
+    // embed, norm, lm_head; per layer 2 norms, q (3 or 1), kv_a + its norm, kv_b, o; layer 0: 3
+    // MLP; layer 1: router + bias, 4 experts * 3, 3 shared.
+    const size_t attn = 2u + (o.q_lora ? 3u : 1u) + 4u;
+    EXPECT_EQ(m.size(), 3u + 2 * attn + 3u + 17u);
+    for (int l = 0; l < 2; ++l) {
+      const Tensor* kv =
+          m.find("model.layers." + std::to_string(l) + ".self_attn.kv_b_proj.weight");
+      ASSERT_NE(kv, nullptr);
+      ASSERT_EQ(kv->shape(), (std::vector<int64_t>{10, 4}));
+      for (int64_t row = 0; row < 10; ++row)
+        for (int64_t c = 0; c < 4; ++c)
+          EXPECT_EQ(kv->data<float>()[row * 4 + c], static_cast<float>(100 * row + c)) << row;
+    }
+    for (const std::string& name : m.names())
+      EXPECT_EQ(name.find("model.layers.2."), std::string::npos) << name;
+    EXPECT_TRUE(Model::from_weights(*cfg, m).ok());
+  }
+}
+
+// yarn: yarn_log_multiplier / 0.1 is DeepSeek's mscale_all_dim (the attention scale's mscale
+// squared), the rotation's magnitude 1.
+TEST(Convert, Deepseek2YarnBecomesMscaleAllDim) {
+  auto f = parse(deepseek2_model({.rope_type = "yarn", .log_mul = 0.0707f}).build());
+  ASSERT_TRUE(f.ok()) << f.message();
+  auto text = gguf_config_json(*f);
+  ASSERT_TRUE(text.ok()) << text.message();
+  const json j = json::parse(*text);
+  const json& y = j["rope_scaling"];
+  EXPECT_EQ(y["rope_type"], "yarn");
+  EXPECT_EQ(y["factor"], 40.0);
+  EXPECT_EQ(y["original_max_position_embeddings"], 16);
+  // llama.cpp's float division undoes the converter's 0.1 (0.0707f / 0.1f is 0.70699996f,
+  // spelled with the fewest digits that read back as that float).
+  EXPECT_EQ(y["mscale_all_dim"], 0.70699996);
+  EXPECT_EQ(y["mscale"], y["mscale_all_dim"]);
+  EXPECT_EQ(y["attention_factor"], 1.0);
+  EXPECT_EQ(y["beta_fast"], 32.0);
+  EXPECT_EQ(y["beta_slow"], 1.0);
+  auto cfg = parse_model_config(*text, "config.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.message();
+  // llama.cpp's kq_scale: (1 + 0.1 * mscale_all_dim * ln(factor))^2 / sqrt(qk_nope + qk_rope).
+  const float m = 1.0f + 0.1f * 0.707f * std::log(40.0f);
+  EXPECT_NEAR(cfg->attention_scale(), m * m / 2.0f, 1e-6f);
+}
+
+// Every deepseek2 field miles cannot honour is an error naming it.
+TEST(Convert, Deepseek2Refusals) {
+  expect_model_error(deepseek2_model({.gating = -1}),
+                     "'deepseek2.expert_gating_func' is missing, which llama.cpp's deepseek2 reads "
+                     "as softmax");
+  expect_model_error(deepseek2_model({.gating = 0}), "'deepseek2.expert_gating_func' is 0");
+  expect_model_error(deepseek2_model({.gating = 1}),
+                     "'deepseek2.expert_gating_func' is 1 (softmax); only sigmoid");
+  expect_model_error(deepseek2_model({.rope_type = "linear"}),
+                     "'deepseek2.rope.scaling.type' is 'linear'");
+  expect_model_error(deepseek2_model({.rope_type = "yarn", .attn_factor = 2.f}),
+                     "'deepseek2.rope.scaling.yarn_attn_factor' is 2");
+  expect_model_error(deepseek2_model({.kv_heads = 2}),
+                     "'deepseek2.attention.head_count_kv' is 2; llama.cpp's MLA form");
+  expect_model_error(deepseek2_model({.split = false, .kv_heads = 1}),
+                     "'deepseek2.attention.head_count_kv' is 1; without key_length_mla");
+  expect_model_error(deepseek2_model().kv_f32("deepseek2.attention.temperature_scale", 0.1f),
+                     "'deepseek2.attention.temperature_scale' is not a key miles convert knows");
+  expect_model_error(
+      deepseek2_model().tensor_f32("blk.0.attn_kv_b.weight", {4, 10}, std::vector<float>(40, 1.f)),
+      "'blk.0.attn_kv_b.weight' is present but attention.key_length_mla is too");
+  expect_model_error(
+      deepseek2_model({.split = false})
+          .tensor_f32("blk.1.attn_k_b.weight", {2, 4, 2}, std::vector<float>(16, 1.f)),
+      "'blk.1.attn_k_b.weight' is present but attention.key_length_mla is not");
+  expect_model_error(
+      deepseek2_model().tensor_f32("blk.0.attn_q.weight", {8, 8}, std::vector<float>(64, 1.f)),
+      "'blk.0.attn_q.weight' is present but attention.q_lora_rank is 4");
+  expect_model_error(deepseek2_model().tensor_f32("blk.1.nextn.eh_proj.weight", {16, 8},
+                                                  std::vector<float>(128, 1.f)),
+                     "'blk.1.nextn.eh_proj.weight' has no Hugging Face counterpart in "
+                     "DeepseekV3ForCausalLM");
 }
 
 // ---- tokenizer.json from real llama.cpp vocabularies

@@ -17,7 +17,7 @@ namespace miles::gguf {
 
 struct GgufArch {
   std::string gguf_arch;     // general.architecture: "llama", "phi3", "qwen2", "qwen3", "gemma3",
-                             // "glm4moe"
+                             // "glm4moe", "deepseek2"
   std::string hf_class;      // "LlamaForCausalLM"
   std::string model_type;    // "llama"
   bool permuted_qk = false;  // llama.cpp permuted q/k rows to interleaved rotary pairs
@@ -47,7 +47,21 @@ struct GgufArch {
   double expert_scale = 1.0;   // expert_weights_scale (routed_scaling_factor)
   bool expert_norm = false;    // expert_weights_norm (norm_topk_prob)
   int64_t nextn_layers = 0;    // nextn_predict_layers: blocks [layers, layers + this) skipped
-  int64_t vocab = 0;           // rows of token_embd.weight
+  // DeepSeek-V2 / V3 / R1, Kimi-K2 (deepseek2): multi-head latent attention, the routing fields
+  // above (sigmoid only), leading dense layers, NextN blocks skipped. llama.cpp's converter writes
+  // MLA as MQA over the latent (head_count_kv 1, key_length kv_lora_rank + rope, value_length
+  // kv_lora_rank, the per-head sizes in key_length_mla / value_length_mla) and splits kv_b_proj
+  // into attn_k_b (key rows, transposed) and attn_v_b; older files keep attn_kv_b and per-head
+  // key/value lengths with head_count_kv = head_count.
+  bool deepseek2 = false;
+  int64_t q_lora_rank = 0;    // attention.q_lora_rank (0: a plain attn_q, as DeepSeek-V2-Lite)
+  int64_t kv_lora_rank = 0;   // attention.kv_lora_rank
+  int64_t qk_nope = 0;        // per-head key length less the rotary part
+  int64_t v_head_dim = 0;     // per-head value length
+  bool mla_split = false;     // attn_k_b + attn_v_b (key_length_mla given) rather than attn_kv_b
+  double mscale_all_dim = 0;  // yarn: rope.scaling.yarn_log_multiplier / 0.1 (llama.cpp's undoing)
+  double yarn_beta_fast = 32.0, yarn_beta_slow = 1.0;
+  int64_t vocab = 0;  // rows of token_embd.weight
   int64_t hidden = 0;
   int64_t intermediate = 0;
   int64_t layers = 0;  // the causal LM's layers (block_count less any NextN blocks)
@@ -62,6 +76,9 @@ struct GgufArch {
   int64_t rope_original_context = 0;  // yarn
   bool tied = false;                  // no output.weight
   int64_t bos = -1, eos = -1, pad = -1;
+
+  // Grouped sigmoid routing with a score-correction bias, a shared expert and leading dense layers.
+  bool grouped_moe() const { return glm4moe || deepseek2; }
 };
 
 Result<GgufArch> read_gguf_arch(const GgufFile& f);

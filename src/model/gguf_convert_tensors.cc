@@ -11,8 +11,12 @@
 // MoE's converter stacks each layer's routed experts into one 3-D tensor per projection
 // (blk.N.ffn_{gate,up,down}_exps: [experts, rows, cols], or gate and up fused as ffn_gate_up_exps,
 // gate rows first), which is cut back into HF's per-expert matrices; its NextN blocks (after the
-// causal LM's layers) are skipped, as transformers skips those layers' weights. Shapes are checked
-// against the architecture before anything is dequantised; errors name the GGUF tensor.
+// causal LM's layers) are skipped, as transformers skips those layers' weights. DeepSeek's
+// (deepseek2) routed experts come stacked the same way; its converter splits kv_b_proj ([heads *
+// (qk_nope + v), kv_lora] viewed per head) into blk.N.attn_k_b ([heads, kv_lora, qk_nope]: each
+// head's key rows transposed) and blk.N.attn_v_b ([heads, v, kv_lora]: its value rows), which are
+// put back together (older files keep attn_kv_b as it is). Shapes are checked against the
+// architecture before anything is dequantised; errors name the GGUF tensor.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -35,10 +39,14 @@ struct Target {
   // Stacked experts (shape [experts, rows, cols]): expert e's rows, split evenly among `parts`,
   // become hf_name + e + "." + part + ".weight".
   std::vector<std::string> parts = {};
+  // deepseek2's attn_k_b (kKeyRows) / attn_v_b (kValueRows): one half of kv_b_proj, per head.
+  enum KvB { kNone, kKeyRows, kValueRows } kv_b = kNone;
 };
 
 // The HF names a target writes.
 std::vector<std::string> hf_names(const Target& t) {
+  if (t.kv_b != Target::kNone)  // the two halves give one tensor, each its own rows
+    return {t.hf_name + (t.kv_b == Target::kKeyRows ? " (key rows)" : " (value rows)")};
   if (t.parts.empty()) return {t.hf_name};
   std::vector<std::string> out;
   for (int64_t e = 0; e < t.shape[0]; ++e)
@@ -49,10 +57,12 @@ std::vector<std::string> hf_names(const Target& t) {
 
 // GLM-4 MoE's per-layer GGUF suffix -> HF suffix and shape: dense MLPs below
 // leading_dense_block_count, routed + shared experts from there on.
+Result<Target> grouped_ffn_target(const GgufArch& a, const std::string& suffix,
+                                  const std::string& p, int64_t layer);
+
 Result<Target> glm4moe_target(const GgufArch& a, const std::string& suffix, const std::string& p,
                               int64_t layer) {
   const int64_t q = a.heads * a.head_dim, kv = a.kv_heads * a.head_dim, h = a.hidden;
-  const int64_t e = a.experts, f = a.expert_ff, fs = a.shared_experts * a.expert_ff;
   if (suffix == "attn_norm.weight") return Target{p + "input_layernorm.weight", {h}};
   if (suffix == "post_attention_norm.weight")
     return Target{p + "post_attention_layernorm.weight", {h}};
@@ -77,6 +87,64 @@ Result<Target> glm4moe_target(const GgufArch& a, const std::string& suffix, cons
           "every layer q and k norms, or none)");
     return Target{p + "self_attn." + suffix.substr(5, 1) + "_norm.weight", {a.head_dim}};
   }
+  return grouped_ffn_target(a, suffix, p, layer);
+}
+
+// DeepSeek's per-layer GGUF suffix -> HF suffix and shape: MLA (a q LoRA or a plain q, the
+// compressed kv with its rotary key, kv_b_proj whole or in its two halves), then the FFN.
+Result<Target> deepseek2_target(const GgufArch& a, const std::string& suffix, const std::string& p,
+                                int64_t layer) {
+  const int64_t h = a.hidden, heads = a.heads, q = a.heads * (a.qk_nope + a.rotary_dim);
+  const int64_t r = a.kv_lora_rank, ql = a.q_lora_rank, nope = a.qk_nope, v = a.v_head_dim;
+  const std::string at = p + "self_attn.";
+  if (suffix == "attn_norm.weight") return Target{p + "input_layernorm.weight", {h}};
+  if (suffix == "ffn_norm.weight") return Target{p + "post_attention_layernorm.weight", {h}};
+  const std::pair<const char*, Target> lora_q[] = {
+      {"attn_q_a.weight", Target{at + "q_a_proj.weight", {ql, h}}},
+      {"attn_q_a_norm.weight", Target{at + "q_a_layernorm.weight", {ql}}},
+      {"attn_q_b.weight", Target{at + "q_b_proj.weight", {q, ql}}}};
+  for (const auto& [name, target] : lora_q) {
+    if (suffix != name) continue;
+    if (ql == 0) return Status::Error("is present but attention.q_lora_rank is not (attn_q)");
+    return target;
+  }
+  if (suffix == "attn_q.weight") {
+    if (ql > 0)
+      return Status::Error("is present but attention.q_lora_rank is " + std::to_string(ql) +
+                           " (attn_q_a / attn_q_b)");
+    return Target{at + "q_proj.weight", {q, h}};
+  }
+  if (suffix == "attn_kv_a_mqa.weight")
+    return Target{at + "kv_a_proj_with_mqa.weight", {r + a.rotary_dim, h}};
+  if (suffix == "attn_kv_a_norm.weight") return Target{at + "kv_a_layernorm.weight", {r}};
+  if (suffix == "attn_kv_b.weight") {
+    if (a.mla_split)
+      return Status::Error(
+          "is present but attention.key_length_mla is too (llama.cpp's MLA form reads attn_k_b "
+          "and attn_v_b)");
+    return Target{at + "kv_b_proj.weight", {heads * (nope + v), r}};
+  }
+  if (suffix == "attn_k_b.weight" || suffix == "attn_v_b.weight") {
+    if (!a.mla_split)
+      return Status::Error(
+          "is present but attention.key_length_mla is not (older files' attn_kv_b form)");
+    Target t{at + "kv_b_proj.weight", {heads, r, nope}};
+    t.kv_b = Target::kKeyRows;
+    if (suffix == "attn_v_b.weight") {
+      t.shape = {heads, v, r};
+      t.kv_b = Target::kValueRows;
+    }
+    return t;
+  }
+  if (suffix == "attn_output.weight") return Target{at + "o_proj.weight", {h, heads * v}};
+  return grouped_ffn_target(a, suffix, p, layer);
+}
+
+// GLM-4 MoE's and DeepSeek's FFN: a dense MLP below leading_dense_block_count, routed + shared
+// experts from there on.
+Result<Target> grouped_ffn_target(const GgufArch& a, const std::string& suffix,
+                                  const std::string& p, int64_t layer) {
+  const int64_t h = a.hidden, e = a.experts, f = a.expert_ff, fs = a.shared_experts * a.expert_ff;
   const bool dense = layer < a.dense_lead;
   const std::string where = "layer " + std::to_string(layer) + " is " +
                             (dense ? "dense" : "a mixture-of-experts layer") +
@@ -116,6 +184,7 @@ Result<Target> glm4moe_target(const GgufArch& a, const std::string& suffix, cons
 Result<Target> layer_target(const GgufArch& a, const std::string& suffix, const std::string& p,
                             int64_t layer) {
   if (a.glm4moe) return glm4moe_target(a, suffix, p, layer);
+  if (a.deepseek2) return deepseek2_target(a, suffix, p, layer);
   const int64_t q = a.heads * a.head_dim, kv = a.kv_heads * a.head_dim;
   const int64_t heads = a.permuted_qk ? a.heads : 0, kv_heads = a.permuted_qk ? a.kv_heads : 0;
   if (a.gemma3) {  // four norms per layer: around attention and around the MLP
@@ -218,8 +287,22 @@ std::vector<std::string> required_parts(const GgufArch& a, int64_t l, const Gguf
   std::vector<std::string> parts = {"attn_norm",   "ffn_norm", "attn_q", "attn_k",  "attn_v",
                                     "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
   if (a.fused) parts = {"attn_norm", "ffn_norm", "attn_qkv", "attn_output", "ffn_up", "ffn_down"};
-  if (a.glm4moe) {
+  if (a.deepseek2) {
+    parts = {"attn_norm", "ffn_norm", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_output"};
+    if (a.q_lora_rank > 0) {
+      parts.insert(parts.end(), {"attn_q_a", "attn_q_a_norm", "attn_q_b"});
+    } else {
+      parts.push_back("attn_q");
+    }
+    if (a.mla_split) {
+      parts.insert(parts.end(), {"attn_k_b", "attn_v_b"});
+    } else {
+      parts.push_back("attn_kv_b");
+    }
+  }
+  if (a.glm4moe)
     parts = {"attn_norm", "post_attention_norm", "attn_q", "attn_k", "attn_v", "attn_output"};
+  if (a.grouped_moe()) {
     if (l < a.dense_lead) {
       parts.insert(parts.end(), {"ffn_gate", "ffn_up", "ffn_down"});
     } else {
@@ -234,7 +317,7 @@ std::vector<std::string> required_parts(const GgufArch& a, int64_t l, const Gguf
   if (a.gemma3) parts.insert(parts.end(), {"post_attention_norm", "post_ffw_norm"});
   for (std::string& part : parts) part += ".weight";
   if (a.qkv_bias) parts.insert(parts.end(), {"attn_q.bias", "attn_k.bias", "attn_v.bias"});
-  if (a.glm4moe && l >= a.dense_lead) parts.push_back("exp_probs_b.bias");
+  if (a.grouped_moe() && l >= a.dense_lead) parts.push_back("exp_probs_b.bias");
   return parts;
 }
 
@@ -245,6 +328,24 @@ Tensor expert_rows(const Tensor& t, int64_t e, int64_t part, int64_t parts) {
   const float* src = t.data<float>() + (e * t.dim(1) + part * rows) * cols;
   std::memcpy(out.mutable_data<float>(), src, static_cast<size_t>(rows * cols) * sizeof(float));
   return out;
+}
+
+// kv_b_proj's rows of head h are [its qk_nope key rows; its v value rows]: key row i, column c is
+// attn_k_b[h, c, i]; value row j is attn_v_b[h, j, :].
+void fill_kv_b(const Tensor& half, bool key_rows, const GgufArch& a, Tensor* kv_b) {
+  const int64_t r = a.kv_lora_rank, nope = a.qk_nope, v = a.v_head_dim;
+  const float* src = half.data<float>();
+  float* dst = kv_b->mutable_data<float>();
+  for (int64_t h = 0; h < a.heads; ++h) {
+    float* head = dst + h * (nope + v) * r;
+    if (key_rows) {
+      const float* k = src + h * r * nope;
+      for (int64_t c = 0; c < r; ++c)
+        for (int64_t i = 0; i < nope; ++i) head[i * r + c] = k[c * nope + i];
+    } else {
+      std::memcpy(head + nope * r, src + h * v * r, static_cast<size_t>(v * r) * sizeof(float));
+    }
+  }
 }
 
 }  // namespace
@@ -284,8 +385,19 @@ Result<std::vector<std::pair<std::string, Tensor>>> gguf_hf_tensors(const GgufFi
     return Status::Error(f.path() + ": tensor 'output_norm.weight' is missing");
   std::vector<std::pair<std::string, Tensor>> out;
   out.reserve(written.size());
+  std::map<std::string, Tensor> kv_b;  // deepseek2: kv_b_proj, filled from attn_k_b and attn_v_b
   for (const auto& [info, target] : plan) {
     MILES_ASSIGN_OR_RETURN(Tensor t, f.dequantize(*info));
+    if (target.kv_b != Target::kNone) {
+      auto it = kv_b.find(target.hf_name);
+      if (it == kv_b.end())
+        it = kv_b.emplace(target.hf_name,
+                          Tensor::zeros(DType::kF32,
+                                        {a.heads * (a.qk_nope + a.v_head_dim), a.kv_lora_rank}))
+                 .first;
+      fill_kv_b(t, target.kv_b == Target::kKeyRows, a, &it->second);
+      continue;
+    }
     if (target.permute_heads > 0) t = unpermute_rows(t, target.permute_heads);
     if (target.minus_one) {
       float* x = t.mutable_data<float>();
@@ -301,6 +413,7 @@ Result<std::vector<std::pair<std::string, Tensor>>> gguf_hf_tensors(const GgufFi
       for (int64_t k = 0; k < parts; ++k)
         out.emplace_back(names[static_cast<size_t>(e * parts + k)], expert_rows(t, e, k, parts));
   }
+  for (auto& [name, t] : kv_b) out.emplace_back(name, std::move(t));
   std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
   return out;
 }
