@@ -601,6 +601,96 @@ def make_tiny_gemma3(path: Path) -> None:
                      {**versions(), "torch": torch.__version__, "transformers": transformers.__version__})
 
 
+# ---- what the tiny GLM-4 MoE and DeepSeek-V3 writers share ----------------------------------------
+
+
+def load_checkpoint(model: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """tests/data/models/<model>'s config.json and tensors."""
+    from safetensors.numpy import load_file
+
+    src = ROOT / "tests" / "data" / "models" / model
+    return json.loads((src / "config.json").read_text()), load_file(str(src / "model.safetensors"))
+
+
+def moe_writer(path: Path, arch: str, cfg: dict, n_blocks: int, kv_heads: int,
+               expert_count_first: bool) -> gguf.GGUFWriter:
+    """A GGUFWriter with TextModel's metadata as llama.cpp's converter writes it for a routed-experts model,
+    up to expert_group_used_count (expert_count among them when the converter writes it there)."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}")
+    w.add_block_count(n_blocks)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if expert_count_first:
+        w.add_expert_count(cfg["n_routed_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_group_count(cfg["n_group"])
+    w.add_expert_group_used_count(cfg["topk_group"])
+    return w
+
+
+def add_padded_vocab(w: gguf.GGUFWriter, cfg: dict, pre: str, add_bos: bool) -> None:
+    """The tiny byte-level vocabulary padded to the model's rows with [PAD<i>] tokens of type UNUSED (as the
+    converter's get_vocab_base pads), pre-tokenizer `pre`, the checkpoint's bos / eos, the ChatML template."""
+    tokens, types, merges = tiny_vocab()
+    for i in range(len(tokens), cfg["vocab_size"]):
+        tokens.append(f"[PAD{i}]")
+        types.append(int(gguf.TokenType.UNUSED))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(cfg["bos_token_id"])
+    w.add_eos_token_id(cfg["eos_token_id"])
+    w.add_add_bos_token(add_bos)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+
+def moe_gguf_namer(arch: gguf.MODEL_ARCH, n_blocks: int):
+    """The converter's renaming of HF tensor names (e_score_correction_bias as e_score_correction.bias, so
+    blk.N.exp_probs_b.bias)."""
+    names = gguf.get_tensor_name_map(arch, n_blocks)
+
+    def gguf_name(hf_name: str) -> str:
+        if hf_name.endswith("e_score_correction_bias"):
+            hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")
+        if hf_name == "model.embed_tokens.weight":
+            return "token_embd.weight"
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        assert name is not None, hf_name
+        return name
+
+    return gguf_name
+
+
+def stack_experts(hf: dict[str, np.ndarray], n_layers: int, n_exp: int, tensors: dict[str, np.ndarray]) -> None:
+    """Each layer's experts of each projection stacked into one [experts, rows, cols] tensor in `tensors`."""
+    for l in range(n_layers):
+        for proj in ("down_proj", "gate_proj", "up_proj"):
+            if f"model.layers.{l}.mlp.experts.0.{proj}.weight" not in hf:
+                continue
+            stacked = np.stack([hf[f"model.layers.{l}.mlp.experts.{e}.{proj}.weight"] for e in range(n_exp)])
+            tensors[f"model.layers.{l}.mlp.experts.{proj}.weight"] = stacked
+
+
+def check_moe_shapes(path: Path, hidden: int, ff_exp: int, n_exp: int) -> dict[str, list[int]]:
+    """The written file's tensor shapes (ggml ne), its stacked experts and router bias checked against what
+    llama.cpp's loader expects (its create_tensor shapes)."""
+    r = gguf.GGUFReader(str(path))
+    got = {t.name: [int(x) for x in t.shape] for t in r.tensors}
+    assert got["blk.1.ffn_gate_exps.weight"] == [hidden, ff_exp, n_exp], got["blk.1.ffn_gate_exps.weight"]
+    assert got["blk.1.ffn_down_exps.weight"] == [ff_exp, hidden, n_exp]
+    assert got["blk.2.exp_probs_b.bias"] == [n_exp]
+    assert "blk.0.ffn_gate_inp.weight" not in got
+    return got
+
+
 # ---- tiny GLM-4 MoE -----------------------------------------------------------------------------
 
 
@@ -627,11 +717,7 @@ def make_tiny_glm4moe(path: Path) -> None:
         that a conversion must skip, as transformers skips those weights;
       - the tiny byte-level vocabulary padded to the model's 1024 rows with [PAD<i>] tokens of type
         UNUSED, as the converter's get_vocab_base pads, pre-tokenizer "glm4" (GLM-4.5's)."""
-    from safetensors.numpy import load_file
-
-    src = ROOT / "tests" / "data" / "models" / "glm4_moe"
-    cfg = json.loads((src / "config.json").read_text())
-    hf = load_file(str(src / "model.safetensors"))
+    cfg, hf = load_checkpoint("glm4_moe")
     rope = cfg["rope_parameters"]
     n_layers, n_nextn = cfg["num_hidden_layers"], cfg["num_nextn_predict_layers"]
     n_blocks = n_layers + n_nextn
@@ -639,20 +725,7 @@ def make_tiny_glm4moe(path: Path) -> None:
                                          cfg["num_key_value_heads"], cfg["head_dim"])
     n_exp, ff_exp = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
 
-    w = gguf.GGUFWriter(str(path), "glm4moe")
-    w.add_name("tiny-glm4moe")
-    w.add_block_count(n_blocks)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_freq_base(rope["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_expert_count(n_exp)
-    w.add_expert_used_count(cfg["num_experts_per_tok"])
-    w.add_expert_group_count(cfg["n_group"])
-    w.add_expert_group_used_count(cfg["topk_group"])
+    w = moe_writer(path, "glm4moe", cfg, n_blocks, kv_heads, expert_count_first=True)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -664,43 +737,16 @@ def make_tiny_glm4moe(path: Path) -> None:
     w.add_expert_weights_scale(cfg["routed_scaling_factor"])
     w.add_expert_weights_norm(cfg["norm_topk_prob"])
     w.add_nextn_predict_layers(n_nextn)
-    tokens, types, merges = tiny_vocab()
-    for i in range(len(tokens), cfg["vocab_size"]):
-        tokens.append(f"[PAD{i}]")
-        types.append(int(gguf.TokenType.UNUSED))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("glm4")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(cfg["bos_token_id"])
-    w.add_eos_token_id(cfg["eos_token_id"])
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    add_padded_vocab(w, cfg, "glm4", add_bos=False)
 
     # The converter's renaming, with the checkpoint's layers and the appended NextN block.
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GLM4_MOE, n_blocks)
-
-    def gguf_name(hf_name: str) -> str:
-        if hf_name.endswith("e_score_correction_bias"):
-            hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")
-        if hf_name == "model.embed_tokens.weight":
-            return "token_embd.weight"
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        assert name is not None, hf_name
-        return name
+    gguf_name = moe_gguf_namer(gguf.MODEL_ARCH.GLM4_MOE, n_blocks)
 
     layer_tensors: dict[str, np.ndarray] = {}
     for name, t in hf.items():
         if ".mlp.experts." not in name:
             layer_tensors[name] = t
-    for l in range(n_layers):
-        for proj in ("down_proj", "gate_proj", "up_proj"):
-            first = f"model.layers.{l}.mlp.experts.0.{proj}.weight"
-            if first not in hf:
-                continue
-            stacked = np.stack([hf[f"model.layers.{l}.mlp.experts.{e}.{proj}.weight"] for e in range(n_exp)])
-            layer_tensors[f"model.layers.{l}.mlp.experts.{proj}.weight"] = stacked
+    stack_experts(hf, n_layers, n_exp, layer_tensors)
     for name in sorted(layer_tensors):
         t = np.ascontiguousarray(layer_tensors[name].astype(np.float32))
         w.add_tensor(gguf_name(name), t)
@@ -733,13 +779,9 @@ def make_tiny_glm4moe(path: Path) -> None:
     path.chmod(0o644)
 
     # What the file holds must be what llama.cpp's loader expects (its create_tensor shapes).
-    r = gguf.GGUFReader(str(path))
-    got = {t.name: [int(x) for x in t.shape] for t in r.tensors}
-    assert got["blk.1.ffn_gate_exps.weight"] == [hidden, ff_exp, n_exp], got["blk.1.ffn_gate_exps.weight"]
-    assert got["blk.1.ffn_down_exps.weight"] == [ff_exp, hidden, n_exp]
-    assert got["blk.2.exp_probs_b.bias"] == [n_exp]
+    got = check_moe_shapes(path, hidden, ff_exp, n_exp)
     assert got[f"blk.{n}.nextn.eh_proj.weight"] == [2 * hidden, hidden]
-    assert "blk.0.ffn_gate.weight" in got and "blk.0.ffn_gate_inp.weight" not in got
+    assert "blk.0.ffn_gate.weight" in got
 
 
 # ---- tiny DeepSeek-V3 (llama.cpp's deepseek2) --------------------------------------------------
@@ -769,11 +811,7 @@ def make_tiny_deepseek2(path: Path) -> None:
       - no NextN / MTP block: the converter skips layers >= num_hidden_layers (skip_mtp) and writes no
         nextn_predict_layers;
       - the tiny byte-level vocabulary padded to the model's 1024 rows with [PAD<i>] tokens, pre "deepseek-v3"."""
-    from safetensors.numpy import load_file
-
-    src = ROOT / "tests" / "data" / "models" / "deepseek_v3"
-    cfg = json.loads((src / "config.json").read_text())
-    hf = load_file(str(src / "model.safetensors"))
+    cfg, hf = load_checkpoint("deepseek_v3")
     rope = cfg["rope_parameters"]
     assert rope["rope_type"] == "default" and cfg["rope_interleave"], rope
     n_layers = cfg["num_hidden_layers"]
@@ -782,19 +820,7 @@ def make_tiny_deepseek2(path: Path) -> None:
     nope, rot, v_dim = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     n_exp, ff_exp = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
 
-    w = gguf.GGUFWriter(str(path), "deepseek2")
-    w.add_name("tiny-deepseek2")
-    w.add_block_count(n_layers)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(heads)
-    w.add_head_count_kv(1)
-    w.add_rope_freq_base(rope["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_expert_used_count(cfg["num_experts_per_tok"])
-    w.add_expert_group_count(cfg["n_group"])
-    w.add_expert_group_used_count(cfg["topk_group"])
+    w = moe_writer(path, "deepseek2", cfg, n_layers, 1, expert_count_first=False)
     w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     w.add_key_length(kv_lora + rot)  # TextModel's head_dim key, then DeepseekV2Model's value (it overwrites)
     w.add_value_length(kv_lora)
@@ -812,30 +838,9 @@ def make_tiny_deepseek2(path: Path) -> None:
     if cfg["norm_topk_prob"]:
         w.add_expert_weights_norm(True)
     w.add_rope_dimension_count(rot)
-    tokens, types, merges = tiny_vocab()
-    for i in range(len(tokens), cfg["vocab_size"]):
-        tokens.append(f"[PAD{i}]")
-        types.append(int(gguf.TokenType.UNUSED))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("deepseek-v3")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(cfg["bos_token_id"])
-    w.add_eos_token_id(cfg["eos_token_id"])
-    w.add_add_bos_token(True)
-    w.add_chat_template(CHAT_TEMPLATE)
+    add_padded_vocab(w, cfg, "deepseek-v3", add_bos=True)
 
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, n_layers)
-
-    def gguf_name(hf_name: str) -> str:
-        if hf_name.endswith("e_score_correction_bias"):
-            hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")
-        if hf_name == "model.embed_tokens.weight":
-            return "token_embd.weight"
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        assert name is not None, hf_name
-        return name
+    gguf_name = moe_gguf_namer(gguf.MODEL_ARCH.DEEPSEEK2, n_layers)
 
     tensors: dict[str, np.ndarray] = {}
     for name, t in hf.items():
@@ -849,28 +854,19 @@ def make_tiny_deepseek2(path: Path) -> None:
             tensors[name.replace("kv_b_proj", "v_b_proj")] = kv_b[:, nope:, :]
             continue
         tensors[name] = t
-    for l in range(n_layers):
-        for proj in ("down_proj", "gate_proj", "up_proj"):
-            if f"model.layers.{l}.mlp.experts.0.{proj}.weight" not in hf:
-                continue
-            stacked = np.stack([hf[f"model.layers.{l}.mlp.experts.{e}.{proj}.weight"] for e in range(n_exp)])
-            tensors[f"model.layers.{l}.mlp.experts.{proj}.weight"] = stacked
+    stack_experts(hf, n_layers, n_exp, tensors)
     for name in sorted(tensors):
         w.add_tensor(gguf_name(name), np.ascontiguousarray(tensors[name].astype(np.float32)))
     write(w)
     path.chmod(0o644)
 
     # What the file holds must be what llama.cpp's deepseek2 loader expects (its create_tensor shapes, ggml ne).
-    r = gguf.GGUFReader(str(path))
-    got = {t.name: [int(x) for x in t.shape] for t in r.tensors}
+    got = check_moe_shapes(path, hidden, ff_exp, n_exp)
     assert got["blk.0.attn_k_b.weight"] == [nope, kv_lora, heads], got["blk.0.attn_k_b.weight"]
     assert got["blk.0.attn_v_b.weight"] == [kv_lora, v_dim, heads]
     assert got["blk.0.attn_q_b.weight"] == [q_lora, heads * (nope + rot)]
     assert got["blk.0.attn_kv_a_mqa.weight"] == [hidden, kv_lora + rot]
-    assert got["blk.1.ffn_gate_exps.weight"] == [hidden, ff_exp, n_exp]
-    assert got["blk.1.ffn_down_exps.weight"] == [ff_exp, hidden, n_exp]
-    assert got["blk.2.exp_probs_b.bias"] == [n_exp]
-    assert "blk.0.attn_kv_b.weight" not in got and "blk.0.ffn_gate_inp.weight" not in got
+    assert "blk.0.attn_kv_b.weight" not in got
 
 
 def main() -> int:

@@ -381,6 +381,97 @@ TEST(Convert, TinyGemma3LogitsMatchTheReference) {
 // ---- the tiny GLM-4 MoE written like llama.cpp's converter
 // ---------------------------------------
 
+// The config.json a tiny fixture converts to (`j`, and parsed in `cfg`) and that of the checkpoint
+// tests/data/models/`model` it was written from (`want`).
+void fixture_configs(const GgufFile& f, const std::string& model, json* j, ModelConfig* cfg,
+                     ModelConfig* want) {
+  auto text = gguf_config_json(f);
+  ASSERT_TRUE(text.ok()) << text.message();
+  *j = json::parse(*text);
+  auto ours = parse_model_config(*text, "config.json");
+  ASSERT_TRUE(ours.ok()) << ours.message();
+  auto theirs = load_model_config(test::data_dir() + "/models/" + model + "/config.json");
+  ASSERT_TRUE(theirs.ok()) << theirs.message();
+  *cfg = std::move(*ours);
+  *want = std::move(*theirs);
+}
+
+// What a converted MoE model's config shares with its checkpoint's: sizes, sigmoid routing, norms,
+// RoPE base and tying.
+void expect_moe_config_matches(const ModelConfig& cfg, const ModelConfig& want) {
+  for (const auto& [ours, theirs] :
+       {std::pair{cfg.vocab_size, want.vocab_size},
+        {cfg.hidden_size, want.hidden_size},
+        {cfg.intermediate_size, want.intermediate_size},
+        {cfg.num_layers, want.num_layers},
+        {cfg.num_heads, want.num_heads},
+        {cfg.num_kv_heads, want.num_kv_heads},
+        {cfg.head_dim, want.head_dim},
+        {cfg.max_position_embeddings, want.max_position_embeddings},
+        {cfg.moe.num_experts, want.moe.num_experts},
+        {cfg.moe.top_k, want.moe.top_k},
+        {cfg.moe.moe_intermediate_size, want.moe.moe_intermediate_size},
+        {cfg.moe.n_group, want.moe.n_group},
+        {cfg.moe.topk_group, want.moe.topk_group},
+        {cfg.moe.n_shared_experts, want.moe.n_shared_experts},
+        {cfg.moe.first_k_dense_replace, want.moe.first_k_dense_replace}})
+    EXPECT_EQ(ours, theirs);
+  EXPECT_EQ(cfg.moe.score, RouterScore::kSigmoid);
+  EXPECT_EQ(cfg.moe.norm_topk_prob, want.moe.norm_topk_prob);
+  EXPECT_EQ(cfg.moe.routed_scaling_factor, want.moe.routed_scaling_factor);
+  EXPECT_EQ(cfg.rms_norm_eps, want.rms_norm_eps);
+  EXPECT_EQ(cfg.rope.theta, want.rope.theta);
+  EXPECT_EQ(cfg.tie_word_embeddings, want.tie_word_embeddings);
+}
+
+// Every tensor `f` converts to is bitwise that of tests/data/models/`model`, and there are as many;
+// the converted tensors in `m`.
+void expect_checkpoint_tensors(const GgufFile& f, const std::string& model, TensorMap* m) {
+  auto tensors = gguf_hf_tensors(f);
+  ASSERT_TRUE(tensors.ok()) << tensors.message();
+  *m = to_map(std::move(*tensors));
+  auto hf = read_safetensors(test::data_dir() + "/models/" + model + "/model.safetensors");
+  ASSERT_TRUE(hf.ok()) << hf.message();
+  EXPECT_EQ(m->size(), hf->size());
+  for (const std::string& name : hf->names()) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(same_bytes(m->find(name), hf->find(name)));
+  }
+}
+
+// tests/data/gguf/tiny_`name`.gguf converts (to `out`) as `architecture` with its vocabulary in
+// `tokenizer_file`, loads, and gives transformers' logits (goldens/`model`.safetensors) on 3 or
+// more sequences.
+void expect_converted_logits(const std::string& name, const std::string& model,
+                             const std::string& architecture, const std::string& tokenizer_file,
+                             fs::path* out) {
+  *out = scratch(name) / "tiny";
+  auto s = convert_gguf(fixture("tiny_" + name + ".gguf"), out->string());
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(s->architecture, architecture);
+  EXPECT_EQ(s->tokenizer_file, tokenizer_file);
+  auto loaded = Model::load(out->string());
+  ASSERT_TRUE(loaded.ok()) << loaded.message();
+  auto goldens = read_safetensors(test::data_dir() + "/goldens/" + model + ".safetensors");
+  ASSERT_TRUE(goldens.ok()) << goldens.message();
+  float worst = 0;
+  int seqs = 0;
+  for (;; ++seqs) {
+    const std::string p = "seq" + std::to_string(seqs) + ".";
+    const Tensor* ids = goldens->find(p + "ids");
+    if (!ids) break;
+    const std::vector<int32_t> v(ids->data<int32_t>(), ids->data<int32_t>() + ids->numel());
+    const std::vector<float> got = logits_of(**loaded, v);
+    const std::vector<float> want = goldens->find(p + "logits")->to_f32();
+    ASSERT_EQ(got.size(), want.size());
+    worst = std::max(worst, max_abs_diff(got, want.data()));
+  }
+  EXPECT_GE(seqs, 3);
+  EXPECT_LE(worst, 1e-4f);
+  std::printf("tiny_%s: %d sequences, max |logit - transformers| = %.3g\n", name.c_str(), seqs,
+              worst);
+}
+
 // GLM-4 MoE as llama.cpp's Glm4MoeModel converter writes tests/data/models/glm4_moe (float32,
 // experts stacked into ffn_*_exps, one NextN block after the 3 layers): config.json is
 // Glm4MoeForCausalLM's with the checkpoint's routing (2 groups, top 1 group, scale 2.5, normalised,
@@ -389,9 +480,9 @@ TEST(Convert, TinyGemma3LogitsMatchTheReference) {
 TEST(Convert, TinyGlm4MoeMatchesTheCheckpoint) {
   auto f = GgufFile::open(fixture("tiny_glm4moe.gguf"));
   ASSERT_TRUE(f.ok()) << f.message();
-  auto text = gguf_config_json(*f);
-  ASSERT_TRUE(text.ok()) << text.message();
-  const json j = json::parse(*text);
+  json j;
+  ModelConfig cfg, want;
+  ASSERT_NO_FATAL_FAILURE(fixture_configs(*f, "glm4_moe", &j, &cfg, &want));
   EXPECT_EQ(j["architectures"], json::array({"Glm4MoeForCausalLM"}));
   EXPECT_EQ(j["model_type"], "glm4_moe");
   EXPECT_EQ(j["num_hidden_layers"], 3);
@@ -411,48 +502,14 @@ TEST(Convert, TinyGlm4MoeMatchesTheCheckpoint) {
   EXPECT_EQ(j["n_group"], 2);
   EXPECT_EQ(j["topk_group"], 1);
   EXPECT_EQ(j["tie_word_embeddings"], false);
-  auto cfg = parse_model_config(*text, "config.json");
-  ASSERT_TRUE(cfg.ok()) << cfg.message();
-  auto want = load_model_config(test::data_dir() + "/models/glm4_moe/config.json");
-  ASSERT_TRUE(want.ok()) << want.message();
-  EXPECT_EQ(cfg->arch, Arch::kGlm4Moe);
-  for (const auto& [ours, theirs] :
-       {std::pair{cfg->vocab_size, want->vocab_size},
-        {cfg->hidden_size, want->hidden_size},
-        {cfg->intermediate_size, want->intermediate_size},
-        {cfg->num_layers, want->num_layers},
-        {cfg->num_heads, want->num_heads},
-        {cfg->num_kv_heads, want->num_kv_heads},
-        {cfg->head_dim, want->head_dim},
-        {cfg->rotary_dim(), want->rotary_dim()},
-        {cfg->max_position_embeddings, want->max_position_embeddings},
-        {cfg->moe.num_experts, want->moe.num_experts},
-        {cfg->moe.top_k, want->moe.top_k},
-        {cfg->moe.moe_intermediate_size, want->moe.moe_intermediate_size},
-        {cfg->moe.n_group, want->moe.n_group},
-        {cfg->moe.topk_group, want->moe.topk_group},
-        {cfg->moe.n_shared_experts, want->moe.n_shared_experts},
-        {cfg->moe.first_k_dense_replace, want->moe.first_k_dense_replace}})
-    EXPECT_EQ(ours, theirs);
-  EXPECT_EQ(cfg->moe.score, RouterScore::kSigmoid);
-  EXPECT_EQ(cfg->moe.norm_topk_prob, want->moe.norm_topk_prob);
-  EXPECT_EQ(cfg->moe.routed_scaling_factor, want->moe.routed_scaling_factor);
-  EXPECT_EQ(cfg->use_qk_norm, want->use_qk_norm);
-  EXPECT_EQ(cfg->attention_bias, want->attention_bias);
-  EXPECT_EQ(cfg->rms_norm_eps, want->rms_norm_eps);
-  EXPECT_EQ(cfg->rope.theta, want->rope.theta);
-  EXPECT_EQ(cfg->tie_word_embeddings, want->tie_word_embeddings);
+  EXPECT_EQ(cfg.arch, Arch::kGlm4Moe);
+  expect_moe_config_matches(cfg, want);
+  EXPECT_EQ(cfg.rotary_dim(), want.rotary_dim());
+  EXPECT_EQ(cfg.use_qk_norm, want.use_qk_norm);
+  EXPECT_EQ(cfg.attention_bias, want.attention_bias);
 
-  auto tensors = gguf_hf_tensors(*f);
-  ASSERT_TRUE(tensors.ok()) << tensors.message();
-  const TensorMap m = to_map(std::move(*tensors));
-  auto hf = read_safetensors(test::data_dir() + "/models/glm4_moe/model.safetensors");
-  ASSERT_TRUE(hf.ok()) << hf.message();
-  EXPECT_EQ(m.size(), hf->size());
-  for (const std::string& name : hf->names()) {
-    SCOPED_TRACE(name);
-    EXPECT_TRUE(same_bytes(m.find(name), hf->find(name)));
-  }
+  TensorMap m;
+  ASSERT_NO_FATAL_FAILURE(expect_checkpoint_tensors(*f, "glm4_moe", &m));
   for (const std::string& name : m.names())
     EXPECT_EQ(name.find("model.layers.3."), std::string::npos) << "a NextN tensor: " << name;
 }
@@ -461,30 +518,9 @@ TEST(Convert, TinyGlm4MoeMatchesTheCheckpoint) {
 // checkpoint), and its tokenizer.json is the glm4 vocabulary as miles reads the GGUF (the Llama-3
 // split, a whole word that is a token taken as it is).
 TEST(Convert, TinyGlm4MoeLogitsMatchTransformers) {
-  const fs::path out = scratch("glm4moe") / "tiny";
-  auto s = convert_gguf(fixture("tiny_glm4moe.gguf"), out.string());
-  ASSERT_TRUE(s.ok()) << s.message();
-  EXPECT_EQ(s->architecture, "Glm4MoeForCausalLM");
-  EXPECT_EQ(s->tokenizer_file, "tokenizer.json");
-  auto model = Model::load(out.string());
-  ASSERT_TRUE(model.ok()) << model.message();
-  auto goldens = read_safetensors(test::data_dir() + "/goldens/glm4_moe.safetensors");
-  ASSERT_TRUE(goldens.ok()) << goldens.message();
-  float worst = 0;
-  int seqs = 0;
-  for (;; ++seqs) {
-    const std::string p = "seq" + std::to_string(seqs) + ".";
-    const Tensor* ids = goldens->find(p + "ids");
-    if (!ids) break;
-    const std::vector<int32_t> v(ids->data<int32_t>(), ids->data<int32_t>() + ids->numel());
-    const std::vector<float> got = logits_of(**model, v);
-    const std::vector<float> want = goldens->find(p + "logits")->to_f32();
-    ASSERT_EQ(got.size(), want.size());
-    worst = std::max(worst, max_abs_diff(got, want.data()));
-  }
-  EXPECT_GE(seqs, 3);
-  EXPECT_LE(worst, 1e-4f);
-  std::printf("tiny_glm4moe: %d sequences, max |logit - transformers| = %.3g\n", seqs, worst);
+  fs::path out;
+  ASSERT_NO_FATAL_FAILURE(
+      expect_converted_logits("glm4moe", "glm4_moe", "Glm4MoeForCausalLM", "tokenizer.json", &out));
 
   const json tok = json::parse(read_text(out / "tokenizer.json"));
   EXPECT_EQ(tok["pre_tokenizer"]["pretokenizers"][0]["type"], "Split");
@@ -517,9 +553,9 @@ TEST(Convert, TinyGlm4MoeLogitsMatchTransformers) {
 TEST(Convert, TinyDeepseek2MatchesTheCheckpoint) {
   auto f = GgufFile::open(fixture("tiny_deepseek2.gguf"));
   ASSERT_TRUE(f.ok()) << f.message();
-  auto text = gguf_config_json(*f);
-  ASSERT_TRUE(text.ok()) << text.message();
-  const json j = json::parse(*text);
+  json j;
+  ModelConfig cfg, want;
+  ASSERT_NO_FATAL_FAILURE(fixture_configs(*f, "deepseek_v3", &j, &cfg, &want));
   EXPECT_EQ(j["architectures"], json::array({"DeepseekV3ForCausalLM"}));
   EXPECT_EQ(j["model_type"], "deepseek_v3");
   EXPECT_EQ(j["num_hidden_layers"], 3);
@@ -536,82 +572,25 @@ TEST(Convert, TinyDeepseek2MatchesTheCheckpoint) {
   EXPECT_EQ(j["routed_scaling_factor"], 2.5);
   EXPECT_EQ(j["norm_topk_prob"], true);
   EXPECT_EQ(j["num_nextn_predict_layers"], 0);
-  auto cfg = parse_model_config(*text, "config.json");
-  ASSERT_TRUE(cfg.ok()) << cfg.message();
-  auto want = load_model_config(test::data_dir() + "/models/deepseek_v3/config.json");
-  ASSERT_TRUE(want.ok()) << want.message();
-  EXPECT_EQ(cfg->arch, Arch::kDeepseekV3);
-  for (const auto& [ours, theirs] :
-       {std::pair{cfg->vocab_size, want->vocab_size},
-        {cfg->hidden_size, want->hidden_size},
-        {cfg->intermediate_size, want->intermediate_size},
-        {cfg->num_layers, want->num_layers},
-        {cfg->num_heads, want->num_heads},
-        {cfg->num_kv_heads, want->num_kv_heads},
-        {cfg->head_dim, want->head_dim},
-        {cfg->max_position_embeddings, want->max_position_embeddings},
-        {cfg->mla.q_lora_rank, want->mla.q_lora_rank},
-        {cfg->mla.kv_lora_rank, want->mla.kv_lora_rank},
-        {cfg->mla.qk_nope_head_dim, want->mla.qk_nope_head_dim},
-        {cfg->mla.qk_rope_head_dim, want->mla.qk_rope_head_dim},
-        {cfg->mla.v_head_dim, want->mla.v_head_dim},
-        {cfg->mla.num_key_value_heads, want->mla.num_key_value_heads},
-        {cfg->moe.num_experts, want->moe.num_experts},
-        {cfg->moe.top_k, want->moe.top_k},
-        {cfg->moe.moe_intermediate_size, want->moe.moe_intermediate_size},
-        {cfg->moe.n_group, want->moe.n_group},
-        {cfg->moe.topk_group, want->moe.topk_group},
-        {cfg->moe.n_shared_experts, want->moe.n_shared_experts},
-        {cfg->moe.first_k_dense_replace, want->moe.first_k_dense_replace}})
-    EXPECT_EQ(ours, theirs);
-  EXPECT_EQ(cfg->mla.rope_interleave, want->mla.rope_interleave);
-  EXPECT_EQ(cfg->moe.score, RouterScore::kSigmoid);
-  EXPECT_EQ(cfg->moe.norm_topk_prob, want->moe.norm_topk_prob);
-  EXPECT_EQ(cfg->moe.routed_scaling_factor, want->moe.routed_scaling_factor);
-  EXPECT_EQ(cfg->rms_norm_eps, want->rms_norm_eps);
-  EXPECT_EQ(cfg->rope.theta, want->rope.theta);
-  EXPECT_EQ(cfg->tie_word_embeddings, want->tie_word_embeddings);
-  EXPECT_EQ(cfg->attention_scale(), want->attention_scale());
+  EXPECT_EQ(cfg.arch, Arch::kDeepseekV3);
+  expect_moe_config_matches(cfg, want);
+  for (int64_t MlaConfig::*size :
+       {&MlaConfig::q_lora_rank, &MlaConfig::kv_lora_rank, &MlaConfig::qk_nope_head_dim,
+        &MlaConfig::qk_rope_head_dim, &MlaConfig::v_head_dim, &MlaConfig::num_key_value_heads})
+    EXPECT_EQ(cfg.mla.*size, want.mla.*size);
+  EXPECT_EQ(cfg.mla.rope_interleave, want.mla.rope_interleave);
+  EXPECT_EQ(cfg.attention_scale(), want.attention_scale());
 
-  auto tensors = gguf_hf_tensors(*f);
-  ASSERT_TRUE(tensors.ok()) << tensors.message();
-  const TensorMap m = to_map(std::move(*tensors));
-  auto hf = read_safetensors(test::data_dir() + "/models/deepseek_v3/model.safetensors");
-  ASSERT_TRUE(hf.ok()) << hf.message();
-  EXPECT_EQ(m.size(), hf->size());
-  for (const std::string& name : hf->names()) {
-    SCOPED_TRACE(name);
-    EXPECT_TRUE(same_bytes(m.find(name), hf->find(name)));
-  }
+  TensorMap m;
+  ASSERT_NO_FATAL_FAILURE(expect_checkpoint_tensors(*f, "deepseek_v3", &m));
 }
 
 // The converted directory loads and computes transformers' logits (its goldens for the
 // checkpoint); the deepseek-v3 vocabulary is kept as tokenizer.gguf.
 TEST(Convert, TinyDeepseek2LogitsMatchTransformers) {
-  const fs::path out = scratch("deepseek2") / "tiny";
-  auto s = convert_gguf(fixture("tiny_deepseek2.gguf"), out.string());
-  ASSERT_TRUE(s.ok()) << s.message();
-  EXPECT_EQ(s->architecture, "DeepseekV3ForCausalLM");
-  EXPECT_EQ(s->tokenizer_file, "tokenizer.gguf");
-  auto model = Model::load(out.string());
-  ASSERT_TRUE(model.ok()) << model.message();
-  auto goldens = read_safetensors(test::data_dir() + "/goldens/deepseek_v3.safetensors");
-  ASSERT_TRUE(goldens.ok()) << goldens.message();
-  float worst = 0;
-  int seqs = 0;
-  for (;; ++seqs) {
-    const std::string p = "seq" + std::to_string(seqs) + ".";
-    const Tensor* ids = goldens->find(p + "ids");
-    if (!ids) break;
-    const std::vector<int32_t> v(ids->data<int32_t>(), ids->data<int32_t>() + ids->numel());
-    const std::vector<float> got = logits_of(**model, v);
-    const std::vector<float> want = goldens->find(p + "logits")->to_f32();
-    ASSERT_EQ(got.size(), want.size());
-    worst = std::max(worst, max_abs_diff(got, want.data()));
-  }
-  EXPECT_GE(seqs, 3);
-  EXPECT_LE(worst, 1e-4f);
-  std::printf("tiny_deepseek2: %d sequences, max |logit - transformers| = %.3g\n", seqs, worst);
+  fs::path out;
+  expect_converted_logits("deepseek2", "deepseek_v3", "DeepseekV3ForCausalLM", "tokenizer.gguf",
+                          &out);
 }
 
 // A one-layer model with hidden 8, 2 heads of 4, 1 KV head, intermediate 8, vocab 5; tensor values
@@ -1031,6 +1010,68 @@ struct GlmOpts {
   uint32_t rope_dims = 2;      // rope.dimension_count
 };
 
+// Adds tensors to a builder: matrices of row-major `shape` whose every element of row r (counted
+// over all leading dims) is 1000 * (tensor number) + r, and vectors of ones.
+struct RowTensors {
+  GgufBuilder& b;
+  int n = 0;
+
+  void mat(const std::string& name, std::vector<uint64_t> shape) {
+    const uint64_t cols = shape.back();
+    uint64_t rows = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+    std::vector<float> v(rows * cols);
+    for (uint64_t r = 0; r < rows; ++r)
+      for (uint64_t c = 0; c < cols; ++c) v[r * cols + c] = static_cast<float>(1000 * n + r);
+    ++n;
+    b.tensor_f32(name, std::vector<uint64_t>(shape.rbegin(), shape.rend()), v);
+  }
+  void vec(const std::string& name, uint64_t len) {
+    b.tensor_f32(name, {len}, std::vector<float>(len, 1.0f));
+  }
+};
+
+// The routing keys glm4moe and deepseek2 share (prefix `p`): 4 experts of 2, 2 used, a shared
+// expert, layer 0 dense.
+void moe_keys(GgufBuilder& b, const std::string& p) {
+  b.kv_u32(p + "expert_count", 4)
+      .kv_u32(p + "expert_used_count", 2)
+      .kv_u32(p + "expert_feed_forward_length", 2)
+      .kv_u32(p + "expert_shared_count", 1)
+      .kv_u32(p + "leading_dense_block_count", 1);
+}
+
+// The feed-forward tensors of layer `l` (prefix `x`, hidden 8) in glm4moe and deepseek2: layer 0's
+// dense MLP of 8; later layers' router, exp_probs_b (if `probs_b`), 4 stacked experts of 2 (gate
+// and up fused if `fused`) and a shared expert; from layer 2 on, a NextN block.
+void moe_ffn_tensors(RowTensors& t, const std::string& x, uint32_t l, bool probs_b = true,
+                     bool fused = false) {
+  const uint64_t h = 8;
+  if (l == 0) {
+    t.mat(x + "ffn_gate.weight", {8, h});
+    t.mat(x + "ffn_up.weight", {8, h});
+    t.mat(x + "ffn_down.weight", {h, 8});
+    return;
+  }
+  t.mat(x + "ffn_gate_inp.weight", {4, h});
+  if (probs_b) t.vec(x + "exp_probs_b.bias", 4);
+  if (fused) {
+    t.mat(x + "ffn_gate_up_exps.weight", {4, 4, h});
+  } else {
+    t.mat(x + "ffn_gate_exps.weight", {4, 2, h});
+    t.mat(x + "ffn_up_exps.weight", {4, 2, h});
+  }
+  t.mat(x + "ffn_down_exps.weight", {4, h, 2});
+  t.mat(x + "ffn_gate_shexp.weight", {2, h});
+  t.mat(x + "ffn_up_shexp.weight", {2, h});
+  t.mat(x + "ffn_down_shexp.weight", {h, 2});
+  if (l >= 2) {
+    t.mat(x + "nextn.eh_proj.weight", {h, 2 * h});
+    t.vec(x + "nextn.enorm.weight", h);
+    t.vec(x + "nextn.hnorm.weight", h);
+  }
+}
+
 GgufBuilder glm4moe_model(GlmOpts o = {}) {
   GgufBuilder b;
   const std::string p = "glm4moe.";
@@ -1044,70 +1085,28 @@ GgufBuilder glm4moe_model(GlmOpts o = {}) {
       .kv_u32(p + "attention.key_length", 4)
       .kv_u32(p + "attention.value_length", 4)
       .kv_u32(p + "rope.dimension_count", o.rope_dims)
-      .kv_f32(p + "attention.layer_norm_rms_epsilon", 1e-5f)
-      .kv_u32(p + "expert_count", 4)
-      .kv_u32(p + "expert_used_count", 2)
-      .kv_u32(p + "expert_feed_forward_length", 2)
-      .kv_u32(p + "expert_shared_count", 1)
-      .kv_u32(p + "leading_dense_block_count", 1)
-      .kv_u32(p + "expert_gating_func", o.gating)
-      .kv_bool(p + "expert_weights_norm", true);
+      .kv_f32(p + "attention.layer_norm_rms_epsilon", 1e-5f);
+  moe_keys(b, p);
+  b.kv_u32(p + "expert_gating_func", o.gating).kv_bool(p + "expert_weights_norm", true);
   if (o.scale) b.kv_f32(p + "expert_weights_scale", 1.5f);
   if (o.groups) b.kv_u32(p + "expert_group_count", o.groups);
   if (o.groups_used) b.kv_u32(p + "expert_group_used_count", o.groups_used);
   const int64_t nextn_key = o.nextn_key >= 0 ? o.nextn_key : o.nextn;
   if (nextn_key > 0) b.kv_u32(p + "nextn_predict_layers", static_cast<uint32_t>(nextn_key));
-  int n = 0;
-  // A tensor of row-major `shape`; every element of row r (counted over all leading dims) is
-  // 1000 * n + r.
-  auto mat = [&](const std::string& name, std::vector<uint64_t> shape) {
-    const uint64_t cols = shape.back();
-    uint64_t rows = 1;
-    for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
-    std::vector<float> v(rows * cols);
-    for (uint64_t r = 0; r < rows; ++r)
-      for (uint64_t c = 0; c < cols; ++c) v[r * cols + c] = static_cast<float>(1000 * n + r);
-    ++n;
-    b.tensor_f32(name, std::vector<uint64_t>(shape.rbegin(), shape.rend()), v);
-  };
-  auto vec = [&](const std::string& name, uint64_t len) {
-    b.tensor_f32(name, {len}, std::vector<float>(len, 1.0f));
-  };
-  mat("token_embd.weight", {5, 8});
+  RowTensors t{b};
+  t.mat("token_embd.weight", {5, 8});
   for (uint32_t l = 0; l < 2 + o.nextn; ++l) {
     const std::string x = "blk." + std::to_string(l) + ".";
-    vec(x + "attn_norm.weight", 8);
-    mat(x + "attn_q.weight", {8, 8});
-    mat(x + "attn_k.weight", {4, 8});
-    mat(x + "attn_v.weight", {4, 8});
-    mat(x + "attn_output.weight", {8, 8});
-    vec(x + "post_attention_norm.weight", 8);
-    if (l == 0) {
-      mat(x + "ffn_gate.weight", {8, 8});
-      mat(x + "ffn_up.weight", {8, 8});
-      mat(x + "ffn_down.weight", {8, 8});
-      continue;
-    }
-    mat(x + "ffn_gate_inp.weight", {4, 8});
-    if (o.probs_b || l != 1) vec(x + "exp_probs_b.bias", 4);
-    if (o.fused_gate_up) {
-      mat(x + "ffn_gate_up_exps.weight", {4, 4, 8});
-    } else {
-      mat(x + "ffn_gate_exps.weight", {4, 2, 8});
-      mat(x + "ffn_up_exps.weight", {4, 2, 8});
-    }
-    mat(x + "ffn_down_exps.weight", {4, 8, 2});
-    mat(x + "ffn_gate_shexp.weight", {2, 8});
-    mat(x + "ffn_up_shexp.weight", {2, 8});
-    mat(x + "ffn_down_shexp.weight", {8, 2});
-    if (l >= 2) {
-      mat(x + "nextn.eh_proj.weight", {8, 16});
-      vec(x + "nextn.enorm.weight", 8);
-      vec(x + "nextn.hnorm.weight", 8);
-    }
+    t.vec(x + "attn_norm.weight", 8);
+    t.mat(x + "attn_q.weight", {8, 8});
+    t.mat(x + "attn_k.weight", {4, 8});
+    t.mat(x + "attn_v.weight", {4, 8});
+    t.mat(x + "attn_output.weight", {8, 8});
+    t.vec(x + "post_attention_norm.weight", 8);
+    moe_ffn_tensors(t, x, l, o.probs_b || l != 1, o.fused_gate_up);
   }
-  vec("output_norm.weight", 8);
-  mat("output.weight", {5, 8});
+  t.vec("output_norm.weight", 8);
+  t.mat("output.weight", {5, 8});
   return b;
 }
 
@@ -1252,13 +1251,9 @@ GgufBuilder deepseek2_model(DsOpts o = {}) {
       .kv_u32(p + "attention.value_length", o.split ? r : v)
       .kv_u32(p + "attention.kv_lora_rank", r)
       .kv_u32(p + "rope.dimension_count", rot)
-      .kv_f32(p + "attention.layer_norm_rms_epsilon", 1e-6f)
-      .kv_u32(p + "expert_count", 4)
-      .kv_u32(p + "expert_used_count", 2)
-      .kv_u32(p + "expert_feed_forward_length", 2)
-      .kv_u32(p + "expert_shared_count", 1)
-      .kv_u32(p + "leading_dense_block_count", 1)
-      .kv_bool(p + "expert_weights_norm", true);
+      .kv_f32(p + "attention.layer_norm_rms_epsilon", 1e-6f);
+  moe_keys(b, p);
+  b.kv_bool(p + "expert_weights_norm", true);
   if (o.split)
     b.kv_u32(p + "attention.key_length_mla", nope + rot)
         .kv_u32(p + "attention.value_length_mla", v);
@@ -1272,34 +1267,21 @@ GgufBuilder deepseek2_model(DsOpts o = {}) {
     b.kv_f32(p + "rope.scaling.yarn_log_multiplier", o.log_mul);
     if (o.attn_factor != 1.f) b.kv_f32(p + "rope.scaling.yarn_attn_factor", o.attn_factor);
   }
-  int n = 0;
-  auto mat = [&](const std::string& name, std::vector<uint64_t> shape) {
-    const uint64_t cols = shape.back();
-    uint64_t rows = 1;
-    for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
-    std::vector<float> x(rows * cols);
-    for (uint64_t i = 0; i < rows; ++i)
-      for (uint64_t c = 0; c < cols; ++c) x[i * cols + c] = static_cast<float>(1000 * n + i);
-    ++n;
-    b.tensor_f32(name, std::vector<uint64_t>(shape.rbegin(), shape.rend()), x);
-  };
-  auto vec = [&](const std::string& name, uint64_t len) {
-    b.tensor_f32(name, {len}, std::vector<float>(len, 1.0f));
-  };
-  mat("token_embd.weight", {5, h});
+  RowTensors t{b};
+  t.mat("token_embd.weight", {5, h});
   for (uint32_t l = 0; l < 2 + o.nextn; ++l) {
     const std::string x = "blk." + std::to_string(l) + ".";
-    vec(x + "attn_norm.weight", h);
-    vec(x + "ffn_norm.weight", h);
+    t.vec(x + "attn_norm.weight", h);
+    t.vec(x + "ffn_norm.weight", h);
     if (o.q_lora) {
-      mat(x + "attn_q_a.weight", {ql, h});
-      vec(x + "attn_q_a_norm.weight", ql);
-      mat(x + "attn_q_b.weight", {heads * (nope + rot), ql});
+      t.mat(x + "attn_q_a.weight", {ql, h});
+      t.vec(x + "attn_q_a_norm.weight", ql);
+      t.mat(x + "attn_q_b.weight", {heads * (nope + rot), ql});
     } else {
-      mat(x + "attn_q.weight", {heads * (nope + rot), h});
+      t.mat(x + "attn_q.weight", {heads * (nope + rot), h});
     }
-    mat(x + "attn_kv_a_mqa.weight", {r + rot, h});
-    vec(x + "attn_kv_a_norm.weight", r);
+    t.mat(x + "attn_kv_a_mqa.weight", {r + rot, h});
+    t.vec(x + "attn_kv_a_norm.weight", r);
     // kv_b_proj [heads * (nope + v), r], element (row, c) = 100 * row + c.
     auto kv_b = [&](uint64_t row, uint64_t c) { return static_cast<float>(100 * row + c); };
     if (o.split) {
@@ -1320,29 +1302,11 @@ GgufBuilder deepseek2_model(DsOpts o = {}) {
         for (uint64_t c = 0; c < r; ++c) kv[row * r + c] = kv_b(row, c);
       b.tensor_f32(x + "attn_kv_b.weight", {r, heads * (nope + v)}, kv);
     }
-    mat(x + "attn_output.weight", {h, heads * v});
-    if (l == 0) {
-      mat(x + "ffn_gate.weight", {8, h});
-      mat(x + "ffn_up.weight", {8, h});
-      mat(x + "ffn_down.weight", {h, 8});
-      continue;
-    }
-    mat(x + "ffn_gate_inp.weight", {4, h});
-    vec(x + "exp_probs_b.bias", 4);
-    mat(x + "ffn_gate_exps.weight", {4, 2, h});
-    mat(x + "ffn_up_exps.weight", {4, 2, h});
-    mat(x + "ffn_down_exps.weight", {4, h, 2});
-    mat(x + "ffn_gate_shexp.weight", {2, h});
-    mat(x + "ffn_up_shexp.weight", {2, h});
-    mat(x + "ffn_down_shexp.weight", {h, 2});
-    if (l >= 2) {
-      mat(x + "nextn.eh_proj.weight", {h, 2 * h});
-      vec(x + "nextn.enorm.weight", h);
-      vec(x + "nextn.hnorm.weight", h);
-    }
+    t.mat(x + "attn_output.weight", {h, heads * v});
+    moe_ffn_tensors(t, x, l);
   }
-  vec("output_norm.weight", h);
-  mat("output.weight", {5, h});
+  t.vec("output_norm.weight", h);
+  t.mat("output.weight", {5, h});
   return b;
 }
 
