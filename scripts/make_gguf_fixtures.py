@@ -869,13 +869,33 @@ def make_tiny_deepseek2(path: Path) -> None:
     assert "blk.0.attn_kv_b.weight" not in got
 
 
+def make_tiny_bert_vocab(path: Path) -> None:
+    """A vocabulary-only WordPiece GGUF as llama.cpp's BERT converter writes one (tokenizer.ggml.model "bert": a word's
+    first piece marked with U+2581, continuation pieces bare; [CLS] / [SEP] / [UNK] ids): the seed through which the
+    GGUF fuzzer reaches the WordPiece tokenizer, and tests/tokenizer_gguf_test.cc's small case."""
+    w = gguf.GGUFWriter(str(path), "bert")
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "\u2581hello", "\u2581world", "\u2581,", "\u2581!",
+              "\u2581he", "llo", "\u2581a", "pf", "el", "\u2581\u4e2d", "\u2581\u6587", "\u25811", "23", "\u2581<", "s", "\u2581>"]
+    w.add_tokenizer_model("bert")
+    w.add_tokenizer_pre("bert-bge")
+    w.add_token_list(tokens)
+    w.add_token_types([3, 2, 3, 3, 3] + [1] * (len(tokens) - 5))
+    w.add_unk_token_id(1)
+    w.add_uint32("tokenizer.ggml.cls_token_id", 2)  # the bert-bge vocabulary's keys
+    w.add_sep_token_id(3)
+    w.add_pad_token_id(0)
+    w.add_mask_token_id(4)
+    write(w)
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     only = sys.argv[1:]  # fixture names to make (types, tiny_llama, tiny_qwen2, tiny_phi3, tiny_gemma3,
-    #                      tiny_glm4moe, tiny_deepseek2); none: all
+    #                      tiny_glm4moe, tiny_deepseek2, tiny_bert_vocab); none: all
     for name, make in (("types", make_types), ("tiny_llama", make_tiny_llama), ("tiny_qwen2", make_tiny_qwen2),
                        ("tiny_phi3", make_tiny_phi3), ("tiny_gemma3", make_tiny_gemma3),
-                       ("tiny_glm4moe", make_tiny_glm4moe), ("tiny_deepseek2", make_tiny_deepseek2)):
+                       ("tiny_glm4moe", make_tiny_glm4moe), ("tiny_deepseek2", make_tiny_deepseek2),
+                       ("tiny_bert_vocab", make_tiny_bert_vocab)):
         if not only or name in only:
             make(OUT / f"{name}.gguf")
     total = sum(f.stat().st_size for f in OUT.iterdir())

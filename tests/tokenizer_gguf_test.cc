@@ -112,6 +112,27 @@ TEST(LlamaCppVocabs, OthersLoadOrAreRefusedByName) {
   }
 }
 
+// WordPiece on a hand-made vocabulary (tests/data/gguf/tiny_bert_vocab.gguf): lowercased, accents
+// reduced to their base letters, punctuation and CJK ideographs words of their own, the longest
+// pieces from the left, a word with an unmatched position one [UNK], [CLS] / [SEP] around it.
+TEST(GgufTokenizer, TinyWordPieceVocabulary) {
+  auto t = load_tokenizer(test::data_dir() + "/gguf/tiny_bert_vocab.gguf", 0);
+  ASSERT_TRUE(t.ok()) << t.message();
+  const Tokenizer& tok = **t;
+  EXPECT_EQ(tok.bos_id(), 2);
+  EXPECT_EQ(tok.eos_id(), 3);
+  // "Hello, World!" → ▁hello ▁, ▁world ▁!; "HeLLo" → ▁hello (the longest first, not ▁he llo);
+  // "Äpfel" → ▁a pf el; 中文 → ▁中 ▁文; "123" → ▁1 23; "xyz" → [UNK]; "hel" → [UNK] (▁he, then
+  // no entry for "l").
+  EXPECT_EQ(
+      tok.encode_with("Hello, World! HeLLo hello \xC3\x84pfel \xE4\xB8\xAD\xE6\x96\x87 123 xyz",
+                      {/*add_special=*/true, /*parse_special=*/false}),
+      (std::vector<int32_t>{2, 5, 7, 6, 8, 5, 5, 11, 12, 13, 14, 15, 16, 17, 1, 3}));
+  EXPECT_EQ(tok.encode_with("hel", {false, false}), (std::vector<int32_t>{1}));
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{5, 7, 6, 9, 10}), "hello , world hello");
+  EXPECT_EQ(tok.encode_with("[CLS]hello", {false, true}), (std::vector<int32_t>{2, 5}));
+}
+
 TEST(GgufTokenizer, SentencePieceBosAndDummyPrefix) {
   MILES_REQUIRE_SHARED();
   auto t = load_tokenizer(

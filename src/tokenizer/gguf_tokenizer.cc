@@ -275,8 +275,15 @@ Result<std::unique_ptr<Tokenizer>> bert_tokenizer(const GgufFile& f,
   spec.pieces = std::move(tokens);
   spec.types = std::move(types);
   MILES_ASSIGN_OR_RETURN(spec.unk_id, token_id_key(f, "tokenizer.ggml.unknown_token_id", n));
+  // [CLS] / [SEP] under their own keys (llama.cpp's BERT converter), else as BOS / EOS.
   MILES_ASSIGN_OR_RETURN(spec.bos_id, token_id_key(f, "tokenizer.ggml.cls_token_id", n));
+  if (spec.bos_id < 0) {
+    MILES_ASSIGN_OR_RETURN(spec.bos_id, token_id_key(f, "tokenizer.ggml.bos_token_id", n));
+  }
   MILES_ASSIGN_OR_RETURN(spec.eos_id, token_id_key(f, "tokenizer.ggml.seperator_token_id", n));
+  if (spec.eos_id < 0) {
+    MILES_ASSIGN_OR_RETURN(spec.eos_id, token_id_key(f, "tokenizer.ggml.eos_token_id", n));
+  }
   MILES_ASSIGN_OR_RETURN(spec.add_bos, optional_bool(f, "tokenizer.ggml.add_bos_token", true));
   MILES_ASSIGN_OR_RETURN(spec.add_eos, optional_bool(f, "tokenizer.ggml.add_eos_token", true));
   return tokenizer::make_wordpiece_tokenizer(std::move(spec));
