@@ -328,9 +328,8 @@ class BackendBackward {
   // of kv_b_proj's gradient.
   void mla_out(const float* attn, const float* dout, float* dattn) {
     const DevLayer& w = m_.layers_[layer_];
-    const MlaConfig& m = c_.mla;
-    const int64_t h = c_.num_heads, r = m.qk_rope_head_dim, kl = m.kv_lora_rank, v = m.v_head_dim;
-    const int64_t hd = r + kl, nope = m.qk_nope_head_dim;
+    const MlaDims d(c_);
+    const int64_t h = d.h, r = d.r, kl = d.kl, v = d.v, hd = d.hd, nope = d.nope;
     float* kvb = grad("model.layers." + std::to_string(layer_) + ".self_attn.kv_b_proj.weight");
     b_.launch(t_ * h * r, ZeroColumnsKernel{dattn, h * hd, hd, r});
     for (int64_t x = 0; x < h; ++x) {
@@ -345,13 +344,12 @@ class BackendBackward {
   // latent's d through kv_a_layernorm, d k_pe in place, then q_b_proj and q_a_layernorm.
   void mla_qkv(const float* a, const float* dqkv, float* da) {
     const DevLayer& w = m_.layers_[layer_];
-    const MlaConfig& m = c_.mla;
-    const int64_t h = c_.num_heads, nope = m.qk_nope_head_dim, r = m.qk_rope_head_dim;
-    const int64_t kl = m.kv_lora_rank, ql = m.q_lora_rank, v = m.v_head_dim, qk = nope + r;
-    const int64_t hd = r + kl, ld = h * hd + 2 * hd, kv_at = ql > 0 ? ql : h * qk;
-    const int64_t wa = kv_at + kl + r;
+    const MlaDims d(c_);
+    const int64_t h = d.h, nope = d.nope, r = d.r, kl = d.kl, ql = d.ql, v = d.v, qk = d.qk;
+    const int64_t hd = d.hd, ld = d.ld, kv_at = d.kv_at, wa = d.wa;
+    const bool interleave = c_.mla.rope_interleave;
     const std::string at = "model.layers." + std::to_string(layer_) + ".self_attn.";
-    constexpr float eps = BackendModel<B>::kMlaNormEps;
+    constexpr float eps = kMlaNormEps;
     float* q = mla_;
     float* dq = q + t_ * h * qk;
     float* qan = dq + t_ * h * qk;
@@ -367,14 +365,14 @@ class BackendBackward {
       qs = q;
       qld = h * qk;
     }
-    b_.launch(t_ * h * r, MlaRopeGradKernel{dqkv, ld, hd, h, nope, r, m.rope_interleave, dq});
+    b_.launch(t_ * h * r, MlaRopeGradKernel{dqkv, ld, hd, h, nope, r, interleave, dq});
     for (int64_t x = 0; x < h; ++x) {
       gemm_dx(dqkv + x * hd + r, ld, w.kb[x], dq + x * qk, h * qk);
       weight_grad(qs + x * qk, qld, dqkv + x * hd + r, ld, nope, kl,
                   {{grad(at + "kv_b_proj.weight") + x * (nope + v) * kl, nope}});
     }
-    b_.launch(t_ * (kl + r), MlaLatentGradKernel{dqkv + h * hd, ld, r, kl, m.rope_interleave, dc,
-                                                 da + kv_at + kl, wa});
+    b_.launch(t_ * (kl + r),
+              MlaLatentGradKernel{dqkv + h * hd, ld, r, kl, interleave, dc, da + kv_at + kl, wa});
     b_.launch(t_ * kl, StridedCopyKernel{a + kv_at, wa, xc, kl, kl});
     norm_backward(xc, dc, Rows{kl, 1, kl}, t_, w.kv_a_norm, dc, grad(at + "kv_a_layernorm.weight"),
                   eps);

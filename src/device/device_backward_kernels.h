@@ -378,8 +378,8 @@ struct MlaRopeGradKernel {
   float* dq;
   MILES_HD void operator()(int64_t i) const {
     const int64_t tok = i / (heads * r), e = i % (heads * r), h = e / r, j = e % r;
-    const int64_t src = !interleave ? j : j < r / 2 ? 2 * j : 2 * (j - r / 2) + 1;
-    dq[(tok * heads + h) * (nope + r) + nope + src] = dqkv[tok * ld + h * hd + j];
+    dq[(tok * heads + h) * (nope + r) + nope + mla_rope_source(j, r, interleave)] =
+        dqkv[tok * ld + h * hd + j];
   }
 };
 
@@ -401,8 +401,7 @@ struct MlaLatentGradKernel {
       return;
     }
     const int64_t j = e - kl;
-    const int64_t src = !interleave ? j : j < r / 2 ? 2 * j : 2 * (j - r / 2) + 1;
-    dpe[tok * ldpe + src] = k[j];
+    dpe[tok * ldpe + mla_rope_source(j, r, interleave)] = k[j];
   }
 };
 

@@ -420,10 +420,7 @@ struct MlaAssembleKernel {
   int64_t heads, nope, r, kl;
   bool interleave;
   float* qkv;
-  MILES_HD int64_t src(int64_t j) const {
-    if (!interleave) return j;
-    return j < r / 2 ? 2 * j : 2 * (j - r / 2) + 1;
-  }
+  MILES_HD int64_t src(int64_t j) const { return mla_rope_source(j, r, interleave); }
   MILES_HD void operator()(int64_t i) const {
     const int64_t hd = r + kl, qd = heads * hd, per = heads * r + 2 * hd;
     const int64_t tok = i / per, e = i % per;

@@ -63,6 +63,13 @@ MILES_HD inline float round_even(float x) {
 }
 
 MILES_HD inline bool is_nan(float x) { return x != x; }
+
+// mla.cc's rope_source: the source of position j of MLA's rotated block of r values (interleaved
+// pairs laid out as [x0, x2, …, x1, x3, …] where `interleave`).
+MILES_HD inline int64_t mla_rope_source(int64_t j, int64_t r, bool interleave) {
+  if (!interleave) return j;
+  return j < r / 2 ? 2 * j : 2 * (j - r / 2) + 1;
+}
 MILES_HD inline float inf_f() { return bits_to_float(0x7f800000u); }
 MILES_HD inline bool is_inf(float x) { return x == inf_f() || x == -inf_f(); }
 // std::max(a, b): b when a < b, else a.

@@ -70,7 +70,7 @@ struct DevLayer {
   const float *input_norm = nullptr, *qkv_bias = nullptr, *q_norm = nullptr, *k_norm = nullptr;
   const float *o_bias = nullptr, *post_norm = nullptr;
   const float *attn_out_norm = nullptr, *mlp_out_norm = nullptr;  // Gemma 3
-  const float *gate_up_bias = nullptr, *down_bias = nullptr;  // mlp_bias
+  const float *gate_up_bias = nullptr, *down_bias = nullptr;      // mlp_bias
   DevMatrix qkv, o, gate_up, down;
   DevMatrix qkv_t, o_t, gate_up_t, down_t;  // the transposed packs, made for the backward
   // Qwen3-MoE layers: the router, and every expert's packs one after another (shapes in the
@@ -115,9 +115,9 @@ struct DevTape {
   std::vector<int64_t> offset;  // first token of each sequence
   std::vector<DevTapeLayer> layers;
   float *h_final = nullptr, *normed = nullptr;
-  const int32_t* d_tokens = nullptr;  // on the device, valid until the next forward
-  const float* d_cos = nullptr;       // RoPE tables of the tokens ([T][rotary_dim / 2])
-  const float* d_neg_sin = nullptr;   // −sin: the inverse rotation
+  const int32_t* d_tokens = nullptr;   // on the device, valid until the next forward
+  const float* d_cos = nullptr;        // RoPE tables of the tokens ([T][rotary_dim / 2])
+  const float* d_neg_sin = nullptr;    // −sin: the inverse rotation
   const float* d_cos_local = nullptr;  // the same from rope_local_ (Gemma 3's sliding layers)
   const float* d_neg_sin_local = nullptr;
 };
@@ -443,10 +443,9 @@ class BackendModel final : public DeviceModel {
   // mla.cc's mla_qkv on the device: the query path (q_a_layernorm, q_b_proj; or q_proj's rows as
   // they are), the normed latent, the assembled rows, then each head's absorbed query.
   Status mla_qkv(const DevLayer& l, const float* a, int64_t t, float* qkv) {
-    const MlaConfig& m = config_.mla;
-    const int64_t h = config_.num_heads, qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
-    const int64_t r = m.qk_rope_head_dim, kl = m.kv_lora_rank, ql = m.q_lora_rank, hd = r + kl;
-    const int64_t kv_at = ql > 0 ? ql : h * qk, wa = kv_at + kl + r, ld = h * hd + 2 * hd;
+    const MlaDims d(config_);
+    const int64_t h = d.h, qk = d.qk, r = d.r, kl = d.kl, ql = d.ql, hd = d.hd;
+    const int64_t kv_at = d.kv_at, wa = d.wa, ld = d.ld;
     MILES_ASSIGN_OR_RETURN(float* buf, scratch(mla_, t * (h * qk + ql + kl)));
     float* qan = buf + t * h * qk;
     float* lat = qan + t * ql;
@@ -459,21 +458,17 @@ class BackendModel final : public DeviceModel {
       qld = h * qk;
     }
     b_->launch(t, RmsnormKernel{a + kv_at, wa, l.kv_a_norm, kl, kMlaNormEps, lat, kl});
-    b_->launch(t * (h * r + 2 * hd),
-               MlaAssembleKernel{q, qld, a, wa, kv_at, lat, h, m.qk_nope_head_dim, r, kl,
-                                 m.rope_interleave, qkv});
+    b_->launch(t * (h * r + 2 * hd), MlaAssembleKernel{q, qld, a, wa, kv_at, lat, h, d.nope, r, kl,
+                                                       config_.mla.rope_interleave, qkv});
     for (int64_t x = 0; x < h; ++x) gemm(q + x * qk, t, qld, l.kb_t[x], qkv + x * hd + r, ld);
     return Status::Ok();
   }
   // mla.cc's mla_out: each head's latent output times W_vbᵀ.
   void mla_out(const DevLayer& l, const float* attn, int64_t t, float* out) {
-    const MlaConfig& m = config_.mla;
-    const int64_t h = config_.num_heads, hd = m.qk_rope_head_dim + m.kv_lora_rank;
-    for (int64_t x = 0; x < h; ++x)
-      gemm(attn + x * hd + m.qk_rope_head_dim, t, h * hd, l.vb[x], out + x * m.v_head_dim,
-           h * m.v_head_dim);
+    const MlaDims d(config_);
+    for (int64_t x = 0; x < d.h; ++x)
+      gemm(attn + x * d.hd + d.r, t, d.qd, l.vb[x], out + x * d.v, d.h * d.v);
   }
-  static constexpr float kMlaNormEps = 1e-6f;  // mla.cc's kLatentNormEps
 
   static const DevMatrix& matrix(const DevLayer& l, Param p) {
     switch (p) {

@@ -13,27 +13,9 @@ namespace miles {
 
 namespace {
 
-constexpr float kLatentNormEps = 1e-6f;  // q_a_layernorm's and kv_a_layernorm's (not the config's)
-
-struct Dims {
-  int64_t h, ql, kl, nope, r, v, qk, hd, qd, kvd, wa, kv_at;
-  explicit Dims(const ModelConfig& c)
-      : h(c.num_heads),
-        ql(c.mla.q_lora_rank),
-        kl(c.mla.kv_lora_rank),
-        nope(c.mla.qk_nope_head_dim),
-        r(c.mla.qk_rope_head_dim),
-        v(c.mla.v_head_dim),
-        qk(nope + r),
-        hd(r + kl),
-        qd(h * (r + kl)),
-        kvd(r + kl),
-        wa((ql > 0 ? ql : h * (nope + r)) + kl + r),
-        kv_at(ql > 0 ? ql : h * (nope + r)) {}
-};
-
 // Position j of the rotated block (r values) reads source position src(j): DeepSeek's interleaved
-// pairs (x0, x1), (x2, x3), … laid out as [x0, x2, …, x1, x3, …] for the half-split rotation.
+// pairs (x0, x1), (x2, x3), … laid out as [x0, x2, …, x1, x3, …] for the half-split rotation. (The
+// device functors' twin: device_math.h's mla_rope_source.)
 int64_t rope_source(const ModelConfig& c, int64_t j) {
   const int64_t r = c.mla.qk_rope_head_dim;
   if (!c.mla.rope_interleave) return j;
@@ -43,7 +25,7 @@ int64_t rope_source(const ModelConfig& c, int64_t j) {
 // The query path: q [T, H · qk] from a (q_b_proj of the normed q_a, or q_proj's rows as they are).
 std::vector<float> queries(const ModelConfig& c, const MlaWeights& w, const float* a, int64_t t,
                            std::vector<float>* qan, ThreadPool* pool) {
-  const Dims d(c);
+  const MlaDims d(c);
   std::vector<float> q(static_cast<size_t>(t * d.h * d.qk));
   if (d.ql == 0) {
     for (int64_t i = 0; i < t; ++i)
@@ -52,7 +34,7 @@ std::vector<float> queries(const ModelConfig& c, const MlaWeights& w, const floa
   }
   std::vector<float> n(static_cast<size_t>(t * d.ql));
   for (int64_t i = 0; i < t; ++i) std::copy_n(a + i * d.wa, d.ql, n.data() + i * d.ql);
-  kernels::rmsnorm(n.data(), t, d.ql, w.q_a_norm.data(), kLatentNormEps, n.data());
+  kernels::rmsnorm(n.data(), t, d.ql, w.q_a_norm.data(), kMlaNormEps, n.data());
   kernels::gemm(n.data(), t, d.ql, w.q_b, q.data(), d.h * d.qk, pool);
   if (qan) *qan = std::move(n);
   return q;
@@ -60,12 +42,12 @@ std::vector<float> queries(const ModelConfig& c, const MlaWeights& w, const floa
 
 }  // namespace
 
-int64_t mla_a_width(const ModelConfig& c) { return Dims(c).wa; }
+int64_t mla_a_width(const ModelConfig& c) { return MlaDims(c).wa; }
 int64_t mla_out_width(const ModelConfig& c) { return c.num_heads * c.mla.v_head_dim; }
 
 std::vector<std::pair<std::string, int64_t>> mla_a_parts(const ModelConfig& c,
                                                          const std::string& p) {
-  const Dims d(c);
+  const MlaDims d(c);
   std::vector<std::pair<std::string, int64_t>> parts;
   if (d.ql > 0) {
     parts.emplace_back(p + "self_attn.q_a_proj.weight", d.ql);
@@ -78,7 +60,7 @@ std::vector<std::pair<std::string, int64_t>> mla_a_parts(const ModelConfig& c,
 
 Status load_mla_weights(const ModelConfig& c, const TensorMap& w, const std::string& p,
                         MlaWeights& out) {
-  const Dims d(c);
+  const MlaDims d(c);
   const std::string a = p + "self_attn.";
   if (d.ql > 0) {
     MILES_ASSIGN_OR_RETURN(Tensor qb, w.get(a + "q_b_proj.weight", {d.h * d.qk, d.ql}));
@@ -114,13 +96,13 @@ void build_mla_backward(const MlaWeights& w, MlaWeightsT& t) {
 
 void mla_qkv(const ModelConfig& c, const MlaWeights& w, const float* a, int64_t t, float* qkv,
              ThreadPool* pool) {
-  const Dims d(c);
-  const int64_t ld = d.qd + 2 * d.kvd;
+  const MlaDims d(c);
+  const int64_t ld = d.ld;
   const std::vector<float> q = queries(c, w, a, t, nullptr, pool);
   // The compressed kv, normed: the key's and the value's latent.
   std::vector<float> lat(static_cast<size_t>(t * d.kl));
   for (int64_t i = 0; i < t; ++i) std::copy_n(a + i * d.wa + d.kv_at, d.kl, lat.data() + i * d.kl);
-  kernels::rmsnorm(lat.data(), t, d.kl, w.kv_a_norm.data(), kLatentNormEps, lat.data());
+  kernels::rmsnorm(lat.data(), t, d.kl, w.kv_a_norm.data(), kMlaNormEps, lat.data());
   for (int64_t i = 0; i < t; ++i) {
     float* row = qkv + i * ld;
     const float* qi = q.data() + i * d.h * d.qk;
@@ -142,7 +124,7 @@ void mla_qkv(const ModelConfig& c, const MlaWeights& w, const float* a, int64_t 
 
 void mla_out(const ModelConfig& c, const MlaWeights& w, const float* attn, int64_t t, float* out,
              ThreadPool* pool) {
-  const Dims d(c);
+  const MlaDims d(c);
   for (int64_t h = 0; h < d.h; ++h)
     kernels::gemm(attn + h * d.hd + d.r, t, d.qd, w.vb[h], out + h * d.v, d.h * d.v, pool);
 }
@@ -162,7 +144,7 @@ void rows_grad(GradSink& g, const std::string& name, int64_t row0, const float* 
 void mla_out_backward(const ModelConfig& c, const MlaWeightsT& wt, const float* attn,
                       const float* dout, int64_t t, float* dattn, const std::string& p, GradSink& g,
                       ThreadPool* pool) {
-  const Dims d(c);
+  const MlaDims d(c);
   const std::string kvb = p + "self_attn.kv_b_proj.weight";
   for (int64_t i = 0; i < t; ++i)
     for (int64_t h = 0; h < d.h; ++h) std::fill_n(dattn + i * d.qd + h * d.hd, d.r, 0.0f);
@@ -177,8 +159,8 @@ void mla_qkv_backward(const ModelConfig& c, const MlaWeights& w, const MlaWeight
                       const float* a, const float* dqkv, int64_t t, float* da, const std::string& p,
                       GradSink& g, ThreadPool* pool,
                       const std::function<void(float*, int64_t)>& reduce) {
-  const Dims d(c);
-  const int64_t ld = d.qd + 2 * d.kvd;
+  const MlaDims d(c);
+  const int64_t ld = d.ld;
   const std::string at = p + "self_attn.";
   std::vector<float> qan;
   const std::vector<float> q = queries(c, w, a, t, &qan, pool);
@@ -209,7 +191,7 @@ void mla_qkv_backward(const ModelConfig& c, const MlaWeights& w, const MlaWeight
   for (int64_t i = 0; i < t; ++i)
     for (int64_t j = 0; j < d.r; ++j)
       da[i * d.wa + d.kv_at + d.kl + rope_source(c, j)] = dpe[i * d.r + j];
-  kernels::rmsnorm_backward(x.data(), dc.data(), t, d.kl, w.kv_a_norm.data(), kLatentNormEps,
+  kernels::rmsnorm_backward(x.data(), dc.data(), t, d.kl, w.kv_a_norm.data(), kMlaNormEps,
                             dc.data(), g.accumulate(at + "kv_a_layernorm.weight"), pool);
   for (int64_t i = 0; i < t; ++i) std::copy_n(dc.data() + i * d.kl, d.kl, da + i * d.wa + d.kv_at);
   if (d.ql == 0) {
@@ -224,7 +206,7 @@ void mla_qkv_backward(const ModelConfig& c, const MlaWeights& w, const MlaWeight
   kernels::gemm(dq.data(), t, d.h * d.qk, wt.q_b_t, dn.data(), d.ql, pool);
   reduce(dn.data(), t * d.ql);
   for (int64_t i = 0; i < t; ++i) std::copy_n(a + i * d.wa, d.ql, xa.data() + i * d.ql);
-  kernels::rmsnorm_backward(xa.data(), dn.data(), t, d.ql, w.q_a_norm.data(), kLatentNormEps,
+  kernels::rmsnorm_backward(xa.data(), dn.data(), t, d.ql, w.q_a_norm.data(), kMlaNormEps,
                             dn.data(), g.accumulate(at + "q_a_layernorm.weight"), pool);
   for (int64_t i = 0; i < t; ++i) std::copy_n(dn.data() + i * d.ql, d.ql, da + i * d.wa);
 }

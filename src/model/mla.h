@@ -23,6 +23,31 @@
 namespace miles {
 class ThreadPool;
 
+// The latent norms' epsilon (DeepseekV3RMSNorm's default, not the config's rms_norm_eps).
+inline constexpr float kMlaNormEps = 1e-6f;
+
+// MLA's sizes per token, from the config: heads h, q_lora_rank ql (0: q_proj), kv_lora_rank kl,
+// qk_nope / qk_rope / v head dims, a query head qk = nope + r, a latent head hd = r + kl, the
+// attention's q part qd = h · hd and kv part kvd = hd, a q/k/v row ld = qd + 2 kvd, the
+// a-projection's row wa with the compressed kv at kv_at.
+struct MlaDims {
+  int64_t h, ql, kl, nope, r, v, qk, hd, qd, kvd, ld, kv_at, wa;
+  explicit MlaDims(const ModelConfig& c)
+      : h(c.num_heads),
+        ql(c.mla.q_lora_rank),
+        kl(c.mla.kv_lora_rank),
+        nope(c.mla.qk_nope_head_dim),
+        r(c.mla.qk_rope_head_dim),
+        v(c.mla.v_head_dim),
+        qk(nope + r),
+        hd(r + kl),
+        qd(h * hd),
+        kvd(hd),
+        ld(qd + 2 * kvd),
+        kv_at(ql > 0 ? ql : h * qk),
+        wa(kv_at + kl + r) {}
+};
+
 struct MlaWeights {
   kernels::PackedMatrix q_b;                // (H · qk_head_dim, q_lora_rank), when q_lora_rank
   std::vector<float> q_a_norm, kv_a_norm;   // (q_lora_rank), (kv_lora_rank)
