@@ -273,15 +273,8 @@ class Backward {
         for (int64_t i = 0; i < d; ++i) dy[r * d + i] = dh[tok * d + i] * wgt;
         std::copy_n(xn2 + tok * d, d, xs.data() + r * d);
       }
-      std::vector<float> dact(static_cast<size_t>(n * f)), dgu(static_cast<size_t>(n * 2 * f));
-      gemm(dy.data(), n, d, wt.experts[ex].down_t, dact.data(), f, pool_);
-      g_.weight_grad(dy.data(), d, et.act.data(), f, n, f, {{xp + "down_proj.weight", d}});
-      kernels::swiglu_backward(et.gate_up.data(), et.gate_up.data() + f, dact.data(), n, f, 2 * f,
-                               dgu.data(), dgu.data() + f, 2 * f);
-      g_.weight_grad(dgu.data(), 2 * f, xs.data(), d, n, d,
-                     {{xp + "gate_proj.weight", f}, {xp + "up_proj.weight", f}});
-      std::vector<float> dxs(static_cast<size_t>(n * d));
-      gemm(dgu.data(), n, 2 * f, wt.experts[ex].gate_up_t, dxs.data(), d, pool_);
+      const std::vector<float> dxs =
+          expert_backward(et, wt.experts[ex], f, xs.data(), dy.data(), n, xp);
       for (int64_t r = 0; r < n; ++r) add_into(dxn + (et.slots[r] / k) * d, dxs.data() + r * d, d);
     }
     if (w_.layers[layer].has_shared) shared_expert(xn2, dh, p + "mlp.shared_experts.", dxn);
@@ -334,23 +327,31 @@ class Backward {
     }
   }
 
-  // The shared expert's backward (its output added with weight 1): weight gradients, and its input
-  // gradient added into dxn.
-  void shared_expert(const float* xn2, const float* dh, const std::string& xp, float* dxn) {
-    const ExpertTape& et = lt().moe.shared;
-    const ExpertWeightsT& wt = bw_.layers[layer_].shared;
-    const int64_t d = c_.hidden_size, n = t_;
-    const int64_t f = c_.moe.n_shared_experts * c_.moe.moe_intermediate_size;
+  // One expert MLP's backward over its n rows (x: their inputs, dy: d of their outputs): its weight
+  // gradients (prefix xp), and d x returned [n, d].
+  std::vector<float> expert_backward(const ExpertTape& et, const ExpertWeightsT& wt, int64_t f,
+                                     const float* x, const float* dy, int64_t n,
+                                     const std::string& xp) {
+    const int64_t d = c_.hidden_size;
     std::vector<float> dact(static_cast<size_t>(n * f)), dgu(static_cast<size_t>(n * 2 * f));
-    gemm(dh, n, d, wt.down_t, dact.data(), f, pool_);
-    g_.weight_grad(dh, d, et.act.data(), f, n, f, {{xp + "down_proj.weight", d}});
+    gemm(dy, n, d, wt.down_t, dact.data(), f, pool_);
+    g_.weight_grad(dy, d, et.act.data(), f, n, f, {{xp + "down_proj.weight", d}});
     kernels::swiglu_backward(et.gate_up.data(), et.gate_up.data() + f, dact.data(), n, f, 2 * f,
                              dgu.data(), dgu.data() + f, 2 * f);
-    g_.weight_grad(dgu.data(), 2 * f, xn2, d, n, d,
+    g_.weight_grad(dgu.data(), 2 * f, x, d, n, d,
                    {{xp + "gate_proj.weight", f}, {xp + "up_proj.weight", f}});
-    std::vector<float> dxs(static_cast<size_t>(n * d));
-    gemm(dgu.data(), n, 2 * f, wt.gate_up_t, dxs.data(), d, pool_);
-    add_into(dxn, dxs.data(), n * d, pool_);
+    std::vector<float> dx(static_cast<size_t>(n * d));
+    gemm(dgu.data(), n, 2 * f, wt.gate_up_t, dx.data(), d, pool_);
+    return dx;
+  }
+
+  // The shared expert's backward (its output added with weight 1, every token its row): weight
+  // gradients, and its input gradient added into dxn.
+  void shared_expert(const float* xn2, const float* dh, const std::string& xp, float* dxn) {
+    const int64_t f = c_.moe.n_shared_experts * c_.moe.moe_intermediate_size;
+    const std::vector<float> dxs =
+        expert_backward(lt().moe.shared, bw_.layers[layer_].shared, f, xn2, dh, t_, xp);
+    add_into(dxn, dxs.data(), t_ * c_.hidden_size, pool_);
   }
 
   // Attention per sequence: d attn in, d qkv (after RoPE) out, every row written by its kv heads.
