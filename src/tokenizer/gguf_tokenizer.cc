@@ -227,8 +227,7 @@ Result<std::unique_ptr<Tokenizer>> gpt2_tokenizer(const GgufFile& f,
       spec.token_bytes[id] =
           normal && tokenizer::byte_level_decode(tokens[id], &bytes) ? bytes : tokens[id];
     }
-    if (t == tokenizer::kTokenControl || t == tokenizer::kTokenUserDefined ||
-        t == tokenizer::kTokenUnknown)
+    if (tokenizer::is_added_type(t))
       spec.added_tokens.push_back({tokens[id], id, t != tokenizer::kTokenUserDefined});
   }
   spec.added_strategy = tokenizer::AddedTokenMatcher::Strategy::kLongestFirst;

@@ -58,9 +58,8 @@ class SpmTokenizer final : public Tokenizer {
     decoded_.resize(n);
     for (int32_t id = 0; id < n; ++id) {
       lookup_[spec_.pieces[id]] = id;  // later ids win, as llama.cpp's token_to_id
-      const int32_t type = spec_.types[id];
-      if (type == kTokenControl || type == kTokenUserDefined || type == kTokenUnknown)
-        added.push_back({spec_.pieces[id], id, type != kTokenUserDefined});
+      if (is_added_type(spec_.types[id]))
+        added.push_back({spec_.pieces[id], id, spec_.types[id] != kTokenUserDefined});
       decoded_[id] = decode_text(id);
     }
     for (int b = 0; b < 256; ++b) {
@@ -131,9 +130,7 @@ class SpmTokenizer final : public Tokenizer {
     MILES_CHECK(id >= 0 && id < vocab_size(), "token id outside the vocabulary");
   }
   bool is_added(int32_t id) const {
-    if (id < 0 || id >= vocab_size()) return false;
-    const int32_t t = spec_.types[id];
-    return t == kTokenControl || t == kTokenUserDefined || t == kTokenUnknown;
+    return id >= 0 && id < vocab_size() && is_added_type(spec_.types[id]);
   }
   std::string decode_text(int32_t id) const {
     const std::string& p = spec_.pieces[id];

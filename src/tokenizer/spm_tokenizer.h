@@ -27,6 +27,12 @@ enum GgufTokenType : int32_t {
   kTokenByte = 6,
 };
 
+// Tokens llama.cpp matches in the text before the vocabulary's own algorithm runs (control,
+// user-defined and unknown ones): added tokens.
+inline bool is_added_type(int32_t type) {
+  return type == kTokenControl || type == kTokenUserDefined || type == kTokenUnknown;
+}
+
 struct SpmSpec {
   std::vector<std::string> pieces;  // [vocab] as stored, spaces as U+2581
   std::vector<float> scores;        // [vocab]

@@ -115,10 +115,7 @@ class WordPieceTokenizer final : public Tokenizer {
   }
 
  private:
-  bool is_added(int32_t id) const {
-    const int32_t t = spec_.types[id];
-    return t == kTokenControl || t == kTokenUserDefined || t == kTokenUnknown;
-  }
+  bool is_added(int32_t id) const { return is_added_type(spec_.types[id]); }
 
   // The word's pieces from the left, each the longest entry starting there; none: [UNK].
   void encode_word(const std::string& word, std::vector<int32_t>& ids) const {
