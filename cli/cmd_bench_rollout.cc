@@ -21,11 +21,12 @@
 #include "cli/bench_closed_loop.h"
 #include "cli/bench_grpo.h"
 #include "cli/bench_percentiles.h"
+#include "cli/bench_spec.h"
 #include "cli/commands.h"
 #include "cli/model_files.h"
 #include "cli/serve_tp.h"
-#include "miles/rollout/engine.h"
 #include "miles/kernels.h"
+#include "miles/rollout/engine.h"
 #include "miles/thread_pool.h"
 
 namespace miles::cli {
@@ -44,6 +45,9 @@ struct RolloutBenchOptions {
   int64_t num_blocks = 0;  // 0: enough for the largest level
   int64_t max_batch_tokens = 2048;
   uint64_t seed = 1234;
+  bool concurrency_set = false;
+  bool spec = false;  // speculative decoding off vs on instead (bench_spec.cc)
+  SpecBenchOptions spec_options;
 };
 
 int64_t requests_at(const RolloutBenchOptions& o, int c) {
@@ -253,8 +257,21 @@ int run_bench_rollout(const RolloutBenchOptions& o) {
   auto tok = find_tokenizer(o.model, o.tokenizer, static_cast<int32_t>(config.vocab_size));
   if (tok.ok()) {
     ctx.tokenizer = std::move(tok).value();
-  } else if (!o.tokenizer.empty()) {
+  } else if (!o.tokenizer.empty() || o.spec) {
     return fail("bench rollout", tok.message());
+  }
+  if (o.spec) {
+    if (o.tp > 1 || *device != Device::kCpu)
+      return fail("bench rollout", "--spec runs in-process CPU engines (no --tp, --device)");
+    ThreadPool pool(o.threads);
+    SpecBenchOptions so = o.spec_options;
+    so.model = o.model;
+    so.json = o.json;
+    if (!o.concurrency_set)
+      so.concurrency = {1, 8, 32};
+    else
+      so.concurrency = o.concurrency;
+    return run_spec_bench(so, ctx.model, ctx.tokenizer, pool);
   }
   const int threads =
       o.threads == 0 && o.tp > 1
@@ -323,7 +340,21 @@ void register_bench_rollout(CLI::App& bench) {
       ->capture_default_str();
   r->add_option("--seed", o->seed, "seed of prompts and sampling")->capture_default_str();
   r->add_option("--json", o->json, "also write the results as JSON to this file");
-  r->callback([o] {
+  r->add_flag("--spec", o->spec,
+              "speculative decoding off vs on (model-free drafter) on GRPO workloads of "
+              "arithmetic and story prompts (concurrency default 1,8,32)");
+  r->add_option("--spec-prompts", o->spec_options.prompts, "--spec: prompts per task and epoch")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  r->add_option("--spec-max-draft-tokens", o->spec_options.max_draft_tokens,
+                "--spec: drafted tokens verified per sample and iteration")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  r->add_option("--spec-arithmetic-data", o->spec_options.arithmetic_data,
+                "--spec: JSONL with a \"prompt\" per line")
+      ->capture_default_str();
+  r->callback([o, r] {
+    o->concurrency_set = r->count("--concurrency") > 0;
     if (int rc = run_bench_rollout(*o); rc != 0) throw CLI::RuntimeError(rc);
   });
 }

@@ -7,6 +7,7 @@
 // compete for the same cores, so the gain is bounded by how much each side leaves idle).
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -25,12 +26,18 @@ struct BenchStepOptions {
   std::vector<std::string> overrides;
   std::string run_dir = "runs/bench_step", out;
   int64_t steps = 12;
+  // Speculative decoding off vs on (rollout.speculative) in one schedule instead of the three.
+  bool spec = false;
+  std::string schedule = "sync";
 };
 
 struct ModeResult {
   std::string mode;
   double step = 0, generate = 0, train = 0, sync = 0, idle = 0, samples_per_s = 0, reward = 0;
   int64_t steps = 0;
+  double spec_accept_rate = 0, spec_tokens_per_verify = 0;  // with rollout.speculative
+  // Every step's reward and response length, to compare two runs' samples.
+  std::vector<std::pair<double, double>> per_step;
 };
 
 // Means over every step but the first (engine warm-up, the first batch that nothing overlaps).
@@ -51,24 +58,39 @@ Result<ModeResult> read_metrics(const std::string& path, const std::string& mode
     r.idle += j["time_idle_s"].get<double>();
     r.samples_per_s += j["samples_per_s"].get<double>();
     r.reward += j["reward_mean"].get<double>();
+    r.spec_accept_rate += j.value("spec_accept_rate", 0.0);
+    r.spec_tokens_per_verify += j.value("spec_tokens_per_verify", 0.0);
+    r.per_step.emplace_back(j["reward_mean"].get<double>(),
+                            j["response_length_mean"].get<double>());
     ++r.steps;
   }
   if (r.steps == 0) return Status::Error(path + " has fewer than 2 steps");
-  for (double* v : {&r.step, &r.generate, &r.train, &r.sync, &r.idle, &r.samples_per_s, &r.reward})
+  for (double* v : {&r.step, &r.generate, &r.train, &r.sync, &r.idle, &r.samples_per_s, &r.reward,
+                    &r.spec_accept_rate, &r.spec_tokens_per_verify})
     *v /= static_cast<double>(r.steps);
   return r;
 }
 
 int run_bench_step(const BenchStepOptions& o) {
+  // (label, schedule, extra override) of each run.
+  std::vector<std::array<std::string, 3>> runs;
+  if (o.spec) {
+    runs = {{"spec_off", o.schedule, "rollout.speculative=false"},
+            {"spec_on", o.schedule, "rollout.speculative=true"}};
+  } else {
+    for (const char* mode : {"sync", "one_step_off", "async"}) runs.push_back({mode, mode, ""});
+  }
   std::vector<ModeResult> results;
-  for (const std::string mode : {"sync", "one_step_off", "async"}) {
+  for (const auto& [label, schedule, extra] : runs) {
+    const std::string mode = label;
     const std::string dir = o.run_dir + "/" + mode;
     std::vector<std::string> argv = {controller::miles_executable(), "run", o.config};
     for (const std::string& ov : o.overrides) argv.push_back(ov);
     for (const std::string& ov : std::vector<std::string>{
-             "async.mode=" + mode, "rollout.num_rollouts=" + std::to_string(o.steps),
+             "async.mode=" + schedule, "rollout.num_rollouts=" + std::to_string(o.steps),
              "logging.progress=none", "checkpoint.save_every=0", "checkpoint.resume=false"})
       argv.push_back(ov);
+    if (!extra.empty()) argv.push_back(extra);
     argv.push_back("--run-dir");
     argv.push_back(dir);
     spdlog::info("bench step: {} ...", mode);
@@ -99,6 +121,16 @@ int run_bench_step(const BenchStepOptions& o) {
   std::printf(
       "(means over steps 2..%lld of `miles run %s`; generate in async = mean group latency)\n",
       static_cast<long long>(o.steps), o.config.c_str());
+  if (o.spec) {
+    const ModeResult& on = results.back();
+    std::printf(
+        "speculative: %.2fx the step, %.2fx generate; accepted / drafted %.3f, tokens per "
+        "verify %.2f; same samples (every step's reward and length): %s\n",
+        base.step / on.step, base.generate / on.generate, on.spec_accept_rate,
+        on.spec_tokens_per_verify, base.per_step == on.per_step ? "yes" : "NO");
+    if (base.per_step != on.per_step)
+      return fail("bench step", "speculative decoding changed the samples (rewards or lengths)");
+  }
   if (!o.out.empty()) std::ofstream(o.out) << out.dump(2) << "\n";
   return 0;
 }
@@ -115,6 +147,11 @@ void register_bench_step(CLI::App& bench) {
   sub->add_option("--run-dir", o->run_dir, "parent of the three runs' directories")
       ->capture_default_str();
   sub->add_option("--out", o->out, "also write the table as JSON");
+  sub->add_flag("--spec", o->spec,
+                "speculative decoding off vs on (rollout.speculative) in one schedule instead");
+  sub->add_option("--schedule", o->schedule, "--spec: the schedule of both runs")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"sync", "one_step_off", "async"}));
   sub->callback([o] {
     if (int rc = run_bench_step(*o); rc != 0) throw CLI::RuntimeError(rc);
   });

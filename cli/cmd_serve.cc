@@ -302,6 +302,15 @@ void register_serve(CLI::App& app) {
       ->check(CLI::IsMember(device_names()));
   sub->add_flag("!--no-prefix-cache", o->engine.enable_prefix_cache,
                 "disable the radix prefix cache");
+  sub->add_flag("--speculative", o->engine.speculative.enabled,
+                "speculative decoding with the model-free suffix drafter (same samples, bit for "
+                "bit)");
+  sub->add_option("--spec-max-draft-tokens", o->engine.speculative.max_draft_tokens,
+                  "drafted tokens a sample verifies per iteration")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  sub->add_flag("!--no-spec-adaptive", o->engine.speculative.adaptive,
+                "verify every draft, without the measured cost model");
   sub->add_option("--api-key", o->api_key,
                   "bearer key every route requires (prefer MILES_API_KEY or --api-key-file: a "
                   "flag shows in ps)");

@@ -125,6 +125,18 @@ Status EngineClient::health(double timeout_s) const {
   return from_grpc(stub->Health(&ctx, pb::Empty(), &r), r, "health of " + address_.http());
 }
 
+Result<SpecCounters> EngineClient::spec_counters() const {
+  auto stub = pb::RolloutEngine::NewStub(channel_);
+  grpc::ClientContext ctx;
+  authorize(ctx);
+  set_deadline(ctx, 10);
+  pb::EngineStats r;
+  const grpc::Status s = stub->GetStats(&ctx, pb::Empty(), &r);
+  if (!s.ok()) return Status::Error("stats of " + address_.http() + ": " + s.error_message());
+  return SpecCounters{r.spec_verifies(), r.spec_draft_tokens(), r.spec_accepted_tokens(),
+                      r.spec_emitted_tokens()};
+}
+
 Status EngineClient::pause(PauseMode mode) const {
   auto stub = pb::RolloutEngine::NewStub(channel_);
   grpc::ClientContext ctx;

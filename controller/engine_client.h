@@ -47,6 +47,11 @@ struct GroupRequest {
   bool return_routed_experts = false;
 };
 
+// An engine's speculative-decoding counters since it started (EngineStats' spec_*).
+struct SpecCounters {
+  uint64_t verifies = 0, draft_tokens = 0, accepted_tokens = 0, emitted_tokens = 0;
+};
+
 struct GeneratedSample {
   int32_t index = 0;                // within the group
   std::vector<TokenOutput> tokens;  // id, logprobs, weight version of each output token
@@ -70,6 +75,8 @@ class EngineClient {
   int64_t in_flight() const;
 
   Status health(double timeout_s) const;  // gRPC Health
+  // The engine's speculative-decoding counters (gRPC GetStats).
+  Result<SpecCounters> spec_counters() const;
   Status pause(PauseMode mode) const;
   Status resume() const;
   // UpdateWeightsFromDiskDelta: the engine advances to `version` of the chain in `dir`.

@@ -59,6 +59,11 @@ Status EnginePool::spawn(Entry& e) {
     argv.push_back("--device");
     argv.push_back(l.device);
   }
+  if (l.speculative) {
+    argv.insert(argv.end(), {"--speculative", "--spec-max-draft-tokens",
+                             std::to_string(l.spec_max_draft_tokens)});
+    if (!l.spec_adaptive) argv.push_back("--no-spec-adaptive");
+  }
   if (l.tp > 1) {
     argv.push_back("--tp");
     argv.push_back(std::to_string(l.tp));
@@ -355,6 +360,19 @@ std::vector<EngineInfo> EnginePool::snapshot() const {
 PoolCounters EnginePool::counters() const {
   std::lock_guard<std::mutex> lock(mu_);
   return counters_;
+}
+
+SpecCounters EnginePool::spec_counters() const {
+  SpecCounters sum;
+  for (const auto& [id, client] : ready_clients()) {
+    auto c = client->spec_counters();
+    if (!c.ok()) continue;
+    sum.verifies += c->verifies;
+    sum.draft_tokens += c->draft_tokens;
+    sum.accepted_tokens += c->accepted_tokens;
+    sum.emitted_tokens += c->emitted_tokens;
+  }
+  return sum;
 }
 
 void EnginePool::stop() {

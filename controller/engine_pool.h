@@ -21,8 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "miles/controller/child_process.h"
 #include "controller/engine_client.h"
+#include "miles/controller/child_process.h"
 
 namespace miles::controller {
 
@@ -30,6 +30,9 @@ namespace miles::controller {
 struct EngineLaunch {
   std::string model, tokenizer;
   int64_t threads = 1, num_blocks = 4096, max_batch_tokens = 2048, max_running = 256;
+  bool speculative = false;  // `miles serve --speculative`, with these two
+  int64_t spec_max_draft_tokens = 4;
+  bool spec_adaptive = true;
   int64_t tp = 1;                  // `miles serve --tp`
   std::string device = "cpu";      // `miles serve --device`
   std::string log_dir;             // engine_K.log
@@ -94,6 +97,9 @@ class EnginePool {
 
   std::vector<EngineInfo> snapshot() const;
   PoolCounters counters() const;
+  // The ready engines' speculative-decoding counters, summed (an engine that does not answer
+  // counts nothing).
+  SpecCounters spec_counters() const;
   // Kills the local engines' processes by pid (tests use it to simulate a crash).
   void stop();
 

@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "controller/rl_job_internal.h"
+#include "controller/spec_check.h"
 #include "controller/train_batch.h"
 #include "miles/model.h"
 
@@ -108,6 +109,31 @@ Result<json> RlJob::check() {
   gates.add("tito_token_mismatches", static_cast<double>(tito), "==", 0);
   gates.add("tito_prompt_length_mismatches", static_cast<double>(prompt_mismatch), "==", 0);
   if (per_token > 0) gates.add("routed_experts_shape_mismatches", expert_shape, "==", 0);
+
+  // 2b. Speculative decoding: the batch again in this process, plain and verifying drafts.
+  if (cfg_.rollout.environment == Environment::kNone && cfg_.rollout.function.empty()) {
+    auto sc = check_speculative(cfg_, out.groups, res_.tokenizer);
+    if (!sc.ok()) {
+      gates.fail("spec_on_vs_off_mismatched_samples", sc.message());
+    } else {
+      report["speculative"] = {{"samples", sc->samples},
+                               {"tokens", sc->tokens},
+                               {"verifies", sc->verifies},
+                               {"draft_tokens", sc->draft_tokens},
+                               {"accepted_tokens", sc->accepted_tokens},
+                               {"emitted_tokens", sc->emitted_tokens},
+                               {"plain_iterations", sc->plain_iterations},
+                               {"spec_iterations", sc->spec_iterations},
+                               {"plain_equal_to_job_engines", sc->same_as_job}};
+      gates.add("spec_on_vs_off_mismatched_samples", static_cast<double>(sc->mismatched_samples),
+                "==", 0,
+                "the batch with drafts verified vs without: tokens, logprobs, versions, experts; " +
+                    std::to_string(sc->accepted_tokens) + " of " +
+                    std::to_string(sc->draft_tokens) + " draft tokens accepted");
+      gates.add("spec_verify_steps", static_cast<double>(sc->verifies), ">=", 1,
+                "sample-steps that verified drafts (the comparison above is not vacuous)");
+    }
+  }
 
   // 3. The trainer's logprobs of the same samples at the same version.
   std::unique_ptr<Trainer> scorer;

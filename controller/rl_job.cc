@@ -82,6 +82,9 @@ Status RlJob::setup_engines() {
   po.launch.num_blocks = cfg_.rollout.engine_num_blocks;
   po.launch.max_batch_tokens = cfg_.rollout.engine_max_batch_tokens;
   po.launch.max_running = cfg_.rollout.engine_max_running;
+  po.launch.speculative = cfg_.rollout.speculative;
+  po.launch.spec_max_draft_tokens = cfg_.rollout.speculative_max_draft_tokens;
+  po.launch.spec_adaptive = cfg_.rollout.speculative_adaptive;
   po.launch.log_dir = cfg_.logging.run_dir + "/engines";
   // The engines load weight versions from the disk-delta directory only (docs/security.md).
   po.launch.weights_dir =

@@ -117,6 +117,7 @@ class RlJob {
   Clock::time_point last_step_end_;
   std::vector<double> reward_means_;  // of this process's steps
   std::atomic<double> last_reward_{0};
+  SpecCounters last_spec_;  // the engines' speculative-decoding counters at the last step
 };
 
 }  // namespace miles::controller

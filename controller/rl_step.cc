@@ -113,6 +113,17 @@ Status RlJob::train_step(std::vector<RolloutGroup> groups, StepTiming& timing,
   m.step_s = seconds_since(last_step_end_);
   last_step_end_ = Clock::now();
   m.pool = engines_->counters();
+  if (cfg_.rollout.speculative) {
+    // Since the last step (an engine restarted meanwhile starts again from 0).
+    const SpecCounters now = engines_->spec_counters();
+    auto since = [](uint64_t a, uint64_t b) { return a >= b ? a - b : a; };
+    m.spec = SpecCounters{since(now.verifies, last_spec_.verifies),
+                          since(now.draft_tokens, last_spec_.draft_tokens),
+                          since(now.accepted_tokens, last_spec_.accepted_tokens),
+                          since(now.emitted_tokens, last_spec_.emitted_tokens)};
+    m.speculative = true;
+    last_spec_ = now;
+  }
   MILES_RETURN_IF_ERROR(log_stage(m, groups, batch));
   return checkpoint_if_due(rollout_step_ == cfg_.rollout.num_rollouts || should_stop());
 }

@@ -214,6 +214,11 @@ void check_rollout(const RunConfig& c, Checker& check) {
   check.positive("rollout.engine_num_blocks", r.engine_num_blocks);
   check.positive("rollout.engine_max_batch_tokens", r.engine_max_batch_tokens);
   check.positive("rollout.engine_max_running", r.engine_max_running);
+  check.positive("rollout.speculative_max_draft_tokens", r.speculative_max_draft_tokens);
+  if (r.speculative_max_draft_tokens > 64)
+    check.fail({"rollout.speculative_max_draft_tokens"},
+               "rollout.speculative_max_draft_tokens: " +
+                   std::to_string(r.speculative_max_draft_tokens) + " is more than 64");
   check.positive("rollout.health_check_interval_s", r.health_check_interval_s);
   check.positive("rollout.engine_start_timeout_s", r.engine_start_timeout_s);
   check.at_least<int64_t>("rollout.max_engine_restarts", r.max_engine_restarts, 0);

@@ -121,6 +121,16 @@ json StepMetrics::to_json() const {
             {"engine_failures", pool.failures},
             {"engine_restarts", pool.restarts},
             {"groups_redispatched", pool.redispatched}};
+  if (speculative) {
+    m["spec_verifies"] = spec.verifies;
+    m["spec_draft_tokens"] = spec.draft_tokens;
+    m["spec_accepted_tokens"] = spec.accepted_tokens;
+    m["spec_emitted_tokens"] = spec.emitted_tokens;
+    m["spec_accept_rate"] =
+        spec.draft_tokens ? static_cast<double>(spec.accepted_tokens) / spec.draft_tokens : 0.0;
+    m["spec_tokens_per_verify"] =
+        spec.verifies ? static_cast<double>(spec.emitted_tokens) / spec.verifies : 0.0;
+  }
   for (const auto& [name, v] : r.reward_part_means) m["reward_" + name + "_mean"] = v;
   for (const auto& [name, v] : train.objective) m[name] = v;
   return m;

@@ -62,6 +62,8 @@ struct StepMetrics {
   StepTiming timing;
   double step_s = 0, sync_s = 0;
   PoolCounters pool;
+  bool speculative = false;  // rollout.speculative: the engines' counters over the step
+  SpecCounters spec;
 
   // The metrics.jsonl line (docs/metrics.md names every key).
   nlohmann::json to_json() const;

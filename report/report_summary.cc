@@ -106,6 +106,18 @@ std::string summary_table(const MetricsTable& m) {
   row(out, "mean step time and split", m.has("time_step_s") ? time_row(m) : missing("time_step_s"));
   row(out, "max |Δlogp| (train vs rollout)",
       m.has("logp_abs_diff_max") ? mismatch_row(m) : missing("logp_abs_diff_max"));
+  if (m.has("spec_draft_tokens")) {  // per-step counts (rollout.speculative)
+    auto sum = [&](const char* key) {
+      double t = 0;
+      for (double x : m.column(key))
+        if (std::isfinite(x)) t += x;
+      return t;
+    };
+    const double drafted = sum("spec_draft_tokens"), verifies = sum("spec_verifies");
+    row(out, "speculative decoding: accepted / drafted, tokens per verify",
+        format_number(drafted > 0 ? sum("spec_accepted_tokens") / drafted : 0) + ", " +
+            format_number(verifies > 0 ? sum("spec_emitted_tokens") / verifies : 0));
+  }
   for (const char* key : {"engine_restarts", "groups_redispatched"}) {
     row(out, key, m.has(key) ? format_number(counter_total(m.column(key))) : missing(key));
   }

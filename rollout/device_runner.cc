@@ -39,6 +39,7 @@ class DeviceModelRunner final : public ModelRunner {
     batch.tokens = tokens;
     batch.seqs = seqs;
     batch.all_logits = options.all_logits;
+    batch.last_rows = options.last_rows;
     batch.return_experts = options.return_experts;
     for (const SeqSpan& q : seqs) {
       MILES_RETURN_IF_ERROR(kv.reserve(q.kv_slot, q.start_pos + q.n_tokens));

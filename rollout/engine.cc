@@ -26,6 +26,10 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, EngineOptions options,
                                            m.runner->kv_dim(), m.experts_per_pos);
   m.kv = std::make_unique<rollout::PagedKvCache>(*m.pool);
   m.radix = std::make_unique<rollout::RadixCache>(*m.pool);
+  const SpeculativeOptions& spec = options.speculative;
+  MILES_CHECK(!spec.enabled || (spec.max_draft_tokens >= 1 && spec.max_draft_tokens <= 64),
+              "speculative.max_draft_tokens is validated to [1, 64] by the engine's callers");
+  if (spec.enabled) m.drafter = make_suffix_drafter(spec.suffix);
   m.seed_state = options.random_seed ? *options.random_seed
                                      : (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                                            std::random_device{}();
@@ -149,6 +153,7 @@ Result<uint64_t> Engine::submit(GenerateRequest request, SampleListener listener
     s->slot = m.next_slot++;
     s->tokens = request.input_ids;
     s->prompt_len = static_cast<int64_t>(request.input_ids.size());
+    s->prompt_key = prompt_key(request.input_ids);
     s->sampling = request.sampling;
     // Siblings draw different numbers from the same (seed, step) counter space.
     s->sampling.seed = request.sampling.seed + static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
@@ -289,6 +294,11 @@ Status Engine::release_weights() {
   m.radix->clear();
   m.weights_released = true;
   return Status::Ok();
+}
+
+void Engine::set_drafter(std::unique_ptr<Drafter> drafter) {
+  MILES_CHECK(impl_->opt.speculative.enabled, "set_drafter() on an engine without speculation");
+  impl_->drafter = std::move(drafter);
 }
 
 EngineStats Engine::stats() const {

@@ -40,6 +40,13 @@ struct Sample {
   std::string text;              // decoded output (only with stop strings)
   FinishReason finish = FinishReason::kNone;
   std::string matched_stop;
+  // Speculative decoding: the drafted ids fed after the newest token this iteration (verified and
+  // cleared by the same iteration), the drafter's confidence in each, the prompt's key, and the
+  // acceptance history (draft tokens reached and accepted; the confidences predicted for them).
+  std::vector<int32_t> draft;
+  std::vector<float> draft_confidence;
+  uint64_t prompt_key = 0;
+  double spec_predicted = 0, spec_accepted = 0;
 };
 
 struct Request {

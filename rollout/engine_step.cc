@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -41,7 +42,8 @@ bool Engine::step() {
   const std::vector<Impl::Item> items = m.schedule();
   if (items.empty()) return false;
   for (const auto& it : items)
-    m.last.items.push_back({it.sample->request_id, it.sample->index, it.start, it.n, it.prefill});
+    m.last.items.push_back(
+        {it.sample->request_id, it.sample->index, it.start, it.n, it.prefill, it.draft});
   m.run_batch(items);
   m.report_and_reap();
   ++m.counters.iterations;
@@ -118,6 +120,7 @@ std::vector<Engine::Impl::Item> Engine::Impl::schedule() {
     ++active;
     ++started[s->request_id];
   }
+  plan_drafts(items, budget);
   return items;
 }
 
@@ -137,42 +140,51 @@ bool Engine::Impl::waits_for_prefix(const Sample& s,
 void Engine::Impl::run_batch(const std::vector<Item>& items) {
   std::vector<int32_t> tokens;
   std::vector<SeqSpan> seqs;
-  bool input_rows = false;
+  std::vector<int64_t> logit_rows;  // per item: its verify rows (1 + draft)
+  bool input_rows = false, drafts = false;
   for (const Item& it : items) {
-    tokens.insert(tokens.end(), it.sample->tokens.begin() + it.start,
-                  it.sample->tokens.begin() + it.start + it.n);
+    const auto from = it.sample->tokens.begin() + it.start;
+    tokens.insert(tokens.end(), from, from + (it.n - it.draft));
+    tokens.insert(tokens.end(), it.sample->draft.begin(), it.sample->draft.begin() + it.draft);
     seqs.push_back({it.sample->slot, it.start, it.n});
+    logit_rows.push_back(1 + it.draft);
     input_rows = input_rows || needs_input_rows(it);
+    drafts = drafts || it.draft > 0;
   }
   ForwardOptions fo;
-  // Every row's logits only when a prompt's input logprobs are asked for (the kernels give each
-  // row the same bits either way).
+  // Every row's logits only when a prompt's input logprobs are asked for, else each item's last
+  // (its verify rows when it has drafts); the kernels give each row the same bits either way.
   fo.all_logits = input_rows;
+  if (drafts && !input_rows) fo.last_rows = logit_rows;
   fo.return_experts = experts_per_pos > 0;
+  const auto t0 = std::chrono::steady_clock::now();
   auto out = runner->forward(tokens, seqs, *kv, fo);
+  forward_cost.observe(
+      static_cast<int64_t>(tokens.size()),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   if (!out.ok()) spdlog::error("miles engine: forward failed: {}", out.message());
   MILES_CHECK(out.ok(), "engine forward failed on a validated batch");
   const int64_t v = out->vocab;
-  std::vector<const float*> last_rows(items.size());
-  for (int64_t i = 0, offset = 0; i < static_cast<int64_t>(items.size()); ++i) {
-    last_rows[i] = out->logits.data() + (input_rows ? offset + items[i].n - 1 : i) * v;
-    offset += items[i].n;
+  // Per item, the row predicting the token after its newest (its first verify row).
+  std::vector<const float*> first_rows(items.size());
+  for (int64_t i = 0, offset = 0, row = 0; i < static_cast<int64_t>(items.size()); ++i) {
+    const Item& it = items[i];
+    first_rows[i] = out->logits.data() + (input_rows ? offset + it.n - 1 - it.draft : row) * v;
+    offset += it.n;
+    row += drafts ? 1 + it.draft : 1;
   }
-  presample(items, last_rows);
+  presample(items, first_rows);
   int64_t row = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
     Sample& s = *it.sample;
-    if (experts_per_pos > 0) {
-      const std::vector<int32_t>& table = kv->table(s.slot);
-      for (int64_t j = 0; j < it.n; ++j) {
-        const int64_t pos = it.start + j;
-        std::memcpy(pool->experts(table[pos / opt.block_tokens]) +
-                        (pos % opt.block_tokens) * experts_per_pos,
-                    out->experts.data() + (row + j) * experts_per_pos,
-                    sizeof(int32_t) * experts_per_pos);
-      }
+    if (it.draft > 0) {
+      const int64_t valid = verify(it, first_rows[i], v);
+      store_experts(s, it.start, valid, out->experts.data() + row * experts_per_pos);
+      row += it.n;
+      continue;
     }
+    store_experts(s, it.start, it.n, out->experts.data() + row * experts_per_pos);
     if (input_rows && needs_input_rows(it))
       record_input_logprobs(it, out->logits.data() + row * v, v);
     row += it.n;
@@ -180,10 +192,21 @@ void Engine::Impl::run_batch(const std::vector<Item>& items) {
     if (it.prefill) counters.prompt_tokens += it.n;
     if (s.computed < static_cast<int64_t>(s.tokens.size())) continue;  // more prefill to come
     if (it.prefill) {
-      complete_prefill(s, last_rows[i]);
+      complete_prefill(s, first_rows[i]);
     } else {
-      sample_next(s, last_rows[i]);
+      sample_next(s, first_rows[i]);
     }
+  }
+}
+
+void Engine::Impl::store_experts(const Sample& s, int64_t start, int64_t n, const int32_t* ids) {
+  if (experts_per_pos == 0) return;
+  const std::vector<int32_t>& table = kv->table(s.slot);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t pos = start + j;
+    std::memcpy(
+        pool->experts(table[pos / opt.block_tokens]) + (pos % opt.block_tokens) * experts_per_pos,
+        ids + j * experts_per_pos, sizeof(int32_t) * experts_per_pos);
   }
 }
 
@@ -221,33 +244,46 @@ void Engine::Impl::record_input_logprobs(const Item& it, const float* rows, int6
 void Engine::Impl::presample(const std::vector<Item>& items,
                              const std::vector<const float*>& rows) {
   presampled.clear();
-  std::vector<std::pair<const Sample*, const float*>> work;
+  struct Work {
+    const Sample* s;
+    const float* row;
+    int64_t ahead;
+  };
+  std::vector<Work> work;
+  const int64_t vocab = runner->config().vocab_size;
   for (size_t i = 0; i < items.size(); ++i) {
-    const Sample& s = *items[i].sample;
-    if (s.computed + items[i].n < static_cast<int64_t>(s.tokens.size())) continue;  // mid-prefill
+    const Item& it = items[i];
+    const Sample& s = *it.sample;
+    if (s.computed + it.n - it.draft < static_cast<int64_t>(s.tokens.size())) continue;  // prefill
     if (static_cast<int64_t>(s.output.size()) >= requests.at(s.request_id)->req.max_new_tokens)
       continue;
-    work.emplace_back(&s, rows[i]);
+    for (int64_t j = 0; j <= it.draft; ++j) work.push_back({&s, rows[i] + j * vocab, j});
   }
   std::vector<TokenOutput> got(work.size());
   parallel_for(work.size() >= 2 ? runner->thread_pool() : nullptr,
                static_cast<int64_t>(work.size()),
-               [&](int64_t k) { got[k] = draw(*work[k].first, work[k].second); });
-  for (size_t k = 0; k < work.size(); ++k) presampled.emplace(work[k].first, std::move(got[k]));
+               [&](int64_t k) { got[k] = draw(*work[k].s, work[k].row, work[k].ahead); });
+  for (size_t k = 0; k < work.size(); ++k) presampled[work[k].s].push_back(std::move(got[k]));
 }
 
-TokenOutput Engine::Impl::draw(const Sample& s, const float* logits) const {
+TokenOutput Engine::Impl::draw(const Sample& s, const float* logits, int64_t ahead) const {
   const GenerateRequest& req = requests.at(s.request_id)->req;
   const size_t vocab = static_cast<size_t>(runner->config().vocab_size);
+  const size_t step = s.output.size() + static_cast<size_t>(ahead);
   std::span<const float> row(logits, vocab);
   std::vector<float> adjusted;
   if (req.adjust.any()) {
     std::vector<int32_t> stops = req.stop_token_ids;  // SGLang masks EOS even with ignore_eos
     if (tok && tok->eos_id() >= 0) stops.push_back(tok->eos_id());
-    adjusted = rollout::adjust_logits(row, req.adjust, s.tokens, s.output.size(), stops);
+    std::vector<int32_t> record;  // the sample's ids as they will be if its drafts are accepted
+    if (ahead > 0) {
+      record = s.tokens;
+      record.insert(record.end(), s.draft.begin(), s.draft.begin() + ahead);
+    }
+    adjusted = rollout::adjust_logits(row, req.adjust, ahead > 0 ? record : s.tokens, step, stops);
     row = adjusted;
   }
-  const SampleResult r = sample_token(row, s.sampling, static_cast<uint64_t>(s.output.size()));
+  const SampleResult r = sample_token(row, s.sampling, static_cast<uint64_t>(step));
   TokenOutput t{r.token, r.logprob, r.raw_logprob, version, r.tempered_logprob, {}};
   if (!adjusted.empty())  // the raw model's logprob, never the adjusted row's
     t.raw_logprob = kernels::log_softmax_at(logits, static_cast<int64_t>(vocab), r.token);
@@ -323,9 +359,9 @@ void Engine::Impl::sample_next(Sample& s, const float* logits) {
   // same pure function either way.
   auto pre = presampled.find(&s);
   TokenOutput t;
-  if (pre != presampled.end()) {
-    t = std::move(pre->second);
-    presampled.erase(pre);
+  if (pre != presampled.end() && !pre->second.empty()) {
+    t = std::move(pre->second.front());
+    pre->second.pop_front();
   } else {
     t = draw(s, logits);
   }
@@ -355,6 +391,9 @@ void Engine::Impl::sample_next(Sample& s, const float* logits) {
 }
 
 void Engine::Impl::finish(Sample& s, FinishReason why, std::string matched) {
+  if (drafter && why != FinishReason::kAbort)
+    drafter->observe(std::span(s.tokens).first(static_cast<size_t>(s.prompt_len)),
+                     std::span(s.tokens).subspan(static_cast<size_t>(s.prompt_len)));
   s.finish = why;
   s.matched_stop = std::move(matched);
   s.state = SampleState::kFinished;

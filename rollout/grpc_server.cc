@@ -1,6 +1,6 @@
-// GrpcServer: each RPC validates its input (INVALID_ARGUMENT with the message on bad input) and talks
-// to the engine through the EngineDriver. Generate streams one message per sample event; a cancelled
-// call aborts its request so its KV blocks are freed.
+// GrpcServer: each RPC validates its input (INVALID_ARGUMENT with the message on bad input) and
+// talks to the engine through the EngineDriver. Generate streams one message per sample event; a
+// cancelled call aborts its request so its KV blocks are freed.
 #include "miles/rollout/grpc_server.h"
 
 #include <grpcpp/grpcpp.h>
@@ -96,13 +96,16 @@ class RolloutService final : public pb::RolloutEngine::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Abort(grpc::ServerContext* ctx, const pb::AbortRequest* in, pb::StatusResponse* out) override {
+  grpc::Status Abort(grpc::ServerContext* ctx, const pb::AbortRequest* in,
+                     pb::StatusResponse* out) override {
     if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     uint64_t id = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = rids_.find(in->rid());
-      if (it == rids_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no running request with rid '" + in->rid() + "'");
+      if (it == rids_.end())
+        return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                            "no running request with rid '" + in->rid() + "'");
       id = it->second;
     }
     out->set_success(driver_.call<bool>([id](Engine& e) { return e.abort(id); }));
@@ -118,14 +121,16 @@ class RolloutService final : public pb::RolloutEngine::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ContinueGeneration(grpc::ServerContext* ctx, const pb::Empty*, pb::StatusResponse* out) override {
+  grpc::Status ContinueGeneration(grpc::ServerContext* ctx, const pb::Empty*,
+                                  pb::StatusResponse* out) override {
     if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     driver_.run_sync([](Engine& e) { e.resume(); });
     out->set_success(true);
     return grpc::Status::OK;
   }
 
-  grpc::Status FlushCache(grpc::ServerContext* ctx, const pb::Empty*, pb::StatusResponse* out) override {
+  grpc::Status FlushCache(grpc::ServerContext* ctx, const pb::Empty*,
+                          pb::StatusResponse* out) override {
     if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     Status st;
     driver_.run_sync([&](Engine& e) { st = e.flush_cache(); });
@@ -134,16 +139,19 @@ class RolloutService final : public pb::RolloutEngine::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status BeginWeightUpdate(grpc::ServerContext* ctx, const pb::Empty*, pb::StatusResponse* out) override {
+  grpc::Status BeginWeightUpdate(grpc::ServerContext* ctx, const pb::Empty*,
+                                 pb::StatusResponse* out) override {
     if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     return bracket(true, out);
   }
-  grpc::Status EndWeightUpdate(grpc::ServerContext* ctx, const pb::Empty*, pb::StatusResponse* out) override {
+  grpc::Status EndWeightUpdate(grpc::ServerContext* ctx, const pb::Empty*,
+                               pb::StatusResponse* out) override {
     if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     return bracket(false, out);
   }
 
-  grpc::Status UpdateWeightsFromDisk(grpc::ServerContext* ctx, const pb::UpdateWeightsFromDiskRequest* in,
+  grpc::Status UpdateWeightsFromDisk(grpc::ServerContext* ctx,
+                                     const pb::UpdateWeightsFromDiskRequest* in,
                                      pb::StatusResponse* out) override {
     if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     // Only from trusted directories, and the error names the path, never what it holds.
@@ -168,7 +176,8 @@ class RolloutService final : public pb::RolloutEngine::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status UpdateWeightVersion(grpc::ServerContext* ctx, const pb::UpdateWeightVersionRequest* in,
+  grpc::Status UpdateWeightVersion(grpc::ServerContext* ctx,
+                                   const pb::UpdateWeightVersionRequest* in,
                                    pb::StatusResponse* out) override {
     if (grpc::Status a = authorize(ctx, /*admin=*/true); !a.ok()) return a;
     const int64_t v = in->new_version();
@@ -177,7 +186,8 @@ class RolloutService final : public pb::RolloutEngine::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetModelInfo(grpc::ServerContext* ctx, const pb::Empty*, pb::ModelInfo* out) override {
+  grpc::Status GetModelInfo(grpc::ServerContext* ctx, const pb::Empty*,
+                            pb::ModelInfo* out) override {
     if (grpc::Status a = authorize(ctx, /*admin=*/false); !a.ok()) return a;
     const EngineStats st = driver_.call<EngineStats>([](Engine& e) { return e.stats(); });
     out->set_model_path(model_path_);
@@ -204,12 +214,17 @@ class RolloutService final : public pb::RolloutEngine::Service {
     out->set_generated_tokens(s.generated_tokens);
     out->set_prompt_tokens(s.prompt_tokens);
     out->set_cached_prompt_tokens(s.cached_prompt_tokens);
+    out->set_spec_verifies(s.spec_verifies);
+    out->set_spec_draft_tokens(s.spec_draft_tokens);
+    out->set_spec_accepted_tokens(s.spec_accepted_tokens);
+    out->set_spec_emitted_tokens(s.spec_emitted_tokens);
     return grpc::Status::OK;
   }
 
   void set_checkpoint_loader(CheckpointLoader load) { load_checkpoint_ = std::move(load); }
 
-  grpc::Status Health(grpc::ServerContext* ctx, const pb::Empty*, pb::StatusResponse* out) override {
+  grpc::Status Health(grpc::ServerContext* ctx, const pb::Empty*,
+                      pb::StatusResponse* out) override {
     if (grpc::Status a = authorize(ctx, /*admin=*/false); !a.ok()) return a;
     out->set_success(true);
     out->set_message("ok");
@@ -222,7 +237,8 @@ class RolloutService final : public pb::RolloutEngine::Service {
   }
   grpc::Status bracket(bool begin, pb::StatusResponse* out) {
     Status st;
-    driver_.run_sync([&](Engine& e) { st = begin ? e.begin_weight_update() : e.end_weight_update(); });
+    driver_.run_sync(
+        [&](Engine& e) { st = begin ? e.begin_weight_update() : e.end_weight_update(); });
     if (!st.ok()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, st.message());
     out->set_success(true);
     return grpc::Status::OK;

@@ -7,8 +7,8 @@
 
 #include "miles/model.h"
 #include "miles/path_guard.h"
-#include "rollout/http_common.h"
 #include "miles/rollout/http_server.h"
+#include "rollout/http_common.h"
 
 namespace miles::rollout {
 
@@ -210,6 +210,15 @@ void HttpServer::register_control_routes() {
            "prompt tokens served from the prefix cache", st.cached_prompt_tokens);
     metric("miles_retractions_total", "counter", "samples retracted to be recomputed",
            st.retractions);
+    metric("miles_spec_verifies_total", "counter", "sample-steps that verified speculative drafts",
+           st.spec_verifies);
+    metric("miles_spec_draft_tokens_total", "counter", "drafted tokens verified",
+           st.spec_draft_tokens);
+    metric("miles_spec_accepted_tokens_total", "counter", "drafted tokens accepted",
+           st.spec_accepted_tokens);
+    metric("miles_spec_emitted_tokens_total", "counter",
+           "tokens emitted by verify steps (accepted drafts and the samples' own)",
+           st.spec_emitted_tokens);
     metric("miles_http_requests_total", "counter", "HTTP requests handled", http_requests_.load());
     metric("miles_http_errors_total", "counter", "HTTP requests answered with an error",
            http_errors_.load());

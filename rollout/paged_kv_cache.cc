@@ -53,4 +53,15 @@ void PagedKvCache::release(int32_t slot) {
   tables_.erase(it);
 }
 
+void PagedKvCache::truncate(int32_t slot, int64_t n_positions) {
+  auto it = tables_.find(slot);
+  if (it == tables_.end()) return;
+  const size_t keep =
+      static_cast<size_t>((n_positions + pool_.block_tokens() - 1) / pool_.block_tokens());
+  while (it->second.size() > keep) {
+    pool_.unref(it->second.back());
+    it->second.pop_back();
+  }
+}
+
 }  // namespace miles::rollout

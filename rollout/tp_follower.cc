@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "miles/model.h"
+#include "miles/rollout/tp_engine.h"
 #include "miles/tensor_parallel.h"
 #include "rollout/block_pool.h"
-#include "miles/rollout/tp_engine.h"
 #include "rollout/tp_wire.h"
 
 namespace miles::rollout {
@@ -274,6 +274,7 @@ Status Follower::forward(int64_t generation, const std::vector<uint8_t>& payload
                    // collective fails)
   ForwardOptions o;
   o.all_logits = c->all_logits;
+  o.last_rows = c->last_rows;
   o.return_experts = c->return_experts;
   o.tp = &tp_;
   auto out = it->second->forward(c->tokens, c->seqs, *kv_, o, pool_);

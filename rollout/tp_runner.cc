@@ -14,9 +14,9 @@
 #include "miles/check.h"
 #include "miles/flat_params.h"
 #include "miles/model.h"
+#include "miles/rollout/tp_engine.h"
 #include "miles/tensor_parallel.h"
 #include "rollout/paged_kv_cache.h"
-#include "miles/rollout/tp_engine.h"
 #include "rollout/tp_wire.h"
 
 namespace miles::rollout {
@@ -228,6 +228,7 @@ Result<ForwardOutput> TpModelRunner::forward(std::span<const int32_t> tokens,
   c.seqs.assign(seqs.begin(), seqs.end());
   for (const SeqSpan& q : seqs) c.tables.push_back(paged->table(q.kv_slot));
   c.all_logits = options.all_logits;
+  c.last_rows.assign(options.last_rows.begin(), options.last_rows.end());
   c.return_experts = options.return_experts;
   // No status round before the forward: a follower that cannot run it (an invariant broken on its
   // side) leaves the group, and this rank's next collective fails naming it.

@@ -55,6 +55,7 @@ std::vector<uint8_t> ForwardCommand::encode() const {
   w.put_array(seqs.data(), static_cast<int64_t>(seqs.size()));
   for (const auto& t : tables) w.put_array(t.data(), static_cast<int64_t>(t.size()));
   w.put<uint8_t>(all_logits ? 1 : 0);
+  w.put_array(last_rows.data(), static_cast<int64_t>(last_rows.size()));
   w.put<uint8_t>(return_experts ? 1 : 0);
   return std::move(w.bytes());
 }
@@ -69,6 +70,7 @@ Result<ForwardCommand> ForwardCommand::decode(const std::vector<uint8_t>& bytes)
   for (auto& t : c.tables) MILES_RETURN_IF_ERROR(r.get_array(t));
   uint8_t a = 0, e = 0;
   MILES_RETURN_IF_ERROR(r.get(a));
+  MILES_RETURN_IF_ERROR(r.get_array(c.last_rows));
   MILES_RETURN_IF_ERROR(r.get(e));
   if (!r.done()) return Status::Error("forward command: trailing bytes");
   c.all_logits = a != 0;

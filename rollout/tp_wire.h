@@ -135,6 +135,7 @@ struct ForwardCommand {
   std::vector<SeqSpan> seqs;
   std::vector<std::vector<int32_t>> tables;  // [seqs.size()]
   bool all_logits = false;
+  std::vector<int64_t> last_rows;  // ForwardOptions::last_rows
   bool return_experts = false;
   std::vector<uint8_t> encode() const;
   static Result<ForwardCommand> decode(const std::vector<uint8_t>& bytes);

@@ -325,6 +325,29 @@ INSTANTIATE_TEST_SUITE_P(Models, DeviceEngine,
                          ::testing::Values("llama_tied", "qwen3", "qwen3_moe", "glm4_moe",
                                            "deepseek_v3"));
 
+// Speculative decoding on the emulated device: each sequence's verify rows (ForwardOptions::
+// last_rows) come back from the device, and the drafts verified give the plain CPU engine's bits.
+TEST(DeviceEngineSpeculative, VerifiedDraftsGiveThePlainCpuBits) {
+  for (const char* name : {"qwen3_moe", "deepseek_v3"}) {
+    auto files = load_model_files(test::data_dir() + "/models/" + name);
+    ASSERT_TRUE(files.ok()) << files.message();
+    ThreadPool pool(2);
+    Engine cpu(one_process_runner(*files, &pool), kEngine);
+    const test::Finals plain = run_workload(cpu, 5);
+    const EngineOptions eo = test::speculative(kEngine);
+    auto runner =
+        make_device_model_runner(Device::kEmulated, files->config, files->weights, eo, &pool);
+    ASSERT_TRUE(runner.ok()) << runner.message();
+    Engine dev(std::move(runner).value(), eo);
+    dev.set_drafter(std::make_unique<test::OracleDrafter>(
+        plain, 3, static_cast<int32_t>(files->config.vocab_size)));
+    expect_same_bits(plain, run_workload(dev, 5));
+    EXPECT_GT(dev.stats().spec_accepted_tokens, 0u) << name;
+    EXPECT_LT(dev.stats().iterations, cpu.stats().iterations) << name;
+    EXPECT_EQ(dev.stats().free_blocks, cpu.stats().free_blocks) << name;
+  }
+}
+
 TEST(DeviceEngineStories, EmulatedGivesTheCpuEngineBits) {
   MILES_REQUIRE_SHARED();
   expect_engine_bits(Device::kEmulated, test::shared_dir() + "/models/stories260K/stories260K.bin");

@@ -1,7 +1,8 @@
-// A tensor-parallel rollout engine (include/miles/rollout/tp_engine.h): rank 0 and a follower over a real Gloo
-// group on loopback give bit for bit the single-process engine's tokens, logprobs and routed
-// experts (GRPO forks with partial-block copies, prefix-cache hits, chunked prefill), also after a
-// weight update that reshards new weights; a bad update leaves v - 1 serving. Then `miles serve
+// A tensor-parallel rollout engine (include/miles/rollout/tp_engine.h): rank 0 and a follower over
+// a real Gloo group on loopback give bit for bit the single-process engine's tokens, logprobs and
+// routed experts (GRPO forks with partial-block copies, prefix-cache hits, chunked prefill), also
+// after a weight update that reshards new weights; a bad update leaves v - 1 serving. Then `miles
+// serve
 // --tp 2` as real processes: the same bits over HTTP as `miles serve`, a size that does not split
 // is refused naming the dimension, and a killed follower ends the server with an error naming the
 // group instead of a hang; p2p weight sync hands each rank its own shard straight from the trainer.
@@ -24,17 +25,17 @@
 #include <sstream>
 #include <thread>
 
-#include "miles/controller/child_process.h"
 #include "engine_workload.h"
 #include "miles/comm.h"
-#include "miles/rollout/engine.h"
+#include "miles/controller/child_process.h"
 #include "miles/flat_params.h"
+#include "miles/rollout/engine.h"
+#include "miles/rollout/tp_engine.h"
 #include "miles/tcp_store.h"
 #include "miles/tensor_parallel.h"
 #include "miles/thread_pool.h"
 #include "miles/trainer/trainer.h"
 #include "miles/weight_sync/weight_sync.h"
-#include "miles/rollout/tp_engine.h"
 #include "test_paths.h"
 
 namespace miles {
@@ -105,6 +106,30 @@ INSTANTIATE_TEST_SUITE_P(Models, EngineTp,
                          ::testing::Values("qwen3_moe", "llama_tied", "llama_bias", "qwen2",
                                            "mistral", "phi3", "gemma3", "glm4_moe",
                                            "glm4_moe_nonorm", "deepseek_v3"));
+
+// Speculative decoding on a tensor-parallel engine: drafts verified across both ranks (the
+// verify rows of every sequence gathered from the vocabulary shards) give the one-process plain
+// engine's bits, and rejected positions' blocks are freed.
+TEST(EngineTpSpeculative, VerifiedDraftsGiveThePlainOneProcessBits) {
+  for (const char* name : {"qwen3_moe", "deepseek_v3"}) {
+    auto files = load_model_files(test::data_dir() + "/models/" + name);
+    ASSERT_TRUE(files.ok()) << files.message();
+    ThreadPool pool(1);
+    Engine one(one_process_runner(*files, &pool), kEngine);
+    const Finals a = run_workload(one, 5);
+    TpPair tp;
+    ASSERT_TRUE(tp.start(*files, test::speculative(kEngine), &pool).ok());
+    Engine two(std::move(tp.runner), test::speculative(kEngine));
+    two.set_drafter(std::make_unique<test::OracleDrafter>(
+        a, 3, static_cast<int32_t>(files->config.vocab_size)));
+    expect_same_bits(a, run_workload(two, 5));
+    const EngineStats s = two.stats();
+    EXPECT_GT(s.spec_accepted_tokens, 0u) << name;
+    EXPECT_LT(s.spec_accepted_tokens, s.spec_draft_tokens) << name;
+    EXPECT_LT(s.iterations, one.stats().iterations) << name;
+    EXPECT_EQ(s.free_blocks, one.stats().free_blocks) << name;
+  }
+}
 
 TEST(EngineTpWeights, AnUpdateReshardsAndABadOneKeepsTheOldWeights) {
   auto files = load_model_files(test::data_dir() + "/models/qwen3_moe");

@@ -6,14 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <random>
 #include <vector>
 
-#include "miles/rollout/engine.h"
 #include "miles/flat_params.h"
+#include "miles/rollout/engine.h"
 
 namespace miles::test {
 
@@ -93,6 +94,50 @@ inline void expect_same_bits(const Finals& a, const Finals& b, bool same_cache =
 }
 
 inline const EngineOptions kEngine{.num_blocks = 128, .block_tokens = 8, .max_batch_tokens = 16};
+
+// A drafter that knows the plain rollout's outputs (speculative decoding's tests): it proposes the
+// continuation of the first known output that the sample's output so far begins (GRPO siblings
+// share a start, so some guesses are a sibling's and get rejected), and with wrong_every > 0 turns
+// every wrong_every-th proposed position (counted over the sample's output) into another id, so
+// verify steps accept everything, a prefix, or nothing.
+class OracleDrafter final : public Drafter {
+ public:
+  OracleDrafter(const Finals& plain, int wrong_every, int32_t vocab)
+      : wrong_every_(wrong_every), vocab_(vocab) {
+    for (const auto& [key, e] : plain.by_sample) {
+      std::vector<int32_t> ids;
+      for (const TokenOutput& t : e.output) ids.push_back(t.id);
+      outputs_.push_back(std::move(ids));
+    }
+  }
+  Draft propose(const DraftQuery& q) override {
+    Draft d;
+    const auto done = q.tokens.subspan(static_cast<size_t>(q.prompt_len));
+    for (const auto& o : outputs_) {
+      if (o.size() <= done.size() || !std::equal(done.begin(), done.end(), o.begin())) continue;
+      for (size_t j = done.size(); j < o.size() && d.tokens.size() < size_t(q.max_tokens); ++j) {
+        const bool wrong = wrong_every_ > 0 && (j + 1) % static_cast<size_t>(wrong_every_) == 0;
+        d.tokens.push_back(wrong ? (o[j] + 1) % vocab_ : o[j]);
+        d.confidence.push_back(0.9f);
+      }
+      break;
+    }
+    return d;
+  }
+
+ private:
+  std::vector<std::vector<int32_t>> outputs_;
+  int wrong_every_;
+  int32_t vocab_;
+};
+
+// kEngine with speculation on, every proposal verified (no cost model in the way).
+inline EngineOptions speculative(EngineOptions e, int64_t max_draft_tokens = 4) {
+  e.speculative.enabled = true;
+  e.speculative.adaptive = false;
+  e.speculative.max_draft_tokens = max_draft_tokens;
+  return e;
+}
 
 inline std::unique_ptr<ModelRunner> one_process_runner(const ModelFiles& files, ThreadPool* pool) {
   auto model = Model::from_weights(files.config, files.weights);

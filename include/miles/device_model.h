@@ -45,6 +45,7 @@ struct DeviceBatch {
   // MoE models: the routed experts of every token and MoE layer into ForwardOutput::experts and
   // expert_weights ([T, moe_layers, top_k]; R3 capture).
   bool return_experts = false;
+  std::span<const int64_t> last_rows;  // as ForwardOptions::last_rows
 };
 
 struct DeviceKvGeometry {

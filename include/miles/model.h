@@ -61,8 +61,11 @@ struct SeqSpan {
 };
 
 struct ForwardOptions {
-  // true: logits for every token; false: only for the last token of each sequence.
+  // true: logits for every token; false: only for the last token of each sequence, or with
+  // last_rows (one count per sequence, 1 <= count <= n_tokens) its last last_rows[s] tokens (a
+  // speculative verify chunk's rows), in batch order.
   bool all_logits = true;
+  std::span<const int64_t> last_rows;
   // Record the top-k expert ids (and their gate weights) of every token and MoE layer.
   bool return_experts = false;
   // Routing replay: use these expert ids ([T, num_moe_layers, top_k]) instead of the router's
@@ -85,6 +88,10 @@ struct ForwardOptions {
   std::vector<float>* logits_storage = nullptr;
 };
 
+// ForwardOptions::last_rows against the batch: empty, or one count per sequence in
+// [1, n_tokens]; the error names the sequence.
+Status check_last_rows(std::span<const SeqSpan> seqs, std::span<const int64_t> last_rows);
+
 struct ForwardOutput {
   int64_t rows = 0;  // T, or the number of sequences
   int64_t vocab = 0;
@@ -104,8 +111,8 @@ struct BackwardIo {
   std::span<float> tied_head_grad;
   // The forward's tensor parallelism: column-parallel input gradients are all-reduced.
   const TensorParallel* tp = nullptr;
-  // The trainer's micro-batch sum fused into the backward (include/miles/grad_sink.h): with `fold` (the
-  // pending partial sums, innermost first; grads' layout), every gradient g is stored as
+  // The trainer's micro-batch sum fused into the backward (include/miles/grad_sink.h): with `fold`
+  // (the pending partial sums, innermost first; grads' layout), every gradient g is stored as
   // fold.back() + (… + (fold[0] + g)) into fold.back(), `grads` serving as scratch; the tied
   // head's share likewise against `tied_fold` (needs tied_head_grad, which is then scratch).
   std::vector<FlatTensors*> fold;

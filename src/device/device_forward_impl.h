@@ -125,6 +125,7 @@ template <class B>
 Result<typename BackendModel<B>::HostBatch> BackendModel<B>::host_batch(const DeviceBatch& batch,
                                                                         const Kv& kv) const {
   const int64_t bt = kv.block_tokens;
+  MILES_RETURN_IF_ERROR(check_last_rows(batch.seqs, batch.last_rows));
   std::vector<int32_t> positions, block_of, table_of, rows, tables;
   int64_t i = 0;
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
@@ -141,12 +142,13 @@ Result<typename BackendModel<B>::HostBatch> BackendModel<B>::host_batch(const De
                              " blocks");
     const int32_t offset = static_cast<int32_t>(tables.size());
     tables.insert(tables.end(), table.begin(), table.end());
+    const int64_t last = batch.last_rows.empty() ? 1 : batch.last_rows[s];
     for (int64_t j = 0; j < q.n_tokens; ++j, ++i) {
       const int64_t pos = q.start_pos + j;
       positions.push_back(static_cast<int32_t>(pos));
       block_of.push_back(table[pos / bt]);
       table_of.push_back(offset);
-      if (batch.all_logits || j == q.n_tokens - 1) rows.push_back(static_cast<int32_t>(i));
+      if (batch.all_logits || j >= q.n_tokens - last) rows.push_back(static_cast<int32_t>(i));
     }
   }
   const int64_t t = static_cast<int64_t>(batch.tokens.size());

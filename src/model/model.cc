@@ -311,8 +311,22 @@ std::unique_ptr<SimpleKvCache> Model::make_kv_cache(int64_t block_tokens) const 
                                          config_.max_position_embeddings);
 }
 
+Status check_last_rows(std::span<const SeqSpan> seqs, std::span<const int64_t> last_rows) {
+  if (last_rows.empty()) return Status::Ok();
+  if (last_rows.size() != seqs.size())
+    return Status::Error("last_rows: " + std::to_string(last_rows.size()) + " counts for " +
+                         std::to_string(seqs.size()) + " sequences");
+  for (size_t s = 0; s < seqs.size(); ++s)
+    if (last_rows[s] < 1 || last_rows[s] > seqs[s].n_tokens)
+      return Status::Error("last_rows: sequence " + std::to_string(s) + " asks for " +
+                           std::to_string(last_rows[s]) + " rows of its " +
+                           std::to_string(seqs[s].n_tokens) + " tokens");
+  return Status::Ok();
+}
+
 Status Model::check_batch(std::span<const int32_t> tokens, std::span<const SeqSpan> seqs,
                           const ForwardOptions& options) const {
+  MILES_RETURN_IF_ERROR(check_last_rows(seqs, options.last_rows));
   const int64_t vocab = options.tp ? options.tp->full_vocab : config_.vocab_size;
   int64_t total = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -421,8 +435,11 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
   if (options.all_logits) {
     for (int64_t i = 0; i < t; ++i) rows.push_back(i);
   } else {
-    for (size_t si = 0; si < seqs.size(); ++si)
-      rows.push_back(plan.offset[si] + seqs[si].n_tokens - 1);
+    for (size_t si = 0; si < seqs.size(); ++si) {
+      const int64_t k = options.last_rows.empty() ? 1 : options.last_rows[si];
+      for (int64_t j = seqs[si].n_tokens - k; j < seqs[si].n_tokens; ++j)
+        rows.push_back(plan.offset[si] + j);
+    }
   }
   std::vector<float> sel(rows.size() * d);
   for (size_t r = 0; r < rows.size(); ++r)

@@ -116,6 +116,11 @@ struct RolloutSection {
   int64_t engine_num_blocks = 4096;
   int64_t engine_max_batch_tokens = 2048;
   int64_t engine_max_running = 256;
+  // Speculative decoding in started engines (docs/speculative.md): the model-free suffix drafter
+  // over each sample's siblings and the prompt's earlier responses; samples are the same bits.
+  bool speculative = false;
+  int64_t speculative_max_draft_tokens = 4;
+  bool speculative_adaptive = true;  // draft only where the engine's measured costs say it pays
   double health_check_interval_s = 1.0;
   double engine_start_timeout_s = 60;
   int64_t max_engine_restarts = 3;     // per engine, over the run
@@ -267,7 +272,8 @@ struct RunConfig {
 
 // Reads `path`, applies `overrides` ("section.key=value"), validates. Errors name the file, line
 // and key.
-Result<RunConfig> load_run_config(const std::string& path, const std::vector<std::string>& overrides);
+Result<RunConfig> load_run_config(const std::string& path,
+                                  const std::vector<std::string>& overrides);
 // The same from YAML text (`source_name` stands for the file in messages).
 Result<RunConfig> parse_run_config(const std::string& yaml_text, const std::string& source_name,
                                    const std::vector<std::string>& overrides);

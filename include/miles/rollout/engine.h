@@ -1,11 +1,12 @@
-// Engine: the rollout engine's core — continuous batching over a paged, prefix-shared KV cache, with
-// exact logprobs, routed experts and weight versions for every generated token.
+// Engine: the rollout engine's core — continuous batching over a paged, prefix-shared KV cache,
+// with exact logprobs, routed experts and weight versions for every generated token.
 //
-// Why: rollout dominates an RL step; every number it returns must be what the trainer recomputes. The
-// engine runs the shared Model (or any ModelRunner) one iteration at a time: running decodes plus prefill
-// chunks under a token budget, packed into one batch-invariant forward. The HTTP and gRPC servers
-// (include/miles/rollout/http_server.h, include/miles/rollout/grpc_server.h) sit on top, talking to it only through
-// include/miles/rollout/engine_driver.h; tests drive step() directly as timelines.
+// Why: rollout dominates an RL step; every number it returns must be what the trainer recomputes.
+// The engine runs the shared Model (or any ModelRunner) one iteration at a time: running decodes
+// plus prefill chunks under a token budget, packed into one batch-invariant forward. The HTTP and
+// gRPC servers (include/miles/rollout/http_server.h, include/miles/rollout/grpc_server.h) sit on
+// top, talking to it only through include/miles/rollout/engine_driver.h; tests drive step()
+// directly as timelines.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,7 @@
 
 #include "miles/device_model.h"
 #include "miles/model.h"
+#include "miles/rollout/drafter.h"
 #include "miles/sampler.h"
 #include "miles/status.h"
 #include "miles/tokenizer.h"
@@ -51,7 +53,21 @@ class ModelRunner {
   virtual Result<std::unique_ptr<ModelRunner>> without_weights() const;
 };
 // A runner over a loaded model and a thread pool (both outlive it).
-std::unique_ptr<ModelRunner> make_model_runner(std::shared_ptr<const Model> model, ThreadPool* pool);
+std::unique_ptr<ModelRunner> make_model_runner(std::shared_ptr<const Model> model,
+                                               ThreadPool* pool);
+
+// Speculative decoding (docs/speculative.md): a running sample may feed, after its newest token,
+// up to max_draft_tokens drafted ones; one forward verifies them and the sample keeps the longest
+// prefix equal to what it would have drawn itself, then its own next token. Outputs are the same
+// bits as without speculation: only speed changes.
+struct SpeculativeOptions {
+  bool enabled = false;
+  int64_t max_draft_tokens = 4;
+  // true: draft only where the engine's measured cost of a forward (per token count) and the
+  // sample's acceptance history say it pays; false: every proposal is verified.
+  bool adaptive = true;
+  SuffixDrafterOptions suffix{};  // the default drafter (Engine::set_drafter replaces it)
+};
 
 struct EngineOptions {
   int64_t num_blocks = 4096;      // KV blocks in the pool
@@ -62,6 +78,7 @@ struct EngineOptions {
   // Seeds the generator of fresh sampling seeds (requests that give none, GenerateRequest::
   // draw_seed); unset: a random start-up value, so a restarted server does not repeat its samples.
   std::optional<uint64_t> random_seed;
+  SpeculativeOptions speculative{};
 };
 
 // A runner whose forwards run on `device` (cuda or emulated, device_model.h), with every KV block
@@ -76,8 +93,8 @@ Result<std::unique_ptr<ModelRunner>> make_device_model_runner(Device device,
 
 // Changes to a sample's logits before temperature and filters, in SGLang's order (docs/api.md,
 // "Sampling"): frequency and presence penalties, the min-new-tokens mask, the repetition penalty,
-// then logit_bias; the penalties count output tokens only. They shape the distribution a token is drawn from (the sampling logprob)
-// but never the raw model logprob.
+// then logit_bias; the penalties count output tokens only. They shape the distribution a token is
+// drawn from (the sampling logprob) but never the raw model logprob.
 struct LogitAdjustments {
   float repetition_penalty = 1.0f;  // (0, 2]: each token of the output: x < 0 ? x * r : x / r
   float frequency_penalty = 0.0f;   // [-2, 2]: minus this times the token's count in the output
@@ -144,8 +161,8 @@ struct InputLogprob {
   std::vector<TopLogprob> ids;  // GenerateRequest::token_ids_logprob's tokens, in its order
 };
 
-// One sample's state as reported to its listener: new tokens since the last event, and when finished,
-// the whole record (routed experts: [prompt + output - 1, moe layers, top_k]).
+// One sample's state as reported to its listener: new tokens since the last event, and when
+// finished, the whole record (routed experts: [prompt + output - 1, moe layers, top_k]).
 struct SampleEvent {
   uint64_t request_id = 0;
   int32_t sample_index = 0;
@@ -175,6 +192,10 @@ struct EngineStats {
   bool weights_released = false;
   uint64_t iterations = 0, generated_tokens = 0, prompt_tokens = 0, cached_prompt_tokens = 0;
   uint64_t retractions = 0;  // samples whose KV was dropped to be recomputed (memory or pause)
+  // Speculative decoding: sample-steps that verified a draft, the draft tokens verified, those
+  // accepted, and the tokens those steps emitted (accepted + the sample's own next token).
+  uint64_t spec_verifies = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0,
+           spec_emitted_tokens = 0;
 };
 
 // What one iteration ran (scheduler timelines in tests).
@@ -185,6 +206,7 @@ struct IterationRecord {
     int64_t start_pos;
     int64_t n_tokens;
     bool prefill;
+    int64_t draft_tokens = 0;  // of n_tokens, drafted ones being verified
   };
   std::vector<Item> items;
 };
@@ -196,8 +218,8 @@ class Engine {
          std::shared_ptr<const Tokenizer> tokenizer = nullptr);
   ~Engine();
 
-  // Validates and queues a request; errors name the bad field. The listener is called from the thread
-  // that runs step().
+  // Validates and queues a request; errors name the bad field. The listener is called from the
+  // thread that runs step().
   Result<uint64_t> submit(GenerateRequest request, SampleListener listener);
   // Finishes a request (all its samples) with kAbort and frees its blocks. False if unknown.
   bool abort(uint64_t request_id);
@@ -214,8 +236,8 @@ class Engine {
   void resume();
   Status flush_cache();  // refused while requests hold blocks
   void update_weight_version(int64_t version);
-  // Brackets a weight update: refused unless paused or idle; until end_weight_update() the engine runs
-  // no iteration (resume() waits for the end), so no token can mix old and new weights.
+  // Brackets a weight update: refused unless paused or idle; until end_weight_update() the engine
+  // runs no iteration (resume() waits for the end), so no token can mix old and new weights.
   Status begin_weight_update();
   Status end_weight_update();
   // Swaps the runner's weights; only inside begin/end, or while paused or idle.
@@ -233,6 +255,8 @@ class Engine {
   Status release_weights();
   EngineStats stats() const;
   const ModelConfig& config() const;
+  // Replaces the drafter of speculative decoding (EngineOptions::speculative must be enabled).
+  void set_drafter(std::unique_ptr<Drafter> drafter);
 
  private:
   struct Impl;
