@@ -12,6 +12,7 @@
 // and fails if one token or logprob differs.
 #include "cli/bench_spec.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -93,7 +94,8 @@ struct EpochResult {
 
 // One epoch: every prompt as a request of `group` samples, `concurrency / group` requests in
 // flight at once (closed loop), on the engine's own thread (this one).
-EpochResult run_epoch(Engine& e, const Task& task, int concurrency, uint64_t seed) {
+EpochResult run_epoch(Engine& e, const Task& task, int concurrency, uint64_t seed,
+                      float temperature) {
   const int group = std::min(concurrency, 8);
   const int in_flight = std::max(1, concurrency / group);
   EpochResult r;
@@ -107,7 +109,7 @@ EpochResult run_epoch(Engine& e, const Task& task, int concurrency, uint64_t see
     q.input_ids = task.prompts[next];
     q.n = group;
     q.max_new_tokens = task.max_new_tokens;
-    q.sampling.temperature = 1.0f;
+    q.sampling.temperature = temperature;
     q.sampling.seed = seed * 1000003ull + next;
     const size_t p = next++;
     auto id = e.submit(q, [&r, &prompt_of, &left, &running](const SampleEvent& ev) {
@@ -150,6 +152,18 @@ struct Row {
   EpochResult plain, spec;
   double plain_tps() const { return plain.output_tokens / plain.wall_s; }
   double spec_tps() const { return spec.output_tokens / spec.wall_s; }
+  // Mean probability of the sampled token: what a drafter proposing a sample of the policy itself
+  // would get accepted (how predictable the policy's text is at this temperature).
+  double mean_p() const {
+    double sum = 0;
+    int64_t n = 0;
+    for (const auto& [k, out] : plain.samples)
+      for (const TokenOutput& t : out) {
+        sum += std::exp(static_cast<double>(t.logprob));
+        ++n;
+      }
+    return n ? sum / static_cast<double>(n) : 0.0;
+  }
   uint64_t d(uint64_t EngineStats::*f) const { return spec.after.*f - spec.before.*f; }
 };
 
@@ -161,12 +175,12 @@ int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model
   auto tasks = load_tasks(o, *tok);
   if (!tasks.ok()) return fail("bench rollout --spec", tasks.message());
   std::printf(
-      "miles bench rollout --spec: %s, %d threads (%s); GRPO groups of up to 8, temperature 1; "
+      "miles bench rollout --spec: %s, %d threads (%s); GRPO groups of up to 8, temperature %g; "
       "epoch 2 of the same %lld prompts measured (the drafter has epoch 1's responses)\n",
       o.model.c_str(), pool.num_threads(), kernels::isa_name(kernels::detect_isa()),
-      static_cast<long long>(o.prompts));
-  std::printf("%-10s %4s %11s %11s %7s %11s %9s %9s %9s %s\n", "task", "c", "off tok/s",
-              "suffix tok/s", "x off", "tok/verify", "accepted", "drafted", "co-train",
+      static_cast<double>(o.temperature), static_cast<long long>(o.prompts));
+  std::printf("%-10s %4s %9s %12s %6s %10s %8s %8s %7s %9s %s\n", "task", "c", "off tok/s",
+              "suffix tok/s", "x off", "tok/verify", "accepted", "drafted", "mean p", "co-train",
               "same samples");
   std::vector<Row> rows;
   for (const Task& task : *tasks)
@@ -180,17 +194,18 @@ int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model
         eo.speculative.enabled = spec;
         eo.speculative.max_draft_tokens = o.max_draft_tokens;
         Engine e(make_model_runner(model, &pool), eo, tok);
-        run_epoch(e, task, c, 1);  // epoch 1: warm-up, and the drafter's history
-        (spec ? row.spec : row.plain) = run_epoch(e, task, c, 2);
+        run_epoch(e, task, c, 1, o.temperature);  // warm-up, and the drafter's history
+        (spec ? row.spec : row.plain) = run_epoch(e, task, c, 2, o.temperature);
       }
       const bool same = same_samples(row.plain, row.spec);
       const uint64_t verifies = row.d(&EngineStats::spec_verifies);
-      std::printf("%-10s %4d %11.1f %11.1f %7.2f %11.2f %9llu %9llu %9s %s\n", task.name.c_str(), c,
-                  row.plain_tps(), row.spec_tps(), row.spec_tps() / row.plain_tps(),
+      std::printf("%-10s %4d %9.1f %12.1f %6.2f %10.2f %8llu %8llu %7.3f %9s %s\n",
+                  task.name.c_str(), c, row.plain_tps(), row.spec_tps(),
+                  row.spec_tps() / row.plain_tps(),
                   verifies ? double(row.d(&EngineStats::spec_emitted_tokens)) / verifies : 0.0,
                   static_cast<unsigned long long>(row.d(&EngineStats::spec_accepted_tokens)),
                   static_cast<unsigned long long>(row.d(&EngineStats::spec_draft_tokens)),
-                  "not built", same ? "yes" : "NO");
+                  row.mean_p(), "not built", same ? "yes" : "NO");
       std::fflush(stdout);
       if (!same) return fail("bench rollout --spec", "speculative samples differ from plain ones");
       rows.push_back(std::move(row));
@@ -200,6 +215,7 @@ int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model
                         {"threads", pool.num_threads()},
                         {"isa", kernels::isa_name(kernels::detect_isa())},
                         {"prompts", o.prompts},
+                        {"temperature", o.temperature},
                         {"rows", nlohmann::json::array()}};
     for (const Row& r : rows)
       j["rows"].push_back({{"task", r.task},
@@ -210,6 +226,7 @@ int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model
                            {"emitted_tokens", r.d(&EngineStats::spec_emitted_tokens)},
                            {"draft_tokens", r.d(&EngineStats::spec_draft_tokens)},
                            {"accepted_tokens", r.d(&EngineStats::spec_accepted_tokens)},
+                           {"mean_token_probability", r.mean_p()},
                            {"output_tokens", r.spec.output_tokens}});
     std::ofstream(o.json) << j.dump(1) << "\n";
   }

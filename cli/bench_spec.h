@@ -20,6 +20,7 @@ struct SpecBenchOptions {
   std::vector<int> concurrency{1, 8, 32};
   int64_t prompts = 8;  // per task and epoch
   int64_t max_draft_tokens = 4;
+  float temperature = 1.0f;  // RL's; 0: greedy (an evaluation's)
 };
 
 int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model,

@@ -350,6 +350,10 @@ void register_bench_rollout(CLI::App& bench) {
                 "--spec: drafted tokens verified per sample and iteration")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
+  r->add_option("--spec-temperature", o->spec_options.temperature,
+                "--spec: sampling temperature (1: RL's; 0: greedy, an evaluation's)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 2.0));
   r->add_option("--spec-arithmetic-data", o->spec_options.arithmetic_data,
                 "--spec: JSONL with a \"prompt\" per line")
       ->capture_default_str();

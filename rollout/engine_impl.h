@@ -38,11 +38,11 @@ struct Engine::Impl {
   EngineStats counters;
   uint64_t seed_state = 0;  // the fresh-seed generator (splitmix64), EngineOptions::random_seed
   uint64_t fresh_seed();
-  // Speculative decoding (EngineOptions::speculative): the drafter, the measured forward costs
-  // the adaptive policy reads, and the acceptance history of every sample so far (its calibration
-  // prior).
+  // Speculative decoding (EngineOptions::speculative): the drafter, the measured iteration costs
+  // (drafting, forward, sampling) the adaptive policy reads, and the acceptance history of every
+  // sample so far (its calibration prior).
   std::unique_ptr<Drafter> drafter;
-  rollout::ForwardCostModel forward_cost;
+  rollout::ForwardCostModel iteration_cost;
   double spec_predicted = 0, spec_accepted = 0;
   int64_t spec_since_plain = 0;  // speculative iterations since the last one without drafts
 

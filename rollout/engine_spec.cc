@@ -81,13 +81,13 @@ void Engine::Impl::plan_drafts(std::vector<Item>& items, int64_t budget) {
   }
   if (candidates.empty()) return;
   if (opt.speculative.adaptive &&
-      (!forward_cost.measured(base_tokens) || spec_since_plain >= rollout::kSpecRefreshEvery)) {
+      (!iteration_cost.measured(base_tokens) || spec_since_plain >= rollout::kSpecRefreshEvery)) {
     spec_since_plain = 0;  // time the plain forward of this size: no drafts this iteration
     for (size_t i : candidates) items[i].sample->draft.clear();
     for (size_t i : candidates) items[i].sample->draft_confidence.clear();
     return;
   }
-  const std::vector<int64_t> take = rollout::plan_drafts(forward_cost, base_tokens, decodes,
+  const std::vector<int64_t> take = rollout::plan_drafts(iteration_cost, base_tokens, decodes,
                                                          chances, budget, opt.speculative.adaptive);
   bool any = false;
   for (size_t c = 0; c < candidates.size(); ++c) {

@@ -39,13 +39,20 @@ bool Engine::step() {
   Impl& m = *impl_;
   m.last.items.clear();
   if (m.paused || m.updating) return false;
+  // The iteration's whole time (drafting, forward, sampling, bookkeeping) by its token count: the
+  // cost the adaptive speculation policy weighs drafts against.
+  const auto t0 = std::chrono::steady_clock::now();
   const std::vector<Impl::Item> items = m.schedule();
   if (items.empty()) return false;
+  int64_t tokens = 0;
+  for (const auto& it : items) tokens += it.n;
   for (const auto& it : items)
     m.last.items.push_back(
         {it.sample->request_id, it.sample->index, it.start, it.n, it.prefill, it.draft});
   m.run_batch(items);
   m.report_and_reap();
+  m.iteration_cost.observe(
+      tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   ++m.counters.iterations;
   return true;
 }
@@ -157,11 +164,7 @@ void Engine::Impl::run_batch(const std::vector<Item>& items) {
   fo.all_logits = input_rows;
   if (drafts && !input_rows) fo.last_rows = logit_rows;
   fo.return_experts = experts_per_pos > 0;
-  const auto t0 = std::chrono::steady_clock::now();
   auto out = runner->forward(tokens, seqs, *kv, fo);
-  forward_cost.observe(
-      static_cast<int64_t>(tokens.size()),
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   if (!out.ok()) spdlog::error("miles engine: forward failed: {}", out.message());
   MILES_CHECK(out.ok(), "engine forward failed on a validated batch");
   const int64_t v = out->vocab;

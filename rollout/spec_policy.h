@@ -2,12 +2,13 @@
 // this iteration, from the engine's own measured cost of a forward and the drafts' estimated chance
 // of acceptance (docs/speculative.md, "Adaptive policy").
 //
-// Why: verifying k drafts adds k tokens to the forward. On a CPU a decode forward is bound by
-// reading the weights, so a few more tokens cost little at a small live batch and speculation pays
-// by the tokens it gets accepted; at a large batch the forward is compute-bound and the same drafts
-// slow every sample down. The engine times every forward; this keeps that curve (seconds by token
-// count) and verifies the drafts that maximise the expected tokens emitted per second, none when no
-// choice beats not speculating by the margin. Only speed depends on it: outputs never do.
+// Why: verifying k drafts adds k tokens to the forward (and k rows to sample). On a CPU a decode
+// forward is bound by reading the weights, so a few more tokens cost little at a small live batch
+// and speculation pays by the tokens it gets accepted; at a large batch, or with a model so small
+// that per-token work dominates, the same drafts slow every sample down. The engine times every
+// iteration (drafting, forward, sampling); this keeps that curve (seconds by token count) and
+// verifies the drafts that maximise the expected tokens emitted per second, none when no choice
+// beats not speculating by the margin. Only speed depends on it: outputs never do.
 #pragma once
 
 #include <cstdint>
@@ -16,10 +17,10 @@
 
 namespace miles::rollout {
 
-// Seconds of one forward by its token count: an exponential moving average per bucket (about 19 %
-// wide in tokens), read by linear interpolation between measured buckets and held flat past them
-// (an unmeasured larger batch is assumed to cost what the largest measured one does: optimistic, so
-// that it gets tried and measured once).
+// Seconds of one engine iteration by its token count: an exponential moving average per bucket
+// (about 19 % wide in tokens), read by linear interpolation between measured buckets and held flat
+// past them (an unmeasured larger batch is assumed to cost what the largest measured one does:
+// optimistic, so that it gets tried and measured once).
 class ForwardCostModel {
  public:
   void observe(int64_t tokens, double seconds);

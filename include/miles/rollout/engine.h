@@ -63,7 +63,7 @@ std::unique_ptr<ModelRunner> make_model_runner(std::shared_ptr<const Model> mode
 struct SpeculativeOptions {
   bool enabled = false;
   int64_t max_draft_tokens = 4;
-  // true: draft only where the engine's measured cost of a forward (per token count) and the
+  // true: draft only where the engine's measured cost of an iteration (per token count) and the
   // sample's acceptance history say it pays; false: every proposal is verified.
   bool adaptive = true;
   SuffixDrafterOptions suffix{};  // the default drafter (Engine::set_drafter replaces it)
