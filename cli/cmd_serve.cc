@@ -193,6 +193,12 @@ int run_serve(ServeOptions o) {
   if (Status s = server.start(); !s.ok()) return fail("serve", s.message());
   spdlog::info("miles serve: listening on http://{} (model {})",
                host_port(o.server.host, server.port()), o.model);
+  if (o.engine.speculative.enabled)
+    spdlog::info(
+        "miles serve: speculative decoding (model-free suffix drafter, up to {} drafts per sample, "
+        "{}): the same samples bit for bit",
+        o.engine.speculative.max_draft_tokens,
+        o.engine.speculative.adaptive ? "adaptive" : "every proposal verified");
   std::unique_ptr<rollout::GrpcServer> grpc;
   if (!o.controller.empty() && o.grpc_port < 0)
     o.grpc_port = 0;  // the controller generates over gRPC

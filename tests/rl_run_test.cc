@@ -252,10 +252,12 @@ TEST(RlRun, BroadcastTransportGivesTheDiskDeltaRun) {
 
 // Runs the CI job for 3 rollouts plainly (`common` overrides) and with `variant` overrides: the two
 // runs agree number for number, |Δlogp| exactly 0, and engine 0's log says `engine_says`. `out`:
-// the variant run's output.
+// the variant run's output; `run_dir`: its directory.
 void expect_same_run(const std::string& name, const std::string& common, const std::string& variant,
-                     const std::string& engine_says, std::string* out = nullptr) {
+                     const std::string& engine_says, std::string* out = nullptr,
+                     std::string* run_dir = nullptr) {
   const std::string ref = temp_dir(name + "_ref"), dir = temp_dir(name);
+  if (run_dir) *run_dir = dir;
   ASSERT_EQ(run_here(std::string(kCi) + " --run-dir " + ref + common).exit_code, 0);
   auto r = run_here(std::string(kCi) + " --run-dir " + dir + common + variant);
   ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -309,6 +311,26 @@ TEST(RlRun, DeviceEnginesGiveTheCpuEngineRun) {
   expect_same_run("device", " rollout.num_rollouts=3",
                   " rollout.engine_device=emulated trainer.device=emulated",
                   "forwards on emulated");
+}
+
+// Engines that verify drafts (rollout.speculative, every proposal verified): the run equals the
+// plain run number for number (rewards, lengths, loss, grad norm, |Δlogp| 0 at every step), and
+// the engines did verify drafts (metrics.jsonl's per-step counters).
+TEST(RlRun, SpeculativeEnginesGiveThePlainRun) {
+  MILES_REQUIRE_SHARED();
+  std::string dir;
+  expect_same_run("spec", " rollout.num_rollouts=3",
+                  " rollout.speculative=true rollout.speculative_adaptive=false",
+                  "speculative decoding (model-free suffix drafter, up to 4 drafts per sample, "
+                  "every proposal verified)",
+                  nullptr, &dir);
+  uint64_t drafted = 0, accepted = 0;
+  for (const json& m : metrics(dir)) {
+    drafted += m.at("spec_draft_tokens").get<uint64_t>();
+    accepted += m.at("spec_accepted_tokens").get<uint64_t>();
+  }
+  EXPECT_GT(accepted, 0u);
+  EXPECT_GE(drafted, accepted);
 }
 
 // Asking for GPU engines where there is no GPU (or no CUDA build) is refused before any engine
