@@ -12,12 +12,14 @@
 #include <fstream>
 #include <map>
 
+#include "cli_run.h"
 #include "miles/checkpoint.h"
 #include "miles/model.h"
 #include "miles/thread_pool.h"
 #include "miles/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "real_model_case.h"
+#include "scratch_dir.h"
 #include "test_paths.h"
 
 namespace miles {
@@ -120,6 +122,27 @@ TEST_F(SmolLM2, ConvertedTokenizerGivesTransformersIds) {
     EXPECT_EQ((*tok)->encode(meta->at(key), /*add_special=*/true), ids(key + ".ids")) << key;
   }
   EXPECT_EQ((*tok)->decode(ids("answer.ids")).rfind("The capital of France is Paris.", 0), 0u);
+}
+
+// `miles bench rollout --spec` on SmolLM2 with the chat template: one prompt per task, greedy (so
+// the second epoch's drafts come from the first and are accepted): the command compares every
+// sample of the plain and the speculative engine and exits 0 only when they are the same bits.
+TEST(SmolLM2Bench, SpecBenchSamplesAreThePlainOnes) {
+  MILES_REQUIRE_SMOLLM2();
+  const std::string json = test::scratch_dir("miles_spec_bench_", "out") + ".json";
+  const test::CliRun r = test::run_miles_in_source(
+      "bench rollout --model '" + model_dir() + "' --spec --spec-prompts 1 --concurrency 1 " +
+      "--spec-temperature 0 --threads 2 --json '" + json + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("same samples"), std::string::npos) << r.out;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in);
+  ASSERT_EQ(j["rows"].size(), 2u);
+  for (const auto& row : j["rows"]) {
+    EXPECT_GT(row["accepted_tokens"].get<int64_t>(), 0) << row.dump();
+    EXPECT_GT(row["output_tokens"].get<int64_t>(), 0) << row.dump();
+  }
+  std::filesystem::remove(json);
 }
 
 }  // namespace
