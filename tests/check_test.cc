@@ -46,18 +46,35 @@ TEST(Check, DenseModelAgreesBitForBitOnEveryGate) {
   ASSERT_EQ(c.exit_code, 0) << c.out;
   ASSERT_TRUE(c.report.is_object()) << c.out;
   EXPECT_TRUE(c.report["passed"].get<bool>());
-  for (const char* g :
-       {"tito_token_mismatches", "logp_abs_diff_max", "rollout_kl", "ess", "step0_ppo_kl_abs",
-        "step0_clipfrac", "weight_checksum_mismatches", "grad_norm_dp=2_rel_diff",
-        "grad_norm_pp=2_rel_diff", "grad_norm_dp=2,pp=2_rel_diff", "grad_norm_tp=2_rel_diff",
-        "grad_norm_pp=2,tp=2_rel_diff", "logp_over_limit_dp=2", "logp_over_limit_pp=2",
-        "logp_over_limit_dp=2,pp=2", "logp_over_limit_tp=2", "logp_over_limit_pp=2,tp=2"}) {
+  for (const char* g : {"tito_token_mismatches",
+                        "logp_abs_diff_max",
+                        "rollout_kl",
+                        "ess",
+                        "step0_ppo_kl_abs",
+                        "step0_clipfrac",
+                        "weight_checksum_mismatches",
+                        "grad_norm_dp=2_rel_diff",
+                        "grad_norm_pp=2_rel_diff",
+                        "grad_norm_dp=2,pp=2_rel_diff",
+                        "grad_norm_tp=2_rel_diff",
+                        "grad_norm_pp=2,tp=2_rel_diff",
+                        "logp_over_limit_dp=2",
+                        "logp_over_limit_pp=2",
+                        "logp_over_limit_dp=2,pp=2",
+                        "logp_over_limit_tp=2",
+                        "logp_over_limit_pp=2,tp=2",
+                        "spec_on_vs_off_mismatched_samples",
+                        "spec_verify_steps",
+                        "engine_vs_in_process_mismatched_samples"}) {
     const json* x = gate(c.report, g);
     ASSERT_NE(x, nullptr) << g;
     EXPECT_TRUE((*x)["passed"].get<bool>()) << x->dump();
   }
   EXPECT_EQ((*gate(c.report, "logp_abs_diff_max"))["value"], 0.0);
   EXPECT_EQ((*gate(c.report, "grad_norm_dp=2_rel_diff"))["value"], 0.0);
+  // Speculative decoding verified drafts and changed no sample.
+  EXPECT_EQ((*gate(c.report, "spec_on_vs_off_mismatched_samples"))["value"], 0.0);
+  EXPECT_GT(c.report["speculative"]["accepted_tokens"].get<int64_t>(), 0);
   // Tensor parallel: every rank's logprobs equal the engine's (limit 0), gradients within 1e-6.
   EXPECT_EQ((*gate(c.report, "logp_over_limit_tp=2"))["value"], 0.0);
   EXPECT_LE((*gate(c.report, "grad_norm_tp=2_rel_diff"))["value"].get<double>(), 1e-6);
