@@ -1,5 +1,6 @@
 #include "controller/spec_check.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -77,7 +78,14 @@ Result<SpecCheck> check_speculative(const RunConfig& config,
 
   ThreadPool pool(static_cast<int>(r.engine_threads));
   EngineOptions eo;
-  eo.num_blocks = r.engine_num_blocks;
+  // KV for the whole batch at full length, not the job's engine size (two engines live here, beside
+  // the trainer: a 4096-block pool of SmolLM2 would be 3 GB each).
+  int64_t blocks = 16;
+  for (const GenerateRequest& q : reqs)
+    blocks +=
+        q.n * ((static_cast<int64_t>(q.input_ids.size()) + q.max_new_tokens + eo.block_tokens) /
+               eo.block_tokens);
+  eo.num_blocks = std::min(r.engine_num_blocks, blocks);
   eo.max_batch_tokens = r.engine_max_batch_tokens;
   eo.max_running = r.engine_max_running;
   Engine plain(make_model_runner(shared, &pool), eo, tokenizer);
