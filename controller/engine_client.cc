@@ -131,8 +131,8 @@ Result<SpecCounters> EngineClient::spec_counters() const {
   authorize(ctx);
   set_deadline(ctx, 10);
   pb::EngineStats r;
-  const grpc::Status s = stub->GetStats(&ctx, pb::Empty(), &r);
-  if (!s.ok()) return Status::Error("stats of " + address_.http() + ": " + s.error_message());
+  MILES_RETURN_IF_ERROR(
+      from_grpc(stub->GetStats(&ctx, pb::Empty(), &r), "stats of " + address_.http()));
   return SpecCounters{r.spec_verifies(), r.spec_draft_tokens(), r.spec_accepted_tokens(),
                       r.spec_emitted_tokens()};
 }
