@@ -39,6 +39,9 @@ class ParamLayout {
   // tensors that config.json does not pin down (o_proj.bias).
   static std::shared_ptr<const ParamLayout> for_model(const ModelConfig& config,
                                                       const TensorMap* weights = nullptr);
+  // The tensors given (name, shape, trainable), in that order (offsets and sizes computed): a
+  // layout that is not a model's (a draft head's, draft_head.h).
+  static std::shared_ptr<const ParamLayout> of(const std::vector<ParamSpec>& specs);
   const std::vector<ParamSpec>& specs() const { return specs_; }
   int64_t total() const { return total_; }
   const ParamSpec* find(const std::string& name) const;

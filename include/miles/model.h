@@ -74,10 +74,14 @@ struct ForwardOptions {
   // Pipeline stages: run layers [layer_begin, layer_end) only (layer_end < 0: through the last
   // layer). layer_begin > 0: input_hidden ([T, hidden], the previous stage's output) replaces the
   // embedding of `tokens` (still given: they define the batch); layer_end < num_layers: the result
-  // is ForwardOutput::hidden and there are no logits.
+  // is ForwardOutput::hidden and there are no logits. At layer_begin 0 a non-empty input_hidden
+  // replaces the embedding too (a draft head's fused inputs, draft_head.h).
   int64_t layer_begin = 0;
   int64_t layer_end = -1;
   std::span<const float> input_hidden;
+  // Also return every token's last hidden state before the final norm in ForwardOutput::hidden
+  // ([T, hidden]; what a draft head reads).
+  bool return_hidden = false;
   // Tensor parallelism (this model holds one rank's shard), or null.
   const TensorParallel* tp = nullptr;
   // Training: keep the activations backward needs here. Needs all_logits and sequences that start
@@ -98,13 +102,14 @@ struct ForwardOutput {
   std::vector<float> logits;          // [rows, vocab]
   std::vector<int32_t> experts;       // [T, num_moe_layers, top_k] when asked
   std::vector<float> expert_weights;  // [T, num_moe_layers, top_k] when asked
-  std::vector<float> hidden;          // [T, hidden] when the forward stops before the head
+  std::vector<float> hidden;          // [T, hidden] when the forward stops before the head,
+                                      // or with return_hidden
 };
 
 // Extra inputs and outputs of a pipeline stage's or a tied model's backward.
 struct BackwardIo {
-  // Stages that start after layer 0: receives d loss / d input_hidden ([T, hidden]); the embedding
-  // gets no gradient from this stage.
+  // Forwards given input_hidden: receives d loss / d input_hidden ([T, hidden]); the embedding
+  // gets no gradient from this forward.
   std::vector<float>* d_input = nullptr;
   // Tied embeddings: the LM head's share of the embedding gradient ([vocab, hidden]) goes here
   // instead of being added into grads (the trainer sums the two shares in a fixed order).

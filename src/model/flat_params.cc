@@ -23,6 +23,15 @@ void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool trainab
   specs_.push_back(std::move(s));
 }
 
+std::shared_ptr<const ParamLayout> ParamLayout::of(const std::vector<ParamSpec>& specs) {
+  auto l = std::make_shared<ParamLayout>();
+  for (const ParamSpec& s : specs) {
+    MILES_CHECK(l->find(s.name) == nullptr, "a layout names each tensor once");
+    l->add(s.name, s.shape, s.trainable);
+  }
+  return l;
+}
+
 std::shared_ptr<const ParamLayout> ParamLayout::for_model(const ModelConfig& c,
                                                           const TensorMap* weights) {
   auto l = std::make_shared<ParamLayout>();

@@ -41,6 +41,7 @@ struct ForwardTape::Impl {
   std::vector<int64_t> offset;     // (S) first token of each sequence
   std::vector<int32_t> positions;  // (T)
   int64_t layer_begin = 0, layer_end = 0;  // the layers this forward ran
+  bool embedded = true;  // the input was the embedding of tokens (not ForwardOptions::input_hidden)
   std::vector<LayerTape> layers;            // (num_layers); those in range filled
   std::vector<float> h_final;  // (T, d) before the final norm
   std::vector<float> normed;   // (T, d) after the final norm (the LM head's input)

@@ -387,7 +387,8 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     return Status::Error("layer range [" + std::to_string(begin) + ", " + std::to_string(end) +
                          ") is not inside the model's " + std::to_string(c.num_layers) + " layers");
   std::vector<float> h(static_cast<size_t>(t * d));
-  if (begin == 0) {
+  const bool given = begin > 0 || !options.input_hidden.empty();
+  if (!given) {
     if (options.tp) {  // vocabulary-parallel: this rank's rows, zeros elsewhere, summed exactly
       const int64_t vb = options.tp->vocab_begin, vl = c.vocab_size;
       for (int64_t i = 0; i < t; ++i) {
@@ -400,8 +401,8 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     }
   } else {
     if (static_cast<int64_t>(options.input_hidden.size()) != t * d)
-      return Status::Error("a stage starting at layer " + std::to_string(begin) +
-                           " needs input_hidden of tokens × hidden = " + std::to_string(t * d) +
+      return Status::Error("a forward starting at layer " + std::to_string(begin) +
+                           " with input_hidden needs tokens × hidden = " + std::to_string(t * d) +
                            " values, got " + std::to_string(options.input_hidden.size()));
     std::copy(options.input_hidden.begin(), options.input_hidden.end(), h.begin());
   }
@@ -420,6 +421,7 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     tape->layers.resize(static_cast<size_t>(c.num_layers));  // buffers of a reused tape kept
     tape->layer_begin = begin;
     tape->layer_end = end;
+    tape->embedded = !given;
   }
   ForwardBatch batch{seqs, plan, kv, t, options, out};
   CpuLayers layers(c, *w_, batch, h.data(), pool);
@@ -430,6 +432,7 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     out.hidden = std::move(h);
     return out;
   }
+  if (options.return_hidden) out.hidden = h;
   // Final norm and LM head over the rows asked for.
   std::vector<int64_t> rows;
   if (options.all_logits) {

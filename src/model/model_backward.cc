@@ -65,7 +65,7 @@ class Backward {
       const std::vector<Op>& ops = w_.programs[layer].ops;
       for (auto op = ops.rbegin(); op != ops.rend(); ++op) backward(*op);
     }
-    if (tape_.layer_begin == 0) {
+    if (tape_.embedded) {
       embedding(dh);
     } else if (io_.d_input) {
       *io_.d_input = std::move(dh);

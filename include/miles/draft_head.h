@@ -1,0 +1,127 @@
+// DraftHead: the co-trained EAGLE-style draft of speculative rollouts (docs/speculative.md).
+//
+// Why: a model-free drafter only repeats text it has seen; at temperature 1 a verify step accepts
+// a draft token with the policy's probability of it, so the draft that pays is the one that knows
+// the policy's distribution. This head is small (one decoder layer and a slice of the LM head) and
+// reads what the policy's forward already computed, so the trainer can fit it to the policy every
+// step and the engine can run it k times per verify for a few percent of a policy forward.
+//
+// Row j of a sequence x_0 .. x_{T-1} reads f_j, the policy's last hidden state at position j
+// (before its final norm), and the embedding of x_{j+1}:
+//   u_j = fc · [embed(x_{j+1}); f_j]                       (fc: [hidden, 2·hidden], trained)
+//   g_j = layer(u_0 .. u_j)                                 (one decoder layer of the policy's
+//                                                            family at position j, trained)
+//   logits_j = lm_head[vocab] · final_norm(g_j)            (the policy's norm and head rows)
+// logits_j is the draft of x_{j+2} over the draft vocabulary (ids `vocab`, the policy's most
+// frequent); g_j stands in for f_{j+1} when the engine drafts further ahead. The policy's
+// embedding, final norm and head are frozen copies (set_policy); the trained tensors are
+// "draft.fc.weight" and "draft.layers.0.*" (the policy family's layer names), published with the
+// policy's weights.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "miles/checkpoint.h"
+#include "miles/flat_params.h"
+#include "miles/model.h"
+#include "miles/model_config.h"
+#include "miles/status.h"
+
+namespace miles {
+
+class ThreadPool;
+
+// One packed batch of whole sequences for training, as the policy's training forward saw it.
+struct DraftTrainRows {
+  std::span<const int32_t> tokens;  // (T) the policy batch's ids
+  std::span<const SeqSpan> seqs;    // whole sequences (start_pos 0); one-token ones add nothing
+  std::span<const float> features;  // (T, hidden) the policy's hidden states before its final norm
+  std::span<const float> logits;    // (T, policy vocab) the policy's logits (detached)
+  // (T) weight of the prediction of token i + 1 made at row i − 1 of the draft (i.e. the loss on
+  // the draft of token i + 1 reads the policy's row i); the first row of each sequence is unused.
+  std::span<const float> weight;
+};
+
+// Sums over the rows trained on (each times its weight), for metrics.
+struct DraftTrainSums {
+  double loss = 0;    // soft cross-entropy to the policy's distribution over the draft vocabulary
+  double rows = 0;    // weights
+  double agree = 0;   // draft argmax == policy argmax (a greedy verify's acceptance)
+  double accept = 0;  // the policy's probability of the draft argmax (acceptance at temperature 1)
+  double in_vocab = 0;  // the policy's probability mass inside the draft vocabulary
+};
+
+// One inference step of several sequences' draft rows (their draft KV in `kv`).
+struct DraftStep {
+  std::vector<float> logits;  // (sequences, draft vocab) of each sequence's last row
+  std::vector<float> hidden;  // (sequences, hidden) g of each sequence's last row
+};
+
+class DraftHead {
+ public:
+  ~DraftHead();
+  // The trained tensors' layout for a policy: "draft.fc.weight" then "draft.layers.0.*".
+  static Result<std::shared_ptr<const ParamLayout>> layout_for(const ModelConfig& policy);
+  // A fresh head: its layer copied from the policy's layer 0 and fc = [I | 0] (the embedding passes
+  // through), a one-layer language model to start from. vocab: distinct ids of the policy's
+  // vocabulary (at least 2).
+  static Result<std::unique_ptr<DraftHead>> create(const ModelConfig& policy,
+                                                   const TensorMap& policy_weights,
+                                                   std::vector<int32_t> vocab);
+  // A head with trained tensors `draft` (layout_for's names and shapes).
+  static Result<std::unique_ptr<DraftHead>> from_weights(const ModelConfig& policy,
+                                                         const TensorMap& policy_weights,
+                                                         const TensorMap& draft,
+                                                         std::vector<int32_t> vocab);
+
+  // New frozen parts (the policy's embedding, final norm, head rows) from the policy's weights.
+  Status set_policy(const TensorMap& policy_weights);
+  // A new draft vocabulary (same size): the head rows are re-sliced.
+  Status set_vocab(std::vector<int32_t> vocab);
+  // New trained tensors (the trainer's after a step, or a synced version).
+  Status set_params(const FlatTensors& params);
+  Status set_params(const TensorMap& draft);
+
+  const ModelConfig& policy_config() const { return policy_; }
+  const std::vector<int32_t>& vocab() const { return vocab_; }
+  const FlatTensors& params() const { return params_; }
+  // The trained tensors and the draft vocabulary ("draft.vocab", int32) as views of this head.
+  TensorMap as_tensor_map() const;
+
+  // Training: adds scale × d(Σ weight × soft cross-entropy)/d params to `grads` (layout_for's
+  // layout) and returns the batch's sums. Deterministic: the same rows give the same bits.
+  Result<DraftTrainSums> accumulate_grad(const DraftTrainRows& rows, double scale,
+                                         FlatTensors& grads, ThreadPool* pool) const;
+
+  // Inference: a KV store for draft rows (one slot per sequence being drafted).
+  std::unique_ptr<SimpleKvCache> make_kv_cache() const;
+  // Rows for each sequence (features (n, hidden) and next ids (n), packed in seqs' order) at
+  // positions seqs[s].start_pos ..; returns each sequence's last row's logits and g.
+  Result<DraftStep> forward(std::span<const float> features, std::span<const int32_t> next_ids,
+                            std::span<const SeqSpan> seqs, KvStore& kv, ThreadPool* pool) const;
+
+ private:
+  DraftHead() = default;
+  Status rebuild();  // the draft Model from params_ and the frozen parts
+  // u = fc · [embed(next); features] for n rows; x receives the [n, 2·hidden] inputs.
+  void fuse(std::span<const float> features, std::span<const int32_t> next_ids, int64_t n,
+            std::vector<float>& x, std::vector<float>& u, ThreadPool* pool) const;
+
+  ModelConfig policy_;
+  ModelConfig config_;  // the draft Model's: one layer, the draft vocabulary, untied
+  std::vector<int32_t> vocab_;
+  FlatTensors params_;
+  std::vector<float> embed_;       // (policy vocab, hidden), times the policy's embed scale
+  std::vector<float> final_norm_;  // (hidden)
+  std::vector<float> head_;        // (policy vocab, hidden) the policy's LM head (or embedding)
+  std::unique_ptr<Model> model_;
+};
+
+// The draft vocabulary: the `size` ids with the highest counts (ties: the smaller id), ascending.
+std::vector<int32_t> top_ids(std::span<const uint64_t> counts, int64_t size);
+
+}  // namespace miles

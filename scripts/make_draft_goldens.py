@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Make the draft head's goldens with transformers and torch autograd (include/miles/draft_head.h).
+
+The draft of x_{j+2} at row j of a sequence x_0..x_{T-1} (j = 0..T-2):
+    u_j = fc @ cat(embed[x_{j+1}] * embed_scale, f_j)          fc: [H, 2H]
+    logits_j = LM(u_0..u_j)                                      a transformers CausalLM of the policy's class
+                                                                 with ONE layer (the policy's layer 0), the policy's
+                                                                 final norm, vocab = the draft ids, lm_head = the
+                                                                 policy's head rows at those ids, fed inputs_embeds=u
+    q_j = softmax(policy_logits[j + 1][vocab])                   the target over the draft vocabulary
+    loss = scale * sum_j weight[j + 1] * (-sum_i q_j[i] * log_softmax(logits_j)[i]),   scale = 1 / sum(weight used)
+
+Inputs are drawn here from torch.Generator(seed 31) (CPU, float32, one thread, eager attention): two sequences of
+7 and 12 ids, features f ~ 2 N(0, 1) [T, H], policy logits ~ 3 N(0, 1) [T, V], weight in {0, 0.5, 1} with each
+sequence's first row 0, 48 draft ids (sorted, distinct), fc = [I | 0] + 0.2 N(0, 1).
+
+File tests/data/draft_goldens/<name>.safetensors (policies llama_tied, qwen3), float32 unless said:
+    ids int32 [T], lens int32 [2], vocab int32 [48], features [T, H], policy_logits [T, V], weight [T], scale [1],
+    fc [H, 2H], loss [1] (the scaled sum), sums [4] (sum w, sum w*agree, sum w*accept, sum w*in_vocab),
+    last_logits [2, 48] (each sequence's last draft row), last_hidden [2, H] (the layer's output there, before the
+    norm), grad.draft.fc.weight, grad.draft.layers.0.<name> (d loss / d parameter of the layer, policy names under
+    draft.layers.0.).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_goldens as mg  # noqa: E402  (its reproducible safetensors writer)
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+POLICIES = ["llama_tied", "qwen3"]
+SEED = 31
+LENS = [7, 12]
+DRAFT_VOCAB = 48
+
+
+def make(name: str, out_dir: Path) -> Path:
+    path = DATA / "models" / name
+    policy = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                               attn_implementation="eager").eval()
+    cfg = policy.config
+    h, v = cfg.hidden_size, cfg.vocab_size
+    g = torch.Generator().manual_seed(SEED)
+    t = sum(LENS)
+    ids = torch.randint(0, v, (t,), generator=g, dtype=torch.int64)
+    features = 2 * torch.randn(t, h, generator=g)
+    plogits = 3 * torch.randn(t, v, generator=g)
+    weight = torch.randint(0, 3, (t,), generator=g).float() / 2
+    start = 0
+    for n in LENS:
+        weight[start] = 0
+        start += n
+    vocab = torch.randperm(v, generator=g)[:DRAFT_VOCAB].sort().values
+    fc = torch.cat([torch.eye(h), torch.zeros(h, h)], 1) + 0.2 * torch.randn(h, 2 * h, generator=g)
+
+    dcfg = type(cfg).from_dict(cfg.to_dict())
+    dcfg.num_hidden_layers = 1
+    dcfg.vocab_size = DRAFT_VOCAB
+    dcfg.tie_word_embeddings = False
+    if getattr(dcfg, "layer_types", None):
+        dcfg.layer_types = dcfg.layer_types[:1]
+    draft = type(policy)(dcfg).eval()
+    sd = policy.state_dict()
+    head = sd["lm_head.weight"] if "lm_head.weight" in sd else sd["model.embed_tokens.weight"]
+    with torch.no_grad():
+        for k, p in draft.named_parameters():
+            if k.startswith("model.layers.0."):
+                p.copy_(sd[k])
+        draft.model.norm.weight.copy_(sd["model.norm.weight"])
+        draft.lm_head.weight.copy_(head[vocab])
+        draft.model.embed_tokens.weight.copy_(head[vocab])
+    fc_p = torch.nn.Parameter(fc.clone())
+    embed = sd["model.embed_tokens.weight"]
+    escale = float(getattr(draft.model, "embed_scale", 1.0)) if hasattr(draft.model, "embed_scale") else 1.0
+
+    captured = []
+    hook = draft.model.layers[0].register_forward_hook(
+        lambda m, i, o: captured.append(o[0] if isinstance(o, tuple) else o))
+    loss = torch.zeros(())
+    sums = torch.zeros(4, dtype=torch.float64)
+    last_logits, last_hidden = [], []
+    used = 0.0
+    start = 0
+    for n in LENS:
+        rows = torch.arange(start, start + n - 1)
+        used += float(weight[rows + 1].sum())
+        start += n
+    scale = 1.0 / used
+    start = 0
+    for n in LENS:
+        rows = torch.arange(start, start + n - 1)
+        x = torch.cat([embed[ids[rows + 1]] * escale, features[rows]], 1)
+        u = x @ fc_p.T
+        captured.clear()
+        logits = draft(inputs_embeds=u[None]).logits[0]
+        last_logits.append(logits[-1].detach())
+        last_hidden.append(captured[-1][0, -1].detach() if captured[-1].dim() == 3 else captured[-1][-1].detach())
+        tgt = plogits[rows + 1]
+        q = torch.softmax(tgt[:, vocab], -1)
+        ce = -(q * torch.log_softmax(logits, -1)).sum(-1)
+        w = weight[rows + 1]
+        loss = loss + scale * (w * ce).sum()
+        full = torch.softmax(tgt.double(), -1)
+        best = vocab[logits.argmax(-1)]
+        sums[0] += w.double().sum()
+        sums[1] += (w.double() * (best == tgt.argmax(-1)).double()).sum()
+        sums[2] += (w.double() * full[torch.arange(n - 1), best]).sum()
+        sums[3] += (w.double() * full[:, vocab].sum(-1)).sum()
+        start += n
+    hook.remove()
+    loss.backward()
+
+    out = {
+        "ids": ids.to(torch.int32), "lens": torch.tensor(LENS, dtype=torch.int32),
+        "vocab": vocab.to(torch.int32), "features": features, "policy_logits": plogits, "weight": weight,
+        "scale": torch.tensor([scale], dtype=torch.float32), "fc": fc, "loss": loss.detach().reshape(1),
+        "sums": sums.float(), "last_logits": torch.stack(last_logits), "last_hidden": torch.stack(last_hidden),
+        "grad.draft.fc.weight": fc_p.grad,
+    }
+    for k, p in draft.named_parameters():
+        if k.startswith("model.layers.0."):
+            out["grad.draft.layers.0." + k[len("model.layers.0."):]] = p.grad
+    out = {k: v.detach().contiguous().numpy() for k, v in sorted(out.items())}
+    meta = {"generator": "scripts/make_draft_goldens.py", "policy": f"tests/data/models/{name}",
+            "torch": torch.__version__, "transformers": transformers.__version__, "seed": str(SEED)}
+    dst = out_dir / f"{name}.safetensors"
+    mg.write_safetensors(dst, out, meta)
+    return dst
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DATA, help="folder to write draft_goldens/ into")
+    args = parser.parse_args()
+    out_dir = args.out / "draft_goldens"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    transformers.logging.set_verbosity_error()
+    for name in POLICIES:
+        p = make(name, out_dir)
+        print(f"{p.name}: {p.stat().st_size} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

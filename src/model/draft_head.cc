@@ -1,0 +1,348 @@
+// DraftHead (draft_head.h): fc over [embedding; feature] → a one-layer Model of the policy's family
+// whose head is the policy's rows of the draft vocabulary. Training reuses Model::forward's tape
+// and Model::backward (the fused inputs given as input_hidden); only fc's product is written here.
+#include "miles/draft_head.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "miles/backward_kernels.h"
+#include "miles/kernels.h"
+#include "miles/thread_pool.h"
+
+namespace miles {
+
+namespace {
+
+constexpr const char* kFc = "draft.fc.weight";
+constexpr const char* kVocab = "draft.vocab";
+const std::string kLayerPrefix = "model.layers.0.";
+const std::string kDraftPrefix = "draft.layers.0.";
+
+// The draft Model's config: the policy's family, one layer, the draft vocabulary, untied.
+Result<ModelConfig> draft_config(const ModelConfig& policy, int64_t vocab) {
+  if (policy.is_mla() || policy.num_moe_layers() > 0)
+    return Status::Error("draft head: the policy (" + policy.arch_name +
+                         ") has MoE or MLA layers; the draft head supports dense families only");
+  ModelConfig c = policy;
+  c.num_layers = 1;
+  c.vocab_size = vocab;
+  c.tie_word_embeddings = false;
+  if (!c.sliding_layers.empty()) c.sliding_layers = {policy.sliding_layers[0]};
+  c.bos_token_id = 0;
+  c.eos_token_ids.clear();
+  return c;
+}
+
+Status check_vocab(const std::vector<int32_t>& vocab, int64_t policy_vocab) {
+  if (vocab.size() < 2) return Status::Error("draft head: the draft vocabulary needs >= 2 ids");
+  std::vector<int32_t> sorted = vocab;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= policy_vocab)
+      return Status::Error("draft head: vocabulary id " + std::to_string(sorted[i]) +
+                           " is outside the policy's [0, " + std::to_string(policy_vocab) + ")");
+    if (i > 0 && sorted[i] == sorted[i - 1])
+      return Status::Error("draft head: vocabulary id " + std::to_string(sorted[i]) +
+                           " is repeated");
+  }
+  return Status::Ok();
+}
+
+Tensor f32_view(std::vector<int64_t> shape, const float* data) {
+  return Tensor::view(DType::kF32, std::move(shape), data, nullptr);
+}
+
+}  // namespace
+
+std::vector<int32_t> top_ids(std::span<const uint64_t> counts, int64_t size) {
+  std::vector<int32_t> ids(counts.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  size = std::min<int64_t>(size, ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + size, ids.end(), [&](int32_t a, int32_t b) {
+    return counts[a] != counts[b] ? counts[a] > counts[b] : a < b;
+  });
+  ids.resize(static_cast<size_t>(size));
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+DraftHead::~DraftHead() = default;
+
+Result<std::shared_ptr<const ParamLayout>> DraftHead::layout_for(const ModelConfig& policy) {
+  MILES_ASSIGN_OR_RETURN(ModelConfig c, draft_config(policy, 2));
+  std::vector<ParamSpec> specs;
+  ParamSpec fc;
+  fc.name = kFc;
+  fc.shape = {policy.hidden_size, 2 * policy.hidden_size};
+  specs.push_back(fc);
+  const std::shared_ptr<const ParamLayout> model_layout = ParamLayout::for_model(c);
+  for (const ParamSpec& s : model_layout->specs()) {
+    if (s.name.rfind(kLayerPrefix, 0) != 0) continue;
+    ParamSpec d = s;
+    d.name = kDraftPrefix + s.name.substr(kLayerPrefix.size());
+    specs.push_back(d);
+  }
+  return ParamLayout::of(specs);
+}
+
+Result<std::unique_ptr<DraftHead>> DraftHead::create(const ModelConfig& policy,
+                                                     const TensorMap& policy_weights,
+                                                     std::vector<int32_t> vocab) {
+  MILES_ASSIGN_OR_RETURN(std::shared_ptr<const ParamLayout> layout, layout_for(policy));
+  FlatTensors init(layout);
+  const int64_t d = policy.hidden_size;
+  std::span<float> fc = init.get(kFc);
+  for (int64_t i = 0; i < d; ++i) fc[i * 2 * d + i] = 1.0f;  // u = embedding
+  for (const ParamSpec& s : layout->specs()) {
+    if (s.name == kFc) continue;
+    const std::string src = kLayerPrefix + s.name.substr(kDraftPrefix.size());
+    MILES_ASSIGN_OR_RETURN(Tensor t, policy_weights.get(src, s.shape));
+    const std::vector<float> v = t.to_f32();
+    std::copy(v.begin(), v.end(), init.get(s.name).begin());
+  }
+  return from_weights(policy, policy_weights, init.as_tensor_map(), std::move(vocab));
+}
+
+Result<std::unique_ptr<DraftHead>> DraftHead::from_weights(const ModelConfig& policy,
+                                                           const TensorMap& policy_weights,
+                                                           const TensorMap& draft,
+                                                           std::vector<int32_t> vocab) {
+  MILES_RETURN_IF_ERROR(check_vocab(vocab, policy.vocab_size));
+  MILES_ASSIGN_OR_RETURN(std::shared_ptr<const ParamLayout> layout, layout_for(policy));
+  std::unique_ptr<DraftHead> h(new DraftHead());
+  h->policy_ = policy;
+  MILES_ASSIGN_OR_RETURN(h->config_, draft_config(policy, vocab.size()));
+  h->vocab_ = std::move(vocab);
+  MILES_ASSIGN_OR_RETURN(h->params_, FlatTensors::from_tensor_map(layout, draft));
+  MILES_RETURN_IF_ERROR(h->set_policy(policy_weights));
+  return h;
+}
+
+Status DraftHead::set_policy(const TensorMap& policy_weights) {
+  const int64_t v = policy_.vocab_size, d = policy_.hidden_size;
+  MILES_ASSIGN_OR_RETURN(Tensor embed, policy_weights.get("model.embed_tokens.weight", {v, d}));
+  MILES_ASSIGN_OR_RETURN(Tensor norm, policy_weights.get("model.norm.weight", {d}));
+  embed.to_f32(embed_);
+  norm.to_f32(final_norm_);
+  if (policy_.tie_word_embeddings) {
+    head_.clear();
+  } else {
+    MILES_ASSIGN_OR_RETURN(Tensor head, policy_weights.get("lm_head.weight", {v, d}));
+    head.to_f32(head_);
+  }
+  return rebuild();
+}
+
+Status DraftHead::set_vocab(std::vector<int32_t> vocab) {
+  if (vocab.size() != vocab_.size())
+    return Status::Error("draft head: a new vocabulary of " + std::to_string(vocab.size()) +
+                         " ids for a head of " + std::to_string(vocab_.size()));
+  MILES_RETURN_IF_ERROR(check_vocab(vocab, policy_.vocab_size));
+  vocab_ = std::move(vocab);
+  return rebuild();
+}
+
+Status DraftHead::set_params(const FlatTensors& params) {
+  if (params.layout().total() != params_.layout().total())
+    return Status::Error("draft head: parameters of another layout");
+  std::copy(params.all().begin(), params.all().end(), params_.all().begin());
+  return rebuild();
+}
+
+Status DraftHead::set_params(const TensorMap& draft) {
+  MILES_ASSIGN_OR_RETURN(FlatTensors p, FlatTensors::from_tensor_map(params_.layout_ptr(), draft));
+  params_ = std::move(p);
+  return rebuild();
+}
+
+TensorMap DraftHead::as_tensor_map() const {
+  TensorMap m = params_.as_tensor_map();
+  m.insert(kVocab,
+           Tensor::view(DType::kI32, {static_cast<int64_t>(vocab_.size())}, vocab_.data(), nullptr),
+           "draft head");
+  return m;
+}
+
+Status DraftHead::rebuild() {
+  const int64_t d = policy_.hidden_size, n = vocab_.size();
+  const std::vector<float>& head = policy_.tie_word_embeddings ? embed_ : head_;
+  std::vector<float> rows(static_cast<size_t>(n * d));
+  for (int64_t i = 0; i < n; ++i) std::copy_n(head.data() + vocab_[i] * d, d, rows.data() + i * d);
+  TensorMap w;
+  w.insert("model.embed_tokens.weight", f32_view({n, d}, rows.data()), "draft head");
+  w.insert("lm_head.weight", f32_view({n, d}, rows.data()), "draft head");
+  w.insert("model.norm.weight", f32_view({d}, final_norm_.data()), "draft head");
+  for (const ParamSpec& s : params_.layout().specs()) {
+    if (s.name == kFc) continue;
+    w.insert(kLayerPrefix + s.name.substr(kDraftPrefix.size()),
+             f32_view(s.shape, params_.get(s.name).data()), "draft head");
+  }
+  if (model_) return model_->reload_weights(w);
+  MILES_ASSIGN_OR_RETURN(model_, Model::from_weights(config_, w));
+  return Status::Ok();
+}
+
+void DraftHead::fuse(std::span<const float> features, std::span<const int32_t> next_ids, int64_t n,
+                     std::vector<float>& x, std::vector<float>& u, ThreadPool* pool) const {
+  const int64_t d = policy_.hidden_size;
+  const float scale = policy_.embed_scale();
+  x.resize(static_cast<size_t>(n * 2 * d));
+  for (int64_t i = 0; i < n; ++i) {
+    const float* e = embed_.data() + static_cast<int64_t>(next_ids[i]) * d;
+    float* row = x.data() + i * 2 * d;
+    for (int64_t j = 0; j < d; ++j) row[j] = e[j] * scale;
+    std::copy_n(features.data() + i * d, d, row + d);
+  }
+  const kernels::PackedMatrix fc =
+      kernels::PackedMatrix::pack_f32(params_.get(kFc).data(), d, 2 * d);
+  u.resize(static_cast<size_t>(n * d));
+  kernels::gemm(x.data(), n, 2 * d, fc, u.data(), d, pool);
+}
+
+std::unique_ptr<SimpleKvCache> DraftHead::make_kv_cache() const { return model_->make_kv_cache(); }
+
+Result<DraftStep> DraftHead::forward(std::span<const float> features,
+                                     std::span<const int32_t> next_ids,
+                                     std::span<const SeqSpan> seqs, KvStore& kv,
+                                     ThreadPool* pool) const {
+  const int64_t d = policy_.hidden_size, n = next_ids.size();
+  if (static_cast<int64_t>(features.size()) != n * d)
+    return Status::Error("draft head: " + std::to_string(features.size()) + " feature values for " +
+                         std::to_string(n) + " rows");
+  for (int32_t id : next_ids)
+    if (id < 0 || id >= policy_.vocab_size)
+      return Status::Error("draft head: token id " + std::to_string(id) +
+                           " is outside the vocabulary");
+  std::vector<float> x, u;
+  fuse(features, next_ids, n, x, u, pool);
+  const std::vector<int32_t> dummy(static_cast<size_t>(n), 0);
+  ForwardOptions opt;
+  opt.all_logits = false;
+  opt.input_hidden = u;
+  opt.return_hidden = true;
+  MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(dummy, seqs, kv, opt, pool));
+  DraftStep step;
+  step.logits = std::move(out.logits);
+  step.hidden.resize(seqs.size() * d);
+  int64_t end = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    end += seqs[s].n_tokens;
+    std::copy_n(out.hidden.data() + (end - 1) * d, d, step.hidden.data() + s * d);
+  }
+  return step;
+}
+
+Result<DraftTrainSums> DraftHead::accumulate_grad(const DraftTrainRows& rows, double scale,
+                                                  FlatTensors& grads, ThreadPool* pool) const {
+  const int64_t d = policy_.hidden_size, pv = policy_.vocab_size, dv = vocab_.size();
+  const int64_t t = rows.tokens.size();
+  if (grads.layout().total() != params_.layout().total())
+    return Status::Error("draft head: a gradient buffer of another layout");
+  if (static_cast<int64_t>(rows.features.size()) != t * d ||
+      static_cast<int64_t>(rows.logits.size()) != t * pv ||
+      static_cast<int64_t>(rows.weight.size()) != t)
+    return Status::Error("draft head: features, logits and weights do not match " +
+                         std::to_string(t) + " tokens");
+  // Draft row j of a sequence: feature j, next id j + 1, target the policy's row j + 1.
+  std::vector<SeqSpan> seqs;
+  std::vector<int64_t> src;  // policy row of each draft row's feature
+  int64_t at = 0;
+  for (const SeqSpan& s : rows.seqs) {
+    if (s.start_pos != 0 || s.n_tokens < 1)
+      return Status::Error("draft head: training needs whole sequences");
+    if (s.n_tokens >= 2)  // a one-token sequence has no draft row
+      seqs.push_back({static_cast<int32_t>(seqs.size()), 0, s.n_tokens - 1});
+    for (int64_t j = 0; j + 1 < s.n_tokens; ++j) src.push_back(at + j);
+    at += s.n_tokens;
+  }
+  if (at != t) return Status::Error("draft head: sequences do not cover the batch");
+  const int64_t n = src.size();
+  if (n == 0) return DraftTrainSums{};
+  std::vector<float> feat(static_cast<size_t>(n * d));
+  std::vector<int32_t> next(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) {
+    std::copy_n(rows.features.data() + src[r] * d, d, feat.data() + r * d);
+    next[r] = rows.tokens[src[r] + 1];
+  }
+  std::vector<float> x, u;
+  fuse(feat, next, n, x, u, pool);
+
+  ForwardTape tape;
+  auto kv = model_->make_kv_cache();
+  ForwardOptions opt;
+  opt.tape = &tape;
+  opt.input_hidden = u;
+  const std::vector<int32_t> dummy(static_cast<size_t>(n), 0);
+  MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(dummy, seqs, *kv, opt, pool));
+
+  // Soft cross-entropy per row against the policy's distribution renormalised over the draft
+  // vocabulary; d logits overwrite the draft's logits in place.
+  std::vector<double> loss(n), agree(n), accept(n), mass(n), w(n);
+  parallel_ranges(pool, n, 4 * (pv + dv), [&](int64_t r0, int64_t r1) {
+    std::vector<float> q(static_cast<size_t>(dv)), p(static_cast<size_t>(dv)),
+        logp(static_cast<size_t>(dv));
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t target = src[r] + 1;
+      float* z = out.logits.data() + r * dv;
+      w[r] = rows.weight[target];
+      if (w[r] == 0) {
+        std::fill_n(z, dv, 0.0f);
+        continue;
+      }
+      const float* pz = rows.logits.data() + target * pv;
+      const kernels::LogSoftmaxStats full = kernels::log_softmax_stats(pz, pv);
+      for (int64_t i = 0; i < dv; ++i) q[i] = pz[vocab_[i]];
+      kernels::softmax_row(q.data(), dv);  // the target over the draft vocabulary
+      kernels::softmax_log_softmax_row(z, dv, p.data(), logp.data());
+      double l = 0;
+      int64_t best = 0;
+      for (int64_t i = 0; i < dv; ++i) {
+        l -= static_cast<double>(q[i]) * logp[i];
+        if (z[i] > z[best]) best = i;
+      }
+      int64_t policy_best = 0;
+      for (int64_t i = 1; i < pv; ++i)
+        if (pz[i] > pz[policy_best]) policy_best = i;
+      double in = 0;
+      for (int64_t i = 0; i < dv; ++i) in += std::exp(pz[vocab_[i]] - full.max - full.log_sum);
+      loss[r] = l;
+      agree[r] = vocab_[best] == policy_best ? 1.0 : 0.0;
+      accept[r] = std::exp(pz[vocab_[best]] - full.max - full.log_sum);
+      mass[r] = in;
+      const float g = static_cast<float>(scale * w[r]);
+      for (int64_t i = 0; i < dv; ++i) z[i] = g * (p[i] - q[i]);
+    }
+  });
+  DraftTrainSums sums;
+  for (int64_t r = 0; r < n; ++r) {
+    if (w[r] == 0) continue;
+    sums.rows += w[r];
+    sums.loss += w[r] * loss[r];
+    sums.agree += w[r] * agree[r];
+    sums.accept += w[r] * accept[r];
+    sums.in_vocab += w[r] * mass[r];
+  }
+
+  // The layer's gradients (the draft Model's layout), then fc's from d u.
+  FlatTensors model_grads(ParamLayout::for_model(config_));
+  std::vector<float> du;
+  BackwardIo io;
+  io.d_input = &du;
+  MILES_RETURN_IF_ERROR(model_->backward(tape, out.logits, model_grads, pool, io));
+  std::vector<float> dfc(static_cast<size_t>(d * 2 * d));
+  kernels::gemm_weight_grad(du.data(), d, x.data(), 2 * d, n, d, 2 * d, dfc.data(), pool);
+  auto add = [](std::span<float> into, std::span<const float> g) {
+    for (size_t i = 0; i < into.size(); ++i) into[i] = into[i] + g[i];
+  };
+  add(grads.get(kFc), dfc);
+  for (const ParamSpec& s : grads.layout().specs()) {
+    if (s.name == kFc) continue;
+    add(grads.get(s.name),
+        std::as_const(model_grads).get(kLayerPrefix + s.name.substr(kDraftPrefix.size())));
+  }
+  return sums;
+}
+
+}  // namespace miles

@@ -1,0 +1,172 @@
+// DraftHead (include/miles/draft_head.h) against transformers + torch autograd
+// (scripts/make_draft_goldens.py): the soft cross-entropy's value, metric sums and every trained
+// tensor's gradient, the inference rows' logits and layer outputs; drafting row by row equals one
+// chunk bit for bit; bad vocabularies and MoE policies are errors.
+#include "miles/draft_head.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "miles/thread_pool.h"
+#include "test_paths.h"
+
+namespace miles {
+namespace {
+
+struct Golden {
+  ModelConfig config;
+  TensorMap policy;
+  TensorMap g;
+  std::vector<int32_t> ids, lens, vocab;
+  std::vector<float> features, logits, weight;
+  float scale = 0;
+};
+
+std::vector<int32_t> ints(const TensorMap& m, const std::string& n) {
+  const Tensor* t = m.find(n);
+  EXPECT_NE(t, nullptr) << n;
+  return std::vector<int32_t>(t->data<int32_t>(), t->data<int32_t>() + t->numel());
+}
+std::vector<float> floats(const TensorMap& m, const std::string& n) {
+  const Tensor* t = m.find(n);
+  EXPECT_NE(t, nullptr) << n;
+  return t ? t->to_f32() : std::vector<float>{};
+}
+
+Golden load(const std::string& name) {
+  Golden g;
+  auto files = load_model_files(test::data_dir() + "/models/" + name);
+  EXPECT_TRUE(files.ok()) << files.message();
+  g.config = files->config;
+  g.policy = std::move(files->weights);
+  auto gm = read_safetensors(test::data_dir() + "/draft_goldens/" + name + ".safetensors");
+  EXPECT_TRUE(gm.ok()) << gm.message();
+  g.g = std::move(*gm);
+  g.ids = ints(g.g, "ids");
+  g.lens = ints(g.g, "lens");
+  g.vocab = ints(g.g, "vocab");
+  g.features = floats(g.g, "features");
+  g.logits = floats(g.g, "policy_logits");
+  g.weight = floats(g.g, "weight");
+  g.scale = floats(g.g, "scale")[0];
+  return g;
+}
+
+// The golden's head: create()'s, with the golden's fc.
+std::unique_ptr<DraftHead> head_of(const Golden& g) {
+  auto h = DraftHead::create(g.config, g.policy, g.vocab);
+  EXPECT_TRUE(h.ok()) << h.message();
+  FlatTensors p = (*h)->params();
+  const std::vector<float> fc = floats(g.g, "fc");
+  std::copy(fc.begin(), fc.end(), p.get("draft.fc.weight").begin());
+  EXPECT_TRUE((*h)->set_params(p).ok());
+  return std::move(*h);
+}
+
+void expect_close(std::span<const float> got, const std::vector<float>& want, double rel,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 1e-6;
+  for (float w : want) scale = std::max(scale, std::abs(static_cast<double>(w)));
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], rel * scale) << what << " [" << i << "]";
+}
+
+class DraftHeadGolden : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DraftHeadGolden, LossSumsAndGradientsMatchTorch) {
+  const Golden g = load(GetParam());
+  auto head = head_of(g);
+  std::vector<SeqSpan> seqs;
+  for (size_t s = 0; s < g.lens.size(); ++s)
+    seqs.push_back({static_cast<int32_t>(s), 0, g.lens[s]});
+  DraftTrainRows rows{g.ids, seqs, g.features, g.logits, g.weight};
+  FlatTensors grads(head->params().layout_ptr());
+  ThreadPool pool(2);
+  auto sums = head->accumulate_grad(rows, g.scale, grads, &pool);
+  ASSERT_TRUE(sums.ok()) << sums.message();
+  const std::vector<float> want = floats(g.g, "sums");
+  EXPECT_NEAR(sums->rows, want[0], 1e-6);
+  EXPECT_NEAR(sums->agree, want[1], 1e-6);
+  EXPECT_NEAR(sums->accept, want[2], 1e-5);
+  EXPECT_NEAR(sums->in_vocab, want[3], 1e-5);
+  EXPECT_NEAR(sums->loss * g.scale, floats(g.g, "loss")[0], 1e-5);
+  int checked = 0;
+  for (const ParamSpec& s : grads.layout().specs()) {
+    expect_close(std::as_const(grads).get(s.name), floats(g.g, "grad." + s.name), 2e-5, s.name);
+    ++checked;
+  }
+  EXPECT_GE(checked, 9);
+  // Adding a second time doubles (the buffer accumulates), and the same rows give the same bits.
+  FlatTensors again(head->params().layout_ptr());
+  ASSERT_TRUE(head->accumulate_grad(rows, g.scale, again, nullptr).ok());
+  for (size_t i = 0; i < grads.all().size(); ++i) ASSERT_EQ(grads.all()[i], again.all()[i]) << i;
+}
+
+TEST_P(DraftHeadGolden, InferenceRowsMatchTorchAndDoNotDependOnChunking) {
+  const Golden g = load(GetParam());
+  auto head = head_of(g);
+  const int64_t d = g.config.hidden_size, dv = g.vocab.size();
+  // Both sequences' rows in one forward (slots 0, 1).
+  std::vector<float> feat;
+  std::vector<int32_t> next;
+  std::vector<SeqSpan> seqs;
+  int64_t at = 0;
+  for (size_t s = 0; s < g.lens.size(); ++s) {
+    for (int64_t j = 0; j + 1 < g.lens[s]; ++j) {
+      feat.insert(feat.end(), g.features.begin() + (at + j) * d,
+                  g.features.begin() + (at + j + 1) * d);
+      next.push_back(g.ids[at + j + 1]);
+    }
+    seqs.push_back({static_cast<int32_t>(s), 0, g.lens[s] - 1});
+    at += g.lens[s];
+  }
+  auto kv = head->make_kv_cache();
+  auto step = head->forward(feat, next, seqs, *kv, nullptr);
+  ASSERT_TRUE(step.ok()) << step.message();
+  expect_close(step->logits, floats(g.g, "last_logits"), 1e-5, "last_logits");
+  expect_close(step->hidden, floats(g.g, "last_hidden"), 1e-5, "last_hidden");
+  // Sequence 1 again, one row at a time into a fresh slot: the last row's bits are the same.
+  auto kv2 = head->make_kv_cache();
+  const int64_t n1 = g.lens[1] - 1, off = g.lens[0] - 1;
+  DraftStep last;
+  for (int64_t j = 0; j < n1; ++j) {
+    const SeqSpan one{0, j, 1};
+    auto r =
+        head->forward(std::span<const float>(feat).subspan((off + j) * d, d),
+                      std::span<const int32_t>(next).subspan(off + j, 1), {&one, 1}, *kv2, nullptr);
+    ASSERT_TRUE(r.ok()) << r.message();
+    last = std::move(*r);
+  }
+  for (int64_t i = 0; i < dv; ++i) ASSERT_EQ(last.logits[i], step->logits[dv + i]) << i;
+  for (int64_t i = 0; i < d; ++i) ASSERT_EQ(last.hidden[i], step->hidden[d + i]) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, DraftHeadGolden, ::testing::Values("llama_tied", "qwen3"));
+
+TEST(DraftHead, RejectsBadVocabulariesAndMoePolicies) {
+  const Golden g = load("llama_tied");
+  auto dup = DraftHead::create(g.config, g.policy, {3, 5, 3});
+  ASSERT_FALSE(dup.ok());
+  EXPECT_NE(dup.message().find("repeated"), std::string::npos) << dup.message();
+  auto out = DraftHead::create(g.config, g.policy, {3, 5000});
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.message().find("outside"), std::string::npos) << out.message();
+  auto moe = load_model_files(test::data_dir() + "/models/qwen3_moe");
+  ASSERT_TRUE(moe.ok()) << moe.message();
+  auto h = DraftHead::create(moe->config, moe->weights, {1, 2, 3});
+  ASSERT_FALSE(h.ok());
+  EXPECT_NE(h.message().find("dense families only"), std::string::npos) << h.message();
+}
+
+TEST(DraftHead, TopIdsTakesTheMostFrequentSmallerIdFirst) {
+  const std::vector<uint64_t> counts{5, 0, 7, 5, 1, 7};
+  EXPECT_EQ(top_ids(counts, 3), (std::vector<int32_t>{0, 2, 5}));
+  EXPECT_EQ(top_ids(counts, 4), (std::vector<int32_t>{0, 2, 3, 5}));
+  EXPECT_EQ(top_ids(counts, 10).size(), 6u);
+}
+
+}  // namespace
+}  // namespace miles
