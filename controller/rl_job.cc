@@ -48,6 +48,10 @@ Status RlJob::setup_trainer() {
       log_line("resumed from " + cfg_.checkpoint.dir + "/" + checkpoint_dir_name(st.step) +
                " (rollout step " + std::to_string(rollout_step_) + ", weight version " +
                std::to_string(group_->trainer().steps_done()) + ")");
+      if (cfg_.rollout.speculative_draft_head)
+        log_line(
+            "rollout.speculative_draft_head: checkpoints do not hold the draft head yet; "
+            "the resumed run trains a fresh one (the policy resumes exactly)");
     }
   }
   if (cfg_.algorithm.kl_coef > 0) {

@@ -219,6 +219,8 @@ void check_rollout(const RunConfig& c, Checker& check) {
     check.fail({"rollout.speculative_max_draft_tokens"},
                "rollout.speculative_max_draft_tokens: " +
                    std::to_string(r.speculative_max_draft_tokens) + " is more than 64");
+  check.positive("rollout.speculative_draft_lr", r.speculative_draft_lr);
+  check.at_least<int64_t>("rollout.speculative_draft_vocab", r.speculative_draft_vocab, 2);
   check.positive("rollout.health_check_interval_s", r.health_check_interval_s);
   check.positive("rollout.engine_start_timeout_s", r.engine_start_timeout_s);
   check.at_least<int64_t>("rollout.max_engine_restarts", r.max_engine_restarts, 0);
@@ -264,6 +266,11 @@ void check_trainer(const RunConfig& c, Checker& check) {
                "trainer.device: " + std::string(name_of(t.device)) +
                    " with parallel.tp or parallel.pp > 1: a device trainer runs data parallelism "
                    "only for now");
+  if (c.rollout.speculative_draft_head &&
+      (t.device != Device::kCpu || c.parallel.tp > 1 || c.parallel.pp > 1))
+    check.fail({"rollout.speculative_draft_head", "trainer.device", "parallel.tp", "parallel.pp"},
+               "rollout.speculative_draft_head: the draft head trains on a CPU trainer with "
+               "parallel.tp = parallel.pp = 1 for now (data parallelism is supported)");
   check.at_least("trainer.weight_decay", t.weight_decay, 0.0);
   for (auto [key, beta] : {std::pair{"trainer.beta1", t.beta1}, {"trainer.beta2", t.beta2}}) {
     if (!(beta >= 0 && beta < 1)) check.fail(key, "must be in [0, 1), got " + str(beta));

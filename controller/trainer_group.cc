@@ -59,6 +59,9 @@ Result<TrainerConfig> trainer_config(const RunConfig& cfg) {
   tc.need_entropy = !cfg.is_sft();
   tc.replay_experts = true;
   tc.device = t.device;
+  tc.draft.enabled = cfg.rollout.speculative_draft_head && !cfg.is_sft();
+  tc.draft.lr = cfg.rollout.speculative_draft_lr;
+  tc.draft.vocab_size = cfg.rollout.speculative_draft_vocab;
   MILES_RETURN_IF_ERROR(tc.validate());
   return tc;
 }

@@ -118,6 +118,14 @@ std::string summary_table(const MetricsTable& m) {
         format_number(drafted > 0 ? sum("spec_accepted_tokens") / drafted : 0) + ", " +
             format_number(verifies > 0 ? sum("spec_emitted_tokens") / verifies : 0));
   }
+  if (m.has("draft_loss")) {  // rollout.speculative_draft_head: first → last step
+    auto ends = [&](const char* key) {
+      const std::vector<double> c = m.column(key);
+      return format_number(c.front()) + " → " + format_number(c.back());
+    };
+    row(out, "draft head: loss, estimated acceptance at temperature 1 (first → last step)",
+        ends("draft_loss") + ", " + ends("draft_accept"));
+  }
   for (const char* key : {"engine_restarts", "groups_redispatched"}) {
     row(out, key, m.has(key) ? format_number(counter_total(m.column(key))) : missing(key));
   }

@@ -333,6 +333,39 @@ TEST(RlRun, SpeculativeEnginesGiveThePlainRun) {
   EXPECT_GE(drafted, accepted);
 }
 
+// The co-trained draft head (rollout.speculative_draft_head): the policy's run is the plain run
+// number for number, the draft's loss and estimated acceptance are in metrics.jsonl every step and
+// its loss falls, and a data-parallel trainer (dp = 2) trains the same draft bit for bit.
+TEST(RlRun, DraftHeadTrainsBesideThePolicyWithoutChangingIt) {
+  MILES_REQUIRE_SHARED();
+  const std::string common = " rollout.num_rollouts=3";
+  const std::string draft =
+      " rollout.speculative_draft_head=true rollout.speculative_draft_lr=0.003";
+  const std::string ref = temp_dir("draft_ref"), dir = temp_dir("draft"), dp = temp_dir("draft_dp");
+  ASSERT_EQ(run_here(std::string(kCi) + " --run-dir " + ref + common).exit_code, 0);
+  auto r = run_here(std::string(kCi) + " --run-dir " + dir + common + draft);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto r2 = run_here(std::string(kCi) + " --run-dir " + dp + common + draft + " parallel.dp=2");
+  ASSERT_EQ(r2.exit_code, 0) << r2.out;
+  const auto m = metrics(dir), mr = metrics(ref), md = metrics(dp);
+  ASSERT_EQ(m.size(), 3u);
+  ASSERT_EQ(mr.size(), 3u);
+  ASSERT_EQ(md.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << "step " << i + 1;
+    EXPECT_FALSE(mr[i].contains("draft_loss"));
+    for (const char* k : {"draft_loss", "draft_agree", "draft_accept", "draft_in_vocab"}) {
+      ASSERT_TRUE(m[i].contains(k)) << k << " " << m[i].dump();
+      EXPECT_EQ(m[i][k], md[i][k]) << k << " step " << i + 1 << " (dp=2)";
+    }
+    const double accept = m[i]["draft_accept"].get<double>();
+    EXPECT_GT(accept, 0.0);
+    EXPECT_LE(accept, 1.0);
+    EXPECT_GT(m[i]["draft_loss"].get<double>(), 0.0);
+  }
+  EXPECT_LT(m[2]["draft_loss"].get<double>(), m[0]["draft_loss"].get<double>());
+}
+
 // Asking for GPU engines where there is no GPU (or no CUDA build) is refused before any engine
 // starts, naming the key and why.
 TEST(RlRun, CudaEnginesWithoutAGpuAreRefusedBeforeEnginesStart) {

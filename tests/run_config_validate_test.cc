@@ -70,6 +70,24 @@ TEST(RunConfigValidate, EngineDeviceIsNamedAndNotSplitAcrossProcesses) {
   EXPECT_NE(error_with("", {"trainer.device=tpu"}).find("trainer.device"), std::string::npos);
 }
 
+// The co-trained draft head: its own keys' ranges, and the trainer layouts it does not train under
+// yet named with the keys (data parallelism is fine).
+TEST(RunConfigValidate, DraftHeadKeysAndTheLayoutsItTrainsUnder) {
+  EXPECT_EQ(error_with("", {"rollout.speculative_draft_head=true", "parallel.dp=2"}), "(no error)");
+  const std::string pp = error_with("", {"rollout.speculative_draft_head=true", "parallel.pp=2"});
+  EXPECT_NE(pp.find("rollout.speculative_draft_head: the draft head trains on a CPU trainer with "
+                    "parallel.tp = parallel.pp = 1"),
+            std::string::npos)
+      << pp;
+  const std::string tp = error_with("", {"rollout.speculative_draft_head=true", "parallel.tp=2"});
+  EXPECT_NE(tp.find("rollout.speculative_draft_head"), std::string::npos) << tp;
+  const std::string lr = error_with("", {"rollout.speculative_draft_lr=0"});
+  EXPECT_NE(lr.find("rollout.speculative_draft_lr"), std::string::npos) << lr;
+  const std::string vocab = error_with("", {"rollout.speculative_draft_vocab=1"});
+  EXPECT_NE(vocab.find("rollout.speculative_draft_vocab: must be >= 2, got 1"), std::string::npos)
+      << vocab;
+}
+
 TEST(RunConfigValidate, GlobalBatchDividesIntoMicroBatchesPerRank) {
   EXPECT_EQ(error_with("trainer:\n  micro_batch_size: 3\n"),
             "job.yaml:5: trainer.global_batch_size: 64 is not divisible by "

@@ -123,6 +123,10 @@ std::map<std::string, double> rl_step_metrics(const std::map<std::string, double
   if (sums.count("entropy_sum")) m["entropy"] = n > 0 ? get("entropy_sum") / n : 0.0;
   for (const char* k : {"pg_loss", "kl_loss", "entropy_loss"}) m[k] = get(k);
   m["tokens"] = n;
+  // The co-trained draft head (TrainerConfig::draft): means over the rows it trained on.
+  if (const double d = get("draft_rows"); d > 0)
+    for (const char* k : {"draft_loss", "draft_agree", "draft_accept", "draft_in_vocab"})
+      m[k] = get(k) / d;
   return m;
 }
 

@@ -11,10 +11,11 @@
 #include <tuple>
 
 #include "miles/comm.h"
+#include "miles/grad_sink.h"
 #include "miles/logprob.h"
 #include "miles/tensor_parallel.h"
 #include "miles/thread_pool.h"
-#include "miles/grad_sink.h"
+#include "trainer/draft_trainer.h"
 #include "trainer/trainer_internal.h"
 
 namespace miles {
@@ -26,9 +27,23 @@ Status TrainerConfig::validate() const {
   MILES_RETURN_IF_ERROR(optimizer.validate());
   MILES_RETURN_IF_ERROR(lr.validate());
   if (micro_batch_size < 1) return Status::Error("trainer.micro_batch_size must be >= 1");
+  MILES_RETURN_IF_ERROR(draft.validate());
+  if (draft.enabled && device != Device::kCpu)
+    return Status::Error("the co-trained draft head trains on the CPU trainer only, not on " +
+                         std::string(device_name(device)));
   return Status::Ok();
 }
 
+Status DraftTrainConfig::validate() const {
+  if (!enabled) return Status::Ok();
+  if (!(std::isfinite(lr) && lr > 0)) return Status::Error("draft head: lr must be positive");
+  if (vocab_size < 2) return Status::Error("draft head: vocab_size must be >= 2");
+  return Status::Ok();
+}
+
+const DraftHead* Trainer::draft() const { return draft_ ? &draft_->head() : nullptr; }
+
+Trainer::Trainer() = default;
 Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig& config,
@@ -46,6 +61,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const ModelConfig& config,
   t->opt_ = std::make_unique<AdamW>(t->layout_, tc.optimizer);
   MILES_RETURN_IF_ERROR(t->set_pipeline_stage(0, 1));
   MILES_RETURN_IF_ERROR(t->reload_model());
+  if (tc.draft.enabled) {
+    MILES_ASSIGN_OR_RETURN(
+        t->draft_, trainer_detail::DraftTrainer::create(config, weights, tc.draft, tc.optimizer));
+  }
   return t;
 }
 
@@ -116,15 +135,21 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   opt.logits_storage = &spare_logits_;
   opt.forced_experts = p.forced;
   opt.tp = tp();
+  opt.return_hidden = draft_ != nullptr;
   MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(p.tokens, p.seqs, *kv, opt, pool_));
+  MicroResult r = empty_result();
+  std::map<std::string, double> draft_sums;
+  if (draft_)  // before the loss head writes d logits over the logits
+    MILES_RETURN_IF_ERROR(
+        draft_->micro_batch(p, batch, out.hidden, out.logits, r.draft, draft_sums, pool_));
   MILES_ASSIGN_OR_RETURN(
       trainer_detail::HeadResult head,
       trainer_detail::loss_head(p, std::move(out.logits), local_config_.vocab_size,
                                 tc_.need_entropy, objective, tp(), pool_));
-  MicroResult r = empty_result();
   r.loss = head.loss.loss;
   r.tokens = p.rows.size();
   r.sums = std::move(head.loss.sums);
+  for (const auto& [k, v] : draft_sums) r.sums[k] += v;
   BackwardIo io;
   io.tied_head_grad = r.tied_head;
   io.tp = tp();
@@ -272,6 +297,7 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
     hi = lo + micro / n;
   }
   const int64_t mbs = tc_.micro_batch_size;
+  if (draft_) MILES_RETURN_IF_ERROR(draft_->begin_step(batch));
   Result<MicroResult> summed = Status::Error("unset");
   const trainer_detail::Recycle recycle_fn = [this](MicroResult&& r) { recycle(std::move(r)); };
   if (pp) {
@@ -294,6 +320,8 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
     MILES_RETURN_IF_ERROR(dp->all_reduce_sum_deterministic(acc.grads.all()));
     if (!acc.tied_head.empty())
       MILES_RETURN_IF_ERROR(dp->all_reduce_sum_deterministic(std::span<float>(acc.tied_head)));
+    if (!acc.draft.all().empty())
+      MILES_RETURN_IF_ERROR(dp->all_reduce_sum_deterministic(acc.draft.all()));
     std::vector<double> scalars{acc.loss, static_cast<double>(acc.tokens)};
     for (const auto& [k, v] : acc.sums) scalars.push_back(v);
     MILES_RETURN_IF_ERROR(dp->all_reduce_sum_deterministic(std::span<double>(scalars)));
@@ -311,6 +339,7 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
   opt_->step(params_, acc.grads, r.lr, &owned_, pool_,
              clip_scale(r.grad_norm, tc_.optimizer.clip_grad_norm));
   MILES_RETURN_IF_ERROR(reload_model());
+  if (draft_) MILES_RETURN_IF_ERROR(draft_->finish_step(acc.draft, params_.as_tensor_map(), pool_));
   r.step = opt_->steps();
   r.loss = acc.loss;
   r.tokens = acc.tokens;

@@ -20,6 +20,7 @@ struct Trainer::MicroResult {
   double loss = 0;
   int64_t tokens = 0;
   std::map<std::string, double> sums;
+  FlatTensors draft;  // the co-trained draft head's gradients (TrainerConfig::draft), or empty
   // A leaf whose backward stored its gradients (and tied share) folded into the pending partial
   // sums it was given (tree_sum below): these buffers are scratch, the scalars still this leaf's.
   bool folded = false;

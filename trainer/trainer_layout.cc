@@ -23,6 +23,10 @@ Status Trainer::set_pipeline_stage(int stage, int num_stages) {
   if (num_stages > 1 && tc_.device != Device::kCpu)
     return Status::Error(std::string("a ") + device_name(tc_.device) +
                          " trainer runs one pipeline stage for now (pp=1)");
+  if (num_stages > 1 && tc_.draft.enabled)
+    return Status::Error(
+        "the co-trained draft head (rollout.speculative_draft_head) trains on one "
+        "pipeline stage for now (pp=1)");
   if (num_stages > layers)
     return Status::Error("pp=" + std::to_string(num_stages) + " exceeds the model's " +
                          std::to_string(layers) + " layers");
@@ -51,6 +55,10 @@ Status Trainer::shard_for_tensor_parallel(Communicator& tp) {
   if (tc_.device != Device::kCpu)
     return Status::Error(std::string("a ") + device_name(tc_.device) +
                          " trainer runs without tensor parallelism for now (tp=1)");
+  if (tc_.draft.enabled)
+    return Status::Error(
+        "the co-trained draft head (rollout.speculative_draft_head) trains "
+        "without tensor parallelism for now (tp=1)");
   MILES_ASSIGN_OR_RETURN(ModelConfig local, tensor_parallel::local_config(config_, tp.size()));
   const TensorMap full_view = params_.as_tensor_map();
   auto layout = ParamLayout::for_model(local, &full_view);

@@ -2,9 +2,10 @@
 // micro-batch buffers and the SFT objective (trainer_internal.h, trainer.h).
 #include <algorithm>
 
+#include "miles/grad_sink.h"
 #include "miles/logprob.h"
 #include "miles/thread_pool.h"
-#include "miles/grad_sink.h"
+#include "trainer/draft_trainer.h"
 #include "trainer/trainer_internal.h"
 
 namespace miles {
@@ -57,6 +58,11 @@ void merge_leaf(std::span<Trainer::MicroResult* const> lefts, Trainer::MicroResu
     for (FlatTensors* f : grads) g.push_back(f->all());
     GradSink::fold_buffer(std::as_const(r.grads).all(), g, pool);
     if (!r.tied_head.empty()) GradSink::fold_buffer(r.tied_head, tied, pool);
+  }
+  if (!r.draft.all().empty()) {  // the draft's gradients are never folded by a backward
+    std::vector<std::span<float>> d;
+    for (Trainer::MicroResult* l : lefts) d.push_back(l->draft.all());
+    GradSink::fold_buffer(std::as_const(r.draft).all(), d, pool);
   }
   double loss = r.loss;
   int64_t tokens = r.tokens;
@@ -216,6 +222,14 @@ Trainer::MicroResult Trainer::empty_result() {
       r.tied_head.assign(n, 0.0f);
     }
   }
+  if (draft_) {
+    if (!spare_draft_.empty()) {
+      r.draft = std::move(spare_draft_.back());
+      spare_draft_.pop_back();
+    } else {
+      r.draft = FlatTensors(draft_->layout());
+    }
+  }
   return r;
 }
 
@@ -231,6 +245,7 @@ void Trainer::recycle(std::unique_ptr<ForwardTape> tape) {
 }
 
 void Trainer::recycle(MicroResult&& r) {
+  if (!r.draft.all().empty()) spare_draft_.push_back(std::move(r.draft));
   if (r.grads.all().empty()) return;
   spare_grads_.push_back(std::move(r.grads));
   if (!r.tied_head.empty()) spare_tied_.push_back(std::move(r.tied_head));

@@ -121,6 +121,12 @@ struct RolloutSection {
   bool speculative = false;
   int64_t speculative_max_draft_tokens = 4;
   bool speculative_adaptive = true;  // draft only where the engine's measured costs say it pays
+  // The co-trained draft head (include/miles/draft_head.h): the trainer fits it to the policy every
+  // step (its loss and estimated acceptance in metrics.jsonl as draft_*). Engines do not run it
+  // yet (docs/speculative.md).
+  bool speculative_draft_head = false;
+  double speculative_draft_lr = 1e-4;
+  int64_t speculative_draft_vocab = 4096;  // draft vocabulary: the most frequent ids trained on
   double health_check_interval_s = 1.0;
   double engine_start_timeout_s = 60;
   int64_t max_engine_restarts = 3;     // per engine, over the run

@@ -53,6 +53,21 @@ struct TokenLoss {
 
 using TokenObjective = std::function<Result<TokenLoss>(const TokenView&)>;
 
+// The speculative draft head co-trained with the policy (draft_head.h, docs/speculative.md): every
+// step it is fitted to the policy's distribution on the step's samples (soft cross-entropy to the
+// policy's detached logits of the forward the step already runs, each response token's loss mask
+// as its weight) and updated by its own AdamW (the policy's betas and eps, no weight decay, no
+// clipping). Its sums go into StepResult::sums as draft_loss / draft_rows / draft_agree /
+// draft_accept / draft_in_vocab (each Σ weight × value).
+struct DraftTrainConfig {
+  bool enabled = false;
+  double lr = 1e-4;
+  // The draft vocabulary: the ids most frequent in every sample trained on so far (ties: smaller
+  // id), fixed for a step.
+  int64_t vocab_size = 4096;
+  Status validate() const;
+};
+
 struct TrainerConfig {
   AdamWConfig optimizer;
   LrSchedule lr;
@@ -63,6 +78,7 @@ struct TrainerConfig {
   // emulated), with the CPU's bits either way. The loss head, gradient sums, clipping and AdamW
   // stay on the host. A device trainer is one process per rank (data parallelism only).
   Device device = Device::kCpu;
+  DraftTrainConfig draft;  // CPU, one pipeline stage, no tensor parallelism
   Status validate() const;
 };
 
@@ -104,7 +120,9 @@ std::pair<int64_t, int64_t> stage_layers(int64_t num_layers, int stage, int num_
 
 namespace trainer_detail {
 struct Packed;
-}
+class DraftTrainer;
+}  // namespace trainer_detail
+class DraftHead;
 
 class Trainer {
  public:
@@ -159,12 +177,15 @@ class Trainer {
   }
   // Replaces the weights (checkpoint resume) and rebuilds the model.
   Status reload_model();
+  // The co-trained draft head (TrainerConfig::draft), its frozen parts the current policy's; null
+  // when not enabled.
+  const DraftHead* draft() const;
 
   struct MicroResult;  // one micro-batch's (or a subtree's) gradients, loss and metric sums
 
  private:
   friend class PipelineRun;
-  Trainer() = default;
+  Trainer();
   Status check_batch(std::span<const TrainSample> batch) const;
   // lefts: the pending partial sums this micro-batch is folded into (trainer_internal.h tree_sum).
   Result<MicroResult> micro_step(std::span<const TrainSample> batch, int64_t first, int64_t count,
@@ -196,7 +217,9 @@ class Trainer {
   std::shared_ptr<const ParamLayout> model_layout_;  // layout_ when model_ was built
   PipelineStage stage_;
   std::vector<bool> owned_;                     // (tensors) this stage computes and updates them
+  std::unique_ptr<trainer_detail::DraftTrainer> draft_;  // TrainerConfig::draft
   std::vector<FlatTensors> spare_grads_;        // consumed micro-batch gradient buffers
+  std::vector<FlatTensors> spare_draft_;        // and their draft gradients
   std::vector<std::vector<float>> spare_tied_;  // and their tied-head shares
   std::vector<std::unique_ptr<ForwardTape>> spare_tapes_;  // tapes of finished backwards
   std::vector<float> spare_logits_;  // a finished backward's d logits: the next forward's logits

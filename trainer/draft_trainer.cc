@@ -1,0 +1,71 @@
+// DraftTrainer (draft_trainer.h): the step's vocabulary and scale, each micro-batch's rows handed
+// to DraftHead::accumulate_grad, AdamW after the tree sum.
+#include "trainer/draft_trainer.h"
+
+#include <algorithm>
+
+#include "trainer/trainer_internal.h"
+
+namespace miles::trainer_detail {
+
+Result<std::unique_ptr<DraftTrainer>> DraftTrainer::create(const ModelConfig& policy,
+                                                           const TensorMap& policy_weights,
+                                                           const DraftTrainConfig& config,
+                                                           const AdamWConfig& policy_optimizer) {
+  MILES_RETURN_IF_ERROR(config.validate());
+  std::unique_ptr<DraftTrainer> t(new DraftTrainer());
+  t->config_ = config;
+  t->counts_.assign(static_cast<size_t>(policy.vocab_size), 0);
+  const int64_t n = std::min(config.vocab_size, policy.vocab_size);
+  MILES_ASSIGN_OR_RETURN(t->head_,
+                         DraftHead::create(policy, policy_weights, top_ids(t->counts_, n)));
+  t->params_ = t->head_->params();
+  AdamWConfig oc = policy_optimizer;
+  oc.weight_decay = 0;
+  oc.clip_grad_norm = 0;
+  t->opt_ = std::make_unique<AdamW>(t->params_.layout_ptr(), oc);
+  return t;
+}
+
+Status DraftTrainer::begin_step(std::span<const TrainSample> batch) {
+  double mask = 0;
+  for (const TrainSample& s : batch) {
+    for (int32_t id : s.tokens) ++counts_[static_cast<size_t>(id)];
+    for (float m : s.loss_mask) mask += m;
+  }
+  scale_ = mask > 0 ? 1.0 / mask : 0.0;
+  std::vector<int32_t> vocab = top_ids(counts_, static_cast<int64_t>(head_->vocab().size()));
+  if (vocab != head_->vocab()) MILES_RETURN_IF_ERROR(head_->set_vocab(std::move(vocab)));
+  return Status::Ok();
+}
+
+Status DraftTrainer::micro_batch(const Packed& p, std::span<const TrainSample> batch,
+                                 std::span<const float> hidden, std::span<const float> logits,
+                                 FlatTensors& grads, std::map<std::string, double>& sums,
+                                 ThreadPool* pool) {
+  // The weight of logits row r is the loss mask of the token it predicts.
+  std::vector<float> weight(p.tokens.size(), 0.0f);
+  for (size_t s = 0; s < p.samples.size(); ++s) {
+    const std::vector<float>& mask = batch[p.samples[s]].loss_mask;
+    for (int64_t i = p.offsets[s]; i < p.offsets[s + 1]; ++i)
+      weight[p.rows[i]] = mask[i - p.offsets[s]];
+  }
+  grads.zero();
+  const DraftTrainRows rows{p.tokens, p.seqs, hidden, logits, weight};
+  MILES_ASSIGN_OR_RETURN(DraftTrainSums d, head_->accumulate_grad(rows, scale_, grads, pool));
+  sums["draft_loss"] += d.loss;
+  sums["draft_rows"] += d.rows;
+  sums["draft_agree"] += d.agree;
+  sums["draft_accept"] += d.accept;
+  sums["draft_in_vocab"] += d.in_vocab;
+  return Status::Ok();
+}
+
+Status DraftTrainer::finish_step(const FlatTensors& grads, const TensorMap& policy,
+                                 ThreadPool* pool) {
+  opt_->step(params_, grads, config_.lr, nullptr, pool);
+  MILES_RETURN_IF_ERROR(head_->set_params(params_));
+  return head_->set_policy(policy);
+}
+
+}  // namespace miles::trainer_detail

@@ -1,0 +1,51 @@
+// DraftTrainer: the trainer's side of the co-trained draft head (DraftTrainConfig in trainer.h).
+// Each micro-batch's draft gradients ride in the micro-batch's result, so the halving tree over
+// micro-batches and the data-parallel sum add them as they add the policy's: any layout that
+// reproduces the policy's step reproduces the draft's.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "miles/draft_head.h"
+#include "miles/trainer/optimizer.h"
+#include "miles/trainer/trainer.h"
+
+namespace miles::trainer_detail {
+
+struct Packed;
+
+class DraftTrainer {
+ public:
+  static Result<std::unique_ptr<DraftTrainer>> create(const ModelConfig& policy,
+                                                      const TensorMap& policy_weights,
+                                                      const DraftTrainConfig& config,
+                                                      const AdamWConfig& policy_optimizer);
+  // Before a step's micro-batches: counts the batch's ids into the running counts, takes the
+  // step's vocabulary from them and the loss scale (1 / the batch's Σ loss mask).
+  Status begin_step(std::span<const TrainSample> batch);
+  // One micro-batch after the policy's forward (hidden: its states before the final norm, logits:
+  // every row's): the draft's gradients into `grads` (overwritten), its sums added into `sums`.
+  Status micro_batch(const Packed& p, std::span<const TrainSample> batch,
+                     std::span<const float> hidden, std::span<const float> logits,
+                     FlatTensors& grads, std::map<std::string, double>& sums, ThreadPool* pool);
+  // After the sum over micro-batches and ranks: AdamW on the draft, then the updated policy's
+  // frozen parts.
+  Status finish_step(const FlatTensors& grads, const TensorMap& policy, ThreadPool* pool);
+
+  const std::shared_ptr<const ParamLayout>& layout() const { return params_.layout_ptr(); }
+  const DraftHead& head() const { return *head_; }
+
+ private:
+  DraftTrainConfig config_;
+  std::unique_ptr<DraftHead> head_;
+  FlatTensors params_;
+  std::unique_ptr<AdamW> opt_;
+  std::vector<uint64_t> counts_;  // (policy vocab) ids in every sample trained on
+  double scale_ = 0;
+};
+
+}  // namespace miles::trainer_detail
