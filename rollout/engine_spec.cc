@@ -29,6 +29,7 @@ DraftQuery Engine::Impl::draft_query(const Sample& s, int64_t max_tokens,
   q.prompt_len = s.prompt_len;
   q.prompt_key = s.prompt_key;
   q.max_tokens = max_tokens;
+  q.sample = static_cast<uint64_t>(s.slot);
   for (const Sample* o : same_prompt)
     if (o != &s && static_cast<int64_t>(o->tokens.size()) > o->prompt_len)
       q.siblings.emplace_back(o->tokens);
@@ -57,8 +58,9 @@ void Engine::Impl::plan_drafts(std::vector<Item>& items, int64_t budget) {
       by_prompt;  // every sample, running or not
   for (const auto& [id, r] : requests)
     for (const auto& o : r->samples) by_prompt[o->prompt_key].push_back(o.get());
-  std::vector<size_t> candidates;
+  std::vector<size_t> candidates, asked;
   std::vector<std::vector<float>> chances;
+  std::vector<DraftQuery> queries;
   int64_t base_tokens = 0, decodes = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     base_tokens += items[i].n;
@@ -71,12 +73,19 @@ void Engine::Impl::plan_drafts(std::vector<Item>& items, int64_t budget) {
                                 req.max_new_tokens - static_cast<int64_t>(s.output.size()) - 1,
                                 context - static_cast<int64_t>(s.tokens.size())});
     if (k <= 0) continue;
-    Draft d = drafter->propose(draft_query(s, k, by_prompt[s.prompt_key]));
-    const size_t n = std::min({d.tokens.size(), d.confidence.size(), static_cast<size_t>(k)});
+    queries.push_back(draft_query(s, k, by_prompt[s.prompt_key]));
+    asked.push_back(i);
+  }
+  const std::vector<Draft> drafts = drafter->propose_all(queries);
+  for (size_t a = 0; a < asked.size(); ++a) {
+    const Draft& d = drafts[a];
+    Sample& s = *items[asked[a]].sample;
+    const size_t n = std::min(
+        {d.tokens.size(), d.confidence.size(), static_cast<size_t>(queries[a].max_tokens)});
     if (n == 0) continue;
     s.draft.assign(d.tokens.begin(), d.tokens.begin() + n);
     s.draft_confidence.assign(d.confidence.begin(), d.confidence.begin() + n);
-    candidates.push_back(i);
+    candidates.push_back(asked[a]);
     chances.push_back(accept_chances(s));
   }
   if (candidates.empty()) return;

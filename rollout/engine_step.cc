@@ -164,6 +164,7 @@ void Engine::Impl::run_batch(const std::vector<Item>& items) {
   fo.all_logits = input_rows;
   if (drafts && !input_rows) fo.last_rows = logit_rows;
   fo.return_experts = experts_per_pos > 0;
+  fo.return_hidden = drafter && opt.speculative.enabled && drafter->wants_hidden();
   auto out = runner->forward(tokens, seqs, *kv, fo);
   if (!out.ok()) spdlog::error("miles engine: forward failed: {}", out.message());
   MILES_CHECK(out.ok(), "engine forward failed on a validated batch");
@@ -177,6 +178,21 @@ void Engine::Impl::run_batch(const std::vector<Item>& items) {
     row += drafts ? 1 + it.draft : 1;
   }
   presample(items, first_rows);
+  const int64_t d = runner->config().hidden_size;
+  const bool hidden = fo.return_hidden && static_cast<int64_t>(out->hidden.size()) ==
+                                              static_cast<int64_t>(tokens.size()) * d;
+  if (fo.return_hidden && !hidden && !warned_no_hidden) {
+    spdlog::error(
+        "miles engine: this engine's forwards do not return hidden states; the draft "
+        "head drafts nothing");
+    warned_no_hidden = true;
+  }
+  // The target's states of the item's positions whose ids are now fixed, for a model drafter.
+  auto hand_hidden = [&](const Sample& s, int64_t start, int64_t row, int64_t n) {
+    if (hidden && n > 0 && s.state != SampleState::kFinished)
+      drafter->hidden(static_cast<uint64_t>(s.slot), start,
+                      std::span<const float>(out->hidden).subspan(row * d, n * d));
+  };
   int64_t row = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const Item& it = items[i];
@@ -184,9 +200,11 @@ void Engine::Impl::run_batch(const std::vector<Item>& items) {
     if (it.draft > 0) {
       const int64_t valid = verify(it, first_rows[i], v);
       store_experts(s, it.start, valid, out->experts.data() + row * experts_per_pos);
+      hand_hidden(s, it.start, row, valid);
       row += it.n;
       continue;
     }
+    hand_hidden(s, it.start, row, it.n);
     store_experts(s, it.start, it.n, out->experts.data() + row * experts_per_pos);
     if (input_rows && needs_input_rows(it))
       record_input_logprobs(it, out->logits.data() + row * v, v);
@@ -343,6 +361,7 @@ void Engine::Impl::fork_sibling(Sample& leader, Sample& sib, const float* logits
     pool->copy_prefix(lt[full], kv->table(sib.slot)[full], tail);
     runner->copied_kv_prefix(lt[full], kv->table(sib.slot)[full], tail);
   }
+  if (drafter) drafter->fork(static_cast<uint64_t>(leader.slot), static_cast<uint64_t>(sib.slot));
   sib.computed = prompt;
   sib.cached_tokens = prompt;
   sib.state = SampleState::kRunning;
@@ -397,6 +416,7 @@ void Engine::Impl::finish(Sample& s, FinishReason why, std::string matched) {
   if (drafter && why != FinishReason::kAbort)
     drafter->observe(std::span(s.tokens).first(static_cast<size_t>(s.prompt_len)),
                      std::span(s.tokens).subspan(static_cast<size_t>(s.prompt_len)));
+  if (drafter) drafter->forget(static_cast<uint64_t>(s.slot));
   s.finish = why;
   s.matched_stop = std::move(matched);
   s.state = SampleState::kFinished;
@@ -417,6 +437,7 @@ void Engine::Impl::release(Sample& s) {
 // prompt + output so far; its outputs and their versions stay as they were.
 void Engine::Impl::retract(Sample& s) {
   ++counters.retractions;
+  if (drafter) drafter->forget(static_cast<uint64_t>(s.slot));
   release(s);
   s.computed = 0;
   s.matched_prefix = false;

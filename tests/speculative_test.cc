@@ -16,10 +16,12 @@
 #include <random>
 
 #include "engine_workload.h"
+#include "miles/draft_head.h"
 #include "miles/flat_params.h"
 #include "miles/rollout/drafter.h"
 #include "miles/rollout/engine.h"
 #include "miles/thread_pool.h"
+#include "miles/trainer/optimizer.h"
 #include "rollout/spec_policy.h"
 #include "test_paths.h"
 
@@ -219,6 +221,73 @@ TEST_P(SpeculativeEngine, SameBitsAsPlainDecodingAtBatch1To64) {
 
 INSTANTIATE_TEST_SUITE_P(Models, SpeculativeEngine,
                          ::testing::Values("llama", "mistral", "qwen3_moe", "deepseek_v3"));
+
+// The co-trained draft head as the engine's drafter (make_head_drafter): fitted here to the
+// model's own distribution on the plain run's sequences (as the trainer would, through
+// DraftHead::accumulate_grad and AdamW), it drafts from the engine's hidden states — prefills,
+// GRPO siblings forked from their leader, the prefix cache's second wave — and the samples are
+// the plain engine's bits whatever it proposes; once trained, greedy decoding accepts its drafts.
+TEST(SpeculativeEngine, DraftHeadDrafterGivesThePlainBitsAndIsAcceptedOnceTrained) {
+  auto files = load_model_files(test::data_dir() + "/models/llama");
+  ASSERT_TRUE(files.ok()) << files.message();
+  auto model = load("llama");
+  const ModelConfig& c = model->config();
+  ThreadPool pool(2);
+  const auto reqs = make_requests(16, kGreedy, 41, c.max_position_embeddings);
+  Engine plain_engine(make_model_runner(model, &pool), kOptions);
+  const Outputs plain = generate_all(plain_engine, reqs);
+  const Outputs plain2 = generate_all(plain_engine, second_wave(plain, kGreedy));
+
+  // Fit the head: its vocabulary the ids of the plain sequences, 300 AdamW steps on them.
+  std::vector<uint64_t> counts(static_cast<size_t>(c.vocab_size), 0);
+  std::vector<int32_t> tokens;
+  std::vector<SeqSpan> seqs;
+  for (const auto& q : plain.sequences) {
+    if (q.size() < 2 || q.size() > 128) continue;
+    for (int32_t id : q) ++counts[static_cast<size_t>(id)];
+    seqs.push_back({static_cast<int32_t>(seqs.size()), 0, static_cast<int64_t>(q.size())});
+    tokens.insert(tokens.end(), q.begin(), q.end());
+  }
+  auto created = DraftHead::create(c, files->weights, top_ids(counts, 256));
+  ASSERT_TRUE(created.ok()) << created.message();
+  std::shared_ptr<DraftHead> head = std::move(created).value();
+  auto kv = model->make_kv_cache();
+  ForwardOptions fo;
+  fo.return_hidden = true;
+  auto f = model->forward(tokens, seqs, *kv, fo, &pool);
+  ASSERT_TRUE(f.ok()) << f.message();
+  const std::vector<float> weight(tokens.size(), 1.0f);
+  const DraftTrainRows rows{tokens, seqs, f->hidden, f->logits, weight};
+  FlatTensors params = head->params();
+  AdamW opt(params.layout_ptr(), AdamWConfig{.clip_grad_norm = 0});
+  double first = 0, last = 0;
+  for (int it = 0; it < 300; ++it) {
+    FlatTensors grads(params.layout_ptr());
+    auto sums = head->accumulate_grad(rows, 1.0 / static_cast<double>(tokens.size()), grads, &pool);
+    ASSERT_TRUE(sums.ok()) << sums.message();
+    (it == 0 ? first : last) = sums->agree / sums->rows;
+    opt.step(params, grads, 3e-3);
+    ASSERT_TRUE(head->set_params(params).ok());
+  }
+  EXPECT_GT(last, first + 0.2) << "the head learned the model's greedy choices";
+
+  Engine spec(make_model_runner(model, &pool), test::speculative(kOptions));
+  spec.set_drafter(make_head_drafter(head, &pool));
+  expect_same(plain, generate_all(spec, reqs), "draft head");
+  expect_same(plain2, generate_all(spec, second_wave(plain, kGreedy)), "draft head, second wave");
+  const EngineStats s = spec.stats(), p = plain_engine.stats();
+  EXPECT_EQ(s.free_blocks, p.free_blocks);
+  EXPECT_EQ(s.cached_blocks, p.cached_blocks);
+  EXPECT_GT(s.spec_accepted_tokens, s.spec_draft_tokens / 4) << s.spec_draft_tokens;
+  EXPECT_LT(s.iterations, p.iterations);
+  // Sampled decoding too (t = 1, top-p): the bits hold whatever is accepted.
+  const auto sampled = make_requests(16, kTopP, 43, c.max_position_embeddings);
+  Engine plain_t(make_model_runner(model, &pool), kOptions);
+  Engine spec_t(make_model_runner(model, &pool), test::speculative(kOptions));
+  spec_t.set_drafter(make_head_drafter(head, &pool));
+  expect_same(generate_all(plain_t, sampled), generate_all(spec_t, sampled), "draft head, t=1");
+  EXPECT_GT(spec_t.stats().spec_draft_tokens, 0u);
+}
 
 // RL recycles prompts: the second epoch of the same greedy requests gets the first epoch's
 // responses proposed by the suffix drafter, and accepted (greedy siblings are identical and in

@@ -13,6 +13,9 @@
 
 namespace miles {
 
+class DraftHead;
+class ThreadPool;
+
 // One running sample asking for a draft.
 struct DraftQuery {
   std::span<const int32_t> tokens;  // prompt + output so far (the last one is not yet in the KV)
@@ -22,6 +25,7 @@ struct DraftQuery {
   // with n > 1 or as separate requests): their prompt + output so far.
   std::vector<std::span<const int32_t>> siblings;
   int64_t max_tokens = 0;  // propose at most this many
+  uint64_t sample = 0;     // the engine's id of the sample, stable while it lives
 };
 
 // Up to max_tokens ids continuing the query's tokens, and for each the drafter's estimate of the
@@ -35,9 +39,22 @@ class Drafter {
  public:
   virtual ~Drafter() = default;
   virtual Draft propose(const DraftQuery& query) = 0;
+  // One iteration's queries at once (a model drafter runs them as one batch); by default each
+  // query's propose() in order.
+  virtual std::vector<Draft> propose_all(std::span<const DraftQuery> queries);
   // A sample finished (not aborted) with this output after this prompt: drafters that learn from
   // earlier responses to a prompt (RL recycles prompts every epoch) keep it.
   virtual void observe(std::span<const int32_t> prompt, std::span<const int32_t> output) {}
+  // Model drafters: whether the engine should hand over the target's hidden states (hidden()).
+  virtual bool wants_hidden() const { return false; }
+  // The target's last hidden states before its final norm ([n, hidden]) at positions [first,
+  // first + n) of `sample`, whose ids are now fixed; what was known at or past `first` is replaced
+  // (a retracted sample's prefill starts again).
+  virtual void hidden(uint64_t sample, int64_t first, std::span<const float> rows) {}
+  // Sample `to` starts from `from`'s prompt (a GRPO sibling forked from its leader's prefill).
+  virtual void fork(uint64_t from, uint64_t to) {}
+  // The sample left the engine (finished, aborted, retracted): its state can go.
+  virtual void forget(uint64_t sample) {}
 };
 
 // The model-free drafter: the longest suffix of the query's tokens (at least min_match ids, at most
@@ -53,6 +70,23 @@ struct SuffixDrafterOptions {
   int64_t history_max_tokens = 4 << 20;  // all kept responses' ids together (least recent go)
 };
 std::unique_ptr<Drafter> make_suffix_drafter(const SuffixDrafterOptions& options);
+
+// The co-trained draft head as a drafter (include/miles/draft_head.h, docs/speculative.md): from
+// the target's hidden states of each sample's newest fixed positions it runs the head once over
+// them, then once per further draft token on its own outputs, all samples of an iteration in one
+// batch; each token's confidence is the head's probability of it. Its own KV per sample (one
+// layer). `head` is read, never changed, while the drafter lives; set_head() swaps it between
+// iterations.
+struct HeadDrafterOptions {
+  float min_confidence = 0.02f;  // stop drafting a sample when the running product falls below
+};
+class HeadDrafter : public Drafter {
+ public:
+  virtual void set_head(std::shared_ptr<const DraftHead> head) = 0;
+};
+std::unique_ptr<HeadDrafter> make_head_drafter(std::shared_ptr<const DraftHead> head,
+                                               ThreadPool* pool,
+                                               const HeadDrafterOptions& options = {});
 
 // FNV-1a over the ids: DraftQuery::prompt_key.
 uint64_t prompt_key(std::span<const int32_t> prompt);

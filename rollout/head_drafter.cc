@@ -1,0 +1,199 @@
+// The co-trained draft head as a drafter (make_head_drafter, include/miles/rollout/drafter.h).
+//
+// Per sample: draft rows in the head's own KV for positions base .. base + rows − 1 (row j read the
+// target's f_j and the id at j + 1), and the target's hidden states of the next positions, not yet
+// turned into rows. propose_all() first turns them into rows (one forward over every sample's
+// pending rows), which drafts each sample's next token, then drafts further one row per sample
+// per forward from the head's own output g (which stands in for the target's f). The rows past
+// the fixed positions are written at draft positions the next catch-up overwrites.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <unordered_map>
+
+#include "miles/draft_head.h"
+#include "miles/rollout/drafter.h"
+
+namespace miles {
+
+std::vector<Draft> Drafter::propose_all(std::span<const DraftQuery> queries) {
+  std::vector<Draft> out;
+  out.reserve(queries.size());
+  for (const DraftQuery& q : queries) out.push_back(propose(q));
+  return out;
+}
+
+namespace {
+
+struct SampleState {
+  int32_t slot = 0;         // in the head's KV
+  int64_t base = 0;         // target position of draft row 0
+  int64_t rows = 0;         // draft rows in the KV from fixed positions
+  std::vector<float> pend;  // target states of positions base + rows .., [n, hidden]
+};
+
+class HeadDrafterImpl final : public HeadDrafter {
+ public:
+  HeadDrafterImpl(std::shared_ptr<const DraftHead> head, ThreadPool* pool,
+                  const HeadDrafterOptions& o)
+      : head_(std::move(head)), pool_(pool), opt_(o), kv_(head_->make_kv_cache()) {}
+
+  void set_head(std::shared_ptr<const DraftHead> head) override {
+    head_ = std::move(head);
+    kv_ = head_->make_kv_cache();  // rows of the old head: every sample starts again
+    for (auto& [id, st] : states_) {
+      st.base += st.rows;
+      st.rows = 0;
+    }
+  }
+
+  bool wants_hidden() const override { return true; }
+
+  void hidden(uint64_t sample, int64_t first, std::span<const float> rows) override {
+    const int64_t d = head_->policy_config().hidden_size;
+    auto [it, fresh] = states_.try_emplace(sample);
+    SampleState& st = it->second;
+    if (fresh) {
+      st.slot = next_slot_++;
+      st.base = first;
+    }
+    const int64_t fixed = st.base + st.rows;
+    const int64_t known = fixed + static_cast<int64_t>(st.pend.size()) / d;
+    if (first < st.base || first > known) {  // before the rows, or a gap: start again here
+      st.base = first;
+      st.rows = 0;
+      st.pend.clear();
+    } else if (first < fixed) {  // rows from `first` on are replaced
+      st.rows = first - st.base;
+      st.pend.clear();
+    } else {
+      st.pend.resize(static_cast<size_t>((first - fixed) * d));
+    }
+    st.pend.insert(st.pend.end(), rows.begin(), rows.end());
+  }
+
+  // The sibling gets the leader's unconsumed states (after a prefill: the whole prompt's); rows
+  // already in the leader's KV are not copied, so the sibling's rows start after them.
+  void fork(uint64_t from, uint64_t to) override {
+    auto it = states_.find(from);
+    if (it == states_.end() || from == to) return;
+    forget(to);
+    SampleState st;
+    st.slot = next_slot_++;
+    st.base = it->second.base + it->second.rows;
+    st.pend = it->second.pend;
+    states_.emplace(to, std::move(st));
+  }
+
+  void forget(uint64_t sample) override {
+    auto it = states_.find(sample);
+    if (it == states_.end()) return;
+    kv_->release(it->second.slot);
+    states_.erase(it);
+  }
+
+  Draft propose(const DraftQuery& q) override { return propose_all({&q, 1})[0]; }
+
+  std::vector<Draft> propose_all(std::span<const DraftQuery> queries) override {
+    std::vector<Draft> out(queries.size());
+    std::vector<Active> active = catch_up(queries, out);
+    for (int64_t depth = 1; !active.empty(); ++depth) active = extend(queries, out, active, depth);
+    return out;
+  }
+
+ private:
+  struct Active {
+    size_t query;
+    SampleState* st;
+    std::vector<float> g;  // the head's output at the last row
+    double product = 1;
+  };
+
+  // Turns each sample's pending target states into rows (the newest fixed position's row drafts
+  // the sample's next token). A sample without the states of every fixed position but its newest
+  // drafts nothing this time.
+  std::vector<Active> catch_up(std::span<const DraftQuery> queries, std::vector<Draft>& out) {
+    const int64_t d = head_->policy_config().hidden_size;
+    std::vector<float> feats;
+    std::vector<int32_t> next;
+    std::vector<SeqSpan> seqs;
+    std::vector<Active> active;
+    for (size_t i = 0; i < queries.size(); ++i) {
+      const DraftQuery& q = queries[i];
+      auto it = states_.find(q.sample);
+      if (q.max_tokens <= 0 || it == states_.end()) continue;
+      SampleState& st = it->second;
+      const int64_t newest = static_cast<int64_t>(q.tokens.size()) - 1;  // not yet in the KV
+      const int64_t fixed = st.base + st.rows;
+      const int64_t n = static_cast<int64_t>(st.pend.size()) / d;
+      if (n == 0 || fixed + n != newest) continue;  // the states do not reach the newest position
+      feats.insert(feats.end(), st.pend.begin(), st.pend.end());
+      for (int64_t j = fixed; j < newest; ++j) next.push_back(q.tokens[static_cast<size_t>(j + 1)]);
+      seqs.push_back({st.slot, st.rows, n});
+      st.rows += n;
+      st.pend.clear();
+      active.push_back({i, &st, {}, 1});
+    }
+    if (active.empty()) return active;
+    return take(queries, out, active, feats, next, seqs);
+  }
+
+  // One more draft row for each sample still drafting: the head's own g and its last draft.
+  std::vector<Active> extend(std::span<const DraftQuery> queries, std::vector<Draft>& out,
+                             std::vector<Active>& active, int64_t depth) {
+    std::vector<float> feats;
+    std::vector<int32_t> next;
+    std::vector<SeqSpan> seqs;
+    for (Active& a : active) {
+      feats.insert(feats.end(), a.g.begin(), a.g.end());
+      next.push_back(out[a.query].tokens.back());
+      seqs.push_back({a.st->slot, a.st->rows + depth - 1, 1});
+    }
+    return take(queries, out, active, feats, next, seqs);
+  }
+
+  // Runs the rows and appends each sample's argmax; keeps those that draft on.
+  std::vector<Active> take(std::span<const DraftQuery> queries, std::vector<Draft>& out,
+                           std::vector<Active>& active, const std::vector<float>& feats,
+                           const std::vector<int32_t>& next, const std::vector<SeqSpan>& seqs) {
+    const int64_t d = head_->policy_config().hidden_size;
+    const int64_t dv = static_cast<int64_t>(head_->vocab().size());
+    auto step = head_->forward(feats, next, seqs, *kv_, pool_);
+    std::vector<Active> more;
+    if (!step.ok()) return more;  // a draft only decides speed: none this time
+    for (size_t a = 0; a < active.size(); ++a) {
+      const float* z = step->logits.data() + a * dv;
+      const int64_t best = std::max_element(z, z + dv) - z;
+      double sum = 0;
+      for (int64_t i = 0; i < dv; ++i) sum += std::exp(static_cast<double>(z[i] - z[best]));
+      const float p = static_cast<float>(1.0 / sum);
+      Active& ac = active[a];
+      ac.product *= p;
+      Draft& dr = out[ac.query];
+      dr.tokens.push_back(head_->vocab()[static_cast<size_t>(best)]);
+      dr.confidence.push_back(p);
+      if (ac.product < opt_.min_confidence ||
+          static_cast<int64_t>(dr.tokens.size()) >= queries[ac.query].max_tokens)
+        continue;
+      ac.g.assign(step->hidden.begin() + a * d, step->hidden.begin() + (a + 1) * d);
+      more.push_back(std::move(ac));
+    }
+    return more;
+  }
+
+  std::shared_ptr<const DraftHead> head_;
+  ThreadPool* pool_;
+  HeadDrafterOptions opt_;
+  std::unique_ptr<SimpleKvCache> kv_;
+  std::unordered_map<uint64_t, SampleState> states_;
+  int32_t next_slot_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<HeadDrafter> make_head_drafter(std::shared_ptr<const DraftHead> head,
+                                               ThreadPool* pool, const HeadDrafterOptions& o) {
+  return std::make_unique<HeadDrafterImpl>(std::move(head), pool, o);
+}
+
+}  // namespace miles
