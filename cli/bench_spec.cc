@@ -21,7 +21,10 @@
 
 #include "cli/bench_closed_loop.h"
 #include "miles/chat_template.h"
+#include "miles/draft_head.h"
 #include "miles/kernels.h"
+#include "miles/rollout/drafter.h"
+#include "miles/trainer/optimizer.h"
 
 namespace miles::cli {
 
@@ -146,12 +149,108 @@ bool same_samples(const EpochResult& a, const EpochResult& b) {
   return true;
 }
 
+// The co-trained head's training data: a plain engine's epochs over the task's prompts (groups of
+// 8, seeds of their own), each sample's ids, its response's first position, and the policy's
+// hidden states and logits over them (what the trainer's forward gives the head in a run).
+struct HeadData {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<int64_t> prompt_len;
+  std::vector<std::vector<float>> hidden, logits;
+};
+
+Result<HeadData> head_data(const SpecBenchOptions& o, const Model& model, ThreadPool& pool,
+                           const Task& task) {
+  HeadData h;
+  EngineOptions eo;
+  eo.num_blocks = 48 * ((1024 + eo.block_tokens - 1) / eo.block_tokens) + 64;
+  Engine e(make_model_runner(std::shared_ptr<const Model>(&model, [](const Model*) {}), &pool), eo);
+  for (int64_t epoch = 0; epoch < o.head_epochs; ++epoch) {
+    const EpochResult r = run_epoch(e, task, 32, 101 + static_cast<uint64_t>(epoch), o.temperature);
+    for (const auto& [key, out] : r.samples) {
+      std::vector<int32_t> seq = task.prompts[key.first];
+      h.prompt_len.push_back(static_cast<int64_t>(seq.size()));
+      for (const TokenOutput& t : out) seq.push_back(t.id);
+      h.tokens.push_back(std::move(seq));
+    }
+  }
+  for (const auto& seq : h.tokens) {
+    auto kv = model.make_kv_cache();
+    const SeqSpan s{0, 0, static_cast<int64_t>(seq.size())};
+    ForwardOptions fo;
+    fo.return_hidden = true;
+    MILES_ASSIGN_OR_RETURN(ForwardOutput f, model.forward(seq, {&s, 1}, *kv, fo, &pool));
+    h.hidden.push_back(std::move(f.hidden));
+    h.logits.push_back(std::move(f.logits));
+  }
+  return h;
+}
+
+// Fits a fresh head (DraftHead::create: the policy's layer 0, fc = [I | 0]) to the policy on the
+// data: passes over it in order, one AdamW step per head_batch samples (response rows weighted 1,
+// each step's loss a mean over its rows); prints the first and last pass's draft metrics.
+Result<std::shared_ptr<const DraftHead>> train_head(const SpecBenchOptions& o, const Model& model,
+                                                    ThreadPool& pool, const HeadData& h) {
+  MILES_ASSIGN_OR_RETURN(TensorMap weights, read_hf_weights(o.model));
+  std::vector<uint64_t> counts(static_cast<size_t>(model.config().vocab_size), 0);
+  double rows = 0;
+  for (size_t i = 0; i < h.tokens.size(); ++i) {
+    for (int32_t id : h.tokens[i]) ++counts[static_cast<size_t>(id)];
+    rows += static_cast<double>(h.tokens[i].size()) - static_cast<double>(h.prompt_len[i]);
+  }
+  MILES_ASSIGN_OR_RETURN(
+      std::unique_ptr<DraftHead> head,
+      DraftHead::create(model.config(), weights,
+                        top_ids(counts, std::min<int64_t>(o.head_vocab, counts.size()))));
+  FlatTensors params = head->params();
+  AdamWConfig ac;
+  ac.clip_grad_norm = 0;
+  AdamW opt(params.layout_ptr(), ac);
+  const auto t0 = BenchClock::now();
+  const size_t n = h.tokens.size(), batch = static_cast<size_t>(o.head_batch);
+  int64_t steps = 0;
+  for (int64_t pass = 0; pass < o.head_passes; ++pass) {
+    DraftTrainSums total;
+    for (size_t b0 = 0; b0 < n; b0 += batch) {
+      const size_t b1 = std::min(n, b0 + batch);
+      double step_rows = 0;
+      for (size_t i = b0; i < b1; ++i)
+        step_rows += static_cast<double>(h.tokens[i].size()) - static_cast<double>(h.prompt_len[i]);
+      FlatTensors grads(params.layout_ptr());
+      for (size_t i = b0; i < b1; ++i) {
+        const int64_t t = static_cast<int64_t>(h.tokens[i].size());
+        std::vector<float> weight(static_cast<size_t>(t), 0.0f);
+        for (int64_t r = h.prompt_len[i] - 1; r + 1 < t; ++r) weight[static_cast<size_t>(r)] = 1;
+        const SeqSpan s{0, 0, t};
+        const DraftTrainRows tr{h.tokens[i], {&s, 1}, h.hidden[i], h.logits[i], weight};
+        MILES_ASSIGN_OR_RETURN(DraftTrainSums d,
+                               head->accumulate_grad(tr, 1.0 / step_rows, grads, &pool));
+        total.rows += d.rows;
+        total.loss += d.loss;
+        total.agree += d.agree;
+        total.accept += d.accept;
+      }
+      opt.step(params, grads, o.head_lr);
+      MILES_RETURN_IF_ERROR(head->set_params(params));
+      ++steps;
+    }
+    if (pass == 0 || pass + 1 == o.head_passes)
+      std::printf("  draft head, pass %lld: loss %.3f, argmax = policy's %.3f, p(argmax) %.3f\n",
+                  static_cast<long long>(pass + 1), total.loss / total.rows,
+                  total.agree / total.rows, total.accept / total.rows);
+  }
+  std::printf("  draft head: %zu samples, %.0f response rows, %lld AdamW steps in %.1f s\n",
+              h.tokens.size(), rows, static_cast<long long>(steps), seconds_since(t0));
+  std::fflush(stdout);
+  return std::shared_ptr<const DraftHead>(std::move(head));
+}
+
 struct Row {
   std::string task;
   int concurrency = 0;
-  EpochResult plain, spec;
+  EpochResult plain, spec, head;
   double plain_tps() const { return plain.output_tokens / plain.wall_s; }
   double spec_tps() const { return spec.output_tokens / spec.wall_s; }
+  double head_tps() const { return head.wall_s > 0 ? head.output_tokens / head.wall_s : 0.0; }
   // Mean probability of the sampled token: what a drafter proposing a sample of the policy itself
   // would get accepted (how predictable the policy's text is at this temperature).
   double mean_p() const {
@@ -165,6 +264,7 @@ struct Row {
     return n ? sum / static_cast<double>(n) : 0.0;
   }
   uint64_t d(uint64_t EngineStats::*f) const { return spec.after.*f - spec.before.*f; }
+  uint64_t dh(uint64_t EngineStats::*f) const { return head.after.*f - head.before.*f; }
 };
 
 }  // namespace
@@ -179,37 +279,59 @@ int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model
       "epoch 2 of the same %lld prompts measured (the drafter has epoch 1's responses)\n",
       o.model.c_str(), pool.num_threads(), kernels::isa_name(kernels::detect_isa()),
       static_cast<double>(o.temperature), static_cast<long long>(o.prompts));
-  std::printf("%-10s %4s %9s %12s %6s %10s %8s %8s %7s %9s %s\n", "task", "c", "off tok/s",
-              "suffix tok/s", "x off", "tok/verify", "accepted", "drafted", "mean p", "co-train",
-              "same samples");
   std::vector<Row> rows;
-  for (const Task& task : *tasks)
+  for (const Task& task : *tasks) {
+    std::shared_ptr<const DraftHead> head;
+    if (o.head) {
+      auto data = head_data(o, *model, pool, task);
+      if (!data.ok()) return fail("bench rollout --spec", data.message());
+      std::printf("%s: the draft head fitted to the policy on %lld plain epochs of its prompts\n",
+                  task.name.c_str(), static_cast<long long>(o.head_epochs));
+      auto trained = train_head(o, *model, pool, *data);
+      if (!trained.ok()) return fail("bench rollout --spec", trained.message());
+      head = std::move(trained).value();
+    }
+    std::printf("%-10s %4s %9s %12s %6s %10s %8s %8s %7s %10s %6s %10s %8s %s\n", "task", "c",
+                "off tok/s", "suffix tok/s", "x off", "tok/verify", "accepted", "drafted", "mean p",
+                "head tok/s", "x off", "tok/verify", "accepted", "same samples");
     for (int c : o.concurrency) {
-      Row row{task.name, c, {}, {}};
-      for (bool spec : {false, true}) {
+      Row row{task.name, c, {}, {}, {}};
+      for (int kind : {0, 1, 2}) {  // off, suffix drafter, draft head
+        if (kind == 2 && !head) continue;
         EngineOptions eo;
         eo.max_batch_tokens = 2048;
         eo.max_running = std::max<int64_t>(256, c);
         eo.num_blocks = (c + 8) * ((1024 + eo.block_tokens - 1) / eo.block_tokens) + 64;
-        eo.speculative.enabled = spec;
+        eo.speculative.enabled = kind > 0;
         eo.speculative.max_draft_tokens = o.max_draft_tokens;
         Engine e(make_model_runner(model, &pool), eo, tok);
+        if (kind == 2) e.set_drafter(make_head_drafter(head, &pool));
         run_epoch(e, task, c, 1, o.temperature);  // warm-up, and the drafter's history
-        (spec ? row.spec : row.plain) = run_epoch(e, task, c, 2, o.temperature);
+        (kind == 0   ? row.plain
+         : kind == 1 ? row.spec
+                     : row.head) = run_epoch(e, task, c, 2, o.temperature);
       }
-      const bool same = same_samples(row.plain, row.spec);
+      const bool same =
+          same_samples(row.plain, row.spec) && (!head || same_samples(row.plain, row.head));
       const uint64_t verifies = row.d(&EngineStats::spec_verifies);
-      std::printf("%-10s %4d %9.1f %12.1f %6.2f %10.2f %8llu %8llu %7.3f %9s %s\n",
-                  task.name.c_str(), c, row.plain_tps(), row.spec_tps(),
-                  row.spec_tps() / row.plain_tps(),
-                  verifies ? double(row.d(&EngineStats::spec_emitted_tokens)) / verifies : 0.0,
-                  static_cast<unsigned long long>(row.d(&EngineStats::spec_accepted_tokens)),
-                  static_cast<unsigned long long>(row.d(&EngineStats::spec_draft_tokens)),
-                  row.mean_p(), "not built", same ? "yes" : "NO");
+      const uint64_t head_verifies = row.dh(&EngineStats::spec_verifies);
+      std::printf(
+          "%-10s %4d %9.1f %12.1f %6.2f %10.2f %8llu %8llu %7.3f %10.1f %6.2f %10.2f %8s %s\n",
+          task.name.c_str(), c, row.plain_tps(), row.spec_tps(), row.spec_tps() / row.plain_tps(),
+          verifies ? double(row.d(&EngineStats::spec_emitted_tokens)) / verifies : 0.0,
+          static_cast<unsigned long long>(row.d(&EngineStats::spec_accepted_tokens)),
+          static_cast<unsigned long long>(row.d(&EngineStats::spec_draft_tokens)), row.mean_p(),
+          row.head_tps(), row.head_tps() / row.plain_tps(),
+          head_verifies ? double(row.dh(&EngineStats::spec_emitted_tokens)) / head_verifies : 0.0,
+          (std::to_string(row.dh(&EngineStats::spec_accepted_tokens)) + "/" +
+           std::to_string(row.dh(&EngineStats::spec_draft_tokens)))
+              .c_str(),
+          same ? "yes" : "NO");
       std::fflush(stdout);
       if (!same) return fail("bench rollout --spec", "speculative samples differ from plain ones");
       rows.push_back(std::move(row));
     }
+  }
   if (!o.json.empty()) {
     nlohmann::json j = {{"model", o.model},
                         {"threads", pool.num_threads()},
@@ -227,6 +349,11 @@ int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model
                            {"draft_tokens", r.d(&EngineStats::spec_draft_tokens)},
                            {"accepted_tokens", r.d(&EngineStats::spec_accepted_tokens)},
                            {"mean_token_probability", r.mean_p()},
+                           {"head_tokens_per_s", r.head_tps()},
+                           {"head_verifies", r.dh(&EngineStats::spec_verifies)},
+                           {"head_emitted_tokens", r.dh(&EngineStats::spec_emitted_tokens)},
+                           {"head_draft_tokens", r.dh(&EngineStats::spec_draft_tokens)},
+                           {"head_accepted_tokens", r.dh(&EngineStats::spec_accepted_tokens)},
                            {"output_tokens", r.spec.output_tokens}});
     std::ofstream(o.json) << j.dump(1) << "\n";
   }

@@ -21,6 +21,15 @@ struct SpecBenchOptions {
   int64_t prompts = 8;  // per task and epoch
   int64_t max_draft_tokens = 4;
   float temperature = 1.0f;  // RL's; 0: greedy (an evaluation's)
+  // The co-trained draft head's column: fitted to the policy on `head_epochs` plain epochs of the
+  // task's prompts (groups of 8, their own seeds), `head_passes` passes over them of one AdamW
+  // step per `head_batch` samples.
+  bool head = true;
+  int64_t head_epochs = 2;
+  int64_t head_passes = 20;
+  int64_t head_batch = 16;
+  double head_lr = 3e-3;
+  int64_t head_vocab = 4096;
 };
 
 int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model,

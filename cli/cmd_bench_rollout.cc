@@ -340,23 +340,50 @@ void register_bench_rollout(CLI::App& bench) {
       ->capture_default_str();
   r->add_option("--seed", o->seed, "seed of prompts and sampling")->capture_default_str();
   r->add_option("--json", o->json, "also write the results as JSON to this file");
-  r->add_flag("--spec", o->spec,
-              "speculative decoding off vs on (model-free drafter) on GRPO workloads of "
-              "arithmetic and story prompts (concurrency default 1,8,32)");
+  CLI::Option* spec =
+      r->add_flag("--spec", o->spec,
+                  "speculative decoding off vs on (model-free drafter, co-trained draft head) on "
+                  "GRPO workloads of arithmetic and story prompts (concurrency default 1,8,32)");
   r->add_option("--spec-prompts", o->spec_options.prompts, "--spec: prompts per task and epoch")
       ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(CLI::Range(1, 4096))
+      ->needs(spec);
   r->add_option("--spec-max-draft-tokens", o->spec_options.max_draft_tokens,
                 "--spec: drafted tokens verified per sample and iteration")
       ->capture_default_str()
-      ->check(CLI::Range(1, 64));
+      ->check(CLI::Range(1, 64))
+      ->needs(spec);
   r->add_option("--spec-temperature", o->spec_options.temperature,
                 "--spec: sampling temperature (1: RL's; 0: greedy, an evaluation's)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 2.0));
+      ->check(CLI::Range(0.0, 2.0))
+      ->needs(spec);
   r->add_option("--spec-arithmetic-data", o->spec_options.arithmetic_data,
                 "--spec: JSONL with a \"prompt\" per line")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(spec);
+  r->add_flag("!--spec-no-head", o->spec_options.head,
+              "--spec: leave out the co-trained draft head's column")
+      ->needs(spec);
+  r->add_option("--spec-head-epochs", o->spec_options.head_epochs,
+                "--spec: plain epochs of each task's prompts the draft head is fitted on")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64))
+      ->needs(spec);
+  r->add_option("--spec-head-passes", o->spec_options.head_passes,
+                "--spec: the draft head's passes over them")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000))
+      ->needs(spec);
+  r->add_option("--spec-head-batch", o->spec_options.head_batch,
+                "--spec: samples per AdamW step of the draft head")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000))
+      ->needs(spec);
+  r->add_option("--spec-head-lr", o->spec_options.head_lr, "--spec: the draft head's AdamW lr")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->needs(spec);
   r->callback([o, r] {
     o->concurrency_set = r->count("--concurrency") > 0;
     if (int rc = run_bench_rollout(*o); rc != 0) throw CLI::RuntimeError(rc);

@@ -16,12 +16,15 @@
 #include "cli/serve_tp.h"
 #include "miles/chat_template.h"
 #include "miles/controller/controller_service.h"
+#include "miles/draft_head.h"
 #include "miles/host_port.h"
+#include "miles/rollout/drafter.h"
 #include "miles/rollout/engine.h"
 #include "miles/rollout/grpc_server.h"
 #include "miles/rollout/http_server.h"
 #include "miles/secret.h"
 #include "miles/thread_pool.h"
+#include "miles/weight_sync/draft_files.h"
 #include "miles/weight_sync/engine_weights.h"
 #include "miles/weight_sync/grpc_weights.h"
 #include "miles/weight_sync/serve_routes.h"
@@ -45,7 +48,32 @@ struct ServeOptions {
   std::string api_key, api_key_file, admin_api_key, admin_api_key_file;
   std::vector<std::string> weights_dirs;  // besides the model's own directory
   std::vector<std::string> store_hosts;   // besides this machine and the controller's host
+  bool spec_draft_head = false;  // draft with the co-trained head (weight_sync/draft_files.h)
 };
+
+// --spec-draft-head: after each adopted version, the head of that version from the first
+// --weights-dir that has one (none: no drafts until one comes).
+EngineWeights::AdoptHook draft_head_hook(HeadDrafter* drafter, std::vector<std::string> dirs,
+                                         ModelConfig config) {
+  return [drafter, dirs, config](Engine&, int64_t version, const TensorMap* weights) {
+    std::shared_ptr<const DraftHead> head;
+    for (const std::string& dir : dirs) {
+      if (weights == nullptr) break;
+      auto h = read_draft_head(dir, version, config, *weights);
+      if (!h.ok()) {
+        spdlog::error("miles serve: the draft head of version {}: {}", version, h.message());
+        break;
+      }
+      if ((head = std::move(h).value())) {
+        spdlog::info("miles serve: draft head of weight version {} ({})", version,
+                     draft_head_path(dir, version));
+        break;
+      }
+    }
+    if (!head) spdlog::info("miles serve: no draft head of weight version {}: no drafts", version);
+    drafter->set_head(std::move(head));
+  };
+}
 
 // The hosts whose stores weight-group joins may reach: --weight-store-host and the controller's.
 std::vector<std::string> trusted_store_hosts(const ServeOptions& o) {
@@ -158,6 +186,15 @@ int run_serve(ServeOptions o) {
   }
   if (o.random_seed >= 0) o.engine.random_seed = static_cast<uint64_t>(o.random_seed);
   auto engine = std::make_unique<Engine>(std::move(runner), o.engine, tok);
+  HeadDrafter* head_drafter = nullptr;
+  if (o.spec_draft_head) {
+    if (*device != Device::kCpu || o.tp.tp > 1)
+      return fail("serve",
+                  "--spec-draft-head drafts on a one-process CPU engine (no --tp, --device)");
+    auto d = make_head_drafter(nullptr, &pool);
+    head_drafter = d.get();
+    engine->set_drafter(std::move(d));
+  }
   rollout::EngineDriver driver(std::move(engine));
   o.server.model_path = o.model;
   o.server.weight_dirs = trusted_weight_dirs(o);
@@ -179,6 +216,7 @@ int run_serve(ServeOptions o) {
   auto weights = std::make_shared<EngineWeights>(
       driver, config, o.model, &pool, tp_intake,
       WeightSyncTrust{o.server.weight_dirs, trusted_store_hosts(o)});
+  if (head_drafter) weights->set_adopt_hook(draft_head_hook(head_drafter, o.weights_dirs, config));
   o.server.extra_routes = [weights](httplib::Server& s, rollout::EngineDriver&) {
     register_weight_sync_routes(s, weights);
   };
@@ -195,8 +233,10 @@ int run_serve(ServeOptions o) {
                host_port(o.server.host, server.port()), o.model);
   if (o.engine.speculative.enabled)
     spdlog::info(
-        "miles serve: speculative decoding (model-free suffix drafter, up to {} drafts per sample, "
+        "miles serve: speculative decoding ({}, up to {} drafts per sample, "
         "{}): the same samples bit for bit",
+        o.spec_draft_head ? "co-trained draft head of each weight version"
+                          : "model-free suffix drafter",
         o.engine.speculative.max_draft_tokens,
         o.engine.speculative.adaptive ? "adaptive" : "every proposal verified");
   std::unique_ptr<rollout::GrpcServer> grpc;
@@ -317,6 +357,11 @@ void register_serve(CLI::App& app) {
       ->check(CLI::Range(1, 64));
   sub->add_flag("!--no-spec-adaptive", o->engine.speculative.adaptive,
                 "verify every draft, without the measured cost model");
+  sub->add_flag("--spec-draft-head", o->spec_draft_head,
+                "draft with the co-trained draft head of each weight version (from "
+                "--weights-dir DIR/draft/, written by `miles run` with "
+                "rollout.speculative_draft_head) instead of the suffix drafter")
+      ->needs("--speculative");
   sub->add_option("--api-key", o->api_key,
                   "bearer key every route requires (prefer MILES_API_KEY or --api-key-file: a "
                   "flag shows in ps)");

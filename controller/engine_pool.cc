@@ -63,6 +63,7 @@ Status EnginePool::spawn(Entry& e) {
     argv.insert(argv.end(), {"--speculative", "--spec-max-draft-tokens",
                              std::to_string(l.spec_max_draft_tokens)});
     if (!l.spec_adaptive) argv.push_back("--no-spec-adaptive");
+    if (l.spec_draft_head) argv.push_back("--spec-draft-head");
   }
   if (l.tp > 1) {
     argv.push_back("--tp");

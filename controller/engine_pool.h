@@ -33,6 +33,7 @@ struct EngineLaunch {
   bool speculative = false;  // `miles serve --speculative`, with these two
   int64_t spec_max_draft_tokens = 4;
   bool spec_adaptive = true;
+  bool spec_draft_head = false;    // --spec-draft-head: the co-trained head of each version
   int64_t tp = 1;                  // `miles serve --tp`
   std::string device = "cpu";      // `miles serve --device`
   std::string log_dir;             // engine_K.log

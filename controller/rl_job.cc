@@ -89,6 +89,7 @@ Status RlJob::setup_engines() {
   po.launch.speculative = cfg_.rollout.speculative;
   po.launch.spec_max_draft_tokens = cfg_.rollout.speculative_max_draft_tokens;
   po.launch.spec_adaptive = cfg_.rollout.speculative_adaptive;
+  po.launch.spec_draft_head = cfg_.rollout.speculative_draft_head;
   po.launch.log_dir = cfg_.logging.run_dir + "/engines";
   // The engines load weight versions from the disk-delta directory only (docs/security.md).
   po.launch.weights_dir =

@@ -4,9 +4,10 @@
 #include <filesystem>
 #include <thread>
 
-#include "miles/weight_sync/disk_delta.h"
 #include "miles/flat_params.h"
 #include "miles/trainer/trainer.h"
+#include "miles/weight_sync/disk_delta.h"
+#include "miles/weight_sync/draft_files.h"
 
 namespace miles::controller {
 
@@ -132,6 +133,9 @@ Status WeightPublisher::publish(int64_t version, const Trainer& trainer) {
     }
     adopt = true;
   }
+  // The co-trained draft head of this version, on disk before any engine can adopt the version.
+  if (const DraftHead* draft = trainer.draft())
+    MILES_RETURN_IF_ERROR(write_draft_head(cfg_.dir, version, *draft));
   Status sent = adopt ? Status::Ok() : sender_->send(version, source_of(trainer));
   sending_sums_ = nullptr;
   MILES_RETURN_IF_ERROR(sent);

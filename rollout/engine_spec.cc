@@ -6,6 +6,7 @@
 // kernels give a position the same row whether it is fed alone or in a chunk, so the emitted
 // tokens, logprobs, versions and routed experts are those of the plain rollout.
 #include <algorithm>
+#include <chrono>
 #include <unordered_map>
 
 #include "miles/check.h"
@@ -53,6 +54,10 @@ std::vector<float> Engine::Impl::accept_chances(const Sample& s) const {
 
 void Engine::Impl::plan_drafts(std::vector<Item>& items, int64_t budget) {
   if (!drafter || !opt.speculative.enabled || budget <= 0) return;
+  if (opt.speculative.adaptive && spec_cooldown > 0) {
+    --spec_cooldown;
+    return;
+  }
   const int64_t context = runner->config().max_position_embeddings;
   std::unordered_map<uint64_t, std::vector<const Sample*>>
       by_prompt;  // every sample, running or not
@@ -76,7 +81,9 @@ void Engine::Impl::plan_drafts(std::vector<Item>& items, int64_t budget) {
     queries.push_back(draft_query(s, k, by_prompt[s.prompt_key]));
     asked.push_back(i);
   }
+  const auto t0 = std::chrono::steady_clock::now();
   const std::vector<Draft> drafts = drafter->propose_all(queries);
+  draft_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (size_t a = 0; a < asked.size(); ++a) {
     const Draft& d = drafts[a];
     Sample& s = *items[asked[a]].sample;
@@ -98,6 +105,9 @@ void Engine::Impl::plan_drafts(std::vector<Item>& items, int64_t budget) {
   }
   const std::vector<int64_t> take = rollout::plan_drafts(iteration_cost, base_tokens, decodes,
                                                          chances, budget, opt.speculative.adaptive);
+  if (opt.speculative.adaptive &&
+      !rollout::drafting_pays(iteration_cost, base_tokens, decodes, chances, take, draft_seconds))
+    spec_cooldown = rollout::kSpecCooldown;
   bool any = false;
   for (size_t c = 0; c < candidates.size(); ++c) {
     Item& it = items[candidates[c]];

@@ -39,8 +39,8 @@ bool Engine::step() {
   Impl& m = *impl_;
   m.last.items.clear();
   if (m.paused || m.updating) return false;
-  // The iteration's whole time (drafting, forward, sampling, bookkeeping) by its token count: the
-  // cost the adaptive speculation policy weighs drafts against.
+  // The iteration's time (forward, sampling, bookkeeping; the drafter's apart) by its token count:
+  // the cost the adaptive speculation policy weighs drafts against.
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<Impl::Item> items = m.schedule();
   if (items.empty()) return false;
@@ -51,8 +51,11 @@ bool Engine::step() {
         {it.sample->request_id, it.sample->index, it.start, it.n, it.prefill, it.draft});
   m.run_batch(items);
   m.report_and_reap();
+  // Without the drafter's time: the cost model is the iteration's (drafting_pays weighs drafting).
   m.iteration_cost.observe(
-      tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
+                  m.draft_seconds);
+  m.draft_seconds = 0;
   ++m.counters.iterations;
   return true;
 }

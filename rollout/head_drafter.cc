@@ -36,20 +36,20 @@ class HeadDrafterImpl final : public HeadDrafter {
  public:
   HeadDrafterImpl(std::shared_ptr<const DraftHead> head, ThreadPool* pool,
                   const HeadDrafterOptions& o)
-      : head_(std::move(head)), pool_(pool), opt_(o), kv_(head_->make_kv_cache()) {}
+      : pool_(pool), opt_(o) {
+    set_head(std::move(head));
+  }
 
   void set_head(std::shared_ptr<const DraftHead> head) override {
     head_ = std::move(head);
-    kv_ = head_->make_kv_cache();  // rows of the old head: every sample starts again
-    for (auto& [id, st] : states_) {
-      st.base += st.rows;
-      st.rows = 0;
-    }
+    states_.clear();  // rows of the old head: every sample starts again from its next states
+    kv_ = head_ ? head_->make_kv_cache() : nullptr;
   }
 
-  bool wants_hidden() const override { return true; }
+  bool wants_hidden() const override { return head_ != nullptr; }
 
   void hidden(uint64_t sample, int64_t first, std::span<const float> rows) override {
+    if (!head_) return;
     const int64_t d = head_->policy_config().hidden_size;
     auto [it, fresh] = states_.try_emplace(sample);
     SampleState& st = it->second;
@@ -75,6 +75,7 @@ class HeadDrafterImpl final : public HeadDrafter {
   // The sibling gets the leader's unconsumed states (after a prefill: the whole prompt's); rows
   // already in the leader's KV are not copied, so the sibling's rows start after them.
   void fork(uint64_t from, uint64_t to) override {
+    if (!head_) return;
     auto it = states_.find(from);
     if (it == states_.end() || from == to) return;
     forget(to);
@@ -88,7 +89,7 @@ class HeadDrafterImpl final : public HeadDrafter {
   void forget(uint64_t sample) override {
     auto it = states_.find(sample);
     if (it == states_.end()) return;
-    kv_->release(it->second.slot);
+    if (kv_) kv_->release(it->second.slot);
     states_.erase(it);
   }
 
@@ -96,6 +97,7 @@ class HeadDrafterImpl final : public HeadDrafter {
 
   std::vector<Draft> propose_all(std::span<const DraftQuery> queries) override {
     std::vector<Draft> out(queries.size());
+    if (!head_) return out;
     std::vector<Active> active = catch_up(queries, out);
     for (int64_t depth = 1; !active.empty(); ++depth) active = extend(queries, out, active, depth);
     return out;

@@ -89,4 +89,21 @@ std::vector<int64_t> plan_drafts(const ForwardCostModel& cost, int64_t base_toke
   return out;
 }
 
+bool drafting_pays(const ForwardCostModel& cost, int64_t base_tokens, int64_t decodes,
+                   const std::vector<std::vector<float>>& accept, const std::vector<int64_t>& take,
+                   double draft_seconds) {
+  const std::optional<double> t0 = cost.estimate(base_tokens);
+  if (!t0 || *t0 <= 0) return true;  // nothing to weigh it against yet
+  double expected = static_cast<double>(decodes);
+  int64_t drafts = 0;
+  for (size_t c = 0; c < take.size() && c < accept.size(); ++c)
+    for (int64_t j = 0; j < take[c] && j < static_cast<int64_t>(accept[c].size()); ++j) {
+      expected += accept[c][static_cast<size_t>(j)];
+      ++drafts;
+    }
+  if (drafts == 0) return draft_seconds < kDraftShare * *t0;
+  const double t = *cost.estimate(base_tokens + drafts) + draft_seconds;
+  return expected / t > static_cast<double>(decodes) / *t0;
+}
+
 }  // namespace miles::rollout

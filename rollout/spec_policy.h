@@ -6,7 +6,8 @@
 // forward is bound by reading the weights, so a few more tokens cost little at a small live batch
 // and speculation pays by the tokens it gets accepted; at a large batch, or with a model so small
 // that per-token work dominates, the same drafts slow every sample down. The engine times every
-// iteration (drafting, forward, sampling); this keeps that curve (seconds by token count) and
+// iteration (forward, sampling; the drafter's time apart); this keeps that curve (seconds by token
+// count) and
 // verifies the drafts that maximise the expected tokens emitted per second, none when no choice
 // beats not speculating by the margin. Only speed depends on it: outputs never do.
 #pragma once
@@ -44,6 +45,17 @@ class ForwardCostModel {
 std::vector<int64_t> plan_drafts(const ForwardCostModel& cost, int64_t base_tokens, int64_t decodes,
                                  const std::vector<std::vector<float>>& accept, int64_t budget,
                                  bool adaptive);
+
+// Whether asking the drafter paid this iteration: with the drafter's time added to the planned
+// forward's, the plan's expected emitted tokens per second still beat not speculating (a plan of
+// no drafts pays only if drafting took under kDraftShare of the plain iteration). A drafter that
+// costs real time (a model) and gets too few tokens accepted fails it; the engine then stops
+// asking for kSpecCooldown iterations. `take`: plan_drafts's result for `accept`.
+bool drafting_pays(const ForwardCostModel& cost, int64_t base_tokens, int64_t decodes,
+                   const std::vector<std::vector<float>>& accept, const std::vector<int64_t>& take,
+                   double draft_seconds);
+inline constexpr double kDraftShare = 0.02;
+inline constexpr int64_t kSpecCooldown = 16;
 
 // The expected-gain margin a speculative plan must beat not speculating by.
 inline constexpr double kSpecMargin = 0.03;

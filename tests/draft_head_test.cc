@@ -7,9 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <vector>
 
 #include "miles/thread_pool.h"
+#include "miles/weight_sync/draft_files.h"
+#include "scratch_dir.h"
 #include "test_paths.h"
 
 namespace miles {
@@ -159,6 +162,33 @@ TEST(DraftHead, RejectsBadVocabulariesAndMoePolicies) {
   auto h = DraftHead::create(moe->config, moe->weights, {1, 2, 3});
   ASSERT_FALSE(h.ok());
   EXPECT_NE(h.message().find("dense families only"), std::string::npos) << h.message();
+}
+
+// Each weight version's head beside it (weight_sync/draft_files.h): what is read back is the
+// head written (tensors and vocabulary), a version without one reads as none, the newest three
+// stay, and a file without its vocabulary is an error that names it.
+TEST(DraftHead, VersionsOnDiskReadBackAndOnlyTheNewestStay) {
+  const Golden g = load("qwen3");
+  auto head = head_of(g);
+  const std::string dir = test::scratch_dir("miles_draft_", "files");
+  for (int64_t v : {1, 2, 3, 4, 5}) ASSERT_TRUE(write_draft_head(dir, v, *head).ok());
+  for (int64_t v : {1, 2}) EXPECT_FALSE(std::filesystem::exists(draft_head_path(dir, v))) << v;
+  auto back = read_draft_head(dir, 5, g.config, g.policy);
+  ASSERT_TRUE(back.ok()) << back.message();
+  ASSERT_NE(*back, nullptr);
+  EXPECT_EQ((*back)->vocab(), head->vocab());
+  for (size_t i = 0; i < head->params().all().size(); ++i)
+    ASSERT_EQ((*back)->params().all()[i], head->params().all()[i]) << i;
+  auto none = read_draft_head(dir, 2, g.config, g.policy);
+  ASSERT_TRUE(none.ok()) << none.message();
+  EXPECT_EQ(*none, nullptr);
+  const TensorMap m = head->params().as_tensor_map();  // no draft.vocab
+  std::vector<std::pair<std::string, Tensor>> t;
+  for (const std::string& n : m.names()) t.emplace_back(n, *m.find(n));
+  ASSERT_TRUE(write_safetensors(draft_head_path(dir, 9), t).ok());
+  auto bad = read_draft_head(dir, 9, g.config, g.policy);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("draft.vocab"), std::string::npos) << bad.message();
 }
 
 TEST(DraftHead, TopIdsTakesTheMostFrequentSmallerIdFirst) {

@@ -218,6 +218,34 @@ TEST_F(ReportTest, EvaluationCurveShowsTheEvaluatedStepsOnly) {
   EXPECT_EQ(count(eval, " L"), 3u * 2u);
 }
 
+// Speculative decoding's counters and the co-trained draft head's metrics: one summary row each
+// (accepted / drafted and tokens per verify over the run; the head's loss and estimated
+// acceptance, first step → last).
+TEST_F(ReportTest, SummaryShowsSpeculationAndTheDraftHead) {
+  std::string lines;
+  for (int s = 1; s <= 4; ++s) {
+    json j = step_line(s);
+    j["spec_verifies"] = 10;
+    j["spec_draft_tokens"] = 40;
+    j["spec_accepted_tokens"] = 20;
+    j["spec_emitted_tokens"] = 30;
+    j["draft_loss"] = 5.0 - s;
+    j["draft_accept"] = 0.1 * s;
+    lines += j.dump() + "\n";
+  }
+  write("metrics.jsonl", lines);
+  write("config.yaml", kConfig);
+  const auto r = report();
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string page = read(dir_ / "report.html");
+  EXPECT_NE(page.find("speculative decoding: accepted / drafted, tokens per verify"),
+            std::string::npos);
+  EXPECT_NE(page.find("0.5, 3"), std::string::npos);
+  const size_t row = page.find("draft head: loss, estimated acceptance at temperature 1");
+  ASSERT_NE(row, std::string::npos);
+  EXPECT_NE(page.find("4 → 1, 0.1 → 0.4", row), std::string::npos) << page.substr(row, 300);
+}
+
 // A live page (miles run rewrites it after its steps) reloads itself and says so; every step's
 // sample dump is shown, escaped, the newest first and open.
 TEST_F(ReportTest, LivePageReloadsAndShowsTheSamplesOfEachStep) {

@@ -366,6 +366,26 @@ TEST(RlRun, DraftHeadTrainsBesideThePolicyWithoutChangingIt) {
   EXPECT_LT(m[2]["draft_loss"].get<double>(), m[0]["draft_loss"].get<double>());
 }
 
+// Engines drafting with the co-trained head (rollout.speculative + speculative_draft_head): each
+// weight version's head is published beside it and the engine drafts with the head of the version
+// it adopted; the run equals the plain run number for number, and the engines verified the head's
+// drafts.
+TEST(RlRun, EnginesDraftWithTheCoTrainedHeadOfTheirVersion) {
+  MILES_REQUIRE_SHARED();
+  std::string dir;
+  expect_same_run("draft_spec", " rollout.num_rollouts=3",
+                  " rollout.speculative=true rollout.speculative_adaptive=false"
+                  " rollout.speculative_draft_head=true rollout.speculative_draft_lr=0.003",
+                  "co-trained draft head of each weight version", nullptr, &dir);
+  std::ifstream log(dir + "/engines/engine_0.log");
+  const std::string engine_log((std::istreambuf_iterator<char>(log)), {});
+  EXPECT_NE(engine_log.find("draft head of weight version 2 ("), std::string::npos) << engine_log;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/weights/draft/2.safetensors"));
+  uint64_t drafted = 0;
+  for (const json& m : metrics(dir)) drafted += m.at("spec_draft_tokens").get<uint64_t>();
+  EXPECT_GT(drafted, 0u);
+}
+
 // Asking for GPU engines where there is no GPU (or no CUDA build) is refused before any engine
 // starts, naming the key and why.
 TEST(RlRun, CudaEnginesWithoutAGpuAreRefusedBeforeEnginesStart) {

@@ -483,6 +483,25 @@ TEST(SpecPolicy, CostModelInterpolatesAndHoldsFlatPastWhatItMeasured) {
   EXPECT_NEAR(*m.estimate(16), 3.0, 1e-9);
 }
 
+// Asking the drafter pays when the plan's gain covers the drafter's time; a costly drafter whose
+// drafts are not taken, or gain too little, does not (the engine then stops asking for a while).
+TEST(SpecPolicy, DraftingPaysOnlyWhenItsGainCoversTheDraftersTime) {
+  rollout::ForwardCostModel flat;
+  flat.observe(2, 1.0);
+  flat.observe(64, 1.0);
+  const std::vector<std::vector<float>> chances = {{0.9f, 0.8f}, {0.6f}};
+  const std::vector<int64_t> all{2, 1}, none{0, 0};
+  // 2 decodes → 2 + 2.3 expected tokens per second of forward: pays unless drafting costs ≥ 1.15 s.
+  EXPECT_TRUE(rollout::drafting_pays(flat, 2, 2, chances, all, 0.001));
+  EXPECT_TRUE(rollout::drafting_pays(flat, 2, 2, chances, all, 1.0));
+  EXPECT_FALSE(rollout::drafting_pays(flat, 2, 2, chances, all, 1.2));
+  // Nothing taken: pays only if drafting was (almost) free.
+  EXPECT_TRUE(rollout::drafting_pays(flat, 2, 2, chances, none, 0.01));
+  EXPECT_FALSE(rollout::drafting_pays(flat, 2, 2, chances, none, 0.05));
+  // Nothing measured yet: no verdict against the drafter.
+  EXPECT_TRUE(rollout::drafting_pays(rollout::ForwardCostModel{}, 2, 2, chances, none, 5.0));
+}
+
 TEST(SpecPolicy, DraftsWhereForwardsAreFlatAndNotWhereTheyAreLinear) {
   const std::vector<std::vector<float>> chances = {{0.9f, 0.8f, 0.5f, 0.1f}, {0.6f, 0.2f}};
   // Memory-bound: a forward of 1..64 tokens costs the same: every draft pays.

@@ -41,16 +41,27 @@ Status EngineWeights::State::initial_checksums() {
 
 WeightReply EngineWeights::State::adopt(const ReceivedWeights& got) {
   Status applied;
-  driver->run_sync([&](Engine& e) { applied = apply_to_engine(e, config, got, plan, pool); });
+  driver->run_sync([&](Engine& e) {
+    applied = apply_to_engine(e, config, got, plan, pool);
+    if (applied.ok() && adopt_hook) {
+      const TensorMap view = got.view();
+      adopt_hook(e, got.version, &view);
+    }
+  });
   return record(applied, got.version, got.checksums);
 }
 
 WeightReply EngineWeights::State::adopt_runner(std::unique_ptr<ModelRunner> runner, int64_t v,
                                                std::map<std::string, std::string> sums) {
   Status applied;
-  driver->run_sync([&](Engine& e) { applied = apply_runner_to_engine(e, std::move(runner), v); });
+  driver->run_sync([&](Engine& e) {
+    applied = apply_runner_to_engine(e, std::move(runner), v);
+    if (applied.ok() && adopt_hook) adopt_hook(e, v, nullptr);
+  });
   return record(applied, v, std::move(sums));
 }
+
+void EngineWeights::set_adopt_hook(AdoptHook hook) { st_->adopt_hook = std::move(hook); }
 
 WeightReply EngineWeights::State::record(const Status& applied, int64_t v,
                                          std::map<std::string, std::string> sums) {

@@ -65,6 +65,7 @@ struct EngineWeights::State {
   WeightSyncTrust trust;
   TransferPlan plan;  // a one-process sender's
   std::string plan_digest;
+  EngineWeights::AdoptHook adopt_hook;
 
   std::mutex mu;  // one update at a time; guards the fields below
   bool have_checksums = false;

@@ -122,8 +122,9 @@ struct RolloutSection {
   int64_t speculative_max_draft_tokens = 4;
   bool speculative_adaptive = true;  // draft only where the engine's measured costs say it pays
   // The co-trained draft head (include/miles/draft_head.h): the trainer fits it to the policy every
-  // step (its loss and estimated acceptance in metrics.jsonl as draft_*). Engines do not run it
-  // yet (docs/speculative.md).
+  // step (its loss and estimated acceptance in metrics.jsonl as draft_*), each weight version's
+  // head is published beside it, and with `speculative` the started engines draft with the head
+  // of their version instead of the suffix drafter (docs/speculative.md).
   bool speculative_draft_head = false;
   double speculative_draft_lr = 1e-4;
   int64_t speculative_draft_vocab = 4096;  // draft vocabulary: the most frequent ids trained on

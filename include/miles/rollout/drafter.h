@@ -75,8 +75,8 @@ std::unique_ptr<Drafter> make_suffix_drafter(const SuffixDrafterOptions& options
 // the target's hidden states of each sample's newest fixed positions it runs the head once over
 // them, then once per further draft token on its own outputs, all samples of an iteration in one
 // batch; each token's confidence is the head's probability of it. Its own KV per sample (one
-// layer). `head` is read, never changed, while the drafter lives; set_head() swaps it between
-// iterations.
+// layer). `head` is read, never changed, while the drafter has it; set_head() swaps it between
+// iterations (a new weight version's head; null: no head, no drafts).
 struct HeadDrafterOptions {
   float min_confidence = 0.02f;  // stop drafting a sample when the running product falls below
 };

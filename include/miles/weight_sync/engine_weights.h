@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -107,6 +108,14 @@ class EngineWeights {
   Result<WeightCheck> check(const std::map<std::string, std::string>& trainer_checksums);
   // transfer_plan_digest of the plan a one-process sender follows.
   const std::string& plan_digest() const;
+
+  // Called on the engine's thread after every adopted version (over a group or a disk-delta
+  // chain; not load_checkpoint, whose caller sets the version) with the version and its full
+  // weights (HF names), or null where the engine received only its shards (a tensor-parallel
+  // engine's direct p2p): what follows a version besides the model (the co-trained draft head,
+  // `miles serve --spec-draft-head`). Set before any update.
+  using AdoptHook = std::function<void(Engine&, int64_t version, const TensorMap* weights)>;
+  void set_adopt_hook(AdoptHook hook);
 
   struct State;  // weight_sync/engine_weights_state.h
 
