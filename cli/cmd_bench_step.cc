@@ -72,17 +72,24 @@ Result<ModeResult> read_metrics(const std::string& path, const std::string& mode
 }
 
 int run_bench_step(const BenchStepOptions& o) {
-  // (label, schedule, extra override) of each run.
-  std::vector<std::array<std::string, 3>> runs;
+  // (label, schedule, extra overrides) of each run.
+  struct Run {
+    std::string label, schedule;
+    std::vector<std::string> extra;
+  };
+  std::vector<Run> runs;
   if (o.spec) {
-    runs = {{"spec_off", o.schedule, "rollout.speculative=false"},
-            {"spec_on", o.schedule, "rollout.speculative=true"}};
+    runs = {{"spec_off", o.schedule, {"rollout.speculative=false"}},
+            {"spec_suffix", o.schedule, {"rollout.speculative=true"}},
+            {"spec_head",
+             o.schedule,
+             {"rollout.speculative=true", "rollout.speculative_draft_head=true"}}};
   } else {
-    for (const char* mode : {"sync", "one_step_off", "async"}) runs.push_back({mode, mode, ""});
+    for (const char* mode : {"sync", "one_step_off", "async"}) runs.push_back({mode, mode, {}});
   }
   std::vector<ModeResult> results;
   for (const auto& [label, schedule, extra] : runs) {
-    const std::string mode = label;
+    const std::string& mode = label;
     const std::string dir = o.run_dir + "/" + mode;
     std::vector<std::string> argv = {controller::miles_executable(), "run", o.config};
     for (const std::string& ov : o.overrides) argv.push_back(ov);
@@ -90,7 +97,7 @@ int run_bench_step(const BenchStepOptions& o) {
              "async.mode=" + schedule, "rollout.num_rollouts=" + std::to_string(o.steps),
              "logging.progress=none", "checkpoint.save_every=0", "checkpoint.resume=false"})
       argv.push_back(ov);
-    if (!extra.empty()) argv.push_back(extra);
+    for (const std::string& e : extra) argv.push_back(e);
     argv.push_back("--run-dir");
     argv.push_back(dir);
     spdlog::info("bench step: {} ...", mode);
@@ -122,14 +129,16 @@ int run_bench_step(const BenchStepOptions& o) {
       "(means over steps 2..%lld of `miles run %s`; generate in async = mean group latency)\n",
       static_cast<long long>(o.steps), o.config.c_str());
   if (o.spec) {
-    const ModeResult& on = results.back();
-    std::printf(
-        "speculative: %.2fx the step, %.2fx generate; accepted / drafted %.3f, tokens per "
-        "verify %.2f; same samples (every step's reward and length): %s\n",
-        base.step / on.step, base.generate / on.generate, on.spec_accept_rate,
-        on.spec_tokens_per_verify, base.per_step == on.per_step ? "yes" : "NO");
-    if (base.per_step != on.per_step)
-      return fail("bench step", "speculative decoding changed the samples (rewards or lengths)");
+    for (size_t i = 1; i < results.size(); ++i) {
+      const ModeResult& on = results[i];
+      std::printf(
+          "%s: %.2fx the step, %.2fx generate; accepted / drafted %.3f, tokens per verify %.2f; "
+          "same samples (every step's reward and length): %s\n",
+          on.mode.c_str(), base.step / on.step, base.generate / on.generate, on.spec_accept_rate,
+          on.spec_tokens_per_verify, base.per_step == on.per_step ? "yes" : "NO");
+      if (base.per_step != on.per_step)
+        return fail("bench step", "speculative decoding changed the samples (rewards or lengths)");
+    }
   }
   if (!o.out.empty()) std::ofstream(o.out) << out.dump(2) << "\n";
   return 0;

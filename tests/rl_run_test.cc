@@ -335,7 +335,8 @@ TEST(RlRun, SpeculativeEnginesGiveThePlainRun) {
 
 // The co-trained draft head (rollout.speculative_draft_head): the policy's run is the plain run
 // number for number, the draft's loss and estimated acceptance are in metrics.jsonl every step and
-// its loss falls, and a data-parallel trainer (dp = 2) trains the same draft bit for bit.
+// its loss falls, and a data-parallel (dp = 2) and a pipeline (pp = 2: the last stage trains it,
+// stage 0 publishes it) trainer train the same draft bit for bit.
 TEST(RlRun, DraftHeadTrainsBesideThePolicyWithoutChangingIt) {
   MILES_REQUIRE_SHARED();
   const std::string common = " rollout.num_rollouts=3";
@@ -347,7 +348,18 @@ TEST(RlRun, DraftHeadTrainsBesideThePolicyWithoutChangingIt) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   auto r2 = run_here(std::string(kCi) + " --run-dir " + dp + common + draft + " parallel.dp=2");
   ASSERT_EQ(r2.exit_code, 0) << r2.out;
-  const auto m = metrics(dir), mr = metrics(ref), md = metrics(dp);
+  const std::string pp = temp_dir("draft_pp");
+  auto r3 = run_here(std::string(kCi) + " --run-dir " + pp + common + draft + " parallel.pp=2");
+  ASSERT_EQ(r3.exit_code, 0) << r3.out;
+  const auto m = metrics(dir), mr = metrics(ref), md = metrics(dp), mp = metrics(pp);
+  ASSERT_EQ(mp.size(), 3u);
+  // The heads published by the last step are the same bytes.
+  std::ifstream a(dir + "/weights/draft/3.safetensors", std::ios::binary),
+      b(pp + "/weights/draft/3.safetensors", std::ios::binary);
+  const std::string ha((std::istreambuf_iterator<char>(a)), {}),
+      hb((std::istreambuf_iterator<char>(b)), {});
+  EXPECT_FALSE(ha.empty());
+  EXPECT_EQ(ha, hb) << "pp=2 published another head";
   ASSERT_EQ(m.size(), 3u);
   ASSERT_EQ(mr.size(), 3u);
   ASSERT_EQ(md.size(), 3u);
@@ -357,6 +369,7 @@ TEST(RlRun, DraftHeadTrainsBesideThePolicyWithoutChangingIt) {
     for (const char* k : {"draft_loss", "draft_agree", "draft_accept", "draft_in_vocab"}) {
       ASSERT_TRUE(m[i].contains(k)) << k << " " << m[i].dump();
       EXPECT_EQ(m[i][k], md[i][k]) << k << " step " << i + 1 << " (dp=2)";
+      EXPECT_EQ(m[i][k], mp[i][k]) << k << " step " << i + 1 << " (pp=2)";
     }
     const double accept = m[i]["draft_accept"].get<double>();
     EXPECT_GT(accept, 0.0);

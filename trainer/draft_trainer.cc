@@ -68,4 +68,10 @@ Status DraftTrainer::finish_step(const FlatTensors& grads, const TensorMap& poli
   return head_->set_policy(policy);
 }
 
+Status DraftTrainer::share(Communicator& group, int root) {
+  MILES_RETURN_IF_ERROR(
+      group.broadcast(params_.all().data(), params_.all().size() * sizeof(float), root));
+  return head_->set_params(params_);
+}
+
 }  // namespace miles::trainer_detail

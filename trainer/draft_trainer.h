@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "miles/comm.h"
 #include "miles/draft_head.h"
 #include "miles/trainer/optimizer.h"
 #include "miles/trainer/trainer.h"
@@ -35,6 +36,9 @@ class DraftTrainer {
   // After the sum over micro-batches and ranks: AdamW on the draft, then the updated policy's
   // frozen parts.
   Status finish_step(const FlatTensors& grads, const TensorMap& policy, ThreadPool* pool);
+  // Pipeline stages: every rank of `group` takes `root`'s head (its trained tensors; the
+  // vocabulary is every stage's own, the same).
+  Status share(Communicator& group, int root);
 
   const std::shared_ptr<const ParamLayout>& layout() const { return params_.layout_ptr(); }
   const DraftHead& head() const { return *head_; }

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "miles/comm.h"
+#include "trainer/draft_trainer.h"
 #include "trainer/trainer_internal.h"
 
 namespace miles {
@@ -15,6 +16,8 @@ struct PipelineRun::InFlight {
   std::unique_ptr<ForwardTape> tape;  // from the trainer's spares, handed back after the backward
   std::vector<float> dlogits;         // last stage
   TokenLoss loss;                     // last stage
+  FlatTensors draft;  // last stage: the draft head's gradients (TrainerConfig::draft)
+  std::map<std::string, double> draft_sums;
 };
 
 namespace {
@@ -54,6 +57,8 @@ Status PipelineRun::forward(int64_t mb) {
   opt.layer_begin = st.layer_begin;
   opt.layer_end = st.layer_end;
   opt.tp = t_.tp();
+  // The draft head trains on the last stage: its final hidden states are the head's features.
+  opt.return_hidden = st.last() && t_.draft_ != nullptr;
   if (!st.first()) {
     input.resize(static_cast<size_t>(t * d));
     MILES_RETURN_IF_ERROR(
@@ -64,6 +69,11 @@ Status PipelineRun::forward(int64_t mb) {
   MILES_ASSIGN_OR_RETURN(ForwardOutput out,
                          t_.model_->forward(f->packed.tokens, f->packed.seqs, *kv, opt, t_.pool_));
   if (st.last()) {
+    if (t_.draft_) {  // before the loss head writes d logits over the logits
+      f->draft = FlatTensors(t_.draft_->layout());
+      MILES_RETURN_IF_ERROR(t_.draft_->micro_batch(f->packed, batch_, out.hidden, out.logits,
+                                                   f->draft, f->draft_sums, t_.pool_));
+    }
     MILES_ASSIGN_OR_RETURN(
         trainer_detail::HeadResult head,
         trainer_detail::loss_head(f->packed, std::move(out.logits), t_.local_config_.vocab_size,
@@ -110,6 +120,10 @@ Result<Trainer::MicroResult> PipelineRun::backward(int64_t mb,
     r.loss = f->loss.loss;
     r.tokens = f->packed.rows.size();
     r.sums = std::move(f->loss.sums);
+    for (const auto& [k, v] : f->draft_sums) r.sums[k] += v;
+    if (t_.draft_) std::swap(r.draft, f->draft);
+  } else if (t_.draft_) {
+    r.draft.zero();  // the head trains on the last stage
   }
   MILES_RETURN_IF_ERROR(t_.model_->backward(*f->tape, d_out, r.grads, t_.pool_, io));
   t_.recycle(std::move(f->tape));

@@ -339,13 +339,35 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
   opt_->step(params_, acc.grads, r.lr, &owned_, pool_,
              clip_scale(r.grad_norm, tc_.optimizer.clip_grad_norm));
   MILES_RETURN_IF_ERROR(reload_model());
-  if (draft_) MILES_RETURN_IF_ERROR(draft_->finish_step(acc.draft, params_.as_tensor_map(), pool_));
+  if (draft_) MILES_RETURN_IF_ERROR(finish_draft_step(acc, pp));
   r.step = opt_->steps();
   r.loss = acc.loss;
   r.tokens = acc.tokens;
   r.sums = std::move(acc.sums);
   recycle(std::move(acc));
   return r;
+}
+
+// The draft head's update after the policy's: on one stage, AdamW on the summed gradients and the
+// updated policy's frozen parts. Under a pipeline the last stage trained it (every stage's
+// gradients but the last's are zeros): it gets the current embedding from stage 0 (an untied
+// model's last stage does not update it), updates, and hands the head to every stage (stage 0
+// publishes it).
+Status Trainer::finish_draft_step(MicroResult& acc, Communicator* pp) {
+  TensorMap policy = params_.as_tensor_map();
+  std::vector<float> embed;
+  if (pp && !config_.tie_word_embeddings) {
+    const std::span<const float> mine = std::as_const(params_).get("model.embed_tokens.weight");
+    embed.assign(mine.begin(), mine.end());
+    MILES_RETURN_IF_ERROR(pp->broadcast(embed.data(), embed.size() * sizeof(float), 0));
+    policy.insert(
+        "model.embed_tokens.weight",
+        Tensor::view(DType::kF32, {config_.vocab_size, config_.hidden_size}, embed.data(), nullptr),
+        "pipeline stage 0");
+  }
+  if (!pp || stage_.last()) MILES_RETURN_IF_ERROR(draft_->finish_step(acc.draft, policy, pool_));
+  if (!pp) return Status::Ok();
+  return draft_->share(*pp, pp->size() - 1);
 }
 
 Result<std::vector<ScoredSample>> Trainer::score(std::span<const TrainSample> batch, bool replay) {

@@ -23,10 +23,6 @@ Status Trainer::set_pipeline_stage(int stage, int num_stages) {
   if (num_stages > 1 && tc_.device != Device::kCpu)
     return Status::Error(std::string("a ") + device_name(tc_.device) +
                          " trainer runs one pipeline stage for now (pp=1)");
-  if (num_stages > 1 && tc_.draft.enabled)
-    return Status::Error(
-        "the co-trained draft head (rollout.speculative_draft_head) trains on one "
-        "pipeline stage for now (pp=1)");
   if (num_stages > layers)
     return Status::Error("pp=" + std::to_string(num_stages) + " exceeds the model's " +
                          std::to_string(layers) + " layers");

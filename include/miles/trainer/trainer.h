@@ -78,7 +78,7 @@ struct TrainerConfig {
   // emulated), with the CPU's bits either way. The loss head, gradient sums, clipping and AdamW
   // stay on the host. A device trainer is one process per rank (data parallelism only).
   Device device = Device::kCpu;
-  DraftTrainConfig draft;  // CPU, one pipeline stage, no tensor parallelism
+  DraftTrainConfig draft;  // CPU, no tensor parallelism
   Status validate() const;
 };
 
@@ -199,6 +199,7 @@ class Trainer {
   std::unique_ptr<ForwardTape> take_tape();
   void recycle(std::unique_ptr<ForwardTape> tape);
   Status reduce_across_stages(MicroResult& acc, Communicator* pp);
+  Status finish_draft_step(MicroResult& acc, Communicator* pp);
   double owned_grad_norm(const MicroResult& acc, Communicator* pp);
 
   const TensorParallel* tp() const { return tp_.comm ? &tp_ : nullptr; }
