@@ -28,7 +28,7 @@ struct SpecBenchOptions {
   int64_t head_epochs = 2;
   int64_t head_passes = 20;
   int64_t head_batch = 16;
-  double head_lr = 3e-3;
+  double head_lr = 1e-3;
   int64_t head_vocab = 4096;
 };
 

@@ -2,7 +2,7 @@
 """Make the draft head's goldens with transformers and torch autograd (include/miles/draft_head.h).
 
 The draft of x_{j+2} at row j of a sequence x_0..x_{T-1} (j = 0..T-2):
-    u_j = fc @ cat(embed[x_{j+1}] * embed_scale, f_j)          fc: [H, 2H]
+    u_j = fc @ cat(embed[x_{j+1}] * embed_scale, norm(f_j))    fc: [H, 2H]; norm: the policy's final RMSNorm
     logits_j = LM(u_0..u_j)                                      a transformers CausalLM of the policy's class
                                                                  with ONE layer (the policy's layer 0), the policy's
                                                                  final norm, vocab = the draft ids, lm_head = the
@@ -96,7 +96,7 @@ def make(name: str, out_dir: Path) -> Path:
     start = 0
     for n in LENS:
         rows = torch.arange(start, start + n - 1)
-        x = torch.cat([embed[ids[rows + 1]] * escale, features[rows]], 1)
+        x = torch.cat([embed[ids[rows + 1]] * escale, policy.model.norm(features[rows])], 1)
         u = x @ fc_p.T
         captured.clear()
         logits = draft(inputs_embeds=u[None]).logits[0]

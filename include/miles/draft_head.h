@@ -8,7 +8,8 @@
 //
 // Row j of a sequence x_0 .. x_{T-1} reads f_j, the policy's last hidden state at position j
 // (before its final norm), and the embedding of x_{j+1}:
-//   u_j = fc · [embed(x_{j+1}); f_j]                       (fc: [hidden, 2·hidden], trained)
+//   u_j = fc · [embed(x_{j+1}); norm(f_j)]                 (fc: [hidden, 2·hidden], trained;
+//                                                            norm: the policy's final RMSNorm)
 //   g_j = layer(u_0 .. u_j)                                 (one decoder layer of the policy's
 //                                                            family at position j, trained)
 //   logits_j = lm_head[vocab] · final_norm(g_j)            (the policy's norm and head rows)

@@ -193,7 +193,10 @@ void DraftHead::fuse(std::span<const float> features, std::span<const int32_t> n
     const float* e = embed_.data() + static_cast<int64_t>(next_ids[i]) * d;
     float* row = x.data() + i * 2 * d;
     for (int64_t j = 0; j < d; ++j) row[j] = e[j] * scale;
-    std::copy_n(features.data() + i * d, d, row + d);
+    // The feature as the policy's head sees it (its final norm): the residual stream's scale
+    // varies by orders of magnitude across dimensions, which would make fc's updates explode.
+    kernels::rmsnorm(features.data() + i * d, 1, d, final_norm_.data(),
+                     static_cast<float>(policy_.rms_norm_eps), row + d);
   }
   const kernels::PackedMatrix fc =
       kernels::PackedMatrix::pack_f32(params_.get(kFc).data(), d, 2 * d);
