@@ -46,6 +46,7 @@ struct Engine::Impl {
   double spec_predicted = 0, spec_accepted = 0;
   int64_t spec_since_plain = 0;  // speculative iterations since the last one without drafts
   int64_t spec_cooldown = 0;     // iterations left without asking the drafter (drafting_pays)
+  int64_t spec_cooldown_next = 0;  // the next cool-down's length: doubles while probes fail
   double draft_seconds = 0;      // the drafter's time this iteration (not the forward's cost)
   bool warned_no_hidden = false;  // a model drafter on a runner without hidden states
 

@@ -105,9 +105,18 @@ void Engine::Impl::plan_drafts(std::vector<Item>& items, int64_t budget) {
   }
   const std::vector<int64_t> take = rollout::plan_drafts(iteration_cost, base_tokens, decodes,
                                                          chances, budget, opt.speculative.adaptive);
-  if (opt.speculative.adaptive &&
-      !rollout::drafting_pays(iteration_cost, base_tokens, decodes, chances, take, draft_seconds))
-    spec_cooldown = rollout::kSpecCooldown;
+  // A drafter that did not pay rests, twice as long after each probe that did not pay either (a
+  // probe of a model drafter catches up on every skipped position: costly at a large batch).
+  if (opt.speculative.adaptive) {
+    if (rollout::drafting_pays(iteration_cost, base_tokens, decodes, chances, take,
+                               draft_seconds)) {
+      spec_cooldown_next = 0;  // the next failure rests kSpecCooldown
+    } else {
+      spec_cooldown_next = std::clamp<int64_t>(2 * spec_cooldown_next, rollout::kSpecCooldown,
+                                               rollout::kSpecCooldownMax);
+      spec_cooldown = spec_cooldown_next;
+    }
+  }
   bool any = false;
   for (size_t c = 0; c < candidates.size(); ++c) {
     Item& it = items[candidates[c]];

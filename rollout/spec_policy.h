@@ -50,12 +50,14 @@ std::vector<int64_t> plan_drafts(const ForwardCostModel& cost, int64_t base_toke
 // forward's, the plan's expected emitted tokens per second still beat not speculating (a plan of
 // no drafts pays only if drafting took under kDraftShare of the plain iteration). A drafter that
 // costs real time (a model) and gets too few tokens accepted fails it; the engine then stops
-// asking for kSpecCooldown iterations. `take`: plan_drafts's result for `accept`.
+// asking for kSpecCooldown iterations, twice as long after each failed probe (kSpecCooldownMax).
+// `take`: plan_drafts's result for `accept`.
 bool drafting_pays(const ForwardCostModel& cost, int64_t base_tokens, int64_t decodes,
                    const std::vector<std::vector<float>>& accept, const std::vector<int64_t>& take,
                    double draft_seconds);
 inline constexpr double kDraftShare = 0.02;
-inline constexpr int64_t kSpecCooldown = 16;
+inline constexpr int64_t kSpecCooldown = 16;      // after the first failure
+inline constexpr int64_t kSpecCooldownMax = 512;  // doubled per failed probe up to this
 
 // The expected-gain margin a speculative plan must beat not speculating by.
 inline constexpr double kSpecMargin = 0.03;
