@@ -48,10 +48,12 @@ Status RlJob::setup_trainer() {
       log_line("resumed from " + cfg_.checkpoint.dir + "/" + checkpoint_dir_name(st.step) +
                " (rollout step " + std::to_string(rollout_step_) + ", weight version " +
                std::to_string(group_->trainer().steps_done()) + ")");
-      if (cfg_.rollout.speculative_draft_head)
-        log_line(
-            "rollout.speculative_draft_head: checkpoints do not hold the draft head yet; "
-            "the resumed run trains a fresh one (the policy resumes exactly)");
+      if (cfg_.rollout.speculative_draft_head) {
+        MILES_ASSIGN_OR_RETURN(const DraftTrainState d, group_->trainer().draft_state());
+        log_line(d.steps > 0 ? "draft head resumed after its step " + std::to_string(d.steps)
+                             : std::string("rollout.speculative_draft_head: the checkpoint holds "
+                                           "no draft head; the resumed run trains a new one"));
+      }
     }
   }
   if (cfg_.algorithm.kl_coef > 0) {

@@ -6,8 +6,14 @@
 // pending rows), which drafts each sample's next token, then drafts further one row per sample
 // per forward from the head's own output g (which stands in for the target's f). The rows past
 // the fixed positions are written at draft positions the next catch-up overwrites.
+//
+// A prompt's target states are kept (by its ids, until the head changes): a sample whose prefill
+// the prefix cache shortened gets the states of the cached positions from an earlier sample of the
+// same prompt, so its head reads the whole context, as it was trained. Same ids, same weights:
+// the same states, bit for bit.
 #include <algorithm>
 #include <cmath>
+#include <list>
 #include <map>
 #include <unordered_map>
 
@@ -32,6 +38,63 @@ struct SampleState {
   std::vector<float> pend;  // target states of positions base + rows .., [n, hidden]
 };
 
+// Prompts' target states (positions 0 .. ids.size() − 1), least recently used first out.
+class PromptStates {
+ public:
+  static constexpr size_t kMaxBytes = size_t{64} << 20;
+
+  void put(std::span<const int32_t> ids, std::span<const float> states) {
+    if (find(ids)) return;
+    const size_t bytes = states.size_bytes() + ids.size_bytes();
+    if (bytes > kMaxBytes) return;
+    while (bytes_ + bytes > kMaxBytes) drop_oldest();
+    lru_.push_front({{ids.begin(), ids.end()}, {states.begin(), states.end()}});
+    index_.emplace(hash(ids), lru_.begin());
+    bytes_ += bytes;
+  }
+  // The states of exactly `ids`, or null.
+  const std::vector<float>* find(std::span<const int32_t> ids) {
+    auto [b, e] = index_.equal_range(hash(ids));
+    for (auto it = b; it != e; ++it)
+      if (std::ranges::equal(it->second->ids, ids)) {
+        lru_.splice(lru_.begin(), lru_, it->second);
+        return &it->second->states;
+      }
+    return nullptr;
+  }
+  void clear() {
+    lru_.clear();
+    index_.clear();
+    bytes_ = 0;
+  }
+
+ private:
+  struct Entry {
+    std::vector<int32_t> ids;
+    std::vector<float> states;
+  };
+  static uint64_t hash(std::span<const int32_t> ids) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int32_t id : ids) h = (h ^ static_cast<uint32_t>(id)) * 0x100000001b3ull;
+    return h;
+  }
+  void drop_oldest() {
+    const Entry& e = lru_.back();
+    auto [b, en] = index_.equal_range(hash(e.ids));
+    for (auto it = b; it != en; ++it)
+      if (&*it->second == &e) {
+        index_.erase(it);
+        break;
+      }
+    bytes_ -= e.states.size() * sizeof(float) + e.ids.size() * sizeof(int32_t);
+    lru_.pop_back();
+  }
+
+  std::list<Entry> lru_;
+  std::unordered_multimap<uint64_t, std::list<Entry>::iterator> index_;
+  size_t bytes_ = 0;
+};
+
 class HeadDrafterImpl final : public HeadDrafter {
  public:
   HeadDrafterImpl(std::shared_ptr<const DraftHead> head, ThreadPool* pool,
@@ -43,6 +106,7 @@ class HeadDrafterImpl final : public HeadDrafter {
   void set_head(std::shared_ptr<const DraftHead> head) override {
     head_ = std::move(head);
     states_.clear();  // rows of the old head: every sample starts again from its next states
+    prompts_.clear();  // a new head comes with new weights: new target states
     kv_ = head_ ? head_->make_kv_cache() : nullptr;
   }
 
@@ -126,6 +190,7 @@ class HeadDrafterImpl final : public HeadDrafter {
       if (q.max_tokens <= 0 || it == states_.end()) continue;
       SampleState& st = it->second;
       const int64_t newest = static_cast<int64_t>(q.tokens.size()) - 1;  // not yet in the KV
+      share_prompt(q, st);
       const int64_t fixed = st.base + st.rows;
       const int64_t n = static_cast<int64_t>(st.pend.size()) / d;
       if (n == 0 || fixed + n != newest) continue;  // the states do not reach the newest position
@@ -138,6 +203,23 @@ class HeadDrafterImpl final : public HeadDrafter {
     }
     if (active.empty()) return active;
     return take(queries, out, active, feats, next, seqs);
+  }
+
+  // Before a sample's first rows: from position 0 its prompt's states are kept for later samples;
+  // from a later position (the prefix cache held the rest) they are taken from an earlier one.
+  void share_prompt(const DraftQuery& q, SampleState& st) {
+    const int64_t d = head_->policy_config().hidden_size;
+    const int64_t end = q.prompt_len;
+    if (st.rows != 0 || end <= 0 || end >= static_cast<int64_t>(q.tokens.size()) ||
+        st.base >= end || static_cast<int64_t>(st.pend.size()) / d < end - st.base)
+      return;
+    const std::span<const int32_t> ids(q.tokens.data(), static_cast<size_t>(end));
+    if (st.base == 0) {
+      prompts_.put(ids, std::span<const float>(st.pend.data(), static_cast<size_t>(end * d)));
+    } else if (const std::vector<float>* known = prompts_.find(ids)) {
+      st.pend.insert(st.pend.begin(), known->begin(), known->begin() + st.base * d);
+      st.base = 0;
+    }
   }
 
   // One more draft row for each sample still drafting: the head's own g and its last draft.
@@ -188,6 +270,7 @@ class HeadDrafterImpl final : public HeadDrafter {
   HeadDrafterOptions opt_;
   std::unique_ptr<SimpleKvCache> kv_;
   std::unordered_map<uint64_t, SampleState> states_;
+  PromptStates prompts_;
   int32_t next_slot_ = 0;
 };
 

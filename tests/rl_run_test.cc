@@ -379,6 +379,41 @@ TEST(RlRun, DraftHeadTrainsBesideThePolicyWithoutChangingIt) {
   EXPECT_LT(m[2]["draft_loss"].get<double>(), m[0]["draft_loss"].get<double>());
 }
 
+// The draft head is in the checkpoint (its tensors, AdamW moments and step count, the id counts
+// that choose its vocabulary): a run saved and resumed under a two-stage pipeline (whose last stage
+// trains the head) continues the straight single-process run, the head's metrics and its published
+// file included.
+TEST(RlRun, DraftHeadResumesBitForBit) {
+  MILES_REQUIRE_SHARED();
+  const std::string draft =
+      " rollout.speculative_draft_head=true rollout.speculative_draft_lr=0.003";
+  const std::string a = temp_dir("draft_straight"), b = temp_dir("draft_resumed");
+  auto ra = run_here(std::string(kCi) + " --run-dir " + a + " rollout.num_rollouts=4" + draft);
+  ASSERT_EQ(ra.exit_code, 0) << ra.out;
+  const std::string part = std::string(kCi) + " --run-dir " + b + draft +
+                           " checkpoint.save_every=2 parallel.pp=2 rollout.num_rollouts=";
+  auto rb = run_here(part + "2");
+  ASSERT_EQ(rb.exit_code, 0) << rb.out;
+  ASSERT_TRUE(fs::exists(b + "/checkpoints/step_00000002/draft.safetensors"));
+  auto rc = run_here(part + "4 --resume");
+  ASSERT_EQ(rc.exit_code, 0) << rc.out;
+  EXPECT_NE(rc.out.find("draft head resumed after its step 2"), std::string::npos) << rc.out;
+  const auto ma = metrics(a), mb = metrics(b);
+  ASSERT_EQ(ma.size(), 4u);
+  ASSERT_EQ(mb.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(numbers(ma[i]), numbers(mb[i])) << "step " << i + 1;
+    for (const char* k : {"draft_loss", "draft_agree", "draft_accept", "draft_in_vocab"})
+      EXPECT_EQ(ma[i].at(k), mb[i].at(k)) << k << " step " << i + 1;
+  }
+  std::ifstream fa(a + "/weights/draft/4.safetensors", std::ios::binary),
+      fb(b + "/weights/draft/4.safetensors", std::ios::binary);
+  const std::string ha((std::istreambuf_iterator<char>(fa)), {}),
+      hb((std::istreambuf_iterator<char>(fb)), {});
+  EXPECT_FALSE(ha.empty());
+  EXPECT_EQ(ha, hb) << "the resumed run published another head";
+}
+
 // Engines drafting with the co-trained head (rollout.speculative + speculative_draft_head): each
 // weight version's head is published beside it and the engine drafts with the head of the version
 // it adopted; the run equals the plain run number for number, and the engines verified the head's

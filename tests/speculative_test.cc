@@ -289,6 +289,52 @@ TEST(SpeculativeEngine, DraftHeadDrafterGivesThePlainBitsAndIsAcceptedOnceTraine
   EXPECT_GT(spec_t.stats().spec_draft_tokens, 0u);
 }
 
+// The prefix cache shortens a later sample's prefill of a prompt: the head drafter gives it the
+// target's states of the cached positions from an earlier sample of the same prompt, so it drafts
+// exactly what a sample with the whole prefill drafts (without them it reads less context, and its
+// confidences differ).
+TEST(HeadDrafter, ASampleWhosePrefillTheCacheShortenedReadsTheWholePrompt) {
+  auto files = load_model_files(test::data_dir() + "/models/llama");
+  ASSERT_TRUE(files.ok()) << files.message();
+  auto model = load("llama");
+  const ModelConfig& c = model->config();
+  ThreadPool pool(2);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(static_cast<int32_t>((i * 37 + 11) % 500));
+  auto kv = model->make_kv_cache();
+  ForwardOptions fo;
+  fo.return_hidden = true;
+  const SeqSpan seq{0, 0, static_cast<int64_t>(prompt.size())};
+  auto f = model->forward(prompt, {&seq, 1}, *kv, fo, &pool);
+  ASSERT_TRUE(f.ok()) << f.message();
+  std::vector<uint64_t> counts(static_cast<size_t>(c.vocab_size), 1);
+  auto head = DraftHead::create(c, files->weights, top_ids(counts, 128));
+  ASSERT_TRUE(head.ok()) << head.message();
+  const std::shared_ptr<const DraftHead> shared = std::move(head).value();
+  const int64_t d = c.hidden_size, cached = 32;
+  std::vector<int32_t> tokens = prompt;
+  tokens.push_back(7);  // the first sampled token
+  const auto draft = [&](Drafter& dr, uint64_t sample, int64_t first) {
+    dr.hidden(sample, first, std::span<const float>(f->hidden).subspan(first * d));
+    DraftQuery q;
+    q.tokens = tokens;
+    q.prompt_len = static_cast<int64_t>(prompt.size());
+    q.max_tokens = 4;
+    q.sample = sample;
+    return dr.propose_all({&q, 1})[0];
+  };
+  HeadDrafterOptions o;
+  o.min_confidence = 0;
+  auto drafter = make_head_drafter(shared, &pool, o);
+  const Draft whole = draft(*drafter, 1, 0);
+  const Draft shortened = draft(*drafter, 2, cached);
+  ASSERT_EQ(whole.tokens.size(), 4u);
+  EXPECT_EQ(shortened.tokens, whole.tokens);
+  EXPECT_EQ(shortened.confidence, whole.confidence);
+  auto alone = make_head_drafter(shared, &pool, o);  // no earlier sample of the prompt
+  EXPECT_NE(draft(*alone, 2, cached).confidence, whole.confidence);
+}
+
 // RL recycles prompts: the second epoch of the same greedy requests gets the first epoch's
 // responses proposed by the suffix drafter, and accepted (greedy siblings are identical and in
 // lockstep, so within an epoch they have nothing ahead to propose).

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "miles/draft_head.h"
 #include "train_checkpoint_case.h"
 
 namespace miles {
@@ -61,6 +62,66 @@ TEST_P(Resume, IsBitIdenticalToAnUninterruptedRun) {
 INSTANTIATE_TEST_SUITE_P(Models, Resume,
                          ::testing::Values("llama", "qwen3_moe", "llama_tied", "glm4_moe",
                                            "deepseek_v3"));
+
+// The co-trained draft head rides in the checkpoint: a resumed trainer's head continues the
+// straight one's bit for bit; a damaged draft file is refused by name, the trainer untouched; a
+// trainer without a head loads the policy and ignores it.
+std::unique_ptr<Trainer> make_draft_trainer(const Source& s) {
+  TrainerConfig tc = train_config();
+  tc.draft.enabled = true;
+  tc.draft.lr = 3e-3;
+  tc.draft.vocab_size = 64;
+  auto t = Trainer::create(s.config, s.weights, tc, nullptr);
+  EXPECT_TRUE(t.ok()) << t.message();
+  return std::move(*t);
+}
+
+std::vector<std::string> draft_hashes(const Trainer& t) {
+  auto d = t.draft_state();
+  EXPECT_TRUE(d.ok()) << d.message();
+  if (!d.ok()) return {};
+  std::vector<std::string> h = {tensor_sha256(d->params.all()), tensor_sha256(d->exp_avg.all()),
+                                tensor_sha256(d->exp_avg_sq.all()), std::to_string(d->steps)};
+  for (int32_t id : t.draft()->vocab()) h.push_back(std::to_string(id));
+  return h;
+}
+
+TEST(TrainCheckpoint, DraftHeadResumesExactlyAndIsVerified) {
+  TempDir tmp;
+  const Source src = load_source("llama");
+  auto straight = make_draft_trainer(src);
+  train(*straight, 0, 4);
+  auto first = make_draft_trainer(src);
+  train(*first, 0, 2);
+  const std::string dir = tmp.path() + "/" + checkpoint_dir_name(2);
+  ASSERT_TRUE(save_checkpoint(dir, *first, TrainState{}).ok());
+  ASSERT_TRUE(fs::exists(dir + "/draft.safetensors"));
+
+  auto resumed = make_draft_trainer(src);
+  auto loaded = load_checkpoint(dir, *resumed);
+  ASSERT_TRUE(loaded.ok()) << loaded.message();
+  EXPECT_EQ(draft_hashes(*resumed), draft_hashes(*first));
+  train(*resumed, 2, 4);
+  EXPECT_EQ(draft_hashes(*resumed), draft_hashes(*straight));
+  EXPECT_EQ(hashes(*resumed), hashes(*straight));
+
+  auto plain = make_trainer(src);  // no head: the policy loads, the head's file is not read
+  ASSERT_TRUE(load_checkpoint(dir, *plain).ok());
+  EXPECT_EQ(plain->steps_done(), 2);
+
+  std::fstream f(dir + "/draft.safetensors", std::ios::binary | std::ios::in | std::ios::out);
+  f.seekp(-3, std::ios::end);
+  f.put('\x7f');
+  f.close();
+  auto fresh = make_draft_trainer(src);
+  const std::vector<std::string> before = draft_hashes(*fresh);
+  auto bad = load_checkpoint(dir, *fresh);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("draft.safetensors: fails its sha256 check"), std::string::npos)
+      << bad.message();
+  EXPECT_EQ(draft_hashes(*fresh), before);
+  EXPECT_EQ(fresh->steps_done(), 0);
+}
 
 TEST(TrainCheckpoint, IsAnHfDirectoryOurLoaderReadsToTheSameLogits) {
   TempDir tmp;

@@ -74,4 +74,43 @@ Status DraftTrainer::share(Communicator& group, int root) {
   return head_->set_params(params_);
 }
 
+Status DraftTrainer::share_state(Communicator& group, int root) {
+  for (FlatTensors* f : {&params_, &opt_->exp_avg(), &opt_->exp_avg_sq()})
+    MILES_RETURN_IF_ERROR(group.broadcast(f->all().data(), f->all().size() * sizeof(float), root));
+  int64_t steps = opt_->steps();
+  MILES_RETURN_IF_ERROR(group.broadcast(&steps, sizeof steps, root));
+  opt_->set_steps(steps);
+  return head_->set_params(params_);
+}
+
+DraftTrainState DraftTrainer::state() const {
+  return {params_, opt_->exp_avg(), opt_->exp_avg_sq(), opt_->steps(), counts_};
+}
+
+Status DraftTrainer::restore(const DraftTrainState& s, const TensorMap& policy) {
+  const auto same = [&](const FlatTensors& f) {
+    return f.layout_ptr() && f.layout().specs().size() == params_.layout().specs().size() &&
+           f.all().size() == params_.all().size() &&
+           std::ranges::equal(f.layout().specs(), params_.layout().specs(),
+                              [](const ParamSpec& a, const ParamSpec& b) {
+                                return a.name == b.name && a.shape == b.shape;
+                              });
+  };
+  if (!same(s.params) || !same(s.exp_avg) || !same(s.exp_avg_sq))
+    return Status::Error("draft head state: its tensors are not this head's layout");
+  if (s.counts.size() != counts_.size())
+    return Status::Error("draft head state: " + std::to_string(s.counts.size()) +
+                         " id counts for a policy vocabulary of " + std::to_string(counts_.size()));
+  if (s.steps < 0) return Status::Error("draft head state: negative step count");
+  counts_ = s.counts;
+  std::ranges::copy(s.params.all(), params_.all().begin());
+  std::ranges::copy(s.exp_avg.all(), opt_->exp_avg().all().begin());
+  std::ranges::copy(s.exp_avg_sq.all(), opt_->exp_avg_sq().all().begin());
+  opt_->set_steps(s.steps);
+  std::vector<int32_t> vocab = top_ids(counts_, static_cast<int64_t>(head_->vocab().size()));
+  if (vocab != head_->vocab()) MILES_RETURN_IF_ERROR(head_->set_vocab(std::move(vocab)));
+  MILES_RETURN_IF_ERROR(head_->set_params(params_));
+  return head_->set_policy(policy);
+}
+
 }  // namespace miles::trainer_detail

@@ -39,6 +39,11 @@ class DraftTrainer {
   // Pipeline stages: every rank of `group` takes `root`'s head (its trained tensors; the
   // vocabulary is every stage's own, the same).
   Status share(Communicator& group, int root);
+  // The whole training state (trained tensors, moments, step count) of `root` to every rank of
+  // `group`: before a checkpoint under a pipeline, where only the last stage runs AdamW.
+  Status share_state(Communicator& group, int root);
+  DraftTrainState state() const;
+  Status restore(const DraftTrainState& state, const TensorMap& policy);
 
   const std::shared_ptr<const ParamLayout>& layout() const { return params_.layout_ptr(); }
   const DraftHead& head() const { return *head_; }

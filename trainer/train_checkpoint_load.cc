@@ -1,10 +1,12 @@
-// load_checkpoint: verify everything, then restore parameters, AdamW moments and step count.
+// load_checkpoint: verify everything, then restore parameters, AdamW moments and step count (and
+// the draft head's state when the trainer has one).
 //
 // Why: a resumed run must be bit-identical to an uninterrupted one, so a checkpoint that is
 // truncated, corrupted, or from another model or format must be refused with an error naming the
 // file and the tensor or key, and the trainer is only changed once every check has passed.
 #include <algorithm>
 #include <initializer_list>
+#include <optional>
 #include <utility>
 
 #include "miles/hf_names.h"
@@ -109,9 +111,10 @@ Status copy_verified(const TensorMap& file, const std::string& path, const std::
 
 // The file holds exactly `prefixes` × the layout's names.
 Status check_no_extra(const TensorMap& file, const std::string& path,
-                      std::initializer_list<const char*> prefixes, const ParamLayout& layout) {
+                      std::initializer_list<const char*> prefixes, const ParamLayout& layout,
+                      const std::string& also = "") {
   for (const std::string& name : file.names()) {
-    bool known = false;
+    bool known = !also.empty() && name == also;
     for (const std::string p : prefixes)
       known = known || (name.rfind(p, 0) == 0 && layout.find(name.substr(p.size())));
     if (!known) return Status::Error(path + ": unexpected tensor '" + name + "'");
@@ -144,6 +147,53 @@ Result<TrainState> read_train_state(const json& j, const StateReader& r) {
   MILES_ASSIGN_OR_RETURN(const json* extra, r.at(*ts, "extra", "train_state.extra"));
   if (!extra->is_null()) s.extra_json = extra->dump();
   return s;
+}
+
+// The draft head's saved state, when both the checkpoint and the trainer have a head: the file's
+// sha256 as trainer_state.json records it, every tensor of the trainer's head layout (nothing
+// else), the id counts of the policy's vocabulary. Without a head in the trainer the saved one is
+// not read (the caller sees draft_state() fail); without one in the checkpoint the head stays new.
+Result<std::optional<DraftTrainState>> read_draft(const std::string& dir, const json& j,
+                                                  const StateReader& r, const Trainer& trainer) {
+  if (!j.contains("draft") || !trainer.draft()) return std::optional<DraftTrainState>();
+  const json& d = j["draft"];
+  std::string sha;
+  int64_t steps = 0;
+  MILES_RETURN_IF_ERROR(r.get(d, "sha256", "draft.sha256", &sha));
+  MILES_RETURN_IF_ERROR(r.get(d, "steps", "draft.steps", &steps));
+  if (steps < 0) return r.error("draft.steps", "must be >= 0");
+  const std::string path = dir + "/" + ckpt::kDraftFile;
+  MILES_ASSIGN_OR_RETURN(const std::string bytes, ckpt::read_file(path));
+  const std::string got = bytes_sha256(bytes.data(), bytes.size());
+  if (got != sha)
+    return Status::Error(path + ": fails its sha256 check (data " + got + ", " + ckpt::kStateFile +
+                         " records " + sha + ")");
+  MILES_ASSIGN_OR_RETURN(const TensorMap file, read_safetensors(path));
+  MILES_ASSIGN_OR_RETURN(DraftTrainState s, trainer.draft_state());  // the layout to fill
+  s.steps = steps;
+  for (auto [prefix, into] : {std::pair{"", &s.params}, std::pair{ckpt::kExpAvg, &s.exp_avg},
+                              std::pair{ckpt::kExpAvgSq, &s.exp_avg_sq}}) {
+    for (const ParamSpec& spec : into->layout().specs()) {
+      const std::string name = prefix + spec.name;
+      const Tensor* t = file.find(name);
+      if (!t) return Status::Error(path + ": tensor '" + name + "' is missing");
+      if (t->dtype() != DType::kF32 || t->shape() != spec.shape)
+        return Status::Error(path + ": tensor '" + name + "' is " +
+                             std::string(dtype_name(t->dtype())) + " " + t->shape_string() +
+                             ", expected F32 " + shape_str(spec.shape));
+      std::copy_n(t->data<float>(), spec.numel, into->get(spec.name).begin());
+    }
+  }
+  const Tensor* counts = file.find(ckpt::kDraftCounts);
+  const int64_t vocab = trainer.model_config().vocab_size;
+  if (!counts || counts->dtype() != DType::kI64 || counts->shape() != std::vector<int64_t>{vocab})
+    return Status::Error(path + ": tensor '" + ckpt::kDraftCounts + "' must be I64 [" +
+                         std::to_string(vocab) + "] (the policy vocabulary's id counts)");
+  const auto* c = counts->data<int64_t>();
+  s.counts.assign(c, c + vocab);
+  MILES_RETURN_IF_ERROR(check_no_extra(file, path, {"", ckpt::kExpAvg, ckpt::kExpAvgSq},
+                                       *s.params.layout_ptr(), ckpt::kDraftCounts));
+  return std::optional<DraftTrainState>(std::move(s));
 }
 
 }  // namespace
@@ -192,6 +242,8 @@ Result<TrainState> load_checkpoint(const std::string& dir, Trainer& trainer) {
   MILES_RETURN_IF_ERROR(copy_verified(opt_file, opt_path, ckpt::kExpAvgSq, rec.exp_avg_sq_sha, v));
   MILES_RETURN_IF_ERROR(
       check_no_extra(opt_file, opt_path, {ckpt::kExpAvg, ckpt::kExpAvgSq}, *layout));
+  MILES_ASSIGN_OR_RETURN(const std::optional<DraftTrainState> draft,
+                         read_draft(dir, j, r, trainer));
 
   // Every check passed: commit.
   std::ranges::copy(std::as_const(params).all(), trainer.mutable_params().all().begin());
@@ -199,6 +251,7 @@ Result<TrainState> load_checkpoint(const std::string& dir, Trainer& trainer) {
   std::ranges::copy(std::as_const(v).all(), trainer.optimizer().exp_avg_sq().all().begin());
   trainer.optimizer().set_steps(steps);
   MILES_RETURN_IF_ERROR(trainer.reload_model());
+  if (draft) MILES_RETURN_IF_ERROR(trainer.restore_draft(*draft));
   return state;
 }
 

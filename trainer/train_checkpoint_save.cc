@@ -42,8 +42,22 @@ std::vector<std::pair<std::string, Tensor>> views(const FlatTensors& t, const st
   return out;
 }
 
-ordered_json state_json(const Trainer& trainer, const TrainState& state,
-                        const ordered_json& extra) {
+// The draft head's file (trained tensors, moments, id counts); returns its sha256 for
+// trainer_state.json.
+Result<std::string> write_draft(const std::string& path, const DraftTrainState& d) {
+  std::vector<std::pair<std::string, Tensor>> tensors = views(d.params, "");
+  for (auto& v : views(d.exp_avg, ckpt::kExpAvg)) tensors.push_back(std::move(v));
+  for (auto& v : views(d.exp_avg_sq, ckpt::kExpAvgSq)) tensors.push_back(std::move(v));
+  tensors.emplace_back(
+      ckpt::kDraftCounts,
+      Tensor::view(DType::kI64, {static_cast<int64_t>(d.counts.size())}, d.counts.data(), nullptr));
+  MILES_RETURN_IF_ERROR(write_safetensors(path, tensors, {{"format", "pt"}}));
+  MILES_ASSIGN_OR_RETURN(const std::string bytes, ckpt::read_file(path));
+  return bytes_sha256(bytes.data(), bytes.size());
+}
+
+ordered_json state_json(const Trainer& trainer, const TrainState& state, const ordered_json& extra,
+                        const ordered_json& draft) {
   const AdamW& opt = trainer.optimizer();
   const AdamWConfig& oc = opt.config();
   const LrSchedule& lr = trainer.config().lr;
@@ -77,6 +91,7 @@ ordered_json state_json(const Trainer& trainer, const TrainState& state,
                        {"exp_avg_sha256", tensor_sha256(opt.exp_avg().get(s.name))},
                        {"exp_avg_sq_sha256", tensor_sha256(opt.exp_avg_sq().get(s.name))}});
   j["tensors"] = std::move(tensors);
+  if (!draft.is_null()) j["draft"] = draft;
   return j;
 }
 
@@ -104,8 +119,14 @@ Status write_contents(const std::string& tmp, const Trainer& trainer, const Trai
         MILES_RETURN_IF_ERROR(ckpt::copy_file_synced(from, tmp + "/" + name));
     }
   }
+  ordered_json draft = nullptr;
+  if (trainer.draft()) {
+    MILES_ASSIGN_OR_RETURN(const DraftTrainState d, trainer.draft_state());
+    MILES_ASSIGN_OR_RETURN(const std::string sha, write_draft(tmp + "/" + ckpt::kDraftFile, d));
+    draft = {{"file", ckpt::kDraftFile}, {"steps", d.steps}, {"sha256", sha}};
+  }
   return ckpt::write_file_synced(tmp + "/" + ckpt::kStateFile,
-                                 state_json(trainer, state, extra).dump(2) + "\n");
+                                 state_json(trainer, state, extra, draft).dump(2) + "\n");
 }
 
 // Moves the finished `tmp` to `dir` (replacing an old checkpoint when `overwrite`).

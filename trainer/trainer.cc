@@ -43,6 +43,16 @@ Status DraftTrainConfig::validate() const {
 
 const DraftHead* Trainer::draft() const { return draft_ ? &draft_->head() : nullptr; }
 
+Result<DraftTrainState> Trainer::draft_state() const {
+  if (!draft_) return Status::Error("this trainer has no draft head (TrainerConfig::draft)");
+  return draft_->state();
+}
+
+Status Trainer::restore_draft(const DraftTrainState& state) {
+  if (!draft_) return Status::Error("this trainer has no draft head (TrainerConfig::draft)");
+  return draft_->restore(state, params_.as_tensor_map());
+}
+
 Trainer::Trainer() = default;
 Trainer::~Trainer() = default;
 

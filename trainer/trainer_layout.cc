@@ -6,6 +6,7 @@
 #include "miles/comm.h"
 #include "miles/tensor_parallel.h"
 #include "miles/trainer/trainer.h"
+#include "trainer/draft_trainer.h"
 
 namespace miles {
 
@@ -125,6 +126,7 @@ Status Trainer::gather_pipeline_state(Communicator& pp) {
       MILES_RETURN_IF_ERROR(pp.broadcast(v.data(), v.size_bytes(), owner));
     }
   }
+  if (draft_) MILES_RETURN_IF_ERROR(draft_->share_state(pp, pp.size() - 1));  // it ran AdamW
   return reload_model();
 }
 

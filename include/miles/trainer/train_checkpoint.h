@@ -15,6 +15,13 @@
 //                          train_state (TrainState), and per tensor in layout order
 //                          {name, shape, sha256, exp_avg_sha256, exp_avg_sq_sha256}
 //   tokenizer files        copied from SaveOptions::tokenizer_dir when given
+//   draft.safetensors      with a co-trained draft head (TrainerConfig::draft): its trained
+//   tensors,
+//                          "exp_avg." / "exp_avg_sq." moments and "counts" (I64 [policy vocab],
+//                          the id counts that choose its vocabulary); trainer_state.json's "draft"
+//                          records its AdamW steps and the file's sha256. A trainer with a head
+//                          resumes it exactly; one without ignores it; a checkpoint without one
+//                          leaves the trainer's head new.
 // The optimizer hyper-parameters and lr schedule shape are recorded for inspection only: a resumed
 // trainer uses its own TrainerConfig; the schedule position is the restored optimizer step count.
 // It is written as `dir.tmp-<pid>` (every file and the directory fsynced), then renamed to `dir`

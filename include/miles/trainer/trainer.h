@@ -68,6 +68,15 @@ struct DraftTrainConfig {
   Status validate() const;
 };
 
+// The draft head's training state, as a checkpoint holds it: its trained tensors
+// (DraftHead::layout_for), their AdamW moments and step count, and the running id counts that
+// choose its vocabulary (policy vocab entries). The frozen parts are the policy's.
+struct DraftTrainState {
+  FlatTensors params, exp_avg, exp_avg_sq;
+  int64_t steps = 0;
+  std::vector<uint64_t> counts;
+};
+
 struct TrainerConfig {
   AdamWConfig optimizer;
   LrSchedule lr;
@@ -180,6 +189,12 @@ class Trainer {
   // The co-trained draft head (TrainerConfig::draft), its frozen parts the current policy's; null
   // when not enabled.
   const DraftHead* draft() const;
+  // A copy of the draft head's training state (an error without one). Under a pipeline every stage
+  // holds the last stage's after gather_pipeline_state.
+  Result<DraftTrainState> draft_state() const;
+  // Takes a saved state (checkpoint resume, after the policy's weights): the layout and the
+  // vocabulary size must match this trainer's head.
+  Status restore_draft(const DraftTrainState& state);
 
   struct MicroResult;  // one micro-batch's (or a subtree's) gradients, loss and metric sums
 
