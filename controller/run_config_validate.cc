@@ -271,10 +271,10 @@ void check_trainer(const RunConfig& c, Checker& check) {
                "trainer.device: " + std::string(name_of(t.device)) +
                    " with parallel.tp or parallel.pp > 1: a device trainer runs data parallelism "
                    "only for now");
-  if (c.rollout.speculative_draft_head && (t.device != Device::kCpu || c.parallel.tp > 1))
-    check.fail({"rollout.speculative_draft_head", "trainer.device", "parallel.tp"},
-               "rollout.speculative_draft_head: the draft head trains on a CPU trainer with "
-               "parallel.tp = 1 for now (data and pipeline parallelism are supported)");
+  if (c.rollout.speculative_draft_head && t.device != Device::kCpu)
+    check.fail({"rollout.speculative_draft_head", "trainer.device"},
+               "rollout.speculative_draft_head: the draft head trains on a CPU trainer for now "
+               "(data, pipeline and tensor parallelism are supported)");
   check.at_least("trainer.weight_decay", t.weight_decay, 0.0);
   for (auto [key, beta] : {std::pair{"trainer.beta1", t.beta1}, {"trainer.beta2", t.beta2}}) {
     if (!(beta >= 0 && beta < 1)) check.fail(key, "must be in [0, 1), got " + str(beta));

@@ -336,7 +336,9 @@ TEST(RlRun, SpeculativeEnginesGiveThePlainRun) {
 // The co-trained draft head (rollout.speculative_draft_head): the policy's run is the plain run
 // number for number, the draft's loss and estimated acceptance are in metrics.jsonl every step and
 // its loss falls, and a data-parallel (dp = 2) and a pipeline (pp = 2: the last stage trains it,
-// stage 0 publishes it) trainer train the same draft bit for bit.
+// stage 0 publishes it) trainer train the same draft bit for bit; a tensor-parallel one (tp = 2:
+// the logits' vocabulary slices gathered whole) its first step bit for bit and the rest within the
+// policy's tp drift.
 TEST(RlRun, DraftHeadTrainsBesideThePolicyWithoutChangingIt) {
   MILES_REQUIRE_SHARED();
   const std::string common = " rollout.num_rollouts=3";
@@ -351,8 +353,13 @@ TEST(RlRun, DraftHeadTrainsBesideThePolicyWithoutChangingIt) {
   const std::string pp = temp_dir("draft_pp");
   auto r3 = run_here(std::string(kCi) + " --run-dir " + pp + common + draft + " parallel.pp=2");
   ASSERT_EQ(r3.exit_code, 0) << r3.out;
-  const auto m = metrics(dir), mr = metrics(ref), md = metrics(dp), mp = metrics(pp);
+  const std::string tp = temp_dir("draft_tp");
+  auto r4 = run_here(std::string(kCi) + " --run-dir " + tp + common + draft + " parallel.tp=2");
+  ASSERT_EQ(r4.exit_code, 0) << r4.out;
+  const auto m = metrics(dir), mr = metrics(ref), md = metrics(dp), mp = metrics(pp),
+             mt = metrics(tp);
   ASSERT_EQ(mp.size(), 3u);
+  ASSERT_EQ(mt.size(), 3u);
   // The heads published by the last step are the same bytes.
   std::ifstream a(dir + "/weights/draft/3.safetensors", std::ios::binary),
       b(pp + "/weights/draft/3.safetensors", std::ios::binary);
@@ -360,6 +367,12 @@ TEST(RlRun, DraftHeadTrainsBesideThePolicyWithoutChangingIt) {
       hb((std::istreambuf_iterator<char>(b)), {});
   EXPECT_FALSE(ha.empty());
   EXPECT_EQ(ha, hb) << "pp=2 published another head";
+  std::ifstream c(dir + "/weights/draft/1.safetensors", std::ios::binary),
+      d(tp + "/weights/draft/1.safetensors", std::ios::binary);
+  const std::string hc((std::istreambuf_iterator<char>(c)), {}),
+      hd((std::istreambuf_iterator<char>(d)), {});
+  EXPECT_FALSE(hc.empty());
+  EXPECT_EQ(hc, hd) << "tp=2 published another head after its first step";
   ASSERT_EQ(m.size(), 3u);
   ASSERT_EQ(mr.size(), 3u);
   ASSERT_EQ(md.size(), 3u);
@@ -370,6 +383,14 @@ TEST(RlRun, DraftHeadTrainsBesideThePolicyWithoutChangingIt) {
       ASSERT_TRUE(m[i].contains(k)) << k << " " << m[i].dump();
       EXPECT_EQ(m[i][k], md[i][k]) << k << " step " << i + 1 << " (dp=2)";
       EXPECT_EQ(m[i][k], mp[i][k]) << k << " step " << i + 1 << " (pp=2)";
+      // tp = 2: the policy's forward is bitwise, its gradients within 1e-6 (column-parallel input
+      // gradients), so the head's first step is exact and later ones within that drift.
+      const double a = m[i][k].get<double>(), t = mt[i][k].get<double>();
+      if (i == 0)
+        EXPECT_EQ(a, t) << k << " step 1 (tp=2)";
+      else
+        EXPECT_LE(std::fabs(a - t), 1e-5 * std::max(1.0, std::fabs(a)))
+            << k << " step " << i + 1 << " (tp=2)";
     }
     const double accept = m[i]["draft_accept"].get<double>();
     EXPECT_GT(accept, 0.0);

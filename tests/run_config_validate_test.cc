@@ -70,16 +70,17 @@ TEST(RunConfigValidate, EngineDeviceIsNamedAndNotSplitAcrossProcesses) {
   EXPECT_NE(error_with("", {"trainer.device=tpu"}).find("trainer.device"), std::string::npos);
 }
 
-// The co-trained draft head: its own keys' ranges, and the trainer layouts it does not train under
-// yet named with the keys (data parallelism is fine).
+// The co-trained draft head: its own keys' ranges, and the trainers it does not train on yet named
+// with the keys (every CPU layout is fine).
 TEST(RunConfigValidate, DraftHeadKeysAndTheLayoutsItTrainsUnder) {
-  EXPECT_EQ(error_with("", {"rollout.speculative_draft_head=true", "parallel.dp=2"}), "(no error)");
-  EXPECT_EQ(error_with("", {"rollout.speculative_draft_head=true", "parallel.pp=2"}), "(no error)");
-  const std::string tp = error_with("", {"rollout.speculative_draft_head=true", "parallel.tp=2"});
-  EXPECT_NE(tp.find("rollout.speculative_draft_head: the draft head trains on a CPU trainer with "
-                    "parallel.tp = 1"),
+  for (const char* layout : {"parallel.dp=2", "parallel.pp=2", "parallel.tp=2"})
+    EXPECT_EQ(error_with("", {"rollout.speculative_draft_head=true", layout}), "(no error)")
+        << layout;
+  const std::string dev =
+      error_with("", {"rollout.speculative_draft_head=true", "trainer.device=emulated"});
+  EXPECT_NE(dev.find("rollout.speculative_draft_head: the draft head trains on a CPU trainer"),
             std::string::npos)
-      << tp;
+      << dev;
   const std::string lr = error_with("", {"rollout.speculative_draft_lr=0"});
   EXPECT_NE(lr.find("rollout.speculative_draft_lr"), std::string::npos) << lr;
   const std::string vocab = error_with("", {"rollout.speculative_draft_vocab=1"});

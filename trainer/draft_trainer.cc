@@ -39,10 +39,34 @@ Status DraftTrainer::begin_step(std::span<const TrainSample> batch) {
   return Status::Ok();
 }
 
+namespace {
+
+// Every rank's vocabulary slice of each row (rank r: ids [r·v, (r + 1)·v)) into whole rows.
+Result<std::vector<float>> whole_rows(std::span<const float> local, int64_t rows,
+                                      const TensorParallel& tp) {
+  const int n = tp.comm->size();
+  const size_t v = rows > 0 ? local.size() / static_cast<size_t>(rows) : 0;
+  std::vector<float> gathered(local.size() * static_cast<size_t>(n));
+  MILES_RETURN_IF_ERROR(tp.comm->allgather(local.data(), local.size_bytes(), gathered.data()));
+  std::vector<float> out(gathered.size());
+  for (int r = 0; r < n; ++r)
+    for (int64_t t = 0; t < rows; ++t)
+      std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>((r * rows + t) * v), v,
+                  out.begin() + static_cast<std::ptrdiff_t>((t * n + r) * v));
+  return out;
+}
+
+}  // namespace
+
 Status DraftTrainer::micro_batch(const Packed& p, std::span<const TrainSample> batch,
                                  std::span<const float> hidden, std::span<const float> logits,
-                                 FlatTensors& grads, std::map<std::string, double>& sums,
-                                 ThreadPool* pool) {
+                                 const TensorParallel* tp, FlatTensors& grads,
+                                 std::map<std::string, double>& sums, ThreadPool* pool) {
+  std::vector<float> whole;
+  if (tp) {
+    MILES_ASSIGN_OR_RETURN(whole, whole_rows(logits, static_cast<int64_t>(p.tokens.size()), *tp));
+    logits = whole;
+  }
   // The weight of logits row r is the loss mask of the token it predicts.
   std::vector<float> weight(p.tokens.size(), 0.0f);
   for (size_t s = 0; s < p.samples.size(); ++s) {

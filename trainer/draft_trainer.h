@@ -30,9 +30,12 @@ class DraftTrainer {
   Status begin_step(std::span<const TrainSample> batch);
   // One micro-batch after the policy's forward (hidden: its states before the final norm, logits:
   // every row's): the draft's gradients into `grads` (overwritten), its sums added into `sums`.
+  // Under tensor parallelism (`tp`) the logits are this rank's vocabulary slice: the rows are
+  // gathered whole, so every rank of the group trains the same head on the same numbers.
   Status micro_batch(const Packed& p, std::span<const TrainSample> batch,
                      std::span<const float> hidden, std::span<const float> logits,
-                     FlatTensors& grads, std::map<std::string, double>& sums, ThreadPool* pool);
+                     const TensorParallel* tp, FlatTensors& grads,
+                     std::map<std::string, double>& sums, ThreadPool* pool);
   // After the sum over micro-batches and ranks: AdamW on the draft, then the updated policy's
   // frozen parts.
   Status finish_step(const FlatTensors& grads, const TensorMap& policy, ThreadPool* pool);

@@ -72,7 +72,7 @@ Status PipelineRun::forward(int64_t mb) {
     if (t_.draft_) {  // before the loss head writes d logits over the logits
       f->draft = FlatTensors(t_.draft_->layout());
       MILES_RETURN_IF_ERROR(t_.draft_->micro_batch(f->packed, batch_, out.hidden, out.logits,
-                                                   f->draft, f->draft_sums, t_.pool_));
+                                                   t_.tp(), f->draft, f->draft_sums, t_.pool_));
     }
     MILES_ASSIGN_OR_RETURN(
         trainer_detail::HeadResult head,

@@ -151,7 +151,7 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   std::map<std::string, double> draft_sums;
   if (draft_)  // before the loss head writes d logits over the logits
     MILES_RETURN_IF_ERROR(
-        draft_->micro_batch(p, batch, out.hidden, out.logits, r.draft, draft_sums, pool_));
+        draft_->micro_batch(p, batch, out.hidden, out.logits, tp(), r.draft, draft_sums, pool_));
   MILES_ASSIGN_OR_RETURN(
       trainer_detail::HeadResult head,
       trainer_detail::loss_head(p, std::move(out.logits), local_config_.vocab_size,
@@ -365,16 +365,32 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
 // publishes it).
 Status Trainer::finish_draft_step(MicroResult& acc, Communicator* pp) {
   TensorMap policy = params_.as_tensor_map();
-  std::vector<float> embed;
-  if (pp && !config_.tie_word_embeddings) {
-    const std::span<const float> mine = std::as_const(params_).get("model.embed_tokens.weight");
-    embed.assign(mine.begin(), mine.end());
+  const std::vector<int64_t> rows{config_.vocab_size, config_.hidden_size};
+  // The vocabulary rows whole: a tensor-parallel rank holds its slice of each.
+  const auto whole = [&](const char* name, std::vector<float>& into) -> Status {
+    const std::span<const float> mine = std::as_const(params_).get(name);
+    if (!tp()) {
+      into.assign(mine.begin(), mine.end());
+      return Status::Ok();
+    }
+    std::vector<float> gathered(mine.size() * static_cast<size_t>(tp_.comm->size()));
+    MILES_RETURN_IF_ERROR(tp_.comm->allgather(mine.data(), mine.size_bytes(), gathered.data()));
+    into.resize(gathered.size());
+    tensor_parallel::assemble(name, rows, gathered, tp_.comm->size(), into);
+    return Status::Ok();
+  };
+  std::vector<float> embed, head;
+  if (tp() || (pp && !config_.tie_word_embeddings))
+    MILES_RETURN_IF_ERROR(whole("model.embed_tokens.weight", embed));
+  if (tp() && !config_.tie_word_embeddings) MILES_RETURN_IF_ERROR(whole("lm_head.weight", head));
+  if (pp && !config_.tie_word_embeddings)
     MILES_RETURN_IF_ERROR(pp->broadcast(embed.data(), embed.size() * sizeof(float), 0));
-    policy.insert(
-        "model.embed_tokens.weight",
-        Tensor::view(DType::kF32, {config_.vocab_size, config_.hidden_size}, embed.data(), nullptr),
-        "pipeline stage 0");
-  }
+  if (!embed.empty())
+    policy.insert("model.embed_tokens.weight",
+                  Tensor::view(DType::kF32, rows, embed.data(), nullptr), "whole rows");
+  if (!head.empty())
+    policy.insert("lm_head.weight", Tensor::view(DType::kF32, rows, head.data(), nullptr),
+                  "whole rows");
   if (!pp || stage_.last()) MILES_RETURN_IF_ERROR(draft_->finish_step(acc.draft, policy, pool_));
   if (!pp) return Status::Ok();
   return draft_->share(*pp, pp->size() - 1);

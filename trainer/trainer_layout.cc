@@ -52,10 +52,6 @@ Status Trainer::shard_for_tensor_parallel(Communicator& tp) {
   if (tc_.device != Device::kCpu)
     return Status::Error(std::string("a ") + device_name(tc_.device) +
                          " trainer runs without tensor parallelism for now (tp=1)");
-  if (tc_.draft.enabled)
-    return Status::Error(
-        "the co-trained draft head (rollout.speculative_draft_head) trains "
-        "without tensor parallelism for now (tp=1)");
   MILES_ASSIGN_OR_RETURN(ModelConfig local, tensor_parallel::local_config(config_, tp.size()));
   const TensorMap full_view = params_.as_tensor_map();
   auto layout = ParamLayout::for_model(local, &full_view);
@@ -98,6 +94,12 @@ Result<std::unique_ptr<Trainer>> Trainer::gather_tensor_parallel(Communicator& t
       MILES_RETURN_IF_ERROR(tp.allgather(local.data(), local.size_bytes(), all.data()));
       tensor_parallel::assemble(s.name, s.shape, all, n, out[k]->get(s.name));
     }
+  }
+  if (draft_) {  // every rank of the group holds the whole head
+    MILES_ASSIGN_OR_RETURN(
+        full->draft_, trainer_detail::DraftTrainer::create(config_, full->params_.as_tensor_map(),
+                                                           tc_.draft, tc_.optimizer));
+    MILES_RETURN_IF_ERROR(full->draft_->restore(draft_->state(), full->params_.as_tensor_map()));
   }
   MILES_RETURN_IF_ERROR(full->set_pipeline_stage(stage_.stage, stage_.num_stages));
   MILES_RETURN_IF_ERROR(full->reload_model());

@@ -87,7 +87,7 @@ struct TrainerConfig {
   // emulated), with the CPU's bits either way. The loss head, gradient sums, clipping and AdamW
   // stay on the host. A device trainer is one process per rank (data parallelism only).
   Device device = Device::kCpu;
-  DraftTrainConfig draft;  // CPU, no tensor parallelism
+  DraftTrainConfig draft;  // CPU trainers (any dp / pp / tp layout)
   Status validate() const;
 };
 
