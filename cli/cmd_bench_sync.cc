@@ -2,6 +2,9 @@
 // processes on this machine (one sender, `--engines` receivers that verify every checksum), as a
 // fraction of the memcpy bandwidth measured in the same run. The workers are `miles bench
 // sync-worker` processes meeting through a TCP store hosted here.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -11,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "cli/commands.h"
 #include "cli/model_files.h"
@@ -33,6 +37,9 @@ using Clock = std::chrono::steady_clock;
 
 struct SyncOptions {
   std::string model, transports = "broadcast,p2p,disk-delta", out, role, store, transport;
+  // The communicators the group transports run over: gloo (TCP, any hosts) and shm (shared
+  // memory: engines on the sender's host).
+  std::string comms = "gloo,shm", comm = "gloo";
   int64_t synthetic_mb = 0, bucket_mb = 512;
   int engines = 1, repeats = 3, rank = 0;
   // Tensor-parallel ranks per engine: p2p then sends each engine rank its own shard, broadcast
@@ -91,6 +98,52 @@ double memcpy_gbps() {
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }
   return a.size() / best / 1e9;
+}
+
+// A plain TCP stream over loopback: 256 MB from one thread to another through a connected socket
+// pair, best of 3 — the limit a TCP transport (Gloo) has on this host.
+double tcp_stream_gbps() {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::listen(listener, 1) != 0 ||
+      ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (listener >= 0) ::close(listener);
+    return 0;
+  }
+  const size_t total = size_t{256} << 20, piece = size_t{4} << 20;
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const int out = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (::connect(out, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      ::close(out);
+      break;
+    }
+    const int in = ::accept(listener, nullptr, nullptr);
+    std::vector<char> src(piece, 3), dst(piece);
+    const auto t0 = Clock::now();
+    std::thread reader([&] {
+      for (size_t got = 0; got < total;) {
+        const ssize_t n = ::read(in, dst.data(), dst.size());
+        if (n <= 0) return;
+        got += static_cast<size_t>(n);
+      }
+    });
+    for (size_t sent = 0; sent < total;) {
+      const ssize_t n = ::write(out, src.data(), std::min(piece, total - sent));
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    reader.join();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    ::close(in);
+    ::close(out);
+  }
+  ::close(listener);
+  return best < 1e30 ? total / best / 1e9 : 0;
 }
 
 // Disk write bandwidth: 256 MB written and fsynced into `dir`, best of 3.
@@ -218,14 +271,22 @@ Status run_worker(const SyncOptions& o) {
   co.store_address = o.store;
   co.prefix = "bench-sync-" + o.transport;
   co.timeout = std::chrono::milliseconds(600'000);
-  MILES_ASSIGN_OR_RETURN(auto comm, connect_gloo(co));
+  co.prefix += "-" + o.comm;
+  std::unique_ptr<Communicator> comm;
+  if (o.comm == "shm") {
+    MILES_ASSIGN_OR_RETURN(comm, connect_shm(co));
+  } else if (o.comm == "gloo") {
+    MILES_ASSIGN_OR_RETURN(comm, connect_gloo(co));
+  } else {
+    return Status::Error("unknown comm '" + o.comm + "' (gloo, shm)");
+  }
   const TensorSource source = [&](const std::string& n) { return std::as_const(w.values).get(n); };
   const P2pRoles roles{ParallelLayout{}, o.engines, o.engine_tp};
   double best = 1e30;
+  ReceivedWeights got;  // an engine's staging buffers, filled again by each version
   for (int r = 0; r < o.repeats; ++r) {
     MILES_RETURN_IF_ERROR(comm->barrier());
     const auto t0 = Clock::now();
-    ReceivedWeights got;
     if (o.transport == "broadcast") {
       // Tensor-parallel engines: every rank is a member, checks each tensor and keeps its shard.
       BroadcastOptions bo;
@@ -247,6 +308,8 @@ Status run_worker(const SyncOptions& o) {
     } else {
       return Status::Error("unknown transport '" + o.transport + "' (broadcast, p2p, p2p-hop)");
     }
+    // A broadcast receiver hashed every tensor as it arrived and compared it with the sender's
+    // (broadcast_weights); this completes the check of the staged set.
     if (o.rank != 0 && o.transport == "broadcast" && o.engine_tp == 1)
       MILES_RETURN_IF_ERROR(verify_received_weights(got, plan));
     MILES_RETURN_IF_ERROR(comm->barrier());
@@ -260,74 +323,95 @@ Status run_worker(const SyncOptions& o) {
   return Status::Ok();
 }
 
+// One group transport over one communicator: the sender and the receivers as processes.
+int run_group_transport(const SyncOptions& o, const std::string& t, const std::string& comm,
+                        double copy, double tcp) {
+  auto store = TcpStoreServer::start({});
+  if (!store.ok()) return fail("bench sync", store.message());
+  const std::string out = "/tmp/miles-bench-sync-" + std::to_string(getpid()) + ".json";
+  std::vector<std::vector<std::string>> argvs;
+  if (t == "p2p-hop" && o.engine_tp < 2)
+    return fail("bench sync", "p2p-hop needs --engine-tp >= 2");
+  const int procs = 1 + o.engines * o.engine_tp;
+  for (int r = 0; r < procs; ++r) {
+    std::vector<std::string> a{controller::miles_executable(),
+                               "bench",
+                               "sync-worker",
+                               "--rank",
+                               std::to_string(r),
+                               "--engines",
+                               std::to_string(o.engines),
+                               "--store",
+                               (*store)->address(),
+                               "--transport",
+                               t,
+                               "--comm",
+                               comm,
+                               "--repeats",
+                               std::to_string(o.repeats),
+                               "--bucket-mb",
+                               std::to_string(o.bucket_mb),
+                               "--engine-tp",
+                               std::to_string(o.engine_tp),
+                               "--out",
+                               out};
+    if (o.synthetic_mb > 0) {
+      a.insert(a.end(), {"--synthetic-mb", std::to_string(o.synthetic_mb)});
+    } else {
+      a.insert(a.end(), {"--model", o.model});
+    }
+    argvs.push_back(std::move(a));
+  }
+  if (Status s = run_local_workers(procs, argvs); !s.ok()) return fail("bench sync", s.message());
+  std::ifstream in(out);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  std::remove(out.c_str());
+  if (j.is_discarded()) return fail("bench sync", "no result from the sender");
+  const double secs = j["seconds"].get<double>(), bytes = j["bytes"].get<double>();
+  const double gbps = bytes * o.engines / secs / 1e9;  // bytes delivered
+  std::printf("| %s | %s | %s | %.1f | %lld | %d x %d | %.4f | %.2f | %.2f | %.2f |\n", t.c_str(),
+              comm.c_str(),
+              o.synthetic_mb > 0 ? ("synthetic " + std::to_string(o.synthetic_mb) + " MB").c_str()
+                                 : o.model.c_str(),
+              bytes / (1 << 20), static_cast<long long>(j["buckets"].get<int64_t>()), o.engines,
+              o.engine_tp, secs, gbps, gbps / copy, tcp > 0 ? gbps / tcp : 0.0);
+  return 0;
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::string list = text + ",";
+  for (size_t pos = 0, next; (next = list.find(',', pos)) != std::string::npos; pos = next + 1)
+    if (next > pos) out.push_back(list.substr(pos, next - pos));
+  return out;
+}
+
 int run_bench(const SyncOptions& o) {
-  const double copy = memcpy_gbps();
+  const double copy = memcpy_gbps(), tcp = tcp_stream_gbps();
   std::printf("memcpy (1 thread, 256 MB, best of 5): %.2f GB/s\n", copy);
+  std::printf("TCP stream over loopback (one socket, 256 MB, best of 3): %.2f GB/s\n", tcp);
   std::printf(
-      "| transport | weights | MB | buckets | engines x tp ranks | seconds | GB/s | / memcpy |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
-  std::string list = o.transports + ",";
-  for (size_t pos = 0, next; (next = list.find(',', pos)) != std::string::npos; pos = next + 1) {
-    const std::string t = list.substr(pos, next - pos);
-    if (t.empty()) continue;
+      "| transport | comm | weights | MB | buckets | engines x tp ranks | seconds | GB/s | / "
+      "memcpy "
+      "| / TCP stream |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const std::string& comm : split_list(o.comms))
+    if (comm != "gloo" && comm != "shm")
+      return fail("bench sync", "--comm: unknown '" + comm + "' (gloo, shm)");
+  for (const std::string& t : split_list(o.transports)) {
     if (t == "disk-delta") {
       auto w = load_weights(o);
       if (!w.ok()) return fail("bench sync", w.message());
       if (int rc = run_disk_delta(o, *w); rc != 0) return rc;
       continue;
     }
-    auto store = TcpStoreServer::start({});
-    if (!store.ok()) return fail("bench sync", store.message());
-    const std::string out = "/tmp/miles-bench-sync-" + std::to_string(getpid()) + ".json";
-    std::vector<std::vector<std::string>> argvs;
-    if (t == "p2p-hop" && o.engine_tp < 2)
-      return fail("bench sync", "p2p-hop needs --engine-tp >= 2");
-    const int procs = 1 + o.engines * o.engine_tp;
-    for (int r = 0; r < procs; ++r) {
-      std::vector<std::string> a{controller::miles_executable(),
-                                 "bench",
-                                 "sync-worker",
-                                 "--rank",
-                                 std::to_string(r),
-                                 "--engines",
-                                 std::to_string(o.engines),
-                                 "--store",
-                                 (*store)->address(),
-                                 "--transport",
-                                 t,
-                                 "--repeats",
-                                 std::to_string(o.repeats),
-                                 "--bucket-mb",
-                                 std::to_string(o.bucket_mb),
-                                 "--engine-tp",
-                                 std::to_string(o.engine_tp),
-                                 "--out",
-                                 out};
-      if (o.synthetic_mb > 0) {
-        a.insert(a.end(), {"--synthetic-mb", std::to_string(o.synthetic_mb)});
-      } else {
-        a.insert(a.end(), {"--model", o.model});
-      }
-      argvs.push_back(std::move(a));
-    }
-    if (Status s = run_local_workers(procs, argvs); !s.ok()) return fail("bench sync", s.message());
-    std::ifstream in(out);
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-    std::remove(out.c_str());
-    if (j.is_discarded()) return fail("bench sync", "no result from the sender");
-    const double secs = j["seconds"].get<double>(), bytes = j["bytes"].get<double>();
-    const double gbps = bytes * o.engines / secs / 1e9;  // bytes delivered
-    std::printf("| %s | %s | %.1f | %lld | %d x %d | %.4f | %.2f | %.2f |\n", t.c_str(),
-                o.synthetic_mb > 0 ? ("synthetic " + std::to_string(o.synthetic_mb) + " MB").c_str()
-                                   : o.model.c_str(),
-                bytes / (1 << 20), static_cast<long long>(j["buckets"].get<int64_t>()), o.engines,
-                o.engine_tp, secs, gbps, gbps / copy);
+    for (const std::string& comm : split_list(o.comms))
+      if (int rc = run_group_transport(o, t, comm, copy, tcp); rc != 0) return rc;
   }
   std::printf(
       "GB/s counts the bytes delivered to all engines; each receiver verifies every xxh3-128.\n");
   return 0;
 }
-
 void add_common(CLI::App* s, SyncOptions* o) {
   s->add_option("--model", o->model, "HF directory or llama2.c checkpoint");
   s->add_option("--synthetic-mb", o->synthetic_mb,
@@ -348,6 +432,9 @@ void register_bench_sync(CLI::App& bench) {
   add_common(s, o.get());
   s->add_option("--transport", o->transports,
                 "comma-separated: broadcast,p2p,disk-delta (p2p-hop with --engine-tp)");
+  s->add_option("--comm", o->comms,
+                "comma-separated communicators for broadcast / p2p: gloo (TCP), shm (shared "
+                "memory, one host)");
   s->callback([o] {
     if (o->model.empty() && o->synthetic_mb <= 0)
       std::exit(fail("bench sync", "--model or --synthetic-mb"));
@@ -360,6 +447,7 @@ void register_bench_sync(CLI::App& bench) {
   wk->add_option("--rank", w->rank);
   wk->add_option("--store", w->store);
   wk->add_option("--transport", w->transport);
+  wk->add_option("--comm", w->comm);
   wk->add_option("--out", w->out);
   wk->group("");  // hidden
   wk->callback([w] {

@@ -190,6 +190,7 @@ Status EngineClient::join_weight_group(const GroupJoinSpec& j) const {
   in.set_stages(j.stages);
   in.set_trainer_layout(j.trainer_layout);
   in.set_engine_tp(j.engine_tp);
+  if (j.comm != "gloo") in.set_comm(j.comm);
   pb::WeightVersion out;
   return from_grpc(stub->JoinWeightGroup(&ctx, in, &out),
                    "join_weight_group on " + address_.http());

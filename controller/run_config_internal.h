@@ -25,8 +25,8 @@ namespace miles::run_config_internal {
 using FieldPtr =
     std::variant<std::string*, int64_t*, uint64_t*, double*, bool*, std::vector<std::string>*,
                  Device*, Environment*, LrDecay*, TrainerComm*, Advantage*, PolicyLoss*,
-                 KlEstimatorKind*, Reduction*, Correction*, OldLogp*, Transport*, Encoding*,
-                 AsyncMode*, StalePolicy*, SyncPause*, Progress*, RewardKind*>;
+                 KlEstimatorKind*, Reduction*, Correction*, OldLogp*, Transport*, WeightComm*,
+                 Encoding*, AsyncMode*, StalePolicy*, SyncPause*, Progress*, RewardKind*>;
 
 struct Field {
   std::string_view key;

@@ -334,6 +334,21 @@ void check_required(const RunConfig& c, Checker& check) {
 void check_services(const RunConfig& c, Checker& check) {
   check.positive("weight_sync.full_every", c.weight_sync.full_every);
   check.positive("weight_sync.group_timeout_s", c.weight_sync.group_timeout_s);
+  const WeightSyncSection& w = c.weight_sync;
+  if (w.comm != WeightComm::kAuto && w.transport == Transport::kDiskDelta)
+    check.fail({"weight_sync.comm", "weight_sync.transport"},
+               "weight_sync.comm: " + std::string(name_of(w.comm)) +
+                   " is the communicator of the broadcast and p2p transports; "
+                   "weight_sync.transport is disk_delta");
+  const int64_t senders = w.transport == Transport::kP2p
+                              ? c.parallel.dp * c.parallel.pp * c.parallel.tp
+                              : c.parallel.pp;
+  if (w.comm == WeightComm::kShm && w.transport != Transport::kDiskDelta &&
+      (senders > 1 || c.rollout.engine_tp > 1))
+    check.fail({"weight_sync.comm", "parallel.pp", "rollout.engine_tp"},
+               "weight_sync.comm: shm needs one sending trainer rank (" + std::to_string(senders) +
+                   " here) and one-process engines (rollout.engine_tp " +
+                   std::to_string(c.rollout.engine_tp) + ") for now; use gloo or auto");
   const auto& y = c.async;
   check.at_least<int64_t>("async.max_weight_staleness", y.max_weight_staleness, 0);
   if (y.mode == AsyncMode::kOneStepOff && y.max_weight_staleness == 0) {

@@ -51,7 +51,20 @@ Result<std::unique_ptr<WeightGroup>> WeightGroup::create(WeightGroupOptions opti
     return Status::Error("weight group: other trainer ranks send, but no senders were given");
   if (g->p2p_ && !g->options_.senders.local)
     return Status::Error("weight group: p2p needs trainer rank 0's shards");
+  if (g->options_.comm == WeightComm::kShm && (others || g->engine_tp_ > 1))
+    return Status::Error(
+        "weight group: comm shm needs one sending trainer rank and one-process engines");
   return g;
+}
+
+bool WeightGroup::use_shm(const std::vector<std::shared_ptr<EngineClient>>& engines) const {
+  if (options_.comm != WeightComm::kAuto) return options_.comm == WeightComm::kShm;
+  if (stages_ > 1 || trainer_ranks_ > 1 || engine_tp_ > 1) return false;
+  for (const auto& e : engines) {
+    const std::string& h = e->address().host;
+    if (h != "127.0.0.1" && h != "::1" && h != "localhost") return false;
+  }
+  return true;
 }
 
 void WeightGroup::log(const std::string& line) const {
@@ -70,6 +83,7 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
   std::vector<Status> out(engines.size());
   std::vector<size_t> joining;
   for (size_t i = 0; i < engines.size(); ++i) joining.push_back(i);
+  const bool shm = use_shm(engines);
   std::string prefix;
   // An engine that refuses the join (gone, or another plan) is left out and the rest asked again
   // under a new prefix, so that every rank of the group is a member that said yes.
@@ -90,6 +104,7 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
       if (p2p_) join.trainer_layout = options_.trainer.to_string();
       join.engine_tp = engine_tp_;
       join.stages = stages_;
+      join.comm = shm ? "shm" : "gloo";
       Status s;
       for (int st = 0; st < stages_ && s.ok(); ++st) {  // p2p: one group (stages_ is 1)
         join.stage = st;
@@ -123,7 +138,7 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
   }
   o.host = options_.host;
   o.timeout = options_.timeout;
-  auto comm = connect_gloo(o);
+  auto comm = shm ? connect_shm(o) : connect_gloo(o);
   if (!comm.ok()) {
     const Status s = comm.status().with_context("forming weight group " + prefix);
     for (size_t i : joining) out[i] = s;
@@ -141,7 +156,8 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
       (engine_tp_ > 1 ? ", straight to each engine's " + std::to_string(engine_tp_) +
                             " tensor-parallel ranks (each keeps its shard)"
                       : "") +
-      " (" + store_address_ + ", " + fixed2(seconds_since(t0)) + " s)");
+      (shm ? ", over shared memory" : ", over TCP (gloo)") + " (" + store_address_ + ", " +
+      fixed2(seconds_since(t0)) + " s)");
   return out;
 }
 

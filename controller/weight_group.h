@@ -69,6 +69,10 @@ struct WeightGroupOptions {
   // group and each of them receives its own shard (p2p: only its pieces, from the trainer ranks
   // holding them; broadcast: every bucket, keeping its slice).
   int engine_tp = 1;
+  // The group's communicator: shared memory (shm: every engine on this host), TCP (gloo), or
+  // auto: shm when one trainer rank sends, the engines are one process each and every engine's
+  // address is a loopback one, else gloo. Explicit shm needs the first two.
+  WeightComm comm = WeightComm::kAuto;
 };
 
 class WeightGroup {
@@ -96,6 +100,7 @@ class WeightGroup {
   std::vector<Status> form(const std::vector<std::shared_ptr<EngineClient>>& engines);
   void drop();
   void log(const std::string& line) const;
+  bool use_shm(const std::vector<std::shared_ptr<EngineClient>>& engines) const;
 
   WeightGroupOptions options_;
   TransferPlan plan_;

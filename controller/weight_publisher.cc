@@ -107,6 +107,7 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
     go.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.group_timeout_s * 1000));
     go.trainer = layout;
     go.engine_tp = p->engine_tp_;
+    go.comm = cfg.comm;
     MILES_ASSIGN_OR_RETURN(TransferPlan group_plan,
                            weight_group_plan(cfg.transport, trainer.model_config(),
                                              trainer.params().layout(), layout));

@@ -5,9 +5,9 @@
 
 #include <gtest/gtest.h>
 
-#include <filesystem>
-
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "kernels/reduce.h"
@@ -317,6 +317,16 @@ void expect_all_ok(const std::vector<ChildResult>& results) {
   }
 }
 
+// Every rank's partials_of(rank, n), in rank order: an allgather's result.
+std::vector<float> gather_of(int world, size_t n) {
+  std::vector<float> all;
+  for (int r = 0; r < world; ++r) {
+    const auto p = partials_of(r, n);
+    all.insert(all.end(), p.begin(), p.end());
+  }
+  return all;
+}
+
 // Runs every collective on a world of `world` ranks; `host_store` makes rank 0 run the store;
 // `shm`: the shared-memory back-end instead of Gloo.
 void check_collectives(int world, bool host_store, bool shm = false) {
@@ -401,6 +411,27 @@ void check_collectives(int world, bool host_store, bool shm = false) {
           std::vector<float> bb = partials_of(400 + rank, 800'000);
           CHILD_CHECK(c.broadcast(bb, 0));
           out += "big_bcast=" + std::to_string(bb == partials_of(400, 800'000)) + "\n";
+          // Chunked broadcasts back to back from two roots (the shared-memory back-end pipelines
+          // them through every rank's slot), then a collective: every piece is handed over in
+          // order, final when handed over, and the buffers are whole.
+          bool chunks_ok = true;
+          for (int root : {world - 1, 0}) {
+            std::vector<float> x = partials_of(500 + rank, 1'450'000);  // 5.5 MiB
+            const std::vector<float> want = partials_of(500 + root, 1'450'000);
+            size_t next_off = 0;
+            CHILD_CHECK(c.broadcast_chunks(
+                x.data(), x.size() * sizeof(float), root, [&](size_t off, size_t n) {
+                  const char* have = reinterpret_cast<const char*>(x.data()) + off;
+                  const char* expect = reinterpret_cast<const char*>(want.data()) + off;
+                  chunks_ok &= off == next_off && std::memcmp(have, expect, n) == 0;
+                  next_off = off + n;
+                }));
+            chunks_ok &= next_off == x.size() * sizeof(float) && x == want;
+          }
+          std::vector<float> after(33 * world);
+          CHILD_CHECK(c.allgather(partials_of(rank, 33), after));
+          chunks_ok &= after == gather_of(world, 33);
+          out += "chunk_bcast=" + std::to_string(chunks_ok) + "\n";
         }
         CHILD_CHECK(c.barrier());  // rank 0 (maybe the store host) leaves last
         return out;
@@ -452,6 +483,7 @@ void check_collectives(int world, bool host_store, bool shm = false) {
       EXPECT_EQ(f["big_ring"], "1") << "rank " << r;
       EXPECT_EQ(f["big_gather"], "1") << "rank " << r;
       EXPECT_EQ(f["big_bcast"], "1") << "rank " << r;
+      EXPECT_EQ(f["chunk_bcast"], "1") << "rank " << r;
     }
   }
 }

@@ -233,20 +233,28 @@ TEST(RlRun, BroadcastTransportGivesTheDiskDeltaRun) {
   const std::string two = " rollout.num_rollouts=4 rollout.num_engines=2";
   auto rr = run_here(std::string(kCi) + " --run-dir " + ref + two);
   ASSERT_EQ(rr.exit_code, 0) << rr.out;
-  auto r =
-      run_here(std::string(kCi) + " --run-dir " + dir + two + " weight_sync.transport=broadcast");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("weight group wsync-1 formed: 2 engines"), std::string::npos) << r.out;
-  EXPECT_EQ(count(r.out, "formed:"), 1u) << r.out;  // the same engines all run: one group
-  EXPECT_EQ(r.out.find("over disk-delta"), std::string::npos) << r.out;  // no fallback
-  auto m = metrics(dir), mr = metrics(ref);
-  ASSERT_EQ(m.size(), 4u);
+  auto mr = metrics(ref);
   ASSERT_EQ(mr.size(), 4u);
-  for (size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(m[i]["logp_abs_diff_max"], 0.0) << m[i].dump();
-    EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << "step " << i + 1;
-    std::printf("step %zu: time_sync_s broadcast %.3f, disk-delta %.3f\n", i + 1,
-                m[i]["time_sync_s"].get<double>(), mr[i]["time_sync_s"].get<double>());
+  // The engines are on this host: shared memory (weight_sync.comm auto), and over TCP when asked.
+  for (const char* comm : {"auto", "gloo"}) {
+    const std::string d = dir + "_" + comm;
+    auto r = run_here(std::string(kCi) + " --run-dir " + d + two +
+                      " weight_sync.transport=broadcast weight_sync.comm=" + comm);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("weight group wsync-1 formed: 2 engines"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(std::string(comm) == "gloo" ? "over TCP (gloo)" : "over shared memory"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(count(r.out, "formed:"), 1u) << r.out;  // the same engines all run: one group
+    EXPECT_EQ(r.out.find("over disk-delta"), std::string::npos) << r.out;  // no fallback
+    auto m = metrics(d);
+    ASSERT_EQ(m.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(m[i]["logp_abs_diff_max"], 0.0) << m[i].dump();
+      EXPECT_EQ(numbers(m[i]), numbers(mr[i])) << comm << " step " << i + 1;
+      std::printf("step %zu: time_sync_s broadcast (%s) %.3f, disk-delta %.3f\n", i + 1, comm,
+                  m[i]["time_sync_s"].get<double>(), mr[i]["time_sync_s"].get<double>());
+    }
   }
 }
 

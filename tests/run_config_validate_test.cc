@@ -88,6 +88,25 @@ TEST(RunConfigValidate, DraftHeadKeysAndTheLayoutsItTrainsUnder) {
       << vocab;
 }
 
+// weight_sync.comm: the communicator of the group transports, shm only where it applies.
+TEST(RunConfigValidate, WeightSyncCommAppliesToGroupTransports) {
+  EXPECT_EQ(error_with("", {"weight_sync.transport=broadcast", "weight_sync.comm=shm"}),
+            "(no error)");
+  EXPECT_EQ(error_with("", {"weight_sync.transport=p2p", "weight_sync.comm=gloo"}), "(no error)");
+  EXPECT_EQ(error_with("", {"weight_sync.transport=broadcast", "parallel.pp=2"}), "(no error)");
+  const std::string disk = error_with("", {"weight_sync.comm=shm"});
+  EXPECT_NE(disk.find("weight_sync.comm: shm is the communicator of the broadcast and p2p"),
+            std::string::npos)
+      << disk;
+  const std::string pp =
+      error_with("", {"weight_sync.transport=broadcast", "weight_sync.comm=shm", "parallel.pp=2"});
+  EXPECT_NE(pp.find("weight_sync.comm: shm needs one sending trainer rank (2 here)"),
+            std::string::npos)
+      << pp;
+  const std::string bad = error_with("", {"weight_sync.comm=nccl"});
+  EXPECT_NE(bad.find("weight_sync.comm"), std::string::npos) << bad;
+}
+
 TEST(RunConfigValidate, GlobalBatchDividesIntoMicroBatchesPerRank) {
   EXPECT_EQ(error_with("trainer:\n  micro_batch_size: 3\n"),
             "job.yaml:5: trainer.global_batch_size: 64 is not divisible by "

@@ -58,13 +58,13 @@ std::unique_ptr<Engine> engine_on(const ModelConfig& c, const TensorMap& w, Thre
 
 // Rank `rank` of a Gloo world of `world` ranks meeting at `store`.
 Result<std::unique_ptr<Communicator>> join_world(int rank, int world, const std::string& store,
-                                                 int timeout_ms) {
+                                                 int timeout_ms, bool shm = false) {
   CommOptions co;
   co.rank = rank;
   co.world_size = world;
   co.store_address = store;
   co.timeout = std::chrono::milliseconds(timeout_ms);
-  return connect_gloo(co);
+  return shm ? connect_shm(co) : connect_gloo(co);
 }
 
 struct SyncSetup {
@@ -84,10 +84,11 @@ SyncSetup setup(int64_t bucket_bytes) {
 }
 
 // Rank 0: trainer (one SFT step, then sends version 1); ranks 1, 2: engines.
-std::string run_rank(int rank, const std::string& store, int64_t bucket_bytes, int die_at_bucket) {
+std::string run_rank(int rank, const std::string& store, int64_t bucket_bytes, int die_at_bucket,
+                     bool shm = false) {
   SyncSetup s = setup(bucket_bytes);
   ThreadPool pool(1);
-  auto comm = join_world(rank, 3, store, 5000);
+  auto comm = join_world(rank, 3, store, 5000, shm);
   if (!comm.ok()) return "error=" + comm.message();
   if (rank == 0) {
     auto tr = Trainer::create(s.files.config, s.files.weights, TrainerConfig{}, &pool);
@@ -119,12 +120,16 @@ std::string run_rank(int rank, const std::string& store, int64_t bucket_bytes, i
          "\ntokens=" + generate(*e) + "\nversion=" + std::to_string(e->stats().weight_version);
 }
 
-TEST(WeightSync, BroadcastReachesEveryEngineBitForBit) {
+// Over TCP (gloo) and over shared memory (shm: the engines on the trainer's host).
+class BroadcastOver : public ::testing::TestWithParam<bool> {};
+
+TEST_P(BroadcastOver, ReachesEveryEngineBitForBit) {
   StoreProcess store;
   ASSERT_TRUE(store.ok());
   const std::string addr = store.address();
+  const bool shm = GetParam();
   auto results = run_processes(
-      3, [&](int rank) { return run_rank(rank, addr, 40000, -1); }, std::chrono::seconds(60));
+      3, [&](int rank) { return run_rank(rank, addr, 40000, -1, shm); }, std::chrono::seconds(60));
   const auto trainer = results[0].fields();
   ASSERT_EQ(trainer.at("status"), "ok") << results[0].describe();
   for (int r = 1; r <= 2; ++r) {
@@ -194,14 +199,15 @@ TEST(WeightSync, BroadcastTakesKnownChecksumsAndAWrongOneIsCaught) {
       << results[1].describe();
 }
 
-TEST(WeightSync, ASenderKilledMidTransferLeavesEnginesOnTheOldVersion) {
+TEST_P(BroadcastOver, ASenderKilledMidTransferLeavesEnginesOnTheOldVersion) {
   StoreProcess store;
   ASSERT_TRUE(store.ok());
   const std::string addr = store.address();
   SyncSetup s = setup(40000);
   ASSERT_GT(s.plan.buckets.size(), 3u);
+  const bool shm = GetParam();
   auto results = run_processes(
-      3, [&](int rank) { return run_rank(rank, addr, 40000, 2); }, std::chrono::seconds(60));
+      3, [&](int rank) { return run_rank(rank, addr, 40000, 2, shm); }, std::chrono::seconds(60));
   EXPECT_FALSE(results[0].exited && results[0].exit_code == 0);
   for (int r = 1; r <= 2; ++r) {
     const auto f = results[r].fields();
@@ -212,6 +218,9 @@ TEST(WeightSync, ASenderKilledMidTransferLeavesEnginesOnTheOldVersion) {
     EXPECT_EQ(f.at("tokens"), f.at("before")) << "engine " << r << " must still serve version 0";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Comm, BroadcastOver, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "shm" : "gloo"; });
 
 // P2P: trainer ranks in a tp / pp layout send their own shards to two engines. With engine_tp 1
 // each engine assembles the whole version and generates; with engine_tp > 1 every engine rank

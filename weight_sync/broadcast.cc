@@ -1,5 +1,10 @@
-// The broadcast transport: per bucket, a header (version, per-tensor checksums) then the bytes,
-// from the bucket's stage leader to every member of the group (weight_sync.h).
+// The broadcast transport: per bucket, the version, every tensor's bytes, then the per-tensor
+// checksums, from the bucket's stage leader to every member of the group (weight_sync.h).
+#include <xxh_x86dispatch.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "miles/comm.h"
@@ -26,18 +31,62 @@ std::string transfer_plan_digest(const TransferPlan& plan) {
   return xxh3_128_hex(text.data(), text.size());
 }
 
+namespace {
+
+// xxh3-128 of bytes handed over piece by piece, in order.
+class StreamHash {
+ public:
+  StreamHash() : state_(XXH3_createState()) { XXH3_128bits_reset(state_); }
+  ~StreamHash() { XXH3_freeState(state_); }
+  StreamHash(const StreamHash&) = delete;
+  StreamHash& operator=(const StreamHash&) = delete;
+  void update(const void* p, size_t n) { XXH3_128bits_update_dispatch(state_, p, n); }
+  std::string hex() const {
+    const XXH128_hash_t h = XXH3_128bits_digest(state_);
+    char buf[kHex + 1];
+    std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                  static_cast<unsigned long long>(h.low64));
+    return buf;
+  }
+
+ private:
+  XXH3_state_t* state_;
+};
+
+// The sender's side of one bucket: every tensor's source, checked against the plan before anything
+// goes out, so that a bad source fails before the receivers see a byte of the bucket.
+Result<std::vector<std::span<const float>>> bucket_sources(const Bucket& b,
+                                                           const TensorSource& source,
+                                                           const std::string& at) {
+  if (!source) return Status::Error(at + "this rank sends it but has no tensor source");
+  std::vector<std::span<const float>> out;
+  for (const PlannedTensor& t : b.tensors) {
+    std::span<const float> v = source(t.name);
+    if (static_cast<int64_t>(v.size_bytes()) != t.bytes)
+      return Status::Error(at + "the source's " + t.name + " has " +
+                           std::to_string(v.size_bytes()) + " bytes, the plan " +
+                           std::to_string(t.bytes));
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Per bucket: the version; then every tensor, straight from the sender's source into the
+// receiver's tensor (no staging copy on either side), hashed piece by piece as it arrives (and
+// on a sender without the checksum, as it leaves), while the next pieces are on their way; then
+// the sender's checksums, which every receiver compares with its own before it keeps anything.
 Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t version,
                          const TensorSource& source, ReceivedWeights* out,
                          const BroadcastOptions& options) {
   if (out && options.shard_size > 1)
     MILES_RETURN_IF_ERROR(shard_pieces::check_splits(plan, {options.shard_size}));
-  if (out) {
+  if (out) {  // the plan's tensors are overwritten in place (their buffers reused), others left
     out->version = version;
-    out->tensors.clear();
-    out->checksums.clear();
-    out->shapes.clear();
+    out->verified = false;
   }
-  std::vector<char> header, data;
+  std::vector<float> whole;  // a tensor that is not kept whole (a shard's, or no receiver's)
   for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
     const Bucket& b = plan.buckets[bi];
     const int root = options.sender_group_rank(b.sender);
@@ -47,53 +96,67 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
       return Status::Error(at + "sender world rank " + std::to_string(b.sender) +
                            " is not in the group");
     const bool sending = group.rank() == root;
-    header.assign(sizeof(int64_t) + kHex * b.tensors.size(), 0);
-    data.assign(static_cast<size_t>(b.bytes), 0);
+    std::vector<std::span<const float>> sources;
     if (sending) {
-      if (!source) return Status::Error(at + "this rank sends it but has no tensor source");
-      std::memcpy(header.data(), &version, sizeof(version));
-      for (size_t i = 0; i < b.tensors.size(); ++i) {
-        const PlannedTensor& t = b.tensors[i];
-        std::span<const float> v = source(t.name);
-        if (static_cast<int64_t>(v.size_bytes()) != t.bytes)
-          return Status::Error(at + "the source's " + t.name + " has " +
-                               std::to_string(v.size_bytes()) + " bytes, the plan " +
-                               std::to_string(t.bytes));
-        std::memcpy(data.data() + t.offset, v.data(), t.bytes);
-        std::string sum = options.known_xxh3 ? options.known_xxh3(t.name) : "";
-        if (sum.size() != kHex) sum = xxh3_128_hex(v.data(), t.bytes);
-        std::memcpy(header.data() + sizeof(int64_t) + i * kHex, sum.data(), kHex);
-      }
+      MILES_ASSIGN_OR_RETURN(sources, bucket_sources(b, source, at));
     }
-    Status s = group.broadcast(header.data(), header.size(), root);
-    if (s.ok() && !data.empty()) s = group.broadcast(data.data(), data.size(), root);
+    int64_t got_version = version;
+    Status s = group.broadcast(&got_version, sizeof got_version, root);
     if (!s.ok()) return s.with_context(at.substr(0, at.size() - 2));
-    int64_t got_version = 0;
-    std::memcpy(&got_version, header.data(), sizeof(got_version));
     if (got_version != version)
       return Status::Error(at + "the sender sent version " + std::to_string(got_version));
-    if (!out || sending) continue;
-    for (size_t i = 0; i < b.tensors.size(); ++i) {
+    std::vector<std::string> sums(b.tensors.size());
+    for (size_t i = 0; i < b.tensors.size() && s.ok(); ++i) {
       const PlannedTensor& t = b.tensors[i];
-      const std::string sum(header.data() + sizeof(int64_t) + i * kHex, kHex);
-      if (options.shard_size > 1) {  // check the whole tensor now: only the shard is kept
-        const float* full = reinterpret_cast<const float*>(data.data() + t.offset);
-        if (xxh3_128_hex(full, t.bytes) != sum)
-          return Status::Error(at + "checksum mismatch for " + t.name);
+      const size_t count = static_cast<size_t>(t.bytes) / sizeof(float);
+      float* dst = nullptr;
+      if (sending) {
+        sums[i] = options.known_xxh3 ? options.known_xxh3(t.name) : "";
+        dst = const_cast<float*>(sources[i].data());  // the root's buffer is only read
+      } else if (out && options.shard_size == 1) {
+        std::vector<float>& v = out->tensors[t.name];
+        v.resize(count);
+        dst = v.data();
+      } else {
+        whole.resize(count);
+        dst = whole.data();
+      }
+      const bool hash = sums[i].size() != kHex;
+      StreamHash h;
+      const char* bytes = reinterpret_cast<const char*>(dst);
+      s = group.broadcast_chunks(dst, static_cast<size_t>(t.bytes), root,
+                                 [&](size_t off, size_t n) {
+                                   if (hash) h.update(bytes + off, n);
+                                 });
+      if (hash) sums[i] = h.hex();
+      if (s.ok() && out && !sending && options.shard_size > 1) {
+        // A tensor-parallel rank keeps its shard; the whole tensor's checksum is compared below.
         std::vector<float> shard =
-            shard_pieces::shard_of(t, full, options.shard_rank, options.shard_size);
+            shard_pieces::shard_of(t, whole.data(), options.shard_rank, options.shard_size);
         out->checksums[t.name] = xxh3_128_hex(shard.data(), shard.size() * sizeof(float));
         out->shapes[t.name] = shard_pieces::local_shape(t, options.shard_size);
         out->tensors[t.name] = std::move(shard);
-        continue;
       }
-      std::vector<float>& dst = out->tensors[t.name];
-      dst.resize(static_cast<size_t>(t.bytes / sizeof(float)));
-      std::memcpy(dst.data(), data.data() + t.offset, t.bytes);
-      out->shapes[t.name] = t.shape;
-      out->checksums[t.name] = sum;
+    }
+    std::string table(kHex * b.tensors.size(), '0');
+    if (sending)
+      for (size_t i = 0; i < sums.size(); ++i) table.replace(i * kHex, kHex, sums[i]);
+    if (s.ok()) s = group.broadcast(table.data(), table.size(), root);
+    if (!s.ok()) return s.with_context(at.substr(0, at.size() - 2));
+    if (!out || sending) continue;
+    for (size_t i = 0; i < b.tensors.size(); ++i) {
+      const PlannedTensor& t = b.tensors[i];
+      const std::string sent = table.substr(i * kHex, kHex);
+      if (sums[i] != sent)
+        return Status::Error(at + "checksum mismatch for " + t.name + " (got " + sums[i] +
+                             ", the sender's " + sent + ")");
+      if (options.shard_size == 1) {
+        out->shapes[t.name] = t.shape;
+        out->checksums[t.name] = sent;
+      }
     }
   }
+  if (out) out->verified = true;
   return Status::Ok();
 }
 
@@ -116,22 +179,24 @@ Status receive_stage_weights(std::span<Communicator* const> groups, const Transf
   if (static_cast<int>(groups.size()) != stages)
     return Status::Error("the plan has " + std::to_string(stages) + " pipeline stages, " +
                          std::to_string(groups.size()) + " groups were given");
-  out->version = version;
-  out->tensors.clear();
+  // Every stage straight into `out` (its buffers of an earlier version reused); then only the
+  // plan's tensors are left.
   out->checksums.clear();
   out->shapes.clear();
   for (int s = 0; s < stages; ++s) {
-    ReceivedWeights part;
     BroadcastOptions bo;
     bo.sender_group_rank = [](int) { return 0; };
     bo.shard_rank = shard_rank;
     bo.shard_size = shard_size;
-    MILES_RETURN_IF_ERROR(broadcast_weights(*groups[s], stage_plan(plan, s), version, {}, &part, bo)
+    MILES_RETURN_IF_ERROR(broadcast_weights(*groups[s], stage_plan(plan, s), version, {}, out, bo)
                               .with_context("stage " + std::to_string(s)));
-    for (auto& [name, t] : part.tensors) out->tensors[name] = std::move(t);
-    for (auto& [name, shape] : part.shapes) out->shapes[name] = std::move(shape);
-    for (auto& [name, sum] : part.checksums) out->checksums[name] = std::move(sum);
   }
+  const std::vector<std::string> names = plan.tensor_names();
+  std::erase_if(out->tensors, [&](const auto& kv) {
+    return std::find(names.begin(), names.end(), kv.first) == names.end();
+  });
+  out->version = version;
+  out->verified = true;  // every stage's tensors were checked as they arrived
   return Status::Ok();
 }
 

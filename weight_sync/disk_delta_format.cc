@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <unistd.h>
+#include <xxh_x86dispatch.h>
 #include <xxhash.h>
 #include <zstd.h>
 
@@ -218,7 +219,7 @@ Result<std::vector<int64_t>> list_versions(const std::string& dir) {
 // that the format does not need the engine-side weight_set.cc (the fuzz build reads the format
 // without an engine).
 std::string xxh3_128_hex(std::span<const uint8_t> bytes) {
-  const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+  const XXH128_hash_t h = XXH3_128bits_dispatch(bytes.data(), bytes.size());
   char buf[33];
   std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
                 static_cast<unsigned long long>(h.low64));

@@ -31,6 +31,8 @@ Result<CommOptions> comm_options(const GroupJoinSpec& spec) {
                          " of world_size " + std::to_string(spec.world_size) +
                          ": an engine is a rank in 1..world_size − 1 (rank 0 sends)");
   if (!(spec.timeout_s > 0)) return Status::Error("join_weight_group: timeout_s must be > 0");
+  if (spec.comm != "gloo" && spec.comm != "shm")
+    return Status::Error("join_weight_group: comm '" + spec.comm + "' (known: gloo, shm)");
   CommOptions o;
   o.store_address = spec.store;
   o.prefix = spec.prefix;
@@ -103,11 +105,11 @@ void reap_finished(std::vector<JoinThread>& threads) {
   }
 }
 
-// Runs connect_gloo for `g` on a thread of its own.
-JoinThread start_join(std::shared_ptr<WeightGroupJoin> g, CommOptions options) {
+// Runs connect_gloo (or connect_shm) for `g` on a thread of its own.
+JoinThread start_join(std::shared_ptr<WeightGroupJoin> g, CommOptions options, bool shm) {
   auto finished = std::make_shared<std::atomic<bool>>(false);
-  std::thread t([g, finished, options = std::move(options)] {
-    auto comm = connect_gloo(options);
+  std::thread t([g, finished, shm, options = std::move(options)] {
+    auto comm = shm ? connect_shm(options) : connect_gloo(options);
     {
       std::lock_guard<std::mutex> l(g->mu);
       g->status = comm.status();
@@ -178,6 +180,10 @@ WeightReply EngineWeights::join_group(const GroupJoinSpec& spec) {
                                "join_weight_group: the store " + c.message());
   auto kind = join_kind(spec, st_->config, st_->tp_intake ? st_->tp_intake->size() : 1);
   if (!kind.ok()) return invalid(kind.message());
+  if (spec.comm == "shm" && kind->engine_tp > 1)
+    return invalid(
+        "join_weight_group: comm shm takes one-process engines for now; a tensor-parallel "
+        "engine's ranks join over gloo");
   std::lock_guard<std::mutex> lock(st_->group_mu);
   auto plan = st_->plan_for(kind->layout);
   if (!plan.ok()) return invalid(plan.status().with_context("join_weight_group").message());
@@ -210,7 +216,7 @@ WeightReply EngineWeights::join_group(const GroupJoinSpec& spec) {
     }
     groups.direct = ig;
   }
-  st_->threads.push_back(start_join(g, std::move(*o)));
+  st_->threads.push_back(start_join(g, std::move(*o), spec.comm == "shm"));
   return WeightReply::done(st_->engine_version());
 }
 
@@ -234,7 +240,7 @@ WeightReply EngineWeights::update_from_group(int64_t v) {
   if (groups.direct) return receive_shards(*st_, *comms, *plan, *groups.direct, v, groups.joins);
   // Every member must take part in the transfer, even one that will refuse to swap; the stages
   // arrive one after the other, each over its own group.
-  ReceivedWeights got;
+  ReceivedWeights& got = st_->staging;
   Status rs = groups.p2p ? p2p_receive_weights(*comms->front(), *plan, v, *groups.p2p, &got)
                          : receive_stage_weights(*comms, *plan, v, &got);
   if (!rs.ok()) {

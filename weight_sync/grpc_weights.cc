@@ -50,6 +50,7 @@ GroupJoinSpec join_spec(const pb::JoinWeightGroupRequest& in) {
   if (in.stages() != 0) s.stages = in.stages();
   s.trainer_layout = in.trainer_layout();
   if (in.engine_tp() != 0) s.engine_tp = in.engine_tp();
+  if (!in.comm().empty()) s.comm = in.comm();
   return s;
 }
 

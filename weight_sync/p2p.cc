@@ -100,6 +100,7 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
   out->tensors.clear();
   out->shapes.clear();
   out->checksums.clear();
+  out->verified = false;  // the assembled tensors are hashed again by verify_received_weights
   const int nt = roles.trainer.tp(), ne = roles.engine_tp;
   const int offset = world.rank() - roles.trainer.world_size();
   if (offset < 0 || offset >= roles.num_engines * ne)

@@ -63,7 +63,8 @@ Result<GroupJoinSpec> join_spec(const json& body) {
       "join_weight_group needs {\"store\": \"host:port\", \"prefix\": string, \"rank\": integer, "
       "\"world_size\": integer, optional \"timeout_s\": number, \"host\": string, "
       "\"plan_digest\": string, \"stage\": integer, \"stages\": integer, \"transport\": "
-      "\"broadcast\" | \"p2p\", \"trainer_layout\": \"dp=A,pp=B,tp=C\", \"engine_tp\": integer}";
+      "\"broadcast\" | \"p2p\", \"trainer_layout\": \"dp=A,pp=B,tp=C\", \"engine_tp\": integer, "
+      "\"comm\": \"gloo\" | \"shm\"}";
   if (body.is_discarded() || !body.is_object() || !has(body, "store", T::string) ||
       !has(body, "prefix", T::string) || !has(body, "rank", T::number_integer) ||
       !has(body, "world_size", T::number_integer) ||
@@ -71,7 +72,7 @@ Result<GroupJoinSpec> join_spec(const json& body) {
       !optional(body, "plan_digest", T::string) || !optional(body, "stage", T::number_integer) ||
       !optional(body, "stages", T::number_integer) || !optional(body, "transport", T::string) ||
       !optional(body, "trainer_layout", T::string) ||
-      !optional(body, "engine_tp", T::number_integer))
+      !optional(body, "engine_tp", T::number_integer) || !optional(body, "comm", T::string))
     return Status::Error(usage);
   for (const char* key : {"rank", "world_size", "stage", "stages", "engine_tp"})
     if (body.contains(key) && (body[key].get<int64_t>() < -(int64_t{1} << 30) ||
@@ -88,6 +89,7 @@ Result<GroupJoinSpec> join_spec(const json& body) {
   s.stage = body.value("stage", 0);
   s.stages = body.value("stages", 1);
   s.engine_tp = body.value("engine_tp", 1);
+  s.comm = body.value("comm", std::string("gloo"));
   const std::string transport = body.value("transport", std::string("broadcast"));
   if (transport != "broadcast" && transport != "p2p")
     return Status::Error("join_weight_group: transport '" + transport +

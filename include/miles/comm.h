@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -60,6 +61,12 @@ class Communicator {
   virtual Status barrier() = 0;
   // Root's `bytes` bytes at `data` are copied to `data` on every rank.
   virtual Status broadcast(void* data, size_t bytes, int root) = 0;
+  // broadcast, handing each piece over as it is done: on every rank `on_chunk(offset, n)` runs, in
+  // order, once bytes [offset, offset + n) of `data` are final there (root: handed to the
+  // transport; the others: arrived), so that a receiver hashes what came while the rest is on its
+  // way. The default: one broadcast, then one call for the whole buffer.
+  using ChunkFn = std::function<void(size_t offset, size_t n)>;
+  virtual Status broadcast_chunks(void* data, size_t bytes, int root, const ChunkFn& on_chunk);
   // out[r * bytes, (r + 1) * bytes) = rank r's `in`, for every r (out holds size() * bytes bytes;
   // rank order).
   virtual Status allgather(const void* in, size_t bytes, void* out) = 0;

@@ -124,6 +124,12 @@ class DoneSend final : public PendingSend {
 };
 }  // namespace
 
+Status Communicator::broadcast_chunks(void* data, size_t bytes, int root, const ChunkFn& on_chunk) {
+  MILES_RETURN_IF_ERROR(broadcast(data, bytes, root));
+  if (on_chunk && bytes > 0) on_chunk(0, bytes);
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<PendingSend>> Communicator::isend(const void* data, size_t bytes, int dst,
                                                          uint32_t tag) {
   MILES_RETURN_IF_ERROR(send(data, bytes, dst, tag));

@@ -37,6 +37,8 @@ namespace miles {
 namespace {
 
 constexpr uint8_t kSendRecvSlotPrefix = 0x40;  // above gloo's collective prefixes (0x01..0x08)
+constexpr uint8_t kChunkSlotPrefix = 0x41;     // broadcast_chunks' pieces
+constexpr size_t kChunkBytes = size_t{4} << 20;
 
 // gloo's Store interface over a TcpStoreClient; errors become gloo::IoException, which
 // connectFullMesh lets through to our catch.
@@ -129,6 +131,48 @@ class GlooCommunicator final : public Communicator {
       opts.setTag(next_tag());
       opts.setTimeout(shared_->timeout);
       gloo::broadcast(opts);
+    });
+  }
+
+  // Over the pairs, in pieces: the root posts every piece to every other rank at once; a receiver
+  // posts every piece's receive at once and hands each over as it completes, so the transport's
+  // threads fill the next pieces while the caller hashes this one (gloo::broadcast returns only
+  // with the whole buffer).
+  Status broadcast_chunks(void* data, size_t bytes, int root, const ChunkFn& on_chunk) override {
+    if (root < 0 || root >= size()) return bad_rank("broadcast", "root", root);
+    if (size() == 1 || bytes == 0) {
+      if (on_chunk && bytes > 0) on_chunk(0, bytes);
+      return Status::Ok();
+    }
+    char* p = static_cast<char*>(data);
+    const size_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
+    const uint32_t first_tag = tag_;
+    tag_ += static_cast<uint32_t>(chunks);  // every rank takes the same tags
+    const bool sending = rank() == root;
+    return guarded("broadcast from rank " + std::to_string(root), [&] {
+      std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
+      for (size_t i = 0; i < chunks; ++i) {
+        const size_t off = i * kChunkBytes, n = std::min(kChunkBytes, bytes - off);
+        bufs.push_back(ctx_->createUnboundBuffer(p + off, n));
+        const uint64_t slot =
+            gloo::Slot::build(kChunkSlotPrefix, first_tag + static_cast<uint32_t>(i));
+        if (sending) {
+          for (int r = 0; r < size(); ++r)
+            if (r != root) bufs.back()->send(r, slot);
+        } else {
+          bufs.back()->recv(root, slot);
+        }
+      }
+      for (size_t i = 0; i < chunks; ++i) {
+        const size_t off = i * kChunkBytes, n = std::min(kChunkBytes, bytes - off);
+        if (!sending && !bufs[i]->waitRecv(shared_->timeout))
+          throw gloo::IoException("broadcast piece receive aborted");
+        if (on_chunk) on_chunk(off, n);
+      }
+      if (sending)
+        for (auto& b : bufs)
+          for (int r = 1; r < size(); ++r)
+            if (!b->waitSend(shared_->timeout)) throw gloo::IoException("broadcast piece aborted");
     });
   }
 

@@ -123,12 +123,43 @@ class ShmCommunicator final : public Communicator {
   Status barrier() override { return round(nullptr, 0, -1, nullptr); }
 
   Status broadcast(void* data, size_t bytes, int root) override {
+    return broadcast_chunks(data, bytes, root, nullptr);
+  }
+
+  // A pipelined broadcast: chunk i is round r = first + i and goes in slot r mod world (every
+  // rank's slot is free during a broadcast), so the root writes up to `world` chunks ahead of the
+  // slowest reader instead of waiting for every reader after each chunk. Slot s may take round r
+  // once every rank has read the round that last used it: r − world inside this broadcast, and
+  // the round before it (any slot) before. Non-roots publish `written` too, so that a later
+  // collective round sees every rank at r.
+  Status broadcast_chunks(void* data, size_t bytes, int root, const ChunkFn& on_chunk) override {
     if (root < 0 || root >= world_) return error("broadcast", "root " + std::to_string(root));
     char* p = static_cast<char*>(data);
-    for (size_t off = 0; off < bytes || (off == 0 && bytes == 0); off += kSlotBytes) {
-      const size_t n = std::min(kSlotBytes, bytes - off);
-      MILES_RETURN_IF_ERROR(round(p + off, n, root, nullptr));
-      if (bytes == 0) break;
+    const uint64_t first = round_ + 1;
+    const size_t chunks = bytes == 0 ? 1 : (bytes + kSlotBytes - 1) / kSlotBytes;
+    for (size_t i = 0; i < chunks; ++i) {
+      const uint64_t r = first + i;
+      const size_t off = i * kSlotBytes, n = std::min(kSlotBytes, bytes - off);
+      char* s = slot(static_cast<int>(r % static_cast<uint64_t>(world_)));
+      round_ = r;
+      if (rank_ == root) {
+        const uint64_t freed = std::max<uint64_t>(first - 1, r > world_ ? r - world_ : 0);
+        MILES_RETURN_IF_ERROR(wait("broadcast", -1, [&] {
+          for (int k = 0; k < world_; ++k)
+            if (block(k).read.load(std::memory_order_acquire) < freed) return false;
+          return true;
+        }));
+        if (n > 0) std::memcpy(s, p + off, n);
+        block(rank_).written.store(r, std::memory_order_release);
+      } else {
+        MILES_RETURN_IF_ERROR(wait("broadcast", root, [&] {
+          return block(root).written.load(std::memory_order_acquire) >= r;
+        }));
+        if (n > 0) std::memcpy(p + off, s, n);
+        block(rank_).written.store(r, std::memory_order_release);
+      }
+      block(rank_).read.store(r, std::memory_order_release);
+      if (on_chunk && n > 0) on_chunk(off, n);
     }
     return Status::Ok();
   }

@@ -39,6 +39,7 @@ enum class Reduction { kTokenMean, kSampleMean, kConstant };
 enum class Correction { kNone, kTis, kMisToken, kMisSequence };
 enum class OldLogp { kRollout, kRecompute };
 enum class Transport { kDiskDelta, kBroadcast, kP2p };
+enum class WeightComm { kAuto, kGloo, kShm };
 enum class Encoding { kXor, kOverwrite };
 enum class AsyncMode { kSync, kOneStepOff, kAsync };
 enum class StalePolicy { kDrop, kRetry };
@@ -61,6 +62,7 @@ MILES_CONFIG_ENUM(Reduction, "token_mean", "sample_mean", "constant")
 MILES_CONFIG_ENUM(Correction, "none", "tis", "mis_token", "mis_sequence")
 MILES_CONFIG_ENUM(OldLogp, "rollout", "recompute")
 MILES_CONFIG_ENUM(Transport, "disk_delta", "broadcast", "p2p")
+MILES_CONFIG_ENUM(WeightComm, "auto", "gloo", "shm")
 MILES_CONFIG_ENUM(Encoding, "xor", "overwrite")
 MILES_CONFIG_ENUM(AsyncMode, "sync", "one_step_off", "async")
 MILES_CONFIG_ENUM(StalePolicy, "drop", "retry")
@@ -205,6 +207,10 @@ struct WeightSyncSection {
   Encoding encoding = Encoding::kXor;
   bool check_checksums = true;         // compare engine and trainer checksums after every update
   double group_timeout_s = 60;         // broadcast / p2p: forming a group, and each collective
+  // broadcast / p2p: the groups' communicator. shm: shared memory (the engines on the
+  // controller's host, one sending trainer rank, one-process engines); gloo: TCP; auto: shm
+  // where it applies, else gloo.
+  WeightComm comm = WeightComm::kAuto;
 };
 
 struct AsyncSection {

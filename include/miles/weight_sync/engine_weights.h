@@ -58,6 +58,7 @@ struct GroupJoinSpec {
   int stage = 0, stages = 1;
   std::string trainer_layout;  // non-empty: p2p
   int engine_tp = 1;
+  std::string comm = "gloo";  // gloo (TCP) | shm (shared memory: every member on this host)
 };
 
 // What the lifecycle may reach on a caller's word: checkpoints and delta directories inside

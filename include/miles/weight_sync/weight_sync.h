@@ -38,14 +38,18 @@ struct ReceivedWeights {
   std::map<std::string, std::vector<float>> tensors;
   std::map<std::string, std::vector<int64_t>> shapes;
   std::map<std::string, std::string> checksums;  // xxh3-128 hex of the float32 bytes
-  TensorMap view() const;                        // views for Model::from_weights
+  // Every checksum was computed from these bytes as they arrived and matched the sender's
+  // (broadcast_weights): verify_received_weights then checks the set without hashing again.
+  bool verified = false;
+  TensorMap view() const;  // views for Model::from_weights
 };
 
 // The sender's access to the full (gathered) tensors of its stage, by name.
 using TensorSource = std::function<std::span<const float>(const std::string& name)>;
 
-// Broadcast transport: for each bucket, its sender (a trainer stage leader) broadcasts a header
-// (version, bucket index, checksums) and the bucket's bytes to every member of `group` — the stage
+// Broadcast transport: for each bucket, its sender (a trainer stage leader) broadcasts the version,
+// each tensor straight from its source (Communicator::broadcast_chunks: every receiver hashes the
+// pieces as they arrive), then the tensors' checksums, to every member of `group` — the stage
 // leaders and every engine rank, formed through the controller's rendezvous. Every member calls the
 // same function with the same plan; ranks are group ranks (`sender_group_rank` maps a bucket's
 // world sender to its rank in the group).
@@ -58,14 +62,16 @@ struct BroadcastOptions {
   // On a receiver: keep only shard `shard_rank` of `shard_size` of every tensor (tensor_parallel's
   // split: a rank of a tensor-parallel engine), after checking the whole tensor's checksum on
   // arrival; the staged tensors, shapes and checksums are then the shard's. 1: whole tensors
-  // (checked later by verify_received_weights).
+  // (each also checked on arrival).
   int shard_rank = 0, shard_size = 1;
 };
 // Sender and receivers must hold the same plan (bucket bytes, tensors, offsets, senders): its
 // digest (xxh3-128 hex over all of them) lets them compare before they form a group.
 std::string transfer_plan_digest(const TransferPlan& plan);
 // On a sender: source gives its stage's tensors (others are never asked for). On a receiver: source
-// is null and the version is staged into `out`. Every member returns an error if any bucket fails.
+// is null and the version is staged into `out` (the plan's tensors overwritten in place, so an
+// `out` kept from the last version reuses its buffers; other entries are left). Every member
+// returns an error if any bucket fails.
 Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t version,
                          const TensorSource& source, ReceivedWeights* out,
                          const BroadcastOptions& options = {});
@@ -146,8 +152,9 @@ std::unique_ptr<WeightSender> make_disk_delta_sender(const std::string& dir, Tra
                                                      DiskDeltaOptions options = {});
 std::unique_ptr<WeightReceiver> make_disk_delta_receiver(const std::string& dir, TransferPlan plan);
 
-// Verifies every checksum of a staged version and that it holds every tensor of the plan; then
-// pauses nothing itself: call between Engine::begin_weight_update and end (apply_to_engine does).
+// Verifies every checksum of a staged version (hashing the bytes again unless the set was
+// `verified` as it arrived) and that it holds every tensor of the plan; then pauses nothing
+// itself: call between Engine::begin_weight_update and end (apply_to_engine does).
 Status verify_received_weights(const ReceivedWeights& set, const TransferPlan& plan);
 
 // check_weights: compares the checksums an engine holds for its current version with the
