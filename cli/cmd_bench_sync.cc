@@ -3,6 +3,7 @@
 // fraction of the memcpy bandwidth measured in the same run. The workers are `miles bench
 // sync-worker` processes meeting through a TCP store hosted here.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -165,6 +166,35 @@ double disk_write_mbps(const std::string& dir) {
   return buf.size() / best / 1e6;
 }
 
+// Disk read bandwidth: a 256 MB file written, fsynced and dropped from the page cache
+// (POSIX_FADV_DONTNEED), then read back, best of 3; 0 when the cache could not be dropped (the
+// read then came from memory and says nothing of the disk).
+double disk_read_mbps(const std::string& dir) {
+  const std::string path = dir + "/read_bandwidth.bin";
+  std::vector<char> buf(256 << 20, 5);
+  {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) return 0;
+    std::fwrite(buf.data(), 1, buf.size(), f);
+    std::fflush(f);
+    fsync(fileno(f));
+    std::fclose(f);
+  }
+  double best = 1e30;
+  for (int i = 0; i < 3; ++i) {
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) break;
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    const auto t0 = Clock::now();
+    size_t got = 0;
+    for (ssize_t n; (n = ::read(fd, buf.data() + got, buf.size() - got)) > 0;) got += n;
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+    ::close(fd);
+  }
+  std::remove(path.c_str());
+  return best < 1e30 ? buf.size() / best / 1e6 : 0;
+}
+
 WeightSet weight_set_of(const FlatTensors& values) {
   return weight_set_from_tensor_map(values.as_tensor_map());
 }
@@ -176,7 +206,7 @@ int run_disk_delta(const SyncOptions& o, Weights& w) {
   const std::string dir = "/tmp/miles-bench-sync-delta-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  const double disk = disk_write_mbps(dir);
+  const double disk = disk_write_mbps(dir), disk_read = disk_read_mbps(dir);
   DiskDeltaWriter writer(dir + "/versions");
   auto full = writer.publish(1, weight_set_of(w.values));
   if (!full.ok()) return fail("bench sync", full.message());
@@ -216,17 +246,21 @@ int run_disk_delta(const SyncOptions& o, Weights& w) {
   const std::string name =
       o.synthetic_mb > 0 ? "synthetic " + std::to_string(o.synthetic_mb) + " MB" : o.model;
   std::printf("disk write + fsync (256 MB, best of 3): %.0f MB/s\n", disk);
+  std::printf("disk read, page cache dropped (256 MB, best of 3): %.0f MB/s\n", disk_read);
+  // What the reader read: both versions' files (the chain from the full version).
+  const double files_mb = (full->bytes_written + delta->bytes_written) / 1e6;
   std::printf(
       "| disk-delta | %s | full v1: %.1f MB written in %.3f s = %.0f MB/s of weights (%.2f of "
       "disk) "
       "| delta v2 after one %s step: %.1f MB (%.3f of full), %lld of %lld tensors, %.3f s "
-      "| reader load(v2) with checks: %.3f s |\n",
+      "| reader load(v2) with checks: %.3f s, %.0f MB of files = %.0f MB/s (%.2f of disk read) |\n",
       name.c_str(), full->bytes_written / 1e6, full->seconds, full->raw_bytes / full->seconds / 1e6,
       full->raw_bytes / full->seconds / 1e6 / disk,
       o.synthetic_mb > 0 ? "dense synthetic" : "RL (PPO, lr 1e-6)", delta->bytes_written / 1e6,
       static_cast<double>(delta->bytes_written) / full->bytes_written,
       static_cast<long long>(delta->tensors_stored), static_cast<long long>(delta->tensors),
-      delta->seconds, read_s);
+      delta->seconds, read_s, files_mb, files_mb / read_s,
+      disk_read > 0 ? files_mb / read_s / disk_read : 0.0);
   std::filesystem::remove_all(dir);
   return 0;
 }

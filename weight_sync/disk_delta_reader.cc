@@ -11,6 +11,7 @@
 
 #include "miles/weight_sync/disk_delta.h"
 #include "weight_sync/disk_delta_format.h"
+#include "weight_sync/for_each_tensor.h"
 
 namespace miles {
 namespace dd = disk_delta;
@@ -87,6 +88,27 @@ Status check_layout(const WeightSet& set, const dd::Manifest& m, const std::stri
   return Status::Ok();
 }
 
+// One tensor's frame of `data` decoded into `out` (a full or overwrite frame replaces it, a xor
+// frame is applied to it).
+Status apply_tensor(const std::vector<uint8_t>& data, const dd::ManifestTensor& t,
+                    const std::string& where, std::vector<uint8_t>& out) {
+  // The manifest holds every frame inside the data file, whose size read_data checked, and
+  // nbytes to what the frame can decode to; the frame's header must agree before the output is
+  // allocated.
+  const std::span<const uint8_t> frame(data.data() + t.offset, t.compressed_bytes);
+  const std::string at = where + ", " + dd::kDataFile + ", tensor '" + t.name + "'";
+  MILES_RETURN_IF_ERROR(dd::zstd_check_frame_size(frame, t.nbytes).with_context(at));
+  if (t.encoding == dd::TensorEncoding::kXor) {
+    std::vector<uint8_t> decoded(t.nbytes);
+    MILES_RETURN_IF_ERROR(dd::zstd_decompress_exact(frame, decoded).with_context(at));
+    for (size_t k = 0; k < decoded.size(); ++k) out[k] ^= decoded[k];
+  } else {
+    out.resize(t.nbytes);
+    MILES_RETURN_IF_ERROR(dd::zstd_decompress_exact(frame, out).with_context(at));
+  }
+  return Status::Ok();
+}
+
 // Applies one version to `set` (replacing it for a full version), then verifies every checksum.
 Status apply_version(const std::string& dir, const dd::Manifest& m, WeightSet& set) {
   const std::string vdir = version_path(dir, m.version);
@@ -98,34 +120,18 @@ Status apply_version(const std::string& dir, const dd::Manifest& m, WeightSet& s
   } else {
     MILES_RETURN_IF_ERROR(check_layout(set, m, where));
   }
-  std::vector<uint8_t> decoded;
-  for (size_t i = 0; i < m.tensors.size(); ++i) {
+  // Every tensor on its own (for_each_tensor): decode, apply, verify.
+  return weight_sync_detail::for_each_tensor(m.tensors.size(), [&](size_t i) -> Status {
     const dd::ManifestTensor& t = m.tensors[i];
-    if (t.encoding == dd::TensorEncoding::kUnchanged) continue;
-    // The manifest holds every frame inside the data file, whose size read_data checked, and
-    // nbytes to what the frame can decode to; the frame's header must agree before the output is
-    // allocated.
-    const std::span<const uint8_t> frame(data.data() + t.offset, t.compressed_bytes);
-    const std::string at = where + ", " + dd::kDataFile + ", tensor '" + t.name + "'";
-    MILES_RETURN_IF_ERROR(dd::zstd_check_frame_size(frame, t.nbytes).with_context(at));
-    std::vector<uint8_t>& out = set[i].bytes;
-    if (t.encoding == dd::TensorEncoding::kXor) {
-      decoded.resize(t.nbytes);
-      MILES_RETURN_IF_ERROR(dd::zstd_decompress_exact(frame, decoded).with_context(at));
-      for (size_t k = 0; k < decoded.size(); ++k) out[k] ^= decoded[k];
-    } else {
-      out.resize(t.nbytes);
-      MILES_RETURN_IF_ERROR(dd::zstd_decompress_exact(frame, out).with_context(at));
-    }
-  }
-  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    if (t.encoding != dd::TensorEncoding::kUnchanged)
+      MILES_RETURN_IF_ERROR(apply_tensor(data, t, where, set[i].bytes));
     const std::string got = dd::xxh3_128_hex(set[i].bytes);
-    if (got != m.tensors[i].xxh3_128)
-      return Status::Error(where + ": checksum mismatch for tensor '" + m.tensors[i].name +
-                           "' (" + std::string(dd::encoding_name(m.tensors[i].encoding)) +
-                           "): manifest says " + m.tensors[i].xxh3_128 + ", the applied bytes hash to " + got);
-  }
-  return Status::Ok();
+    if (got != t.xxh3_128)
+      return Status::Error(where + ": checksum mismatch for tensor '" + t.name + "' (" +
+                           std::string(dd::encoding_name(t.encoding)) + "): manifest says " +
+                           t.xxh3_128 + ", the applied bytes hash to " + got);
+    return Status::Ok();
+  });
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "miles/weight_sync/disk_delta.h"
 #include "weight_sync/disk_delta_format.h"
+#include "weight_sync/for_each_tensor.h"
 
 namespace miles {
 namespace dd = disk_delta;
@@ -51,25 +52,34 @@ bool same_layout(const WeightSet& a, const WeightSet& b) {
   return true;
 }
 
-// The payload of tensor i and its manifest entry (without offsets); empty payload when unchanged.
-dd::ManifestTensor encode_tensor(const NamedTensor& t, const NamedTensor* base, DeltaEncoding enc,
-                                 const std::string& known_xxh3, std::vector<uint8_t>& payload) {
-  dd::ManifestTensor m{t.name, t.dtype, t.shape, dd::TensorEncoding::kFull, t.bytes.size(), 0, 0,
-                       known_xxh3.empty() ? dd::xxh3_128_hex(t.bytes) : known_xxh3};
-  payload.clear();
+// Tensor i's manifest entry (without its offset) and its compressed frame (none when unchanged).
+struct Encoded {
+  dd::ManifestTensor m;
+  std::vector<uint8_t> frame;
+};
+
+Result<Encoded> encode_tensor(const NamedTensor& t, const NamedTensor* base, DeltaEncoding enc,
+                              const std::string& known_xxh3, int zstd_level) {
+  Encoded e{{t.name, t.dtype, t.shape, dd::TensorEncoding::kFull, t.bytes.size(), 0, 0,
+             known_xxh3.empty() ? dd::xxh3_128_hex(t.bytes) : known_xxh3},
+            {}};
+  std::vector<uint8_t> xored;
+  std::span<const uint8_t> payload = t.bytes;
   if (base == nullptr) {
-    payload = t.bytes;
   } else if (base->bytes == t.bytes) {
-    m.encoding = dd::TensorEncoding::kUnchanged;
+    e.m.encoding = dd::TensorEncoding::kUnchanged;
+    return e;
   } else if (enc == DeltaEncoding::kOverwrite) {
-    m.encoding = dd::TensorEncoding::kOverwrite;
-    payload = t.bytes;
+    e.m.encoding = dd::TensorEncoding::kOverwrite;
   } else {
-    m.encoding = dd::TensorEncoding::kXor;
-    payload.resize(t.bytes.size());
-    for (size_t i = 0; i < payload.size(); ++i) payload[i] = t.bytes[i] ^ base->bytes[i];
+    e.m.encoding = dd::TensorEncoding::kXor;
+    xored.resize(t.bytes.size());
+    for (size_t i = 0; i < xored.size(); ++i) xored[i] = t.bytes[i] ^ base->bytes[i];
+    payload = xored;
   }
-  return m;
+  MILES_ASSIGN_OR_RETURN(e.m.compressed_bytes,
+                         dd::zstd_compress_append(payload, zstd_level, e.frame));
+  return e;
 }
 
 std::string tmp_dir_name(const std::string& dir, int64_t version) {
@@ -138,17 +148,27 @@ Result<PublishStats> DiskDeltaWriter::publish(int64_t version, const WeightSet& 
   manifest.version = version;
   if (!full) manifest.base_version = *last_version_;
 
-  // Phase 3: encode and compress every tensor into one data buffer of frames.
-  std::vector<uint8_t> data, payload;
+  // Phase 3: encode and compress every tensor on its own (for_each_tensor: the machine's cores),
+  // then lay the frames out in tensor order in one data buffer.
+  std::vector<Encoded> encoded(tensors.size());
+  std::vector<std::string> known(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (options_.known_xxh3) known[i] = options_.known_xxh3(tensors[i].name);
+  MILES_RETURN_IF_ERROR(
+      weight_sync_detail::for_each_tensor(tensors.size(), [&](size_t i) -> Status {
+        MILES_ASSIGN_OR_RETURN(
+            encoded[i], encode_tensor(tensors[i], full ? nullptr : &snapshot_[i], options_.encoding,
+                                      known[i], options_.zstd_level));
+        return Status::Ok();
+      }).with_context(ctx));
+  std::vector<uint8_t> data;
   PublishStats stats;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const std::string known = options_.known_xxh3 ? options_.known_xxh3(tensors[i].name) : "";
-    dd::ManifestTensor m = encode_tensor(tensors[i], full ? nullptr : &snapshot_[i],
-                                         options_.encoding, known, payload);
+    dd::ManifestTensor& m = encoded[i].m;
     if (m.encoding != dd::TensorEncoding::kUnchanged) {
       m.offset = data.size();
-      MILES_ASSIGN_OR_RETURN(m.compressed_bytes,
-                             dd::zstd_compress_append(payload, options_.zstd_level, data));
+      data.insert(data.end(), encoded[i].frame.begin(), encoded[i].frame.end());
+      std::vector<uint8_t>().swap(encoded[i].frame);
       ++stats.tensors_stored;
     }
     stats.raw_bytes += static_cast<int64_t>(tensors[i].bytes.size());
