@@ -90,9 +90,8 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
       cfg.encoding == Encoding::kOverwrite ? DeltaEncoding::kOverwrite : DeltaEncoding::kXor;
   WeightPublisher* self = p.get();
   o.known_xxh3 = [self](const std::string& name) -> std::string {
-    if (!self->sending_sums_) return "";
-    auto it = self->sending_sums_->find(name);
-    return it == self->sending_sums_->end() ? "" : it->second;
+    auto it = self->disk_sums_.find(name);
+    return it == self->disk_sums_.end() ? "" : it->second;
   };
   std::error_code ec;
   fs::create_directories(p->cfg_.dir, ec);
@@ -116,9 +115,20 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
   return p;
 }
 
+WeightPublisher::~WeightPublisher() {
+  const Status s = disk_written();
+  if (!s.ok() && log_) log_(s.message());
+}
+
+Status WeightPublisher::disk_written() const {
+  std::lock_guard<std::mutex> lock(disk_mu_);
+  if (disk_.valid()) disk_status_ = disk_.get();
+  return disk_status_;
+}
+
 Status WeightPublisher::publish(int64_t version, const Trainer& trainer) {
   auto sums = checksums_of(trainer, plan_);
-  sending_sums_ = &sums;  // the disk-delta writer's manifest takes these instead of hashing again
+  MILES_RETURN_IF_ERROR(disk_written());  // the last version's disk copy, before this one's
   DiskDeltaReader reader(cfg_.dir);
   auto existing = reader.versions();
   bool adopt = false;
@@ -137,9 +147,21 @@ Status WeightPublisher::publish(int64_t version, const Trainer& trainer) {
   // The co-trained draft head of this version, on disk before any engine can adopt the version.
   if (const DraftHead* draft = trainer.draft())
     MILES_RETURN_IF_ERROR(write_draft_head(cfg_.dir, version, *draft));
-  Status sent = adopt ? Status::Ok() : sender_->send(version, source_of(trainer));
-  sending_sums_ = nullptr;
-  MILES_RETURN_IF_ERROR(sent);
+  disk_sums_ = sums;  // the disk-delta writer's manifest takes these instead of hashing again
+  if (!adopt && group_) {
+    // The engines get this version over the group: its disk copy is written in the background,
+    // from a copy of the weights (the trainer's change in the next step).
+    if (disk_copy_.all().size() != trainer.params().all().size())
+      disk_copy_ = FlatTensors(trainer.params().layout_ptr());
+    std::ranges::copy(trainer.params().all(), disk_copy_.all().begin());
+    disk_ = std::async(std::launch::async, [this, version] {
+      const FlatTensors& copy = disk_copy_;
+      return sender_->send(version, [&copy](const std::string& name) { return copy.get(name); })
+          .with_context("writing weight version " + std::to_string(version) + " to " + cfg_.dir);
+    });
+  } else if (!adopt) {
+    MILES_RETURN_IF_ERROR(sender_->send(version, source_of(trainer)));
+  }
   Checksums sharded = engine_tp_ > 1 && cfg_.check_checksums
                           ? sharded_checksums_of(trainer, plan_, engine_tp_)
                           : Checksums{};
@@ -164,6 +186,7 @@ Status WeightPublisher::bring(EngineClient& engine, const PauseMode* pause) cons
     if (cfg_.check_checksums) expected = checksums_;
     sharded = sharded_;
   }
+  MILES_RETURN_IF_ERROR(disk_written());  // the version this reads from disk
   if (pause) MILES_RETURN_IF_ERROR(engine.pause(*pause));
   MILES_ASSIGN_OR_RETURN(auto held, engine.weight_checksums());
   if (held.version != v) {
@@ -217,8 +240,9 @@ std::vector<Status> WeightPublisher::broadcast(
     EngineClient& e = *members[k];
     Status s = got[k];
     if (!s.ok()) {
-      // The group could not reach it; the same version is on disk.
-      Status d = e.update_weights_from_disk_delta(cfg_.dir, v);
+      // The group could not reach it; the same version is on disk (once its write ends).
+      Status d = disk_written();
+      if (d.ok()) d = e.update_weights_from_disk_delta(cfg_.dir, v);
       if (d.ok() && log_)
         log_("engine " + e.address().http() + ": broadcast failed (" + s.message() +
              "); brought to version " + std::to_string(v) + " over disk-delta");
@@ -239,6 +263,7 @@ std::vector<Status> WeightPublisher::broadcast(
 }
 
 Status WeightPublisher::drop_newer_than(int64_t version) const {
+  MILES_RETURN_IF_ERROR(disk_written());
   DiskDeltaReader reader(cfg_.dir);
   auto versions = reader.versions();
   if (!versions.ok()) return Status::Ok();  // nothing published yet

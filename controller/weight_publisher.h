@@ -9,6 +9,7 @@
 #pragma once
 
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include "controller/engine_client.h"
 #include "controller/weight_group.h"
 #include "miles/controller/run_config.h"
+#include "miles/flat_params.h"
 #include "miles/weight_sync/transfer_plan.h"
 #include "miles/weight_sync/weight_sync.h"
 
@@ -38,8 +40,13 @@ class WeightPublisher {
       std::function<void(const std::string&)> log = nullptr, const ParallelLayout& layout = {},
       StageSenders senders = {}, int engine_tp = 1);
   // Publishes the trainer's current weights as `version` (> every published one); a version that
-  // is already on disk with the same checksums (a resumed run) is adopted instead.
+  // is already on disk with the same checksums (a resumed run) is adopted instead. Over a weight
+  // group the engines get the version from the group, so its disk copy (for engines that start
+  // or fall back later) is written in the background from a copy of the weights: anything that
+  // reads the directory waits for it first (bring, a broadcast's fallback, the next publish,
+  // drop_newer_than, the destructor), and its error surfaces there.
   Status publish(int64_t version, const Trainer& trainer);
+  ~WeightPublisher();
   int64_t current() const;
   // Moves `engine` to the current version (pausing it first with `pause`, when given) and checks
   // its checksums when configured.
@@ -55,6 +62,8 @@ class WeightPublisher {
                                 const Trainer& trainer, const PauseMode* pause);
   // Removes versions newer than `version` (a resumed run's lost future).
   Status drop_newer_than(int64_t version) const;
+  // Waits for the background disk write of the last version (publish); its status.
+  Status disk_written() const;
 
  private:
   WeightSyncSection cfg_;
@@ -69,8 +78,14 @@ class WeightPublisher {
   // such an engine reports them after a direct transfer (sharded_checksum_of); empty otherwise.
   int engine_tp_ = 1;
   std::map<std::string, std::string> sharded_;
-  // During publish(): the checksums just computed, lent to the disk-delta writer (known_xxh3).
-  const std::map<std::string, std::string>* sending_sums_ = nullptr;
+  // The version being written to disk: its checksums (the writer's known_xxh3), a copy of its
+  // weights (kept for the next version: no fresh pages) and the write, in the background over a
+  // weight group.
+  std::map<std::string, std::string> disk_sums_;
+  FlatTensors disk_copy_;
+  mutable std::mutex disk_mu_;
+  mutable std::future<Status> disk_;
+  mutable Status disk_status_ = Status::Ok();
 };
 
 }  // namespace miles::controller

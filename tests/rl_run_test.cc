@@ -247,6 +247,8 @@ TEST(RlRun, BroadcastTransportGivesTheDiskDeltaRun) {
         << r.out;
     EXPECT_EQ(count(r.out, "formed:"), 1u) << r.out;  // the same engines all run: one group
     EXPECT_EQ(r.out.find("over disk-delta"), std::string::npos) << r.out;  // no fallback
+    // The disk copies, written in the background, are all there for late engines.
+    EXPECT_TRUE(fs::is_directory(d + "/weights/weight_v000004")) << comm;
     auto m = metrics(d);
     ASSERT_EQ(m.size(), 4u);
     for (size_t i = 0; i < 4; ++i) {
