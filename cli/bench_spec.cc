@@ -304,6 +304,7 @@ int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model
         eo.num_blocks = (c + 8) * ((1024 + eo.block_tokens - 1) / eo.block_tokens) + 64;
         eo.speculative.enabled = kind > 0;
         eo.speculative.max_draft_tokens = o.max_draft_tokens;
+        eo.speculative.adaptive = o.adaptive;
         Engine e(make_model_runner(model, &pool), eo, tok);
         if (kind == 2) e.set_drafter(make_head_drafter(head, &pool));
         run_epoch(e, task, c, 1, o.temperature);  // warm-up, and the drafter's history

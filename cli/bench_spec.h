@@ -25,6 +25,8 @@ struct SpecBenchOptions {
   // task's prompts (groups of 8, their own seeds), `head_passes` passes over them of one AdamW
   // step per `head_batch` samples.
   bool head = true;
+  // false: every proposal verified (SpeculativeOptions::adaptive off), whatever the timings say.
+  bool adaptive = true;
   int64_t head_epochs = 2;
   int64_t head_passes = 20;
   int64_t head_batch = 16;

@@ -365,6 +365,9 @@ void register_bench_rollout(CLI::App& bench) {
   r->add_flag("!--spec-no-head", o->spec_options.head,
               "--spec: leave out the co-trained draft head's column")
       ->needs(spec);
+  r->add_flag("!--spec-verify-all", o->spec_options.adaptive,
+              "--spec: verify every proposal (no adaptive policy: its choices follow timings)")
+      ->needs(spec);
   r->add_option("--spec-head-epochs", o->spec_options.head_epochs,
                 "--spec: plain epochs of each task's prompts the draft head is fitted on")
       ->capture_default_str()
