@@ -147,6 +147,17 @@ double tcp_stream_gbps() {
   return best < 1e30 ? total / best / 1e9 : 0;
 }
 
+// `buf` written to `path` and fsynced; false when the file cannot be opened.
+bool write_synced(const std::string& path, const std::vector<char>& buf) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return false;
+  std::fwrite(buf.data(), 1, buf.size(), f);
+  std::fflush(f);
+  fsync(fileno(f));
+  std::fclose(f);
+  return true;
+}
+
 // Disk write bandwidth: 256 MB written and fsynced into `dir`, best of 3.
 double disk_write_mbps(const std::string& dir) {
   std::vector<char> buf(256 << 20, 7);
@@ -154,12 +165,7 @@ double disk_write_mbps(const std::string& dir) {
   const std::string path = dir + "/bandwidth.bin";
   for (int i = 0; i < 3; ++i) {
     const auto t0 = Clock::now();
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (!f) return 0;
-    std::fwrite(buf.data(), 1, buf.size(), f);
-    std::fflush(f);
-    fsync(fileno(f));
-    std::fclose(f);
+    if (!write_synced(path, buf)) return 0;
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
   }
   std::remove(path.c_str());
@@ -167,19 +173,12 @@ double disk_write_mbps(const std::string& dir) {
 }
 
 // Disk read bandwidth: a 256 MB file written, fsynced and dropped from the page cache
-// (POSIX_FADV_DONTNEED), then read back, best of 3; 0 when the cache could not be dropped (the
-// read then came from memory and says nothing of the disk).
+// (POSIX_FADV_DONTNEED: a hint; a kernel that keeps the pages makes this the page cache's speed),
+// then read back, best of 3; 0 when the file cannot be written.
 double disk_read_mbps(const std::string& dir) {
   const std::string path = dir + "/read_bandwidth.bin";
   std::vector<char> buf(256 << 20, 5);
-  {
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (!f) return 0;
-    std::fwrite(buf.data(), 1, buf.size(), f);
-    std::fflush(f);
-    fsync(fileno(f));
-    std::fclose(f);
-  }
+  if (!write_synced(path, buf)) return 0;
   double best = 1e30;
   for (int i = 0; i < 3; ++i) {
     const int fd = ::open(path.c_str(), O_RDONLY);
