@@ -104,6 +104,7 @@ Result<EvalResult> Evaluator::run() {
   for (auto& g : got) {
     if (!g->ok()) return g->status().with_context("eval");
     add_group(g->value(), eval_.pass_threshold, r, passed_prompts);
+    r.groups.push_back(std::move(g->value()));
   }
   if (r.min_version == INT64_MAX) r.min_version = 0;
   const double n = std::max<int64_t>(r.samples, 1);

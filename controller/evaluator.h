@@ -12,6 +12,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "controller/engine_pool.h"
 #include "controller/group_runner.h"
@@ -31,6 +32,7 @@ struct EvalResult {
   std::map<std::string, double> parts;  // each reward part's mean
   int64_t errors = 0;                   // samples whose reward failed
   double seconds = 0;
+  std::vector<RolloutGroup> groups;  // every prompt's samples, in file order (eval_samples/)
   // {"eval_reward_mean", "eval_pass_at_1", "eval_pass_at_<k>", "eval_reward_<part>_mean", …}
   nlohmann::json metrics(int64_t k) const;
 };

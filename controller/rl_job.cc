@@ -236,6 +236,8 @@ Result<EvalResult> RlJob::evaluate_once() {
     return Status::Error("checkpoint.dir " + cfg_.checkpoint.dir +
                          " holds no checkpoint to evaluate (checkpoint.resume is set)");
   MILES_ASSIGN_OR_RETURN(EvalResult r, evaluator_->run());
+  MILES_RETURN_IF_ERROR(
+      SampleDump::write_eval(cfg_.logging.run_dir, rollout_step_, r.groups, *res_.tokenizer));
   MILES_RETURN_IF_ERROR(group_->stop());
   return r;
 }

@@ -219,6 +219,9 @@ Result<json> RlJob::evaluate_and_log() {
   line["step"] = rollout_step_;
   line["eval_min_weight_version"] = r.min_version;
   MILES_RETURN_IF_ERROR(eval_log_->write(line));
+  MILES_RETURN_IF_ERROR(
+      SampleDump::write_eval(cfg_.logging.run_dir, rollout_step_, r.groups, *res_.tokenizer));
+  r.groups.clear();                          // evals_ keeps the figures
   if (tensorboard_ && rollout_step_ == 0) {  // later evaluations ride on the step's scalars
     for (auto it = e.begin(); it != e.end(); ++it)
       MILES_RETURN_IF_ERROR(tensorboard_->scalar(0, it.key(), it->get<double>()));

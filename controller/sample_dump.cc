@@ -59,6 +59,15 @@ json sample_line(int64_t step, const RolloutGroup& g, const RolloutSample& s,
   return j;
 }
 
+Status publish(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  MILES_RETURN_IF_ERROR(write_file_synced(tmp, text));
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return Status::Error(path + ": cannot publish the sample dump: " + ec.message());
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<SampleDump> SampleDump::open(const std::string& run_dir, int64_t every, int64_t keep,
@@ -95,12 +104,26 @@ Status SampleDump::write(int64_t step, const std::vector<RolloutGroup>& groups,
       text += '\n';
       ++i;
     }
-  const std::string path = path_of(step), tmp = path + ".tmp";
-  MILES_RETURN_IF_ERROR(write_file_synced(tmp, text));
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return Status::Error(path + ": cannot publish the sample dump: " + ec.message());
+  MILES_RETURN_IF_ERROR(publish(path_of(step), text));
   return prune();
+}
+
+Status SampleDump::write_eval(const std::string& run_dir, int64_t step,
+                              const std::vector<RolloutGroup>& groups, const Tokenizer& tok) {
+  const std::string dir = run_dir + "/eval_samples";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status::Error(dir + ": cannot create the eval samples folder: " + ec.message());
+  std::string text;
+  const RlSampleData none;
+  for (const RolloutGroup& g : groups)
+    for (const RolloutSample& s : g.samples) {
+      json j = sample_line(step, g, s, none, tok);
+      j.erase("advantage");  // not trained on
+      text += j.dump(-1, ' ', false, json::error_handler_t::replace);
+      text += '\n';
+    }
+  return publish(dir + "/" + report::sample_dump_name(step), text);
 }
 
 Status SampleDump::prune() const {

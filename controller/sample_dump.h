@@ -27,6 +27,10 @@ class SampleDump {
   Status write(int64_t step, const std::vector<RolloutGroup>& groups, const TrainBatch& batch,
                const Tokenizer& tok) const;
   std::string path_of(int64_t step) const;
+  // RUN_DIR/eval_samples/step_N.jsonl: an evaluation's samples (prompt, label, response, reward
+  // and its parts, finish reason), published whole; every evaluation keeps its file.
+  static Status write_eval(const std::string& run_dir, int64_t step,
+                           const std::vector<RolloutGroup>& groups, const Tokenizer& tok);
 
  private:
   Status prune() const;

@@ -945,6 +945,19 @@ TEST(RlRun, EvalLoopOnHeldOutPromptsAndMilesEvalReproduceEachOther) {
   EXPECT_EQ(m[1]["eval_reward_mean"], evals[1]["eval_reward_mean"]);
   EXPECT_EQ(m[2]["eval_pass_at_1"], evals[2]["eval_pass_at_1"]);
   EXPECT_NE(r.out.find("evaluations; eval reward"), std::string::npos) << r.out;
+  // Each evaluation's samples: eval_samples/step_N.jsonl, whose rewards make its figures.
+  for (const json& e : evals) {
+    const std::vector<json> s =
+        jsonl(dir + "/eval_samples/step_" + std::to_string(e["step"].get<int>()) + ".jsonl");
+    ASSERT_EQ(s.size(), 8u) << e.dump();
+    double reward = 0;
+    for (const json& x : s) {
+      reward += x["reward"].get<double>() / 8;
+      EXPECT_TRUE(x.contains("response") && x.contains("label") && x.contains("reward_parts"));
+      EXPECT_FALSE(x.contains("advantage"));
+    }
+    EXPECT_NEAR(reward, e["eval_reward_mean"].get<double>(), 1e-12) << e.dump();
+  }
 
   auto same = [](const json& a, const json& b) {
     for (const char* k : {"eval_reward_mean", "eval_pass_at_1", "eval_pass_at_2",
@@ -955,6 +968,8 @@ TEST(RlRun, EvalLoopOnHeldOutPromptsAndMilesEvalReproduceEachOther) {
       test::run_miles_in_source("eval " + std::string(kCi) + eval + " --run-dir " + dir + "/eval0");
   ASSERT_EQ(first.exit_code, 0) << first.out;
   same(json::parse(std::ifstream(dir + "/eval0/eval.json")), evals[0]);
+  EXPECT_EQ(jsonl(dir + "/eval0/eval_samples/step_0.jsonl"),
+            jsonl(dir + "/eval_samples/step_0.jsonl"));
   auto last = test::run_miles_in_source("eval " + std::string(kCi) + eval + " --run-dir " + dir +
                                         "/eval3 --checkpoint " + dir + "/checkpoints");
   ASSERT_EQ(last.exit_code, 0) << last.out;
