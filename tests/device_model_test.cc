@@ -194,7 +194,7 @@ TEST(DeviceForwardStories, EmulatedEqualsTheCpuModel) {
 // backward on the device, and through Model::forward (tape) and Model::backward on the CPU, with
 // the same random d logits: the same logits, every gradient and the tied head's share, bit for bit.
 void expect_training_bits(Device device, const std::string& model_dir, bool tied_share,
-                          bool replay = false) {
+                          bool replay = false, bool some_rows = false) {
   auto files = load_model_files(model_dir);
   ASSERT_TRUE(files.ok()) << files.message();
   const ModelConfig& c = files->config;
@@ -223,11 +223,17 @@ void expect_training_bits(Device device, const std::string& model_dir, bool tied
   o.tape = &tape;
   o.forced_experts = forced;
   o.return_experts = c.num_moe_layers() > 0;
+  // some_rows: the LM head over a policy loss's rows only (ForwardOptions::logit_rows).
+  std::vector<int64_t> rows;
+  if (some_rows)
+    for (int64_t r = 30; r < 93; r += r < 69 ? 1 : 3) rows.push_back(r);
+  o.logit_rows = rows;
   auto a = (*cpu)->forward(tokens, seqs, *cache, o, &pool);
   ASSERT_TRUE(a.ok()) << a.message();
-  auto b = (*dev)->forward_train(tokens, seqs, true, forced);
+  auto b = (*dev)->forward_train(tokens, seqs, true, forced, rows);
   ASSERT_TRUE(b.ok()) << b.message();
   ASSERT_EQ(a->logits.size(), b->logits.size());
+  if (some_rows) ASSERT_EQ(a->logits.size(), rows.size() * c.vocab_size);
   EXPECT_TRUE(same_floats(a->logits, b->logits));
   EXPECT_EQ(a->experts, b->experts);
   if (replay) {
@@ -262,6 +268,13 @@ TEST_P(DeviceTraining, EmulatedGradientsAreTheCpuModelsBits) {
 
 TEST_P(DeviceTraining, EmulatedTiedHeadShareIsTheCpuModelsBits) {
   expect_training_bits(Device::kEmulated, test::data_dir() + "/models/" + GetParam(), true);
+}
+
+// The LM head over some rows (a policy loss's response rows): the same logits of those rows and
+// gradients (the head's summed over those rows only) as the CPU's, bit for bit.
+TEST_P(DeviceTraining, EmulatedHeadOverSomeRowsIsTheCpuModelsBits) {
+  expect_training_bits(Device::kEmulated, test::data_dir() + "/models/" + GetParam(), true, false,
+                       true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, DeviceTraining,

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <utility>
 
 #include "grad_case.h"
@@ -97,6 +98,72 @@ TEST_P(GradParity, TrainingForwardGivesTheInferenceLogits) {
   auto out = c.model->forward(c.tokens, c.seqs, *kv, ForwardOptions{}, nullptr);
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(0, std::memcmp(out->logits.data(), r.logits.data(), r.logits.size() * sizeof(float)));
+}
+
+// A training forward whose LM head runs on some rows only (ForwardOptions::logit_rows: a policy
+// loss's response rows) against the whole forward whose other rows' d logits are zero: the same
+// logits on those rows and every gradient bit for bit, but the head's weight gradient (a tied
+// model's embedding gradient), whose sum runs over those rows only: equal to 1e-6.
+TEST_P(GradParity, HeadOverSomeRowsGivesTheWholeForwardsGradients) {
+  Case c = load_case(GetParam());
+  ThreadPool pool(2);
+  const int64_t t = c.tokens.size(), v = c.config.vocab_size;
+  std::vector<int64_t> rows;  // the second half of each sequence but its last token
+  int64_t first = 0;
+  for (const SeqSpan& q : c.seqs) {
+    for (int64_t j = q.n_tokens / 2; j + 1 < q.n_tokens; ++j) rows.push_back(first + j);
+    first += q.n_tokens;
+  }
+  ASSERT_FALSE(rows.empty());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1e-3f);
+  std::vector<float> some(rows.size() * v), whole(static_cast<size_t>(t * v), 0.0f);
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (int64_t k = 0; k < v; ++k) whole[rows[r] * v + k] = some[r * v + k] = nd(rng);
+  auto grads = [&](std::span<const int64_t> logit_rows, std::span<const float> dlogits,
+                   std::vector<float>& logits) {
+    auto kv = c.model->make_kv_cache();
+    ForwardTape tape;
+    ForwardOptions opt;
+    opt.tape = &tape;
+    opt.logit_rows = logit_rows;
+    auto out = c.model->forward(c.tokens, c.seqs, *kv, opt, &pool);
+    EXPECT_TRUE(out.ok()) << out.message();
+    logits = out->logits;
+    FlatTensors g(ParamLayout::for_model(c.config, &c.weights));
+    Status st = c.model->backward(tape, dlogits, g, &pool);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return g;
+  };
+  std::vector<float> la, lb;
+  const FlatTensors a = grads({}, whole, la), b = grads(rows, some, lb);
+  ASSERT_EQ(lb.size(), some.size());
+  for (size_t r = 0; r < rows.size(); ++r)
+    ASSERT_EQ(0, std::memcmp(la.data() + rows[r] * v, lb.data() + r * v, v * sizeof(float))) << r;
+  const std::string head =
+      c.config.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  for (const ParamSpec& s : a.layout().specs()) {
+    const auto x = a.get(s.name), y = b.get(s.name);
+    if (s.name != head) {
+      EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float))) << s.name;
+      continue;
+    }
+    double num = 0, den = 0;
+    for (size_t k = 0; k < x.size(); ++k) {
+      num += (double(x[k]) - y[k]) * (double(x[k]) - y[k]);
+      den += double(x[k]) * x[k];
+    }
+    ASSERT_GT(den, 0.0);
+    EXPECT_LE(std::sqrt(num / den), 1e-6) << s.name;
+  }
+  // Not ascending, or outside the batch: refused by name.
+  std::vector<int64_t> bad = {rows[1], rows[0]};
+  auto kv = c.model->make_kv_cache();
+  ForwardOptions opt;
+  opt.logit_rows = bad;
+  auto out = c.model->forward(c.tokens, c.seqs, *kv, opt, &pool);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.message().find("logit_rows"), std::string::npos) << out.message();
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GradParity,

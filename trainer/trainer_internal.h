@@ -57,10 +57,12 @@ Result<Trainer::MicroResult> tree_sum(int64_t lo, int64_t hi, const Leaf& leaf, 
 void fold_targets(std::span<Trainer::MicroResult* const> lefts, std::vector<FlatTensors*>& grads,
                   std::vector<std::span<float>>& tied);
 
-// The last stage's loss head: response-row logits → logp / entropy → objective → d logits of
-// every row ([T, vocab], zeros off the response rows). Rows run in parallel on the pool. The
-// logits are consumed: d logits is written over them (each row read whole before it is written),
-// so a step allocates no second [T, vocab] buffer.
+// The last stage's loss head: response-row logits → logp / entropy → objective → d logits of the
+// logits' rows. The logits hold either the response rows only ([rows.size(), vocab], in order:
+// the forward's logit_rows = p.rows, what a trainer asks for) or every token's ([T, vocab]; then
+// d logits is zero off the response rows). Rows run in parallel on the pool. The logits are
+// consumed: d logits is written over them (each row read whole before it is written), so a step
+// allocates no second logits buffer.
 struct HeadResult {
   TokenLoss loss;
   std::vector<float> dlogits;
@@ -69,6 +71,9 @@ struct HeadResult {
 Result<HeadResult> loss_head(const Packed& p, std::vector<float>&& logits, int64_t vocab,
                              bool need_entropy, const TokenObjective& objective,
                              const TensorParallel* tp, ThreadPool* pool);
+// The forward's logit_rows for a micro-batch: its response rows, or none (every row's logits) when
+// a draft head trains on the step (it reads every row's logits).
+std::span<const int64_t> head_rows(const Packed& p, bool draft);
 
 }  // namespace trainer_detail
 

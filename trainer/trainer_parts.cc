@@ -145,22 +145,32 @@ Result<HeadResult> loss_head(const Packed& p, std::vector<float>&& logits, int64
                              bool need_entropy, const TokenObjective& objective,
                              const TensorParallel* tp, ThreadPool* pool) {
   const int64_t n = p.rows.size();
+  const int64_t rows = static_cast<int64_t>(logits.size()) / v;
+  if (rows != n && rows != static_cast<int64_t>(p.tokens.size()))
+    return Status::Error("loss head: " + std::to_string(rows) + " logits rows for " +
+                         std::to_string(n) + " response rows of " +
+                         std::to_string(p.tokens.size()) + " tokens");
+  // Where response row i's logits are: row i of the response rows' logits, else its token's row
+  // (the same when every row is a response row).
+  const bool compact = rows == n;
+  auto at = [&](int64_t i) { return compact ? i : p.rows[i]; };
   std::vector<float> sel;  // the response rows' logits, gathered for the vocabulary-parallel path
-  if (tp) {
+  if (tp && !compact) {
     sel.resize(static_cast<size_t>(n * v));
     for (int64_t i = 0; i < n; ++i)
       std::copy_n(logits.data() + p.rows[i] * v, v, sel.data() + i * v);
   }
+  const float* response_logits = tp && !compact ? sel.data() : logits.data();
   std::vector<float> logp(n), entropy(need_entropy ? n : 0);
   // Each row's log-softmax normaliser, kept from the forward for the backward.
   std::vector<kernels::LogSoftmaxStats> stats(tp ? 0 : n);
   if (tp) {
-    MILES_RETURN_IF_ERROR(token_logprobs_vocab_parallel(sel.data(), n, v, tp->vocab_begin,
+    MILES_RETURN_IF_ERROR(token_logprobs_vocab_parallel(response_logits, n, v, tp->vocab_begin,
                                                         p.targets.data(), *tp->comm, logp.data(),
                                                         need_entropy ? entropy.data() : nullptr));
   } else {
     for_row_runs(p, pool, [&](int64_t i, int64_t count) {
-      token_logprobs(logits.data() + p.rows[i] * v, count, v, p.targets.data() + i, logp.data() + i,
+      token_logprobs(logits.data() + at(i) * v, count, v, p.targets.data() + i, logp.data() + i,
                      need_entropy ? entropy.data() + i : nullptr, stats.data() + i);
     });
   }
@@ -176,19 +186,19 @@ Result<HeadResult> loss_head(const Packed& p, std::vector<float>&& logits, int64
   float* d = h.dlogits.data();
   if (tp) {
     std::vector<float> dsel(static_cast<size_t>(n * v));
-    MILES_RETURN_IF_ERROR(
-        token_logprobs_backward_vocab_parallel(sel.data(), n, v, tp->vocab_begin, p.targets.data(),
-                                               *tp->comm, h.loss.dlogp.data(), dent, dsel.data()));
-    for (int64_t i = 0; i < n; ++i) std::copy_n(dsel.data() + i * v, v, d + p.rows[i] * v);
+    MILES_RETURN_IF_ERROR(token_logprobs_backward_vocab_parallel(
+        compact ? d : sel.data(), n, v, tp->vocab_begin, p.targets.data(), *tp->comm,
+        h.loss.dlogp.data(), dent, dsel.data()));
+    for (int64_t i = 0; i < n; ++i) std::copy_n(dsel.data() + i * v, v, d + at(i) * v);
   } else {  // in place: each response row's kernel reads its logits whole, then writes d logits
     for_row_runs(p, pool, [&](int64_t i, int64_t count) {
-      token_logprobs_backward(d + p.rows[i] * v, count, v, p.targets.data() + i,
-                              h.loss.dlogp.data() + i, dent ? dent + i : nullptr, d + p.rows[i] * v,
+      token_logprobs_backward(d + at(i) * v, count, v, p.targets.data() + i,
+                              h.loss.dlogp.data() + i, dent ? dent + i : nullptr, d + at(i) * v,
                               stats.data() + i);
     });
   }
+  if (compact) return h;
   // Rows that are not response rows (prompts, the rows between samples) get zeros.
-  const int64_t rows = static_cast<int64_t>(h.dlogits.size()) / v;
   std::vector<bool> response(static_cast<size_t>(rows), false);
   for (const int64_t r : p.rows) response[r] = true;
   parallel_ranges(pool, rows, v, [&](int64_t r0, int64_t r1) {
@@ -196,6 +206,11 @@ Result<HeadResult> loss_head(const Packed& p, std::vector<float>&& logits, int64
       if (!response[r]) std::fill(d + r * v, d + (r + 1) * v, 0.0f);
   });
   return h;
+}
+
+std::span<const int64_t> head_rows(const Packed& p, bool draft) {
+  if (draft) return {};
+  return p.rows;
 }
 
 }  // namespace trainer_detail

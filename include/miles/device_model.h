@@ -45,7 +45,8 @@ struct DeviceBatch {
   // MoE models: the routed experts of every token and MoE layer into ForwardOutput::experts and
   // expert_weights ([T, moe_layers, top_k]; R3 capture).
   bool return_experts = false;
-  std::span<const int64_t> last_rows;  // as ForwardOptions::last_rows
+  std::span<const int64_t> last_rows;   // as ForwardOptions::last_rows
+  std::span<const int64_t> logit_rows;  // as ForwardOptions::logit_rows
 };
 
 struct DeviceKvGeometry {
@@ -71,13 +72,16 @@ class DeviceModel {
   virtual Status reload_weights(const TensorMap& weights) = 0;
 
   // Training (the trainer's micro-step on the device): whole sequences from position 0, every
-  // token's logits ([T, vocab], Model::forward's bits; a MoE model's routed experts too); with
-  // keep_tape the activations stay on the device for backward(), until the next forward_train.
-  // forced_experts: routing replay (R3), [T, moe_layers, top_k] ids as ForwardOptions'.
+  // token's logits ([T, vocab], Model::forward's bits; a MoE model's routed experts too), or those
+  // of logit_rows only (as ForwardOptions::logit_rows); with keep_tape the activations stay on the
+  // device for backward(), until the next forward_train. forced_experts: routing replay (R3),
+  // [T, moe_layers, top_k] ids as ForwardOptions'.
   virtual Result<ForwardOutput> forward_train(std::span<const int32_t> tokens,
                                               std::span<const SeqSpan> seqs, bool keep_tape,
-                                              std::span<const int32_t> forced_experts = {}) = 0;
-  // Model::backward's gradients (its bits) from d loss / d logits of the kept tape: every tensor
+                                              std::span<const int32_t> forced_experts = {},
+                                              std::span<const int64_t> logit_rows = {}) = 0;
+  // Model::backward's gradients (its bits) from d loss / d logits (of the rows forward_train
+  // computed) of the kept tape: every tensor
   // of `grads` (ParamLayout::for_model's layout) overwritten; a tied model's head share goes to
   // tied_head_grad when given (vocab × hidden), else into the embedding's gradient.
   virtual Status backward(std::span<const float> dlogits, FlatTensors& grads,

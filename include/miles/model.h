@@ -66,6 +66,13 @@ struct ForwardOptions {
   // speculative verify chunk's rows), in batch order.
   bool all_logits = true;
   std::span<const int64_t> last_rows;
+  // Logits for these token rows only (ascending batch indices), in this order; when non-empty it
+  // replaces all_logits / last_rows. A training forward (tape) may ask for them: a policy loss
+  // reads only the response rows, and the LM head over the prompt rows is most of its cost on long
+  // prompts. Backward then takes d logits of these rows (the others get no gradient through the
+  // head, as if theirs were zero). Each row's logits are the bits every other choice gives it; the
+  // head's weight gradient sums only these rows (its chunks of kWeightGradChunk are of these rows).
+  std::span<const int64_t> logit_rows;
   // Record the top-k expert ids (and their gate weights) of every token and MoE layer.
   bool return_experts = false;
   // Routing replay: use these expert ids ([T, num_moe_layers, top_k]) instead of the router's

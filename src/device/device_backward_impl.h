@@ -41,6 +41,7 @@ class BackendBackward {
     dmla_a_ = moe_ + moe_floats(c_, t_);
     dattn_v_ = dmla_a_ + (c_.is_mla() ? t_ * act_width(c_, Act::kMlaA) : 0);
     mla_ = dattn_v_ + (c_.is_mla() ? t_ * act_width(c_, Act::kAttnV) : 0);
+    dsel_ = mla_ + mla_floats(c_, t_);
     ints_ = ints;
     b_.launch(layout_.total(), ZeroKernel{g_});
     head(dlogits);
@@ -61,7 +62,7 @@ class BackendBackward {
     const int64_t ld = c.q_dim() + 2 * c.kv_dim();
     return 2 * t * d + t * std::max(f, c.q_dim()) + t * std::max(2 * f, ld) +
            t * std::max(c.num_heads, int64_t{1}) + attention_floats(c, tape) + moe_floats(c, t) +
-           mla_floats(c, t);
+           mla_floats(c, t) + tape.rows * d;
   }
   static int64_t attention_floats(const ModelConfig& c, const DevTape& tape) {
     int64_t pds = 0;
@@ -92,10 +93,11 @@ class BackendBackward {
   void gemm_dx(const float* dy, int64_t ldy, const DevMatrix& wt, float* out, int64_t ldo) {
     m_.gemm(dy, t_, ldy, wt, out, ldo);
   }
-  // dW [n, k] of y = x Wᵀ over the tape's tokens, rows split into up to three named tensors.
+  // dW [n, k] of y = x Wᵀ over the tape's tokens (or its first m rows of dy and x), rows split
+  // into up to three named tensors.
   void weight_grad(const float* dy, int64_t ldy, const float* x, int64_t ldx, int64_t n, int64_t k,
-                   const std::vector<std::pair<float*, int64_t>>& parts) {
-    WeightGradKernel w{dy, ldy, x, ldx, t_, n, k, kernels::kWeightGradChunk, {}, {}};
+                   const std::vector<std::pair<float*, int64_t>>& parts, int64_t m = -1) {
+    WeightGradKernel w{dy, ldy, x, ldx, m < 0 ? t_ : m, n, k, kernels::kWeightGradChunk, {}, {}};
     int i = 0;
     int64_t end = 0;
     for (const auto& [dst, rows] : parts) {
@@ -115,15 +117,21 @@ class BackendBackward {
     b_.launch(num_rows, RmsDxKernel{x, dy, rows, weight, inv_, dx});
   }
 
+  // The LM head over the tape's head rows (every token, or the logit_rows), as the CPU's: d h of
+  // the rows it did not run on is zero.
   void head(const float* dlogits) {
-    const int64_t d = c_.hidden_size, v = c_.vocab_size;
-    gemm_dx(dlogits, v, m_.lm_head_t_, dxn_, d);
+    const int64_t d = c_.hidden_size, v = c_.vocab_size, r = tape_.rows;
+    m_.gemm(dlogits, r, v, m_.lm_head_t_, dxn_, d);
     float* head_grad = !c_.tie_word_embeddings ? grad("lm_head.weight")
                        : tied_head_            ? tied_head_
                                                : grad("model.embed_tokens.weight");
-    weight_grad(dlogits, v, tape_.normed, d, v, d, {{head_grad, v}});
-    norm_backward(tape_.h_final, dxn_, Rows{d, 1, d}, t_, m_.final_norm_, dh_,
+    weight_grad(dlogits, v, tape_.normed, d, v, d, {{head_grad, v}}, r);
+    const bool every = r == t_;  // head rows ascending: 0 .. T - 1
+    norm_backward(tape_.h_final, dxn_, Rows{d, 1, d}, r, m_.final_norm_, every ? dh_ : dsel_,
                   grad("model.norm.weight"));
+    if (every) return;
+    b_.launch(t_ * d, ZeroKernel{dh_});
+    b_.launch(r * d, ScatterRowsKernel{dsel_, tape_.d_rows, d, dh_});
   }
 
   // Gradient storage of a layer's activations, as the CPU's Backward::grad.
@@ -465,6 +473,7 @@ class BackendBackward {
   float* p_ = nullptr;
   float* moe_ = nullptr;
   float *mla_ = nullptr, *dmla_a_ = nullptr, *dattn_v_ = nullptr;  // MLA's scratch and gradients
+  float* dsel_ = nullptr;  // d h_final of the LM head's rows, when they are not every token's
   int64_t layer_ = 0;
   int64_t* ints_ = nullptr;
   std::vector<int64_t> ints_host_;
@@ -477,9 +486,10 @@ Status BackendModel<B>::backward(std::span<const float> dlogits, FlatTensors& gr
   const int64_t t = tape_.t;
   if (t == 0 || tape_.layers.empty())
     return Status::Error("device backward needs the tape of a forward_train(keep_tape = true)");
-  if (static_cast<int64_t>(dlogits.size()) != t * c.vocab_size)
+  const int64_t rows = tape_.rows;  // the LM head's rows of the forward
+  if (static_cast<int64_t>(dlogits.size()) != rows * c.vocab_size)
     return Status::Error("device backward: d logits has " + std::to_string(dlogits.size()) +
-                         " values, expected " + std::to_string(t * c.vocab_size));
+                         " values, expected " + std::to_string(rows * c.vocab_size));
   if (grads.layout().total() != ParamLayout::for_model(c)->total())
     return Status::Error("device backward: the gradient buffer's layout does not match the model");
   if (!tied_head_grad.empty() &&
@@ -498,10 +508,10 @@ Status BackendModel<B>::backward(std::span<const float> dlogits, FlatTensors& gr
   MILES_ASSIGN_OR_RETURN(int64_t * di, scratch(bwd_ints_, static_cast<int64_t>(tables.size())));
   MILES_RETURN_IF_ERROR(b_->upload(di, tables.data(), sizeof(int64_t) * tables.size()));
   // d logits and the backward's scratch in one buffer.
-  const int64_t need = t * c.vocab_size + BackendBackward<B>::scratch_floats(c, tape_);
+  const int64_t need = rows * c.vocab_size + BackendBackward<B>::scratch_floats(c, tape_);
   MILES_ASSIGN_OR_RETURN(float* buf, scratch(bwd_, need));
   MILES_RETURN_IF_ERROR(b_->upload(buf, dlogits.data(), sizeof(float) * dlogits.size()));
-  MILES_RETURN_IF_ERROR(bw.run(buf, buf + t * c.vocab_size, di));
+  MILES_RETURN_IF_ERROR(bw.run(buf, buf + rows * c.vocab_size, di));
   MILES_RETURN_IF_ERROR(b_->download(grads.all().data(), g, sizeof(float) * total));
   if (tied)
     MILES_RETURN_IF_ERROR(

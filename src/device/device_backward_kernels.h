@@ -411,4 +411,15 @@ struct ZeroKernel {
   MILES_HD void operator()(int64_t i) const { y[i] = 0.0f; }
 };
 
+// Rows of x [R, d] to rows `rows[r]` of y (GatherRowsKernel's inverse). Items: R * d.
+struct ScatterRowsKernel {
+  const float* x;
+  const int32_t* rows;
+  int64_t d;
+  float* y;
+  MILES_HD void operator()(int64_t i) const {
+    y[static_cast<int64_t>(rows[i / d]) * d + i % d] = x[i];
+  }
+};
+
 }  // namespace miles::device

@@ -126,6 +126,14 @@ Result<typename BackendModel<B>::HostBatch> BackendModel<B>::host_batch(const De
                                                                         const Kv& kv) const {
   const int64_t bt = kv.block_tokens;
   MILES_RETURN_IF_ERROR(check_last_rows(batch.seqs, batch.last_rows));
+  const int64_t tokens = static_cast<int64_t>(batch.tokens.size());
+  for (size_t k = 0; k < batch.logit_rows.size(); ++k)
+    if (batch.logit_rows[k] < 0 || batch.logit_rows[k] >= tokens ||
+        (k > 0 && batch.logit_rows[k] <= batch.logit_rows[k - 1]))
+      return Status::Error("device forward: logit_rows: row " +
+                           std::to_string(batch.logit_rows[k]) + " at index " + std::to_string(k) +
+                           " is not ascending inside the batch's " + std::to_string(tokens) +
+                           " tokens");
   std::vector<int32_t> positions, block_of, table_of, rows, tables;
   int64_t i = 0;
   for (size_t s = 0; s < batch.seqs.size(); ++s) {
@@ -148,9 +156,11 @@ Result<typename BackendModel<B>::HostBatch> BackendModel<B>::host_batch(const De
       positions.push_back(static_cast<int32_t>(pos));
       block_of.push_back(table[pos / bt]);
       table_of.push_back(offset);
-      if (batch.all_logits || j >= q.n_tokens - last) rows.push_back(static_cast<int32_t>(i));
+      if (batch.logit_rows.empty() && (batch.all_logits || j >= q.n_tokens - last))
+        rows.push_back(static_cast<int32_t>(i));
     }
   }
+  for (const int64_t r : batch.logit_rows) rows.push_back(static_cast<int32_t>(r));
   const int64_t t = static_cast<int64_t>(batch.tokens.size());
   MILES_CHECK(i == t, "the sequences cover every token of the batch");
   HostBatch h;
@@ -260,6 +270,8 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
   if (tape) {
     MILES_RETURN_IF_ERROR(lay_out_tape(*tape, t));
     tape->d_tokens = d_tokens;
+    tape->rows = nr;
+    tape->d_rows = d_rows;
     tape->d_cos = dcs;
     tape->d_neg_sin = dcs + 2 * t * half;
     tape->d_cos_local = lcs;
@@ -302,11 +314,13 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
 }
 
 // Whole sequences from position 0 into blocks of a KV pool of its own (grown to the batch), every
-// token's logits; with keep_tape the activations stay on the device for backward().
+// token's logits (or logit_rows'); with keep_tape the activations stay on the device for
+// backward().
 template <class B>
 Result<ForwardOutput> BackendModel<B>::forward_train(std::span<const int32_t> tokens,
                                                      std::span<const SeqSpan> seqs, bool keep_tape,
-                                                     std::span<const int32_t> forced) {
+                                                     std::span<const int32_t> forced,
+                                                     std::span<const int64_t> logit_rows) {
   const int64_t bt = 16;
   int64_t blocks = 0, total = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -336,7 +350,7 @@ Result<ForwardOutput> BackendModel<B>::forward_train(std::span<const int32_t> to
   int32_t next = 0;
   for (size_t s = 0; s < seqs.size(); ++s)
     for (int64_t k = 0; k < (seqs[s].n_tokens + bt - 1) / bt; ++k) tables[s].push_back(next++);
-  DeviceBatch batch{tokens, seqs, {}, true, config_.num_moe_layers() > 0};
+  DeviceBatch batch{tokens, seqs, {}, true, config_.num_moe_layers() > 0, {}, logit_rows};
   for (const auto& t : tables) batch.tables.emplace_back(t);
   // Routing replay: ids checked as Model::forward checks them, then uploaded.
   const int32_t* d_forced = nullptr;

@@ -114,7 +114,9 @@ struct DevTape {
   std::vector<SeqSpan> seqs;
   std::vector<int64_t> offset;  // first token of each sequence
   std::vector<DevTapeLayer> layers;
-  float *h_final = nullptr, *normed = nullptr;
+  float *h_final = nullptr, *normed = nullptr;  // [rows, d]: the LM head's rows
+  int64_t rows = 0;                             // the LM head's rows (T, or the logit_rows)
+  const int32_t* d_rows = nullptr;              // their token indices, on the device
   const int32_t* d_tokens = nullptr;   // on the device, valid until the next forward
   const float* d_cos = nullptr;        // RoPE tables of the tokens ([T][rotary_dim / 2])
   const float* d_neg_sin = nullptr;    // −sin: the inverse rotation
@@ -197,7 +199,8 @@ class BackendModel final : public DeviceModel {
   }
   Result<ForwardOutput> forward_train(std::span<const int32_t> tokens,
                                       std::span<const SeqSpan> seqs, bool keep_tape,
-                                      std::span<const int32_t> forced_experts) override;
+                                      std::span<const int32_t> forced_experts,
+                                      std::span<const int64_t> logit_rows) override;
   Status backward(std::span<const float> dlogits, FlatTensors& grads,
                   std::span<float> tied_head_grad) override;
   Status reload_weights(const TensorMap& weights) override { return load(weights, pool_); }

@@ -43,8 +43,9 @@ struct ForwardTape::Impl {
   int64_t layer_begin = 0, layer_end = 0;  // the layers this forward ran
   bool embedded = true;  // the input was the embedding of tokens (not ForwardOptions::input_hidden)
   std::vector<LayerTape> layers;            // (num_layers); those in range filled
-  std::vector<float> h_final;  // (T, d) before the final norm
-  std::vector<float> normed;   // (T, d) after the final norm (the LM head's input)
+  std::vector<int64_t> head_rows;  // (R) the token rows the LM head ran on (all T, or logit_rows)
+  std::vector<float> h_final;      // (R, d) before the final norm
+  std::vector<float> normed;       // (R, d) after the final norm (the LM head's input)
 };
 
 }  // namespace miles

@@ -280,7 +280,8 @@ class CpuLayers {
 };
 
 Status check_tape_batch(std::span<const SeqSpan> seqs, const ForwardOptions& options) {
-  if (!options.all_logits) return Status::Error("a training forward (tape) needs all_logits");
+  if (!options.all_logits && options.logit_rows.empty())
+    return Status::Error("a training forward (tape) needs all_logits or logit_rows");
   for (size_t s = 0; s < seqs.size(); ++s)
     if (seqs[s].start_pos != 0)
       return Status::Error("a training forward (tape) needs whole sequences; sequence " +
@@ -324,9 +325,23 @@ Status check_last_rows(std::span<const SeqSpan> seqs, std::span<const int64_t> l
   return Status::Ok();
 }
 
+namespace {
+
+Status check_logit_rows(std::span<const int64_t> rows, int64_t tokens) {
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i] < 0 || rows[i] >= tokens || (i > 0 && rows[i] <= rows[i - 1]))
+      return Status::Error("logit_rows: row " + std::to_string(rows[i]) + " at index " +
+                           std::to_string(i) + " is not ascending inside the batch's " +
+                           std::to_string(tokens) + " tokens");
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status Model::check_batch(std::span<const int32_t> tokens, std::span<const SeqSpan> seqs,
                           const ForwardOptions& options) const {
   MILES_RETURN_IF_ERROR(check_last_rows(seqs, options.last_rows));
+  MILES_RETURN_IF_ERROR(check_logit_rows(options.logit_rows, static_cast<int64_t>(tokens.size())));
   const int64_t vocab = options.tp ? options.tp->full_vocab : config_.vocab_size;
   int64_t total = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -435,7 +450,9 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
   if (options.return_hidden) out.hidden = h;
   // Final norm and LM head over the rows asked for.
   std::vector<int64_t> rows;
-  if (options.all_logits) {
+  if (!options.logit_rows.empty()) {
+    rows.assign(options.logit_rows.begin(), options.logit_rows.end());
+  } else if (options.all_logits) {
     for (int64_t i = 0; i < t; ++i) rows.push_back(i);
   } else {
     for (size_t si = 0; si < seqs.size(); ++si) {
@@ -447,7 +464,10 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
   std::vector<float> sel(rows.size() * d);
   for (size_t r = 0; r < rows.size(); ++r)
     std::copy_n(h.data() + rows[r] * d, d, sel.data() + r * d);
-  if (tape) tape->h_final = sel;
+  if (tape) {
+    tape->h_final = sel;
+    tape->head_rows = rows;
+  }
   kernels::rmsnorm(sel.data(), rows.size(), d, w_->final_norm.data(),
                    static_cast<float>(c.rms_norm_eps), sel.data());
   if (tape) tape->normed = sel;

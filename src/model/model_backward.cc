@@ -83,31 +83,37 @@ class Backward {
     err_ = io_.tp->comm->all_reduce_sum_deterministic(std::span<float>(x, static_cast<size_t>(n)));
   }
 
-  // logits = norm(h) · headᵀ. Returns d h_final.
+  // logits = norm(h) · headᵀ over the tape's head rows. Returns d h_final of every token (zero on
+  // the rows the head did not run on).
   std::vector<float> head(std::span<const float> dlogits) {
     const int64_t d = c_.hidden_size, v = c_.vocab_size;
-    std::vector<float> dnormed(static_cast<size_t>(t_ * d));
-    gemm(dlogits.data(), t_, v, bw_.lm_head_t, dnormed.data(), d, pool_);
-    reduce(dnormed.data(), t_ * d);  // vocabulary-parallel head
+    const int64_t r = static_cast<int64_t>(tape_.head_rows.size());
+    std::vector<float> dnormed(static_cast<size_t>(r * d));
+    gemm(dlogits.data(), r, v, bw_.lm_head_t, dnormed.data(), d, pool_);
+    reduce(dnormed.data(), r * d);  // vocabulary-parallel head
     // Tied: the head's gradient lands in io.tied_head_grad when given, else in the embedding's (the
     // embedding's own scatter then adds to it).
     if (!c_.tie_word_embeddings) {
-      g_.weight_grad(dlogits.data(), v, tape_.normed.data(), d, t_, d, {{"lm_head.weight", v}});
+      g_.weight_grad(dlogits.data(), v, tape_.normed.data(), d, r, d, {{"lm_head.weight", v}});
     } else if (!io_.tied_head_grad.empty()) {
       std::vector<const float*> lefts;
       for (const std::span<float>& l : io_.tied_fold) lefts.push_back(l.data());
       const kernels::WeightGradPart part{
           0, v, io_.tied_fold.empty() ? io_.tied_head_grad.data() : io_.tied_fold.back().data(),
           lefts};
-      gemm_weight_grad(dlogits.data(), v, tape_.normed.data(), d, t_, {&part, 1}, d, pool_);
+      gemm_weight_grad(dlogits.data(), v, tape_.normed.data(), d, r, {&part, 1}, d, pool_);
       tied_stored_ = true;
     } else {
-      gemm_weight_grad(dlogits.data(), v, tape_.normed.data(), d, t_, v, d,
+      gemm_weight_grad(dlogits.data(), v, tape_.normed.data(), d, r, v, d,
                        g_.overwrite("model.embed_tokens.weight"), pool_);
     }
-    std::vector<float> dh(static_cast<size_t>(t_ * d));
-    kernels::rmsnorm_backward(tape_.h_final.data(), dnormed.data(), t_, d, w_.final_norm.data(),
-                              eps(), dh.data(), g_.accumulate("model.norm.weight"), pool_);
+    std::vector<float> dsel(static_cast<size_t>(r * d));
+    kernels::rmsnorm_backward(tape_.h_final.data(), dnormed.data(), r, d, w_.final_norm.data(),
+                              eps(), dsel.data(), g_.accumulate("model.norm.weight"), pool_);
+    if (r == t_) return dsel;  // every row (head_rows ascending: 0 .. T - 1)
+    std::vector<float> dh(static_cast<size_t>(t_ * d), 0.0f);
+    for (int64_t i = 0; i < r; ++i)
+      std::copy_n(dsel.data() + i * d, d, dh.data() + tape_.head_rows[i] * d);
     return dh;
   }
 
@@ -443,7 +449,8 @@ Status Model::backward(const ForwardTape& tape, std::span<const float> d_output,
   if (t.layers.size() != static_cast<size_t>(config_.num_layers) || n == 0)
     return Status::Error("backward needs the tape of a training forward of this model");
   const bool head = t.layer_end == config_.num_layers;
-  const int64_t want = n * (head ? config_.vocab_size : config_.hidden_size);
+  const int64_t want = head ? static_cast<int64_t>(t.head_rows.size()) * config_.vocab_size
+                            : n * config_.hidden_size;
   if (static_cast<int64_t>(d_output.size()) != want)
     return Status::Error(std::string("backward: d ") + (head ? "logits" : "hidden") + " has " +
                          std::to_string(d_output.size()) + " values, expected " +
