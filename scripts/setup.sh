@@ -6,22 +6,34 @@
 #                                 the live-reference tests; the default test run never needs them)
 #   scripts/setup.sh --run-only   only what building and running `miles` needs (scripts/quickstart.sh):
 #                                 no test libraries, browser, clang or Python venv
+#   scripts/setup.sh --trl        also a venv of its own with torch, transformers, accelerate, datasets
+#                                 and TRL, for the TRL GRPO baseline (scripts/trl_grpo.py); combines with
+#                                 the others (--run-only --trl: the build packages and that venv only)
 #
-# The Python venv lives outside the repository (MILES_VENV, default /root/.venvs/miles-ref) so that it
-# survives between checkouts.
+# The Python venvs live outside the repository (MILES_VENV, default /root/.venvs/miles-ref; the TRL one
+# MILES_TRL_VENV, default /root/.venvs/trl) so that they survive between checkouts. The TRL venv is kept
+# apart so that TRL's pins never move the torch / transformers the goldens (--reference) are made with.
+# Its torch: from MILES_TORCH_INDEX_URL when set (a pip index of CPU-only torch wheels, where one can
+# be reached), else PyPI's wheel (its CUDA build, which runs on the CPU as well; a larger download).
 set -euo pipefail
 
 want_reference=0
 run_only=0
+want_trl=0
 for arg in "$@"; do
   case "$arg" in
     --reference) want_reference=1 ;;
     --run-only) run_only=1 ;;
-    *) echo "setup.sh: unknown argument '$arg' (known: --reference, --run-only)" >&2; exit 2 ;;
+    --trl) want_trl=1 ;;
+    *) echo "setup.sh: unknown argument '$arg' (known: --reference, --run-only, --trl)" >&2; exit 2 ;;
   esac
 done
 
 MILES_VENV="${MILES_VENV:-/root/.venvs/miles-ref}"
+MILES_TRL_VENV="${MILES_TRL_VENV:-/root/.venvs/trl}"
+# scripts/trl_grpo.py hooks into GRPOTrainer's internals (see its docstring): the TRL release it was
+# written against.
+TRL_VERSION="1.16.0"
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
@@ -43,6 +55,7 @@ test_packages=(
 )
 apt_packages=("${build_packages[@]}")
 if [ "$run_only" = 0 ]; then apt_packages+=("${test_packages[@]}"); fi
+if [ "$want_trl" = 1 ]; then apt_packages+=(python3 python3-venv python3-pip); fi
 
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -59,8 +72,32 @@ else
   echo "setup.sh: system packages present"
 fi
 
+# The TRL baseline's venv (--trl): torch, transformers, accelerate, datasets, PyYAML and TRL.
+install_trl_venv() {
+  if [ ! -x "$MILES_TRL_VENV/bin/python" ]; then
+    echo "setup.sh: creating venv $MILES_TRL_VENV"
+    mkdir -p "$(dirname "$MILES_TRL_VENV")"
+    python3 -m venv "$MILES_TRL_VENV"
+  fi
+  local py="$MILES_TRL_VENV/bin/python"
+  if "$py" -c "import torch, transformers, accelerate, datasets, yaml, trl; assert trl.__version__ == '$TRL_VERSION'" 2>/dev/null; then
+    echo "setup.sh: TRL venv present ($MILES_TRL_VENV)"
+    return
+  fi
+  if ! "$py" -c "import torch" 2>/dev/null; then
+    if [ -n "${MILES_TORCH_INDEX_URL:-}" ]; then
+      "$py" -m pip install --disable-pip-version-check -q --index-url "$MILES_TORCH_INDEX_URL" torch
+    else
+      "$py" -m pip install --disable-pip-version-check -q torch
+    fi
+  fi
+  "$py" -m pip install --disable-pip-version-check -q transformers accelerate datasets pyyaml "trl==$TRL_VERSION"
+  "$py" -c "import torch, transformers, trl; print('setup.sh: TRL venv: torch', torch.__version__, '/ transformers', transformers.__version__, '/ trl', trl.__version__)"
+}
+if [ "$want_trl" = 1 ]; then install_trl_venv; fi
+
 if [ "$run_only" = 1 ]; then
-  echo "setup.sh: done (run-only: no Python venv)"
+  echo "setup.sh: done (run-only: no Python venv$(if [ "$want_trl" = 1 ]; then echo " but the TRL one"; fi))"
   exit 0
 fi
 
@@ -92,4 +129,8 @@ if [ "$want_reference" = 1 ]; then
     pip_install torch transformers tokenizers accelerate
   fi
 fi
-echo "setup.sh: done (venv: $MILES_VENV)"
+if [ "$want_trl" = 1 ]; then
+  echo "setup.sh: done (venv: $MILES_VENV, TRL venv: $MILES_TRL_VENV)"
+else
+  echo "setup.sh: done (venv: $MILES_VENV)"
+fi
