@@ -59,7 +59,7 @@ Status PipelineRun::forward(int64_t mb) {
   opt.tp = t_.tp();
   // The draft head trains on the last stage: its final hidden states are the head's features.
   opt.return_hidden = st.last() && t_.draft_ != nullptr;
-  if (st.last()) opt.logit_rows = trainer_detail::head_rows(f->packed, t_.draft_ != nullptr);
+  if (st.last()) opt.logit_rows = f->packed.rows;  // the LM head on the loss rows only
   if (!st.first()) {
     input.resize(static_cast<size_t>(t * d));
     MILES_RETURN_IF_ERROR(

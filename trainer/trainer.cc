@@ -146,7 +146,7 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   opt.forced_experts = p.forced;
   opt.tp = tp();
   opt.return_hidden = draft_ != nullptr;
-  opt.logit_rows = trainer_detail::head_rows(p, draft_ != nullptr);
+  opt.logit_rows = p.rows;  // the LM head on the loss rows only
   MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(p.tokens, p.seqs, *kv, opt, pool_));
   MicroResult r = empty_result();
   std::map<std::string, double> draft_sums;
@@ -176,9 +176,8 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
 // logits copied back, then the backward from the d logits copied over.
 Result<Trainer::MicroResult> Trainer::device_micro_step(const trainer_detail::Packed& p,
                                                         const TokenObjective& objective) {
-  MILES_ASSIGN_OR_RETURN(ForwardOutput out, device_model_->forward_train(
-                                                p.tokens, p.seqs, true, p.forced,
-                                                trainer_detail::head_rows(p, draft_ != nullptr)));
+  MILES_ASSIGN_OR_RETURN(ForwardOutput out,
+                         device_model_->forward_train(p.tokens, p.seqs, true, p.forced, p.rows));
   MILES_ASSIGN_OR_RETURN(
       trainer_detail::HeadResult head,
       trainer_detail::loss_head(p, std::move(out.logits), local_config_.vocab_size,

@@ -71,9 +71,6 @@ struct HeadResult {
 Result<HeadResult> loss_head(const Packed& p, std::vector<float>&& logits, int64_t vocab,
                              bool need_entropy, const TokenObjective& objective,
                              const TensorParallel* tp, ThreadPool* pool);
-// The forward's logit_rows for a micro-batch: its response rows, or none (every row's logits) when
-// a draft head trains on the step (it reads every row's logits).
-std::span<const int64_t> head_rows(const Packed& p, bool draft);
 
 }  // namespace trainer_detail
 

@@ -208,11 +208,6 @@ Result<HeadResult> loss_head(const Packed& p, std::vector<float>&& logits, int64
   return h;
 }
 
-std::span<const int64_t> head_rows(const Packed& p, bool draft) {
-  if (draft) return {};
-  return p.rows;
-}
-
 }  // namespace trainer_detail
 
 Trainer::MicroResult Trainer::empty_result() {
