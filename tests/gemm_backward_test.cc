@@ -46,8 +46,11 @@ TEST(GemmBackward, WeightGradientIsTheContractDotOverRows) {
 }
 
 TEST(GemmBackward, TransposedOperandGivesGemmsBitsOnEveryIsa) {
-  // The second shape's rows are wide enough (an LM head's vocabulary) for the grouped packing.
-  for (const Dims d : {Dims{50, 70, 300}, Dims{8205, 40, 19}}) {
+  // Each item packs its own rows (an LM head's vocabulary wide in the second shape; the third's
+  // stride is 256 floats); the last reduction is long enough for the rows packed once up front
+  // and the items of panel groups.
+  for (const Dims d :
+       {Dims{50, 70, 300}, Dims{8205, 40, 19}, Dims{250, 45, 70}, Dims{100, 70, 4500}}) {
     const int64_t m = d.m, k = d.k, n = d.n, ldt = m + 6;
     const auto xt = random_vec(k * ldt, 7), w = random_vec(n * k, 8);
     std::vector<float> x(m * k);

@@ -60,6 +60,26 @@ TEST(Gemm, MatchesReferenceDotBitwiseOnEveryIsa) {
   }
 }
 
+// A reduction longer than a panel's share of L2 (an LM head's d-input over the vocabulary) runs
+// items of several tiles × several panels in segments of chunks: every output keeps the contract's
+// bits, with partial tiles, panel groups and row items, on one thread and on pools.
+TEST(Gemm, LongReductionsInPanelGroupsMatchTheReferenceDotOnEveryIsa) {
+  const int64_t k = 5000, m = 101, n = 133;  // 2 row items, 5 panels: groups of 3 and 2
+  const auto x = random_vec(m * k, 3), w = random_vec(n * k, 4);
+  const PackedMatrix pw = PackedMatrix::pack_f32(w.data(), n, k);
+  std::vector<float> want(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      want[i * n + j] = gemm_reference_dot(x.data() + i * k, w.data() + j * k, k);
+  ThreadPool pool2(2), pool3(3);
+  for (Isa isa : available_isas())
+    for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+      std::vector<float> y(m * n, 7.0f);
+      gemm(x.data(), m, k, pw, y.data(), n, pool, isa);
+      EXPECT_TRUE(same_bits(y.data(), want.data(), want.size())) << isa_name(isa);
+    }
+}
+
 TEST(Gemm, ChunkRuleGivesEqualChunksWhoseCountSplitsOverTwoFourEight) {
   EXPECT_EQ(gemm_chunk(2048), 128);    // 16 chunks
   EXPECT_EQ(gemm_chunk(1024), 128);    // 8

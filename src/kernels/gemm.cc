@@ -156,11 +156,11 @@ void store_row(const float* src, int64_t cols, float* dst, GemmLefts lefts, int6
 }
 
 // x packed as tiles of kern.rows rows: tile t holds [K][kern.rows] (rows past M are zero). Tiles
-// [t0, t1) of them.
+// [t0, t1) of them, tile t0 at out.
 void pack_rows(const float* x, int64_t m, int64_t lda, int64_t k, int tile_rows, int64_t t0,
                int64_t t1, float* out) {
   for (int64_t t = t0; t < t1; ++t) {
-    float* dst = out + t * k * tile_rows;
+    float* dst = out + (t - t0) * k * tile_rows;
     int r = 0;
 #if defined(__AVX__)
     // The tile's whole groups of 4 rows: 4 × 4 blocks transposed in registers, every group for one
@@ -198,19 +198,14 @@ void pack_rows(const float* x, int64_t m, int64_t lda, int64_t k, int tile_rows,
   }
 }
 
-// Rows of xt at least this wide are packed before the GEMM (gemm_xt); narrower ones are read in
-// place.
-constexpr int64_t kWideRows = 8192;
-
 // pack_rows for an x given transposed: element (row, kk) at xt[kk * ldt + row]. Every tile is a
-// straight copy of tile_rows consecutive floats per kk (rows past M are zero).
-// For wide rows of xt (the LM head's vocabulary) tiles go 16 at a time, kk outermost: each kk
-// reads the group's columns as one contiguous run of its row. (A tile at a time reads a few floats
-// of each of k rows whose stride maps them to a few cache sets: the next tile finds none of those
-// lines left. Narrow rows stay in cache either way, and one tile at a time is faster there.)
+// straight copy of tile_rows consecutive floats per kk (rows past M are zero). Tiles go 16 at a
+// time, kk outermost: each kk reads the group's columns as one contiguous run of its row. (A tile
+// at a time reads a few floats of each of k rows whose stride maps them to a few cache sets: the
+// next tile finds none of those lines left.)
 void pack_cols(const float* xt, int64_t m, int64_t ldt, int64_t k, int tile_rows, int64_t t0,
                int64_t t1, float* out) {
-  const int64_t group = m >= kWideRows ? 16 : 1;
+  constexpr int64_t group = 16;
   for (int64_t g0 = t0; g0 < t1; g0 += group) {
     const int64_t g1 = std::min(t1, g0 + group);
     for (int64_t kk = 0; kk < k; ++kk) {
@@ -218,7 +213,7 @@ void pack_cols(const float* xt, int64_t m, int64_t ldt, int64_t k, int tile_rows
       for (int64_t t = g0; t < g1; ++t) {
         const int64_t row0 = t * tile_rows, w = std::min<int64_t>(tile_rows, m - row0);
         const float* src = row + row0;
-        float* d = out + (t * k + kk) * tile_rows;
+        float* d = out + ((t - t0) * k + kk) * tile_rows;
         int64_t i = 0;  // a few floats per tile: inline copies, not a library call each
 #if defined(__AVX__)
         for (; i + 8 <= w; i += 8) _mm256_storeu_ps(d + i, _mm256_loadu_ps(src + i));
@@ -231,17 +226,35 @@ void pack_cols(const float* xt, int64_t m, int64_t ldt, int64_t k, int tile_rows
   }
 }
 
-// Where a tile's rows come from: packed k-major ([k][tile rows] per tile), or for the whole tiles
-// [0, direct_tiles) of gemm_xt straight from xt (row r of the tile at k: xt[k * ldt + r]), which
-// already holds a tile's rows side by side for every k.
+// Where a tile's rows come from: packed k-major ([k][tile rows] per tile), tile t at
+// packed + (t - tile0) * k * tile rows.
 struct ATiles {
   const float* packed;
-  const float* direct;
-  int64_t ldt, direct_tiles;
+  int64_t tile0;
 };
 
-void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& w, int64_t panel,
-               float* y, int64_t ldy, GemmLefts lefts, TileKernel kern, std::vector<float>& stack) {
+// How an item walks its (tile, panel) pairs. Each pair runs the whole schedule on a stack of its
+// own, so any interleaving of the pairs gives the same bits; the interleaving only decides what
+// stays in cache. The schedule is cut into segments of `leaves` chunks (with the merges that
+// follow the last): a segment runs for every pair, panel by panel and tile by tile, before the next
+// segment starts. One segment of all the chunks is the plain order (each tile finishes its panel
+// before the next: its stack stays in L1); short segments keep one panel's chunk in L1 for all the
+// item's tiles and one tile's chunk for all its panels (long K: a whole panel, or the rows of all
+// the panels, would stream from memory once per tile and per panel).
+struct ItemPlan {
+  int64_t rows;    // rows per item (a multiple of every tile height)
+  int64_t panels;  // panels per item
+  int64_t leaves;  // chunks per segment
+};
+
+struct ItemScratch {
+  std::vector<float> stack;  // [pair][depth][tile rows][kPanel]
+  std::vector<int64_t> top;  // per pair: stack height
+};
+
+void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& w, int64_t panel0,
+               int64_t panels, int64_t leaves, float* y, int64_t ldy, GemmLefts lefts,
+               TileKernel kern, ItemScratch& scratch) {
   const int64_t k = w.k(), chunk = w.chunk();
   const int64_t chunks = std::max<int64_t>(1, (k + chunk - 1) / chunk);
   thread_local std::vector<int8_t> steps;
@@ -254,69 +267,106 @@ void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& 
   const int64_t slot = kern.rows * kPanel;  // one partial: [tile rows][kPanel]
   int64_t depth = 2;  // the schedule never holds more than ceil(log2(chunks)) + 1 partials
   for (int64_t x = 1; x < chunks; x <<= 1) ++depth;
-  if (stack.size() < static_cast<size_t>(depth * slot)) stack.resize(depth * slot);  // grows only
+  const int64_t tiles = (rows + kern.rows - 1) / kern.rows;
+  const int64_t pairs = tiles * panels;
+  if (scratch.stack.size() < static_cast<size_t>(pairs * depth * slot))  // grows only
+    scratch.stack.resize(pairs * depth * slot);
+  scratch.top.assign(pairs, 0);
   // Rows whose lines prefetch_rows fetches: y's, unless y is one of the lefts (the fold's last).
   const float* const y_fetch =
       std::find(lefts.begin(), lefts.end(), y) == lefts.end() ? y : nullptr;
-  const float* b = w.panel(panel);
-  const int64_t col0 = panel * kPanel;
-  const int64_t cols = std::min(kPanel, w.n() - col0);
-  for (int64_t r = 0; r < rows; r += kern.rows) {
+  const bool tree_ends_in_merge = steps.back() == kMerge;
+  // Steps [s0, s1) of the schedule for tile ti of panel panel0 + pi; c0: the chunk of step s0.
+  const auto run = [&](int64_t ti, int64_t pi, size_t s0, size_t s1, int64_t c0) {
+    const int64_t panel = panel0 + pi, r = ti * kern.rows;
     const int tr = static_cast<int>(std::min<int64_t>(kern.rows, rows - r));
     const int64_t t = (row0 + r) / kern.rows;
-    const bool direct = t < a.direct_tiles;
-    const float* a_tile = direct ? a.direct + t * kern.rows : a.packed + t * k * kern.rows;
-    const int64_t lda = direct ? a.ldt : kern.rows;
+    const float* a_tile = a.packed + (t - a.tile0) * k * kern.rows;
+    const int64_t lda = kern.rows;
+    const float* b = w.panel(panel);
+    const int64_t col0 = panel * kPanel;
+    const int64_t cols = std::min(kPanel, w.n() - col0);
+    float* const stack = scratch.stack.data() + (ti * panels + pi) * depth * slot;
+    int64_t& top = scratch.top[ti * panels + pi];
     // A whole panel with nothing to fold whose tree ends in a merge: that merge writes the output
     // rows. (A last merge inside the kernel writing them measured slower than the copy from the
     // stack, in the weight gradients: there the stack stays.)
-    const bool to_output = lefts.empty() && cols == kPanel && steps.back() == kMerge;
+    const bool to_output = lefts.empty() && cols == kPanel && tree_ends_in_merge;
     const int64_t per_chunk = (tr + chunks - 1) / chunks;  // rows prefetched before each chunk
-    int64_t top = 0, c = 0;                                // stack height; next chunk
-    for (size_t s = 0; s < steps.size(); ++s) {
+    int64_t c = c0;
+    for (size_t s = s0; s < s1; ++s) {
       if (steps[s] != kMerge) {
         if (c * per_chunk < tr)
           prefetch_rows(y_fetch, ldy, lefts, row0 + r, c * per_chunk,
                         std::min<int64_t>(tr, (c + 1) * per_chunk), col0, cols);
         const int64_t k0 = c * chunk;
-        float* left = steps[s] == kLeafMerge ? stack.data() + (top - 1) * slot : nullptr;
+        float* left = steps[s] == kLeafMerge ? stack + (top - 1) * slot : nullptr;
         kern.fn(a_tile + k0 * lda, lda, tr, b + k0 * kPanel, std::min(chunk, k - k0), left,
-                left ? left : stack.data() + top * slot);
+                left ? left : stack + top * slot);
         if (!left) ++top;
         ++c;
       } else {
         --top;
-        float* left = stack.data() + (top - 1) * slot;
+        float* left = stack + (top - 1) * slot;
         const bool out = to_output && s + 1 == steps.size();
         add_rows(out ? y + (row0 + r) * ldy + col0 : left, out ? ldy : kPanel, left,
-                 stack.data() + top * slot, tr);
+                 stack + top * slot, tr);
       }
     }
-    if (to_output) continue;
+    if (s1 < steps.size() || to_output) return;
     for (int i = 0; i < tr; ++i) {
       const int64_t offset = (row0 + r + i) * ldy + col0;
-      store_row(stack.data() + i * kPanel, cols, y + offset, lefts, offset);
+      store_row(stack + i * kPanel, cols, y + offset, lefts, offset);
     }
+  };
+  size_t s0 = 0;
+  int64_t c0 = 0;
+  while (s0 < steps.size()) {
+    size_t s1 = s0;
+    int64_t n = 0;  // leaves in the segment
+    while (s1 < steps.size() && (n < leaves || steps[s1] == kMerge)) {
+      if (steps[s1] != kMerge) ++n;
+      ++s1;
+    }
+    for (int64_t pi = 0; pi < panels; ++pi)
+      for (int64_t ti = 0; ti < tiles; ++ti) run(ti, pi, s0, s1, c0);
+    s0 = s1;
+    c0 += n;
   }
 }
 
-// The driver after the operand's layout is known: pack(t0, t1, out) packs tiles [t0, t1) of the
-// M rows (pack_rows or pack_cols), then the (row block, panel) items run.
+constexpr int64_t kLongK = 4096;  // K past which a panel (K × 32 floats) outgrows a Zen 2 L2
+
+// Short K (a panel fits L2): items of kRowBlock rows × one panel in the plain order. Long K (an
+// LM head's d-input reduces over the 49,152-token vocabulary: a 6 MB panel per 32 columns): items
+// of 96 rows × 3 panels in segments of 4 chunks, so that a panel's chunk serves 16 AVX2 tiles from
+// L1 and a tile's chunk 3 panels, instead of every tile streaming its panel and every panel the
+// whole packed d logits from memory (Zen 2, 255 rows: 58 → 68 % of the FMA peak on 2 threads,
+// 61 → 71 % on one). Operands packed per item (gemm_xt): a row block × as many panels as leave
+// about four items per thread.
+ItemPlan item_plan(const PackedMatrix& w, int64_t m, int threads, bool pack_per_item) {
+  const int64_t chunks = std::max<int64_t>(1, (w.k() + w.chunk() - 1) / w.chunk());
+  if (w.k() > kLongK) return {2 * kRowBlock, 3, 4};
+  if (!pack_per_item) return {kRowBlock, 1, chunks};
+  const int64_t panels = w.num_panels(), row_items = (m + kRowBlock - 1) / kRowBlock;
+  const int64_t groups = std::clamp<int64_t>((4 * threads + row_items - 1) / row_items, 1, panels);
+  return {kRowBlock, (panels + groups - 1) / groups, chunks};
+}
+
+// The driver after the operand's layout is known: pack(t0, t1, out) writes tiles [t0, t1) of the
+// M rows (pack_rows or pack_cols) at out, then the (row block, panel group) items run. The rows
+// are packed once up front, or with pack_per_item (and a short K) by each item for itself into
+// its thread's buffer: a weight gradient's d yᵀ packed up front by both threads and read by both
+// ran its 2-thread GEMMs at 110-120 GFLOP/s against 135-155 packed per item (Zen 2; one thread:
+// 71-78 against 76-83).
 template <typename Pack>
 void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, GemmLefts lefts,
-                 ThreadPool* pool, Isa isa, Pack pack, const float* direct = nullptr,
-                 int64_t ldt = 0) {
+                 ThreadPool* pool, Isa isa, Pack pack, bool pack_per_item) {
   const TileKernel kern = tile_kernel(isa);
-  const int64_t row_blocks = (m + kRowBlock - 1) / kRowBlock;
   const int64_t panels = w.num_panels();
   static_assert(kRowBlock % detail::kTileRowsAvx512 == 0 &&
                 kRowBlock % detail::kTileRowsAvx2 == 0 && kRowBlock % detail::kTileRowsScalar == 0);
-  // Packing only moves values: every output element keeps its fma chain.
-  thread_local std::vector<float> a_packed;
   const int64_t tiles = (m + kern.rows - 1) / kern.rows;
-  // Grows only: shrinking and growing back would zero-fill what packing overwrites anyway.
-  if (a_packed.size() < static_cast<size_t>(tiles * w.k() * kern.rows))
-    a_packed.resize(tiles * w.k() * kern.rows);
   // Small products run on the calling thread: waking workers costs more than they save — unless the
   // weights are large enough that streaming them from memory (a decode step's GEMV) is what takes
   // the time. (Threads never change results, so this is purely a speed choice.)
@@ -325,23 +375,45 @@ void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, GemmLe
   const bool big =
       2.0 * m * w.n() * w.k() >= kMinParallelFlops || w.n() * w.k() >= kMinParallelWeights;
   ThreadPool* use = big ? pool : nullptr;
-  float* const packed = a_packed.data();  // this thread's buffer (a_packed is thread_local)
-  const int64_t direct_tiles = direct ? m / kern.rows : 0;
-  parallel_ranges(use, tiles - direct_tiles, w.k() * kern.rows, [&](int64_t t0, int64_t t1) {
-    pack(kern.rows, direct_tiles + t0, direct_tiles + t1, packed);
-  });
-  const ATiles ap{packed, direct, ldt, direct_tiles};
+  const int threads = use ? use->num_threads() : 1;
+  const bool per_item = pack_per_item && w.k() <= kLongK;
+  // Packing only moves values: every output element keeps its fma chain. Buffers grow only:
+  // shrinking and growing back would zero-fill what packing overwrites anyway.
+  thread_local std::vector<float> a_packed;
+  if (!per_item) {
+    if (a_packed.size() < static_cast<size_t>(tiles * w.k() * kern.rows))
+      a_packed.resize(tiles * w.k() * kern.rows);
+    float* const packed = a_packed.data();  // this thread's buffer (a_packed is thread_local)
+    parallel_ranges(use, tiles, w.k() * kern.rows, [&](int64_t t0, int64_t t1) {
+      pack(kern.rows, t0, t1, packed + t0 * w.k() * kern.rows);
+    });
+  }
+  const float* const packed_all = a_packed.data();
   // Consecutive items share an operand that stays in cache while the other one streams past:
   // the row block (row-major order) or the weight panel (panel-major). Re-reading the smaller
   // operand is cheaper: panel-major when x has fewer rows than W (a training micro-batch against
   // the LM head: 256 rows against 49152). Items are independent, so the order never changes bits.
-  const bool panel_major = m < w.n();
-  parallel_for(use, row_blocks * panels, [&](int64_t item) {
-    thread_local std::vector<float> stack;
-    const int64_t rb = panel_major ? item % row_blocks : item / panels;
-    const int64_t panel = panel_major ? item / row_blocks : item % panels;
-    const int64_t row0 = rb * kRowBlock;
-    gemm_item(ap, row0, std::min(kRowBlock, m - row0), w, panel, y, ldy, lefts, kern, stack);
+  const bool panel_major = m < w.n() && !per_item;
+  const ItemPlan plan = item_plan(w, m, threads, per_item);
+  const int64_t row_items = (m + plan.rows - 1) / plan.rows;
+  const int64_t panel_items = (panels + plan.panels - 1) / plan.panels;
+  parallel_for(use, row_items * panel_items, [&](int64_t item) {
+    thread_local ItemScratch scratch;
+    thread_local std::vector<float> own;  // the item's tiles, packed per item
+    const int64_t rb = panel_major ? item % row_items : item / panel_items;
+    const int64_t pb = panel_major ? item / row_items : item % panel_items;
+    const int64_t row0 = rb * plan.rows, panel0 = pb * plan.panels;
+    const int64_t rows = std::min(plan.rows, m - row0);
+    ATiles a{packed_all, 0};
+    if (per_item) {
+      const int64_t t0 = row0 / kern.rows, t1 = (row0 + rows + kern.rows - 1) / kern.rows;
+      if (own.size() < static_cast<size_t>((t1 - t0) * w.k() * kern.rows))
+        own.resize((t1 - t0) * w.k() * kern.rows);
+      pack(kern.rows, t0, t1, own.data());
+      a = {own.data(), t0};
+    }
+    gemm_item(a, row0, rows, w, panel0, std::min(plan.panels, panels - panel0), plan.leaves, y, ldy,
+              lefts, kern, scratch);
   });
 }
 
@@ -351,23 +423,24 @@ void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* 
           ThreadPool* pool, Isa isa) {
   if (m <= 0 || w.n() == 0) return;
   MILES_CHECK(lda >= w.k() && ldy >= w.n());
-  gemm_driver(m, w, y, ldy, {}, pool, isa, [&](int rows, int64_t t0, int64_t t1, float* out) {
-    pack_rows(x, m, lda, w.k(), rows, t0, t1, out);
-  });
+  gemm_driver(
+      m, w, y, ldy, {}, pool, isa,
+      [&](int rows, int64_t t0, int64_t t1, float* out) {
+        pack_rows(x, m, lda, w.k(), rows, t0, t1, out);
+      },
+      /*pack_per_item=*/false);
 }
 
 void gemm_xt(const float* xt, int64_t m, int64_t ldt, const PackedMatrix& w, float* y, int64_t ldy,
              ThreadPool* pool, Isa isa, GemmLefts lefts) {
   if (m <= 0 || w.n() == 0) return;
   MILES_CHECK(ldt >= m && ldy >= w.n());
-  // The tiles read xt in place, except for wide rows (an LM head's vocabulary: every k a new page,
-  // each tile's rows in a few cache sets), which pack_cols copies first.
   gemm_driver(
       m, w, y, ldy, lefts, pool, isa,
       [&](int rows, int64_t t0, int64_t t1, float* out) {
         pack_cols(xt, m, ldt, w.k(), rows, t0, t1, out);
       },
-      m < kWideRows ? xt : nullptr, ldt);
+      /*pack_per_item=*/true);
 }
 
 int64_t gemm_chunk(int64_t k) {
