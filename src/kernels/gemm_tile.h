@@ -6,7 +6,7 @@
 // — an fma chain in ascending k from zero — so all instruction sets give identical bits. The rows
 // come k-major (row r at k: a[k * lda + r]) so that one cache line feeds every row of a k step
 // (row-major rows 8 KB apart alias in L1 and throttle the kernel): packed ([kc][tile_rows], lda =
-// the ISA's tile height), or a transposed operand read in place (lda = its row stride).
+// the ISA's tile height; the seam takes any lda >= rows, e.g. a transposed operand in place).
 #pragma once
 
 #include <cstdint>
