@@ -130,6 +130,7 @@ std::vector<Section> sections_of(RunConfig& c) {
        {{"transport", &w.transport},
         {"dir", &w.dir},
         {"full_every", &w.full_every},
+        {"keep_versions", &w.keep_versions},
         {"encoding", &w.encoding},
         {"check_checksums", &w.check_checksums},
         {"group_timeout_s", &w.group_timeout_s},

@@ -333,6 +333,7 @@ void check_required(const RunConfig& c, Checker& check) {
 
 void check_services(const RunConfig& c, Checker& check) {
   check.positive("weight_sync.full_every", c.weight_sync.full_every);
+  check.at_least<int64_t>("weight_sync.keep_versions", c.weight_sync.keep_versions, 0);
   check.positive("weight_sync.group_timeout_s", c.weight_sync.group_timeout_s);
   const WeightSyncSection& w = c.weight_sync;
   if (w.comm != WeightComm::kAuto && w.transport == Transport::kDiskDelta)

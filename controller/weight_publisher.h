@@ -66,6 +66,9 @@ class WeightPublisher {
   Status disk_written() const;
 
  private:
+  // weight_sync.keep_versions, before `version` is published.
+  Status prune(int64_t version) const;
+
   WeightSyncSection cfg_;
   TransferPlan plan_;
   std::unique_ptr<WeightSender> sender_;

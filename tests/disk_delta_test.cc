@@ -59,7 +59,8 @@ NamedTensor random_tensor(std::mt19937& rng, std::string name, std::vector<int64
 WeightSet synthetic_set(std::mt19937& rng, int count, int64_t rows) {
   WeightSet s;
   for (int i = 0; i < count; ++i)
-    s.push_back(random_tensor(rng, "model.layers." + std::to_string(i) + ".mlp.weight", {rows, 256}));
+    s.push_back(
+        random_tensor(rng, "model.layers." + std::to_string(i) + ".mlp.weight", {rows, 256}));
   return s;
 }
 
@@ -151,10 +152,11 @@ void check_chain(DeltaEncoding enc, int full_every) {
   }
   if (deltas > 0) {
     const double ratio = double(delta_bytes) / deltas / full_bytes;
-    std::printf("[%s, full_every %d] full version %lld bytes, mean delta %lld bytes (3 of 16 tensors, 1%% "
-                "of values): delta/full = %.4f\n",
-                enc == DeltaEncoding::kXor ? "xor" : "overwrite", full_every, (long long)full_bytes,
-                (long long)(delta_bytes / deltas), ratio);
+    std::printf(
+        "[%s, full_every %d] full version %lld bytes, mean delta %lld bytes (3 of 16 tensors, 1%% "
+        "of values): delta/full = %.4f\n",
+        enc == DeltaEncoding::kXor ? "xor" : "overwrite", full_every, (long long)full_bytes,
+        (long long)(delta_bytes / deltas), ratio);
     if (enc == DeltaEncoding::kXor) {
       EXPECT_LT(ratio, 0.1);
     }
@@ -199,7 +201,8 @@ TEST(DiskDelta, ManifestNamesEveryField) {
 }
 
 // A caller's precomputed checksums (known_xxh3) go into the manifest as they are: right ones give
-// the same directory a hashing writer gives, a wrong one is refused by the reader, naming the tensor.
+// the same directory a hashing writer gives, a wrong one is refused by the reader, naming the
+// tensor.
 TEST(DiskDelta, KnownChecksumsAreUsedAndAWrongOneIsCaught) {
   std::mt19937 rng(3);
   const WeightSet w = synthetic_set(rng, 3, 4);
@@ -234,7 +237,8 @@ TEST(DiskDelta, KnownChecksumsAreUsedAndAWrongOneIsCaught) {
 
 std::vector<float> logits_of(const Model& model) {
   std::vector<int32_t> tokens;
-  for (int i = 0; i < 12; ++i) tokens.push_back(static_cast<int32_t>((i * 37 + 5) % model.config().vocab_size));
+  for (int i = 0; i < 12; ++i)
+    tokens.push_back(static_cast<int32_t>((i * 37 + 5) % model.config().vocab_size));
   auto kv = model.make_kv_cache();
   SeqSpan s{0, 0, static_cast<int64_t>(tokens.size())};
   auto out = model.forward(tokens, {&s, 1}, *kv, ForwardOptions{}, nullptr);
@@ -277,9 +281,10 @@ TEST(DiskDelta, RealCheckpointThroughAdamWGivesIdenticalLogits) {
       engine = std::move(*reader.load(0));
     } else {
       ASSERT_TRUE(reader.advance(engine, v - 1, v).ok());
-      std::printf("llama version %lld: %lld of %lld tensors stored, %lld bytes, delta/full = %.3f\n",
-                  (long long)v, (long long)st->tensors_stored, (long long)st->tensors,
-                  (long long)st->bytes_written, double(st->bytes_written) / full_bytes);
+      std::printf(
+          "llama version %lld: %lld of %lld tensors stored, %lld bytes, delta/full = %.3f\n",
+          (long long)v, (long long)st->tensors_stored, (long long)st->tensors,
+          (long long)st->bytes_written, double(st->bytes_written) / full_bytes);
     }
     expect_same(engine, sent, "engine at version " + std::to_string(v));
     // The engine's model, built from the received bytes, gives the trainer model's logits.
@@ -294,7 +299,8 @@ TEST(DiskDelta, RealCheckpointThroughAdamWGivesIdenticalLogits) {
   }
 }
 
-// ---- corruption: every error names what is wrong; the reader's weights stay at the old version ----
+// ---- corruption: every error names what is wrong; the reader's weights stay at the old version
+// ----
 
 class Corruption : public ::testing::Test {
  protected:
@@ -377,7 +383,46 @@ TEST_F(Corruption, MissingVersionInChain) {
   expect_advance_fails({"version 2 (base of version 3) is missing"});
   auto l = DiskDeltaReader(tmp_.path()).load(3);
   ASSERT_FALSE(l.ok());
-  EXPECT_NE(l.message().find("version 2 (base of version 3) is missing"), std::string::npos) << l.message();
+  EXPECT_NE(l.message().find("version 2 (base of version 3) is missing"), std::string::npos)
+      << l.message();
+}
+
+// Pruning (weight_sync.keep_versions): versions older than the newest full version at or below the
+// oldest kept one go; every version from that base on still loads, a reader far behind joins from
+// a full version, and a reader on the kept chain advances as before.
+TEST(DiskDeltaPrune, KeepsEveryChainFromTheNewestFullBaseAtOrBelow) {
+  TempDir tmp;
+  EXPECT_EQ(*prune_versions(tmp.sub("not_yet"), 5), 0);  // nothing published yet
+  std::mt19937 rng(11);
+  WeightSet w = synthetic_set(rng, 6, 16);
+  DiskDeltaOptions options;
+  options.full_every = 3;  // versions 1, 4, 7, 10 full
+  DiskDeltaWriter writer(tmp.path(), options);
+  std::vector<WeightSet> sets;
+  for (int64_t v = 1; v <= 12; ++v) {
+    if (v > 1) perturb(w, rng, 3, 0.05);
+    ASSERT_TRUE(writer.publish(v, w).ok()) << v;
+    sets.push_back(w);
+  }
+  DiskDeltaReader reader(tmp.path());
+  WeightSet at5 = *reader.load(5);
+  EXPECT_EQ(*reader.full_version_at_or_below(9), 7);
+  EXPECT_EQ(*reader.full_version_at_or_below(0), std::nullopt);
+  auto removed = prune_versions(tmp.path(), 9);
+  ASSERT_TRUE(removed.ok()) << removed.message();
+  EXPECT_EQ(*removed, 6);
+  EXPECT_EQ(*reader.versions(), (std::vector<int64_t>{7, 8, 9, 10, 11, 12}));
+  for (const auto& e : fs::directory_iterator(tmp.path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  for (int64_t v = 7; v <= 12; ++v) expect_same(*reader.load(v), sets[v - 1], "load after prune");
+  ASSERT_TRUE(reader.advance(at5, 5, 12).ok());  // far behind: joins from version 10
+  expect_same(at5, sets[11], "a reader behind the pruned versions");
+  WeightSet at8 = *reader.load(8);
+  ASSERT_TRUE(reader.advance(at8, 8, 9).ok());
+  expect_same(at8, sets[8], "a reader on the kept chain");
+  EXPECT_EQ(*prune_versions(tmp.path(), 9), 0);   // again: nothing more to remove
+  EXPECT_EQ(*prune_versions(tmp.path(), 12), 3);  // 7, 8, 9 below the full version 10
+  EXPECT_EQ(*reader.versions(), (std::vector<int64_t>{10, 11, 12}));
 }
 
 TEST_F(Corruption, XorOntoTheWrongBaseIsCaught) {
@@ -576,9 +621,11 @@ TEST(DiskDelta, PublishBandwidth64MB) {
   DiskDeltaWriter writer(tmp.path(), options);
   DiskDeltaReader reader(tmp.path());
   auto report = [&](const char* what, const PublishStats& st) {
-    std::printf("%-36s %.3f s, %9lld bytes written (%.3f of raw), %6.0f MB/s of weights, %.2fx the raw write\n",
-                what, st.seconds, (long long)st.bytes_written, st.bytes_written / (mb * 1048576),
-                mb / st.seconds, st.seconds / raw_s);
+    std::printf(
+        "%-36s %.3f s, %9lld bytes written (%.3f of raw), %6.0f MB/s of weights, %.2fx the raw "
+        "write\n",
+        what, st.seconds, (long long)st.bytes_written, st.bytes_written / (mb * 1048576),
+        mb / st.seconds, st.seconds / raw_s);
   };
   auto full = writer.publish(1, w);
   ASSERT_TRUE(full.ok()) << full.message();
@@ -595,7 +642,8 @@ TEST(DiskDelta, PublishBandwidth64MB) {
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(reader.advance(engine, 1, 3).ok());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("reader: apply 2 deltas + verify: %.3f s, %.0f MB/s of weights per version\n", s, 2 * mb / s);
+  std::printf("reader: apply 2 deltas + verify: %.3f s, %.0f MB/s of weights per version\n", s,
+              2 * mb / s);
   expect_same(engine, w, "engine after the bandwidth run");
 }
 

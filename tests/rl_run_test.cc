@@ -20,6 +20,7 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "cli_run.h"
@@ -128,14 +129,29 @@ TEST(RlRun, ResumedRunContinuesBitForBit) {
   const std::string a = temp_dir("straight"), b = temp_dir("resumed");
   auto ra = run_here(std::string(kCi) + " --run-dir " + a + " rollout.num_rollouts=4");
   ASSERT_EQ(ra.exit_code, 0) << ra.out;
+  // The resumed run keeps one weight version loadable on disk, each of them full.
+  const std::string pruned = " weight_sync.full_every=1 weight_sync.keep_versions=1";
   auto rb = run_here(std::string(kCi) + " --run-dir " + b +
-                     " rollout.num_rollouts=2 checkpoint.save_every=2");
+                     " rollout.num_rollouts=2 checkpoint.save_every=2" + pruned);
   ASSERT_EQ(rb.exit_code, 0) << rb.out;
   ASSERT_TRUE(fs::exists(b + "/checkpoints/step_00000002/trainer_state.json"));
+  const auto versions = [](const std::string& run_dir) {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(run_dir + "/weights"))
+      if (e.path().filename().string().starts_with("weight_v"))
+        names.insert(e.path().filename().string());
+    return names;
+  };
+  // Pruning runs before each publish: version 0 went as version 2 was published.
+  EXPECT_EQ(versions(b), (std::set<std::string>{"weight_v000001", "weight_v000002"}));
   auto rc = run_here(std::string(kCi) + " --run-dir " + b +
-                     " rollout.num_rollouts=4 checkpoint.save_every=2 --resume");
+                     " rollout.num_rollouts=4 checkpoint.save_every=2 --resume" + pruned);
   ASSERT_EQ(rc.exit_code, 0) << rc.out;
   EXPECT_NE(rc.out.find("resumed from"), std::string::npos) << rc.out;
+  // The resumed run adopted the checkpoint's version 2 (version 1 went then); 2 went with 4.
+  EXPECT_EQ(versions(b), (std::set<std::string>{"weight_v000003", "weight_v000004"}));
+  // The default (keep 4, a full version every 10) removes nothing in a short run.
+  EXPECT_EQ(versions(a).size(), 5u);
   auto ma = metrics(a), mb = metrics(b);
   ASSERT_EQ(ma.size(), 4u);
   ASSERT_EQ(mb.size(), 4u);

@@ -21,7 +21,8 @@ std::string version_path(const std::string& dir, int64_t v) {
   return dir + "/" + dd::version_dir_name(v);
 }
 
-Result<dd::Manifest> read_manifest(const std::string& dir, int64_t version, const std::string& role) {
+Result<dd::Manifest> read_manifest(const std::string& dir, int64_t version,
+                                   const std::string& role) {
   const std::string vdir = version_path(dir, version);
   std::error_code ec;
   if (!std::filesystem::is_directory(vdir, ec))
@@ -52,7 +53,8 @@ Result<std::vector<dd::Manifest>> resolve_chain(const std::string& dir, int64_t 
                            std::to_string(*base) + ", older than the current version " +
                            std::to_string(*from) + ": no chain from " + std::to_string(*from) +
                            " to " + std::to_string(target));
-    MILES_ASSIGN_OR_RETURN(m, read_manifest(dir, *base, " (base of version " + std::to_string(v) + ")"));
+    MILES_ASSIGN_OR_RETURN(
+        m, read_manifest(dir, *base, " (base of version " + std::to_string(v) + ")"));
   }
   std::reverse(chain.begin(), chain.end());
   return chain;
@@ -70,20 +72,22 @@ Result<std::vector<uint8_t>> read_data(const std::string& vdir, const dd::Manife
       first = ", cutting tensor '" + t.name + "'";
       break;
     }
-  return Status::Error(path + " has " + std::to_string(data.size()) + " bytes, the manifest expects " +
-                       std::to_string(m.data_bytes) + (data.size() < m.data_bytes ? " (truncated" + first + ")" : ""));
+  return Status::Error(path + " has " + std::to_string(data.size()) +
+                       " bytes, the manifest expects " + std::to_string(m.data_bytes) +
+                       (data.size() < m.data_bytes ? " (truncated" + first + ")" : ""));
 }
 
 Status check_layout(const WeightSet& set, const dd::Manifest& m, const std::string& where) {
   if (set.size() != m.tensors.size())
-    return Status::Error(where + ": " + std::to_string(m.tensors.size()) + " tensors, the base has " +
-                         std::to_string(set.size()));
+    return Status::Error(where + ": " + std::to_string(m.tensors.size()) +
+                         " tensors, the base has " + std::to_string(set.size()));
   for (size_t i = 0; i < set.size(); ++i) {
     const dd::ManifestTensor& t = m.tensors[i];
     if (set[i].name != t.name || set[i].dtype != t.dtype || set[i].shape != t.shape ||
         set[i].bytes.size() != t.nbytes)
       return Status::Error(where + ": tensor " + std::to_string(i) + " '" + t.name +
-                           "' does not match the base's '" + set[i].name + "' (name, dtype or shape)");
+                           "' does not match the base's '" + set[i].name +
+                           "' (name, dtype or shape)");
   }
   return Status::Ok();
 }
@@ -153,11 +157,23 @@ Result<int64_t> DiskDeltaReader::latest_full_version() const {
   return Status::Error("no full weight version in " + dir_);
 }
 
+Result<std::optional<int64_t>> DiskDeltaReader::full_version_at_or_below(int64_t version) const {
+  MILES_ASSIGN_OR_RETURN(std::vector<int64_t> vs, versions());
+  for (auto it = vs.rbegin(); it != vs.rend(); ++it) {
+    if (*it > version) continue;
+    MILES_ASSIGN_OR_RETURN(dd::Manifest m, read_manifest(dir_, *it, ""));
+    if (m.is_full()) return std::optional<int64_t>(*it);
+  }
+  return std::optional<int64_t>();
+}
+
 Result<WeightSet> DiskDeltaReader::load(int64_t target) const {
-  MILES_ASSIGN_OR_RETURN(std::vector<dd::Manifest> chain, resolve_chain(dir_, target, std::nullopt));
+  MILES_ASSIGN_OR_RETURN(std::vector<dd::Manifest> chain,
+                         resolve_chain(dir_, target, std::nullopt));
   WeightSet set;
   for (const dd::Manifest& m : chain)
-    MILES_RETURN_IF_ERROR(apply_version(dir_, m, set).with_context("loading version " + std::to_string(target)));
+    MILES_RETURN_IF_ERROR(
+        apply_version(dir_, m, set).with_context("loading version " + std::to_string(target)));
   return set;
 }
 
@@ -170,7 +186,8 @@ Status DiskDeltaReader::advance(WeightSet& current, int64_t current_version, int
   if (!chain.ok()) return chain.status().with_context(ctx);
   // A chain that starts at a full version does not need the current weights.
   WeightSet work = chain->front().is_full() ? WeightSet{} : current;
-  for (const dd::Manifest& m : *chain) MILES_RETURN_IF_ERROR(apply_version(dir_, m, work).with_context(ctx));
+  for (const dd::Manifest& m : *chain)
+    MILES_RETURN_IF_ERROR(apply_version(dir_, m, work).with_context(ctx));
   current.swap(work);
   return Status::Ok();
 }

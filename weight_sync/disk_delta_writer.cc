@@ -84,8 +84,9 @@ Result<Encoded> encode_tensor(const NamedTensor& t, const NamedTensor* base, Del
 
 std::string tmp_dir_name(const std::string& dir, int64_t version) {
   static std::atomic<int64_t> counter{0};
-  return (std::filesystem::path(dir) / (dd::version_dir_name(version) + ".tmp-" +
-                                        std::to_string(::getpid()) + "-" + std::to_string(counter++)))
+  return (std::filesystem::path(dir) /
+          (dd::version_dir_name(version) + ".tmp-" + std::to_string(::getpid()) + "-" +
+           std::to_string(counter++)))
       .string();
 }
 
@@ -98,8 +99,7 @@ Status write_version_files(const std::string& tmp, const dd::Manifest& manifest,
   MILES_RETURN_IF_ERROR(dd::write_file_synced(tmp + "/" + dd::kDataFile, data));
   const std::string json = dd::manifest_to_json(manifest);
   MILES_RETURN_IF_ERROR(dd::write_file_synced(
-      tmp + "/" + dd::kManifestFile,
-      {reinterpret_cast<const uint8_t*>(json.data()), json.size()}));
+      tmp + "/" + dd::kManifestFile, {reinterpret_cast<const uint8_t*>(json.data()), json.size()}));
   return dd::fsync_dir(tmp);
 }
 
@@ -137,13 +137,13 @@ Result<PublishStats> DiskDeltaWriter::publish(int64_t version, const WeightSet& 
                          (std::binary_search(existing.begin(), existing.end(), version)
                               ? " is already published"
                               : " is older than the latest published") +
-                         " (latest is " + std::to_string(existing.back()) + "); versions must increase");
+                         " (latest is " + std::to_string(existing.back()) +
+                         "); versions must increase");
   MILES_RETURN_IF_ERROR(check_tensors(tensors).with_context(ctx));
 
   // Phase 2: full or delta. A delta needs this writer's snapshot to be the newest version on disk.
-  const bool full = !last_version_ || publishes_ % options_.full_every == 0 ||
-                    existing.empty() || existing.back() != *last_version_ ||
-                    !same_layout(snapshot_, tensors);
+  const bool full = !last_version_ || publishes_ % options_.full_every == 0 || existing.empty() ||
+                    existing.back() != *last_version_ || !same_layout(snapshot_, tensors);
   dd::Manifest manifest;
   manifest.version = version;
   if (!full) manifest.base_version = *last_version_;
@@ -200,6 +200,31 @@ Result<PublishStats> DiskDeltaWriter::publish(int64_t version, const WeightSet& 
   stats.bytes_written = static_cast<int64_t>(data.size() + dd::manifest_to_json(manifest).size());
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return stats;
+}
+
+Result<int64_t> prune_versions(const std::string& dir, int64_t oldest_kept) {
+  const std::string ctx =
+      "pruning weight versions below " + std::to_string(oldest_kept) + " in " + dir;
+  std::error_code missing;
+  if (!std::filesystem::exists(dir, missing)) return int64_t{0};  // nothing published yet
+  DiskDeltaReader reader(dir);
+  auto base = reader.full_version_at_or_below(oldest_kept);
+  if (!base.ok()) return base.status().with_context(ctx);
+  if (!*base) return int64_t{0};
+  MILES_ASSIGN_OR_RETURN(std::vector<int64_t> versions, reader.versions());
+  int64_t removed = 0;
+  for (const int64_t v : versions) {
+    if (v >= **base) break;
+    const std::string path = dir + "/" + dd::version_dir_name(v);
+    const std::string gone = tmp_dir_name(dir, v);
+    if (::rename(path.c_str(), gone.c_str()) != 0)
+      return Status::Error("cannot rename " + path + " to " + gone).with_context(ctx);
+    std::error_code ec;
+    std::filesystem::remove_all(gone, ec);
+    if (ec) return Status::Error("cannot remove " + gone + ": " + ec.message()).with_context(ctx);
+    ++removed;
+  }
+  return removed;
 }
 
 }  // namespace miles

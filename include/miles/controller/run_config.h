@@ -204,6 +204,7 @@ struct WeightSyncSection {
   Transport transport = Transport::kDiskDelta;  // broadcast, p2p: Gloo groups with engines
   std::string dir;                     // default RUN_DIR/weights
   int64_t full_every = 10;
+  int64_t keep_versions = 4;  // newest versions kept loadable on disk (0: every version)
   Encoding encoding = Encoding::kXor;
   bool check_checksums = true;         // compare engine and trainer checksums after every update
   double group_timeout_s = 60;         // broadcast / p2p: forming a group, and each collective

@@ -90,6 +90,14 @@ class DiskDeltaWriter {
   int64_t publishes_ = 0;
 };
 
+// Removes the versions of `dir` that no reader needs to load or reach `oldest_kept` or any newer
+// version: every version older than the newest full version at or below `oldest_kept` (a chain to
+// a newer version never passes below its newest full base, and a reader behind that base joins
+// from a full version). Each goes by a rename to a `.tmp-` name (which readers never list) and
+// then its removal, so no reader sees half of a version. Returns how many were removed (none
+// when no full version is at or below `oldest_kept`).
+Result<int64_t> prune_versions(const std::string& dir, int64_t oldest_kept);
+
 // The engine side. Stateless: every call reads the directory.
 class DiskDeltaReader {
  public:
@@ -99,6 +107,8 @@ class DiskDeltaReader {
   // The newest version / the newest full version; an error when there is none.
   Result<int64_t> latest_version() const;
   Result<int64_t> latest_full_version() const;
+  // The newest full version at or below `version`; nullopt when there is none.
+  Result<std::optional<int64_t>> full_version_at_or_below(int64_t version) const;
   // The weights of `target` from scratch: its full base, then every delta in order.
   Result<WeightSet> load(int64_t target) const;
   // Moves `current` (the weights of `current_version`) to `target` by applying the chain of deltas
