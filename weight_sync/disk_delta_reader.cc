@@ -8,6 +8,7 @@
 // set. Nothing the caller holds changes unless every step succeeded.
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 
 #include "miles/weight_sync/disk_delta.h"
 #include "weight_sync/disk_delta_format.h"
@@ -149,12 +150,10 @@ Result<int64_t> DiskDeltaReader::latest_version() const {
 }
 
 Result<int64_t> DiskDeltaReader::latest_full_version() const {
-  MILES_ASSIGN_OR_RETURN(std::vector<int64_t> vs, versions());
-  for (auto it = vs.rbegin(); it != vs.rend(); ++it) {
-    MILES_ASSIGN_OR_RETURN(dd::Manifest m, read_manifest(dir_, *it, ""));
-    if (m.is_full()) return *it;
-  }
-  return Status::Error("no full weight version in " + dir_);
+  MILES_ASSIGN_OR_RETURN(const std::optional<int64_t> full,
+                         full_version_at_or_below(std::numeric_limits<int64_t>::max()));
+  if (!full) return Status::Error("no full weight version in " + dir_);
+  return *full;
 }
 
 Result<std::optional<int64_t>> DiskDeltaReader::full_version_at_or_below(int64_t version) const {
