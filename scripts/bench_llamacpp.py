@@ -2,8 +2,10 @@
 """miles' rollout engine side by side with llama.cpp: same model, same precision, same workload, same threads.
 
 Why: `miles bench rollout` reports tokens/s; this names the baseline (design principle 13). It
-  1. installs llama-cpp-python into the reference venv if it is missing (PyPI builds llama.cpp from
-     source with CMAKE_ARGS=-DGGML_NATIVE=ON; that takes a long time on a few cores; log in /tmp),
+  1. installs llama-cpp-python for the --isa asked (default native) if that build is missing: PyPI builds
+     llama.cpp from source, here with the ISA's GGML_* options (ISA_CMAKE), into a folder of its own per
+     ISA under MILES_LLAMACPP_DIR; that takes a long time on a few cores; log in /tmp. miles runs with
+     MILES_ISA set to the same ISA, so both sides use the same instructions,
   2. exports the model miles runs to a float32 GGUF (scripts/export_gguf_f32.py) and checks that the two
      agree: miles' teacher-forced logprobs (`miles score`) against llama.cpp's log-softmax at the same
      tokens, and for SmolLM2 llama.cpp's logits against transformers' goldens (tests/data/smollm2),
@@ -43,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("MILES_SHARED_DIR", ROOT.parent / "shared"))
 VENV_PY = Path(os.environ.get("MILES_VENV", "/root/.venvs/miles-ref")) / "bin" / "python"
 INSTALL_LOG = Path("/tmp/bench_llamacpp_pip.log")
+LLAMA_DIR = Path(os.environ.get("MILES_LLAMACPP_DIR", "/root/.venvs/llamacpp"))  # one build per --isa
 _QUIET = None  # llama.cpp's log callback (silent), kept alive while llama.cpp may call it
 
 PRESETS = {
@@ -78,19 +81,51 @@ def die(msg: str) -> None:
 # ---- 1. llama-cpp-python ------------------------------------------------------------------------------
 
 
-def ensure_llama_cpp():
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        say(f"installing llama-cpp-python (builds llama.cpp from source; log: {INSTALL_LOG})")
-        env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=ON")
+# llama.cpp's ISA is fixed when it is compiled, miles' at run time (MILES_ISA): for --isa X, llama.cpp
+# is built for exactly X (GGML_NATIVE off) into a folder of its own, and miles runs with MILES_ISA=X.
+ISA_CMAKE = {
+    "native": "-DGGML_NATIVE=ON",
+    "avx2": "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "
+            "-DGGML_AVX512=OFF",
+    "avx512": "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "
+              "-DGGML_AVX512=ON",
+}
+ISA_CPU_FLAGS = {"native": [], "avx2": ["avx2", "fma"], "avx512": ["avx512f", "avx512bw", "avx512vl"]}
+
+
+def check_cpu_has(isa: str) -> None:
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    missing = [f for f in ISA_CPU_FLAGS[isa] if f not in flags]
+    if missing:
+        die(f"--isa {isa}: this CPU lacks {', '.join(missing)}")
+
+
+def ensure_llama_cpp(isa: str):
+    target = LLAMA_DIR / isa
+    if (target / "llama_cpp").is_dir():
+        sys.path.insert(0, str(target))
+    else:
+        say(f"installing llama-cpp-python for --isa {isa} into {target} (builds llama.cpp from source; "
+            f"log: {INSTALL_LOG})")
+        env = dict(os.environ, CMAKE_ARGS=ISA_CMAKE[isa])
+        tmp = target.with_name(target.name + ".partial")
         with open(INSTALL_LOG, "w") as log:
-            rc = subprocess.call([sys.executable, "-m", "pip", "install", "-v", "llama-cpp-python==0.3.36"],
-                                 stdout=log, stderr=subprocess.STDOUT, env=env)
+            subprocess.call([sys.executable, "-m", "pip", "install", "numpy", "diskcache", "jinja2",
+                             "typing-extensions"], stdout=log, stderr=subprocess.STDOUT)
+            rc = subprocess.call([sys.executable, "-m", "pip", "install", "-v", "--no-deps", "--target", str(tmp),
+                                  "llama-cpp-python==0.3.36"], stdout=log, stderr=subprocess.STDOUT, env=env)
         if rc != 0:
             die(f"pip install llama-cpp-python failed (exit {rc}); see {INSTALL_LOG}")
-    import llama_cpp
-
+        tmp.rename(target)
+        sys.path.insert(0, str(target))
+    try:
+        import llama_cpp
+    except ImportError as e:  # its own dependencies (numpy, diskcache, jinja2, typing-extensions)
+        die(f"import llama_cpp from {target} failed: {e}; pip install numpy diskcache jinja2 typing-extensions")
     return llama_cpp
 
 
@@ -321,8 +356,11 @@ def run_miles(a, preset: dict, c: int) -> dict:
                "--prompt-tokens", str(a.prompt_tokens),
                "--output-tokens", str(a.output_tokens), "--threads", str(a.threads),
                "--groups", "0", "--json", f.name]
-        say("running " + " ".join(cmd))
-        if subprocess.call(cmd) != 0:
+        env = dict(os.environ)
+        if a.isa != "native":
+            env["MILES_ISA"] = a.isa
+        say("running " + ("MILES_ISA=" + a.isa + " " if a.isa != "native" else "") + " ".join(cmd))
+        if subprocess.call(cmd, env=env) != 0:
             die("miles bench rollout failed")
         return json.load(open(f.name))["levels"][0]
 
@@ -354,6 +392,9 @@ def main() -> None:
                          "for SmolLM2 here, so the baseline uses one unified buffer)")
     ap.add_argument("--miles-bin", type=Path, default=ROOT / "build/bin/miles")
     ap.add_argument("--skip-miles", action="store_true", help="measure llama.cpp only")
+    ap.add_argument("--isa", choices=sorted(ISA_CMAKE), default="native",
+                    help="the instruction set both run with: llama.cpp built for it (one build per ISA, kept in "
+                         "MILES_LLAMACPP_DIR), miles with MILES_ISA; native = each side's best for this CPU")
     a = ap.parse_args()
     preset = PRESETS[a.preset]
     a.prompt_tokens = a.prompt_tokens or preset["prompt"]
@@ -362,7 +403,8 @@ def main() -> None:
         die(f"{a.miles_bin} not found: build miles first (or pass --miles-bin)")
     kv_type = 0 if a.kv_type == "f32" else 1  # GGML_TYPE_F32 / GGML_TYPE_F16
 
-    llama_cpp = ensure_llama_cpp()
+    check_cpu_has(a.isa)
+    llama_cpp = ensure_llama_cpp(a.isa)
     say(f"llama-cpp-python {llama_cpp.__version__}; max parallel sequences in one context: "
         f"{llama_cpp.llama_max_parallel_sequences()} (low-level API; the high-level Llama runs one)")
     gguf = export_gguf(preset)
@@ -390,8 +432,11 @@ def main() -> None:
         return
 
     print()
-    print(f"## {a.preset}: prompt {a.prompt_tokens} + output {a.output_tokens} tokens, {a.threads} threads, "
-          f"float32 weights, llama.cpp KV {a.kv_type}{' per sequence' if a.kv_per_seq else ' unified'}")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "unknown CPU")
+    print(f"## {a.preset} on {cpu}, --isa {a.isa}: prompt {a.prompt_tokens} + output {a.output_tokens} tokens, "
+          f"{a.threads} threads, llama-cpp-python {llama_cpp.__version__}, float32 weights, llama.cpp KV "
+          f"{a.kv_type}{' per sequence' if a.kv_per_seq else ' unified'}")
     print()
     for line in checks:
         print(f"- {line}")

@@ -45,6 +45,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MASK64 = (1 << 64) - 1
+# Both sides on the same instructions (--isa): torch's own kernels (ATen's dispatch), oneDNN's and MKL's.
+TORCH_ISA_ENV = {
+    "native": {},
+    "avx2": {"MILES_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "DNNL_MAX_CPU_ISA": "AVX2",
+             "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "avx512": {"MILES_ISA": "avx512", "ATEN_CPU_CAPABILITY": "avx512", "DNNL_MAX_CPU_ISA": "AVX512_CORE",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
+}
 
 
 def say(msg: str) -> None:
@@ -307,11 +315,19 @@ def main() -> None:
                     help="before each measurement, wait until the CPUs are this idle over 5 s")
     ap.add_argument("--quiet-timeout", type=float, default=600, help="longest wait for that, seconds")
     ap.add_argument("--miles-bin", type=Path, default=ROOT / "build/bin/miles")
+    ap.add_argument("--isa", choices=sorted(TORCH_ISA_ENV), default="native",
+                    help="the instruction set both sides run with: miles through MILES_ISA, torch through "
+                         "ATEN_CPU_CAPABILITY, DNNL_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS; native = each "
+                         "side's best for this CPU")
     a = ap.parse_args()
     if not a.miles_bin.exists():
         die(f"{a.miles_bin} not found: build miles first (or pass --miles-bin)")
+    os.environ.update(TORCH_ISA_ENV[a.isa])  # before torch is imported; miles inherits MILES_ISA
 
     import torch
+
+    say(f"--isa {a.isa}: torch {torch.__version__} dispatches to {torch.backends.cpu.get_cpu_capability()}, "
+        f"miles to {os.environ.get('MILES_ISA', 'its best')}")
 
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
@@ -342,8 +358,12 @@ def main() -> None:
     o0, t0 = ours[0], theirs[0]
     ok = dl <= 1e-4
     print()
-    print(f"## {a.model.name}: batch {a.batch} x seq-len {a.seq_len}, micro-batch {a.micro_batch_size}, "
-          f"{a.threads} thread(s), float32")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), "unknown CPU")
+    import torch
+    print(f"## {a.model.name} on {cpu}, --isa {a.isa} (torch {torch.__version__}: "
+          f"{torch.backends.cpu.get_cpu_capability()}): batch {a.batch} x seq-len {a.seq_len}, micro-batch "
+          f"{a.micro_batch_size}, {a.threads} thread(s), float32")
     print()
     print(f"- same batch: token ids checked equal; initial loss miles {o0['initial_loss']:.6f}, torch "
           f"{t0['initial_loss']:.6f}, |Δ| {dl:.2e} ({'OK' if ok else 'MISMATCH'}, limit 1e-4)")

@@ -1,5 +1,6 @@
 // AVX2 GEMM micro-kernel: up to 6 rows × 32 columns, done as two 16-column halves (12 accumulators
-// each). Same fma chain per element as gemm_tile.h defines; compiled with -mavx2 -mfma.
+// each); one or two rows (a decode step's GEMV, a short verify chunk) take all 32 columns in one
+// pass. Same fma chain per element as gemm_tile.h defines; compiled with -mavx2 -mfma.
 #include <immintrin.h>
 
 #include "kernels/gemm_tile.h"
@@ -41,11 +42,47 @@ void half_tile(const float* a, int64_t lda, const float* b, int64_t kc, const fl
   }
 }
 
+// All 32 columns at once: 4 × R independent fma chains in flight instead of 2 × R. With one row the
+// halves were bound by the fma latency (two chains: 64 bytes of the panel per 5 cycles on Zen 2),
+// below the memory's rate for a GEMV that streams the weights; whole rows of the panel also stream
+// in order.
+template <int R>
+void full_tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
+               float* part) {
+  __m256 acc[R][4];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    __m256 bv[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) bv[j] = _mm256_loadu_ps(b + k * 32 + 8 * j);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_set1_ps(a[k * lda + r]);
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_fmadd_ps(av, bv[j], acc[r][j]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      __m256 v = acc[r][j];
+      if (left) v = _mm256_add_ps(_mm256_loadu_ps(left + r * 32 + 8 * j), v);
+      _mm256_storeu_ps(part + r * 32 + 8 * j, v);
+    }
+}
+
 template <int R>
 void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
           float* part) {
-  half_tile<R>(a, lda, b, kc, left, part);
-  half_tile<R>(a, lda, b + 16, kc, left ? left + 16 : nullptr, part + 16);
+  if constexpr (R <= 2) {
+    full_tile<R>(a, lda, b, kc, left, part);
+  } else {
+    half_tile<R>(a, lda, b, kc, left, part);
+    half_tile<R>(a, lda, b + 16, kc, left ? left + 16 : nullptr, part + 16);
+  }
 }
 
 }  // namespace
