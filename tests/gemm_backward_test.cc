@@ -48,9 +48,10 @@ TEST(GemmBackward, WeightGradientIsTheContractDotOverRows) {
 TEST(GemmBackward, TransposedOperandGivesGemmsBitsOnEveryIsa) {
   // Each item packs its own rows (an LM head's vocabulary wide in the second shape; the third's
   // stride is 256 floats); the last reduction is long enough for the rows packed once up front
-  // and the items of panel groups.
+  // and the items of panel groups; a single row is not packed at all.
   for (const Dims d :
-       {Dims{50, 70, 300}, Dims{8205, 40, 19}, Dims{250, 45, 70}, Dims{100, 70, 4500}}) {
+       {Dims{50, 70, 300}, Dims{8205, 40, 19}, Dims{250, 45, 70}, Dims{100, 70, 4500},
+        Dims{1, 70, 300}, Dims{1, 40, 4500}}) {  // one row: read in place at its stride
     const int64_t m = d.m, k = d.k, n = d.n, ldt = m + 6;
     const auto xt = random_vec(k * ldt, 7), w = random_vec(n * k, 8);
     std::vector<float> x(m * k);

@@ -159,6 +159,23 @@ TEST(Gemm, RowAloneEqualsRowInBatchOf64AnyThreadCount) {
   }
 }
 
+// A single row is read where it lies, not packed; written over itself (y = x, N = K) it is packed
+// first, as any M is: the same bits either way.
+TEST(Gemm, LoneRowInPlaceGivesTheSameBits) {
+  const int64_t k = 576;
+  const auto x = random_vec(k, 31), w = random_vec(k * k, 32);
+  const PackedMatrix pw = PackedMatrix::pack_f32(w.data(), k, k);
+  ThreadPool pool(2);
+  for (Isa isa : available_isas()) {
+    std::vector<float> out(k), inplace = x;
+    gemm(x.data(), 1, k, pw, out.data(), k, &pool, isa);
+    gemm(inplace.data(), 1, k, pw, inplace.data(), k, &pool, isa);
+    ASSERT_TRUE(same_bits(out.data(), inplace.data(), k)) << isa_name(isa);
+    for (int64_t j : {0, 31, 32, 575})
+      ASSERT_EQ(out[j], gemm_reference_dot(x.data(), w.data() + j * k, k)) << isa_name(isa);
+  }
+}
+
 TEST(Gemm, Bf16WeightsWidenExactly) {
   const int64_t n = 40, k = 70;
   auto w = random_vec(n * k, 3);

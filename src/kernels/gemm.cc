@@ -231,6 +231,7 @@ void pack_cols(const float* xt, int64_t m, int64_t ldt, int64_t k, int tile_rows
 struct ATiles {
   const float* packed;
   int64_t tile0;
+  int64_t lda;  // the tiles' k stride: the tile height, or a lone row's own stride (not packed)
 };
 
 // How an item walks its (tile, panel) pairs. Each pair runs the whole schedule on a stack of its
@@ -281,8 +282,8 @@ void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& 
     const int64_t panel = panel0 + pi, r = ti * kern.rows;
     const int tr = static_cast<int>(std::min<int64_t>(kern.rows, rows - r));
     const int64_t t = (row0 + r) / kern.rows;
-    const float* a_tile = a.packed + (t - a.tile0) * k * kern.rows;
-    const int64_t lda = kern.rows;
+    const float* a_tile = a.packed + (t - a.tile0) * k * a.lda;
+    const int64_t lda = a.lda;
     const float* b = w.panel(panel);
     const int64_t col0 = panel * kPanel;
     const int64_t cols = std::min(kPanel, w.n() - col0);
@@ -359,9 +360,12 @@ ItemPlan item_plan(const PackedMatrix& w, int64_t m, int threads, bool pack_per_
 // its thread's buffer: a weight gradient's d yᵀ packed up front by both threads and read by both
 // ran its 2-thread GEMMs at 110-120 GFLOP/s against 135-155 packed per item (Zen 2; one thread:
 // 71-78 against 76-83).
+// One row (a decode step's GEMV) is not packed: the kernels read row r at k from a[k * lda + r],
+// so the row itself, at its k stride `lone_lda` (1 for x, ldt for a transposed x), is its tile.
 template <typename Pack>
 void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, GemmLefts lefts,
-                 ThreadPool* pool, Isa isa, Pack pack, bool pack_per_item) {
+                 ThreadPool* pool, Isa isa, Pack pack, bool pack_per_item, const float* lone_row,
+                 int64_t lone_lda) {
   const TileKernel kern = tile_kernel(isa);
   const int64_t panels = w.num_panels();
   static_assert(kRowBlock % detail::kTileRowsAvx512 == 0 &&
@@ -376,11 +380,15 @@ void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, GemmLe
       2.0 * m * w.n() * w.k() >= kMinParallelFlops || w.n() * w.k() >= kMinParallelWeights;
   ThreadPool* use = big ? pool : nullptr;
   const int threads = use ? use->num_threads() : 1;
-  const bool per_item = pack_per_item && w.k() <= kLongK;
+  // (Packed, as before, when y overlaps the row: an in-place product reads the row as it was.)
+  const auto at = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
+  const bool lone = m == 1 && (at(lone_row + (w.k() - 1) * lone_lda + 1) <= at(y) ||
+                               at(y + w.n()) <= at(lone_row));
+  const bool per_item = pack_per_item && w.k() <= kLongK && !lone;
   // Packing only moves values: every output element keeps its fma chain. Buffers grow only:
   // shrinking and growing back would zero-fill what packing overwrites anyway.
   thread_local std::vector<float> a_packed;
-  if (!per_item) {
+  if (!per_item && !lone) {
     if (a_packed.size() < static_cast<size_t>(tiles * w.k() * kern.rows))
       a_packed.resize(tiles * w.k() * kern.rows);
     float* const packed = a_packed.data();  // this thread's buffer (a_packed is thread_local)
@@ -404,13 +412,13 @@ void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, GemmLe
     const int64_t pb = panel_major ? item / row_items : item % panel_items;
     const int64_t row0 = rb * plan.rows, panel0 = pb * plan.panels;
     const int64_t rows = std::min(plan.rows, m - row0);
-    ATiles a{packed_all, 0};
+    ATiles a = lone ? ATiles{lone_row, 0, lone_lda} : ATiles{packed_all, 0, kern.rows};
     if (per_item) {
       const int64_t t0 = row0 / kern.rows, t1 = (row0 + rows + kern.rows - 1) / kern.rows;
       if (own.size() < static_cast<size_t>((t1 - t0) * w.k() * kern.rows))
         own.resize((t1 - t0) * w.k() * kern.rows);
       pack(kern.rows, t0, t1, own.data());
-      a = {own.data(), t0};
+      a = {own.data(), t0, kern.rows};
     }
     gemm_item(a, row0, rows, w, panel0, std::min(plan.panels, panels - panel0), plan.leaves, y, ldy,
               lefts, kern, scratch);
@@ -428,7 +436,7 @@ void gemm(const float* x, int64_t m, int64_t lda, const PackedMatrix& w, float* 
       [&](int rows, int64_t t0, int64_t t1, float* out) {
         pack_rows(x, m, lda, w.k(), rows, t0, t1, out);
       },
-      /*pack_per_item=*/false);
+      /*pack_per_item=*/false, x, 1);
 }
 
 void gemm_xt(const float* xt, int64_t m, int64_t ldt, const PackedMatrix& w, float* y, int64_t ldy,
@@ -440,7 +448,7 @@ void gemm_xt(const float* xt, int64_t m, int64_t ldt, const PackedMatrix& w, flo
       [&](int rows, int64_t t0, int64_t t1, float* out) {
         pack_cols(xt, m, ldt, w.k(), rows, t0, t1, out);
       },
-      /*pack_per_item=*/true);
+      /*pack_per_item=*/true, xt, ldt);
 }
 
 int64_t gemm_chunk(int64_t k) {
