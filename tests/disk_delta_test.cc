@@ -185,7 +185,10 @@ TEST(DiskDelta, ManifestNamesEveryField) {
     stored += t["encoding"] == "xor";
     EXPECT_TRUE(t["encoding"] == "xor" || t["encoding"] == "unchanged") << t.dump();
     EXPECT_EQ(t["xxh3_128"].get<std::string>().size(), 32u);
+    if (t["encoding"] == "xor")  // float32 is stored as byte planes (an unchanged tensor: no frame)
+      EXPECT_EQ(t["layout"], "byte_planes") << t.dump();
   }
+  EXPECT_EQ(j["format_version"], 2);
   EXPECT_EQ(stored, 1);
   std::ifstream latest(tmp.sub("LATEST"));
   int64_t v = 0;
@@ -478,14 +481,18 @@ nlohmann::json hostile_tensor(const std::string& name, const std::string& dtype,
 }
 
 // load(1) of a directory whose only version has these tensors and a data file of `data_bytes`.
-std::string load_fails_with(nlohmann::json tensors, uint64_t data_bytes) {
+std::string load_fails_with(nlohmann::json tensors, uint64_t data_bytes, int format_version = 1) {
   TempDir tmp;
   const std::string v = tmp.sub(disk_delta::version_dir_name(1));
   fs::create_directory(v);
-  const nlohmann::json m = {
-      {"format", "miles-disk-delta"}, {"format_version", 1},          {"version", 1},
-      {"base_version", nullptr},      {"data_file", "tensors.zst"},   {"data_bytes", data_bytes},
-      {"checksum", "xxh3-128"},       {"tensors", std::move(tensors)}};
+  const nlohmann::json m = {{"format", "miles-disk-delta"},
+                            {"format_version", format_version},
+                            {"version", 1},
+                            {"base_version", nullptr},
+                            {"data_file", "tensors.zst"},
+                            {"data_bytes", data_bytes},
+                            {"checksum", "xxh3-128"},
+                            {"tensors", std::move(tensors)}};
   std::ofstream(v + "/manifest.json") << m.dump(1);
   std::ofstream(v + "/tensors.zst", std::ios::binary) << std::string(data_bytes, '\0');
   auto l = DiskDeltaReader(tmp.path()).load(1);
@@ -526,6 +533,54 @@ TEST(DiskDelta, HostileManifestSizesAreRefusedBeforeAllocating) {
       << s.message();
 }
 
+// Format version 2 names every tensor's layout: one missing or unknown, byte planes of 1-byte
+// elements, a layout in a version 1 manifest and an unknown format version are refused by name;
+// a version 1 directory (no layouts: every frame plain bytes) still loads.
+TEST(DiskDelta, LayoutsAreStrictAndVersionOneStillLoads) {
+  using J = nlohmann::json;
+  const auto with_layout = [](J t, const std::string& layout) {
+    t["layout"] = layout;
+    return t;
+  };
+  const J f32 = hostile_tensor("w", "F32", J::array({4}), 16, 0, 16);
+  std::string e = load_fails_with(J::array({f32}), 16, 2);
+  EXPECT_NE(e.find("'layout'"), std::string::npos) << e;
+  e = load_fails_with(J::array({with_layout(f32, "zigzag")}), 16, 2);
+  EXPECT_NE(e.find("unknown layout 'zigzag'"), std::string::npos) << e;
+  e = load_fails_with(
+      J::array({with_layout(hostile_tensor("w", "U8", J::array({16}), 16, 0, 16), "byte_planes")}),
+      16, 2);
+  EXPECT_NE(e.find("'byte_planes' needs a dtype of 2 bytes or more, not 'U8'"), std::string::npos)
+      << e;
+  e = load_fails_with(J::array({with_layout(f32, "bytes")}), 16, 1);
+  EXPECT_NE(e.find("'layout' in a format version 1 manifest"), std::string::npos) << e;
+  e = load_fails_with(J::array({with_layout(f32, "bytes")}), 16, 3);
+  EXPECT_NE(e.find("version 3 is not miles-disk-delta version 1 to 2"), std::string::npos) << e;
+
+  // A version written as version 1 was: 1-byte tensors (stored as bytes), the manifest without
+  // layouts.
+  TempDir tmp;
+  WeightSet w;
+  for (int i = 0; i < 3; ++i) {
+    NamedTensor t{"t" + std::to_string(i), "U8", {4096}, std::vector<uint8_t>(4096)};
+    for (size_t k = 0; k < t.bytes.size(); ++k) t.bytes[k] = static_cast<uint8_t>(k * (i + 3));
+    w.push_back(std::move(t));
+  }
+  ASSERT_TRUE(DiskDeltaWriter(tmp.path()).publish(1, w).ok());
+  const std::string path = tmp.sub("weight_v000001/manifest.json");
+  J m = J::parse(std::ifstream(path));
+  ASSERT_EQ(m["format_version"], 2);
+  m["format_version"] = 1;
+  for (J& t : m["tensors"]) {
+    ASSERT_EQ(t["layout"], "bytes");
+    t.erase("layout");
+  }
+  std::ofstream(path) << m.dump(1);
+  auto loaded = DiskDeltaReader(tmp.path()).load(1);
+  ASSERT_TRUE(loaded.ok()) << loaded.message();
+  expect_same(*loaded, w, "version 1 load");
+}
+
 TEST(DiskDelta, WriterRefusesAShapeWhoseBytesOverflow) {
   TempDir tmp;
   WeightSet w = {{"w", "F32", {int64_t{1} << 62, 8}, {}}};  // 2^67 bytes: wrapped to 0 before
@@ -542,6 +597,79 @@ TEST(DiskDelta, FormatChecksumIsTheWeightSyncOne) {
     for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(i * 31 + 7);
     EXPECT_EQ(disk_delta::xxh3_128_hex(bytes), xxh3_128_hex(bytes.data(), bytes.size())) << n;
   }
+}
+
+// The reader decodes frames piece by piece (written over, or xor-applied through a piece buffer;
+// a byte_planes block is one piece) and hashes the pieces as they come: over several pieces and a
+// ragged last one, in both layouts, for 4- and 2-byte elements, the bytes and the hash are those
+// of the payload itself; byte planes are what the format says (plane j of a block: byte j of each
+// element). A frame cut short, one with bytes after it, one that holds more or fewer bytes than
+// the tensor, and bytes that are no frame are errors that say so (a frame corrupted inside is the
+// checksum's to catch: Corruption.FlippedByteInCompressedFrame).
+TEST(DiskDelta, PieceDecodeEqualsThePayloadInEveryLayoutAndRefusesBadFrames) {
+  namespace dd = disk_delta;
+  const size_t n = 2 * dd::kDecodePiece + 12344;  // a multiple of 4 and 2; a ragged last piece
+  std::vector<uint8_t> plain(n), base(n);
+  std::mt19937 g(5);
+  for (size_t i = 0; i < n; ++i) {
+    plain[i] = static_cast<uint8_t>(i % 7 == 0 ? g() : i % 4);  // compressible, not trivially
+    base[i] = static_cast<uint8_t>(g());
+  }
+  std::vector<uint8_t> want_xor = base;
+  for (size_t i = 0; i < n; ++i) want_xor[i] ^= plain[i];
+  {  // the layout itself, on a block of 5 four-byte elements
+    const std::vector<uint8_t> e = {0,  1,  2,  3,  10, 11, 12, 13, 20, 21,
+                                    22, 23, 30, 31, 32, 33, 40, 41, 42, 43};
+    std::vector<uint8_t> planes;
+    dd::append_byte_planes(e, 4, planes);
+    EXPECT_EQ(planes, (std::vector<uint8_t>{0, 10, 20, 30, 40, 1, 11, 21, 31, 41,
+                                            2, 12, 22, 32, 42, 3, 13, 23, 33, 43}));
+  }
+  for (const dd::TensorLayout layout : {dd::TensorLayout::kBytes, dd::TensorLayout::kBytePlanes})
+    for (const int elem : {4, 2}) {
+      std::vector<uint8_t> payload;
+      if (layout == dd::TensorLayout::kBytePlanes)
+        dd::append_byte_planes(plain, elem, payload);
+      else
+        payload = plain;
+      std::vector<uint8_t> frame;
+      ASSERT_TRUE(dd::zstd_compress_append(payload, 1, frame).ok());
+      for (const bool xor_into : {false, true}) {
+        std::vector<uint8_t> out = xor_into ? base : std::vector<uint8_t>(n, 0xAA);
+        dd::Xxh3Stream hash;
+        int pieces = 0;
+        ASSERT_TRUE(dd::zstd_decode_pieces(frame, out, xor_into, layout, elem,
+                                           [&](std::span<const uint8_t> p) {
+                                             hash.update(p);
+                                             ++pieces;
+                                           })
+                        .ok());
+        EXPECT_EQ(pieces, 3);
+        EXPECT_TRUE(out == (xor_into ? want_xor : plain))
+            << dd::layout_name(layout) << " elem " << elem << " xor " << xor_into;
+        EXPECT_EQ(hash.hex(), dd::xxh3_128_hex(out));
+      }
+    }
+  std::vector<uint8_t> frame;
+  ASSERT_TRUE(dd::zstd_compress_append(plain, 1, frame).ok());
+  const auto fails = [&](std::span<const uint8_t> f, size_t size, const std::string& want) {
+    for (const dd::TensorLayout layout :
+         {dd::TensorLayout::kBytes, dd::TensorLayout::kBytePlanes}) {
+      std::vector<uint8_t> out(size);
+      const Status s =
+          dd::zstd_decode_pieces(f, out, false, layout, 1 + (size % 2 == 0),  // elem 2 when even
+                                 [](std::span<const uint8_t>) {});
+      ASSERT_FALSE(s.ok()) << want;
+      EXPECT_NE(s.message().find(want), std::string::npos) << s.message();
+    }
+  };
+  fails(std::span(frame).first(frame.size() / 2), n, "ends early");
+  std::vector<uint8_t> trailing = frame;
+  trailing.push_back(0);
+  fails(trailing, n, "follow the zstd frame");
+  fails(frame, n - 2, "expected");
+  fails(frame, n + 2, "expected");
+  fails(std::span(frame).subspan(1), n, "not a zstd frame");
 }
 
 // ---- a writer process killed in the middle of a publish ---------------------------------------

@@ -1,7 +1,10 @@
 // The disk-delta on-disk format: manifest JSON, directory names, checksums, zstd frames, synced IO.
 #include "weight_sync/disk_delta_format.h"
 
+#include <emmintrin.h>
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxh_x86dispatch.h>
 #include <xxhash.h>
@@ -13,8 +16,10 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 
+#include "miles/check.h"
 #include "miles/durable_file.h"
 
 namespace miles::disk_delta {
@@ -45,7 +50,8 @@ Result<T> field(const nlohmann::json& j, const char* key, const std::string& whe
   return v.get<T>();
 }
 
-Result<ManifestTensor> tensor_from_json(const nlohmann::json& j, const std::string& where) {
+Result<ManifestTensor> tensor_from_json(const nlohmann::json& j, const std::string& where,
+                                        int64_t format_version) {
   ManifestTensor t;
   MILES_ASSIGN_OR_RETURN(t.name, field<std::string>(j, "name", where));
   const std::string at = where + " tensor '" + t.name + "'";
@@ -62,6 +68,19 @@ Result<ManifestTensor> tensor_from_json(const nlohmann::json& j, const std::stri
   const auto e = encoding_from_name(enc);
   if (!e) return Status::Error(at + ": unknown encoding '" + enc + "'");
   t.encoding = *e;
+  if (format_version >= 2) {
+    MILES_ASSIGN_OR_RETURN(std::string layout, field<std::string>(j, "layout", at));
+    if (layout == layout_name(TensorLayout::kBytePlanes)) {
+      t.layout = TensorLayout::kBytePlanes;
+      if (dtype_bytes(t.dtype) < 2)
+        return Status::Error(at + ": layout 'byte_planes' needs a dtype of 2 bytes or more, not '" +
+                             t.dtype + "'");
+    } else if (layout != layout_name(TensorLayout::kBytes)) {
+      return Status::Error(at + ": unknown layout '" + layout + "'");
+    }
+  } else if (j.contains("layout")) {
+    return Status::Error(at + ": 'layout' in a format version 1 manifest");
+  }
   MILES_ASSIGN_OR_RETURN(t.nbytes, field<uint64_t>(j, "nbytes", at));
   MILES_ASSIGN_OR_RETURN(t.offset, field<uint64_t>(j, "offset", at));
   MILES_ASSIGN_OR_RETURN(t.compressed_bytes, field<uint64_t>(j, "compressed_bytes", at));
@@ -104,6 +123,14 @@ std::string_view encoding_name(TensorEncoding e) {
   return "?";
 }
 
+std::string_view layout_name(TensorLayout l) {
+  return l == TensorLayout::kBytePlanes ? "byte_planes" : "bytes";
+}
+
+TensorLayout layout_for(std::string_view dtype) {
+  return dtype_bytes(dtype) >= 2 ? TensorLayout::kBytePlanes : TensorLayout::kBytes;
+}
+
 std::optional<TensorEncoding> encoding_from_name(std::string_view name) {
   for (auto e : {TensorEncoding::kFull, TensorEncoding::kXor, TensorEncoding::kOverwrite,
                  TensorEncoding::kUnchanged})
@@ -126,6 +153,7 @@ std::string manifest_to_json(const Manifest& m) {
                   {"dtype", t.dtype},
                   {"shape", t.shape},
                   {"encoding", std::string(encoding_name(t.encoding))},
+                  {"layout", std::string(layout_name(t.layout))},
                   {"nbytes", t.nbytes},
                   {"offset", t.offset},
                   {"compressed_bytes", t.compressed_bytes},
@@ -140,9 +168,11 @@ Result<Manifest> manifest_from_json(const std::string& text, const std::string& 
   if (j.is_discarded() || !j.is_object()) return Status::Error(source + ": not a JSON object");
   MILES_ASSIGN_OR_RETURN(std::string format, field<std::string>(j, "format", source));
   MILES_ASSIGN_OR_RETURN(int64_t fv, field<int64_t>(j, "format_version", source));
-  if (format != kFormat || fv != kFormatVersion)
+  if (format != kFormat || fv < kOldestReadableFormatVersion || fv > kFormatVersion)
     return Status::Error(source + ": format '" + format + "' version " + std::to_string(fv) +
-                         " is not " + kFormat + " version " + std::to_string(kFormatVersion));
+                         " is not " + kFormat + " version " +
+                         std::to_string(kOldestReadableFormatVersion) + " to " +
+                         std::to_string(kFormatVersion));
   Manifest m;
   MILES_ASSIGN_OR_RETURN(m.version, field<int64_t>(j, "version", source));
   if (!j.contains("base_version")) return Status::Error(source + ": missing field 'base_version'");
@@ -162,7 +192,7 @@ Result<Manifest> manifest_from_json(const std::string& text, const std::string& 
     return Status::Error(source + ": 'tensors' is not an array");
   uint64_t end = 0;
   for (const auto& tj : j["tensors"]) {
-    MILES_ASSIGN_OR_RETURN(ManifestTensor t, tensor_from_json(tj, source));
+    MILES_ASSIGN_OR_RETURN(ManifestTensor t, tensor_from_json(tj, source, fv));
     if (m.is_full() && t.encoding != TensorEncoding::kFull)
       return Status::Error(source + ": tensor '" + t.name + "' of a full version is not 'full'");
     if (!m.is_full() && t.encoding == TensorEncoding::kFull)
@@ -271,15 +301,225 @@ Status zstd_check_frame_size(std::span<const uint8_t> frame, uint64_t size) {
   return Status::Ok();
 }
 
-Status zstd_decompress_exact(std::span<const uint8_t> frame, std::span<uint8_t> out) {
+namespace {
+
+struct DCtxFree {
+  void operator()(ZSTD_DCtx* c) const { ZSTD_freeDCtx(c); }
+};
+
+// out ^= in, 8 bytes at a time (the compiler vectorises the loop).
+void xor_bytes(uint8_t* out, const uint8_t* in, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t a, b;
+    std::memcpy(&a, out + i, 8);
+    std::memcpy(&b, in + i, 8);
+    a ^= b;
+    std::memcpy(out + i, &a, 8);
+  }
+  for (; i < n; ++i) out[i] ^= in[i];
+}
+
+}  // namespace
+
+void append_byte_planes(std::span<const uint8_t> in, int elem, std::vector<uint8_t>& out) {
+  const size_t at = out.size();
+  out.resize(at + in.size());
+  for (size_t b = 0; b < in.size(); b += kPlaneBlock) {
+    const size_t len = std::min(kPlaneBlock, in.size() - b), m = len / elem;
+    const uint8_t* src = in.data() + b;
+    uint8_t* dst = out.data() + at + b;
+    if (elem == 4) {
+      for (size_t i = 0; i < m; ++i) {
+        uint32_t w;
+        std::memcpy(&w, src + 4 * i, 4);
+        dst[i] = static_cast<uint8_t>(w);
+        dst[m + i] = static_cast<uint8_t>(w >> 8);
+        dst[2 * m + i] = static_cast<uint8_t>(w >> 16);
+        dst[3 * m + i] = static_cast<uint8_t>(w >> 24);
+      }
+    } else {
+      for (size_t i = 0; i < m; ++i)
+        for (int j = 0; j < elem; ++j) dst[j * m + i] = src[i * elem + j];
+    }
+  }
+}
+
+namespace {
+
+// 16 elements of 4 (or 2) bytes from their planes: byte-wise then pair-wise interleaves.
+template <bool kXor>
+void store16(uint8_t* out, __m128i v) {
+  if (kXor) v = _mm_xor_si128(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(out)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), v);
+}
+
+template <bool kXor>
+size_t from_planes4(const uint8_t* p, size_t m, uint8_t* out) {
+  size_t i = 0;
+  for (; i + 16 <= m; i += 16) {
+    const auto ld = [&](int j) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + j * m + i));
+    };
+    const __m128i a = ld(0), b = ld(1), c = ld(2), d = ld(3);
+    const __m128i ab_lo = _mm_unpacklo_epi8(a, b), ab_hi = _mm_unpackhi_epi8(a, b);
+    const __m128i cd_lo = _mm_unpacklo_epi8(c, d), cd_hi = _mm_unpackhi_epi8(c, d);
+    uint8_t* o = out + 4 * i;
+    store16<kXor>(o, _mm_unpacklo_epi16(ab_lo, cd_lo));
+    store16<kXor>(o + 16, _mm_unpackhi_epi16(ab_lo, cd_lo));
+    store16<kXor>(o + 32, _mm_unpacklo_epi16(ab_hi, cd_hi));
+    store16<kXor>(o + 48, _mm_unpackhi_epi16(ab_hi, cd_hi));
+  }
+  return i;
+}
+
+template <bool kXor>
+size_t from_planes2(const uint8_t* p, size_t m, uint8_t* out) {
+  size_t i = 0;
+  for (; i + 16 <= m; i += 16) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + m + i));
+    store16<kXor>(out + 2 * i, _mm_unpacklo_epi8(a, b));
+    store16<kXor>(out + 2 * i + 16, _mm_unpackhi_epi8(a, b));
+  }
+  return i;
+}
+
+}  // namespace
+
+void from_byte_planes(const uint8_t* planes, size_t len, int elem, uint8_t* out, bool xor_into) {
+  const size_t m = len / elem;
+  size_t i = 0;
+  if (elem == 4)
+    i = xor_into ? from_planes4<true>(planes, m, out) : from_planes4<false>(planes, m, out);
+  if (elem == 2)
+    i = xor_into ? from_planes2<true>(planes, m, out) : from_planes2<false>(planes, m, out);
+  for (; i < m; ++i)
+    for (int j = 0; j < elem; ++j) {
+      const uint8_t v = planes[j * m + i];
+      out[i * elem + j] = xor_into ? out[i * elem + j] ^ v : v;
+    }
+}
+
+Status zstd_decode_pieces(std::span<const uint8_t> frame, std::span<uint8_t> out, bool xor_into,
+                          TensorLayout layout, int elem,
+                          const std::function<void(std::span<const uint8_t>)>& piece_done) {
   MILES_RETURN_IF_ERROR(zstd_check_frame_size(frame, out.size()));
-  const size_t n = ZSTD_decompress(out.data(), out.size(), frame.data(), frame.size());
-  if (ZSTD_isError(n))
-    return Status::Error(std::string("corrupt zstd frame: ") + ZSTD_getErrorName(n));
-  if (n != out.size())
-    return Status::Error("zstd frame decoded to " + std::to_string(n) + " bytes, expected " +
+  const bool planes = layout == TensorLayout::kBytePlanes;
+  MILES_CHECK(!planes || (elem >= 2 && kDecodePiece % elem == 0 && out.size() % elem == 0));
+  const bool via_piece = xor_into || planes;  // else zstd writes straight into out
+  thread_local std::unique_ptr<ZSTD_DCtx, DCtxFree> dctx(ZSTD_createDCtx());
+  thread_local std::vector<uint8_t> piece;
+  if (!dctx) return Status::Error("zstd: cannot create a decompression context");
+  ZSTD_DCtx_reset(dctx.get(), ZSTD_reset_session_only);
+  if (via_piece && piece.size() < kDecodePiece) piece.resize(kDecodePiece);
+  ZSTD_inBuffer in{frame.data(), frame.size(), 0};
+  size_t pos = 0, left_in_frame = 1;  // ZSTD_decompressStream's hint: 0 once the frame is complete
+  const auto corrupt = [](size_t code) {
+    return Status::Error(std::string("corrupt zstd frame: ") + ZSTD_getErrorName(code));
+  };
+  while (pos < out.size() && left_in_frame != 0) {
+    const size_t len = std::min(kDecodePiece, out.size() - pos);
+    ZSTD_outBuffer ob{via_piece ? piece.data() : out.data() + pos, len, 0};
+    while (ob.pos < ob.size && left_in_frame != 0) {
+      const size_t in_before = in.pos, out_before = ob.pos;
+      left_in_frame = ZSTD_decompressStream(dctx.get(), &ob, &in);
+      if (ZSTD_isError(left_in_frame)) return corrupt(left_in_frame);
+      if (in.pos == in_before && ob.pos == out_before)
+        return Status::Error("zstd frame ends early: decoded " + std::to_string(pos + ob.pos) +
+                             " of " + std::to_string(out.size()) + " bytes");
+    }
+    if (ob.pos < len) {  // the frame ended early (reported below): the piece is not applied
+      pos += ob.pos;
+      break;
+    }
+    if (planes)
+      from_byte_planes(piece.data(), len, elem, out.data() + pos, xor_into);
+    else if (xor_into)
+      xor_bytes(out.data() + pos, piece.data(), len);
+    piece_done(std::span<const uint8_t>(out.data() + pos, ob.pos));
+    pos += ob.pos;
+  }
+  if (pos != out.size())
+    return Status::Error("zstd frame decoded to " + std::to_string(pos) + " bytes, expected " +
                          std::to_string(out.size()));
+  if (left_in_frame != 0) {  // out is full: the frame must end here, with nothing more to give
+    uint8_t extra = 0;
+    ZSTD_outBuffer ob{&extra, 1, 0};
+    left_in_frame = ZSTD_decompressStream(dctx.get(), &ob, &in);
+    if (ZSTD_isError(left_in_frame)) return corrupt(left_in_frame);
+    if (ob.pos != 0)
+      return Status::Error("zstd frame decodes to more than " + std::to_string(out.size()) +
+                           " bytes");
+    if (left_in_frame != 0)
+      return Status::Error("zstd frame ends early: its last block is missing");
+  }
+  if (in.pos != in.size)
+    return Status::Error(std::to_string(in.size - in.pos) + " bytes follow the zstd frame");
   return Status::Ok();
+}
+
+void resize_for_overwrite(std::vector<uint8_t>& v, size_t n) {
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  if (n >= kHuge && v.capacity() < n) {
+    std::vector<uint8_t>().swap(v);
+    v.reserve(n);  // allocated, not yet touched
+    const uintptr_t lo = (reinterpret_cast<uintptr_t>(v.data()) + kHuge - 1) & ~(kHuge - 1);
+    const uintptr_t hi = (reinterpret_cast<uintptr_t>(v.data()) + n) & ~(kHuge - 1);
+    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a hint only
+  }
+  v.resize(n);
+}
+
+Xxh3Stream::Xxh3Stream() : state_(XXH3_createState()) {
+  MILES_CHECK(state_ != nullptr);
+  XXH3_128bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+
+Xxh3Stream::~Xxh3Stream() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+
+void Xxh3Stream::update(std::span<const uint8_t> bytes) {
+  XXH3_128bits_update_dispatch(static_cast<XXH3_state_t*>(state_), bytes.data(), bytes.size());
+}
+
+std::string Xxh3Stream::hex() const {
+  const XXH128_hash_t h = XXH3_128bits_digest(static_cast<const XXH3_state_t*>(state_));
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                static_cast<unsigned long long>(h.low64));
+  return buf;
+}
+
+Result<DataFile> DataFile::open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::Error("cannot open " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return Status::Error("cannot stat " + path + ": " + why);
+  }
+  return DataFile(fd, path, static_cast<uint64_t>(st.st_size));
+}
+
+DataFile::~DataFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<std::span<const uint8_t>> DataFile::read(uint64_t offset, uint64_t n,
+                                                std::vector<uint8_t>& buf) const {
+  if (buf.size() < n) buf.resize(n);
+  uint64_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd_, buf.data() + got, n - got, static_cast<off_t>(offset + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::Error("cannot read " + path_ + ": " + std::strerror(errno));
+    if (r == 0)
+      return Status::Error(path_ + " ends at byte " + std::to_string(offset + got) +
+                           ", inside a frame that ends at " + std::to_string(offset + n));
+    got += static_cast<uint64_t>(r);
+  }
+  return std::span<const uint8_t>(buf.data(), n);
 }
 
 Status write_file_synced(const std::string& path, std::span<const uint8_t> bytes) {

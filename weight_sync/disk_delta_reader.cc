@@ -61,11 +61,11 @@ Result<std::vector<dd::Manifest>> resolve_chain(const std::string& dir, int64_t 
   return chain;
 }
 
-// The data file of a version, checked against the manifest's size; a short file names the first
-// tensor whose frame it cuts.
-Result<std::vector<uint8_t>> read_data(const std::string& vdir, const dd::Manifest& m) {
+// The data file of a version, opened and checked against the manifest's size; a short file names
+// the first tensor whose frame it cuts. Frames are read from it one tensor at a time.
+Result<dd::DataFile> open_data(const std::string& vdir, const dd::Manifest& m) {
   const std::string path = vdir + "/" + dd::kDataFile;
-  MILES_ASSIGN_OR_RETURN(std::vector<uint8_t> data, dd::read_file(path));
+  MILES_ASSIGN_OR_RETURN(dd::DataFile data, dd::DataFile::open(path));
   if (data.size() == m.data_bytes) return data;
   std::string first;
   for (const auto& t : m.tensors)
@@ -93,44 +93,47 @@ Status check_layout(const WeightSet& set, const dd::Manifest& m, const std::stri
   return Status::Ok();
 }
 
-// One tensor's frame of `data` decoded into `out` (a full or overwrite frame replaces it, a xor
-// frame is applied to it).
-Status apply_tensor(const std::vector<uint8_t>& data, const dd::ManifestTensor& t,
-                    const std::string& where, std::vector<uint8_t>& out) {
-  // The manifest holds every frame inside the data file, whose size read_data checked, and
-  // nbytes to what the frame can decode to; the frame's header must agree before the output is
-  // allocated.
-  const std::span<const uint8_t> frame(data.data() + t.offset, t.compressed_bytes);
+// One tensor's frame read from `data` and decoded into `out` (a full or overwrite frame replaces
+// it, a xor frame is applied to it, in place), hashing each decoded piece while it is in cache;
+// returns the hash of the final bytes.
+Result<std::string> apply_tensor(const dd::DataFile& data, const dd::ManifestTensor& t,
+                                 const std::string& where, std::vector<uint8_t>& out) {
   const std::string at = where + ", " + dd::kDataFile + ", tensor '" + t.name + "'";
-  MILES_RETURN_IF_ERROR(dd::zstd_check_frame_size(frame, t.nbytes).with_context(at));
-  if (t.encoding == dd::TensorEncoding::kXor) {
-    std::vector<uint8_t> decoded(t.nbytes);
-    MILES_RETURN_IF_ERROR(dd::zstd_decompress_exact(frame, decoded).with_context(at));
-    for (size_t k = 0; k < decoded.size(); ++k) out[k] ^= decoded[k];
-  } else {
-    out.resize(t.nbytes);
-    MILES_RETURN_IF_ERROR(dd::zstd_decompress_exact(frame, out).with_context(at));
+  dd::Xxh3Stream hash;
+  if (t.encoding == dd::TensorEncoding::kUnchanged) {
+    hash.update(out);
+    return hash.hex();
   }
-  return Status::Ok();
+  thread_local std::vector<uint8_t> frame_buf;  // grows only: one frame at a time per thread
+  // The manifest holds every frame inside the data file, whose size open_data checked, and nbytes
+  // to what the frame can decode to; the frame's header must agree before the output is sized.
+  MILES_ASSIGN_OR_RETURN(const std::span<const uint8_t> frame,
+                         data.read(t.offset, t.compressed_bytes, frame_buf));
+  MILES_RETURN_IF_ERROR(dd::zstd_check_frame_size(frame, t.nbytes).with_context(at));
+  const bool xor_into = t.encoding == dd::TensorEncoding::kXor;
+  if (!xor_into) dd::resize_for_overwrite(out, t.nbytes);
+  MILES_RETURN_IF_ERROR(
+      dd::zstd_decode_pieces(frame, out, xor_into, t.layout, dd::dtype_bytes(t.dtype),
+                             [&](std::span<const uint8_t> piece) { hash.update(piece); })
+          .with_context(at));
+  return hash.hex();
 }
 
-// Applies one version to `set` (replacing it for a full version), then verifies every checksum.
+// Applies one version to `set` (replacing it for a full version), verifying every checksum.
 Status apply_version(const std::string& dir, const dd::Manifest& m, WeightSet& set) {
   const std::string vdir = version_path(dir, m.version);
   const std::string where = "version " + std::to_string(m.version) + " (" + vdir + ")";
-  MILES_ASSIGN_OR_RETURN(std::vector<uint8_t> data, read_data(vdir, m));
+  MILES_ASSIGN_OR_RETURN(const dd::DataFile data, open_data(vdir, m));
   if (m.is_full()) {
     set.clear();
     for (const auto& t : m.tensors) set.push_back(NamedTensor{t.name, t.dtype, t.shape, {}});
   } else {
     MILES_RETURN_IF_ERROR(check_layout(set, m, where));
   }
-  // Every tensor on its own (for_each_tensor): decode, apply, verify.
+  // Every tensor on its own (for_each_tensor): read its frame, decode, apply, verify.
   return weight_sync_detail::for_each_tensor(m.tensors.size(), [&](size_t i) -> Status {
     const dd::ManifestTensor& t = m.tensors[i];
-    if (t.encoding != dd::TensorEncoding::kUnchanged)
-      MILES_RETURN_IF_ERROR(apply_tensor(data, t, where, set[i].bytes));
-    const std::string got = dd::xxh3_128_hex(set[i].bytes);
+    MILES_ASSIGN_OR_RETURN(const std::string got, apply_tensor(data, t, where, set[i].bytes));
     if (got != t.xxh3_128)
       return Status::Error(where + ": checksum mismatch for tensor '" + t.name + "' (" +
                            std::string(dd::encoding_name(t.encoding)) + "): manifest says " +

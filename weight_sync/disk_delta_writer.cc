@@ -60,8 +60,8 @@ struct Encoded {
 
 Result<Encoded> encode_tensor(const NamedTensor& t, const NamedTensor* base, DeltaEncoding enc,
                               const std::string& known_xxh3, int zstd_level) {
-  Encoded e{{t.name, t.dtype, t.shape, dd::TensorEncoding::kFull, t.bytes.size(), 0, 0,
-             known_xxh3.empty() ? dd::xxh3_128_hex(t.bytes) : known_xxh3},
+  Encoded e{{t.name, t.dtype, t.shape, dd::TensorEncoding::kFull, dd::TensorLayout::kBytes,
+             t.bytes.size(), 0, 0, known_xxh3.empty() ? dd::xxh3_128_hex(t.bytes) : known_xxh3},
             {}};
   std::vector<uint8_t> xored;
   std::span<const uint8_t> payload = t.bytes;
@@ -76,6 +76,12 @@ Result<Encoded> encode_tensor(const NamedTensor& t, const NamedTensor* base, Del
     xored.resize(t.bytes.size());
     for (size_t i = 0; i < xored.size(); ++i) xored[i] = t.bytes[i] ^ base->bytes[i];
     payload = xored;
+  }
+  e.m.layout = dd::layout_for(t.dtype);
+  std::vector<uint8_t> planes;
+  if (e.m.layout == dd::TensorLayout::kBytePlanes) {
+    dd::append_byte_planes(payload, dd::dtype_bytes(t.dtype), planes);
+    payload = planes;
   }
   MILES_ASSIGN_OR_RETURN(e.m.compressed_bytes,
                          dd::zstd_compress_append(payload, zstd_level, e.frame));
