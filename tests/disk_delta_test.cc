@@ -600,12 +600,12 @@ TEST(DiskDelta, FormatChecksumIsTheWeightSyncOne) {
 }
 
 // The reader decodes frames piece by piece (written over, or xor-applied through a piece buffer;
-// a byte_planes block is one piece) and hashes the pieces as they come: over several pieces and a
-// ragged last one, in both layouts, for 4- and 2-byte elements, the bytes and the hash are those
-// of the payload itself; byte planes are what the format says (plane j of a block: byte j of each
-// element). A frame cut short, one with bytes after it, one that holds more or fewer bytes than
-// the tensor, and bytes that are no frame are errors that say so (a frame corrupted inside is the
-// checksum's to catch: Corruption.FlippedByteInCompressedFrame).
+// a byte_planes block is one piece), reading them in chunks, and hashes the pieces as they come:
+// over several pieces and a ragged last one, in both layouts, for 4- and 2-byte elements, the bytes
+// and the hash are those of the payload itself; byte planes are what the format says (plane j of a
+// block: byte j of each element). A frame cut short, one with bytes after it, one that holds more
+// or fewer bytes than the tensor, and bytes that are no frame are errors that say so (a frame
+// corrupted inside is the checksum's to catch: Corruption.FlippedByteInCompressedFrame).
 TEST(DiskDelta, PieceDecodeEqualsThePayloadInEveryLayoutAndRefusesBadFrames) {
   namespace dd = disk_delta;
   const size_t n = 2 * dd::kDecodePiece + 12344;  // a multiple of 4 and 2; a ragged last piece
@@ -634,21 +634,29 @@ TEST(DiskDelta, PieceDecodeEqualsThePayloadInEveryLayoutAndRefusesBadFrames) {
         payload = plain;
       std::vector<uint8_t> frame;
       ASSERT_TRUE(dd::zstd_compress_append(payload, 1, frame).ok());
-      for (const bool xor_into : {false, true}) {
-        std::vector<uint8_t> out = xor_into ? base : std::vector<uint8_t>(n, 0xAA);
-        dd::Xxh3Stream hash;
-        int pieces = 0;
-        ASSERT_TRUE(dd::zstd_decode_pieces(frame, out, xor_into, layout, elem,
-                                           [&](std::span<const uint8_t> p) {
-                                             hash.update(p);
-                                             ++pieces;
-                                           })
-                        .ok());
-        EXPECT_EQ(pieces, 3);
-        EXPECT_TRUE(out == (xor_into ? want_xor : plain))
-            << dd::layout_name(layout) << " elem " << elem << " xor " << xor_into;
-        EXPECT_EQ(hash.hex(), dd::xxh3_128_hex(out));
-      }
+      for (const bool xor_into : {false, true})
+        for (const size_t chunk : {frame.size(), size_t{777}}) {  // whole, or as a file gives it
+          std::vector<uint8_t> out = xor_into ? base : std::vector<uint8_t>(n, 0xAA);
+          size_t given = 0;
+          const dd::FrameChunks chunks = [&]() -> Result<std::span<const uint8_t>> {
+            const size_t c = std::min(chunk, frame.size() - given);
+            given += c;
+            return std::span<const uint8_t>(frame).subspan(given - c, c);
+          };
+          dd::Xxh3Stream hash;
+          int pieces = 0;
+          ASSERT_TRUE(dd::zstd_decode_pieces(chunks, out, xor_into, layout, elem,
+                                             [&](std::span<const uint8_t> p) {
+                                               hash.update(p);
+                                               ++pieces;
+                                             })
+                          .ok());
+          EXPECT_EQ(pieces, 3);
+          EXPECT_TRUE(out == (xor_into ? want_xor : plain))
+              << dd::layout_name(layout) << " elem " << elem << " xor " << xor_into << " chunk "
+              << chunk;
+          EXPECT_EQ(hash.hex(), dd::xxh3_128_hex(out));
+        }
     }
   std::vector<uint8_t> frame;
   ASSERT_TRUE(dd::zstd_compress_append(plain, 1, frame).ok());
@@ -656,9 +664,8 @@ TEST(DiskDelta, PieceDecodeEqualsThePayloadInEveryLayoutAndRefusesBadFrames) {
     for (const dd::TensorLayout layout :
          {dd::TensorLayout::kBytes, dd::TensorLayout::kBytePlanes}) {
       std::vector<uint8_t> out(size);
-      const Status s =
-          dd::zstd_decode_pieces(f, out, false, layout, 1 + (size % 2 == 0),  // elem 2 when even
-                                 [](std::span<const uint8_t>) {});
+      const Status s = dd::zstd_decode_pieces(dd::frame_in_memory(f), out, false, layout, 2,
+                                              [](std::span<const uint8_t>) {});
       ASSERT_FALSE(s.ok()) << want;
       EXPECT_NE(s.message().find(want), std::string::npos) << s.message();
     }

@@ -3,7 +3,6 @@
 
 #include <emmintrin.h>
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxh_x86dispatch.h>
@@ -401,10 +400,19 @@ void from_byte_planes(const uint8_t* planes, size_t len, int elem, uint8_t* out,
     }
 }
 
-Status zstd_decode_pieces(std::span<const uint8_t> frame, std::span<uint8_t> out, bool xor_into,
+FrameChunks frame_in_memory(std::span<const uint8_t> frame) {
+  return [frame, given = false]() mutable -> Result<std::span<const uint8_t>> {
+    if (given) return std::span<const uint8_t>();
+    given = true;
+    return frame;
+  };
+}
+
+Status zstd_decode_pieces(const FrameChunks& next_chunk, std::span<uint8_t> out, bool xor_into,
                           TensorLayout layout, int elem,
                           const std::function<void(std::span<const uint8_t>)>& piece_done) {
-  MILES_RETURN_IF_ERROR(zstd_check_frame_size(frame, out.size()));
+  MILES_ASSIGN_OR_RETURN(std::span<const uint8_t> chunk, next_chunk());
+  MILES_RETURN_IF_ERROR(zstd_check_frame_size(chunk, out.size()));  // the header is in the first
   const bool planes = layout == TensorLayout::kBytePlanes;
   MILES_CHECK(!planes || (elem >= 2 && kDecodePiece % elem == 0 && out.size() % elem == 0));
   const bool via_piece = xor_into || planes;  // else zstd writes straight into out
@@ -413,22 +421,29 @@ Status zstd_decode_pieces(std::span<const uint8_t> frame, std::span<uint8_t> out
   if (!dctx) return Status::Error("zstd: cannot create a decompression context");
   ZSTD_DCtx_reset(dctx.get(), ZSTD_reset_session_only);
   if (via_piece && piece.size() < kDecodePiece) piece.resize(kDecodePiece);
-  ZSTD_inBuffer in{frame.data(), frame.size(), 0};
+  ZSTD_inBuffer in{chunk.data(), chunk.size(), 0};
   size_t pos = 0, left_in_frame = 1;  // ZSTD_decompressStream's hint: 0 once the frame is complete
   const auto corrupt = [](size_t code) {
     return Status::Error(std::string("corrupt zstd frame: ") + ZSTD_getErrorName(code));
   };
+  // One decompression call, with the next chunk of the frame once the last one is used up.
+  const auto step = [&](ZSTD_outBuffer& ob) -> Status {
+    if (in.pos == in.size) {
+      MILES_ASSIGN_OR_RETURN(chunk, next_chunk());
+      in = {chunk.data(), chunk.size(), 0};
+    }
+    const size_t in_before = in.pos, out_before = ob.pos;
+    left_in_frame = ZSTD_decompressStream(dctx.get(), &ob, &in);
+    if (ZSTD_isError(left_in_frame)) return corrupt(left_in_frame);
+    if (in.pos == in_before && ob.pos == out_before)
+      return Status::Error("zstd frame ends early: decoded " + std::to_string(pos + ob.pos) +
+                           " of " + std::to_string(out.size()) + " bytes");
+    return Status::Ok();
+  };
   while (pos < out.size() && left_in_frame != 0) {
     const size_t len = std::min(kDecodePiece, out.size() - pos);
     ZSTD_outBuffer ob{via_piece ? piece.data() : out.data() + pos, len, 0};
-    while (ob.pos < ob.size && left_in_frame != 0) {
-      const size_t in_before = in.pos, out_before = ob.pos;
-      left_in_frame = ZSTD_decompressStream(dctx.get(), &ob, &in);
-      if (ZSTD_isError(left_in_frame)) return corrupt(left_in_frame);
-      if (in.pos == in_before && ob.pos == out_before)
-        return Status::Error("zstd frame ends early: decoded " + std::to_string(pos + ob.pos) +
-                             " of " + std::to_string(out.size()) + " bytes");
-    }
+    while (ob.pos < ob.size && left_in_frame != 0) MILES_RETURN_IF_ERROR(step(ob));
     if (ob.pos < len) {  // the frame ended early (reported below): the piece is not applied
       pos += ob.pos;
       break;
@@ -443,32 +458,21 @@ Status zstd_decode_pieces(std::span<const uint8_t> frame, std::span<uint8_t> out
   if (pos != out.size())
     return Status::Error("zstd frame decoded to " + std::to_string(pos) + " bytes, expected " +
                          std::to_string(out.size()));
-  if (left_in_frame != 0) {  // out is full: the frame must end here, with nothing more to give
-    uint8_t extra = 0;
+  uint8_t extra = 0;
+  while (left_in_frame != 0) {  // out is full: the frame must end with nothing more to give
     ZSTD_outBuffer ob{&extra, 1, 0};
-    left_in_frame = ZSTD_decompressStream(dctx.get(), &ob, &in);
-    if (ZSTD_isError(left_in_frame)) return corrupt(left_in_frame);
+    MILES_RETURN_IF_ERROR(step(ob));
     if (ob.pos != 0)
       return Status::Error("zstd frame decodes to more than " + std::to_string(out.size()) +
                            " bytes");
-    if (left_in_frame != 0)
-      return Status::Error("zstd frame ends early: its last block is missing");
   }
-  if (in.pos != in.size)
-    return Status::Error(std::to_string(in.size - in.pos) + " bytes follow the zstd frame");
+  size_t after = in.size - in.pos;
+  if (after == 0) {
+    MILES_ASSIGN_OR_RETURN(chunk, next_chunk());
+    after = chunk.size();
+  }
+  if (after != 0) return Status::Error("bytes follow the zstd frame");
   return Status::Ok();
-}
-
-void resize_for_overwrite(std::vector<uint8_t>& v, size_t n) {
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  if (n >= kHuge && v.capacity() < n) {
-    std::vector<uint8_t>().swap(v);
-    v.reserve(n);  // allocated, not yet touched
-    const uintptr_t lo = (reinterpret_cast<uintptr_t>(v.data()) + kHuge - 1) & ~(kHuge - 1);
-    const uintptr_t hi = (reinterpret_cast<uintptr_t>(v.data()) + n) & ~(kHuge - 1);
-    if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);  // a hint only
-  }
-  v.resize(n);
 }
 
 Xxh3Stream::Xxh3Stream() : state_(XXH3_createState()) {
@@ -506,20 +510,23 @@ DataFile::~DataFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Result<std::span<const uint8_t>> DataFile::read(uint64_t offset, uint64_t n,
-                                                std::vector<uint8_t>& buf) const {
-  if (buf.size() < n) buf.resize(n);
-  uint64_t got = 0;
-  while (got < n) {
-    const ssize_t r = ::pread(fd_, buf.data() + got, n - got, static_cast<off_t>(offset + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Status::Error("cannot read " + path_ + ": " + std::strerror(errno));
-    if (r == 0)
-      return Status::Error(path_ + " ends at byte " + std::to_string(offset + got) +
-                           ", inside a frame that ends at " + std::to_string(offset + n));
-    got += static_cast<uint64_t>(r);
-  }
-  return std::span<const uint8_t>(buf.data(), n);
+FrameChunks DataFile::chunks(uint64_t offset, uint64_t n) const {
+  return [this, at = offset, end = offset + n]() mutable -> Result<std::span<const uint8_t>> {
+    thread_local std::vector<uint8_t> buf(kReadChunk);
+    const uint64_t want = std::min(kReadChunk, end - at);
+    uint64_t got = 0;
+    while (got < want) {
+      const ssize_t r = ::pread(fd_, buf.data() + got, want - got, static_cast<off_t>(at + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return Status::Error("cannot read " + path_ + ": " + std::strerror(errno));
+      if (r == 0)
+        return Status::Error(path_ + " ends at byte " + std::to_string(at + got) +
+                             ", inside a frame that ends at " + std::to_string(end));
+      got += static_cast<uint64_t>(r);
+    }
+    at += want;
+    return std::span<const uint8_t>(buf.data(), want);
+  };
 }
 
 Status write_file_synced(const std::string& path, std::span<const uint8_t> bytes) {

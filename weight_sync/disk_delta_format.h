@@ -118,14 +118,13 @@ Status zstd_check_frame_size(std::span<const uint8_t> frame, uint64_t size);
 // with zstd's message, one that ends early, runs past out.size() or has bytes after it) leave the
 // file and tensor to the caller.
 inline constexpr size_t kDecodePiece = kPlaneBlock;
-Status zstd_decode_pieces(std::span<const uint8_t> frame, std::span<uint8_t> out, bool xor_into,
+// A frame's bytes in order, a chunk per call (an empty one: no more), so that a frame read from a
+// file needs no buffer of its size.
+using FrameChunks = std::function<Result<std::span<const uint8_t>>()>;
+FrameChunks frame_in_memory(std::span<const uint8_t> frame);
+Status zstd_decode_pieces(const FrameChunks& frame, std::span<uint8_t> out, bool xor_into,
                           TensorLayout layout, int elem,
                           const std::function<void(std::span<const uint8_t>)>& piece_done);
-
-// v.resize(n) for bytes about to be overwritten whole. New storage of 2 MiB or more is asked for
-// in transparent huge pages (madvise) before it is first touched: a tensor decoded into fresh 4 KiB
-// pages paid a page fault (and the kernel's zeroing) every 4 KiB.
-void resize_for_overwrite(std::vector<uint8_t>& v, size_t n);
 
 // xxh3-128 over bytes given in pieces: equal to xxh3_128_hex of their concatenation.
 class Xxh3Stream {
@@ -141,8 +140,8 @@ class Xxh3Stream {
   void* state_;  // XXH3_state_t
 };
 
-// A version's data file, opened once and read frame by frame (pread, any thread): no copy of the
-// whole file in memory.
+// A version's data file, opened once and read a chunk at a time (pread, any thread): neither the
+// file nor a frame is ever held whole in memory.
 class DataFile {
  public:
   static Result<DataFile> open(const std::string& path);
@@ -151,9 +150,10 @@ class DataFile {
   }
   DataFile& operator=(DataFile&&) = delete;
   ~DataFile();
-  // Bytes [offset, offset + n) into `buf` (grown as needed); the returned span views buf.
-  Result<std::span<const uint8_t>> read(uint64_t offset, uint64_t n,
-                                        std::vector<uint8_t>& buf) const;
+  // Bytes [offset, offset + n) as FrameChunks of up to kReadChunk bytes, read as they are asked
+  // for into a buffer of the calling thread (valid until its next chunk).
+  static constexpr uint64_t kReadChunk = uint64_t{1} << 20;
+  FrameChunks chunks(uint64_t offset, uint64_t n) const;
   uint64_t size() const { return size_; }
 
  private:

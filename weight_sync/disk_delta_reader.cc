@@ -104,16 +104,13 @@ Result<std::string> apply_tensor(const dd::DataFile& data, const dd::ManifestTen
     hash.update(out);
     return hash.hex();
   }
-  thread_local std::vector<uint8_t> frame_buf;  // grows only: one frame at a time per thread
   // The manifest holds every frame inside the data file, whose size open_data checked, and nbytes
-  // to what the frame can decode to; the frame's header must agree before the output is sized.
-  MILES_ASSIGN_OR_RETURN(const std::span<const uint8_t> frame,
-                         data.read(t.offset, t.compressed_bytes, frame_buf));
-  MILES_RETURN_IF_ERROR(dd::zstd_check_frame_size(frame, t.nbytes).with_context(at));
+  // to what the frame can decode to (the decoder checks the frame's header against it first).
   const bool xor_into = t.encoding == dd::TensorEncoding::kXor;
-  if (!xor_into) dd::resize_for_overwrite(out, t.nbytes);
+  if (!xor_into) out.resize(t.nbytes);
   MILES_RETURN_IF_ERROR(
-      dd::zstd_decode_pieces(frame, out, xor_into, t.layout, dd::dtype_bytes(t.dtype),
+      dd::zstd_decode_pieces(data.chunks(t.offset, t.compressed_bytes), out, xor_into, t.layout,
+                             dd::dtype_bytes(t.dtype),
                              [&](std::span<const uint8_t> piece) { hash.update(piece); })
           .with_context(at));
   return hash.hex();
