@@ -3,6 +3,7 @@
 // engine; each engine rank places the pieces straight into its own shard (weight_sync.h).
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "miles/comm.h"
 #include "miles/tensor_parallel.h"
@@ -27,19 +28,21 @@ struct Message {
   std::vector<char> data;    // the pieces, in bucket order, each run after run
 };
 
-Message layout_message(const Bucket& b, int k, int nt, int j, int ne) {
-  Message m;
-  m.header.assign(sizeof(int64_t) + kHex * b.tensors.size(), 0);
+// Sizes `m` for the message of bucket b from trainer rank k to engine rank j. The buffers are
+// reused from bucket to bucket: every byte is written before it is sent or read after it is
+// received (blank checksums are zeroed), so they are resized, never zero-filled again.
+void layout_message(const Bucket& b, int k, int nt, int j, int ne, Message& m) {
+  m.header.resize(sizeof(int64_t) + kHex * b.tensors.size());
   int64_t floats = 0;
   for (const PlannedTensor& t : b.tensors) floats += piece_of(t, k, nt, j, ne).floats();
-  m.data.assign(static_cast<size_t>(floats) * sizeof(float), 0);
-  return m;
+  m.data.resize(static_cast<size_t>(floats) * sizeof(float));
 }
 
-// The message trainer rank k sends engine rank j for bucket b.
-Result<Message> pack(const Bucket& b, int64_t version, const TensorSource& local_shards, int k,
-                     int nt, int j, int ne) {
-  Message m = layout_message(b, k, nt, j, ne);
+// The message trainer rank k sends engine rank j for bucket b, into `m`.
+Status pack(const Bucket& b, int64_t version, const TensorSource& local_shards, int k, int nt,
+            int j, int ne, Message& m) {
+  layout_message(b, k, nt, j, ne, m);
+  std::fill(m.header.begin(), m.header.end(), 0);
   std::memcpy(m.header.data(), &version, sizeof(version));
   float* out = reinterpret_cast<float*>(m.data.data());
   for (size_t i = 0; i < b.tensors.size(); ++i) {
@@ -57,7 +60,7 @@ Result<Message> pack(const Bucket& b, int64_t version, const TensorSource& local
     std::memcpy(m.header.data() + sizeof(int64_t) + i * kHex, sum.data(), kHex);
     out += p.floats();
   }
-  return m;
+  return Status::Ok();
 }
 
 }  // namespace
@@ -68,16 +71,14 @@ Status p2p_send_weights(Communicator& world, const TransferPlan& plan, int64_t v
   if (me.dp != 0) return Status::Ok();
   const int nt = roles.trainer.tp(), ne = roles.engine_tp;
   MILES_RETURN_IF_ERROR(shard_pieces::check_splits(plan, {nt, ne}));
+  std::vector<Message> messages(ne);  // reused by every bucket (each waits for its sends)
   for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
     const Bucket& b = plan.buckets[bi];
     if (b.stage != me.pp) continue;
     // One message per engine rank j (the same for every engine), all in flight at once.
-    std::vector<Message> messages;
     std::vector<std::unique_ptr<PendingSend>> pending;
-    messages.reserve(ne);
     for (int j = 0; j < ne; ++j) {
-      MILES_ASSIGN_OR_RETURN(Message m, pack(b, version, local_shards, me.tp, nt, j, ne));
-      messages.push_back(std::move(m));
+      MILES_RETURN_IF_ERROR(pack(b, version, local_shards, me.tp, nt, j, ne, messages[j]));
       for (int e = 0; e < roles.num_engines; ++e) {
         const int dst = roles.engine_rank(e, j);
         for (const std::vector<char>* part : {&messages[j].header, &messages[j].data}) {
@@ -100,7 +101,9 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
   out->tensors.clear();
   out->shapes.clear();
   out->checksums.clear();
-  out->verified = false;  // the assembled tensors are hashed again by verify_received_weights
+  // Every piece is checked against the sender's checksum as it arrives, and each shard's checksum
+  // is computed from its assembled bytes (or is its one piece's): nothing to hash again.
+  out->verified = false;
   const int nt = roles.trainer.tp(), ne = roles.engine_tp;
   const int offset = world.rank() - roles.trainer.world_size();
   if (offset < 0 || offset >= roles.num_engines * ne)
@@ -108,17 +111,19 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
                          " is not an engine rank");
   const int j = offset % ne;
   MILES_RETURN_IF_ERROR(shard_pieces::check_splits(plan, {nt, ne}));
+  Message m;  // reused by every bucket and trainer rank
   for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
     const Bucket& b = plan.buckets[bi];
     const std::string at =
         "weight version " + std::to_string(version) + ", bucket " + std::to_string(bi);
+    std::map<std::string, std::string> whole;  // tensors that arrived as one verified piece
     for (const PlannedTensor& t : b.tensors) {
       out->tensors[t.name].assign(static_cast<size_t>(local_numel(t, ne)), 0.0f);
       out->shapes[t.name] = local_shape(t, ne);
     }
     for (int k = 0; k < nt; ++k) {
       const int src = roles.trainer.rank_of({0, b.stage, k});
-      Message m = layout_message(b, k, nt, j, ne);
+      layout_message(b, k, nt, j, ne, m);
       Status s = world.recv(m.header.data(), m.header.size(), src, tag_of(bi, k) * 2);
       if (s.ok() && !m.data.empty())
         s = world.recv(m.data.data(), m.data.size(), src, tag_of(bi, k) * 2 + 1);
@@ -141,13 +146,20 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
         for (int64_t r = 0; r < p.rows; ++r)
           std::copy_n(in + r * p.len, p.len, dst + p.dst + r * p.dst_stride);
         in += p.floats();
+        // A piece that is the whole shard, in order: its verified checksum is the shard's.
+        if (p.dst == 0 && (p.rows == 1 || p.dst_stride == p.len) &&
+            p.floats() == local_numel(t, ne))
+          whole[t.name] = want;
       }
     }
     for (const PlannedTensor& t : b.tensors) {
       const std::vector<float>& v = out->tensors[t.name];
-      out->checksums[t.name] = xxh3_128_hex(v.data(), v.size() * sizeof(float));
+      const auto w = whole.find(t.name);
+      out->checksums[t.name] =
+          w != whole.end() ? w->second : xxh3_128_hex(v.data(), v.size() * sizeof(float));
     }
   }
+  out->verified = true;
   return Status::Ok();
 }
 

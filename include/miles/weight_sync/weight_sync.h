@@ -39,7 +39,8 @@ struct ReceivedWeights {
   std::map<std::string, std::vector<int64_t>> shapes;
   std::map<std::string, std::string> checksums;  // xxh3-128 hex of the float32 bytes
   // Every checksum was computed from these bytes as they arrived and matched the sender's
-  // (broadcast_weights): verify_received_weights then checks the set without hashing again.
+  // (broadcast_weights), or from bytes assembled from pieces that each matched the sender's
+  // (p2p_receive_weights): verify_received_weights then checks the set without hashing again.
   bool verified = false;
   TensorMap view() const;  // views for Model::from_weights
 };
