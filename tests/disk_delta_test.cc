@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
+#include <zstd.h>
 
 #include <chrono>
 #include <cstring>
@@ -677,6 +678,21 @@ TEST(DiskDelta, PieceDecodeEqualsThePayloadInEveryLayoutAndRefusesBadFrames) {
   fails(frame, n - 2, "expected");
   fails(frame, n + 2, "expected");
   fails(std::span(frame).subspan(1), n, "not a zstd frame");
+  // A frame that declares a window far larger than the tensor (no content size, window 2^24) is
+  // refused, not given a 16 MiB window.
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_windowLog, 24);
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 0);
+  const std::vector<uint8_t> small(4096, 7);
+  std::vector<uint8_t> wide(ZSTD_compressBound(small.size()) + 64);
+  ZSTD_outBuffer ob{wide.data(), wide.size(), 0};
+  ZSTD_inBuffer head{small.data(), 2048, 0}, tail{small.data() + 2048, 2048, 0};
+  ZSTD_compressStream2(cctx, &ob, &head, ZSTD_e_continue);  // streamed: the size is not known
+  ASSERT_EQ(ZSTD_compressStream2(cctx, &ob, &tail, ZSTD_e_end), 0u);
+  ZSTD_freeCCtx(cctx);
+  wide.resize(ob.pos);
+  ASSERT_EQ(ZSTD_getFrameContentSize(wide.data(), wide.size()), ZSTD_CONTENTSIZE_UNKNOWN);
+  fails(wide, small.size(), "corrupt zstd frame");
 }
 
 // ---- a writer process killed in the middle of a publish ---------------------------------------

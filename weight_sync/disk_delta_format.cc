@@ -420,6 +420,12 @@ Status zstd_decode_pieces(const FrameChunks& next_chunk, std::span<uint8_t> out,
   thread_local std::vector<uint8_t> piece;
   if (!dctx) return Status::Error("zstd: cannot create a decompression context");
   ZSTD_DCtx_reset(dctx.get(), ZSTD_reset_session_only);
+  // The decoder's window never needs to exceed the output (a writer's frame declares at most that:
+  // zstd fits the window to the input, 1 KiB at least); a hostile frame that declares more is
+  // refused instead of allocating up to zstd's default limit of 128 MiB.
+  int window_log = 10;
+  while (window_log < 27 && (size_t{1} << window_log) < out.size()) ++window_log;
+  ZSTD_DCtx_setParameter(dctx.get(), ZSTD_d_windowLogMax, window_log);
   if (via_piece && piece.size() < kDecodePiece) piece.resize(kDecodePiece);
   ZSTD_inBuffer in{chunk.data(), chunk.size(), 0};
   size_t pos = 0, left_in_frame = 1;  // ZSTD_decompressStream's hint: 0 once the frame is complete
