@@ -25,6 +25,7 @@
 #include "miles/weight_sync/weight_sync.h"
 #include "test_paths.h"
 #include "weight_sync/disk_delta_format.h"
+#include "weight_sync/xxh3_stream.h"
 
 namespace miles {
 namespace {
@@ -644,11 +645,11 @@ TEST(DiskDelta, PieceDecodeEqualsThePayloadInEveryLayoutAndRefusesBadFrames) {
             given += c;
             return std::span<const uint8_t>(frame).subspan(given - c, c);
           };
-          dd::Xxh3Stream hash;
+          weight_sync_detail::Xxh3Stream hash;
           int pieces = 0;
           ASSERT_TRUE(dd::zstd_decode_pieces(chunks, out, xor_into, layout, elem,
                                              [&](std::span<const uint8_t> p) {
-                                               hash.update(p);
+                                               hash.update(p.data(), p.size());
                                                ++pieces;
                                              })
                           .ok());

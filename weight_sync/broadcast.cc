@@ -1,8 +1,5 @@
 // The broadcast transport: per bucket, the version, every tensor's bytes, then the per-tensor
 // checksums, from the bucket's stage leader to every member of the group (weight_sync.h).
-#include <xxh_x86dispatch.h>
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -10,6 +7,7 @@
 #include "miles/comm.h"
 #include "miles/weight_sync/weight_sync.h"
 #include "weight_sync/shard_pieces.h"
+#include "weight_sync/xxh3_stream.h"
 
 namespace miles {
 
@@ -32,26 +30,6 @@ std::string transfer_plan_digest(const TransferPlan& plan) {
 }
 
 namespace {
-
-// xxh3-128 of bytes handed over piece by piece, in order.
-class StreamHash {
- public:
-  StreamHash() : state_(XXH3_createState()) { XXH3_128bits_reset(state_); }
-  ~StreamHash() { XXH3_freeState(state_); }
-  StreamHash(const StreamHash&) = delete;
-  StreamHash& operator=(const StreamHash&) = delete;
-  void update(const void* p, size_t n) { XXH3_128bits_update_dispatch(state_, p, n); }
-  std::string hex() const {
-    const XXH128_hash_t h = XXH3_128bits_digest(state_);
-    char buf[kHex + 1];
-    std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
-                  static_cast<unsigned long long>(h.low64));
-    return buf;
-  }
-
- private:
-  XXH3_state_t* state_;
-};
 
 // The sender's side of one bucket: every tensor's source, checked against the plan before anything
 // goes out, so that a bad source fails before the receivers see a byte of the bucket.
@@ -122,7 +100,7 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
         dst = whole.data();
       }
       const bool hash = sums[i].size() != kHex;
-      StreamHash h;
+      weight_sync_detail::Xxh3Stream h;
       const char* bytes = reinterpret_cast<const char*>(dst);
       s = group.broadcast_chunks(dst, static_cast<size_t>(t.bytes), root,
                                  [&](size_t off, size_t n) {

@@ -481,25 +481,6 @@ Status zstd_decode_pieces(const FrameChunks& next_chunk, std::span<uint8_t> out,
   return Status::Ok();
 }
 
-Xxh3Stream::Xxh3Stream() : state_(XXH3_createState()) {
-  MILES_CHECK(state_ != nullptr);
-  XXH3_128bits_reset(static_cast<XXH3_state_t*>(state_));
-}
-
-Xxh3Stream::~Xxh3Stream() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
-
-void Xxh3Stream::update(std::span<const uint8_t> bytes) {
-  XXH3_128bits_update_dispatch(static_cast<XXH3_state_t*>(state_), bytes.data(), bytes.size());
-}
-
-std::string Xxh3Stream::hex() const {
-  const XXH128_hash_t h = XXH3_128bits_digest(static_cast<const XXH3_state_t*>(state_));
-  char buf[33];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
-                static_cast<unsigned long long>(h.low64));
-  return buf;
-}
-
 Result<DataFile> DataFile::open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::Error("cannot open " + path + ": " + std::strerror(errno));

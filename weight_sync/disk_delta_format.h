@@ -126,20 +126,6 @@ Status zstd_decode_pieces(const FrameChunks& frame, std::span<uint8_t> out, bool
                           TensorLayout layout, int elem,
                           const std::function<void(std::span<const uint8_t>)>& piece_done);
 
-// xxh3-128 over bytes given in pieces: equal to xxh3_128_hex of their concatenation.
-class Xxh3Stream {
- public:
-  Xxh3Stream();
-  ~Xxh3Stream();
-  Xxh3Stream(const Xxh3Stream&) = delete;
-  Xxh3Stream& operator=(const Xxh3Stream&) = delete;
-  void update(std::span<const uint8_t> bytes);
-  std::string hex() const;
-
- private:
-  void* state_;  // XXH3_state_t
-};
-
 // A version's data file, opened once and read a chunk at a time (pread, any thread): neither the
 // file nor a frame is ever held whole in memory.
 class DataFile {

@@ -13,6 +13,7 @@
 #include "miles/weight_sync/disk_delta.h"
 #include "weight_sync/disk_delta_format.h"
 #include "weight_sync/for_each_tensor.h"
+#include "weight_sync/xxh3_stream.h"
 
 namespace miles {
 namespace dd = disk_delta;
@@ -99,20 +100,21 @@ Status check_layout(const WeightSet& set, const dd::Manifest& m, const std::stri
 Result<std::string> apply_tensor(const dd::DataFile& data, const dd::ManifestTensor& t,
                                  const std::string& where, std::vector<uint8_t>& out) {
   const std::string at = where + ", " + dd::kDataFile + ", tensor '" + t.name + "'";
-  dd::Xxh3Stream hash;
+  weight_sync_detail::Xxh3Stream hash;
   if (t.encoding == dd::TensorEncoding::kUnchanged) {
-    hash.update(out);
+    hash.update(out.data(), out.size());
     return hash.hex();
   }
   // The manifest holds every frame inside the data file, whose size open_data checked, and nbytes
   // to what the frame can decode to (the decoder checks the frame's header against it first).
   const bool xor_into = t.encoding == dd::TensorEncoding::kXor;
   if (!xor_into) out.resize(t.nbytes);
-  MILES_RETURN_IF_ERROR(
-      dd::zstd_decode_pieces(data.chunks(t.offset, t.compressed_bytes), out, xor_into, t.layout,
-                             dd::dtype_bytes(t.dtype),
-                             [&](std::span<const uint8_t> piece) { hash.update(piece); })
-          .with_context(at));
+  MILES_RETURN_IF_ERROR(dd::zstd_decode_pieces(data.chunks(t.offset, t.compressed_bytes), out,
+                                               xor_into, t.layout, dd::dtype_bytes(t.dtype),
+                                               [&](std::span<const uint8_t> piece) {
+                                                 hash.update(piece.data(), piece.size());
+                                               })
+                            .with_context(at));
   return hash.hex();
 }
 
