@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -113,6 +114,7 @@ def ensure_llama_cpp(isa: str):
             f"log: {INSTALL_LOG})")
         env = dict(os.environ, CMAKE_ARGS=ISA_CMAKE[isa])
         tmp = target.with_name(target.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)  # what an interrupted install left
         with open(INSTALL_LOG, "w") as log:
             subprocess.call([sys.executable, "-m", "pip", "install", "numpy", "diskcache", "jinja2",
                              "typing-extensions"], stdout=log, stderr=subprocess.STDOUT)

@@ -400,14 +400,6 @@ void from_byte_planes(const uint8_t* planes, size_t len, int elem, uint8_t* out,
     }
 }
 
-FrameChunks frame_in_memory(std::span<const uint8_t> frame) {
-  return [frame, given = false]() mutable -> Result<std::span<const uint8_t>> {
-    if (given) return std::span<const uint8_t>();
-    given = true;
-    return frame;
-  };
-}
-
 Status zstd_decode_pieces(const FrameChunks& next_chunk, std::span<uint8_t> out, bool xor_into,
                           TensorLayout layout, int elem,
                           const std::function<void(std::span<const uint8_t>)>& piece_done) {

@@ -121,7 +121,6 @@ inline constexpr size_t kDecodePiece = kPlaneBlock;
 // A frame's bytes in order, a chunk per call (an empty one: no more), so that a frame read from a
 // file needs no buffer of its size.
 using FrameChunks = std::function<Result<std::span<const uint8_t>>()>;
-FrameChunks frame_in_memory(std::span<const uint8_t> frame);
 Status zstd_decode_pieces(const FrameChunks& frame, std::span<uint8_t> out, bool xor_into,
                           TensorLayout layout, int elem,
                           const std::function<void(std::span<const uint8_t>)>& piece_done);

@@ -101,9 +101,7 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
   out->tensors.clear();
   out->shapes.clear();
   out->checksums.clear();
-  // Every piece is checked against the sender's checksum as it arrives, and each shard's checksum
-  // is computed from its assembled bytes (or is its one piece's): nothing to hash again.
-  out->verified = false;
+  out->verified = false;  // until every bucket has arrived
   const int nt = roles.trainer.tp(), ne = roles.engine_tp;
   const int offset = world.rank() - roles.trainer.world_size();
   if (offset < 0 || offset >= roles.num_engines * ne)
@@ -159,6 +157,8 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
           w != whole.end() ? w->second : xxh3_128_hex(v.data(), v.size() * sizeof(float));
     }
   }
+  // Every piece was checked against the sender's checksum as it arrived, and each shard's checksum
+  // was computed from its assembled bytes (or is its one piece's): nothing to hash again.
   out->verified = true;
   return Status::Ok();
 }

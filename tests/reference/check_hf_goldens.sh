@@ -3,8 +3,8 @@
 # torch + transformers into a temporary folder and requires them to equal the committed ones
 # (scripts/compare_goldens.py: byte for byte, or within 1e-4 of each tensor's scale where another ISA
 # or library version changes low bits) — so the goldens the default tests use are what transformers
-# computes today. Skips (exit 77)
-# where the venv has no torch/transformers (scripts/setup.sh --reference installs them).
+# computes today. Skips (exit 77) where the venv has no torch/transformers (scripts/setup.sh
+# --reference installs them).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 py="${MILES_VENV:-/root/.venvs/miles-ref}/bin/python"
