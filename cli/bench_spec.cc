@@ -159,12 +159,12 @@ struct HeadData {
 };
 
 Result<HeadData> head_data(const SpecBenchOptions& o, const Model& model, ThreadPool& pool,
-                           const Task& task) {
+                           const Task& task, int64_t first_epoch, int64_t epochs) {
   HeadData h;
   EngineOptions eo;
   eo.num_blocks = 48 * ((1024 + eo.block_tokens - 1) / eo.block_tokens) + 64;
   Engine e(make_model_runner(std::shared_ptr<const Model>(&model, [](const Model*) {}), &pool), eo);
-  for (int64_t epoch = 0; epoch < o.head_epochs; ++epoch) {
+  for (int64_t epoch = first_epoch; epoch < first_epoch + epochs; ++epoch) {
     const EpochResult r = run_epoch(e, task, 32, 101 + static_cast<uint64_t>(epoch), o.temperature);
     for (const auto& [key, out] : r.samples) {
       std::vector<int32_t> seq = task.prompts[key.first];
@@ -244,10 +244,84 @@ Result<std::shared_ptr<const DraftHead>> train_head(const SpecBenchOptions& o, c
   return std::shared_ptr<const DraftHead>(std::move(head));
 }
 
+// The chance that two inverse-CDF draws with one uniform number give the same token: the sum over
+// tokens of the overlap of their two intervals. p and q over the policy's vocabulary, walked in the
+// sampler's order without filters (ids ascending, sample_token).
+double coupled_agreement(std::span<const double> p, std::span<const double> q) {
+  double cp = 0, cq = 0, sum = 0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    sum += std::max(0.0, std::min(cp + p[i], cq + q[i]) - std::max(cp, cq));
+    cp += p[i];
+    cq += q[i];
+  }
+  return sum;
+}
+
+// How the fitted head drafts on an epoch it was not fitted on: per response row, whether its
+// argmax is the policy's, the policy's probability of it, the policy's mass inside the head's
+// vocabulary, and (sampled) the chance that its coupled draw (the head's own inverse-CDF draw with
+// the policy's uniform number, at head temperatures 1, 0.7 and 0.5) is the policy's draw; 1 − TV
+// is what the best coupling of the two distributions would get.
+void print_held_out(const DraftHead& head, const HeadData& h, float temperature, ThreadPool& pool) {
+  const int64_t d = head.policy_config().hidden_size;
+  const int64_t pv = head.policy_config().vocab_size;
+  const std::span<const int32_t> ids = head.vocab();
+  const int64_t dv = static_cast<int64_t>(ids.size());
+  const double tp = temperature > 0 ? temperature : 1.0;
+  const double head_temps[] = {1.0, 0.7, 0.5};
+  double rows = 0, agree = 0, accept = 0, tv = 0, mass = 0, coupled[3] = {0, 0, 0};
+  for (size_t i = 0; i < h.tokens.size(); ++i) {
+    const std::vector<int32_t>& seq = h.tokens[i];
+    auto kv = head.make_kv_cache();
+    for (int64_t j = 0; j + 2 < static_cast<int64_t>(seq.size()); ++j) {
+      const SeqSpan s{0, j, 1};
+      auto step =
+          head.forward(std::span(h.hidden[i]).subspan(static_cast<size_t>(j * d), d),
+                       std::span(seq).subspan(static_cast<size_t>(j + 1), 1), {&s, 1}, *kv, &pool);
+      if (!step.ok() || j + 2 < h.prompt_len[i]) continue;  // rows drafting a response token
+      const float* z = h.logits[i].data() + (j + 1) * pv;
+      std::vector<double> p(static_cast<size_t>(pv));
+      const double zmax = *std::max_element(z, z + pv);
+      double sum = 0;
+      for (int64_t v = 0; v < pv; ++v) sum += p[v] = std::exp((z[v] - zmax) / tp);
+      for (double& x : p) x /= sum;
+      const float* y = step->logits.data();
+      const int64_t best = std::max_element(y, y + dv) - y;
+      rows += 1;
+      agree += ids[best] == std::max_element(p.begin(), p.end()) - p.begin() ? 1 : 0;
+      accept += p[static_cast<size_t>(ids[best])];
+      for (const int32_t id : ids) mass += p[static_cast<size_t>(id)];
+      for (int t = 0; t < 3; ++t) {
+        std::vector<double> q(static_cast<size_t>(pv), 0.0);
+        double qs = 0;
+        for (int64_t v = 0; v < dv; ++v)
+          qs += q[ids[v]] = std::exp((y[v] - y[best]) / (tp * head_temps[t]));
+        for (double& x : q) x /= qs;
+        coupled[t] += coupled_agreement(p, q);
+        if (t == 0)
+          for (int64_t v = 0; v < pv; ++v) tv += std::min(q[v], p[v]);
+      }
+    }
+  }
+  std::printf(
+      "  held-out epoch (%.0f response rows): argmax = policy's %.3f, p(argmax) %.3f; "
+      "policy mass in the draft vocabulary %.3f",
+      rows, agree / rows, accept / rows, mass / rows);
+  if (temperature > 0)  // greedy sampling draws the argmax: no coupled draws
+    std::printf(
+        "; coupled draw = policy's %.3f / %.3f / %.3f (head temperature 1 / 0.7 / 0.5); "
+        "1 - TV %.3f",
+        coupled[0] / rows, coupled[1] / rows, coupled[2] / rows, tv / rows);
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
 struct Row {
   std::string task;
   int concurrency = 0;
   EpochResult plain, spec, head;
+  uint64_t head_scored = 0;  // HeadDrafterStats over the measured epoch
+  std::array<uint64_t, 3> head_hits{};
   double plain_tps() const { return plain.output_tokens / plain.wall_s; }
   double spec_tps() const { return spec.output_tokens / spec.wall_s; }
   double head_tps() const { return head.wall_s > 0 ? head.output_tokens / head.wall_s : 0.0; }
@@ -283,13 +357,16 @@ int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model
   for (const Task& task : *tasks) {
     std::shared_ptr<const DraftHead> head;
     if (o.head) {
-      auto data = head_data(o, *model, pool, task);
+      auto data = head_data(o, *model, pool, task, 0, o.head_epochs);
       if (!data.ok()) return fail("bench rollout --spec", data.message());
       std::printf("%s: the draft head fitted to the policy on %lld plain epochs of its prompts\n",
                   task.name.c_str(), static_cast<long long>(o.head_epochs));
       auto trained = train_head(o, *model, pool, *data);
       if (!trained.ok()) return fail("bench rollout --spec", trained.message());
       head = std::move(trained).value();
+      auto held_out = head_data(o, *model, pool, task, o.head_epochs, 1);
+      if (!held_out.ok()) return fail("bench rollout --spec", held_out.message());
+      print_held_out(*head, *held_out, o.temperature, pool);
     }
     std::printf("%-10s %4s %9s %12s %6s %10s %8s %8s %7s %10s %6s %10s %8s %s\n", "task", "c",
                 "off tok/s", "suffix tok/s", "x off", "tok/verify", "accepted", "drafted", "mean p",
@@ -306,11 +383,23 @@ int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model
         eo.speculative.max_draft_tokens = o.max_draft_tokens;
         eo.speculative.adaptive = o.adaptive;
         Engine e(make_model_runner(model, &pool), eo, tok);
-        if (kind == 2) e.set_drafter(make_head_drafter(head, &pool));
+        HeadDrafter* head_drafter = nullptr;
+        if (kind == 2) {
+          auto d = make_head_drafter(head, &pool);
+          head_drafter = d.get();
+          e.set_drafter(std::move(d));
+        }
         run_epoch(e, task, c, 1, o.temperature);  // warm-up, and the drafter's history
+        const HeadDrafterStats first = head_drafter ? head_drafter->stats() : HeadDrafterStats{};
         (kind == 0   ? row.plain
          : kind == 1 ? row.spec
                      : row.head) = run_epoch(e, task, c, 2, o.temperature);
+        if (head_drafter) {
+          const HeadDrafterStats last = head_drafter->stats();
+          row.head_scored = last.scored - first.scored;
+          for (size_t w = 0; w < last.hits.size(); ++w)
+            row.head_hits[w] = last.hits[w] - first.hits[w];
+        }
       }
       const bool same =
           same_samples(row.plain, row.spec) && (!head || same_samples(row.plain, row.head));
@@ -328,6 +417,14 @@ int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model
            std::to_string(row.dh(&EngineStats::spec_draft_tokens)))
               .c_str(),
           same ? "yes" : "NO");
+      if (row.head_scored > 0)
+        std::printf(
+            "  head's first drafts whose token landed: %llu; = its argmax %.3f, = its coupled "
+            "draw %.3f, at half the temperature %.3f\n",
+            static_cast<unsigned long long>(row.head_scored),
+            double(row.head_hits[0]) / double(row.head_scored),
+            double(row.head_hits[1]) / double(row.head_scored),
+            double(row.head_hits[2]) / double(row.head_scored));
       std::fflush(stdout);
       if (!same) return fail("bench rollout --spec", "speculative samples differ from plain ones");
       rows.push_back(std::move(row));
@@ -355,6 +452,8 @@ int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model
                            {"head_emitted_tokens", r.dh(&EngineStats::spec_emitted_tokens)},
                            {"head_draft_tokens", r.dh(&EngineStats::spec_draft_tokens)},
                            {"head_accepted_tokens", r.dh(&EngineStats::spec_accepted_tokens)},
+                           {"head_first_drafts_scored", r.head_scored},
+                           {"head_first_drafts_hits_argmax_coupled_sharpened", r.head_hits},
                            {"output_tokens", r.spec.output_tokens}});
     std::ofstream(o.json) << j.dump(1) << "\n";
   }

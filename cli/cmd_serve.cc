@@ -57,6 +57,11 @@ EngineWeights::AdoptHook draft_head_hook(HeadDrafter* drafter, std::vector<std::
                                          ModelConfig config) {
   return [drafter, dirs, config](Engine&, int64_t version, const TensorMap* weights) {
     std::shared_ptr<const DraftHead> head;
+    if (weights == nullptr)  // the head's frozen parts are the policy's whole tensors
+      spdlog::error(
+          "miles serve: version {} came as this engine's tensor-parallel shards (a weight "
+          "group): the draft head needs the whole weights (a disk-delta version); no drafts",
+          version);
     for (const std::string& dir : dirs) {
       if (weights == nullptr) break;
       auto h = read_draft_head(dir, version, config, *weights);
@@ -188,9 +193,8 @@ int run_serve(ServeOptions o) {
   auto engine = std::make_unique<Engine>(std::move(runner), o.engine, tok);
   HeadDrafter* head_drafter = nullptr;
   if (o.spec_draft_head) {
-    if (*device != Device::kCpu || o.tp.tp > 1)
-      return fail("serve",
-                  "--spec-draft-head drafts on a one-process CPU engine (no --tp, --device)");
+    if (*device != Device::kCpu)
+      return fail("serve", "--spec-draft-head drafts on CPU engines (no --device)");
     auto d = make_head_drafter(nullptr, &pool);
     head_drafter = d.get();
     engine->set_drafter(std::move(d));

@@ -219,11 +219,10 @@ void check_rollout(const RunConfig& c, Checker& check) {
     check.fail({"rollout.speculative_max_draft_tokens"},
                "rollout.speculative_max_draft_tokens: " +
                    std::to_string(r.speculative_max_draft_tokens) + " is more than 64");
-  if (r.speculative && r.speculative_draft_head &&
-      (r.engine_tp > 1 || r.engine_device != Device::kCpu))
-    check.fail({"rollout.speculative_draft_head", "rollout.engine_tp", "rollout.engine_device"},
-               "rollout.speculative_draft_head: engines draft with the head on one CPU process "
-               "each for now (rollout.engine_tp = 1, rollout.engine_device = cpu)");
+  if (r.speculative && r.speculative_draft_head && r.engine_device != Device::kCpu)
+    check.fail({"rollout.speculative_draft_head", "rollout.engine_device"},
+               "rollout.speculative_draft_head: engines draft with the head on CPU engines for now "
+               "(rollout.engine_device = cpu)");
   check.positive("rollout.speculative_draft_lr", r.speculative_draft_lr);
   check.at_least<int64_t>("rollout.speculative_draft_vocab", r.speculative_draft_vocab, 2);
   check.positive("rollout.health_check_interval_s", r.health_check_interval_s);
@@ -350,6 +349,12 @@ void check_services(const RunConfig& c, Checker& check) {
                "weight_sync.comm: shm needs one sending trainer rank (" + std::to_string(senders) +
                    " here) and one-process engines (rollout.engine_tp " +
                    std::to_string(c.rollout.engine_tp) + ") for now; use gloo or auto");
+  if (c.rollout.speculative && c.rollout.speculative_draft_head && c.rollout.engine_tp > 1 &&
+      w.transport != Transport::kDiskDelta)
+    check.fail({"rollout.speculative_draft_head", "rollout.engine_tp", "weight_sync.transport"},
+               "rollout.speculative_draft_head: tensor-parallel engines build the head from the "
+               "policy's whole weights, and a weight group hands each of their ranks its shard "
+               "only; use weight_sync.transport disk_delta");
   const auto& y = c.async;
   check.at_least<int64_t>("async.max_weight_staleness", y.max_weight_staleness, 0);
   if (y.mode == AsyncMode::kOneStepOff && y.max_weight_staleness == 0) {

@@ -31,6 +31,8 @@ DraftQuery Engine::Impl::draft_query(const Sample& s, int64_t max_tokens,
   q.prompt_key = s.prompt_key;
   q.max_tokens = max_tokens;
   q.sample = static_cast<uint64_t>(s.slot);
+  q.sampling = s.sampling;
+  q.step = static_cast<int64_t>(s.output.size());  // draw()'s step for the row after the newest
   for (const Sample* o : same_prompt)
     if (o != &s && static_cast<int64_t>(o->tokens.size()) > o->prompt_len)
       q.siblings.emplace_back(o->tokens);

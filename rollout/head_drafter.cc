@@ -12,6 +12,7 @@
 // same prompt, so its head reads the whole context, as it was trained. Same ids, same weights:
 // the same states, bit for bit.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <list>
 #include <map>
@@ -36,7 +37,16 @@ struct SampleState {
   int64_t base = 0;         // target position of draft row 0
   int64_t rows = 0;         // draft rows in the KV from fixed positions
   std::vector<float> pend;  // target states of positions base + rows .., [n, hidden]
+  // The first draft of the sample's last sampled query every way (kWays), scored against the token
+  // that lands at position check_at (−1: nothing to score).
+  int64_t check_at = -1;
+  std::array<int32_t, 3> first_ids{-1, -1, -1};
 };
+
+// The ways a sampled query's draft is taken from the head's row: its argmax (0), or its coupled
+// draw with the query's temperature times 1 or 0.5 (a sharpened head: a rough head's coupled draws
+// match more often sharpened, a head close to the policy's unsharpened).
+constexpr std::array<double, 3> kWays{0.0, 1.0, 0.5};
 
 // Prompts' target states (positions 0 .. ids.size() − 1), least recently used first out.
 class PromptStates {
@@ -108,9 +118,17 @@ class HeadDrafterImpl final : public HeadDrafter {
     states_.clear();  // rows of the old head: every sample starts again from its next states
     prompts_.clear();  // a new head comes with new weights: new target states
     kv_ = head_ ? head_->make_kv_cache() : nullptr;
+    by_id_.clear();
+    if (head_) {
+      const std::vector<int32_t>& ids = head_->vocab();
+      by_id_.resize(ids.size());
+      for (size_t i = 0; i < ids.size(); ++i) by_id_[i] = static_cast<int32_t>(i);
+      std::ranges::sort(by_id_, [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+    }
   }
 
   bool wants_hidden() const override { return head_ != nullptr; }
+  HeadDrafterStats stats() const override { return stats_; }
 
   void hidden(uint64_t sample, int64_t first, std::span<const float> rows) override {
     if (!head_) return;
@@ -189,6 +207,7 @@ class HeadDrafterImpl final : public HeadDrafter {
       auto it = states_.find(q.sample);
       if (q.max_tokens <= 0 || it == states_.end()) continue;
       SampleState& st = it->second;
+      score(q, st);
       const int64_t newest = static_cast<int64_t>(q.tokens.size()) - 1;  // not yet in the KV
       share_prompt(q, st);
       const int64_t fixed = st.base + st.rows;
@@ -236,7 +255,7 @@ class HeadDrafterImpl final : public HeadDrafter {
     return take(queries, out, active, feats, next, seqs);
   }
 
-  // Runs the rows and appends each sample's argmax; keeps those that draft on.
+  // Runs the rows and appends each sample's draft (choose()); keeps those that draft on.
   std::vector<Active> take(std::span<const DraftQuery> queries, std::vector<Draft>& out,
                            std::vector<Active>& active, const std::vector<float>& feats,
                            const std::vector<int32_t>& next, const std::vector<SeqSpan>& seqs) {
@@ -246,18 +265,17 @@ class HeadDrafterImpl final : public HeadDrafter {
     std::vector<Active> more;
     if (!step.ok()) return more;  // a draft only decides speed: none this time
     for (size_t a = 0; a < active.size(); ++a) {
-      const float* z = step->logits.data() + a * dv;
-      const int64_t best = std::max_element(z, z + dv) - z;
-      double sum = 0;
-      for (int64_t i = 0; i < dv; ++i) sum += std::exp(static_cast<double>(z[i] - z[best]));
-      const float p = static_cast<float>(1.0 / sum);
       Active& ac = active[a];
-      ac.product *= p;
       Draft& dr = out[ac.query];
-      dr.tokens.push_back(head_->vocab()[static_cast<size_t>(best)]);
+      const DraftQuery& q = queries[ac.query];
+      const std::span<const float> row(step->logits.data() + a * dv, static_cast<size_t>(dv));
+      const auto [index, p] = choose(row, q, *ac.st, static_cast<int64_t>(dr.tokens.size()));
+      if (index < 0) continue;  // a row the sampler cannot take: no draft from here
+      ac.product *= p;
+      dr.tokens.push_back(head_->vocab()[static_cast<size_t>(index)]);
       dr.confidence.push_back(p);
       if (ac.product < opt_.min_confidence ||
-          static_cast<int64_t>(dr.tokens.size()) >= queries[ac.query].max_tokens)
+          static_cast<int64_t>(dr.tokens.size()) >= q.max_tokens)
         continue;
       ac.g.assign(step->hidden.begin() + a * d, step->hidden.begin() + (a + 1) * d);
       more.push_back(std::move(ac));
@@ -265,10 +283,80 @@ class HeadDrafterImpl final : public HeadDrafter {
     return more;
   }
 
+  // Draft j of a query from the head's logits row (over its vocabulary): the index and the head's
+  // probability of it (-1: none). Greedy: the argmax. Sampled: the way (kWays) whose first drafts
+  // have matched the landed tokens most often lately; at j = 0 every way is drafted, to be scored
+  // when the token lands (score()).
+  std::pair<int64_t, float> choose(std::span<const float> row, const DraftQuery& q, SampleState& st,
+                                   int64_t j) {
+    const int64_t best = std::max_element(row.begin(), row.end()) - row.begin();
+    if (q.sampling.greedy()) return {best, tempered_probability(row, 1.0, best)};
+    const size_t way = static_cast<size_t>(std::max_element(hits_.begin(), hits_.end()) -
+                                           hits_.begin());  // ties: the argmax
+    std::pair<int64_t, float> pick{-1, 0.0f};
+    for (size_t w = 0; w < kWays.size(); ++w) {
+      if (j > 0 && w != way) continue;
+      const std::pair<int64_t, float> drawn =
+          w == 0 ? std::pair{best, tempered_probability(row, q.sampling.temperature, best)}
+                 : coupled(row, q, j, kWays[w]);
+      if (j == 0) st.first_ids[w] = drawn.first < 0 ? -1 : head_->vocab()[drawn.first];
+      if (w == way) pick = drawn;
+    }
+    if (j == 0) st.check_at = static_cast<int64_t>(q.tokens.size());
+    return pick;
+  }
+
+  // The coupled draw (coupled drafting, DraftQuery::step): the sampler's own draw with the
+  // query's params (its temperature times `sharpen`) and the uniform number the target will draw
+  // position j with, over the head's logits in the order of their ids — the draw the sampler would
+  // make over the policy's vocabulary with −inf outside the head's ids (those have no mass and
+  // pass no filter; up to the rounding of its sums), since it walks ids in their order and breaks
+  // ties by id. Where the head's distribution is close to the policy's, the two draws land on the
+  // same token far more often than the policy's probability of the head's argmax.
+  std::pair<int64_t, float> coupled(std::span<const float> row, const DraftQuery& q, int64_t j,
+                                    double sharpen) {
+    if (!std::ranges::all_of(row, [](float z) { return std::isfinite(z); })) return {-1, 0.0f};
+    SamplingParams sp = q.sampling;
+    sp.temperature = static_cast<float>(sp.temperature * sharpen);
+    if (sp.greedy()) return {-1, 0.0f};
+    ordered_.resize(by_id_.size());
+    for (size_t k = 0; k < by_id_.size(); ++k) ordered_[k] = row[static_cast<size_t>(by_id_[k])];
+    const SampleResult r = sample_token(ordered_, sp, static_cast<uint64_t>(q.step + j));
+    return {by_id_[static_cast<size_t>(r.token)], std::exp(r.logprob)};
+  }
+
+  // The head's probability of `index` at temperature t (no filters).
+  static float tempered_probability(std::span<const float> row, double t, int64_t index) {
+    double sum = 0;
+    for (const float z : row) sum += std::exp((static_cast<double>(z) - row[index]) / t);
+    return static_cast<float>(1.0 / sum);
+  }
+
+  // The sample's last first drafts against the token that landed at their position.
+  void score(const DraftQuery& q, SampleState& st) {
+    if (st.check_at < 0 || st.check_at >= static_cast<int64_t>(q.tokens.size())) return;
+    const int32_t landed = q.tokens[static_cast<size_t>(st.check_at)];
+    ++stats_.scored;
+    for (size_t w = 0; w < kWays.size(); ++w) {
+      const bool hit = landed == st.first_ids[w];
+      hits_[w] = hits_[w] * kHitDecay + (hit ? 1 : 0);
+      stats_.hits[w] += hit ? 1 : 0;
+    }
+    st.check_at = -1;
+  }
+
+  // Weight of a scored first draft after another one is scored (the scores follow about the last
+  // few hundred: the head changes with every weight version).
+  static constexpr double kHitDecay = 1.0 - 1.0 / 256;
+  std::array<double, kWays.size()> hits_{};  // decayed matches of each way's first drafts
+  HeadDrafterStats stats_;
+
   std::shared_ptr<const DraftHead> head_;
   ThreadPool* pool_;
   HeadDrafterOptions opt_;
   std::unique_ptr<SimpleKvCache> kv_;
+  std::vector<int32_t> by_id_;  // indices into the head's vocabulary, their ids ascending
+  std::vector<float> ordered_;  // coupled()'s row in that order
   std::unordered_map<uint64_t, SampleState> states_;
   PromptStates prompts_;
   int32_t next_slot_ = 0;

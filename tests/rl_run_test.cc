@@ -465,20 +465,29 @@ TEST(RlRun, DraftHeadResumesBitForBit) {
 // weight version's head is published beside it and the engine drafts with the head of the version
 // it adopted; the run equals the plain run number for number, and the engines verified the head's
 // drafts.
+// Also with tensor-parallel engines (`miles serve --tp 2`, versions over disk-delta): rank 0
+// drafts from its forwards' hidden states.
 TEST(RlRun, EnginesDraftWithTheCoTrainedHeadOfTheirVersion) {
   MILES_REQUIRE_SHARED();
-  std::string dir;
-  expect_same_run("draft_spec", " rollout.num_rollouts=3",
-                  " rollout.speculative=true rollout.speculative_adaptive=false"
-                  " rollout.speculative_draft_head=true rollout.speculative_draft_lr=0.003",
-                  "co-trained draft head of each weight version", nullptr, &dir);
-  std::ifstream log(dir + "/engines/engine_0.log");
-  const std::string engine_log((std::istreambuf_iterator<char>(log)), {});
-  EXPECT_NE(engine_log.find("draft head of weight version 2 ("), std::string::npos) << engine_log;
-  EXPECT_TRUE(std::filesystem::exists(dir + "/weights/draft/2.safetensors"));
-  uint64_t drafted = 0;
-  for (const json& m : metrics(dir)) drafted += m.at("spec_draft_tokens").get<uint64_t>();
-  EXPECT_GT(drafted, 0u);
+  for (const std::string engines : {"", " rollout.engine_tp=2 weight_sync.transport=disk_delta"}) {
+    std::string dir;
+    expect_same_run(engines.empty() ? "draft_spec" : "draft_spec_tp",
+                    " rollout.num_rollouts=3" + engines,
+                    " rollout.speculative=true rollout.speculative_adaptive=false"
+                    " rollout.speculative_draft_head=true rollout.speculative_draft_lr=0.003",
+                    "co-trained draft head of each weight version", nullptr, &dir);
+    std::ifstream log(dir + "/engines/engine_0.log");
+    const std::string engine_log((std::istreambuf_iterator<char>(log)), {});
+    EXPECT_NE(engine_log.find("draft head of weight version 2 ("), std::string::npos)
+        << engines << engine_log;
+    if (!engines.empty())
+      EXPECT_NE(engine_log.find("tensor parallel over 2 processes"), std::string::npos)
+          << engine_log;
+    EXPECT_TRUE(std::filesystem::exists(dir + "/weights/draft/2.safetensors"));
+    uint64_t drafted = 0;
+    for (const json& m : metrics(dir)) drafted += m.at("spec_draft_tokens").get<uint64_t>();
+    EXPECT_GT(drafted, 0u) << engines;
+  }
 }
 
 // Asking for GPU engines where there is no GPU (or no CUDA build) is refused before any engine

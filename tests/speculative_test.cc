@@ -284,9 +284,92 @@ TEST(SpeculativeEngine, DraftHeadDrafterGivesThePlainBitsAndIsAcceptedOnceTraine
   const auto sampled = make_requests(16, kTopP, 43, c.max_position_embeddings);
   Engine plain_t(make_model_runner(model, &pool), kOptions);
   Engine spec_t(make_model_runner(model, &pool), test::speculative(kOptions));
-  spec_t.set_drafter(make_head_drafter(head, &pool));
+  auto head_t = make_head_drafter(head, &pool);
+  HeadDrafter* scores = head_t.get();
+  spec_t.set_drafter(std::move(head_t));
   expect_same(generate_all(plain_t, sampled), generate_all(spec_t, sampled), "draft head, t=1");
   EXPECT_GT(spec_t.stats().spec_draft_tokens, 0u);
+  // Each way of drafting a sampled position (argmax, coupled draws) was scored against the tokens
+  // that landed; the proposed one is among them.
+  const HeadDrafterStats hs = scores->stats();
+  EXPECT_GT(hs.scored, 20u);
+  for (const uint64_t h : hs.hits) EXPECT_LE(h, hs.scored);
+  EXPECT_GT(hs.hits[0] + hs.hits[1] + hs.hits[2], 0u);
+}
+
+// A drafter with the target's own distribution: the model itself run over the sample's tokens,
+// each draft drawn as the sampler will draw it (sample_token with the query's params and uniform
+// number step + j), or, with `shift`, with the uniform number of another position.
+class SelfDrafter final : public Drafter {
+ public:
+  SelfDrafter(std::shared_ptr<const Model> model, ThreadPool* pool, int64_t shift)
+      : model_(std::move(model)), pool_(pool), shift_(shift) {}
+  Draft propose(const DraftQuery& q) override {
+    Draft d;
+    std::vector<int32_t> seq(q.tokens.begin(), q.tokens.end());
+    const int64_t vocab = model_->config().vocab_size;
+    for (int64_t j = 0; j < q.max_tokens; ++j) {
+      auto kv = model_->make_kv_cache();
+      const SeqSpan s{0, 0, static_cast<int64_t>(seq.size())};
+      ForwardOptions fo;
+      fo.all_logits = false;
+      auto f = model_->forward(seq, {&s, 1}, *kv, fo, pool_);
+      EXPECT_TRUE(f.ok()) << f.message();
+      if (!f.ok()) break;
+      const SampleResult r = sample_token(std::span<const float>(f->logits).first(vocab),
+                                          q.sampling, static_cast<uint64_t>(q.step + j + shift_));
+      d.tokens.push_back(r.token);
+      d.confidence.push_back(0.9f);
+      seq.push_back(r.token);
+    }
+    return d;
+  }
+
+ private:
+  std::shared_ptr<const Model> model_;
+  ThreadPool* pool_;
+  int64_t shift_;
+};
+
+// Coupled drafting (DraftQuery::sampling and step): a drafter that knows the target's distribution
+// and draws with the target's uniform numbers proposes exactly the tokens sampling at temperature 1
+// (with top-p, top-k) will draw, so every draft is accepted — where proposing a fixed token, as
+// any drafter without the uniform number must, is accepted with the target's probability of it.
+// Drawing with the uniform number of the wrong position gets far fewer accepted.
+TEST(SpeculativeEngine, CoupledDraftsOfTheTargetsOwnDistributionAreAllAccepted) {
+  auto model = load("llama");
+  ThreadPool pool(2);
+  for (const Sampling& sp : {kTopP, kTopK, Sampling{"t=0.8", 0.8f, 1.0f, 0}}) {
+    std::vector<GenerateRequest> reqs;
+    std::mt19937 rng(5);
+    for (int i = 0; i < 8; ++i) {
+      GenerateRequest r;
+      for (int k = 0; k < 5 + i; ++k) r.input_ids.push_back(static_cast<int32_t>(rng() % 1024));
+      r.sampling.temperature = sp.temperature;
+      r.sampling.top_p = sp.top_p;
+      r.sampling.top_k = sp.top_k;
+      r.sampling.seed = rng();
+      r.max_new_tokens = 12 + i;
+      if (i % 3 == 0) r.n = 3;
+      reqs.push_back(std::move(r));
+    }
+    Engine plain(make_model_runner(model, &pool), kOptions);
+    const Outputs want = generate_all(plain, reqs);
+    for (const int64_t shift : {0, 1}) {
+      const std::string what = std::string(sp.name) + ", shift " + std::to_string(shift);
+      Engine spec(make_model_runner(model, &pool), test::speculative(kOptions));
+      spec.set_drafter(std::make_unique<SelfDrafter>(model, &pool, shift));
+      expect_same(want, generate_all(spec, reqs), what);
+      const EngineStats s = spec.stats();
+      ASSERT_GT(s.spec_draft_tokens, 100u) << what;
+      if (shift == 0) {
+        EXPECT_EQ(s.spec_accepted_tokens, s.spec_draft_tokens) << what;
+        EXPECT_LT(s.iterations, plain.stats().iterations / 3) << what;
+      } else {
+        EXPECT_LT(s.spec_accepted_tokens, s.spec_draft_tokens / 2) << what;
+      }
+    }
+  }
 }
 
 // The prefix cache shortens a later sample's prefill of a prompt: the head drafter gives it the

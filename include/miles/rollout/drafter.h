@@ -6,10 +6,13 @@
 // in drafters that know the answer, or are wrong on purpose.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
+
+#include "miles/sampler.h"
 
 namespace miles {
 
@@ -26,6 +29,13 @@ struct DraftQuery {
   std::vector<std::span<const int32_t>> siblings;
   int64_t max_tokens = 0;  // propose at most this many
   uint64_t sample = 0;     // the engine's id of the sample, stable while it lives
+  // How the sample draws its tokens, and the output index (the sampler's step) of the first drafted
+  // token: draft j will be checked against the sampler's draw with sampling_uniform(seed, step +
+  // j). A drafter with a distribution of its own draws its draft with that same number (coupled
+  // drafting): where its distribution is close to the target's, both draws land on the same token
+  // far more often than the target's probability of any one fixed token.
+  SamplingParams sampling;
+  int64_t step = 0;
 };
 
 // Up to max_tokens ids continuing the query's tokens, and for each the drafter's estimate of the
@@ -74,15 +84,28 @@ std::unique_ptr<Drafter> make_suffix_drafter(const SuffixDrafterOptions& options
 // The co-trained draft head as a drafter (include/miles/draft_head.h, docs/speculative.md): from
 // the target's hidden states of each sample's newest fixed positions it runs the head once over
 // them, then once per further draft token on its own outputs, all samples of an iteration in one
-// batch; each token's confidence is the head's probability of it. Its own KV per sample (one
-// layer). `head` is read, never changed, while the drafter has it; set_head() swaps it between
-// iterations (a new weight version's head; null: no head, no drafts).
+// batch. A greedy sample's draft is the head's argmax. A sampled one's is the argmax or the head's
+// coupled draw (the sampler's own draw with the sample's params over the head's distribution, with
+// the uniform number the target will draw that position with: DraftQuery::step), unsharpened or at
+// half the temperature: every way is drafted for each sample's first position and scored when its
+// token lands, and the way that matched most often lately is proposed (a head close to the policy
+// wins with the coupled draw, a rough one with its argmax). Each token's confidence is the head's
+// probability of it.
+// Its own KV per sample (one layer). `head` is read, never changed, while the drafter has it;
+// set_head() swaps it between iterations (a new weight version's head; null: no head, no drafts).
 struct HeadDrafterOptions {
   float min_confidence = 0.02f;  // stop drafting a sample when the running product falls below
+};
+// How the head's first drafts of sampled queries fared, every way, since the drafter was made.
+struct HeadDrafterStats {
+  uint64_t scored = 0;  // first drafts whose position's token has landed
+  // ... equal to the head's argmax, its coupled draw, its coupled draw at half the temperature
+  std::array<uint64_t, 3> hits{};
 };
 class HeadDrafter : public Drafter {
  public:
   virtual void set_head(std::shared_ptr<const DraftHead> head) = 0;
+  virtual HeadDrafterStats stats() const = 0;
 };
 std::unique_ptr<HeadDrafter> make_head_drafter(std::shared_ptr<const DraftHead> head,
                                                ThreadPool* pool,
