@@ -193,8 +193,6 @@ int run_serve(ServeOptions o) {
   auto engine = std::make_unique<Engine>(std::move(runner), o.engine, tok);
   HeadDrafter* head_drafter = nullptr;
   if (o.spec_draft_head) {
-    if (*device != Device::kCpu)
-      return fail("serve", "--spec-draft-head drafts on CPU engines (no --device)");
     auto d = make_head_drafter(nullptr, &pool);
     head_drafter = d.get();
     engine->set_drafter(std::move(d));

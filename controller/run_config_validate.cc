@@ -219,10 +219,6 @@ void check_rollout(const RunConfig& c, Checker& check) {
     check.fail({"rollout.speculative_max_draft_tokens"},
                "rollout.speculative_max_draft_tokens: " +
                    std::to_string(r.speculative_max_draft_tokens) + " is more than 64");
-  if (r.speculative && r.speculative_draft_head && r.engine_device != Device::kCpu)
-    check.fail({"rollout.speculative_draft_head", "rollout.engine_device"},
-               "rollout.speculative_draft_head: engines draft with the head on CPU engines for now "
-               "(rollout.engine_device = cpu)");
   check.positive("rollout.speculative_draft_lr", r.speculative_draft_lr);
   check.at_least<int64_t>("rollout.speculative_draft_vocab", r.speculative_draft_vocab, 2);
   check.positive("rollout.health_check_interval_s", r.health_check_interval_s);

@@ -307,6 +307,10 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
     MILES_RETURN_IF_ERROR(
         b_->download(out.expert_weights.data(), run.record + n, sizeof(float) * n));
   }
+  if (batch.return_hidden) {
+    out.hidden.resize(static_cast<size_t>(t * d));
+    MILES_RETURN_IF_ERROR(b_->download(out.hidden.data(), h, sizeof(float) * out.hidden.size()));
+  }
   out.logits.resize(static_cast<size_t>(nr * c.vocab_size));
   MILES_RETURN_IF_ERROR(b_->download(out.logits.data(), logits, sizeof(float) * out.logits.size()));
   MILES_RETURN_IF_ERROR(b_->sync());
