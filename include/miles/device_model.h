@@ -45,11 +45,11 @@ struct DeviceBatch {
   // MoE models: the routed experts of every token and MoE layer into ForwardOutput::experts and
   // expert_weights ([T, moe_layers, top_k]; R3 capture).
   bool return_experts = false;
+  std::span<const int64_t> last_rows;   // as ForwardOptions::last_rows
+  std::span<const int64_t> logit_rows;  // as ForwardOptions::logit_rows
   // The last layer's output before the final norm ([T, hidden]) into ForwardOutput::hidden, as
   // ForwardOptions::return_hidden (the co-trained draft head's features).
   bool return_hidden = false;
-  std::span<const int64_t> last_rows;   // as ForwardOptions::last_rows
-  std::span<const int64_t> logit_rows;  // as ForwardOptions::logit_rows
 };
 
 struct DeviceKvGeometry {
