@@ -17,10 +17,8 @@
 #include "device/device_math.h"
 #include "engine_workload.h"
 #include "kernels/exp.h"
-#include "miles/draft_head.h"
 #include "miles/flat_params.h"
 #include "miles/kernels.h"
-#include "miles/rollout/drafter.h"
 #include "miles/rollout/engine.h"
 #include "miles/tensor_parallel.h"
 #include "miles/thread_pool.h"
@@ -370,34 +368,12 @@ TEST(DeviceEngineSpeculative, TheDraftHeadDraftsAsOnTheCpu) {
   auto files = load_model_files(test::data_dir() + "/models/llama_tied");
   ASSERT_TRUE(files.ok()) << files.message();
   ThreadPool pool(2);
-  const std::vector<uint64_t> counts(static_cast<size_t>(files->config.vocab_size), 1);
-  auto created = DraftHead::create(files->config, files->weights, top_ids(counts, 256));
-  ASSERT_TRUE(created.ok()) << created.message();
-  const std::shared_ptr<const DraftHead> head = std::move(created).value();
-  Engine plain(one_process_runner(*files, &pool), kEngine);
-  const test::Finals want = run_workload(plain, 5);
   const EngineOptions eo = test::speculative(kEngine);
-  Engine cpu(one_process_runner(*files, &pool), eo);
-  auto cpu_head = make_head_drafter(head, &pool);
-  HeadDrafter* cpu_scores = cpu_head.get();
-  cpu.set_drafter(std::move(cpu_head));
-  expect_same_bits(want, run_workload(cpu, 5));
   auto runner =
       make_device_model_runner(Device::kEmulated, files->config, files->weights, eo, &pool);
   ASSERT_TRUE(runner.ok()) << runner.message();
   Engine dev(std::move(runner).value(), eo);
-  auto dev_head = make_head_drafter(head, &pool);
-  HeadDrafter* dev_scores = dev_head.get();
-  dev.set_drafter(std::move(dev_head));
-  expect_same_bits(want, run_workload(dev, 5));
-  const EngineStats a = cpu.stats(), b = dev.stats();
-  EXPECT_GT(a.spec_draft_tokens, 20u);
-  EXPECT_EQ(b.spec_draft_tokens, a.spec_draft_tokens);
-  EXPECT_EQ(b.spec_accepted_tokens, a.spec_accepted_tokens);
-  EXPECT_EQ(b.spec_verifies, a.spec_verifies);
-  EXPECT_GT(dev_scores->stats().scored, 0u);
-  EXPECT_EQ(dev_scores->stats().hits, cpu_scores->stats().hits);
-  EXPECT_EQ(b.free_blocks, plain.stats().free_blocks);
+  test::expect_head_drafts_as_one_process(*files, dev, &pool);
 }
 
 TEST(DeviceEngineStories, EmulatedGivesTheCpuEngineBits) {

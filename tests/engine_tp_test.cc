@@ -28,9 +28,7 @@
 #include "engine_workload.h"
 #include "miles/comm.h"
 #include "miles/controller/child_process.h"
-#include "miles/draft_head.h"
 #include "miles/flat_params.h"
-#include "miles/rollout/drafter.h"
 #include "miles/rollout/engine.h"
 #include "miles/rollout/tp_engine.h"
 #include "miles/tcp_store.h"
@@ -141,32 +139,10 @@ TEST(EngineTpSpeculative, TheDraftHeadDraftsAsOnOneProcess) {
   auto files = load_model_files(test::data_dir() + "/models/llama_tied");
   ASSERT_TRUE(files.ok()) << files.message();
   ThreadPool pool(1);
-  const std::vector<uint64_t> counts(static_cast<size_t>(files->config.vocab_size), 1);
-  auto created = DraftHead::create(files->config, files->weights, top_ids(counts, 256));
-  ASSERT_TRUE(created.ok()) << created.message();
-  const std::shared_ptr<const DraftHead> head = std::move(created).value();
-  Engine plain(one_process_runner(*files, &pool), kEngine);
-  const Finals want = run_workload(plain, 5);
-  Engine one(one_process_runner(*files, &pool), test::speculative(kEngine));
-  auto one_head = make_head_drafter(head, &pool);
-  HeadDrafter* one_scores = one_head.get();
-  one.set_drafter(std::move(one_head));
-  expect_same_bits(want, run_workload(one, 5));
   TpPair tp;
   ASSERT_TRUE(tp.start(*files, test::speculative(kEngine), &pool).ok());
   Engine two(std::move(tp.runner), test::speculative(kEngine));
-  auto two_head = make_head_drafter(head, &pool);
-  HeadDrafter* two_scores = two_head.get();
-  two.set_drafter(std::move(two_head));
-  expect_same_bits(want, run_workload(two, 5));
-  const EngineStats a = one.stats(), b = two.stats();
-  EXPECT_GT(a.spec_draft_tokens, 20u);
-  EXPECT_EQ(b.spec_draft_tokens, a.spec_draft_tokens);
-  EXPECT_EQ(b.spec_accepted_tokens, a.spec_accepted_tokens);
-  EXPECT_EQ(b.spec_verifies, a.spec_verifies);
-  EXPECT_GT(two_scores->stats().scored, 0u);
-  EXPECT_EQ(two_scores->stats().hits, one_scores->stats().hits);
-  EXPECT_EQ(b.free_blocks, plain.stats().free_blocks);
+  test::expect_head_drafts_as_one_process(*files, two, &pool);
 }
 
 TEST(EngineTpWeights, AnUpdateReshardsAndABadOneKeepsTheOldWeights) {

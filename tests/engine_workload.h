@@ -13,7 +13,9 @@
 #include <random>
 #include <vector>
 
+#include "miles/draft_head.h"
 #include "miles/flat_params.h"
+#include "miles/rollout/drafter.h"
 #include "miles/rollout/engine.h"
 
 namespace miles::test {
@@ -163,6 +165,38 @@ inline void update_all(std::initializer_list<Engine*> engines, const TensorMap& 
     ASSERT_TRUE(e->update_weights(next).ok());
     ASSERT_TRUE(e->end_weight_update().ok());
   }
+}
+
+// The co-trained draft head (a fresh one over 256 of the model's ids) drafting run_workload(…, 5)
+// in a one-process CPU engine and in `other` (an engine of the same model with
+// speculative(kEngine) over another runner: tensor-parallel, a device): both give the plain
+// engine's bits, and `other`'s head drafts, gets accepted and scores exactly as the one-process
+// engine's (what it reads, the hidden states, are the same bits).
+inline void expect_head_drafts_as_one_process(const ModelFiles& files, Engine& other,
+                                              ThreadPool* pool) {
+  const std::vector<uint64_t> counts(static_cast<size_t>(files.config.vocab_size), 1);
+  auto created = DraftHead::create(files.config, files.weights, top_ids(counts, 256));
+  ASSERT_TRUE(created.ok()) << created.message();
+  const std::shared_ptr<const DraftHead> head = std::move(created).value();
+  Engine plain(one_process_runner(files, pool), kEngine);
+  const Finals want = run_workload(plain, 5);
+  Engine one(one_process_runner(files, pool), speculative(kEngine));
+  auto one_head = make_head_drafter(head, pool);
+  const HeadDrafter* one_scores = one_head.get();
+  one.set_drafter(std::move(one_head));
+  expect_same_bits(want, run_workload(one, 5));
+  auto other_head = make_head_drafter(head, pool);
+  const HeadDrafter* other_scores = other_head.get();
+  other.set_drafter(std::move(other_head));
+  expect_same_bits(want, run_workload(other, 5));
+  const EngineStats a = one.stats(), b = other.stats();
+  EXPECT_GT(a.spec_draft_tokens, 20u);
+  EXPECT_EQ(b.spec_draft_tokens, a.spec_draft_tokens);
+  EXPECT_EQ(b.spec_accepted_tokens, a.spec_accepted_tokens);
+  EXPECT_EQ(b.spec_verifies, a.spec_verifies);
+  EXPECT_GT(other_scores->stats().scored, 0u);
+  EXPECT_EQ(other_scores->stats().hits, one_scores->stats().hits);
+  EXPECT_EQ(b.free_blocks, plain.stats().free_blocks);
 }
 
 }  // namespace miles::test
