@@ -413,20 +413,30 @@ void check_collectives(int world, bool host_store, bool shm = false) {
           out += "big_bcast=" + std::to_string(bb == partials_of(400, 800'000)) + "\n";
           // Chunked broadcasts back to back from two roots (the shared-memory back-end pipelines
           // them through every rank's slot), then a collective: every piece is handed over in
-          // order, final when handed over, and the buffers are whole.
+          // order, final when handed over, and the buffers are whole. From root 0 the caller
+          // copies: pieces it is given go in order, each before it is handed over.
           bool chunks_ok = true;
           for (int root : {world - 1, 0}) {
             std::vector<float> x = partials_of(500 + rank, 1'450'000);  // 5.5 MiB
             const std::vector<float> want = partials_of(500 + root, 1'450'000);
-            size_t next_off = 0;
-            CHILD_CHECK(c.broadcast_chunks(
-                x.data(), x.size() * sizeof(float), root, [&](size_t off, size_t n) {
-                  const char* have = reinterpret_cast<const char*>(x.data()) + off;
-                  const char* expect = reinterpret_cast<const char*>(want.data()) + off;
-                  chunks_ok &= off == next_off && std::memcmp(have, expect, n) == 0;
-                  next_off = off + n;
-                }));
+            size_t next_off = 0, copied_to = 0;
+            Communicator::ChunkHooks hooks;
+            hooks.arrived = [&](size_t off, size_t n) {
+              const char* have = reinterpret_cast<const char*>(x.data()) + off;
+              const char* expect = reinterpret_cast<const char*>(want.data()) + off;
+              chunks_ok &= off == next_off && std::memcmp(have, expect, n) == 0;
+              chunks_ok &= copied_to == 0 || copied_to == off + n;
+              next_off = off + n;
+            };
+            if (root == 0)
+              hooks.copy = [&](void* to, const void* from, size_t off, size_t n) {
+                chunks_ok &= off == copied_to && off == next_off;
+                std::memcpy(to, from, n);
+                copied_to = off + n;
+              };
+            CHILD_CHECK(c.broadcast_chunks(x.data(), x.size() * sizeof(float), root, hooks));
             chunks_ok &= next_off == x.size() * sizeof(float) && x == want;
+            if (shm && root == 0) chunks_ok &= copied_to == next_off;  // every piece through it
           }
           std::vector<float> after(33 * world);
           CHILD_CHECK(c.allgather(partials_of(rank, 33), after));

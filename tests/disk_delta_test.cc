@@ -25,7 +25,7 @@
 #include "miles/weight_sync/weight_sync.h"
 #include "test_paths.h"
 #include "weight_sync/disk_delta_format.h"
-#include "weight_sync/xxh3_stream.h"
+#include "weight_sync/xxh3.h"
 
 namespace miles {
 namespace {
@@ -599,6 +599,66 @@ TEST(DiskDelta, FormatChecksumIsTheWeightSyncOne) {
     for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(i * 31 + 7);
     EXPECT_EQ(disk_delta::xxh3_128_hex(bytes), xxh3_128_hex(bytes.data(), bytes.size())) << n;
   }
+}
+
+// Our xxh3-128 loop (weight_sync/xxh3.h) against the library's one-shot XXH3_128bits: on both
+// paths, every length class (empty, the library's short inputs, one byte either side of a stripe
+// and a 1 KiB block, megabytes), handed over whole, in pieces of 1 byte, of a stripe, of random
+// sizes small and large, hashed in place or copied (to destinations aligned to 32, 16 and 8
+// bytes, whose bytes must then be the source's).
+TEST(Xxh3, EveryPathLengthAndSplitGivesTheLibrarysHash) {
+  std::vector<weight_sync_detail::Xxh3Stream::Path> paths = {
+      weight_sync_detail::Xxh3Stream::Path::kScalar};
+  if (__builtin_cpu_supports("avx2")) paths.push_back(weight_sync_detail::Xxh3Stream::Path::kAvx2);
+  std::mt19937_64 rng(7);
+  std::vector<uint8_t> src((3u << 20) + 100);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  const std::vector<size_t> lengths = {0,    1,    17,   63,    64,    65,      127,     128,  129,
+                                       239,  240,  241,  255,   256,   257,     1023,    1024, 1025,
+                                       1087, 1088, 1089, 16385, 65536, 1 << 20, 3u << 20};
+  auto hex_of = [](XXH128_hash_t h) {
+    char buf[33];
+    std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
+                  static_cast<unsigned long long>(h.low64));
+    return std::string(buf);
+  };
+  alignas(64) static uint8_t dst_store[(3u << 20) + 200];
+  for (const auto path : paths)
+    for (const size_t len : lengths)
+      for (const int split : {0, 1, 2, 3, 4})
+        for (const size_t align : {0, 16, 8}) {
+          if (split == 1 && len > 70'000) continue;  // byte by byte: the short ones suffice
+          const size_t at = 13 * (len % 7);          // sources start anywhere
+          const uint8_t* in = src.data() + at;
+          const std::string want = hex_of(XXH3_128bits(in, len));
+          const bool copying = align != 0 || split % 2 == 0;
+          uint8_t* out = dst_store + (align == 0 ? 32 : align);
+          std::memset(out, 0xEE, len);
+          weight_sync_detail::Xxh3Stream h(path);
+          for (size_t off = 0; off < len;) {
+            size_t n = len - off;
+            if (split == 1) n = 1;
+            if (split == 2) n = std::min<size_t>(n, 64);
+            if (split == 3) n = std::min<size_t>(n, 1 + rng() % 300);
+            if (split == 4) n = std::min<size_t>(n, 1 + rng() % 400'000);
+            if (copying) {
+              h.copy(out + off, in + off, n);
+            } else {
+              h.update(in + off, n);
+            }
+            off += n;
+          }
+          const std::string where = "path " + std::to_string(static_cast<int>(path)) + " len " +
+                                    std::to_string(len) + " split " + std::to_string(split) +
+                                    " align " + std::to_string(align);
+          EXPECT_EQ(h.bytes(), len) << where;
+          EXPECT_EQ(h.hex(), want) << where;
+          if (copying) {
+            EXPECT_EQ(std::memcmp(out, in, len), 0) << where;
+          }
+        }
+  EXPECT_EQ(weight_sync_detail::xxh3_hex(src.data(), src.size()),
+            hex_of(XXH3_128bits(src.data(), src.size())));
 }
 
 // The reader decodes frames piece by piece (written over, or xor-applied through a piece buffer;

@@ -7,7 +7,7 @@
 #include "miles/comm.h"
 #include "miles/weight_sync/weight_sync.h"
 #include "weight_sync/shard_pieces.h"
-#include "weight_sync/xxh3_stream.h"
+#include "weight_sync/xxh3.h"
 
 namespace miles {
 
@@ -102,10 +102,14 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
       const bool hash = sums[i].size() != kHex;
       weight_sync_detail::Xxh3Stream h;
       const char* bytes = reinterpret_cast<const char*>(dst);
-      s = group.broadcast_chunks(dst, static_cast<size_t>(t.bytes), root,
-                                 [&](size_t off, size_t n) {
-                                   if (hash) h.update(bytes + off, n);
-                                 });
+      Communicator::ChunkHooks hooks;
+      if (hash) {  // each piece hashed once: on its way through the transport's buffer, or after
+        hooks.copy = [&](void* to, const void* from, size_t, size_t n) { h.copy(to, from, n); };
+        hooks.arrived = [&](size_t off, size_t n) {
+          if (h.bytes() < off + n) h.update(bytes + off, n);
+        };
+      }
+      s = group.broadcast_chunks(dst, static_cast<size_t>(t.bytes), root, hooks);
       if (hash) sums[i] = h.hex();
       if (s.ok() && out && !sending && options.shard_size > 1) {
         // A tensor-parallel rank keeps its shard; the whole tensor's checksum is compared below.

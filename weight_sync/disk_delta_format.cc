@@ -5,8 +5,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxh_x86dispatch.h>
-#include <xxhash.h>
 #include <zstd.h>
 
 #include <algorithm>
@@ -20,6 +18,7 @@
 
 #include "miles/check.h"
 #include "miles/durable_file.h"
+#include "weight_sync/xxh3.h"
 
 namespace miles::disk_delta {
 namespace {
@@ -244,15 +243,10 @@ Result<std::vector<int64_t>> list_versions(const std::string& dir) {
   return out;
 }
 
-// The same digits as miles::xxh3_128_hex (weight_sync.h; a test holds them equal), computed here so
-// that the format does not need the engine-side weight_set.cc (the fuzz build reads the format
-// without an engine).
+// The same digits as miles::xxh3_128_hex (weight_sync.h; a test holds them equal), without the
+// engine-side weight_set.cc (the fuzz build reads the format without an engine).
 std::string xxh3_128_hex(std::span<const uint8_t> bytes) {
-  const XXH128_hash_t h = XXH3_128bits_dispatch(bytes.data(), bytes.size());
-  char buf[33];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.high64),
-                static_cast<unsigned long long>(h.low64));
-  return buf;
+  return weight_sync_detail::xxh3_hex(bytes.data(), bytes.size());
 }
 
 int dtype_bytes(std::string_view d) {

@@ -13,7 +13,7 @@
 #include "miles/weight_sync/disk_delta.h"
 #include "weight_sync/disk_delta_format.h"
 #include "weight_sync/for_each_tensor.h"
-#include "weight_sync/xxh3_stream.h"
+#include "weight_sync/xxh3.h"
 
 namespace miles {
 namespace dd = disk_delta;

@@ -1,14 +1,18 @@
 // The p2p transport: per bucket, trainer tensor-parallel rank k and engine tensor-parallel rank j,
-// one message (version, a checksum per piece, the pieces) from trainer rank k to rank j of every
-// engine; each engine rank places the pieces straight into its own shard (weight_sync.h).
+// a header (the version, a checksum per piece) and then each piece as its own message, from trainer
+// rank k to rank j of every engine. A piece that is one run in the trainer's shard goes straight
+// from it, and one that is one run in the engine rank's shard arrives straight into it; only
+// strided pieces (column splits) are staged on either side (weight_sync.h).
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "miles/comm.h"
 #include "miles/tensor_parallel.h"
 #include "miles/weight_sync/weight_sync.h"
 #include "weight_sync/shard_pieces.h"
+#include "weight_sync/xxh3.h"
 
 namespace miles {
 
@@ -21,30 +25,28 @@ using shard_pieces::Piece;
 using shard_pieces::piece_of;
 using tensor_parallel::Split;
 
-uint32_t tag_of(size_t bucket, int k) { return static_cast<uint32_t>(bucket * 1024 + k); }
+// Header and pieces of one (bucket, trainer rank) go on two tags; a pair's messages on one tag
+// arrive in the order sent.
+uint32_t header_tag(size_t bucket, int k) { return static_cast<uint32_t>(bucket * 1024 + k) * 2; }
+uint32_t piece_tag(size_t bucket, int k) { return header_tag(bucket, k) + 1; }
 
-struct Message {
-  std::vector<char> header;  // version, then a checksum per tensor (blank when no piece)
-  std::vector<char> data;    // the pieces, in bucket order, each run after run
+// One run of floats in the shard that holds it (at `at`), or rows of it `stride` apart.
+bool one_run(const Piece& p, int64_t stride) { return p.rows == 1 || stride == p.len; }
+
+// What trainer rank k sends engine rank j for one bucket: the header, and where each piece's bytes
+// are (the shard itself, or `staged` for a strided piece).
+struct Outgoing {
+  std::vector<char> header;
+  std::vector<std::span<const char>> pieces;
+  std::vector<std::vector<float>> staged;
 };
 
-// Sizes `m` for the message of bucket b from trainer rank k to engine rank j. The buffers are
-// reused from bucket to bucket: every byte is written before it is sent or read after it is
-// received (blank checksums are zeroed), so they are resized, never zero-filled again.
-void layout_message(const Bucket& b, int k, int nt, int j, int ne, Message& m) {
-  m.header.resize(sizeof(int64_t) + kHex * b.tensors.size());
-  int64_t floats = 0;
-  for (const PlannedTensor& t : b.tensors) floats += piece_of(t, k, nt, j, ne).floats();
-  m.data.resize(static_cast<size_t>(floats) * sizeof(float));
-}
-
-// The message trainer rank k sends engine rank j for bucket b, into `m`.
-Status pack(const Bucket& b, int64_t version, const TensorSource& local_shards, int k, int nt,
-            int j, int ne, Message& m) {
-  layout_message(b, k, nt, j, ne, m);
-  std::fill(m.header.begin(), m.header.end(), 0);
-  std::memcpy(m.header.data(), &version, sizeof(version));
-  float* out = reinterpret_cast<float*>(m.data.data());
+Status prepare(const Bucket& b, int64_t version, const TensorSource& local_shards, int k, int nt,
+               int j, int ne, Outgoing& o) {
+  o.header.assign(sizeof(int64_t) + kHex * b.tensors.size(), 0);
+  std::memcpy(o.header.data(), &version, sizeof(version));
+  o.pieces.clear();
+  o.staged.clear();
   for (size_t i = 0; i < b.tensors.size(); ++i) {
     const PlannedTensor& t = b.tensors[i];
     const Piece p = piece_of(t, k, nt, j, ne);
@@ -54,14 +56,51 @@ Status pack(const Bucket& b, int64_t version, const TensorSource& local_shards, 
       return Status::Error("p2p weight send: this rank's shard of " + t.name + " has " +
                            std::to_string(v.size_bytes()) + " bytes, expected " +
                            std::to_string(local_numel(t, nt) * sizeof(float)));
-    for (int64_t r = 0; r < p.rows; ++r)
-      std::copy_n(v.data() + p.src + r * p.src_stride, p.len, out + r * p.len);
-    const std::string sum = xxh3_128_hex(out, p.floats() * sizeof(float));
-    std::memcpy(m.header.data() + sizeof(int64_t) + i * kHex, sum.data(), kHex);
-    out += p.floats();
+    const size_t bytes = static_cast<size_t>(p.floats()) * sizeof(float);
+    weight_sync_detail::Xxh3Stream hash;
+    const float* from = v.data() + p.src;
+    if (!one_run(p, p.src_stride)) {  // gathered into a staging run, hashed on the way
+      std::vector<float>& run = o.staged.emplace_back(static_cast<size_t>(p.floats()));
+      for (int64_t r = 0; r < p.rows; ++r)
+        hash.copy(run.data() + r * p.len, from + r * p.src_stride, p.len * sizeof(float));
+      from = run.data();
+    } else {
+      hash.update(from, bytes);
+    }
+    o.pieces.emplace_back(reinterpret_cast<const char*>(from), bytes);
+    const std::string sum = hash.hex();
+    std::memcpy(o.header.data() + sizeof(int64_t) + i * kHex, sum.data(), kHex);
   }
   return Status::Ok();
 }
+
+// The sends of one bucket: a thread per destination sends its header and pieces in order.
+class BucketSends {
+ public:
+  void start(Communicator& world, const Outgoing& o, int dst, size_t bucket, int k) {
+    statuses_.push_back(std::make_unique<Status>());
+    Status* status = statuses_.back().get();
+    threads_.emplace_back([&world, &o, dst, bucket, k, status] {
+      *status = world.send(o.header.data(), o.header.size(), dst, header_tag(bucket, k));
+      for (size_t i = 0; i < o.pieces.size() && status->ok(); ++i)
+        *status = world.send(o.pieces[i].data(), o.pieces[i].size(), dst, piece_tag(bucket, k));
+    });
+  }
+  Status finish() {
+    for (std::thread& t : threads_) t.join();
+    Status first = Status::Ok();
+    for (const auto& s : statuses_)
+      if (first.ok() && !s->ok()) first = *s;
+    threads_.clear();
+    statuses_.clear();
+    return first;
+  }
+  ~BucketSends() { static_cast<void>(finish()); }
+
+ private:
+  std::vector<std::thread> threads_;
+  std::vector<std::unique_ptr<Status>> statuses_;
+};
 
 }  // namespace
 
@@ -71,26 +110,20 @@ Status p2p_send_weights(Communicator& world, const TransferPlan& plan, int64_t v
   if (me.dp != 0) return Status::Ok();
   const int nt = roles.trainer.tp(), ne = roles.engine_tp;
   MILES_RETURN_IF_ERROR(shard_pieces::check_splits(plan, {nt, ne}));
-  std::vector<Message> messages(ne);  // reused by every bucket (each waits for its sends)
+  // Bucket after bucket (a pair's messages must not interleave: over shared memory they are
+  // matched in order, whatever their tags): hash (stage strided pieces), then send to every
+  // destination at once, a thread each.
+  std::vector<Outgoing> out(ne);  // per engine rank j (the same for every engine)
   for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
     const Bucket& b = plan.buckets[bi];
     if (b.stage != me.pp) continue;
-    // One message per engine rank j (the same for every engine), all in flight at once.
-    std::vector<std::unique_ptr<PendingSend>> pending;
-    for (int j = 0; j < ne; ++j) {
-      MILES_RETURN_IF_ERROR(pack(b, version, local_shards, me.tp, nt, j, ne, messages[j]));
-      for (int e = 0; e < roles.num_engines; ++e) {
-        const int dst = roles.engine_rank(e, j);
-        for (const std::vector<char>* part : {&messages[j].header, &messages[j].data}) {
-          if (part->empty()) continue;
-          const bool data = part == &messages[j].data;
-          MILES_ASSIGN_OR_RETURN(
-              auto p, world.isend(part->data(), part->size(), dst, tag_of(bi, me.tp) * 2 + data));
-          pending.push_back(std::move(p));
-        }
-      }
-    }
-    for (auto& p : pending) MILES_RETURN_IF_ERROR(p->wait());
+    for (int j = 0; j < ne; ++j)
+      MILES_RETURN_IF_ERROR(prepare(b, version, local_shards, me.tp, nt, j, ne, out[j]));
+    BucketSends sends;
+    for (int j = 0; j < ne; ++j)
+      for (int e = 0; e < roles.num_engines; ++e)
+        sends.start(world, out[j], roles.engine_rank(e, j), bi, me.tp);
+    MILES_RETURN_IF_ERROR(sends.finish());
   }
   return Status::Ok();
 }
@@ -98,7 +131,6 @@ Status p2p_send_weights(Communicator& world, const TransferPlan& plan, int64_t v
 Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_t version,
                            const P2pRoles& roles, ReceivedWeights* out) {
   out->version = version;
-  out->tensors.clear();
   out->shapes.clear();
   out->checksums.clear();
   out->verified = false;  // until every bucket has arrived
@@ -109,45 +141,56 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
                          " is not an engine rank");
   const int j = offset % ne;
   MILES_RETURN_IF_ERROR(shard_pieces::check_splits(plan, {nt, ne}));
-  Message m;  // reused by every bucket and trainer rank
+  std::vector<char> header;
+  std::vector<float> staged;  // a strided piece, before it is placed
   for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
     const Bucket& b = plan.buckets[bi];
     const std::string at =
         "weight version " + std::to_string(version) + ", bucket " + std::to_string(bi);
     std::map<std::string, std::string> whole;  // tensors that arrived as one verified piece
+    // The buffers of an earlier version are reused (fresh pages cost a fault each 4 KiB): the
+    // pieces from the trainer ranks cover each shard, so every float is written below.
     for (const PlannedTensor& t : b.tensors) {
-      out->tensors[t.name].assign(static_cast<size_t>(local_numel(t, ne)), 0.0f);
+      out->tensors[t.name].resize(static_cast<size_t>(local_numel(t, ne)));
       out->shapes[t.name] = local_shape(t, ne);
     }
     for (int k = 0; k < nt; ++k) {
       const int src = roles.trainer.rank_of({0, b.stage, k});
-      layout_message(b, k, nt, j, ne, m);
-      Status s = world.recv(m.header.data(), m.header.size(), src, tag_of(bi, k) * 2);
-      if (s.ok() && !m.data.empty())
-        s = world.recv(m.data.data(), m.data.size(), src, tag_of(bi, k) * 2 + 1);
-      if (!s.ok()) return s.with_context(at + ", from trainer rank " + std::to_string(src));
+      const std::string from = at + ", from trainer rank " + std::to_string(src);
+      header.resize(sizeof(int64_t) + kHex * b.tensors.size());
+      if (Status s = world.recv(header.data(), header.size(), src, header_tag(bi, k)); !s.ok())
+        return s.with_context(from);
       int64_t got = 0;
-      std::memcpy(&got, m.header.data(), sizeof(got));
+      std::memcpy(&got, header.data(), sizeof(got));
       if (got != version)
         return Status::Error(at + ": trainer rank " + std::to_string(src) + " sent version " +
                              std::to_string(got));
-      const float* in = reinterpret_cast<const float*>(m.data.data());
       for (size_t i = 0; i < b.tensors.size(); ++i) {
         const PlannedTensor& t = b.tensors[i];
         const Piece p = piece_of(t, k, nt, j, ne);
         if (p.floats() == 0) continue;
-        const std::string want(m.header.data() + sizeof(int64_t) + i * kHex, kHex);
-        if (xxh3_128_hex(in, p.floats() * sizeof(float)) != want)
+        const std::string want(header.data() + sizeof(int64_t) + i * kHex, kHex);
+        const size_t bytes = static_cast<size_t>(p.floats()) * sizeof(float);
+        float* dst = out->tensors[t.name].data() + p.dst;
+        // Straight into the shard when the piece is one run there, else staged and placed (hashed
+        // while placed); a mismatch leaves the set unverified (never swapped in).
+        const bool direct = one_run(p, p.dst_stride);
+        if (!direct) staged.resize(static_cast<size_t>(p.floats()));
+        if (Status s = world.recv(direct ? dst : staged.data(), bytes, src, piece_tag(bi, k));
+            !s.ok())
+          return s.with_context(from + ", " + t.name);
+        weight_sync_detail::Xxh3Stream hash;
+        if (direct) {
+          hash.update(dst, bytes);
+        } else {
+          for (int64_t r = 0; r < p.rows; ++r)
+            hash.copy(dst + r * p.dst_stride, staged.data() + r * p.len, p.len * sizeof(float));
+        }
+        if (hash.hex() != want)
           return Status::Error(at + ": checksum mismatch for " + t.name + " (piece from trainer " +
                                "rank " + std::to_string(src) + ")");
-        float* dst = out->tensors[t.name].data();
-        for (int64_t r = 0; r < p.rows; ++r)
-          std::copy_n(in + r * p.len, p.len, dst + p.dst + r * p.dst_stride);
-        in += p.floats();
         // A piece that is the whole shard, in order: its verified checksum is the shard's.
-        if (p.dst == 0 && (p.rows == 1 || p.dst_stride == p.len) &&
-            p.floats() == local_numel(t, ne))
-          whole[t.name] = want;
+        if (p.dst == 0 && direct && p.floats() == local_numel(t, ne)) whole[t.name] = want;
       }
     }
     for (const PlannedTensor& t : b.tensors) {
@@ -159,6 +202,10 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
   }
   // Every piece was checked against the sender's checksum as it arrived, and each shard's checksum
   // was computed from its assembled bytes (or is its one piece's): nothing to hash again.
+  const std::vector<std::string> names = plan.tensor_names();
+  std::erase_if(out->tensors, [&](const auto& kv) {
+    return std::find(names.begin(), names.end(), kv.first) == names.end();
+  });
   out->verified = true;
   return Status::Ok();
 }

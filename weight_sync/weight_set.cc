@@ -1,22 +1,12 @@
 // ReceivedWeights, checksums, verification and the engine-side swap (weight_sync.h).
-#include <xxh_x86dispatch.h>
-#include <xxhash.h>
-
-#include <cstdio>
-
 #include "miles/rollout/engine.h"
 #include "miles/weight_sync/weight_sync.h"
+#include "weight_sync/xxh3.h"
 
 namespace miles {
 
 std::string xxh3_128_hex(const void* data, size_t size) {
-  // libxxhash's runtime dispatch: its AVX2 / AVX-512 loop where the CPU has it (1.8× the default
-  // SSE2 build's on AVX2).
-  const XXH128_hash_t h = XXH3_128bits_dispatch(data, size);
-  char buf[33];
-  std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
-                static_cast<unsigned long long>(h.low64));
-  return buf;
+  return weight_sync_detail::xxh3_hex(data, size);
 }
 
 TensorMap ReceivedWeights::view() const {

@@ -61,12 +61,19 @@ class Communicator {
   virtual Status barrier() = 0;
   // Root's `bytes` bytes at `data` are copied to `data` on every rank.
   virtual Status broadcast(void* data, size_t bytes, int root) = 0;
-  // broadcast, handing each piece over as it is done: on every rank `on_chunk(offset, n)` runs, in
-  // order, once bytes [offset, offset + n) of `data` are final there (root: handed to the
-  // transport; the others: arrived), so that a receiver hashes what came while the rest is on its
-  // way. The default: one broadcast, then one call for the whole buffer.
-  using ChunkFn = std::function<void(size_t offset, size_t n)>;
-  virtual Status broadcast_chunks(void* data, size_t bytes, int root, const ChunkFn& on_chunk);
+  // broadcast, handing each piece over as it is done, in order, so that a receiver checks what
+  // came while the rest is on its way.
+  struct ChunkHooks {
+    // Where the transport copies piece [offset, offset + n) through memory it owns (the root: from
+    // `data` into a staging buffer; the others: from one into `data`), it calls this instead of
+    // memcpy when set: a caller that hashes the bytes does it on the way, one pass over memory.
+    std::function<void(void* to, const void* from, size_t offset, size_t n)> copy;
+    // Runs once bytes [offset, offset + n) of `data` are final on this rank (root: handed to the
+    // transport; the others: arrived), after `copy` if it moved them.
+    std::function<void(size_t offset, size_t n)> arrived;
+  };
+  // The default: one broadcast, then `arrived` for the whole buffer.
+  virtual Status broadcast_chunks(void* data, size_t bytes, int root, const ChunkHooks& hooks);
   // out[r * bytes, (r + 1) * bytes) = rank r's `in`, for every r (out holds size() * bytes bytes;
   // rank order).
   virtual Status allgather(const void* in, size_t bytes, void* out) = 0;

@@ -124,9 +124,9 @@ class DoneSend final : public PendingSend {
 };
 }  // namespace
 
-Status Communicator::broadcast_chunks(void* data, size_t bytes, int root, const ChunkFn& on_chunk) {
+Status Communicator::broadcast_chunks(void* data, size_t bytes, int root, const ChunkHooks& hooks) {
   MILES_RETURN_IF_ERROR(broadcast(data, bytes, root));
-  if (on_chunk && bytes > 0) on_chunk(0, bytes);
+  if (hooks.arrived && bytes > 0) hooks.arrived(0, bytes);
   return Status::Ok();
 }
 

@@ -138,10 +138,10 @@ class GlooCommunicator final : public Communicator {
   // posts every piece's receive at once and hands each over as it completes, so the transport's
   // threads fill the next pieces while the caller hashes this one (gloo::broadcast returns only
   // with the whole buffer).
-  Status broadcast_chunks(void* data, size_t bytes, int root, const ChunkFn& on_chunk) override {
+  Status broadcast_chunks(void* data, size_t bytes, int root, const ChunkHooks& hooks) override {
     if (root < 0 || root >= size()) return bad_rank("broadcast", "root", root);
     if (size() == 1 || bytes == 0) {
-      if (on_chunk && bytes > 0) on_chunk(0, bytes);
+      if (hooks.arrived && bytes > 0) hooks.arrived(0, bytes);
       return Status::Ok();
     }
     char* p = static_cast<char*>(data);
@@ -167,7 +167,7 @@ class GlooCommunicator final : public Communicator {
         const size_t off = i * kChunkBytes, n = std::min(kChunkBytes, bytes - off);
         if (!sending && !bufs[i]->waitRecv(shared_->timeout))
           throw gloo::IoException("broadcast piece receive aborted");
-        if (on_chunk) on_chunk(off, n);
+        if (hooks.arrived) hooks.arrived(off, n);
       }
       if (sending)
         for (auto& b : bufs)

@@ -53,12 +53,15 @@ struct alignas(64) RankBlock {
   alignas(64) std::atomic<int32_t> pid;
 };
 
-// src → dst messages in order: `posted` chunks written, `taken` chunks copied out.
+// src → dst messages in order, in chunks through the mailbox's two halves (chunk k in half k mod
+// 2, so the sender writes the next chunk while the receiver copies this one out): `posted` chunks
+// written, `taken` chunks copied out.
 struct alignas(64) Mailbox {
   std::atomic<uint64_t> posted;
   alignas(64) std::atomic<uint64_t> taken;
-  alignas(64) uint64_t bytes;  // of the chunk posted last
+  alignas(64) uint64_t bytes[2];  // of the chunk in each half
 };
+constexpr size_t kMailHalf = kMailBytes / 2;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
@@ -123,7 +126,7 @@ class ShmCommunicator final : public Communicator {
   Status barrier() override { return round(nullptr, 0, -1, nullptr); }
 
   Status broadcast(void* data, size_t bytes, int root) override {
-    return broadcast_chunks(data, bytes, root, nullptr);
+    return broadcast_chunks(data, bytes, root, {});
   }
 
   // A pipelined broadcast: chunk i is round r = first + i and goes in slot r mod world (every
@@ -132,9 +135,16 @@ class ShmCommunicator final : public Communicator {
   // once every rank has read the round that last used it: r − world inside this broadcast, and
   // the round before it (any slot) before. Non-roots publish `written` too, so that a later
   // collective round sees every rank at r.
-  Status broadcast_chunks(void* data, size_t bytes, int root, const ChunkFn& on_chunk) override {
+  Status broadcast_chunks(void* data, size_t bytes, int root, const ChunkHooks& hooks) override {
     if (root < 0 || root >= world_) return error("broadcast", "root " + std::to_string(root));
     char* p = static_cast<char*>(data);
+    const auto copy = [&](void* to, const void* from, size_t off, size_t n) {
+      if (hooks.copy) {
+        hooks.copy(to, from, off, n);
+      } else {
+        std::memcpy(to, from, n);
+      }
+    };
     const uint64_t first = round_ + 1;
     const size_t chunks = bytes == 0 ? 1 : (bytes + kSlotBytes - 1) / kSlotBytes;
     for (size_t i = 0; i < chunks; ++i) {
@@ -143,23 +153,24 @@ class ShmCommunicator final : public Communicator {
       char* s = slot(static_cast<int>(r % static_cast<uint64_t>(world_)));
       round_ = r;
       if (rank_ == root) {
-        const uint64_t freed = std::max<uint64_t>(first - 1, r > world_ ? r - world_ : 0);
+        const uint64_t w = static_cast<uint64_t>(world_);
+        const uint64_t freed = std::max<uint64_t>(first - 1, r > w ? r - w : 0);
         MILES_RETURN_IF_ERROR(wait("broadcast", -1, [&] {
           for (int k = 0; k < world_; ++k)
             if (block(k).read.load(std::memory_order_acquire) < freed) return false;
           return true;
         }));
-        if (n > 0) std::memcpy(s, p + off, n);
+        if (n > 0) copy(s, p + off, off, n);
         block(rank_).written.store(r, std::memory_order_release);
       } else {
         MILES_RETURN_IF_ERROR(wait("broadcast", root, [&] {
           return block(root).written.load(std::memory_order_acquire) >= r;
         }));
-        if (n > 0) std::memcpy(p + off, s, n);
+        if (n > 0) copy(p + off, s, off, n);
         block(rank_).written.store(r, std::memory_order_release);
       }
       block(rank_).read.store(r, std::memory_order_release);
-      if (on_chunk && n > 0) on_chunk(off, n);
+      if (hooks.arrived && n > 0) hooks.arrived(off, n);
     }
     return Status::Ok();
   }
@@ -222,13 +233,14 @@ class ShmCommunicator final : public Communicator {
   Status write_mailbox(const void* data, size_t bytes, int dst) {
     Mailbox& m = mailbox(rank_, dst);
     const char* p = static_cast<const char*>(data);
-    for (size_t off = 0; off < bytes || off == 0; off += kMailBytes) {
+    for (size_t off = 0; off < bytes || off == 0; off += kMailHalf) {
       const uint64_t k = m.posted.load(std::memory_order_relaxed);
-      MILES_RETURN_IF_ERROR(wait("send to rank " + std::to_string(dst), dst,
-                                 [&] { return m.taken.load(std::memory_order_acquire) == k; }));
-      const size_t n = std::min(kMailBytes, bytes - off);
-      if (n > 0) std::memcpy(mail_data(rank_, dst), p + off, n);
-      m.bytes = n;
+      MILES_RETURN_IF_ERROR(wait("send to rank " + std::to_string(dst), dst, [&] {
+        return m.taken.load(std::memory_order_acquire) + 2 > k;  // chunk k − 2 is out of its half
+      }));
+      const size_t n = std::min(kMailHalf, bytes - off);
+      if (n > 0) std::memcpy(mail_data(rank_, dst) + (k % 2) * kMailHalf, p + off, n);
+      m.bytes[k % 2] = n;
       m.posted.store(k + 1, std::memory_order_release);
       if (bytes == 0) break;
     }
@@ -240,16 +252,16 @@ class ShmCommunicator final : public Communicator {
       return error("recv", "from " + std::to_string(src));
     Mailbox& m = mailbox(src, rank_);
     char* p = static_cast<char*>(data);
-    for (size_t off = 0; off < bytes || off == 0; off += kMailBytes) {
+    for (size_t off = 0; off < bytes || off == 0; off += kMailHalf) {
       const uint64_t k = m.taken.load(std::memory_order_relaxed);
       MILES_RETURN_IF_ERROR(wait("recv from rank " + std::to_string(src), src,
                                  [&] { return m.posted.load(std::memory_order_acquire) > k; }));
-      const size_t n = std::min(kMailBytes, bytes - off);
-      if (m.bytes != n)
+      const size_t n = std::min(kMailHalf, bytes - off);
+      if (m.bytes[k % 2] != n)
         return error("recv from rank " + std::to_string(src),
-                     "the sender's message has another size (" + std::to_string(m.bytes) +
+                     "the sender's message has another size (" + std::to_string(m.bytes[k % 2]) +
                          " bytes in this chunk, expected " + std::to_string(n) + ")");
-      if (n > 0) std::memcpy(p + off, mail_data(src, rank_), n);
+      if (n > 0) std::memcpy(p + off, mail_data(src, rank_) + (k % 2) * kMailHalf, n);
       m.taken.store(k + 1, std::memory_order_release);
       if (bytes == 0) break;
     }
