@@ -151,9 +151,10 @@ Status RlJob::setup() {
     return std::as_const(rank->trainer()).params().get(name);
   };
   senders.join = [rank](const std::string& store, const std::string& prefix, int world,
-                        double timeout_s) {
-    return rank->join_weight_groups(store, prefix, world, timeout_s);
+                        double timeout_s, bool shm) {
+    return rank->join_weight_groups(store, prefix, world, timeout_s, shm);
   };
+  senders.on_host = cfg_.parallel.remote_ranks == 0;
   senders.send = [rank](int64_t version) { return rank->send_stage_weights(version); };
   MILES_ASSIGN_OR_RETURN(publisher_,
                          WeightPublisher::create(

@@ -340,10 +340,12 @@ void check_services(const RunConfig& c, Checker& check) {
                               ? c.parallel.dp * c.parallel.pp * c.parallel.tp
                               : c.parallel.pp;
   if (w.comm == WeightComm::kShm && w.transport != Transport::kDiskDelta &&
-      (senders > 1 || c.rollout.engine_tp > 1))
-    check.fail({"weight_sync.comm", "parallel.pp", "rollout.engine_tp"},
-               "weight_sync.comm: shm needs one sending trainer rank (" + std::to_string(senders) +
-                   " here) and one-process engines (rollout.engine_tp " +
+      ((senders > 1 && c.parallel.remote_ranks > 0) || c.rollout.engine_tp > 1))
+    check.fail({"weight_sync.comm", "parallel.remote_ranks", "rollout.engine_tp"},
+               "weight_sync.comm: shm needs every sending trainer rank on the controller's host (" +
+                   std::to_string(senders) + " send here, parallel.remote_ranks " +
+                   std::to_string(c.parallel.remote_ranks) +
+                   ") and one-process engines (rollout.engine_tp " +
                    std::to_string(c.rollout.engine_tp) + ") for now; use gloo or auto");
   if (c.rollout.speculative && c.rollout.speculative_draft_head && c.rollout.engine_tp > 1 &&
       w.transport != Transport::kDiskDelta)

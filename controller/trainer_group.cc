@@ -31,9 +31,10 @@ enum Command : int64_t {
 
 // kWeightJoin's payload: lines store, prefix, world size, timeout in ms.
 std::vector<uint8_t> join_payload(const std::string& store, const std::string& prefix, int world,
-                                  double timeout_s) {
+                                  double timeout_s, bool shm) {
   const std::string s = store + "\n" + prefix + "\n" + std::to_string(world) + "\n" +
-                        std::to_string(static_cast<int64_t>(timeout_s * 1000)) + "\n";
+                        std::to_string(static_cast<int64_t>(timeout_s * 1000)) + "\n" +
+                        (shm ? "shm" : "gloo") + "\n";
   return {s.begin(), s.end()};
 }
 
@@ -241,8 +242,8 @@ Status TrainerRank::stop() {
 }
 
 Status TrainerRank::join_weight_groups(const std::string& store, const std::string& prefix,
-                                       int world_size, double timeout_s) {
-  return command(kWeightJoin, join_payload(store, prefix, world_size, timeout_s));
+                                       int world_size, double timeout_s, bool shm) {
+  return command(kWeightJoin, join_payload(store, prefix, world_size, timeout_s, shm));
 }
 
 Status TrainerRank::send_stage_weights(int64_t version) {
@@ -274,8 +275,10 @@ void TrainerRank::join_weight_group(const std::vector<uint8_t>& payload) {
     const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
     return r.ec == std::errc() && r.ptr == s.data() + s.size() && out > 0;
   };
-  if (f.size() != 4 || !number(f[2], world) || !number(f[3], timeout_ms))
+  if (f.size() != 5 || !number(f[2], world) || !number(f[3], timeout_ms) ||
+      (f[4] != "shm" && f[4] != "gloo"))
     return worker_log("weight group: malformed join command");
+  const bool shm = f[4] == "shm";
   const int stage = groups_.coord.pp;
   if (!weight_plan_) {
     auto plan = weight_group_plan(cfg_.weight_sync.transport, trainer_->model_config(),
@@ -290,7 +293,7 @@ void TrainerRank::join_weight_group(const std::vector<uint8_t>& payload) {
   o.prefix = p2p ? f[1] : weight_stage_prefix(f[1], stage);
   o.host = place_.remote ? place_.host : cfg_.controller.host;
   o.timeout = std::chrono::milliseconds(timeout_ms);
-  auto comm = connect_gloo(o);
+  auto comm = shm ? connect_shm(o) : connect_gloo(o);
   if (!comm.ok())
     return worker_log("stage " + std::to_string(stage) + ": joining weight group " + o.prefix +
                       " failed: " + comm.message());
@@ -298,7 +301,8 @@ void TrainerRank::join_weight_group(const std::vector<uint8_t>& payload) {
   weight_group_prefix_ = o.prefix;
   worker_log((p2p ? "rank " + std::to_string(o.rank) : "stage " + std::to_string(stage)) +
              ": joined weight group " + o.prefix + " (" +
-             std::to_string(o.world_size - (p2p ? layout_.world_size() : 1)) + " engines)");
+             std::to_string(o.world_size - (p2p ? layout_.world_size() : 1)) + " engines, " +
+             (shm ? "shared memory" : "gloo") + ")");
 }
 
 void TrainerRank::send_weight_version(const std::vector<uint8_t>& payload) {

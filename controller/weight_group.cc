@@ -51,15 +51,18 @@ Result<std::unique_ptr<WeightGroup>> WeightGroup::create(WeightGroupOptions opti
     return Status::Error("weight group: other trainer ranks send, but no senders were given");
   if (g->p2p_ && !g->options_.senders.local)
     return Status::Error("weight group: p2p needs trainer rank 0's shards");
-  if (g->options_.comm == WeightComm::kShm && (others || g->engine_tp_ > 1))
+  if (g->options_.comm == WeightComm::kShm &&
+      ((others && !g->options_.senders.on_host) || g->engine_tp_ > 1))
     return Status::Error(
-        "weight group: comm shm needs one sending trainer rank and one-process engines");
+        "weight group: comm shm needs the sending trainer ranks on this host and one-process "
+        "engines");
   return g;
 }
 
 bool WeightGroup::use_shm(const std::vector<std::shared_ptr<EngineClient>>& engines) const {
   if (options_.comm != WeightComm::kAuto) return options_.comm == WeightComm::kShm;
-  if (stages_ > 1 || trainer_ranks_ > 1 || engine_tp_ > 1) return false;
+  if (((stages_ > 1 || trainer_ranks_ > 1) && !options_.senders.on_host) || engine_tp_ > 1)
+    return false;
   for (const auto& e : engines) {
     const std::string& h = e->address().host;
     if (h != "127.0.0.1" && h != "::1" && h != "localhost") return false;
@@ -128,7 +131,7 @@ std::vector<Status> WeightGroup::form(const std::vector<std::shared_ptr<EngineCl
   o.prefix = p2p_ ? prefix : weight_stage_prefix(prefix, 0);
   if (stages_ > 1 || trainer_ranks_ > 1) {
     // The other trainer ranks connect to theirs while this process connects.
-    const Status told = options_.senders.join(store_address_, prefix, o.world_size, timeout_s);
+    const Status told = options_.senders.join(store_address_, prefix, o.world_size, timeout_s, shm);
     if (!told.ok()) {
       const Status s = told.with_context("weight group " + prefix + ": the stage leaders");
       for (size_t i : joining) out[i] = s;

@@ -45,15 +45,17 @@ Result<TransferPlan> weight_group_plan(Transport transport, const ModelConfig& c
 // of stages 1.. join `prefix`-s<stage> as its rank 0 and send their stage. p2p: every trainer rank
 // joins `prefix` as its own world rank and sends its own shards.
 struct StageSenders {
-  // Starts their joins of the group(s) of `store` (`world_size` members each); returns once they
-  // were told (they connect while the controller does).
+  // Starts their joins of the group(s) of `store` (`world_size` members each, over shared memory
+  // when `shm`); returns once they were told (they connect while the controller does).
   std::function<Status(const std::string& store, const std::string& prefix, int world_size,
-                       double timeout_s)>
+                       double timeout_s, bool shm)>
       join;
   // They send their part of `version`.
   std::function<Status(int64_t version)> send;
   // p2p: trainer rank 0's own shards (the controller's TrainerRank).
   TensorSource local;
+  // Every one of them runs on this host (no remote trainer ranks): shared memory reaches them.
+  bool on_host = false;
 };
 
 struct WeightGroupOptions {
@@ -70,8 +72,9 @@ struct WeightGroupOptions {
   // holding them; broadcast: every bucket, keeping its slice).
   int engine_tp = 1;
   // The group's communicator: shared memory (shm: every engine on this host), TCP (gloo), or
-  // auto: shm when one trainer rank sends, the engines are one process each and every engine's
-  // address is a loopback one, else gloo. Explicit shm needs the first two.
+  // auto: shm when every sending trainer rank is on this host (one, or senders.on_host), the
+  // engines are one process each and every engine's address is a loopback one, else gloo.
+  // Explicit shm needs the first two.
   WeightComm comm = WeightComm::kAuto;
 };
 

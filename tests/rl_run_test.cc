@@ -506,8 +506,9 @@ TEST(RlRun, CudaEnginesWithoutAGpuAreRefusedBeforeEnginesStart) {
 // A pipeline- and tensor-parallel trainer (pp = 2, tp = 2, four ranks) and two engines.
 // Broadcast: one group per stage, stage 1's buckets sent by the trainer rank that leads stage 1
 // (after gathering its tensor-parallel shards), not by the controller. p2p: every trainer rank
-// sends its own shards straight to the engines, which assemble them. Both runs equal the disk-delta
-// run of the same layout with |Δlogp| 0.
+// sends its own shards straight to the engines, which assemble them. Every rank is on this host, so
+// the groups are shared-memory ones (weight_sync.comm auto), p2p over Gloo too. Every run equals
+// the disk-delta run of the same layout with |Δlogp| 0.
 TEST(RlRun, BroadcastPerStageAndP2pFromEveryRankGiveTheDiskDeltaRun) {
   MILES_REQUIRE_SHARED();
   const std::string ref = temp_dir("bcast_pp_ref"), dir = temp_dir("bcast_pp");
@@ -515,36 +516,51 @@ TEST(RlRun, BroadcastPerStageAndP2pFromEveryRankGiveTheDiskDeltaRun) {
       " rollout.num_rollouts=3 rollout.num_engines=2 parallel.pp=2 parallel.tp=2";
   auto rr = run_here(std::string(kCi) + " --run-dir " + ref + job);
   ASSERT_EQ(rr.exit_code, 0) << rr.out;
+  // Broadcast (comm auto: every rank and engine is on this host, so shared memory, the stage 1
+  // leader included); p2p over Gloo.
   auto r =
       run_here(std::string(kCi) + " --run-dir " + dir + job + " weight_sync.transport=broadcast");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("one group per pipeline stage (2)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("one group per pipeline stage (2), over shared memory"), std::string::npos)
+      << r.out;
   EXPECT_EQ(r.out.find("over disk-delta"), std::string::npos) << r.out;  // no fallback
   std::string workers;
   for (int rank = 1; rank < 4; ++rank) {
     std::ifstream f(dir + "/trainer_rank_" + std::to_string(rank) + ".log");
     workers += std::string(std::istreambuf_iterator<char>(f), {});
   }
+  EXPECT_NE(workers.find("stage 1: joined weight group wsync-1-s1 (2 engines, shared memory)"),
+            std::string::npos)
+      << workers;
   for (int v = 1; v <= 3; ++v)
     EXPECT_EQ(
         count(workers, "stage 1: sent weight version " + std::to_string(v) + " over wsync-1-s1"),
         1u)
         << workers;
-  const std::string p2p = temp_dir("p2p_pp");
-  auto rp = run_here(std::string(kCi) + " --run-dir " + p2p + job + " weight_sync.transport=p2p");
-  ASSERT_EQ(rp.exit_code, 0) << rp.out;
-  EXPECT_NE(rp.out.find("p2p from 4 trainer ranks (dp=1,pp=2,tp=2)"), std::string::npos) << rp.out;
-  EXPECT_EQ(rp.out.find("over disk-delta"), std::string::npos) << rp.out;  // no fallback
-  for (int rank = 1; rank < 4; ++rank) {
-    std::ifstream f(p2p + "/trainer_rank_" + std::to_string(rank) + ".log");
-    const std::string log(std::istreambuf_iterator<char>(f), {});
-    EXPECT_NE(log.find("rank " + std::to_string(rank) + ": sent its shards of weight version 3"),
+  // p2p from every rank, over Gloo and over shared memory.
+  std::vector<std::string> dirs = {dir};
+  for (const std::string comm : {"gloo", "auto"}) {
+    const std::string p2p = temp_dir("p2p_pp_" + comm);
+    dirs.push_back(p2p);
+    auto rp = run_here(std::string(kCi) + " --run-dir " + p2p + job +
+                       " weight_sync.transport=p2p weight_sync.comm=" + comm);
+    ASSERT_EQ(rp.exit_code, 0) << rp.out;
+    EXPECT_NE(rp.out.find(std::string("p2p from 4 trainer ranks (dp=1,pp=2,tp=2), over ") +
+                          (comm == "gloo" ? "TCP (gloo)" : "shared memory")),
               std::string::npos)
-        << log;
+        << rp.out;
+    EXPECT_EQ(rp.out.find("over disk-delta"), std::string::npos) << rp.out;  // no fallback
+    for (int rank = 1; rank < 4; ++rank) {
+      std::ifstream f(p2p + "/trainer_rank_" + std::to_string(rank) + ".log");
+      const std::string log(std::istreambuf_iterator<char>(f), {});
+      EXPECT_NE(log.find("rank " + std::to_string(rank) + ": sent its shards of weight version 3"),
+                std::string::npos)
+          << log;
+    }
   }
   auto mr = metrics(ref);
   ASSERT_EQ(mr.size(), 3u);
-  for (const std::string& d : {dir, p2p}) {
+  for (const std::string& d : dirs) {
     auto m = metrics(d);
     ASSERT_EQ(m.size(), 3u) << d;
     for (size_t i = 0; i < 3; ++i) {

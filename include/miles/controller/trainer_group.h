@@ -76,10 +76,11 @@ class TrainerRank {
   Status stop();
   // Rank 0, transport broadcast with pp > 1: the trainer ranks that lead pipeline stages 1..
   // ((dp, tp) = (0, 0)) start joining the weight group `prefix`-s<stage> of `store` as its rank 0
-  // (world_size: 1 + engines), and later send their stage's buckets of a version over it. A
-  // leader that fails logs it and drops its group (the engines see the failure and report it).
+  // (world_size: 1 + engines), over shared memory when `shm` (else Gloo), and later send their
+  // stage's buckets of a version over it. A leader that fails logs it and drops its group (the
+  // engines see the failure and report it).
   Status join_weight_groups(const std::string& store, const std::string& prefix, int world_size,
-                            double timeout_s);
+                            double timeout_s, bool shm);
   Status send_stage_weights(int64_t version);
   // Ranks > 0: serves rank 0's commands until stop().
   Status follow();
