@@ -187,8 +187,9 @@ TEST(DiskDelta, ManifestNamesEveryField) {
     stored += t["encoding"] == "xor";
     EXPECT_TRUE(t["encoding"] == "xor" || t["encoding"] == "unchanged") << t.dump();
     EXPECT_EQ(t["xxh3_128"].get<std::string>().size(), 32u);
-    if (t["encoding"] == "xor")  // float32 is stored as byte planes (an unchanged tensor: no frame)
+    if (t["encoding"] == "xor") {  // float32 is stored as byte planes (unchanged: no frame)
       EXPECT_EQ(t["layout"], "byte_planes") << t.dump();
+    }
   }
   EXPECT_EQ(j["format_version"], 2);
   EXPECT_EQ(stored, 1);
@@ -668,6 +669,49 @@ TEST(Xxh3, EveryPathLengthAndSplitGivesTheLibrarysHash) {
 // block: byte j of each element). A frame cut short, one with bytes after it, one that holds more
 // or fewer bytes than the tensor, and bytes that are no frame are errors that say so (a frame
 // corrupted inside is the checksum's to catch: Corruption.FlippedByteInCompressedFrame).
+// The writer's encoder (a block at a time: xor, byte planes, one zstd frame that declares its size)
+// gives the frame whose content is the format's payload: xor'ed with the base when given, in byte
+// planes for that layout; over several blocks and a ragged last one, and for an empty tensor.
+TEST(DiskDelta, BlockwiseEncoderGivesTheFormatsPayload) {
+  namespace dd = disk_delta;
+  const size_t n = 2 * dd::kPlaneBlock + 12344;
+  std::vector<uint8_t> plain(n), base(n);
+  std::mt19937 g(9);
+  for (size_t i = 0; i < n; ++i) {
+    plain[i] = static_cast<uint8_t>(i % 5 == 0 ? g() : i % 3);
+    base[i] = static_cast<uint8_t>(i % 11 == 0 ? g() : i % 3);
+  }
+  for (const dd::TensorLayout layout : {dd::TensorLayout::kBytes, dd::TensorLayout::kBytePlanes})
+    for (const int elem : {4, 2})
+      for (const bool with_base : {false, true}) {
+        std::vector<uint8_t> bytes = plain;
+        if (with_base)
+          for (size_t i = 0; i < n; ++i) bytes[i] ^= base[i];
+        std::vector<uint8_t> want;
+        if (layout == dd::TensorLayout::kBytePlanes) {
+          dd::append_byte_planes(bytes, elem, want);
+        } else {
+          want = bytes;
+        }
+        std::vector<uint8_t> frame = {7, 7};  // appended after what is there
+        auto size = dd::zstd_encode_append(plain, with_base ? base.data() : nullptr, layout, elem,
+                                           1, frame);
+        ASSERT_TRUE(size.ok()) << size.message();
+        ASSERT_EQ(*size, frame.size() - 2);
+        EXPECT_LT(*size, n / 2);  // compressed
+        const std::span<const uint8_t> f(frame.data() + 2, *size);
+        ASSERT_EQ(ZSTD_getFrameContentSize(f.data(), f.size()), n);
+        std::vector<uint8_t> got(n);
+        ASSERT_EQ(ZSTD_decompress(got.data(), n, f.data(), f.size()), n);
+        EXPECT_TRUE(got == want) << dd::layout_name(layout) << " elem " << elem << " base "
+                                 << with_base;
+      }
+  std::vector<uint8_t> empty_frame;
+  auto e = dd::zstd_encode_append({}, nullptr, dd::TensorLayout::kBytes, 4, 1, empty_frame);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(ZSTD_getFrameContentSize(empty_frame.data(), empty_frame.size()), 0u);
+}
+
 TEST(DiskDelta, PieceDecodeEqualsThePayloadInEveryLayoutAndRefusesBadFrames) {
   namespace dd = disk_delta;
   const size_t n = 2 * dd::kDecodePiece + 12344;  // a multiple of 4 and 2; a ragged last piece

@@ -299,6 +299,9 @@ namespace {
 struct DCtxFree {
   void operator()(ZSTD_DCtx* c) const { ZSTD_freeDCtx(c); }
 };
+struct CCtxFree {
+  void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
+};
 
 // out ^= in, 8 bytes at a time (the compiler vectorises the loop).
 void xor_bytes(uint8_t* out, const uint8_t* in, size_t n) {
@@ -314,6 +317,55 @@ void xor_bytes(uint8_t* out, const uint8_t* in, size_t n) {
 }
 
 }  // namespace
+
+Result<size_t> zstd_encode_append(std::span<const uint8_t> bytes, const uint8_t* xor_base,
+                                  TensorLayout layout, int elem, int level,
+                                  std::vector<uint8_t>& out) {
+  const bool planes = layout == TensorLayout::kBytePlanes;
+  MILES_CHECK(!planes || (elem >= 2 && kPlaneBlock % elem == 0 && bytes.size() % elem == 0));
+  thread_local std::unique_ptr<ZSTD_CCtx, CCtxFree> cctx(ZSTD_createCCtx());
+  thread_local std::vector<uint8_t> xored, planed;
+  if (!cctx) return Status::Error("zstd: cannot create a compression context");
+  const auto failed = [](size_t code) {
+    return Status::Error(std::string("zstd compression failed: ") + ZSTD_getErrorName(code));
+  };
+  ZSTD_CCtx_reset(cctx.get(), ZSTD_reset_session_and_parameters);
+  if (const size_t r = ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_compressionLevel, level);
+      ZSTD_isError(r))
+    return failed(r);
+  ZSTD_CCtx_setPledgedSrcSize(cctx.get(), bytes.size());  // the frame declares its size
+  const size_t at = out.size();
+  size_t pos = 0;
+  do {  // once for an empty tensor: the frame's header and end
+    const size_t len = std::min(kPlaneBlock, bytes.size() - pos);
+    const uint8_t* piece = bytes.data() + pos;
+    if (xor_base) {
+      xored.resize(kPlaneBlock);
+      for (size_t i = 0; i < len; ++i) xored[i] = piece[i] ^ xor_base[pos + i];
+      piece = xored.data();
+    }
+    if (planes) {
+      planed.clear();
+      append_byte_planes({piece, len}, elem, planed);
+      piece = planed.data();
+    }
+    pos += len;
+    const ZSTD_EndDirective end = pos == bytes.size() ? ZSTD_e_end : ZSTD_e_continue;
+    ZSTD_inBuffer in{piece, len, 0};
+    for (size_t left = 1; in.pos < in.size || (end == ZSTD_e_end && left != 0);) {
+      const size_t used = out.size();
+      out.resize(used + std::max(ZSTD_CStreamOutSize(), ZSTD_compressBound(in.size - in.pos)));
+      ZSTD_outBuffer ob{out.data() + used, out.size() - used, 0};
+      left = ZSTD_compressStream2(cctx.get(), &ob, &in, end);
+      out.resize(used + ob.pos);
+      if (ZSTD_isError(left)) {
+        out.resize(at);
+        return failed(left);
+      }
+    }
+  } while (pos < bytes.size());
+  return out.size() - at;
+}
 
 void append_byte_planes(std::span<const uint8_t> in, int elem, std::vector<uint8_t>& out) {
   const size_t at = out.size();

@@ -63,8 +63,7 @@ Result<Encoded> encode_tensor(const NamedTensor& t, const NamedTensor* base, Del
   Encoded e{{t.name, t.dtype, t.shape, dd::TensorEncoding::kFull, dd::TensorLayout::kBytes,
              t.bytes.size(), 0, 0, known_xxh3.empty() ? dd::xxh3_128_hex(t.bytes) : known_xxh3},
             {}};
-  std::vector<uint8_t> xored;
-  std::span<const uint8_t> payload = t.bytes;
+  const uint8_t* xor_base = nullptr;
   if (base == nullptr) {
   } else if (base->bytes == t.bytes) {
     e.m.encoding = dd::TensorEncoding::kUnchanged;
@@ -73,18 +72,13 @@ Result<Encoded> encode_tensor(const NamedTensor& t, const NamedTensor* base, Del
     e.m.encoding = dd::TensorEncoding::kOverwrite;
   } else {
     e.m.encoding = dd::TensorEncoding::kXor;
-    xored.resize(t.bytes.size());
-    for (size_t i = 0; i < xored.size(); ++i) xored[i] = t.bytes[i] ^ base->bytes[i];
-    payload = xored;
+    xor_base = base->bytes.data();
   }
+  // Encoded and compressed a block at a time: nothing of the tensor's size beside the frame.
   e.m.layout = dd::layout_for(t.dtype);
-  std::vector<uint8_t> planes;
-  if (e.m.layout == dd::TensorLayout::kBytePlanes) {
-    dd::append_byte_planes(payload, dd::dtype_bytes(t.dtype), planes);
-    payload = planes;
-  }
   MILES_ASSIGN_OR_RETURN(e.m.compressed_bytes,
-                         dd::zstd_compress_append(payload, zstd_level, e.frame));
+                         dd::zstd_encode_append(t.bytes, xor_base, e.m.layout,
+                                                dd::dtype_bytes(t.dtype), zstd_level, e.frame));
   return e;
 }
 
