@@ -339,14 +339,12 @@ void check_services(const RunConfig& c, Checker& check) {
   const int64_t senders = w.transport == Transport::kP2p
                               ? c.parallel.dp * c.parallel.pp * c.parallel.tp
                               : c.parallel.pp;
-  if (w.comm == WeightComm::kShm && w.transport != Transport::kDiskDelta &&
-      ((senders > 1 && c.parallel.remote_ranks > 0) || c.rollout.engine_tp > 1))
-    check.fail({"weight_sync.comm", "parallel.remote_ranks", "rollout.engine_tp"},
+  if (w.comm == WeightComm::kShm && w.transport != Transport::kDiskDelta && senders > 1 &&
+      c.parallel.remote_ranks > 0)
+    check.fail({"weight_sync.comm", "parallel.remote_ranks"},
                "weight_sync.comm: shm needs every sending trainer rank on the controller's host (" +
                    std::to_string(senders) + " send here, parallel.remote_ranks " +
-                   std::to_string(c.parallel.remote_ranks) +
-                   ") and one-process engines (rollout.engine_tp " +
-                   std::to_string(c.rollout.engine_tp) + ") for now; use gloo or auto");
+                   std::to_string(c.parallel.remote_ranks) + "); use gloo or auto");
   if (c.rollout.speculative && c.rollout.speculative_draft_head && c.rollout.engine_tp > 1 &&
       w.transport != Transport::kDiskDelta)
     check.fail({"rollout.speculative_draft_head", "rollout.engine_tp", "weight_sync.transport"},

@@ -51,18 +51,16 @@ Result<std::unique_ptr<WeightGroup>> WeightGroup::create(WeightGroupOptions opti
     return Status::Error("weight group: other trainer ranks send, but no senders were given");
   if (g->p2p_ && !g->options_.senders.local)
     return Status::Error("weight group: p2p needs trainer rank 0's shards");
-  if (g->options_.comm == WeightComm::kShm &&
-      ((others && !g->options_.senders.on_host) || g->engine_tp_ > 1))
-    return Status::Error(
-        "weight group: comm shm needs the sending trainer ranks on this host and one-process "
-        "engines");
+  if (g->options_.comm == WeightComm::kShm && others && !g->options_.senders.on_host)
+    return Status::Error("weight group: comm shm needs the sending trainer ranks on this host");
   return g;
 }
 
 bool WeightGroup::use_shm(const std::vector<std::shared_ptr<EngineClient>>& engines) const {
   if (options_.comm != WeightComm::kAuto) return options_.comm == WeightComm::kShm;
-  if (((stages_ > 1 || trainer_ranks_ > 1) && !options_.senders.on_host) || engine_tp_ > 1)
-    return false;
+  // A tensor-parallel engine at a loopback address runs its followers here too (one whose
+  // followers are elsewhere refuses the join, naming gloo).
+  if ((stages_ > 1 || trainer_ranks_ > 1) && !options_.senders.on_host) return false;
   for (const auto& e : engines) {
     const std::string& h = e->address().host;
     if (h != "127.0.0.1" && h != "::1" && h != "localhost") return false;

@@ -71,10 +71,10 @@ struct WeightGroupOptions {
   // group and each of them receives its own shard (p2p: only its pieces, from the trainer ranks
   // holding them; broadcast: every bucket, keeping its slice).
   int engine_tp = 1;
-  // The group's communicator: shared memory (shm: every engine on this host), TCP (gloo), or
-  // auto: shm when every sending trainer rank is on this host (one, or senders.on_host), the
-  // engines are one process each and every engine's address is a loopback one, else gloo.
-  // Explicit shm needs the first two.
+  // The group's communicator: shared memory (shm: every engine on this host, with its
+  // tensor-parallel followers), TCP (gloo), or auto: shm when every sending trainer rank is on
+  // this host (one, or senders.on_host) and every engine's address is a loopback one, else gloo.
+  // Explicit shm needs the first; an engine whose followers are on another host refuses it.
   WeightComm comm = WeightComm::kAuto;
 };
 

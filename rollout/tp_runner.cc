@@ -42,7 +42,7 @@ class TpEngineGroup {
   }
 
   std::unique_lock<std::mutex> lock() { return std::unique_lock<std::mutex>(mu_); }
-  Communicator& comm() { return *comm_; }
+  Communicator& comm() const { return *comm_; }
   int size() const { return comm_->size(); }
   int64_t next_generation() { return ++generation_; }
   std::vector<tp_wire::BlockCopy>& pending_copies() { return copies_; }
@@ -271,6 +271,7 @@ Result<std::shared_ptr<TpShardIntake>> TpShardIntake::of(const ModelRunner& runn
 }
 
 int TpShardIntake::size() const { return group_->size(); }
+bool TpShardIntake::followers_on_host() const { return group_->comm().shared_memory(); }
 
 Status TpShardIntake::join_followers(const std::vector<uint8_t>& request) {
   auto l = group_->lock();

@@ -368,6 +368,7 @@ struct GroupTrainer {
               {"world_size", 1 + engine_tp},
               {"timeout_s", 20},
               {"transport", transport},
+              {"comm", comm},
               {"plan_digest", transfer_plan_digest(plan)}};
     if (transport == "p2p") j["trainer_layout"] = "dp=1,pp=1,tp=1";
     if (engine_tp > 1) j["engine_tp"] = engine_tp;
@@ -380,8 +381,9 @@ struct GroupTrainer {
     o.store_address = store->address();
     o.prefix = prefix;
     o.timeout = std::chrono::seconds(20);
-    return connect_gloo(o);
+    return comm == "shm" ? connect_shm(o) : connect_gloo(o);
   }
+  std::string comm = "gloo";  // the weight groups' communicator
 };
 
 json post(int port, const std::string& path, const json& body, int* status) {
@@ -483,7 +485,10 @@ TEST_P(ServeTpGroups, EveryRankTakesItsShardStraightFromTheTrainer) {
   EXPECT_EQ(st3, 400) << r3.dump();
   EXPECT_EQ(checksums_of(two.port)["weight_version"], 1);
   EXPECT_EQ(samples_of(generate(two.port)), b);
+  // Version 3 over shared memory: the engine's followers are on its host (a local launch's group
+  // is a shared-memory one), so they join it too.
   ASSERT_TRUE(t.step().ok());
+  t.comm = "shm";
   auto [st4, r4] = group_update(t, two.port, "shards-3", 2, 3);
   ASSERT_EQ(st4, 200) << r4.dump();
   auto [st5, r5] = group_update(t, one.port, "whole-3", 1, 3);
@@ -492,6 +497,20 @@ TEST_P(ServeTpGroups, EveryRankTakesItsShardStraightFromTheTrainer) {
   EXPECT_EQ(c, samples_of(generate(one.port)));
   EXPECT_NE(c, b);
   EXPECT_EQ(checksums_of(two.port)["weight_version"], 3);
+
+  // An engine whose followers meet over Gloo (they may be on other hosts) refuses a shared-memory
+  // join, naming gloo.
+  if (t.transport != "p2p") return;  // one instance is enough
+  ServeProcess tcp;
+  s = tcp.start("tcp_two", {"--tp", "2", "--tp-transport", "gloo"});
+  ASSERT_TRUE(s.ok()) << s.message();
+  json refused = post(tcp.port, "/join_weight_group", t.join("shards-tcp", 2), &status);
+  EXPECT_EQ(status, 400) << refused.dump();
+  EXPECT_NE(refused["message"].get<std::string>().find(
+                "followers are not on its host (their group is not a shared-memory one): join "
+                "over gloo"),
+            std::string::npos)
+      << refused.dump();
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ServeTpGroups, ::testing::Values("p2p", "broadcast"));

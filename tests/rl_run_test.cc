@@ -305,27 +305,35 @@ void expect_same_run(const std::string& name, const std::string& common, const s
 // group and keeps its own shard: the runs agree number for number (stories260K splits over 2 on
 // chunk boundaries, so every logit is the same bits), |Δlogp| exactly 0, the per-shard checksums
 // checked after every version, one group formed and no engine brought over disk-delta instead.
-void expect_engine_tp_run(const std::string& name, const std::string& common) {
+// `comm`: the log's words for the group's communicator.
+void expect_engine_tp_run(const std::string& name, const std::string& common,
+                          const std::string& comm) {
   std::string out;
   expect_same_run(name, common, " rollout.engine_tp=2", "tensor parallel over 2 processes", &out);
-  EXPECT_NE(out.find("straight to each engine's 2 tensor-parallel ranks"), std::string::npos)
+  EXPECT_NE(
+      out.find("straight to each engine's 2 tensor-parallel ranks (each keeps its shard), " + comm),
+      std::string::npos)
       << out;
   EXPECT_EQ(out.find("over disk-delta"), std::string::npos) << out;  // no fallback
   EXPECT_EQ(count(out, "formed:"), 1u) << out;
 }
 
-// Broadcast: every engine process receives each bucket and keeps its slice.
+// Broadcast: every engine process receives each bucket and keeps its slice (comm auto: the
+// engines and their followers are on this host, so over shared memory).
 TEST(RlRun, TensorParallelEnginesGiveTheSingleProcessEngineRun) {
   MILES_REQUIRE_SHARED();
-  expect_engine_tp_run("engine_tp", " rollout.num_rollouts=3 weight_sync.transport=broadcast");
+  expect_engine_tp_run("engine_tp", " rollout.num_rollouts=3 weight_sync.transport=broadcast",
+                       "over shared memory");
 }
 
 // p2p: a tp = 2 trainer's two ranks send every engine process only its own shard, with no second
-// hop inside the engine.
+// hop inside the engine (over Gloo here).
 TEST(RlRun, P2pHandsEachTensorParallelEngineRankItsShard) {
   MILES_REQUIRE_SHARED();
-  expect_engine_tp_run("p2p_etp",
-                       " rollout.num_rollouts=3 parallel.tp=2 weight_sync.transport=p2p");
+  expect_engine_tp_run(
+      "p2p_etp",
+      " rollout.num_rollouts=3 parallel.tp=2 weight_sync.transport=p2p weight_sync.comm=gloo",
+      "over TCP (gloo)");
 }
 
 // Engines and a trainer whose forwards (and backward) run the device kernels (here emulated on the
@@ -480,9 +488,10 @@ TEST(RlRun, EnginesDraftWithTheCoTrainedHeadOfTheirVersion) {
     const std::string engine_log((std::istreambuf_iterator<char>(log)), {});
     EXPECT_NE(engine_log.find("draft head of weight version 2 ("), std::string::npos)
         << engines << engine_log;
-    if (!engines.empty())
+    if (!engines.empty()) {
       EXPECT_NE(engine_log.find("tensor parallel over 2 processes"), std::string::npos)
           << engine_log;
+    }
     EXPECT_TRUE(std::filesystem::exists(dir + "/weights/draft/2.safetensors"));
     uint64_t drafted = 0;
     for (const json& m : metrics(dir)) drafted += m.at("spec_draft_tokens").get<uint64_t>();

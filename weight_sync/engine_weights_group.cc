@@ -180,10 +180,11 @@ WeightReply EngineWeights::join_group(const GroupJoinSpec& spec) {
                                "join_weight_group: the store " + c.message());
   auto kind = join_kind(spec, st_->config, st_->tp_intake ? st_->tp_intake->size() : 1);
   if (!kind.ok()) return invalid(kind.message());
-  if (spec.comm == "shm" && kind->engine_tp > 1)
+  if (spec.comm == "shm" && kind->engine_tp > 1 &&
+      (!st_->tp_intake || !st_->tp_intake->followers_on_host()))
     return invalid(
-        "join_weight_group: comm shm takes one-process engines for now; a tensor-parallel "
-        "engine's ranks join over gloo");
+        "join_weight_group: comm shm, but this tensor-parallel engine's followers are not on its "
+        "host (their group is not a shared-memory one): join over gloo");
   std::lock_guard<std::mutex> lock(st_->group_mu);
   auto plan = st_->plan_for(kind->layout);
   if (!plan.ok()) return invalid(plan.status().with_context("join_weight_group").message());
@@ -206,6 +207,7 @@ WeightReply EngineWeights::join_group(const GroupJoinSpec& spec) {
   if (kind->engine_tp > 1) {
     IntakeGroup ig;
     ig.transport = kind->p2p ? "p2p" : "broadcast";
+    ig.comm = spec.comm;
     ig.stage = kind->stage;
     ig.stages = kind->stages;
     ig.roles = kind->p2p ? *kind->p2p : P2pRoles{ParallelLayout{}, 1, kind->engine_tp};

@@ -27,7 +27,8 @@ Result<json> parse(const std::vector<uint8_t>& request, const char* what) {
   return j;
 }
 
-// One group's join: connect_gloo on a thread of its own (it blocks until every member joined).
+// One group's join: connect_gloo (or connect_shm) on a thread of its own (it blocks until every
+// member joined).
 struct Join {
   std::mutex mu;
   std::condition_variable cv;
@@ -36,9 +37,9 @@ struct Join {
   std::shared_ptr<Communicator> comm;
   std::thread thread;
 
-  explicit Join(CommOptions o) {
-    thread = std::thread([this, o] {
-      auto c = connect_gloo(o);
+  Join(CommOptions o, bool shm) {
+    thread = std::thread([this, o, shm] {
+      auto c = shm ? connect_shm(o) : connect_gloo(o);
       std::lock_guard<std::mutex> l(mu);
       status = c.status();
       if (c.ok()) comm = std::move(c).value();
@@ -101,7 +102,7 @@ class GroupIntake final : public rollout::FollowerIntake {
     }
     group_.stage = g.stage;
     if (joins_[g.stage]) retired_.push_back(std::move(joins_[g.stage]));
-    joins_[g.stage] = std::make_shared<Join>(o);
+    joins_[g.stage] = std::make_shared<Join>(o, g.comm == "shm");
   }
 
   Result<rollout::ShardWeights> receive(const std::vector<uint8_t>& request, int tp_rank) override {
@@ -151,6 +152,7 @@ class GroupIntake final : public rollout::FollowerIntake {
       o->host = host_.empty() ? j["host"].get<std::string>() : host_;
       o->timeout = std::chrono::milliseconds(j["timeout_ms"].get<int64_t>());
       g->transport = j["transport"].get<std::string>();
+      g->comm = j["comm"].get<std::string>();
       g->stage = j["stage"].get<int>();
       g->stages = j["stages"].get<int>();
       MILES_ASSIGN_OR_RETURN(g->roles.trainer,
@@ -160,6 +162,8 @@ class GroupIntake final : public rollout::FollowerIntake {
     } catch (const json::exception& e) {
       return Status::Error(std::string("weight group join request: ") + e.what());
     }
+    if (g->comm != "gloo" && g->comm != "shm")
+      return Status::Error("weight group join request: comm '" + g->comm + "' (gloo, shm)");
     if (g->stages < 1 || g->stage < 0 || g->stage >= g->stages)
       return Status::Error("weight group join request: stage " + std::to_string(g->stage) + " of " +
                            std::to_string(g->stages));
@@ -185,6 +189,7 @@ std::vector<uint8_t> intake_join_request(const CommOptions& o, const IntakeGroup
                        {"host", o.host},
                        {"timeout_ms", o.timeout.count()},
                        {"transport", g.transport},
+                       {"comm", g.comm},
                        {"stage", g.stage},
                        {"stages", g.stages},
                        {"trainer_layout", g.roles.trainer.to_string()},

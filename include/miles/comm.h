@@ -57,6 +57,8 @@ class Communicator {
   virtual const std::vector<int>& world_ranks() const = 0;
   // A label for messages, e.g. "world" or "tp[0,1]".
   virtual const std::string& name() const = 0;
+  // Whether the members meet in one shared-memory segment (connect_shm): all on one host.
+  virtual bool shared_memory() const { return false; }
 
   virtual Status barrier() = 0;
   // Root's `bytes` bytes at `data` are copied to `data` on every rank.

@@ -117,6 +117,7 @@ class ShmCommunicator final : public Communicator {
   int size() const override { return world_; }
   const std::vector<int>& world_ranks() const override { return world_ranks_; }
   const std::string& name() const override { return name_; }
+  bool shared_memory() const override { return true; }
 
   RankBlock& block(int r) { return reinterpret_cast<RankBlock*>(base_ + sizeof(Header))[r]; }
   char* slot(int r) { return base_ + sizeof(Header) + world_ * sizeof(RankBlock) + r * kSlotBytes; }

@@ -75,6 +75,9 @@ class TpShardIntake {
   // The handle of the group `runner` (a tensor-parallel runner of make_tp_model_runner) drives.
   static Result<std::shared_ptr<TpShardIntake>> of(const ModelRunner& runner);
   int size() const;  // tensor-parallel ranks
+  // Whether the followers share this process's host (the group is a shared-memory one): weight
+  // groups may then reach them over shared memory too.
+  bool followers_on_host() const;
   // Tells every follower to start joining the weight group `request` names (their intakes join).
   Status join_followers(const std::vector<uint8_t>& request);
   // A new weight generation received by every rank at once: the followers' intakes receive

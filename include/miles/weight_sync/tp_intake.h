@@ -24,6 +24,7 @@ namespace miles {
 // as that rank + j).
 struct IntakeGroup {
   std::string transport = "p2p";  // or "broadcast"
+  std::string comm = "gloo";      // the groups' communicator: or "shm" (the followers join it)
   int stage = 0, stages = 1;      // broadcast: which stage's group, of how many
   // p2p: the trainer's layout and the engines; both: engine_tp, this engine's ranks.
   P2pRoles roles;
