@@ -324,7 +324,7 @@ Result<size_t> zstd_encode_append(std::span<const uint8_t> bytes, const uint8_t*
   const bool planes = layout == TensorLayout::kBytePlanes;
   MILES_CHECK(!planes || (elem >= 2 && kPlaneBlock % elem == 0 && bytes.size() % elem == 0));
   thread_local std::unique_ptr<ZSTD_CCtx, CCtxFree> cctx(ZSTD_createCCtx());
-  thread_local std::vector<uint8_t> xored, planed;
+  thread_local std::vector<uint8_t> xored, planed, staged(ZSTD_CStreamOutSize());
   if (!cctx) return Status::Error("zstd: cannot create a compression context");
   const auto failed = [](size_t code) {
     return Status::Error(std::string("zstd compression failed: ") + ZSTD_getErrorName(code));
@@ -353,15 +353,13 @@ Result<size_t> zstd_encode_append(std::span<const uint8_t> bytes, const uint8_t*
     const ZSTD_EndDirective end = pos == bytes.size() ? ZSTD_e_end : ZSTD_e_continue;
     ZSTD_inBuffer in{piece, len, 0};
     for (size_t left = 1; in.pos < in.size || (end == ZSTD_e_end && left != 0);) {
-      const size_t used = out.size();
-      out.resize(used + std::max(ZSTD_CStreamOutSize(), ZSTD_compressBound(in.size - in.pos)));
-      ZSTD_outBuffer ob{out.data() + used, out.size() - used, 0};
+      ZSTD_outBuffer ob{staged.data(), staged.size(), 0};  // then appended: out is never padded
       left = ZSTD_compressStream2(cctx.get(), &ob, &in, end);
-      out.resize(used + ob.pos);
       if (ZSTD_isError(left)) {
         out.resize(at);
         return failed(left);
       }
+      out.insert(out.end(), staged.data(), staged.data() + ob.pos);
     }
   } while (pos < bytes.size());
   return out.size() - at;
