@@ -529,7 +529,9 @@ TEST(DiskDelta, HostileManifestSizesAreRefusedBeforeAllocating) {
   EXPECT_NE(e.find("ends past data_bytes 1"), std::string::npos) << e;
   // A frame that declares another size than nbytes is refused before the output is allocated.
   std::vector<uint8_t> frame;
-  ASSERT_TRUE(disk_delta::zstd_compress_append(std::vector<uint8_t>(8, 1), 1, frame).ok());
+  ASSERT_TRUE(disk_delta::zstd_encode_append(std::vector<uint8_t>(8, 1), nullptr,
+                                             disk_delta::TensorLayout::kBytes, 1, 1, frame)
+                  .ok());
   Status s = disk_delta::zstd_check_frame_size(frame, 1 << 20);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("zstd frame holds 8 bytes, expected 1048576"), std::string::npos)
@@ -739,7 +741,8 @@ TEST(DiskDelta, PieceDecodeEqualsThePayloadInEveryLayoutAndRefusesBadFrames) {
       else
         payload = plain;
       std::vector<uint8_t> frame;
-      ASSERT_TRUE(dd::zstd_compress_append(payload, 1, frame).ok());
+      ASSERT_TRUE(
+          dd::zstd_encode_append(payload, nullptr, dd::TensorLayout::kBytes, 1, 1, frame).ok());
       for (const bool xor_into : {false, true})
         for (const size_t chunk : {frame.size(), size_t{777}}) {  // whole, or as a file gives it
           std::vector<uint8_t> out = xor_into ? base : std::vector<uint8_t>(n, 0xAA);
@@ -765,7 +768,7 @@ TEST(DiskDelta, PieceDecodeEqualsThePayloadInEveryLayoutAndRefusesBadFrames) {
         }
     }
   std::vector<uint8_t> frame;
-  ASSERT_TRUE(dd::zstd_compress_append(plain, 1, frame).ok());
+  ASSERT_TRUE(dd::zstd_encode_append(plain, nullptr, dd::TensorLayout::kBytes, 1, 1, frame).ok());
   const auto whole_frame = [](std::span<const uint8_t> f) -> dd::FrameChunks {
     return [f, given = false]() mutable -> Result<std::span<const uint8_t>> {
       if (given) return std::span<const uint8_t>();

@@ -272,19 +272,6 @@ std::optional<uint64_t> nbytes_of(std::string_view dtype, const std::vector<int6
   return bytes;
 }
 
-Result<size_t> zstd_compress_append(std::span<const uint8_t> in, int level,
-                                    std::vector<uint8_t>& out) {
-  const size_t at = out.size();
-  out.resize(at + ZSTD_compressBound(in.size()));
-  const size_t n = ZSTD_compress(out.data() + at, out.size() - at, in.data(), in.size(), level);
-  if (ZSTD_isError(n)) {
-    out.resize(at);
-    return Status::Error(std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
-  }
-  out.resize(at + n);
-  return n;
-}
-
 Status zstd_check_frame_size(std::span<const uint8_t> frame, uint64_t size) {
   const unsigned long long content = ZSTD_getFrameContentSize(frame.data(), frame.size());
   if (content == ZSTD_CONTENTSIZE_ERROR) return Status::Error("not a zstd frame");

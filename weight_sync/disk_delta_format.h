@@ -104,8 +104,6 @@ std::optional<uint64_t> nbytes_of(std::string_view dtype, const std::vector<int6
 // is refused before anything is allocated for it.
 inline constexpr uint64_t kMaxZstdRatio = (uint64_t{128} << 10) / 4;
 
-// One zstd frame of `in` at `level`, appended to `out`; returns the frame's size.
-Result<size_t> zstd_compress_append(std::span<const uint8_t> in, int level, std::vector<uint8_t>& out);
 // A tensor's frame, encoded piece by piece (a kPlaneBlock block at a time: xor'ed with the same
 // bytes of `xor_base` when it is given, then in byte planes for layout byte_planes with elements of
 // `elem` bytes) and compressed as one zstd frame at `level` that declares its size, appended to
