@@ -290,17 +290,17 @@ struct CCtxFree {
   void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
 };
 
-// out ^= in, 8 bytes at a time (the compiler vectorises the loop).
-void xor_bytes(uint8_t* out, const uint8_t* in, size_t n) {
+// out = a ^ b, 8 bytes at a time (the compiler vectorises the loop); out may be a.
+void xor_bytes(uint8_t* out, const uint8_t* a, const uint8_t* b, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    uint64_t a, b;
-    std::memcpy(&a, out + i, 8);
-    std::memcpy(&b, in + i, 8);
-    a ^= b;
-    std::memcpy(out + i, &a, 8);
+    uint64_t x, y;
+    std::memcpy(&x, a + i, 8);
+    std::memcpy(&y, b + i, 8);
+    x ^= y;
+    std::memcpy(out + i, &x, 8);
   }
-  for (; i < n; ++i) out[i] ^= in[i];
+  for (; i < n; ++i) out[i] = a[i] ^ b[i];
 }
 
 }  // namespace
@@ -328,7 +328,7 @@ Result<size_t> zstd_encode_append(std::span<const uint8_t> bytes, const uint8_t*
     const uint8_t* piece = bytes.data() + pos;
     if (xor_base) {
       xored.resize(kPlaneBlock);
-      for (size_t i = 0; i < len; ++i) xored[i] = piece[i] ^ xor_base[pos + i];
+      xor_bytes(xored.data(), piece, xor_base + pos, len);
       piece = xored.data();
     }
     if (planes) {
@@ -480,7 +480,7 @@ Status zstd_decode_pieces(const FrameChunks& next_chunk, std::span<uint8_t> out,
     if (planes)
       from_byte_planes(piece.data(), len, elem, out.data() + pos, xor_into);
     else if (xor_into)
-      xor_bytes(out.data() + pos, piece.data(), len);
+      xor_bytes(out.data() + pos, out.data() + pos, piece.data(), len);
     piece_done(std::span<const uint8_t>(out.data() + pos, ob.pos));
     pos += ob.pos;
   }
