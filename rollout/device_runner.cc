@@ -42,6 +42,7 @@ class DeviceModelRunner final : public ModelRunner {
     batch.last_rows = options.last_rows;
     batch.return_experts = options.return_experts;
     batch.return_hidden = options.return_hidden;
+    batch.tap_layers = options.tap_layers;
     for (const SeqSpan& q : seqs) {
       MILES_RETURN_IF_ERROR(kv.reserve(q.kv_slot, q.start_pos + q.n_tokens));
       batch.tables.emplace_back(paged->table(q.kv_slot));

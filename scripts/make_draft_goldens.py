@@ -14,6 +14,12 @@ Inputs are drawn here from torch.Generator(seed 31) (CPU, float32, one thread, e
 7 and 12 ids, features f ~ 2 N(0, 1) [T, H], policy logits ~ 3 N(0, 1) [T, V], weight in {0, 0.5, 1} with each
 sequence's first row 0, 48 draft ids (sorted, distinct), fc = [I | 0] + 0.2 N(0, 1).
 
+Several feature layers (EAGLE-3), files <name>.layers0-1.safetensors: seed 32, features [T, 2, H] (the outputs of
+layers 0 and 1), and
+    u_j = fc @ cat(embed[x_{j+1}] * embed_scale, P @ cat(norm_0(f_j[0]), norm_1(f_j[1])))
+where norm_0 is the policy's layer 1 input norm, norm_1 its final norm, and P [H, 2H] = [0 | I] + 0.2 N(0, 1)
+(drawn after fc), with its gradient grad.draft.feature_fc.weight and the file's P as feature_fc.
+
 File tests/data/draft_goldens/<name>.safetensors (policies llama_tied, qwen3), float32 unless said:
     ids int32 [T], lens int32 [2], vocab int32 [48], features [T, H], policy_logits [T, V], weight [T], scale [1],
     fc [H, 2H], loss [1] (the scaled sum), sums [4] (sum w, sum w*agree, sum w*accept, sum w*in_vocab),
@@ -41,16 +47,17 @@ LENS = [7, 12]
 DRAFT_VOCAB = 48
 
 
-def make(name: str, out_dir: Path) -> Path:
+def make(name: str, out_dir: Path, layers: list[int] | None = None) -> Path:
     path = DATA / "models" / name
     policy = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                                attn_implementation="eager").eval()
     cfg = policy.config
     h, v = cfg.hidden_size, cfg.vocab_size
-    g = torch.Generator().manual_seed(SEED)
+    g = torch.Generator().manual_seed(SEED if layers is None else SEED + 1)
     t = sum(LENS)
     ids = torch.randint(0, v, (t,), generator=g, dtype=torch.int64)
-    features = 2 * torch.randn(t, h, generator=g)
+    nk = 1 if layers is None else len(layers)
+    features = 2 * torch.randn(t, h, generator=g) if layers is None else 2 * torch.randn(t, nk, h, generator=g)
     plogits = 3 * torch.randn(t, v, generator=g)
     weight = torch.randint(0, 3, (t,), generator=g).float() / 2
     start = 0
@@ -59,6 +66,18 @@ def make(name: str, out_dir: Path) -> Path:
         start += n
     vocab = torch.randperm(v, generator=g)[:DRAFT_VOCAB].sort().values
     fc = torch.cat([torch.eye(h), torch.zeros(h, h)], 1) + 0.2 * torch.randn(h, 2 * h, generator=g)
+    if layers is not None:
+        pfc = torch.cat([torch.zeros(h, (nk - 1) * h), torch.eye(h)], 1) + 0.2 * torch.randn(h, nk * h, generator=g)
+        pfc_p = torch.nn.Parameter(pfc.clone())
+        n_layers = cfg.num_hidden_layers
+        norms = [policy.model.norm if l == n_layers - 1 else policy.model.layers[l + 1].input_layernorm
+                 for l in layers]
+
+    def feature(rows):
+        if layers is None:
+            return policy.model.norm(features[rows])
+        z = torch.cat([norms[i](features[rows, i]) for i in range(nk)], 1)
+        return z @ pfc_p.T
 
     dcfg = type(cfg).from_dict(cfg.to_dict())
     dcfg.num_hidden_layers = 1
@@ -96,7 +115,7 @@ def make(name: str, out_dir: Path) -> Path:
     start = 0
     for n in LENS:
         rows = torch.arange(start, start + n - 1)
-        x = torch.cat([embed[ids[rows + 1]] * escale, policy.model.norm(features[rows])], 1)
+        x = torch.cat([embed[ids[rows + 1]] * escale, feature(rows)], 1)
         u = x @ fc_p.T
         captured.clear()
         logits = draft(inputs_embeds=u[None]).logits[0]
@@ -124,13 +143,18 @@ def make(name: str, out_dir: Path) -> Path:
         "sums": sums.float(), "last_logits": torch.stack(last_logits), "last_hidden": torch.stack(last_hidden),
         "grad.draft.fc.weight": fc_p.grad,
     }
+    if layers is not None:
+        out["feature_fc"] = pfc
+        out["grad.draft.feature_fc.weight"] = pfc_p.grad
+        out["feature_layers"] = torch.tensor(layers, dtype=torch.int32)
     for k, p in draft.named_parameters():
         if k.startswith("model.layers.0."):
             out["grad.draft.layers.0." + k[len("model.layers.0."):]] = p.grad
     out = {k: v.detach().contiguous().numpy() for k, v in sorted(out.items())}
     meta = {"generator": "scripts/make_draft_goldens.py", "policy": f"tests/data/models/{name}",
             "torch": torch.__version__, "transformers": transformers.__version__, "seed": str(SEED)}
-    dst = out_dir / f"{name}.safetensors"
+    dst = out_dir / (f"{name}.safetensors" if layers is None else
+                     f"{name}.layers{'-'.join(map(str, layers))}.safetensors")
     mg.write_safetensors(dst, out, meta)
     return dst
 
@@ -145,8 +169,9 @@ def main() -> int:
     torch.use_deterministic_algorithms(True)
     transformers.logging.set_verbosity_error()
     for name in POLICIES:
-        p = make(name, out_dir)
-        print(f"{p.name}: {p.stat().st_size} bytes")
+        for layers in (None, [0, 1]):
+            p = make(name, out_dir, layers)
+            print(f"{p.name}: {p.stat().st_size} bytes")
     return 0
 
 

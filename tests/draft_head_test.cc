@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <vector>
@@ -19,6 +20,7 @@ namespace miles {
 namespace {
 
 struct Golden {
+  std::vector<int64_t> layers;  // the head's feature layers (empty: the last)
   ModelConfig config;
   TensorMap policy;
   TensorMap g;
@@ -38,13 +40,15 @@ std::vector<float> floats(const TensorMap& m, const std::string& n) {
   return t ? t->to_f32() : std::vector<float>{};
 }
 
-Golden load(const std::string& name) {
+// "<policy>" or "<policy>.layers0-1" (features of layers 0 and 1).
+Golden load(const std::string& file) {
   Golden g;
+  const std::string name = file.substr(0, file.find('.'));
   auto files = load_model_files(test::data_dir() + "/models/" + name);
   EXPECT_TRUE(files.ok()) << files.message();
   g.config = files->config;
   g.policy = std::move(files->weights);
-  auto gm = read_safetensors(test::data_dir() + "/draft_goldens/" + name + ".safetensors");
+  auto gm = read_safetensors(test::data_dir() + "/draft_goldens/" + file + ".safetensors");
   EXPECT_TRUE(gm.ok()) << gm.message();
   g.g = std::move(*gm);
   g.ids = ints(g.g, "ids");
@@ -54,16 +58,22 @@ Golden load(const std::string& name) {
   g.logits = floats(g.g, "policy_logits");
   g.weight = floats(g.g, "weight");
   g.scale = floats(g.g, "scale")[0];
+  if (g.g.find("feature_layers"))
+    for (int32_t l : ints(g.g, "feature_layers")) g.layers.push_back(l);
   return g;
 }
 
-// The golden's head: create()'s, with the golden's fc.
+// The golden's head: create()'s, with the golden's fc (and P).
 std::unique_ptr<DraftHead> head_of(const Golden& g) {
-  auto h = DraftHead::create(g.config, g.policy, g.vocab);
+  auto h = DraftHead::create(g.config, g.policy, g.vocab, g.layers);
   EXPECT_TRUE(h.ok()) << h.message();
   FlatTensors p = (*h)->params();
   const std::vector<float> fc = floats(g.g, "fc");
   std::copy(fc.begin(), fc.end(), p.get("draft.fc.weight").begin());
+  if (!g.layers.empty()) {
+    const std::vector<float> pf = floats(g.g, "feature_fc");
+    std::copy(pf.begin(), pf.end(), p.get("draft.feature_fc.weight").begin());
+  }
   EXPECT_TRUE((*h)->set_params(p).ok());
   return std::move(*h);
 }
@@ -101,7 +111,7 @@ TEST_P(DraftHeadGolden, LossSumsAndGradientsMatchTorch) {
     expect_close(std::as_const(grads).get(s.name), floats(g.g, "grad." + s.name), 2e-5, s.name);
     ++checked;
   }
-  EXPECT_GE(checked, 9);
+  EXPECT_GE(checked, g.layers.empty() ? 9 : 10);
   // Adding a second time doubles (the buffer accumulates), and the same rows give the same bits.
   FlatTensors again(head->params().layout_ptr());
   ASSERT_TRUE(head->accumulate_grad(rows, g.scale, again, nullptr).ok());
@@ -111,7 +121,7 @@ TEST_P(DraftHeadGolden, LossSumsAndGradientsMatchTorch) {
 TEST_P(DraftHeadGolden, InferenceRowsMatchTorchAndDoNotDependOnChunking) {
   const Golden g = load(GetParam());
   auto head = head_of(g);
-  const int64_t d = g.config.hidden_size, dv = g.vocab.size();
+  const int64_t d = head->feature_width(), dv = g.vocab.size(), hd = g.config.hidden_size;
   // Both sequences' rows in one forward (slots 0, 1).
   std::vector<float> feat;
   std::vector<int32_t> next;
@@ -144,10 +154,18 @@ TEST_P(DraftHeadGolden, InferenceRowsMatchTorchAndDoNotDependOnChunking) {
     last = std::move(*r);
   }
   for (int64_t i = 0; i < dv; ++i) ASSERT_EQ(last.logits[i], step->logits[dv + i]) << i;
-  for (int64_t i = 0; i < d; ++i) ASSERT_EQ(last.hidden[i], step->hidden[d + i]) << i;
+  for (int64_t i = 0; i < hd; ++i) ASSERT_EQ(last.hidden[i], step->hidden[hd + i]) << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, DraftHeadGolden, ::testing::Values("llama_tied", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Policies, DraftHeadGolden,
+                         ::testing::Values("llama_tied", "qwen3", "llama_tied.layers0-1",
+                                           "qwen3.layers0-1"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '.', '_');
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
 
 TEST(DraftHead, RejectsBadVocabulariesAndMoePolicies) {
   const Golden g = load("llama_tied");
@@ -162,6 +180,70 @@ TEST(DraftHead, RejectsBadVocabulariesAndMoePolicies) {
   auto h = DraftHead::create(moe->config, moe->weights, {1, 2, 3});
   ASSERT_FALSE(h.ok());
   EXPECT_NE(h.message().find("dense families only"), std::string::npos) << h.message();
+}
+
+// Feature layers (EAGLE-3): a fresh head over layers {0, 1} starts as the last layer's head
+// (P = [0 | I]), bit for bit, in its training sums and gradients of the shared tensors and in its
+// inference rows; bad layer lists are errors that name the layer.
+TEST(DraftHead, AFreshMultiLayerHeadStartsAsTheLastLayersHead) {
+  const Golden g = load("llama_tied.layers0-1");
+  const int64_t d = g.config.hidden_size;
+  auto one = DraftHead::create(g.config, g.policy, g.vocab);
+  auto two = DraftHead::create(g.config, g.policy, g.vocab, g.layers);
+  ASSERT_TRUE(one.ok() && two.ok());
+  EXPECT_EQ((*one)->feature_layers(), std::vector<int64_t>{1});
+  EXPECT_EQ((*two)->feature_layers(), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ((*two)->feature_width(), 2 * d);
+  std::vector<float> last;  // layer 1's rows of the golden's features
+  for (size_t i = 0; i < g.ids.size(); ++i)
+    last.insert(last.end(), g.features.begin() + (2 * i + 1) * d,
+                g.features.begin() + (2 * i + 2) * d);
+  std::vector<SeqSpan> seqs;
+  for (size_t s = 0; s < g.lens.size(); ++s)
+    seqs.push_back({static_cast<int32_t>(s), 0, g.lens[s]});
+  FlatTensors g1((*one)->params().layout_ptr()), g2((*two)->params().layout_ptr());
+  auto s1 = (*one)->accumulate_grad({g.ids, seqs, last, g.logits, g.weight}, g.scale, g1, nullptr);
+  auto s2 =
+      (*two)->accumulate_grad({g.ids, seqs, g.features, g.logits, g.weight}, g.scale, g2, nullptr);
+  ASSERT_TRUE(s1.ok() && s2.ok()) << s1.message() << s2.message();
+  EXPECT_EQ(s1->loss, s2->loss);
+  EXPECT_EQ(s1->agree, s2->agree);
+  for (const ParamSpec& s : g1.layout().specs()) {
+    const auto a = std::as_const(g1).get(s.name), b = std::as_const(g2).get(s.name);
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << s.name << " " << i;
+  }
+  const std::vector<int32_t> next(g.ids.begin() + 1, g.ids.begin() + 4);
+  const SeqSpan three{0, 0, 3};
+  auto kv1 = (*one)->make_kv_cache();
+  auto kv2 = (*two)->make_kv_cache();
+  auto r1 =
+      (*one)->forward(std::span<const float>(last).first(3 * d), next, {&three, 1}, *kv1, nullptr);
+  auto r2 = (*two)->forward(std::span<const float>(g.features).first(6 * d), next, {&three, 1},
+                            *kv2, nullptr);
+  ASSERT_TRUE(r1.ok() && r2.ok()) << r1.message() << r2.message();
+  EXPECT_EQ(r1->logits, r2->logits);
+  EXPECT_EQ(r1->hidden, r2->hidden);
+  // Drafting further reads g (hidden wide) either way.
+  const SeqSpan more{0, 3, 1};
+  auto o1 = (*one)->forward(r1->hidden, {next.data(), 1}, {&more, 1}, *kv1, nullptr, true);
+  auto o2 = (*two)->forward(r2->hidden, {next.data(), 1}, {&more, 1}, *kv2, nullptr, true);
+  ASSERT_TRUE(o1.ok() && o2.ok()) << o1.message() << o2.message();
+  EXPECT_EQ(o1->logits, o2->logits);
+  auto wrong = (*two)->forward(r2->hidden, {next.data(), 1}, {&more, 1}, *kv2, nullptr);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.message().find("rows of 128"), std::string::npos) << wrong.message();
+
+  const std::vector<std::pair<std::vector<int64_t>, std::string>> bad{
+      {{1, 0}, "ascending"},
+      {{0, 0}, "ascending"},
+      {{0, 2}, "outside"},
+      {{-1}, "outside"},
+      {{0, 1, 0, 1, 0, 1, 0, 1, 0}, "at most 8"}};
+  for (const auto& [layers, what] : bad) {
+    auto h = DraftHead::create(g.config, g.policy, g.vocab, layers);
+    ASSERT_FALSE(h.ok()) << what;
+    EXPECT_NE(h.message().find(what), std::string::npos) << h.message();
+  }
 }
 
 // Each weight version's head beside it (weight_sync/draft_files.h): what is read back is the
@@ -179,6 +261,17 @@ TEST(DraftHead, VersionsOnDiskReadBackAndOnlyTheNewestStay) {
   EXPECT_EQ((*back)->vocab(), head->vocab());
   for (size_t i = 0; i < head->params().all().size(); ++i)
     ASSERT_EQ((*back)->params().all()[i], head->params().all()[i]) << i;
+  // A head over several layers reads back with them (draft.feature_layers) and its P.
+  const Golden g2 = load("qwen3.layers0-1");
+  auto multi = head_of(g2);
+  ASSERT_TRUE(write_draft_head(dir, 6, *multi).ok());
+  auto mback = read_draft_head(dir, 6, g2.config, g2.policy);
+  ASSERT_TRUE(mback.ok()) << mback.message();
+  ASSERT_NE(*mback, nullptr);
+  EXPECT_EQ((*mback)->feature_layers(), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ((*mback)->params().all().size(), multi->params().all().size());
+  for (size_t i = 0; i < multi->params().all().size(); ++i)
+    ASSERT_EQ((*mback)->params().all()[i], multi->params().all()[i]) << i;
   auto none = read_draft_head(dir, 2, g.config, g.policy);
   ASSERT_TRUE(none.ok()) << none.message();
   EXPECT_EQ(*none, nullptr);

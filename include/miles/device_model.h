@@ -50,6 +50,7 @@ struct DeviceBatch {
   // The last layer's output before the final norm ([T, hidden]) into ForwardOutput::hidden, as
   // ForwardOptions::return_hidden (the co-trained draft head's features).
   bool return_hidden = false;
+  std::span<const int64_t> tap_layers;  // as ForwardOptions::tap_layers (ForwardOutput::taps)
 };
 
 struct DeviceKvGeometry {

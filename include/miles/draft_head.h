@@ -18,6 +18,14 @@
 // embedding, final norm and head are frozen copies (set_policy); the trained tensors are
 // "draft.fc.weight" and "draft.layers.0.*" (the policy family's layer names), published with the
 // policy's weights.
+//
+// Features of several layers (EAGLE-3): with feature layers l_1 < … < l_k (k > 1; the default is
+// the last layer alone, as above), f_j is the outputs of those layers at position j, each
+// normalised as the policy's next step reads it (layer l + 1's input norm; the last layer's: the
+// final norm), and a trained projection "draft.feature_fc.weight" ([hidden, k·hidden], started
+// as [0 … 0 | I]: the last listed layer alone) makes the one feature fc reads:
+//   u_j = fc · [embed(x_{j+1}); P · [norm_1(f¹_j); …; norm_k(fᵏ_j)]]
+// Drafting further ahead, g stands in for that feature through the final norm, as above.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +48,9 @@ class ThreadPool;
 struct DraftTrainRows {
   std::span<const int32_t> tokens;  // (T) the policy batch's ids
   std::span<const SeqSpan> seqs;    // whole sequences (start_pos 0); one-token ones add nothing
-  std::span<const float> features;  // (T, hidden) the policy's hidden states before its final norm
+  // (T, feature layers, hidden) the outputs of the head's feature layers (the last layer's: the
+  // policy's hidden states before its final norm)
+  std::span<const float> features;
   std::span<const float> logits;    // (T, policy vocab) the policy's logits (detached)
   // (T) weight of the prediction of token i + 1 made at row i − 1 of the draft (i.e. the loss on
   // the draft of token i + 1 reads the policy's row i); the first row of each sequence is unused.
@@ -65,15 +75,25 @@ struct DraftStep {
 class DraftHead {
  public:
   ~DraftHead();
-  // The trained tensors' layout for a policy: "draft.fc.weight" then "draft.layers.0.*".
-  static Result<std::shared_ptr<const ParamLayout>> layout_for(const ModelConfig& policy);
-  // A fresh head: its layer copied from the policy's layer 0 and fc = [I | 0] (the embedding passes
-  // through), a one-layer language model to start from. vocab: distinct ids of the policy's
-  // vocabulary (at least 2).
+  // The trained tensors' layout for a policy and feature layers (empty: the last layer):
+  // "draft.fc.weight", "draft.feature_fc.weight" (several feature layers), "draft.layers.0.*".
+  static Result<std::shared_ptr<const ParamLayout>> layout_for(
+      const ModelConfig& policy, std::span<const int64_t> feature_layers = {});
+  // Feature layers as a head takes them: empty → {the last layer}; else ascending, distinct, inside
+  // the policy's layers, at most kMaxFeatureLayers (an error names the offender).
+  static constexpr int64_t kMaxFeatureLayers = 8;
+  static Result<std::vector<int64_t>> feature_layers_for(const ModelConfig& policy,
+                                                         std::span<const int64_t> layers);
+  // A fresh head: its layer copied from the policy's layer 0, fc = [I | 0] (the embedding passes
+  // through) and P = [0 … 0 | I], a one-layer language model to start from. vocab: distinct ids of
+  // the policy's vocabulary (at least 2).
   static Result<std::unique_ptr<DraftHead>> create(const ModelConfig& policy,
                                                    const TensorMap& policy_weights,
-                                                   std::vector<int32_t> vocab);
-  // A head with trained tensors `draft` (layout_for's names and shapes).
+                                                   std::vector<int32_t> vocab,
+                                                   std::span<const int64_t> feature_layers = {});
+  // A head with trained tensors `draft` (layout_for's names and shapes); its feature layers are
+  // `draft`'s int32 vector "draft.feature_layers" when it has one (as_tensor_map writes it), else
+  // the last layer.
   static Result<std::unique_ptr<DraftHead>> from_weights(const ModelConfig& policy,
                                                          const TensorMap& policy_weights,
                                                          const TensorMap& draft,
@@ -89,8 +109,15 @@ class DraftHead {
 
   const ModelConfig& policy_config() const { return policy_; }
   const std::vector<int32_t>& vocab() const { return vocab_; }
+  // The policy layers whose outputs the head reads (ForwardOptions::tap_layers), and the width of
+  // one position's features (layers × hidden).
+  const std::vector<int64_t>& feature_layers() const { return layers_; }
+  int64_t feature_width() const {
+    return static_cast<int64_t>(layers_.size()) * policy_.hidden_size;
+  }
   const FlatTensors& params() const { return params_; }
-  // The trained tensors and the draft vocabulary ("draft.vocab", int32) as views of this head.
+  // The trained tensors, the draft vocabulary ("draft.vocab", int32) and the feature layers
+  // ("draft.feature_layers", int32) as views of this head.
   TensorMap as_tensor_map() const;
 
   // Training: adds scale × d(Σ weight × soft cross-entropy)/d params to `grads` (layout_for's
@@ -100,24 +127,33 @@ class DraftHead {
 
   // Inference: a KV store for draft rows (one slot per sequence being drafted).
   std::unique_ptr<SimpleKvCache> make_kv_cache() const;
-  // Rows for each sequence (features (n, hidden) and next ids (n), packed in seqs' order) at
-  // positions seqs[s].start_pos ..; returns each sequence's last row's logits and g.
+  // Rows for each sequence (features (n, feature_width()) and next ids (n), packed in seqs' order)
+  // at positions seqs[s].start_pos ..; returns each sequence's last row's logits and g. With
+  // `own`, the features are the head's own g ((n, hidden): drafting further ahead).
   Result<DraftStep> forward(std::span<const float> features, std::span<const int32_t> next_ids,
-                            std::span<const SeqSpan> seqs, KvStore& kv, ThreadPool* pool) const;
+                            std::span<const SeqSpan> seqs, KvStore& kv, ThreadPool* pool,
+                            bool own = false) const;
 
  private:
   DraftHead() = default;
   Status rebuild();  // the draft Model from params_ and the frozen parts
-  // u = fc · [embed(next); features] for n rows; x receives the [n, 2·hidden] inputs.
-  void fuse(std::span<const float> features, std::span<const int32_t> next_ids, int64_t n,
-            std::vector<float>& x, std::vector<float>& u, ThreadPool* pool) const;
+  // u = fc · [embed(next); feature] for n rows; x receives the [n, 2·hidden] inputs and z the
+  // normalised feature layers [n, k·hidden] (several feature layers, not `own`).
+  void fuse(std::span<const float> features, std::span<const int32_t> next_ids, int64_t n, bool own,
+            std::vector<float>& x, std::vector<float>& z, std::vector<float>& u,
+            ThreadPool* pool) const;
 
   ModelConfig policy_;
   ModelConfig config_;  // the draft Model's: one layer, the draft vocabulary, untied
   std::vector<int32_t> vocab_;
+  std::vector<int64_t> layers_;     // feature layers (feature_layers_for)
+  std::vector<int32_t> layer_ids_;  // the same, as_tensor_map's int32 view
   FlatTensors params_;
   std::vector<float> embed_;       // (policy vocab, hidden), times the policy's embed scale
-  std::vector<float> final_norm_;  // (hidden)
+  std::vector<float> final_norm_;  // (hidden) as the policy's file holds it
+  // (feature layers, hidden) each feature layer's norm as the kernels multiply by it (the next
+  // layer's input norm, the last layer's the final norm); own_norm_ the final norm's (g's).
+  std::vector<float> tap_norms_, own_norm_;
   std::vector<float> head_;        // (policy vocab, hidden) the policy's LM head (or embedding)
   std::unique_ptr<Model> model_;
 };

@@ -89,6 +89,11 @@ struct ForwardOptions {
   // Also return every token's last hidden state before the final norm in ForwardOutput::hidden
   // ([T, hidden]; what a draft head reads).
   bool return_hidden = false;
+  // Also return the outputs of these layers (ascending, distinct, inside [layer_begin, layer_end):
+  // layer l's output is the residual stream after it; the last layer's is return_hidden's) in
+  // ForwardOutput::taps ([T, taps, hidden], every token's row of each layer in this order; the
+  // co-trained draft head's multi-layer features).
+  std::span<const int64_t> tap_layers;
   // Tensor parallelism (this model holds one rank's shard), or null.
   const TensorParallel* tp = nullptr;
   // Training: keep the activations backward needs here. Needs all_logits and sequences that start
@@ -111,6 +116,7 @@ struct ForwardOutput {
   std::vector<float> expert_weights;  // [T, num_moe_layers, top_k] when asked
   std::vector<float> hidden;          // [T, hidden] when the forward stops before the head,
                                       // or with return_hidden
+  std::vector<float> taps;            // [T, tap_layers, hidden] with tap_layers
 };
 
 // Extra inputs and outputs of a pipeline stage's or a tied model's backward.

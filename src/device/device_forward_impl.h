@@ -285,10 +285,26 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
   run.forced = d_forced;
 
   b_->launch(t * d, EmbedKernel{embed_, d_tokens, d, h});
-  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+  const std::span<const int64_t> taps = batch.tap_layers;
+  for (size_t i = 0; i < taps.size(); ++i)
+    if (taps[i] < 0 || taps[i] >= c.num_layers || (i > 0 && taps[i] <= taps[i - 1]))
+      return Status::Error("device forward: tap layer " + std::to_string(taps[i]) +
+                           " is not ascending inside the model's " + std::to_string(c.num_layers) +
+                           " layers");
+  std::vector<float> tapped(static_cast<size_t>(t * d));
+  ForwardOutput out;
+  out.taps.resize(static_cast<size_t>(t * d) * taps.size());
+  for (int64_t layer = 0, tap = 0; layer < c.num_layers; ++layer) {
     run.layer = layer;
     run.tape = tape ? &tape->layers[layer] : nullptr;
     for (const Op& op : programs_[layer].ops) MILES_RETURN_IF_ERROR(forward_op(op, run));
+    if (tap < static_cast<int64_t>(taps.size()) && taps[tap] == layer) {  // ForwardOutput::taps
+      MILES_RETURN_IF_ERROR(b_->download(tapped.data(), h, sizeof(float) * tapped.size()));
+      const int64_t n = taps.size();
+      for (int64_t i = 0; i < t; ++i)
+        std::copy_n(tapped.data() + i * d, d, out.taps.data() + (i * n + tap) * d);
+      ++tap;
+    }
   }
   b_->launch(nr * d, GatherRowsKernel{h, d_rows, d, sel});
   if (tape) copy(tape->h_final, sel, nr * d);
@@ -296,7 +312,6 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
   if (tape) copy(tape->normed, sel, nr * d);
   gemm(sel, nr, d, lm_head_, logits, c.vocab_size);
 
-  ForwardOutput out;
   out.rows = nr;
   out.vocab = c.vocab_size;
   if (run.record) {
@@ -354,7 +369,8 @@ Result<ForwardOutput> BackendModel<B>::forward_train(std::span<const int32_t> to
   int32_t next = 0;
   for (size_t s = 0; s < seqs.size(); ++s)
     for (int64_t k = 0; k < (seqs[s].n_tokens + bt - 1) / bt; ++k) tables[s].push_back(next++);
-  DeviceBatch batch{tokens, seqs, {}, true, config_.num_moe_layers() > 0, {}, logit_rows};
+  DeviceBatch batch{tokens, seqs,       {},    true, config_.num_moe_layers() > 0,
+                    {},     logit_rows, false, {}};
   for (const auto& t : tables) batch.tables.emplace_back(t);
   // Routing replay: ids checked as Model::forward checks them, then uploaded.
   const int32_t* d_forced = nullptr;

@@ -16,7 +16,9 @@ namespace miles {
 namespace {
 
 constexpr const char* kFc = "draft.fc.weight";
+constexpr const char* kFeatFc = "draft.feature_fc.weight";
 constexpr const char* kVocab = "draft.vocab";
+constexpr const char* kLayers = "draft.feature_layers";
 const std::string kLayerPrefix = "model.layers.0.";
 const std::string kDraftPrefix = "draft.layers.0.";
 
@@ -70,13 +72,41 @@ std::vector<int32_t> top_ids(std::span<const uint64_t> counts, int64_t size) {
 
 DraftHead::~DraftHead() = default;
 
-Result<std::shared_ptr<const ParamLayout>> DraftHead::layout_for(const ModelConfig& policy) {
+Result<std::vector<int64_t>> DraftHead::feature_layers_for(const ModelConfig& policy,
+                                                           std::span<const int64_t> layers) {
+  if (layers.empty()) return std::vector<int64_t>{policy.num_layers - 1};
+  if (static_cast<int64_t>(layers.size()) > kMaxFeatureLayers)
+    return Status::Error("draft head: " + std::to_string(layers.size()) +
+                         " feature layers; at most " + std::to_string(kMaxFeatureLayers));
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i] < 0 || layers[i] >= policy.num_layers)
+      return Status::Error("draft head: feature layer " + std::to_string(layers[i]) +
+                           " is outside the policy's layers [0, " +
+                           std::to_string(policy.num_layers) + ")");
+    if (i > 0 && layers[i] <= layers[i - 1])
+      return Status::Error("draft head: feature layers must be ascending and distinct (" +
+                           std::to_string(layers[i]) + " after " + std::to_string(layers[i - 1]) +
+                           ")");
+  }
+  return std::vector<int64_t>(layers.begin(), layers.end());
+}
+
+Result<std::shared_ptr<const ParamLayout>> DraftHead::layout_for(
+    const ModelConfig& policy, std::span<const int64_t> feature_layers) {
   MILES_ASSIGN_OR_RETURN(ModelConfig c, draft_config(policy, 2));
+  MILES_ASSIGN_OR_RETURN(const std::vector<int64_t> layers,
+                         feature_layers_for(policy, feature_layers));
   std::vector<ParamSpec> specs;
   ParamSpec fc;
   fc.name = kFc;
   fc.shape = {policy.hidden_size, 2 * policy.hidden_size};
   specs.push_back(fc);
+  if (layers.size() > 1) {
+    ParamSpec p;
+    p.name = kFeatFc;
+    p.shape = {policy.hidden_size, static_cast<int64_t>(layers.size()) * policy.hidden_size};
+    specs.push_back(p);
+  }
   const std::shared_ptr<const ParamLayout> model_layout = ParamLayout::for_model(c);
   for (const ParamSpec& s : model_layout->specs()) {
     if (s.name.rfind(kLayerPrefix, 0) != 0) continue;
@@ -89,20 +119,30 @@ Result<std::shared_ptr<const ParamLayout>> DraftHead::layout_for(const ModelConf
 
 Result<std::unique_ptr<DraftHead>> DraftHead::create(const ModelConfig& policy,
                                                      const TensorMap& policy_weights,
-                                                     std::vector<int32_t> vocab) {
-  MILES_ASSIGN_OR_RETURN(std::shared_ptr<const ParamLayout> layout, layout_for(policy));
+                                                     std::vector<int32_t> vocab,
+                                                     std::span<const int64_t> feature_layers) {
+  MILES_ASSIGN_OR_RETURN(const std::vector<int64_t> layers,
+                         feature_layers_for(policy, feature_layers));
+  MILES_ASSIGN_OR_RETURN(std::shared_ptr<const ParamLayout> layout, layout_for(policy, layers));
   FlatTensors init(layout);
-  const int64_t d = policy.hidden_size;
+  const int64_t d = policy.hidden_size, k = layers.size();
   std::span<float> fc = init.get(kFc);
   for (int64_t i = 0; i < d; ++i) fc[i * 2 * d + i] = 1.0f;  // u = embedding
+  if (k > 1) {  // P = [0 … 0 | I]: the last feature layer alone
+    std::span<float> p = init.get(kFeatFc);
+    for (int64_t i = 0; i < d; ++i) p[i * k * d + (k - 1) * d + i] = 1.0f;
+  }
   for (const ParamSpec& s : layout->specs()) {
-    if (s.name == kFc) continue;
+    if (s.name == kFc || s.name == kFeatFc) continue;
     const std::string src = kLayerPrefix + s.name.substr(kDraftPrefix.size());
     MILES_ASSIGN_OR_RETURN(Tensor t, policy_weights.get(src, s.shape));
     const std::vector<float> v = t.to_f32();
     std::copy(v.begin(), v.end(), init.get(s.name).begin());
   }
-  return from_weights(policy, policy_weights, init.as_tensor_map(), std::move(vocab));
+  TensorMap draft = init.as_tensor_map();
+  const std::vector<int32_t> ids(layers.begin(), layers.end());
+  draft.insert(kLayers, Tensor::view(DType::kI32, {k}, ids.data(), nullptr), "draft head");
+  return from_weights(policy, policy_weights, draft, std::move(vocab));
 }
 
 Result<std::unique_ptr<DraftHead>> DraftHead::from_weights(const ModelConfig& policy,
@@ -110,8 +150,17 @@ Result<std::unique_ptr<DraftHead>> DraftHead::from_weights(const ModelConfig& po
                                                            const TensorMap& draft,
                                                            std::vector<int32_t> vocab) {
   MILES_RETURN_IF_ERROR(check_vocab(vocab, policy.vocab_size));
-  MILES_ASSIGN_OR_RETURN(std::shared_ptr<const ParamLayout> layout, layout_for(policy));
+  std::vector<int64_t> given;
+  if (const Tensor* l = draft.find(kLayers)) {
+    if (l->dtype() != DType::kI32 || l->ndim() != 1)
+      return Status::Error(std::string("draft head: ") + kLayers + " is not an int32 vector");
+    given.assign(l->data<int32_t>(), l->data<int32_t>() + l->numel());
+    if (given.empty()) return Status::Error(std::string("draft head: ") + kLayers + " is empty");
+  }
   std::unique_ptr<DraftHead> h(new DraftHead());
+  MILES_ASSIGN_OR_RETURN(h->layers_, feature_layers_for(policy, given));
+  h->layer_ids_.assign(h->layers_.begin(), h->layers_.end());
+  MILES_ASSIGN_OR_RETURN(std::shared_ptr<const ParamLayout> layout, layout_for(policy, h->layers_));
   h->policy_ = policy;
   MILES_ASSIGN_OR_RETURN(h->config_, draft_config(policy, vocab.size()));
   h->vocab_ = std::move(vocab);
@@ -126,6 +175,24 @@ Status DraftHead::set_policy(const TensorMap& policy_weights) {
   MILES_ASSIGN_OR_RETURN(Tensor norm, policy_weights.get("model.norm.weight", {d}));
   embed.to_f32(embed_);
   norm.to_f32(final_norm_);
+  // Each feature layer's norm as the policy's next step applies it (Gemma's 1 + weight).
+  const auto as_applied = [&](std::vector<float> w) {
+    if (policy_.norm_adds_one())
+      for (float& x : w) x = 1.0f + x;
+    return w;
+  };
+  own_norm_ = as_applied(final_norm_);
+  tap_norms_.clear();
+  for (const int64_t l : layers_) {
+    if (l == policy_.num_layers - 1) {
+      tap_norms_.insert(tap_norms_.end(), own_norm_.begin(), own_norm_.end());
+      continue;
+    }
+    const std::string name = "model.layers." + std::to_string(l + 1) + ".input_layernorm.weight";
+    MILES_ASSIGN_OR_RETURN(Tensor next, policy_weights.get(name, {d}));
+    const std::vector<float> w = as_applied(next.to_f32());
+    tap_norms_.insert(tap_norms_.end(), w.begin(), w.end());
+  }
   if (policy_.tie_word_embeddings) {
     head_.clear();
   } else {
@@ -162,6 +229,10 @@ TensorMap DraftHead::as_tensor_map() const {
   m.insert(kVocab,
            Tensor::view(DType::kI32, {static_cast<int64_t>(vocab_.size())}, vocab_.data(), nullptr),
            "draft head");
+  m.insert(kLayers,
+           Tensor::view(DType::kI32, {static_cast<int64_t>(layer_ids_.size())}, layer_ids_.data(),
+                        nullptr),
+           "draft head");
   return m;
 }
 
@@ -175,7 +246,7 @@ Status DraftHead::rebuild() {
   w.insert("lm_head.weight", f32_view({n, d}, rows.data()), "draft head");
   w.insert("model.norm.weight", f32_view({d}, final_norm_.data()), "draft head");
   for (const ParamSpec& s : params_.layout().specs()) {
-    if (s.name == kFc) continue;
+    if (s.name == kFc || s.name == kFeatFc) continue;
     w.insert(kLayerPrefix + s.name.substr(kDraftPrefix.size()),
              f32_view(s.shape, params_.get(s.name).data()), "draft head");
   }
@@ -185,18 +256,32 @@ Status DraftHead::rebuild() {
 }
 
 void DraftHead::fuse(std::span<const float> features, std::span<const int32_t> next_ids, int64_t n,
-                     std::vector<float>& x, std::vector<float>& u, ThreadPool* pool) const {
-  const int64_t d = policy_.hidden_size;
+                     bool own, std::vector<float>& x, std::vector<float>& z, std::vector<float>& u,
+                     ThreadPool* pool) const {
+  const int64_t d = policy_.hidden_size, k = own ? 1 : static_cast<int64_t>(layers_.size());
   const float scale = policy_.embed_scale();
+  const float eps = static_cast<float>(policy_.rms_norm_eps);
   x.resize(static_cast<size_t>(n * 2 * d));
+  if (k > 1) z.resize(static_cast<size_t>(n * k * d));
   for (int64_t i = 0; i < n; ++i) {
     const float* e = embed_.data() + static_cast<int64_t>(next_ids[i]) * d;
     float* row = x.data() + i * 2 * d;
     for (int64_t j = 0; j < d; ++j) row[j] = e[j] * scale;
-    // The feature as the policy's head sees it (its final norm): the residual stream's scale
-    // varies by orders of magnitude across dimensions, which would make fc's updates explode.
-    kernels::rmsnorm(features.data() + i * d, 1, d, final_norm_.data(),
-                     static_cast<float>(policy_.rms_norm_eps), row + d);
+    // Each feature as the policy's next step sees it (its norm): the residual stream's scale varies
+    // by orders of magnitude across dimensions, which would make fc's updates explode.
+    if (k == 1) {
+      kernels::rmsnorm(features.data() + i * d, 1, d, own ? own_norm_.data() : tap_norms_.data(),
+                       eps, row + d);
+      continue;
+    }
+    for (int64_t l = 0; l < k; ++l)
+      kernels::rmsnorm(features.data() + (i * k + l) * d, 1, d, tap_norms_.data() + l * d, eps,
+                       z.data() + (i * k + l) * d);
+  }
+  if (k > 1) {  // the feature half of x = P · z
+    const kernels::PackedMatrix p =
+        kernels::PackedMatrix::pack_f32(params_.get(kFeatFc).data(), d, k * d);
+    kernels::gemm(z.data(), n, k * d, p, x.data() + d, 2 * d, pool);
   }
   const kernels::PackedMatrix fc =
       kernels::PackedMatrix::pack_f32(params_.get(kFc).data(), d, 2 * d);
@@ -208,18 +293,19 @@ std::unique_ptr<SimpleKvCache> DraftHead::make_kv_cache() const { return model_-
 
 Result<DraftStep> DraftHead::forward(std::span<const float> features,
                                      std::span<const int32_t> next_ids,
-                                     std::span<const SeqSpan> seqs, KvStore& kv,
-                                     ThreadPool* pool) const {
+                                     std::span<const SeqSpan> seqs, KvStore& kv, ThreadPool* pool,
+                                     bool own) const {
   const int64_t d = policy_.hidden_size, n = next_ids.size();
-  if (static_cast<int64_t>(features.size()) != n * d)
+  const int64_t width = own ? d : feature_width();
+  if (static_cast<int64_t>(features.size()) != n * width)
     return Status::Error("draft head: " + std::to_string(features.size()) + " feature values for " +
-                         std::to_string(n) + " rows");
+                         std::to_string(n) + " rows of " + std::to_string(width));
   for (int32_t id : next_ids)
     if (id < 0 || id >= policy_.vocab_size)
       return Status::Error("draft head: token id " + std::to_string(id) +
                            " is outside the vocabulary");
-  std::vector<float> x, u;
-  fuse(features, next_ids, n, x, u, pool);
+  std::vector<float> x, z, u;
+  fuse(features, next_ids, n, own, x, z, u, pool);
   const std::vector<int32_t> dummy(static_cast<size_t>(n), 0);
   ForwardOptions opt;
   opt.all_logits = false;
@@ -240,10 +326,10 @@ Result<DraftStep> DraftHead::forward(std::span<const float> features,
 Result<DraftTrainSums> DraftHead::accumulate_grad(const DraftTrainRows& rows, double scale,
                                                   FlatTensors& grads, ThreadPool* pool) const {
   const int64_t d = policy_.hidden_size, pv = policy_.vocab_size, dv = vocab_.size();
-  const int64_t t = rows.tokens.size();
+  const int64_t t = rows.tokens.size(), width = feature_width();
   if (grads.layout().total() != params_.layout().total())
     return Status::Error("draft head: a gradient buffer of another layout");
-  if (static_cast<int64_t>(rows.features.size()) != t * d ||
+  if (static_cast<int64_t>(rows.features.size()) != t * width ||
       static_cast<int64_t>(rows.logits.size()) != t * pv ||
       static_cast<int64_t>(rows.weight.size()) != t)
     return Status::Error("draft head: features, logits and weights do not match " +
@@ -263,14 +349,14 @@ Result<DraftTrainSums> DraftHead::accumulate_grad(const DraftTrainRows& rows, do
   if (at != t) return Status::Error("draft head: sequences do not cover the batch");
   const int64_t n = src.size();
   if (n == 0) return DraftTrainSums{};
-  std::vector<float> feat(static_cast<size_t>(n * d));
+  std::vector<float> feat(static_cast<size_t>(n * width));
   std::vector<int32_t> next(static_cast<size_t>(n));
   for (int64_t r = 0; r < n; ++r) {
-    std::copy_n(rows.features.data() + src[r] * d, d, feat.data() + r * d);
+    std::copy_n(rows.features.data() + src[r] * width, width, feat.data() + r * width);
     next[r] = rows.tokens[src[r] + 1];
   }
-  std::vector<float> x, u;
-  fuse(feat, next, n, x, u, pool);
+  std::vector<float> x, z, u;
+  fuse(feat, next, n, false, x, z, u, pool);
 
   ForwardTape tape;
   auto kv = model_->make_kv_cache();
@@ -340,8 +426,17 @@ Result<DraftTrainSums> DraftHead::accumulate_grad(const DraftTrainRows& rows, do
     for (size_t i = 0; i < into.size(); ++i) into[i] = into[i] + g[i];
   };
   add(grads.get(kFc), dfc);
+  if (layers_.size() > 1) {  // P's: d feature = d u · fc[:, hidden:], then d P = d featureᵀ · z
+    const int64_t k = layers_.size();
+    kernels::PackedMatrix fc_t;
+    fc_t.assign_transposed(params_.get(kFc).data() + d, d, d, 2 * d, pool);
+    std::vector<float> dfeat(static_cast<size_t>(n * d)), dp(static_cast<size_t>(d * k * d));
+    kernels::gemm(du.data(), n, d, fc_t, dfeat.data(), d, pool);
+    kernels::gemm_weight_grad(dfeat.data(), d, z.data(), k * d, n, d, k * d, dp.data(), pool);
+    add(grads.get(kFeatFc), dp);
+  }
   for (const ParamSpec& s : grads.layout().specs()) {
-    if (s.name == kFc) continue;
+    if (s.name == kFc || s.name == kFeatFc) continue;
     add(grads.get(s.name),
         std::as_const(model_grads).get(kLayerPrefix + s.name.substr(kDraftPrefix.size())));
   }

@@ -438,10 +438,24 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     tape->layer_end = end;
     tape->embedded = !given;
   }
+  const std::span<const int64_t> taps = options.tap_layers;
+  for (size_t i = 0; i < taps.size(); ++i)
+    if (taps[i] < begin || taps[i] >= end || (i > 0 && taps[i] <= taps[i - 1]))
+      return Status::Error("tap layers: layer " + std::to_string(taps[i]) +
+                           " is not ascending inside the forward's layers [" +
+                           std::to_string(begin) + ", " + std::to_string(end) + ")");
+  if (!taps.empty()) out.taps.resize(static_cast<size_t>(t) * taps.size() * d);
   ForwardBatch batch{seqs, plan, kv, t, options, out};
   CpuLayers layers(c, *w_, batch, h.data(), pool);
-  for (int64_t layer = begin; layer < end; ++layer)
+  for (int64_t layer = begin, tap = 0; layer < end; ++layer) {
     MILES_RETURN_IF_ERROR(layers.run(layer, tape ? &tape->layers[layer] : nullptr));
+    if (tap < static_cast<int64_t>(taps.size()) && taps[tap] == layer) {
+      const int64_t n = taps.size();
+      for (int64_t i = 0; i < t; ++i)
+        std::copy_n(h.data() + i * d, d, out.taps.data() + (i * n + tap) * d);
+      ++tap;
+    }
+  }
 
   if (end < c.num_layers) {
     out.hidden = std::move(h);
