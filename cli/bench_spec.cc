@@ -12,10 +12,12 @@
 // and fails if one token or logprob differs.
 #include "cli/bench_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -85,7 +87,10 @@ Result<std::vector<Task>> load_tasks(const SpecBenchOptions& o, const Tokenizer&
     MILES_ASSIGN_OR_RETURN(auto ids, chat_prompt(tmpl, tok, text));
     story.prompts.push_back(std::move(ids));
   }
-  return std::vector<Task>{std::move(arith), std::move(story)};
+  std::vector<Task> tasks;
+  for (Task& t : {std::ref(arith), std::ref(story)})
+    if (std::ranges::find(o.tasks, t.name) != o.tasks.end()) tasks.push_back(std::move(t));
+  return tasks;
 }
 
 struct EpochResult {
@@ -151,7 +156,8 @@ bool same_samples(const EpochResult& a, const EpochResult& b) {
 
 // The co-trained head's training data: a plain engine's epochs over the task's prompts (groups of
 // 8, seeds of their own), each sample's ids, its response's first position, and the policy's
-// hidden states and logits over them (what the trainer's forward gives the head in a run).
+// feature layers' outputs and logits over them (what the trainer's forward gives the head in a
+// run).
 struct HeadData {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<int64_t> prompt_len;
@@ -173,13 +179,15 @@ Result<HeadData> head_data(const SpecBenchOptions& o, const Model& model, Thread
       h.tokens.push_back(std::move(seq));
     }
   }
+  MILES_ASSIGN_OR_RETURN(const std::vector<int64_t> layers,
+                         DraftHead::feature_layers_for(model.config(), o.head_layers));
   for (const auto& seq : h.tokens) {
     auto kv = model.make_kv_cache();
     const SeqSpan s{0, 0, static_cast<int64_t>(seq.size())};
     ForwardOptions fo;
-    fo.return_hidden = true;
+    fo.tap_layers = layers;
     MILES_ASSIGN_OR_RETURN(ForwardOutput f, model.forward(seq, {&s, 1}, *kv, fo, &pool));
-    h.hidden.push_back(std::move(f.hidden));
+    h.hidden.push_back(std::move(f.taps));
     h.logits.push_back(std::move(f.logits));
   }
   return h;
@@ -200,7 +208,8 @@ Result<std::shared_ptr<const DraftHead>> train_head(const SpecBenchOptions& o, c
   MILES_ASSIGN_OR_RETURN(
       std::unique_ptr<DraftHead> head,
       DraftHead::create(model.config(), weights,
-                        top_ids(counts, std::min<int64_t>(o.head_vocab, counts.size()))));
+                        top_ids(counts, std::min<int64_t>(o.head_vocab, counts.size())),
+                        o.head_layers));
   FlatTensors params = head->params();
   AdamWConfig ac;
   ac.clip_grad_norm = 0;
@@ -263,7 +272,7 @@ double coupled_agreement(std::span<const double> p, std::span<const double> q) {
 // the policy's uniform number, at head temperatures 1, 0.7 and 0.5) is the policy's draw; 1 − TV
 // is what the best coupling of the two distributions would get.
 void print_held_out(const DraftHead& head, const HeadData& h, float temperature, ThreadPool& pool) {
-  const int64_t d = head.policy_config().hidden_size;
+  const int64_t d = head.feature_width();
   const int64_t pv = head.policy_config().vocab_size;
   const std::span<const int32_t> ids = head.vocab();
   const int64_t dv = static_cast<int64_t>(ids.size());

@@ -18,6 +18,7 @@ struct SpecBenchOptions {
   std::string model, json;
   std::string arithmetic_data = "configs/data/arithmetic.jsonl";
   std::vector<int> concurrency{1, 8, 32};
+  std::vector<std::string> tasks{"arithmetic", "story"};  // which of the two workloads run
   int64_t prompts = 8;  // per task and epoch
   int64_t max_draft_tokens = 4;
   float temperature = 1.0f;  // RL's; 0: greedy (an evaluation's)
@@ -32,6 +33,9 @@ struct SpecBenchOptions {
   int64_t head_batch = 16;
   double head_lr = 1e-3;
   int64_t head_vocab = 4096;
+  // The policy layers whose outputs the head reads (DraftHead::feature_layers_for; empty: the
+  // last).
+  std::vector<int64_t> head_layers;
 };
 
 int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model,

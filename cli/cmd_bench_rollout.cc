@@ -378,6 +378,16 @@ void register_bench_rollout(CLI::App& bench) {
       ->capture_default_str()
       ->check(CLI::Range(0, 100000))
       ->needs(spec);
+  r->add_option("--spec-tasks", o->spec_options.tasks, "--spec: the workloads to run")
+      ->capture_default_str()
+      ->delimiter(',')
+      ->check(CLI::IsMember({"arithmetic", "story"}))
+      ->needs(spec);
+  r->add_option("--spec-head-layers", o->spec_options.head_layers,
+                "--spec: the policy layers whose outputs the draft head reads (ascending; "
+                "default: the last; several: EAGLE-3's features)")
+      ->delimiter(',')
+      ->needs(spec);
   r->add_option("--spec-head-batch", o->spec_options.head_batch,
                 "--spec: samples per AdamW step of the draft head")
       ->capture_default_str()

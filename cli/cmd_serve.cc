@@ -1,4 +1,5 @@
 // `miles serve`: the rollout engine behind SGLang- and OpenAI-compatible HTTP endpoints.
+#include <fmt/ranges.h>
 #include <grpcpp/impl/service_type.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -70,8 +71,10 @@ EngineWeights::AdoptHook draft_head_hook(HeadDrafter* drafter, std::vector<std::
         break;
       }
       if ((head = std::move(h).value())) {
-        spdlog::info("miles serve: draft head of weight version {} ({})", version,
-                     draft_head_path(dir, version));
+        spdlog::info("miles serve: draft head of weight version {} ({}; features of layer{} {})",
+                     version, draft_head_path(dir, version),
+                     head->feature_layers().size() > 1 ? "s" : "",
+                     fmt::join(head->feature_layers(), ", "));
         break;
       }
     }

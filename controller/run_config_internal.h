@@ -24,9 +24,10 @@ namespace miles::run_config_internal {
 // reward.h.
 using FieldPtr =
     std::variant<std::string*, int64_t*, uint64_t*, double*, bool*, std::vector<std::string>*,
-                 Device*, Environment*, LrDecay*, TrainerComm*, Advantage*, PolicyLoss*,
-                 KlEstimatorKind*, Reduction*, Correction*, OldLogp*, Transport*, WeightComm*,
-                 Encoding*, AsyncMode*, StalePolicy*, SyncPause*, Progress*, RewardKind*>;
+                 std::vector<int64_t>*, Device*, Environment*, LrDecay*, TrainerComm*, Advantage*,
+                 PolicyLoss*, KlEstimatorKind*, Reduction*, Correction*, OldLogp*, Transport*,
+                 WeightComm*, Encoding*, AsyncMode*, StalePolicy*, SyncPause*, Progress*,
+                 RewardKind*>;
 
 struct Field {
   std::string_view key;

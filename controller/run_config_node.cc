@@ -95,6 +95,26 @@ Status assign(std::vector<std::string>* out, const YAML::Node& node) {
   return Status::Ok();
 }
 
+Status assign(std::vector<int64_t>* out, const YAML::Node& node) {
+  if (node.IsNull()) {
+    out->clear();
+    return Status::Ok();
+  }
+  if (!node.IsSequence()) {
+    return Status::Error(got("a list of integers", node) +
+                         (node.IsScalar() ? " (write [" + node.Scalar() + "])" : ""));
+  }
+  std::vector<int64_t> items;
+  for (const YAML::Node& item : node) {
+    int64_t value = 0;
+    if (Status s = assign(&value, item); !s.ok())
+      return Status::Error(s.message() + " in the list of integers");
+    items.push_back(value);
+  }
+  *out = std::move(items);
+  return Status::Ok();
+}
+
 // An enum key: one of its names, else the list and the nearest name.
 template <typename E>
 requires std::is_enum_v<E> Status assign(E* out, const YAML::Node& node) {

@@ -68,6 +68,7 @@ std::vector<Section> sections_of(RunConfig& c) {
         {"speculative_draft_head", &r.speculative_draft_head},
         {"speculative_draft_lr", &r.speculative_draft_lr},
         {"speculative_draft_vocab", &r.speculative_draft_vocab},
+        {"speculative_draft_layers", &r.speculative_draft_layers},
         {"health_check_interval_s", &r.health_check_interval_s},
         {"engine_start_timeout_s", &r.engine_start_timeout_s},
         {"max_engine_restarts", &r.max_engine_restarts}}},
@@ -209,9 +210,9 @@ std::vector<Field> reward_fields(RewardSpec& s) {
 }
 
 std::string type_name(const FieldPtr& ptr) {
-  static constexpr std::array<std::string_view, 6> kNames = {
-      "a string", "an integer",    "a non-negative integer",
-      "a number", "true or false", "a list of strings"};
+  static constexpr std::array<std::string_view, 7> kNames = {
+      "a string",      "an integer",        "a non-negative integer", "a number",
+      "true or false", "a list of strings", "a list of integers"};
   return std::visit(
       [&](auto* field) -> std::string {
         using T = std::remove_cvref_t<decltype(*field)>;

@@ -221,6 +221,23 @@ void check_rollout(const RunConfig& c, Checker& check) {
                    std::to_string(r.speculative_max_draft_tokens) + " is more than 64");
   check.positive("rollout.speculative_draft_lr", r.speculative_draft_lr);
   check.at_least<int64_t>("rollout.speculative_draft_vocab", r.speculative_draft_vocab, 2);
+  const std::vector<int64_t>& layers = r.speculative_draft_layers;
+  if (!layers.empty() && !r.speculative_draft_head)
+    check.fail({"rollout.speculative_draft_layers", "rollout.speculative_draft_head"},
+               "rollout.speculative_draft_layers: the draft head's feature layers need "
+               "rollout.speculative_draft_head: true");
+  if (layers.size() > 8)
+    check.fail({"rollout.speculative_draft_layers"},
+               "rollout.speculative_draft_layers: " + std::to_string(layers.size()) +
+                   " layers; at most 8");
+  for (size_t i = 0; i < layers.size(); ++i)
+    if (layers[i] < 0 || (i > 0 && layers[i] <= layers[i - 1])) {
+      check.fail({"rollout.speculative_draft_layers"},
+                 "rollout.speculative_draft_layers: layer indices must be non-negative, ascending "
+                 "and distinct (" +
+                     std::to_string(layers[i]) + " at position " + std::to_string(i) + ")");
+      break;
+    }
   check.positive("rollout.health_check_interval_s", r.health_check_interval_s);
   check.positive("rollout.engine_start_timeout_s", r.engine_start_timeout_s);
   check.at_least<int64_t>("rollout.max_engine_restarts", r.max_engine_restarts, 0);
@@ -266,10 +283,6 @@ void check_trainer(const RunConfig& c, Checker& check) {
                "trainer.device: " + std::string(name_of(t.device)) +
                    " with parallel.tp or parallel.pp > 1: a device trainer runs data parallelism "
                    "only for now");
-  if (c.rollout.speculative_draft_head && t.device != Device::kCpu)
-    check.fail({"rollout.speculative_draft_head", "trainer.device"},
-               "rollout.speculative_draft_head: the draft head trains on a CPU trainer for now "
-               "(data, pipeline and tensor parallelism are supported)");
   check.at_least("trainer.weight_decay", t.weight_decay, 0.0);
   for (auto [key, beta] : {std::pair{"trainer.beta1", t.beta1}, {"trainer.beta2", t.beta2}}) {
     if (!(beta >= 0 && beta < 1)) check.fail(key, "must be in [0, 1), got " + str(beta));

@@ -35,6 +35,11 @@ std::string value_text(const run_config_internal::FieldPtr& ptr) {
             out += run_config_internal::double_quoted(run_config_internal::escape_env(item));
           }
           return out + "]";
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+          std::string out = "[";
+          for (const int64_t item : *field)
+            out += (out.size() > 1 ? ", " : "") + std::to_string(item);
+          return out + "]";
         } else {
           return std::to_string(*field);
         }

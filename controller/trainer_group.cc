@@ -63,6 +63,7 @@ Result<TrainerConfig> trainer_config(const RunConfig& cfg) {
   tc.draft.enabled = cfg.rollout.speculative_draft_head && !cfg.is_sft();
   tc.draft.lr = cfg.rollout.speculative_draft_lr;
   tc.draft.vocab_size = cfg.rollout.speculative_draft_vocab;
+  tc.draft.feature_layers = cfg.rollout.speculative_draft_layers;
   MILES_RETURN_IF_ERROR(tc.validate());
   return tc;
 }

@@ -167,7 +167,9 @@ void Engine::Impl::run_batch(const std::vector<Item>& items) {
   fo.all_logits = input_rows;
   if (drafts && !input_rows) fo.last_rows = logit_rows;
   fo.return_experts = experts_per_pos > 0;
-  fo.return_hidden = drafter && opt.speculative.enabled && drafter->wants_hidden();
+  const bool want_hidden = drafter && opt.speculative.enabled && drafter->wants_hidden();
+  const std::vector<int64_t> taps = want_hidden ? drafter->hidden_layers() : std::vector<int64_t>{};
+  fo.tap_layers = taps;
   auto out = runner->forward(tokens, seqs, *kv, fo);
   if (!out.ok()) spdlog::error("miles engine: forward failed: {}", out.message());
   MILES_CHECK(out.ok(), "engine forward failed on a validated batch");
@@ -181,10 +183,10 @@ void Engine::Impl::run_batch(const std::vector<Item>& items) {
     row += drafts ? 1 + it.draft : 1;
   }
   presample(items, first_rows);
-  const int64_t d = runner->config().hidden_size;
-  const bool hidden = fo.return_hidden && static_cast<int64_t>(out->hidden.size()) ==
-                                              static_cast<int64_t>(tokens.size()) * d;
-  if (fo.return_hidden && !hidden && !warned_no_hidden) {
+  const int64_t d = runner->config().hidden_size * static_cast<int64_t>(taps.size());
+  const bool hidden = !taps.empty() && static_cast<int64_t>(out->taps.size()) ==
+                                           static_cast<int64_t>(tokens.size()) * d;
+  if (want_hidden && !hidden && !warned_no_hidden) {
     spdlog::error(
         "miles engine: this engine's forwards do not return hidden states; the draft "
         "head drafts nothing");
@@ -194,7 +196,7 @@ void Engine::Impl::run_batch(const std::vector<Item>& items) {
   auto hand_hidden = [&](const Sample& s, int64_t start, int64_t row, int64_t n) {
     if (hidden && n > 0 && s.state != SampleState::kFinished)
       drafter->hidden(static_cast<uint64_t>(s.slot), start,
-                      std::span<const float>(out->hidden).subspan(row * d, n * d));
+                      std::span<const float>(out->taps).subspan(row * d, n * d));
   };
   int64_t row = 0;
   for (size_t i = 0; i < items.size(); ++i) {

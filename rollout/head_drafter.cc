@@ -36,7 +36,7 @@ struct SampleState {
   int32_t slot = 0;         // in the head's KV
   int64_t base = 0;         // target position of draft row 0
   int64_t rows = 0;         // draft rows in the KV from fixed positions
-  std::vector<float> pend;  // target states of positions base + rows .., [n, hidden]
+  std::vector<float> pend;  // target states of positions base + rows .., [n, feature width]
   // The first draft of the sample's last sampled query every way (kWays), scored against the token
   // that lands at position check_at (−1: nothing to score).
   int64_t check_at = -1;
@@ -128,11 +128,14 @@ class HeadDrafterImpl final : public HeadDrafter {
   }
 
   bool wants_hidden() const override { return head_ != nullptr; }
+  std::vector<int64_t> hidden_layers() const override {
+    return head_ ? head_->feature_layers() : std::vector<int64_t>{};
+  }
   HeadDrafterStats stats() const override { return stats_; }
 
   void hidden(uint64_t sample, int64_t first, std::span<const float> rows) override {
     if (!head_) return;
-    const int64_t d = head_->policy_config().hidden_size;
+    const int64_t d = head_->feature_width();
     auto [it, fresh] = states_.try_emplace(sample);
     SampleState& st = it->second;
     if (fresh) {
@@ -197,7 +200,7 @@ class HeadDrafterImpl final : public HeadDrafter {
   // the sample's next token). A sample without the states of every fixed position but its newest
   // drafts nothing this time.
   std::vector<Active> catch_up(std::span<const DraftQuery> queries, std::vector<Draft>& out) {
-    const int64_t d = head_->policy_config().hidden_size;
+    const int64_t d = head_->feature_width();
     std::vector<float> feats;
     std::vector<int32_t> next;
     std::vector<SeqSpan> seqs;
@@ -221,13 +224,13 @@ class HeadDrafterImpl final : public HeadDrafter {
       active.push_back({i, &st, {}, 1});
     }
     if (active.empty()) return active;
-    return take(queries, out, active, feats, next, seqs);
+    return take(queries, out, active, feats, next, seqs, false);
   }
 
   // Before a sample's first rows: from position 0 its prompt's states are kept for later samples;
   // from a later position (the prefix cache held the rest) they are taken from an earlier one.
   void share_prompt(const DraftQuery& q, SampleState& st) {
-    const int64_t d = head_->policy_config().hidden_size;
+    const int64_t d = head_->feature_width();
     const int64_t end = q.prompt_len;
     if (st.rows != 0 || end <= 0 || end >= static_cast<int64_t>(q.tokens.size()) ||
         st.base >= end || static_cast<int64_t>(st.pend.size()) / d < end - st.base)
@@ -252,16 +255,18 @@ class HeadDrafterImpl final : public HeadDrafter {
       next.push_back(out[a.query].tokens.back());
       seqs.push_back({a.st->slot, a.st->rows + depth - 1, 1});
     }
-    return take(queries, out, active, feats, next, seqs);
+    return take(queries, out, active, feats, next, seqs, true);
   }
 
-  // Runs the rows and appends each sample's draft (choose()); keeps those that draft on.
+  // Runs the rows (features: the target's, or with `own` the head's g) and appends each sample's
+  // draft (choose()); keeps those that draft on.
   std::vector<Active> take(std::span<const DraftQuery> queries, std::vector<Draft>& out,
                            std::vector<Active>& active, const std::vector<float>& feats,
-                           const std::vector<int32_t>& next, const std::vector<SeqSpan>& seqs) {
+                           const std::vector<int32_t>& next, const std::vector<SeqSpan>& seqs,
+                           bool own) {
     const int64_t d = head_->policy_config().hidden_size;
     const int64_t dv = static_cast<int64_t>(head_->vocab().size());
-    auto step = head_->forward(feats, next, seqs, *kv_, pool_);
+    auto step = head_->forward(feats, next, seqs, *kv_, pool_, own);
     std::vector<Active> more;
     if (!step.ok()) return more;  // a draft only decides speed: none this time
     for (size_t a = 0; a < active.size(); ++a) {

@@ -143,11 +143,40 @@ void expect_forward_bits(Device device, const std::string& model_dir) {
   const bool moe = c.num_moe_layers() > 0;
   ForwardOptions o;
   o.return_experts = moe;
+  // The draft head's features: the first and last layers' outputs (ForwardOutput::taps).
+  const std::vector<int64_t> taps =
+      c.num_layers > 1 ? std::vector<int64_t>{0, c.num_layers - 1} : std::vector<int64_t>{0};
+  o.tap_layers = taps;
+  o.return_hidden = true;
   auto a = (*cpu)->forward(prefill, seqs1, *cache, o, &pool);
   ASSERT_TRUE(a.ok()) << a.message();
   DeviceBatch b1{prefill, seqs1, {table0, table1}, true, moe};
+  b1.tap_layers = taps;
   auto b = (*dev)->forward(b1);
   ASSERT_TRUE(b.ok()) << b.message();
+  {  // every token's row of each tapped layer: the stage forward's output and return_hidden's
+    const int64_t t = prefill.size(), d = c.hidden_size, n = taps.size();
+    ASSERT_EQ(static_cast<int64_t>(a->taps.size()), t * n * d);
+    EXPECT_TRUE(same_floats(a->taps, b->taps)) << "tapped layers differ";
+    ForwardOptions first;
+    first.layer_end = 1;
+    auto scratch = (*cpu)->make_kv_cache(bt);
+    auto l0 = (*cpu)->forward(prefill, seqs1, *scratch, first, &pool);
+    ASSERT_TRUE(l0.ok()) << l0.message();
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t j = 0; j < d; ++j) {
+        ASSERT_EQ(a->taps[(i * n) * d + j], l0->hidden[i * d + j]) << "layer 0, row " << i;
+        ASSERT_EQ(a->taps[(i * n + n - 1) * d + j], a->hidden[i * d + j]) << "last, row " << i;
+      }
+    ForwardOptions bad;
+    const std::vector<int64_t> backwards{c.num_layers - 1, 0};
+    bad.tap_layers = backwards;
+    if (c.num_layers > 1) {
+      auto e = (*cpu)->forward(prefill, seqs1, *scratch, bad, &pool);
+      ASSERT_FALSE(e.ok());
+      EXPECT_NE(e.message().find("tap layers"), std::string::npos) << e.message();
+    }
+  }
   ASSERT_EQ(a->logits.size(), b->logits.size());
   EXPECT_TRUE(same_floats(a->logits, b->logits)) << "prefill logits differ";
   EXPECT_EQ(a->experts, b->experts);  // R3 capture: the same routed experts
@@ -369,11 +398,15 @@ TEST(DeviceEngineSpeculative, TheDraftHeadDraftsAsOnTheCpu) {
   ASSERT_TRUE(files.ok()) << files.message();
   ThreadPool pool(2);
   const EngineOptions eo = test::speculative(kEngine);
-  auto runner =
-      make_device_model_runner(Device::kEmulated, files->config, files->weights, eo, &pool);
-  ASSERT_TRUE(runner.ok()) << runner.message();
-  Engine dev(std::move(runner).value(), eo);
-  test::expect_head_drafts_as_one_process(*files, dev, &pool);
+  for (const std::vector<int64_t> layers : {std::vector<int64_t>{}, std::vector<int64_t>{0, 1}}) {
+    auto runner =
+        make_device_model_runner(Device::kEmulated, files->config, files->weights, eo, &pool);
+    ASSERT_TRUE(runner.ok()) << runner.message();
+    Engine dev(std::move(runner).value(), eo);
+    SCOPED_TRACE(layers.size() == 2 ? "feature layers 0, 1 (DeviceBatch::tap_layers)"
+                                    : "the last layer");
+    test::expect_head_drafts_as_one_process(*files, dev, &pool, layers);
+  }
 }
 
 TEST(DeviceEngineStories, EmulatedGivesTheCpuEngineBits) {

@@ -139,10 +139,13 @@ TEST(EngineTpSpeculative, TheDraftHeadDraftsAsOnOneProcess) {
   auto files = load_model_files(test::data_dir() + "/models/llama_tied");
   ASSERT_TRUE(files.ok()) << files.message();
   ThreadPool pool(1);
-  TpPair tp;
-  ASSERT_TRUE(tp.start(*files, test::speculative(kEngine), &pool).ok());
-  Engine two(std::move(tp.runner), test::speculative(kEngine));
-  test::expect_head_drafts_as_one_process(*files, two, &pool);
+  for (const std::vector<int64_t> layers : {std::vector<int64_t>{}, std::vector<int64_t>{0, 1}}) {
+    TpPair tp;
+    ASSERT_TRUE(tp.start(*files, test::speculative(kEngine), &pool).ok());
+    Engine two(std::move(tp.runner), test::speculative(kEngine));
+    SCOPED_TRACE(layers.size() == 2 ? "feature layers 0, 1" : "the last layer");
+    test::expect_head_drafts_as_one_process(*files, two, &pool, layers);
+  }
 }
 
 TEST(EngineTpWeights, AnUpdateReshardsAndABadOneKeepsTheOldWeights) {

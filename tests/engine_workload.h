@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -171,12 +172,20 @@ inline void update_all(std::initializer_list<Engine*> engines, const TensorMap& 
 // in a one-process CPU engine and in `other` (an engine of the same model with
 // speculative(kEngine) over another runner: tensor-parallel, a device): both give the plain
 // engine's bits, and `other`'s head drafts, gets accepted and scores exactly as the one-process
-// engine's (what it reads, the hidden states, are the same bits).
+// engine's (what it reads, the hidden states, are the same bits). With `layers`, the head reads
+// those layers' outputs (EAGLE-3), its projection P moved off [0 | I] so that every layer counts.
 inline void expect_head_drafts_as_one_process(const ModelFiles& files, Engine& other,
-                                              ThreadPool* pool) {
+                                              ThreadPool* pool,
+                                              std::span<const int64_t> layers = {}) {
   const std::vector<uint64_t> counts(static_cast<size_t>(files.config.vocab_size), 1);
-  auto created = DraftHead::create(files.config, files.weights, top_ids(counts, 256));
+  auto created = DraftHead::create(files.config, files.weights, top_ids(counts, 256), layers);
   ASSERT_TRUE(created.ok()) << created.message();
+  if (layers.size() > 1) {
+    FlatTensors p = (*created)->params();
+    std::span<float> proj = p.get("draft.feature_fc.weight");
+    for (size_t i = 0; i < proj.size(); ++i) proj[i] += 0.05f * std::sin(static_cast<float>(i));
+    ASSERT_TRUE((*created)->set_params(p).ok());
+  }
   const std::shared_ptr<const DraftHead> head = std::move(created).value();
   Engine plain(one_process_runner(files, pool), kEngine);
   const Finals want = run_workload(plain, 5);

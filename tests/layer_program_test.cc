@@ -143,7 +143,7 @@ TEST_P(LayerOps, EachOpGivesTheCpuBitsOnTheDevice) {
   o.return_experts = c.num_moe_layers() > 0;
   auto a = (*cpu)->forward(tokens, seqs, *cache, o, &pool);
   ASSERT_TRUE(a.ok()) << a.message();
-  auto b = dev->forward_train(tokens, seqs, true, {}, {});
+  auto b = dev->forward_train(tokens, seqs, true, {}, {}, {});
   ASSERT_TRUE(b.ok()) << b.message();
 
   // Forward: each kept activation, attributed to the last op that writes it.

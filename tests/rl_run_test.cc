@@ -434,14 +434,57 @@ TEST(RlRun, DraftHeadTrainsBesideThePolicyWithoutChangingIt) {
   EXPECT_LT(m[2]["draft_loss"].get<double>(), m[0]["draft_loss"].get<double>());
 }
 
+// A head on the outputs of layers 0, 2 and 4 of stories260K's five (EAGLE-3's features). Under a
+// pipeline those layers live on different stages, which send them straight to the last stage over
+// the tap channel, outside the 1F1B schedule: pp = 2 (stage 0 holds layers 0 and 2; over shared
+// memory) and pp = 3 (stage 0's layer 0 skips stage 1; over Gloo and over shared memory) train
+// and publish the single process's head bit for bit; tp = 2's first step is the single process's.
+// A device trainer (emulated) trains it on the host from the features and logits its device
+// forward copies back: the CPU trainer's head, bit for bit.
+TEST(RlRun, DraftHeadOnSeveralLayersTrainsAsOneProcessUnderPipelines) {
+  MILES_REQUIRE_SHARED();
+  const std::string job = std::string(kCi) +
+                          " rollout.num_rollouts=3 rollout.speculative_draft_head=true"
+                          " rollout.speculative_draft_lr=0.003"
+                          " rollout.speculative_draft_layers=[0,2,4] --run-dir ";
+  const std::string one = temp_dir("draft3_one");
+  auto r = run_here(job + one);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto m = metrics(one);
+  ASSERT_EQ(m.size(), 3u);
+  const auto file = [](const std::string& dir, int v) {
+    std::ifstream f(dir + "/weights/draft/" + std::to_string(v) + ".safetensors", std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), {});
+  };
+  const std::string head3 = file(one, 3);
+  ASSERT_FALSE(head3.empty());
+  EXPECT_NE(head3.find("draft.feature_fc.weight"), std::string::npos);
+  EXPECT_NE(head3.find("draft.feature_layers"), std::string::npos);
+  for (const std::string layout :
+       {" parallel.pp=2", " parallel.pp=3 parallel.comm=gloo", " parallel.pp=3", " parallel.tp=2",
+        " trainer.device=emulated"}) {
+    const std::string dir = temp_dir("draft3_layout");
+    auto rl = run_here(job + dir + layout);
+    ASSERT_EQ(rl.exit_code, 0) << layout << rl.out;
+    const auto ml = metrics(dir);
+    ASSERT_EQ(ml.size(), 3u) << layout;
+    const bool tp = layout == " parallel.tp=2";
+    for (size_t i = 0; i < (tp ? 1u : 3u); ++i)
+      for (const char* k : {"draft_loss", "draft_agree", "draft_accept", "draft_in_vocab"})
+        EXPECT_EQ(m[i].at(k), ml[i].at(k)) << k << " step " << i + 1 << layout;
+    EXPECT_TRUE(file(one, tp ? 1 : 3) == file(dir, tp ? 1 : 3))
+        << layout << " published another head";
+  }
+  EXPECT_LT(m[2]["draft_loss"].get<double>(), m[0]["draft_loss"].get<double>());
+}
+
 // The draft head is in the checkpoint (its tensors, AdamW moments and step count, the id counts
 // that choose its vocabulary): a run saved and resumed under a two-stage pipeline (whose last stage
 // trains the head) continues the straight single-process run, the head's metrics and its published
 // file included.
-TEST(RlRun, DraftHeadResumesBitForBit) {
-  MILES_REQUIRE_SHARED();
+void resume_draft_head(const std::string& layers) {
   const std::string draft =
-      " rollout.speculative_draft_head=true rollout.speculative_draft_lr=0.003";
+      " rollout.speculative_draft_head=true rollout.speculative_draft_lr=0.003" + layers;
   const std::string a = temp_dir("draft_straight"), b = temp_dir("draft_resumed");
   auto ra = run_here(std::string(kCi) + " --run-dir " + a + " rollout.num_rollouts=4" + draft);
   ASSERT_EQ(ra.exit_code, 0) << ra.out;
@@ -466,7 +509,16 @@ TEST(RlRun, DraftHeadResumesBitForBit) {
   const std::string ha((std::istreambuf_iterator<char>(fa)), {}),
       hb((std::istreambuf_iterator<char>(fb)), {});
   EXPECT_FALSE(ha.empty());
-  EXPECT_EQ(ha, hb) << "the resumed run published another head";
+  EXPECT_TRUE(ha == hb) << "the resumed run published another head";
+}
+
+TEST(RlRun, DraftHeadResumesBitForBit) {
+  MILES_REQUIRE_SHARED();
+  // The last layer's head, and one on layers 0, 2 and 4 (stage 0 holds two of them).
+  for (const std::string layers : {"", " rollout.speculative_draft_layers=[0,2,4]"}) {
+    SCOPED_TRACE(layers);
+    resume_draft_head(layers);
+  }
 }
 
 // Engines drafting with the co-trained head (rollout.speculative + speculative_draft_head): each
@@ -477,17 +529,26 @@ TEST(RlRun, DraftHeadResumesBitForBit) {
 // drafts from its forwards' hidden states.
 TEST(RlRun, EnginesDraftWithTheCoTrainedHeadOfTheirVersion) {
   MILES_REQUIRE_SHARED();
-  for (const std::string engines : {"", " rollout.engine_tp=2 weight_sync.transport=disk_delta"}) {
+  // One-process engines, tensor-parallel ones, and a head on layers 0, 2 and 4 (EAGLE-3).
+  const std::vector<std::pair<std::string, std::string>> variants{
+      {"", ""},
+      {" rollout.engine_tp=2 weight_sync.transport=disk_delta", ""},
+      {"", " rollout.speculative_draft_layers=[0,2,4]"}};
+  for (const auto& [engines, layers] : variants) {
     std::string dir;
-    expect_same_run(engines.empty() ? "draft_spec" : "draft_spec_tp",
+    expect_same_run(engines.empty() && layers.empty() ? "draft_spec" : "draft_spec_variant",
                     " rollout.num_rollouts=3" + engines,
                     " rollout.speculative=true rollout.speculative_adaptive=false"
-                    " rollout.speculative_draft_head=true rollout.speculative_draft_lr=0.003",
+                    " rollout.speculative_draft_head=true rollout.speculative_draft_lr=0.003" +
+                        layers,
                     "co-trained draft head of each weight version", nullptr, &dir);
     std::ifstream log(dir + "/engines/engine_0.log");
     const std::string engine_log((std::istreambuf_iterator<char>(log)), {});
     EXPECT_NE(engine_log.find("draft head of weight version 2 ("), std::string::npos)
-        << engines << engine_log;
+        << engines << layers << engine_log;
+    EXPECT_NE(engine_log.find(layers.empty() ? "features of layer 4)" : "layers 0, 2, 4)"),
+              std::string::npos)
+        << engine_log;
     if (!engines.empty()) {
       EXPECT_NE(engine_log.find("tensor parallel over 2 processes"), std::string::npos)
           << engine_log;
@@ -495,7 +556,7 @@ TEST(RlRun, EnginesDraftWithTheCoTrainedHeadOfTheirVersion) {
     EXPECT_TRUE(std::filesystem::exists(dir + "/weights/draft/2.safetensors"));
     uint64_t drafted = 0;
     for (const json& m : metrics(dir)) drafted += m.at("spec_draft_tokens").get<uint64_t>();
-    EXPECT_GT(drafted, 0u) << engines;
+    EXPECT_GT(drafted, 0u) << engines << layers;
   }
 }
 

@@ -70,17 +70,16 @@ TEST(RunConfigValidate, EngineDeviceIsNamedAndNotSplitAcrossProcesses) {
   EXPECT_NE(error_with("", {"trainer.device=tpu"}).find("trainer.device"), std::string::npos);
 }
 
-// The co-trained draft head: its own keys' ranges, and the trainers it does not train on yet named
-// with the keys (every CPU layout is fine).
+// The co-trained draft head: its own keys' ranges, and every trainer layout it trains under (CPU
+// dp / pp / tp, device trainers).
 TEST(RunConfigValidate, DraftHeadKeysAndTheLayoutsItTrainsUnder) {
   for (const char* layout : {"parallel.dp=2", "parallel.pp=2", "parallel.tp=2"})
     EXPECT_EQ(error_with("", {"rollout.speculative_draft_head=true", layout}), "(no error)")
         << layout;
-  const std::string dev =
-      error_with("", {"rollout.speculative_draft_head=true", "trainer.device=emulated"});
-  EXPECT_NE(dev.find("rollout.speculative_draft_head: the draft head trains on a CPU trainer"),
-            std::string::npos)
-      << dev;
+  // Device trainers train it too (its features and the logits come back to the host).
+  EXPECT_EQ(error_with("", {"rollout.speculative_draft_head=true", "trainer.device=emulated",
+                            "parallel.dp=2", "trainer.global_batch_size=64"}),
+            "(no error)");
   // Engines draft with it on one process, on a device, or tensor-parallel with versions over
   // disk-delta (whole weights).
   EXPECT_EQ(error_with("", {"rollout.speculative=true", "rollout.speculative_draft_head=true",
@@ -101,6 +100,24 @@ TEST(RunConfigValidate, DraftHeadKeysAndTheLayoutsItTrainsUnder) {
   const std::string vocab = error_with("", {"rollout.speculative_draft_vocab=1"});
   EXPECT_NE(vocab.find("rollout.speculative_draft_vocab: must be >= 2, got 1"), std::string::npos)
       << vocab;
+  // Feature layers (EAGLE-3): a list of ascending layer indices, with the head only.
+  EXPECT_EQ(error_with("", {"rollout.speculative_draft_head=true", "parallel.pp=2",
+                            "rollout.speculative_draft_layers=[0, 1]"}),
+            "(no error)");
+  const std::string alone = error_with("", {"rollout.speculative_draft_layers=[0]"});
+  EXPECT_NE(alone.find("need rollout.speculative_draft_head: true"), std::string::npos) << alone;
+  for (const char* bad : {"[1, 0]", "[0, 0]", "[-1]"}) {
+    const std::string e = error_with("", {"rollout.speculative_draft_head=true",
+                                          std::string("rollout.speculative_draft_layers=") + bad});
+    EXPECT_NE(e.find("must be non-negative, ascending and distinct"), std::string::npos) << e;
+  }
+  const std::string many = error_with("", {"rollout.speculative_draft_head=true",
+                                           "rollout.speculative_draft_layers=[0,1,2,3,4,5,6,7,8]"});
+  EXPECT_NE(many.find("9 layers; at most 8"), std::string::npos) << many;
+  const std::string text = error_with("", {"rollout.speculative_draft_layers=[a]"});
+  EXPECT_NE(text.find("expected an integer"), std::string::npos) << text;
+  const std::string scalar = error_with("", {"rollout.speculative_draft_layers=3"});
+  EXPECT_NE(scalar.find("(write [3])"), std::string::npos) << scalar;
 }
 
 // weight_sync.comm: the communicator of the group transports, shm only where it applies.

@@ -17,8 +17,8 @@ Result<std::unique_ptr<DraftTrainer>> DraftTrainer::create(const ModelConfig& po
   t->config_ = config;
   t->counts_.assign(static_cast<size_t>(policy.vocab_size), 0);
   const int64_t n = std::min(config.vocab_size, policy.vocab_size);
-  MILES_ASSIGN_OR_RETURN(t->head_,
-                         DraftHead::create(policy, policy_weights, top_ids(t->counts_, n)));
+  MILES_ASSIGN_OR_RETURN(t->head_, DraftHead::create(policy, policy_weights, top_ids(t->counts_, n),
+                                                     config.feature_layers));
   t->params_ = t->head_->params();
   AdamWConfig oc = policy_optimizer;
   oc.weight_decay = 0;
@@ -59,7 +59,7 @@ Result<std::vector<float>> whole_rows(std::span<const float> local, int64_t rows
 }  // namespace
 
 Status DraftTrainer::micro_batch(const Packed& p, std::span<const TrainSample> batch,
-                                 std::span<const float> hidden, std::span<const float> logits,
+                                 std::span<const float> features, std::span<const float> logits,
                                  const TensorParallel* tp, FlatTensors& grads,
                                  std::map<std::string, double>& sums, ThreadPool* pool) {
   // The policy's logits are the loss rows' (p.rows, the forward's logit_rows); the head reads a
@@ -86,7 +86,7 @@ Status DraftTrainer::micro_batch(const Packed& p, std::span<const TrainSample> b
     for (int64_t i = p.offsets[s]; i < p.offsets[s + 1]; ++i)
       weight[p.rows[i]] = mask[i - p.offsets[s]];
   }
-  const DraftTrainRows rows{p.tokens, p.seqs, hidden, logits, weight};
+  const DraftTrainRows rows{p.tokens, p.seqs, features, logits, weight};
   MILES_ASSIGN_OR_RETURN(DraftTrainSums d, head_->accumulate_grad(rows, scale_, grads, pool));
   sums["draft_loss"] += d.loss;
   sums["draft_rows"] += d.rows;

@@ -28,12 +28,13 @@ class DraftTrainer {
   // Before a step's micro-batches: counts the batch's ids into the running counts, takes the
   // step's vocabulary from them and the loss scale (1 / the batch's Σ loss mask).
   Status begin_step(std::span<const TrainSample> batch);
-  // One micro-batch after the policy's forward (hidden: its states before the final norm, logits:
-  // every row's): the draft's gradients into `grads` (overwritten), its sums added into `sums`.
+  // One micro-batch after the policy's forward (features: the outputs of the head's feature layers,
+  // [T, layers, hidden]; logits: every loss row's): the draft's gradients into `grads`
+  // (overwritten), its sums added into `sums`.
   // Under tensor parallelism (`tp`) the logits are this rank's vocabulary slice: the rows are
   // gathered whole, so every rank of the group trains the same head on the same numbers.
   Status micro_batch(const Packed& p, std::span<const TrainSample> batch,
-                     std::span<const float> hidden, std::span<const float> logits,
+                     std::span<const float> features, std::span<const float> logits,
                      const TensorParallel* tp, FlatTensors& grads,
                      std::map<std::string, double>& sums, ThreadPool* pool);
   // After the sum over micro-batches and ranks: AdamW on the draft, then the updated policy's

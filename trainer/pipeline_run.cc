@@ -23,6 +23,8 @@ struct PipelineRun::InFlight {
 namespace {
 uint32_t forward_tag(int64_t mb) { return static_cast<uint32_t>(2 * mb); }
 uint32_t backward_tag(int64_t mb) { return static_cast<uint32_t>(2 * mb + 1); }
+// The tap channel's: a stage's feature-layer outputs of micro-batch mb, to the last stage.
+uint32_t tap_tag(int64_t mb) { return 0x80000000u | static_cast<uint32_t>(mb); }
 }  // namespace
 
 PipelineRun::PipelineRun(Trainer& trainer, std::span<const TrainSample> batch,
@@ -36,6 +38,47 @@ PipelineRun::PipelineRun(Trainer& trainer, std::span<const TrainSample> batch,
     actions_.push_back({'B', lo + j});
   }
   for (int64_t j = m - warmup; j < m; ++j) actions_.push_back({'B', lo + j});
+  plan_taps();
+}
+
+// The draft head's feature layers by the stage holding them (stages hold ascending layer ranges,
+// so the stages' taps in stage order are the head's order).
+void PipelineRun::plan_taps() {
+  if (!t_.draft_) return;
+  const PipelineStage& st = t_.stage_;
+  const std::vector<int64_t>& layers = t_.draft_->head().feature_layers();
+  for (const int64_t l : layers)
+    if (l >= st.layer_begin && l < st.layer_end) taps_.push_back(l);
+  if (!st.last()) return;
+  for (int s = 0; s < st.num_stages - 1; ++s) {
+    const auto [b, e] = stage_layers(t_.config_.num_layers, s, st.num_stages);
+    const int64_t n = std::ranges::count_if(layers, [&](int64_t l) { return l >= b && l < e; });
+    if (n > 0) tap_sources_.push_back({s, n});
+  }
+}
+
+// The last stage's features of micro-batch mb, [T, layers, hidden]: each earlier stage's tapped
+// rows as they come over the tap channel, then this stage's own.
+Result<std::vector<float>> PipelineRun::gather_taps(int64_t mb, int64_t t, std::vector<float> own) {
+  if (tap_sources_.empty()) return own;
+  const int64_t d = t_.config_.hidden_size;
+  const int64_t k = static_cast<int64_t>(t_.draft_->head().feature_layers().size());
+  std::vector<float> all(static_cast<size_t>(t * k * d));
+  int64_t at = 0;  // feature layers placed so far
+  std::vector<float> part;
+  const auto place = [&](const std::vector<float>& rows, int64_t n) {
+    for (int64_t i = 0; i < t; ++i)
+      std::copy_n(rows.data() + i * n * d, n * d, all.data() + (i * k + at) * d);
+    at += n;
+  };
+  for (const auto& [src, n] : tap_sources_) {
+    part.resize(static_cast<size_t>(t * n * d));
+    MILES_RETURN_IF_ERROR(pp_.recv(part.data(), part.size() * sizeof(float), src, tap_tag(mb)));
+    place(part, n);
+  }
+  place(own, static_cast<int64_t>(taps_.size()));
+  MILES_CHECK(at == k, "pipeline taps do not cover the draft head's feature layers");
+  return all;
 }
 
 PipelineRun::~PipelineRun() { (void)finish(); }
@@ -57,8 +100,8 @@ Status PipelineRun::forward(int64_t mb) {
   opt.layer_begin = st.layer_begin;
   opt.layer_end = st.layer_end;
   opt.tp = t_.tp();
-  // The draft head trains on the last stage: its final hidden states are the head's features.
-  opt.return_hidden = st.last() && t_.draft_ != nullptr;
+  // The draft head trains on the last stage; every stage taps its own feature layers.
+  opt.tap_layers = taps_;
   if (st.last()) opt.logit_rows = f->packed.rows;  // the LM head on the loss rows only
   if (!st.first()) {
     input.resize(static_cast<size_t>(t * d));
@@ -72,8 +115,10 @@ Status PipelineRun::forward(int64_t mb) {
   if (st.last()) {
     if (t_.draft_) {  // before the loss head writes d logits over the logits
       f->draft = FlatTensors(t_.draft_->layout());
-      MILES_RETURN_IF_ERROR(t_.draft_->micro_batch(f->packed, batch_, out.hidden, out.logits,
-                                                   t_.tp(), f->draft, f->draft_sums, t_.pool_));
+      MILES_ASSIGN_OR_RETURN(const std::vector<float> features,
+                             gather_taps(mb, t, std::move(out.taps)));
+      MILES_RETURN_IF_ERROR(t_.draft_->micro_batch(f->packed, batch_, features, out.logits, t_.tp(),
+                                                   f->draft, f->draft_sums, t_.pool_));
     }
     MILES_ASSIGN_OR_RETURN(
         trainer_detail::HeadResult head,
@@ -87,6 +132,13 @@ Status PipelineRun::forward(int64_t mb) {
     MILES_ASSIGN_OR_RETURN(
         auto pending, pp_.isend(h.data(), h.size() * sizeof(float), st.stage + 1, forward_tag(mb)));
     sends_.push_back(std::move(pending));
+    if (!taps_.empty()) {  // the tap channel: straight to the last stage, after the activation
+      send_buffers_.push_back(std::move(out.taps));
+      const std::vector<float>& x = send_buffers_.back();
+      MILES_ASSIGN_OR_RETURN(
+          auto tap, pp_.isend(x.data(), x.size() * sizeof(float), st.num_stages - 1, tap_tag(mb)));
+      sends_.push_back(std::move(tap));
+    }
   }
   live_[mb] = std::move(f);
   return Status::Ok();

@@ -28,9 +28,6 @@ Status TrainerConfig::validate() const {
   MILES_RETURN_IF_ERROR(lr.validate());
   if (micro_batch_size < 1) return Status::Error("trainer.micro_batch_size must be >= 1");
   MILES_RETURN_IF_ERROR(draft.validate());
-  if (draft.enabled && device != Device::kCpu)
-    return Status::Error("the co-trained draft head trains on the CPU trainer only, not on " +
-                         std::string(device_name(device)));
   return Status::Ok();
 }
 
@@ -38,6 +35,9 @@ Status DraftTrainConfig::validate() const {
   if (!enabled) return Status::Ok();
   if (!(std::isfinite(lr) && lr > 0)) return Status::Error("draft head: lr must be positive");
   if (vocab_size < 2) return Status::Error("draft head: vocab_size must be >= 2");
+  if (static_cast<int64_t>(feature_layers.size()) > DraftHead::kMaxFeatureLayers)
+    return Status::Error("draft head: at most " + std::to_string(DraftHead::kMaxFeatureLayers) +
+                         " feature layers");
   return Status::Ok();
 }
 
@@ -137,7 +137,7 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   const bool replay =
       tc_.replay_experts && config_.num_moe_layers() > 0 && !batch[first].routed_experts.empty();
   const Packed p = pack(batch, first, count, replay);
-  if (device_model_) return device_micro_step(p, objective);  // the tree folds its result
+  if (device_model_) return device_micro_step(p, batch, objective);  // the tree folds its result
   auto kv = model_->make_kv_cache();
   std::unique_ptr<ForwardTape> tape = take_tape();
   ForwardOptions opt;
@@ -145,14 +145,14 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
   opt.logits_storage = &spare_logits_;
   opt.forced_experts = p.forced;
   opt.tp = tp();
-  opt.return_hidden = draft_ != nullptr;
+  if (draft_) opt.tap_layers = draft_->head().feature_layers();
   opt.logit_rows = p.rows;  // the LM head on the loss rows only
   MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(p.tokens, p.seqs, *kv, opt, pool_));
   MicroResult r = empty_result();
   std::map<std::string, double> draft_sums;
   if (draft_)  // before the loss head writes d logits over the logits
     MILES_RETURN_IF_ERROR(
-        draft_->micro_batch(p, batch, out.hidden, out.logits, tp(), r.draft, draft_sums, pool_));
+        draft_->micro_batch(p, batch, out.taps, out.logits, tp(), r.draft, draft_sums, pool_));
   MILES_ASSIGN_OR_RETURN(
       trainer_detail::HeadResult head,
       trainer_detail::loss_head(p, std::move(out.logits), local_config_.vocab_size,
@@ -175,17 +175,25 @@ Result<Trainer::MicroResult> Trainer::micro_step(std::span<const TrainSample> ba
 // micro_step on the device: forward (activations kept there), the loss head on the host with the
 // logits copied back, then the backward from the d logits copied over.
 Result<Trainer::MicroResult> Trainer::device_micro_step(const trainer_detail::Packed& p,
+                                                        std::span<const TrainSample> batch,
                                                         const TokenObjective& objective) {
-  MILES_ASSIGN_OR_RETURN(ForwardOutput out,
-                         device_model_->forward_train(p.tokens, p.seqs, true, p.forced, p.rows));
+  std::vector<int64_t> taps;
+  if (draft_) taps = draft_->head().feature_layers();
+  MILES_ASSIGN_OR_RETURN(ForwardOutput out, device_model_->forward_train(p.tokens, p.seqs, true,
+                                                                         p.forced, p.rows, taps));
+  MicroResult r = empty_result();
+  std::map<std::string, double> draft_sums;
+  if (draft_)  // on the host, from the features and logits copied back, as on a CPU trainer
+    MILES_RETURN_IF_ERROR(
+        draft_->micro_batch(p, batch, out.taps, out.logits, nullptr, r.draft, draft_sums, pool_));
   MILES_ASSIGN_OR_RETURN(
       trainer_detail::HeadResult head,
       trainer_detail::loss_head(p, std::move(out.logits), local_config_.vocab_size,
                                 tc_.need_entropy, objective, nullptr, pool_));
-  MicroResult r = empty_result();
   r.loss = head.loss.loss;
   r.tokens = p.rows.size();
   r.sums = std::move(head.loss.sums);
+  for (const auto& [k, v] : draft_sums) r.sums[k] += v;
   MILES_RETURN_IF_ERROR(device_model_->backward(head.dlogits, r.grads, r.tied_head));
   return r;
 }
@@ -362,8 +370,8 @@ Result<StepResult> Trainer::step(std::span<const TrainSample> batch,
 // The draft head's update after the policy's: on one stage, AdamW on the summed gradients and the
 // updated policy's frozen parts. Under a pipeline the last stage trained it (every stage's
 // gradients but the last's are zeros): it gets the current embedding from stage 0 (an untied
-// model's last stage does not update it), updates, and hands the head to every stage (stage 0
-// publishes it).
+// model's last stage does not update it) and the input norms read by its feature layers from the
+// stages that hold them, updates, and hands the head to every stage (stage 0 publishes it).
 Status Trainer::finish_draft_step(MicroResult& acc, Communicator* pp) {
   TensorMap policy = params_.as_tensor_map();
   const std::vector<int64_t> rows{config_.vocab_size, config_.hidden_size};
@@ -392,6 +400,22 @@ Status Trainer::finish_draft_step(MicroResult& acc, Communicator* pp) {
   if (!head.empty())
     policy.insert("lm_head.weight", Tensor::view(DType::kF32, rows, head.data(), nullptr),
                   "whole rows");
+  // Feature layers below the last: the norm the policy applies next (layer l + 1's input norm)
+  // from the stage that holds and updates it.
+  std::vector<std::vector<float>> norms;
+  if (pp) {
+    for (const int64_t l : draft_->head().feature_layers()) {
+      if (l + 1 >= config_.num_layers) continue;
+      const std::string name = "model.layers." + std::to_string(l + 1) + ".input_layernorm.weight";
+      int owner = 0;
+      while (stage_layers(config_.num_layers, owner, pp->size()).second <= l + 1) ++owner;
+      const std::span<const float> mine = std::as_const(params_).get(name);
+      std::vector<float>& w = norms.emplace_back(mine.begin(), mine.end());
+      MILES_RETURN_IF_ERROR(pp->broadcast(w.data(), w.size() * sizeof(float), owner));
+      policy.insert(name, Tensor::view(DType::kF32, {config_.hidden_size}, w.data(), nullptr),
+                    "the owning stage's");
+    }
+  }
   if (!pp || stage_.last()) MILES_RETURN_IF_ERROR(draft_->finish_step(acc.draft, policy, pool_));
   if (!pp) return Status::Ok();
   return draft_->share(*pp, pp->size() - 1);

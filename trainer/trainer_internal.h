@@ -79,6 +79,10 @@ Result<HeadResult> loss_head(const Packed& p, std::vector<float>&& logits, int64
 // until the next micro-batch's backward is done and returns its gradients, so micro-batches reach
 // the tree in ascending order as in a single process. Activations go forward and gradients back
 // with non-blocking sends and blocking receives (tags 2i and 2i + 1), which cannot deadlock.
+// The draft head's tap channel runs beside the schedule: a stage holding some of the head's
+// feature layers sends their outputs of micro-batch i straight to the last stage (tag 2³¹ + i,
+// non-blocking, after the activation), which receives them in its forward of i, before the head
+// trains: no stage between them carries or waits for them.
 class PipelineRun {
  public:
   PipelineRun(Trainer& trainer, std::span<const TrainSample> batch, const TokenObjective& objective,
@@ -91,6 +95,8 @@ class PipelineRun {
  private:
   struct InFlight;
   Status forward(int64_t mb);
+  void plan_taps();
+  Result<std::vector<float>> gather_taps(int64_t mb, int64_t t, std::vector<float> own);
   Result<Trainer::MicroResult> backward(int64_t mb, std::span<Trainer::MicroResult* const> lefts);
 
   Trainer& t_;
@@ -102,6 +108,8 @@ class PipelineRun {
   std::map<int64_t, std::unique_ptr<InFlight>> live_;
   std::vector<std::unique_ptr<PendingSend>> sends_;
   std::vector<std::vector<float>> send_buffers_;
+  std::vector<int64_t> taps_;  // the draft head's feature layers this stage holds
+  std::vector<std::pair<int, int64_t>> tap_sources_;  // last stage: (earlier stage, its taps)
 };
 
 }  // namespace miles

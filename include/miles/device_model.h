@@ -79,11 +79,13 @@ class DeviceModel {
   // token's logits ([T, vocab], Model::forward's bits; a MoE model's routed experts too), or those
   // of logit_rows only (as ForwardOptions::logit_rows); with keep_tape the activations stay on the
   // device for backward(), until the next forward_train. forced_experts: routing replay (R3),
-  // [T, moe_layers, top_k] ids as ForwardOptions'.
+  // [T, moe_layers, top_k] ids as ForwardOptions'. tap_layers: those layers' outputs too, in
+  // ForwardOutput::taps (the co-trained draft head's features, as ForwardOptions::tap_layers).
   virtual Result<ForwardOutput> forward_train(std::span<const int32_t> tokens,
                                               std::span<const SeqSpan> seqs, bool keep_tape,
                                               std::span<const int32_t> forced_experts = {},
-                                              std::span<const int64_t> logit_rows = {}) = 0;
+                                              std::span<const int64_t> logit_rows = {},
+                                              std::span<const int64_t> tap_layers = {}) = 0;
   // Model::backward's gradients (its bits) from d loss / d logits (of the rows forward_train
   // computed) of the kept tape: every tensor
   // of `grads` (ParamLayout::for_model's layout) overwritten; a tied model's head share goes to

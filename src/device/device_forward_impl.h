@@ -339,7 +339,8 @@ template <class B>
 Result<ForwardOutput> BackendModel<B>::forward_train(std::span<const int32_t> tokens,
                                                      std::span<const SeqSpan> seqs, bool keep_tape,
                                                      std::span<const int32_t> forced,
-                                                     std::span<const int64_t> logit_rows) {
+                                                     std::span<const int64_t> logit_rows,
+                                                     std::span<const int64_t> tap_layers) {
   const int64_t bt = 16;
   int64_t blocks = 0, total = 0;
   for (size_t s = 0; s < seqs.size(); ++s) {
@@ -369,8 +370,8 @@ Result<ForwardOutput> BackendModel<B>::forward_train(std::span<const int32_t> to
   int32_t next = 0;
   for (size_t s = 0; s < seqs.size(); ++s)
     for (int64_t k = 0; k < (seqs[s].n_tokens + bt - 1) / bt; ++k) tables[s].push_back(next++);
-  DeviceBatch batch{tokens, seqs,       {},    true, config_.num_moe_layers() > 0,
-                    {},     logit_rows, false, {}};
+  DeviceBatch batch{tokens, seqs,       {},    true,      config_.num_moe_layers() > 0,
+                    {},     logit_rows, false, tap_layers};
   for (const auto& t : tables) batch.tables.emplace_back(t);
   // Routing replay: ids checked as Model::forward checks them, then uploaded.
   const int32_t* d_forced = nullptr;

@@ -200,7 +200,8 @@ class BackendModel final : public DeviceModel {
   Result<ForwardOutput> forward_train(std::span<const int32_t> tokens,
                                       std::span<const SeqSpan> seqs, bool keep_tape,
                                       std::span<const int32_t> forced_experts,
-                                      std::span<const int64_t> logit_rows) override;
+                                      std::span<const int64_t> logit_rows,
+                                      std::span<const int64_t> tap_layers) override;
   Status backward(std::span<const float> dlogits, FlatTensors& grads,
                   std::span<float> tied_head_grad) override;
   Status reload_weights(const TensorMap& weights) override { return load(weights, pool_); }

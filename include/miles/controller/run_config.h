@@ -130,6 +130,9 @@ struct RolloutSection {
   bool speculative_draft_head = false;
   double speculative_draft_lr = 1e-4;
   int64_t speculative_draft_vocab = 4096;  // draft vocabulary: the most frequent ids trained on
+  // The policy layers whose outputs the head reads (empty: the last; several: EAGLE-3's features,
+  // e.g. [1, 15, 26] of 30 layers), ascending.
+  std::vector<int64_t> speculative_draft_layers;
   double health_check_interval_s = 1.0;
   double engine_start_timeout_s = 60;
   int64_t max_engine_restarts = 3;     // per engine, over the run

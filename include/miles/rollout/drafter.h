@@ -55,11 +55,14 @@ class Drafter {
   // A sample finished (not aborted) with this output after this prompt: drafters that learn from
   // earlier responses to a prompt (RL recycles prompts every epoch) keep it.
   virtual void observe(std::span<const int32_t> prompt, std::span<const int32_t> output) {}
-  // Model drafters: whether the engine should hand over the target's hidden states (hidden()).
+  // Model drafters: whether the engine should hand over the target's hidden states (hidden()),
+  // and of which layers (ForwardOptions::tap_layers: each layer's output; the last layer's is the
+  // last hidden state before the final norm).
   virtual bool wants_hidden() const { return false; }
-  // The target's last hidden states before its final norm ([n, hidden]) at positions [first,
-  // first + n) of `sample`, whose ids are now fixed; what was known at or past `first` is replaced
-  // (a retracted sample's prefill starts again).
+  virtual std::vector<int64_t> hidden_layers() const { return {}; }
+  // The target's outputs of hidden_layers() ([n, layers, hidden]) at positions [first, first + n)
+  // of `sample`, whose ids are now fixed; what was known at or past `first` is replaced (a
+  // retracted sample's prefill starts again).
   virtual void hidden(uint64_t sample, int64_t first, std::span<const float> rows) {}
   // Sample `to` starts from `from`'s prompt (a GRPO sibling forked from its leader's prefill).
   virtual void fork(uint64_t from, uint64_t to) {}

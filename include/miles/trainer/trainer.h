@@ -65,6 +65,10 @@ struct DraftTrainConfig {
   // The draft vocabulary: the ids most frequent in every sample trained on so far (ties: smaller
   // id), fixed for a step.
   int64_t vocab_size = 4096;
+  // The policy layers whose outputs the head reads (DraftHead::feature_layers_for: empty, the last
+  // layer; several, EAGLE-3's features). Under a pipeline each stage sends the outputs of its own
+  // feature layers straight to the last stage, outside the 1F1B schedule (PipelineRun).
+  std::vector<int64_t> feature_layers;
   Status validate() const;
 };
 
@@ -87,7 +91,7 @@ struct TrainerConfig {
   // emulated), with the CPU's bits either way. The loss head, gradient sums, clipping and AdamW
   // stay on the host. A device trainer is one process per rank (data parallelism only).
   Device device = Device::kCpu;
-  DraftTrainConfig draft;  // CPU trainers (any dp / pp / tp layout)
+  DraftTrainConfig draft;  // CPU trainers (any dp / pp / tp layout) and device trainers
   Status validate() const;
 };
 
@@ -207,6 +211,7 @@ class Trainer {
                                  const TokenObjective& objective,
                                  std::span<MicroResult* const> lefts);
   Result<MicroResult> device_micro_step(const trainer_detail::Packed& p,
+                                        std::span<const TrainSample> batch,
                                         const TokenObjective& objective);
   MicroResult empty_result();     // gradient buffers, reused from spare_* when possible
   void recycle(MicroResult&& r);  // keeps r's buffers for a later micro-batch
