@@ -80,8 +80,10 @@ class Communicator {
   // rank order).
   virtual Status allgather(const void* in, size_t bytes, void* out) = 0;
   // Point-to-point (pipeline activations). Blocks until the buffer is handed over / filled. Sender
-  // and receiver must agree on `bytes` and `tag`; tags keep unrelated messages between one pair
-  // apart.
+  // and receiver must agree on `bytes` and `tag`. Gloo matches messages by tag; the shared-memory
+  // communicator delivers one pair's messages in the order they were sent and does not read tags:
+  // a receiver must take a pair's messages in their sending order (the pipeline schedule and its
+  // tap channel do).
   virtual Status send(const void* data, size_t bytes, int dst, uint32_t tag) = 0;
   // A send that returns at once; the transfer completes while the caller goes on (e.g. a pipeline
   // stage receiving a gradient while its activation is still on the way). The default sends
