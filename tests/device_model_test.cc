@@ -175,6 +175,11 @@ void expect_forward_bits(Device device, const std::string& model_dir) {
       auto e = (*cpu)->forward(prefill, seqs1, *scratch, bad, &pool);
       ASSERT_FALSE(e.ok());
       EXPECT_NE(e.message().find("tap layers"), std::string::npos) << e.message();
+      DeviceBatch wrong = b1;
+      wrong.tap_layers = backwards;
+      auto de = (*dev)->forward(wrong);
+      ASSERT_FALSE(de.ok());
+      EXPECT_NE(de.message().find("tap layers"), std::string::npos) << de.message();
     }
   }
   ASSERT_EQ(a->logits.size(), b->logits.size());

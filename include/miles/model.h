@@ -107,6 +107,9 @@ struct ForwardOptions {
 // ForwardOptions::last_rows against the batch: empty, or one count per sequence in
 // [1, n_tokens]; the error names the sequence.
 Status check_last_rows(std::span<const SeqSpan> seqs, std::span<const int64_t> last_rows);
+// ForwardOptions::tap_layers against a forward of layers [begin, end): ascending, distinct, inside;
+// the error names the layer.
+Status check_tap_layers(std::span<const int64_t> taps, int64_t begin, int64_t end);
 
 struct ForwardOutput {
   int64_t rows = 0;  // T, or the number of sequences

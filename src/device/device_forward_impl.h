@@ -286,11 +286,7 @@ Result<ForwardOutput> BackendModel<B>::run_forward(const DeviceBatch& batch, Kv&
 
   b_->launch(t * d, EmbedKernel{embed_, d_tokens, d, h});
   const std::span<const int64_t> taps = batch.tap_layers;
-  for (size_t i = 0; i < taps.size(); ++i)
-    if (taps[i] < 0 || taps[i] >= c.num_layers || (i > 0 && taps[i] <= taps[i - 1]))
-      return Status::Error("device forward: tap layer " + std::to_string(taps[i]) +
-                           " is not ascending inside the model's " + std::to_string(c.num_layers) +
-                           " layers");
+  MILES_RETURN_IF_ERROR(check_tap_layers(taps, 0, c.num_layers));
   std::vector<float> tapped(static_cast<size_t>(t * d));
   ForwardOutput out;
   out.taps.resize(static_cast<size_t>(t * d) * taps.size());

@@ -312,6 +312,15 @@ std::unique_ptr<SimpleKvCache> Model::make_kv_cache(int64_t block_tokens) const 
                                          config_.max_position_embeddings);
 }
 
+Status check_tap_layers(std::span<const int64_t> taps, int64_t begin, int64_t end) {
+  for (size_t i = 0; i < taps.size(); ++i)
+    if (taps[i] < begin || taps[i] >= end || (i > 0 && taps[i] <= taps[i - 1]))
+      return Status::Error("tap layers: layer " + std::to_string(taps[i]) +
+                           " is not ascending inside the forward's layers [" +
+                           std::to_string(begin) + ", " + std::to_string(end) + ")");
+  return Status::Ok();
+}
+
 Status check_last_rows(std::span<const SeqSpan> seqs, std::span<const int64_t> last_rows) {
   if (last_rows.empty()) return Status::Ok();
   if (last_rows.size() != seqs.size())
@@ -439,11 +448,7 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     tape->embedded = !given;
   }
   const std::span<const int64_t> taps = options.tap_layers;
-  for (size_t i = 0; i < taps.size(); ++i)
-    if (taps[i] < begin || taps[i] >= end || (i > 0 && taps[i] <= taps[i - 1]))
-      return Status::Error("tap layers: layer " + std::to_string(taps[i]) +
-                           " is not ascending inside the forward's layers [" +
-                           std::to_string(begin) + ", " + std::to_string(end) + ")");
+  MILES_RETURN_IF_ERROR(check_tap_layers(taps, begin, end));
   if (!taps.empty()) out.taps.resize(static_cast<size_t>(t) * taps.size() * d);
   ForwardBatch batch{seqs, plan, kv, t, options, out};
   CpuLayers layers(c, *w_, batch, h.data(), pool);
