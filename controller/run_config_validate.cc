@@ -11,6 +11,7 @@
 
 #include "controller/run_config_internal.h"
 #include "miles/device_model.h"
+#include "miles/draft_head.h"
 #include "miles/parallel_layout.h"
 
 namespace miles::run_config_internal {
@@ -226,10 +227,10 @@ void check_rollout(const RunConfig& c, Checker& check) {
     check.fail({"rollout.speculative_draft_layers", "rollout.speculative_draft_head"},
                "rollout.speculative_draft_layers: the draft head's feature layers need "
                "rollout.speculative_draft_head: true");
-  if (layers.size() > 8)
+  if (static_cast<int64_t>(layers.size()) > DraftHead::kMaxFeatureLayers)
     check.fail({"rollout.speculative_draft_layers"},
                "rollout.speculative_draft_layers: " + std::to_string(layers.size()) +
-                   " layers; at most 8");
+                   " layers; at most " + std::to_string(DraftHead::kMaxFeatureLayers));
   for (size_t i = 0; i < layers.size(); ++i)
     if (layers[i] < 0 || (i > 0 && layers[i] <= layers[i - 1])) {
       check.fail({"rollout.speculative_draft_layers"},

@@ -272,6 +272,16 @@ TEST(DraftHead, VersionsOnDiskReadBackAndOnlyTheNewestStay) {
   EXPECT_EQ((*mback)->params().all().size(), multi->params().all().size());
   for (size_t i = 0; i < multi->params().all().size(); ++i)
     ASSERT_EQ((*mback)->params().all()[i], multi->params().all()[i]) << i;
+  // P without the list of layers it projects is refused by name, not read as a last-layer head.
+  const TensorMap mm = multi->as_tensor_map();
+  std::vector<std::pair<std::string, Tensor>> nolist;
+  for (const std::string& n : mm.names())
+    if (n != "draft.feature_layers") nolist.emplace_back(n, *mm.find(n));
+  ASSERT_TRUE(write_safetensors(draft_head_path(dir, 8), nolist).ok());
+  auto unlisted = read_draft_head(dir, 8, g2.config, g2.policy);
+  ASSERT_FALSE(unlisted.ok());
+  EXPECT_NE(unlisted.message().find("draft.feature_fc.weight without"), std::string::npos)
+      << unlisted.message();
   auto none = read_draft_head(dir, 2, g.config, g.policy);
   ASSERT_TRUE(none.ok()) << none.message();
   EXPECT_EQ(*none, nullptr);

@@ -36,6 +36,7 @@
 
 #include "miles/checkpoint.h"
 #include "miles/flat_params.h"
+#include "miles/kernels.h"
 #include "miles/model.h"
 #include "miles/model_config.h"
 #include "miles/status.h"
@@ -154,6 +155,8 @@ class DraftHead {
   // (feature layers, hidden) each feature layer's norm as the kernels multiply by it (the next
   // layer's input norm, the last layer's the final norm); own_norm_ the final norm's (g's).
   std::vector<float> tap_norms_, own_norm_;
+  // fc and P packed for the kernels (rebuild(): once per parameter change, not per forward).
+  kernels::PackedMatrix fc_packed_, feat_packed_;
   std::vector<float> head_;        // (policy vocab, hidden) the policy's LM head (or embedding)
   std::unique_ptr<Model> model_;
 };

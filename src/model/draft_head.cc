@@ -159,6 +159,9 @@ Result<std::unique_ptr<DraftHead>> DraftHead::from_weights(const ModelConfig& po
   }
   std::unique_ptr<DraftHead> h(new DraftHead());
   MILES_ASSIGN_OR_RETURN(h->layers_, feature_layers_for(policy, given));
+  if (h->layers_.size() == 1 && draft.find(kFeatFc))
+    return Status::Error(std::string("draft head: ") + kFeatFc +
+                         " without a list of several feature layers (" + kLayers + ")");
   h->layer_ids_.assign(h->layers_.begin(), h->layers_.end());
   MILES_ASSIGN_OR_RETURN(std::shared_ptr<const ParamLayout> layout, layout_for(policy, h->layers_));
   h->policy_ = policy;
@@ -237,7 +240,9 @@ TensorMap DraftHead::as_tensor_map() const {
 }
 
 Status DraftHead::rebuild() {
-  const int64_t d = policy_.hidden_size, n = vocab_.size();
+  const int64_t d = policy_.hidden_size, n = vocab_.size(), k = layers_.size();
+  fc_packed_ = kernels::PackedMatrix::pack_f32(params_.get(kFc).data(), d, 2 * d);
+  if (k > 1) feat_packed_ = kernels::PackedMatrix::pack_f32(params_.get(kFeatFc).data(), d, k * d);
   const std::vector<float>& head = policy_.tie_word_embeddings ? embed_ : head_;
   std::vector<float> rows(static_cast<size_t>(n * d));
   for (int64_t i = 0; i < n; ++i) std::copy_n(head.data() + vocab_[i] * d, d, rows.data() + i * d);
@@ -278,15 +283,10 @@ void DraftHead::fuse(std::span<const float> features, std::span<const int32_t> n
       kernels::rmsnorm(features.data() + (i * k + l) * d, 1, d, tap_norms_.data() + l * d, eps,
                        z.data() + (i * k + l) * d);
   }
-  if (k > 1) {  // the feature half of x = P · z
-    const kernels::PackedMatrix p =
-        kernels::PackedMatrix::pack_f32(params_.get(kFeatFc).data(), d, k * d);
-    kernels::gemm(z.data(), n, k * d, p, x.data() + d, 2 * d, pool);
-  }
-  const kernels::PackedMatrix fc =
-      kernels::PackedMatrix::pack_f32(params_.get(kFc).data(), d, 2 * d);
+  if (k > 1)  // the feature half of x = P · z
+    kernels::gemm(z.data(), n, k * d, feat_packed_, x.data() + d, 2 * d, pool);
   u.resize(static_cast<size_t>(n * d));
-  kernels::gemm(x.data(), n, 2 * d, fc, u.data(), d, pool);
+  kernels::gemm(x.data(), n, 2 * d, fc_packed_, u.data(), d, pool);
 }
 
 std::unique_ptr<SimpleKvCache> DraftHead::make_kv_cache() const { return model_->make_kv_cache(); }
