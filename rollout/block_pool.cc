@@ -42,7 +42,7 @@ void BlockPool::unref(int32_t block) {
 
 void BlockPool::release_storage() {
   MILES_CHECK(free_blocks() == num_blocks(), "release_storage with blocks in use");
-  std::vector<float>().swap(data_);
+  LargeVector<float>().swap(data_);
   released_ = true;
 }
 

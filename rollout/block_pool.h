@@ -10,6 +10,8 @@
 #include <optional>
 #include <vector>
 
+#include "miles/huge_pages.h"
+
 namespace miles::rollout {
 
 class BlockPool {
@@ -47,7 +49,7 @@ class BlockPool {
  private:
   int64_t block_tokens_, num_layers_, kv_dim_, experts_per_pos_;
   std::vector<int32_t> experts_;  // (num_blocks, block_tokens, experts_per_position)
-  std::vector<float> data_;      // (num_blocks, num_layers, 2, block_tokens, kv_dim)
+  LargeVector<float> data_;       // (num_blocks, num_layers, 2, block_tokens, kv_dim)
   std::vector<int32_t> refs_;    // (num_blocks)
   std::vector<int32_t> free_;    // stack of free block ids
   bool released_ = false;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "miles/checkpoint.h"
+#include "miles/huge_pages.h"
 #include "miles/model_config.h"
 #include "miles/status.h"
 
@@ -81,7 +82,7 @@ class FlatTensors {
 
  private:
   std::shared_ptr<const ParamLayout> layout_;
-  std::vector<float> data_;
+  LargeVector<float> data_;
 };
 
 }  // namespace miles

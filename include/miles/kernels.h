@@ -23,6 +23,7 @@
 #include <span>
 #include <vector>
 
+#include "miles/huge_pages.h"
 #include "miles/model_config.h"
 #include "miles/status.h"
 #include "miles/tensor.h"
@@ -98,7 +99,7 @@ class PackedMatrix {
 
   int64_t n_ = 0, k_ = 0;
   int64_t chunk_ = 0;        // 0: gemm_chunk(k_)
-  std::vector<float> data_;  // (num_panels, K, kPanel) first (reused storage may be longer)
+  LargeVector<float> data_;  // (num_panels, K, kPanel) first (reused storage may be longer)
 };
 
 // y[M, N] = x[M, K] · Wᵀ. x row stride lda (>= K), y row stride ldy (>= N).

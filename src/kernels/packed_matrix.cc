@@ -41,7 +41,7 @@ inline void transpose8(const float* s, int64_t lds, float* d, int64_t ldd) {
 // lanes' blocks one after another, so that a whole panel's 8 × kPanel floats of that block are
 // written together (one contiguous run of whole cache lines). Returns false (nothing written)
 // where that does not apply.
-bool scatter_lanes(std::vector<float>& data, int64_t k, int64_t n0, int64_t lanes,
+bool scatter_lanes(LargeVector<float>& data, int64_t k, int64_t n0, int64_t lanes,
                    const float* src) {
 #if defined(__AVX__)
   if (n0 % 8 != 0 || n0 % kPanel + lanes > kPanel) return false;
@@ -62,7 +62,7 @@ bool scatter_lanes(std::vector<float>& data, int64_t k, int64_t n0, int64_t lane
 // Copies rows [row0, row0 + rows) of a row-major [rows, k] source into the packed layout at row
 // `dst_row`.
 template <typename Load>
-void scatter_rows(std::vector<float>& data, int64_t k, int64_t dst_row, int64_t rows, Load load) {
+void scatter_rows(LargeVector<float>& data, int64_t k, int64_t dst_row, int64_t rows, Load load) {
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t n = dst_row + r;
     float* panel = data.data() + (n / kPanel) * k * kPanel + (n % kPanel);
@@ -72,7 +72,7 @@ void scatter_rows(std::vector<float>& data, int64_t k, int64_t dst_row, int64_t 
 
 // Rows of a row-major f32 [rows, k] source: whole panels, then groups of eight lanes by transposed
 // blocks, the rest row by row.
-void scatter_f32(std::vector<float>& data, int64_t k, int64_t dst_row, int64_t rows,
+void scatter_f32(LargeVector<float>& data, int64_t k, int64_t dst_row, int64_t rows,
                  const float* p) {
   int64_t r = 0;
   while (r + kPanel <= rows && scatter_lanes(data, k, dst_row + r, kPanel, p + r * k)) r += kPanel;
@@ -81,7 +81,7 @@ void scatter_f32(std::vector<float>& data, int64_t k, int64_t dst_row, int64_t r
                [&](int64_t i, int64_t kk) { return p[(r + i) * k + kk]; });
 }
 
-void scatter_tensor(std::vector<float>& data, int64_t k, int64_t dst_row, const Tensor& w) {
+void scatter_tensor(LargeVector<float>& data, int64_t k, int64_t dst_row, const Tensor& w) {
   const int64_t rows = w.dim(0);
   switch (w.dtype()) {
     case DType::kF32:
