@@ -442,6 +442,50 @@ void check_collectives(int world, bool host_store, bool shm = false) {
           CHILD_CHECK(c.allgather(partials_of(rank, 33), after));
           chunks_ok &= after == gather_of(world, 33);
           out += "chunk_bcast=" + std::to_string(chunks_ok) + "\n";
+          // Several buffers as one stream (a bucket's tensors; Gloo posts every receive at once):
+          // pieces handed over buffer by buffer in order, each final when handed over, an empty
+          // buffer skipped, every buffer whole; from root 0 the caller's copy sees each piece.
+          bool buffers_ok = true;
+          const std::vector<size_t> counts = {1'450'000, 0, 300, 2'200'000};
+          for (int root : {world - 1, 0}) {
+            std::vector<std::vector<float>> xs, wants;
+            std::vector<Communicator::Buffer> bufs;
+            for (size_t j = 0; j < counts.size(); ++j) {
+              xs.push_back(partials_of(600 + 10 * static_cast<int>(j) + rank, counts[j]));
+              wants.push_back(partials_of(600 + 10 * static_cast<int>(j) + root, counts[j]));
+            }
+            for (auto& x : xs) bufs.push_back({x.data(), x.size() * sizeof(float)});
+            size_t at_buffer = 0, next_off = 0;
+            std::vector<size_t> done(counts.size(), 0), copied(counts.size(), 0);
+            Communicator::BufferHooks hooks;
+            hooks.arrived = [&](size_t j, size_t off, size_t n) {
+              if (j != at_buffer) {
+                buffers_ok &= j > at_buffer && done[at_buffer] == bufs[at_buffer].bytes;
+                at_buffer = j;
+                next_off = 0;
+              }
+              const char* have = reinterpret_cast<const char*>(xs[j].data()) + off;
+              const char* expect = reinterpret_cast<const char*>(wants[j].data()) + off;
+              buffers_ok &= off == next_off && n > 0 && std::memcmp(have, expect, n) == 0;
+              next_off = off + n;
+              done[j] = next_off;
+            };
+            if (root == 0)
+              hooks.copy = [&](size_t j, void* to, const void* from, size_t off, size_t n) {
+                buffers_ok &= off == copied[j];
+                std::memcpy(to, from, n);
+                copied[j] = off + n;
+              };
+            CHILD_CHECK(c.broadcast_buffers(bufs, root, hooks));
+            for (size_t j = 0; j < counts.size(); ++j) {
+              buffers_ok &= done[j] == bufs[j].bytes && xs[j] == wants[j];
+              if (shm && root == 0) buffers_ok &= copied[j] == bufs[j].bytes;
+            }
+          }
+          std::vector<float> after_buffers(17 * world);
+          CHILD_CHECK(c.allgather(partials_of(rank, 17), after_buffers));
+          buffers_ok &= after_buffers == gather_of(world, 17);
+          out += "buffers_bcast=" + std::to_string(buffers_ok) + "\n";
         }
         CHILD_CHECK(c.barrier());  // rank 0 (maybe the store host) leaves last
         return out;
@@ -494,6 +538,7 @@ void check_collectives(int world, bool host_store, bool shm = false) {
       EXPECT_EQ(f["big_gather"], "1") << "rank " << r;
       EXPECT_EQ(f["big_bcast"], "1") << "rank " << r;
       EXPECT_EQ(f["chunk_bcast"], "1") << "rank " << r;
+      EXPECT_EQ(f["buffers_bcast"], "1") << "rank " << r;
     }
   }
 }

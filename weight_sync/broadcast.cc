@@ -84,41 +84,58 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
     if (got_version != version)
       return Status::Error(at + "the sender sent version " + std::to_string(got_version));
     std::vector<std::string> sums(b.tensors.size());
-    for (size_t i = 0; i < b.tensors.size() && s.ok(); ++i) {
-      const PlannedTensor& t = b.tensors[i];
-      const size_t count = static_cast<size_t>(t.bytes) / sizeof(float);
-      float* dst = nullptr;
-      if (sending) {
-        sums[i] = options.known_xxh3 ? options.known_xxh3(t.name) : "";
-        dst = const_cast<float*>(sources[i].data());  // the root's buffer is only read
-      } else if (out && options.shard_size == 1) {
-        std::vector<float>& v = out->tensors[t.name];
-        v.resize(count);
-        dst = v.data();
-      } else {
-        whole.resize(count);
-        dst = whole.data();
+    // The bucket's tensors go as one stream (Communicator::broadcast_buffers), each straight into
+    // its destination; a rank that keeps a shard (or nothing) stages one tensor at a time instead.
+    const bool staged = !sending && !(out && options.shard_size == 1);
+    for (size_t first = 0; first < b.tensors.size() && s.ok();) {
+      const size_t last = staged ? first + 1 : b.tensors.size();
+      std::vector<Communicator::Buffer> bufs;
+      std::vector<weight_sync_detail::Xxh3Stream> hashes(last - first);
+      std::vector<char> hash(last - first, 0);
+      for (size_t i = first; i < last; ++i) {
+        const PlannedTensor& t = b.tensors[i];
+        const size_t count = static_cast<size_t>(t.bytes) / sizeof(float);
+        float* dst = nullptr;
+        if (sending) {
+          sums[i] = options.known_xxh3 ? options.known_xxh3(t.name) : "";
+          dst = const_cast<float*>(sources[i].data());  // the root's buffer is only read
+        } else if (!staged) {
+          std::vector<float>& v = out->tensors[t.name];
+          v.resize(count);
+          dst = v.data();
+        } else {
+          whole.resize(count);
+          dst = whole.data();
+        }
+        hash[i - first] = sums[i].size() != kHex;
+        bufs.push_back({dst, static_cast<size_t>(t.bytes)});
       }
-      const bool hash = sums[i].size() != kHex;
-      weight_sync_detail::Xxh3Stream h;
-      const char* bytes = reinterpret_cast<const char*>(dst);
-      Communicator::ChunkHooks hooks;
-      if (hash) {  // each piece hashed once: on its way through the transport's buffer, or after
-        hooks.copy = [&](void* to, const void* from, size_t, size_t n) { h.copy(to, from, n); };
-        hooks.arrived = [&](size_t off, size_t n) {
-          if (h.bytes() < off + n) h.update(bytes + off, n);
-        };
-      }
-      s = group.broadcast_chunks(dst, static_cast<size_t>(t.bytes), root, hooks);
-      if (hash) sums[i] = h.hex();
-      if (s.ok() && out && !sending && options.shard_size > 1) {
+      // Each piece hashed once: on its way through the transport's buffer, or after it.
+      Communicator::BufferHooks hooks;
+      hooks.copy = [&](size_t j, void* to, const void* from, size_t, size_t n) {
+        if (hash[j]) {
+          hashes[j].copy(to, from, n);
+        } else {
+          std::memcpy(to, from, n);
+        }
+      };
+      hooks.arrived = [&](size_t j, size_t off, size_t n) {
+        if (hash[j] && hashes[j].bytes() < off + n)
+          hashes[j].update(static_cast<const char*>(bufs[j].data) + off, n);
+      };
+      s = group.broadcast_buffers(bufs, root, hooks);
+      for (size_t i = first; i < last; ++i)
+        if (hash[i - first]) sums[i] = hashes[i - first].hex();
+      if (s.ok() && staged && out) {
         // A tensor-parallel rank keeps its shard; the whole tensor's checksum is compared below.
+        const PlannedTensor& t = b.tensors[first];
         std::vector<float> shard =
             shard_pieces::shard_of(t, whole.data(), options.shard_rank, options.shard_size);
         out->checksums[t.name] = xxh3_128_hex(shard.data(), shard.size() * sizeof(float));
         out->shapes[t.name] = shard_pieces::local_shape(t, options.shard_size);
         out->tensors[t.name] = std::move(shard);
       }
+      first = last;
     }
     std::string table(kHex * b.tensors.size(), '0');
     if (sending)

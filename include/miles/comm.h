@@ -76,6 +76,21 @@ class Communicator {
   };
   // The default: one broadcast, then `arrived` for the whole buffer.
   virtual Status broadcast_chunks(void* data, size_t bytes, int root, const ChunkHooks& hooks);
+  // Several buffers broadcast one after the other as one stream (a bucket's tensors), each as
+  // broadcast_chunks would, the hooks told which buffer (its index) a piece belongs to. A
+  // transport whose receiver must post a receive before the sender's bytes move (Gloo) posts every
+  // buffer's at once, so that no round trip between two buffers stalls the stream. The default:
+  // broadcast_chunks for each buffer in turn.
+  struct Buffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  struct BufferHooks {
+    std::function<void(size_t buffer, void* to, const void* from, size_t offset, size_t n)> copy;
+    std::function<void(size_t buffer, size_t offset, size_t n)> arrived;
+  };
+  virtual Status broadcast_buffers(std::span<const Buffer> buffers, int root,
+                                   const BufferHooks& hooks);
   // out[r * bytes, (r + 1) * bytes) = rank r's `in`, for every r (out holds size() * bytes bytes;
   // rank order).
   virtual Status allgather(const void* in, size_t bytes, void* out) = 0;

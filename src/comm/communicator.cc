@@ -130,6 +130,20 @@ Status Communicator::broadcast_chunks(void* data, size_t bytes, int root, const 
   return Status::Ok();
 }
 
+Status Communicator::broadcast_buffers(std::span<const Buffer> buffers, int root,
+                                       const BufferHooks& hooks) {
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    ChunkHooks one;
+    if (hooks.copy)
+      one.copy = [&](void* to, const void* from, size_t off, size_t n) {
+        hooks.copy(i, to, from, off, n);
+      };
+    if (hooks.arrived) one.arrived = [&](size_t off, size_t n) { hooks.arrived(i, off, n); };
+    MILES_RETURN_IF_ERROR(broadcast_chunks(buffers[i].data, buffers[i].bytes, root, one));
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<PendingSend>> Communicator::isend(const void* data, size_t bytes, int dst,
                                                          uint32_t tag) {
   MILES_RETURN_IF_ERROR(send(data, bytes, dst, tag));

@@ -139,21 +139,39 @@ class GlooCommunicator final : public Communicator {
   // threads fill the next pieces while the caller hashes this one (gloo::broadcast returns only
   // with the whole buffer).
   Status broadcast_chunks(void* data, size_t bytes, int root, const ChunkHooks& hooks) override {
+    const Buffer one{data, bytes};
+    BufferHooks h;
+    if (hooks.arrived) h.arrived = [&](size_t, size_t off, size_t n) { hooks.arrived(off, n); };
+    return broadcast_buffers({&one, 1}, root, h);  // Gloo copies nothing itself: `copy` unused
+  }
+
+  // Every piece of every buffer posted at once (a receiver's receives, the root's sends), then
+  // handed over in order as each completes: a buffer's first pieces are already asked for while
+  // the one before it arrives, so the stream does not stop for a round trip between buffers.
+  Status broadcast_buffers(std::span<const Buffer> buffers, int root,
+                           const BufferHooks& hooks) override {
     if (root < 0 || root >= size()) return bad_rank("broadcast", "root", root);
-    if (size() == 1 || bytes == 0) {
-      if (hooks.arrived && bytes > 0) hooks.arrived(0, bytes);
+    struct Piece {
+      size_t buffer, offset, n;
+    };
+    std::vector<Piece> pieces;
+    for (size_t b = 0; b < buffers.size(); ++b)
+      for (size_t off = 0; off < buffers[b].bytes; off += kChunkBytes)
+        pieces.push_back({b, off, std::min(kChunkBytes, buffers[b].bytes - off)});
+    if (size() == 1) {
+      if (hooks.arrived)
+        for (const Piece& q : pieces) hooks.arrived(q.buffer, q.offset, q.n);
       return Status::Ok();
     }
-    char* p = static_cast<char*>(data);
-    const size_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
     const uint32_t first_tag = tag_;
-    tag_ += static_cast<uint32_t>(chunks);  // every rank takes the same tags
+    tag_ += static_cast<uint32_t>(pieces.size());  // every rank takes the same tags
     const bool sending = rank() == root;
     return guarded("broadcast from rank " + std::to_string(root), [&] {
       std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
-      for (size_t i = 0; i < chunks; ++i) {
-        const size_t off = i * kChunkBytes, n = std::min(kChunkBytes, bytes - off);
-        bufs.push_back(ctx_->createUnboundBuffer(p + off, n));
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        const Piece& q = pieces[i];
+        bufs.push_back(
+            ctx_->createUnboundBuffer(static_cast<char*>(buffers[q.buffer].data) + q.offset, q.n));
         const uint64_t slot =
             gloo::Slot::build(kChunkSlotPrefix, first_tag + static_cast<uint32_t>(i));
         if (sending) {
@@ -163,11 +181,10 @@ class GlooCommunicator final : public Communicator {
           bufs.back()->recv(root, slot);
         }
       }
-      for (size_t i = 0; i < chunks; ++i) {
-        const size_t off = i * kChunkBytes, n = std::min(kChunkBytes, bytes - off);
+      for (size_t i = 0; i < pieces.size(); ++i) {
         if (!sending && !bufs[i]->waitRecv(shared_->timeout))
           throw gloo::IoException("broadcast piece receive aborted");
-        if (hooks.arrived) hooks.arrived(off, n);
+        if (hooks.arrived) hooks.arrived(pieces[i].buffer, pieces[i].offset, pieces[i].n);
       }
       if (sending)
         for (auto& b : bufs)
