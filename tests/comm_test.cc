@@ -725,6 +725,30 @@ void check_crossing_isends(bool shm) {
           out += "\nin_order=" +
                  std::to_string(a == partials_of(700, 90'000) && b == partials_of(701, 90'000));
         }
+        // Messages of one tag into several buffers posted at once (recv_buffers): each filled
+        // with its own message, in order, an empty one included, then a later tag still matches.
+        const std::vector<size_t> sizes = {1'200'000, 0, 7, 400'000};
+        if (rank == 0) {
+          std::vector<std::vector<float>> msgs;
+          for (size_t i = 0; i < sizes.size(); ++i)
+            msgs.push_back(partials_of(800 + static_cast<int>(i), sizes[i]));
+          for (const auto& m : msgs) CHILD_CHECK(c.send(m.data(), m.size() * sizeof(float), 1, 11));
+          CHILD_CHECK(c.send(partials_of(900, 5).data(), 5 * sizeof(float), 1, 12));
+        } else {
+          std::vector<std::vector<float>> got;
+          std::vector<Communicator::Buffer> bufs;
+          for (size_t n : sizes) got.emplace_back(n, -1.0f);
+          for (auto& g : got) bufs.push_back({g.data(), g.size() * sizeof(float)});
+          bool ok = true;
+          size_t next = 0;
+          CHILD_CHECK(c.recv_buffers(bufs, 0, 11, [&](size_t i) {
+            ok &= i == next++ && got[i] == partials_of(800 + static_cast<int>(i), sizes[i]);
+          }));
+          std::vector<float> tail(5);
+          CHILD_CHECK(c.recv(tail, 0, 12));
+          ok &= next == sizes.size() && tail == partials_of(900, 5);
+          out += "\nbuffers_in_order=" + std::to_string(ok);
+        }
         CHILD_CHECK(c.barrier());
         return out;
       },
@@ -733,6 +757,7 @@ void check_crossing_isends(bool shm) {
   EXPECT_EQ(results[0].fields()["crossed"], "1");
   EXPECT_EQ(results[1].fields()["crossed"], "1");
   EXPECT_EQ(results[1].fields()["in_order"], "1");
+  EXPECT_EQ(results[1].fields()["buffers_in_order"], "1");
 }
 
 TEST(GlooCommunicator, CrossingIsendsOfLargeMessages) { check_crossing_isends(false); }

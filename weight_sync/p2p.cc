@@ -33,6 +33,9 @@ uint32_t piece_tag(size_t bucket, int k) { return header_tag(bucket, k) + 1; }
 // One run of floats in the shard that holds it (at `at`), or rows of it `stride` apart.
 bool one_run(const Piece& p, int64_t stride) { return p.rows == 1 || stride == p.len; }
 
+// The most a receiver stages at once for strided pieces whose receives are posted together.
+constexpr size_t kStagedGroupBytes = size_t{64} << 20;
+
 // What trainer rank k sends engine rank j for one bucket: the header, and where each piece's bytes
 // are (the shard itself, or `staged` for a strided piece).
 struct Outgoing {
@@ -142,7 +145,7 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
   const int j = offset % ne;
   MILES_RETURN_IF_ERROR(shard_pieces::check_splits(plan, {nt, ne}));
   std::vector<char> header;
-  std::vector<float> staged;  // a strided piece, before it is placed
+  std::vector<std::vector<float>> staged;  // strided pieces, before they are placed
   for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
     const Bucket& b = plan.buckets[bi];
     const std::string at =
@@ -165,33 +168,65 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
       if (got != version)
         return Status::Error(at + ": trainer rank " + std::to_string(src) + " sent version " +
                              std::to_string(got));
+      // The pieces in sending order, received in groups posted at once
+      // (Communicator::recv_buffers): straight into the shard when a piece is one run there,
+      // else into a staging run placed (and hashed) once it is in; a group stages at most
+      // kStagedGroupBytes. A mismatch leaves the set unverified (never swapped in).
+      struct Incoming {
+        size_t tensor;
+        Piece piece;
+        bool direct;
+      };
+      std::vector<Incoming> pieces;
       for (size_t i = 0; i < b.tensors.size(); ++i) {
-        const PlannedTensor& t = b.tensors[i];
-        const Piece p = piece_of(t, k, nt, j, ne);
-        if (p.floats() == 0) continue;
-        const std::string want(header.data() + sizeof(int64_t) + i * kHex, kHex);
-        const size_t bytes = static_cast<size_t>(p.floats()) * sizeof(float);
-        float* dst = out->tensors[t.name].data() + p.dst;
-        // Straight into the shard when the piece is one run there, else staged and placed (hashed
-        // while placed); a mismatch leaves the set unverified (never swapped in).
-        const bool direct = one_run(p, p.dst_stride);
-        if (!direct) staged.resize(static_cast<size_t>(p.floats()));
-        if (Status s = world.recv(direct ? dst : staged.data(), bytes, src, piece_tag(bi, k));
-            !s.ok())
-          return s.with_context(from + ", " + t.name);
-        weight_sync_detail::Xxh3Stream hash;
-        if (direct) {
-          hash.update(dst, bytes);
-        } else {
-          for (int64_t r = 0; r < p.rows; ++r)
-            hash.copy(dst + r * p.dst_stride, staged.data() + r * p.len, p.len * sizeof(float));
-        }
-        if (hash.hex() != want)
-          return Status::Error(at + ": checksum mismatch for " + t.name + " (piece from trainer " +
-                               "rank " + std::to_string(src) + ")");
-        // A piece that is the whole shard, in order: its verified checksum is the shard's.
-        if (p.dst == 0 && direct && p.floats() == local_numel(t, ne)) whole[t.name] = want;
+        const Piece p = piece_of(b.tensors[i], k, nt, j, ne);
+        if (p.floats() > 0) pieces.push_back({i, p, one_run(p, p.dst_stride)});
       }
+      Status bad = Status::Ok();
+      for (size_t first = 0; first < pieces.size() && bad.ok();) {
+        size_t last = first, staged_bytes = 0;
+        std::vector<Communicator::Buffer> bufs;
+        staged.clear();
+        for (; last < pieces.size(); ++last) {
+          const Incoming& in = pieces[last];
+          const size_t bytes = static_cast<size_t>(in.piece.floats()) * sizeof(float);
+          if (!in.direct && last > first && staged_bytes + bytes > kStagedGroupBytes) break;
+          void* to = out->tensors[b.tensors[in.tensor].name].data() + in.piece.dst;
+          if (!in.direct) {
+            to = staged.emplace_back(static_cast<size_t>(in.piece.floats())).data();
+            staged_bytes += bytes;
+          }
+          bufs.push_back({to, bytes});
+        }
+        size_t next_staged = 0;
+        const auto check = [&](size_t g) {
+          const Incoming& in = pieces[first + g];
+          const PlannedTensor& t = b.tensors[in.tensor];
+          const Piece& p = in.piece;
+          float* dst = out->tensors[t.name].data() + p.dst;
+          weight_sync_detail::Xxh3Stream hash;
+          if (in.direct) {
+            hash.update(dst, bufs[g].bytes);
+          } else {
+            const float* run = staged[next_staged++].data();
+            for (int64_t r = 0; r < p.rows; ++r)
+              hash.copy(dst + r * p.dst_stride, run + r * p.len, p.len * sizeof(float));
+          }
+          const std::string want(header.data() + sizeof(int64_t) + in.tensor * kHex, kHex);
+          if (hash.hex() != want) {
+            if (bad.ok())
+              bad = Status::Error(at + ": checksum mismatch for " + t.name + " (piece from " +
+                                  "trainer rank " + std::to_string(src) + ")");
+            return;
+          }
+          // A piece that is the whole shard, in order: its verified checksum is the shard's.
+          if (p.dst == 0 && in.direct && p.floats() == local_numel(t, ne)) whole[t.name] = want;
+        };
+        if (Status s = world.recv_buffers(bufs, src, piece_tag(bi, k), check); !s.ok())
+          return s.with_context(from);
+        first = last;
+      }
+      MILES_RETURN_IF_ERROR(bad);
     }
     for (const PlannedTensor& t : b.tensors) {
       const std::vector<float>& v = out->tensors[t.name];

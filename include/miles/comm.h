@@ -106,6 +106,13 @@ class Communicator {
   virtual Result<std::unique_ptr<PendingSend>> isend(const void* data, size_t bytes, int dst,
                                                      uint32_t tag);
   virtual Status recv(void* data, size_t bytes, int src, uint32_t tag) = 0;
+  // Several messages from `src` on one tag, into the buffers in order (each as recv would take
+  // it), `arrived(i)` called once buffer i is filled, in order. A transport whose sender waits
+  // for the receive to be posted (Gloo) posts every receive at once, so that the sender streams
+  // the messages back to back instead of waiting a round trip for each. The default: recv for
+  // each buffer in turn.
+  virtual Status recv_buffers(std::span<const Buffer> buffers, int src, uint32_t tag,
+                              const std::function<void(size_t i)>& arrived);
 
   // A communicator over `ranks` (this group's numbering, distinct; the new group rank of ranks[i]
   // is i). Only the members call it, each with the same `ranks` and `label`; it blocks until all of

@@ -144,6 +144,15 @@ Status Communicator::broadcast_buffers(std::span<const Buffer> buffers, int root
   return Status::Ok();
 }
 
+Status Communicator::recv_buffers(std::span<const Buffer> buffers, int src, uint32_t tag,
+                                  const std::function<void(size_t i)>& arrived) {
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    MILES_RETURN_IF_ERROR(recv(buffers[i].data, buffers[i].bytes, src, tag));
+    if (arrived) arrived(i);
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<PendingSend>> Communicator::isend(const void* data, size_t bytes, int dst,
                                                          uint32_t tag) {
   MILES_RETURN_IF_ERROR(send(data, bytes, dst, tag));

@@ -249,6 +249,26 @@ class GlooCommunicator final : public Communicator {
                    });
   }
 
+  // Every receive posted at once (one slot: gloo matches a slot's receives in the order posted,
+  // and a pair's messages arrive in the order sent), then waited for in order.
+  Status recv_buffers(std::span<const Buffer> buffers, int src, uint32_t tag,
+                      const std::function<void(size_t i)>& arrived) override {
+    if (src < 0 || src >= size() || src == rank()) return bad_rank("recv", "source", src);
+    return guarded("recv from rank " + std::to_string(src) + " (tag " + std::to_string(tag) + ")",
+                   [&] {
+                     std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
+                     for (const Buffer& b : buffers) {
+                       bufs.push_back(ctx_->createUnboundBuffer(b.data, b.bytes));
+                       bufs.back()->recv(src, gloo::Slot::build(kSendRecvSlotPrefix, tag));
+                     }
+                     for (size_t i = 0; i < bufs.size(); ++i) {
+                       if (!bufs[i]->waitRecv(shared_->timeout))
+                         throw gloo::IoException("recv aborted");
+                       if (arrived) arrived(i);
+                     }
+                   });
+  }
+
   Result<std::unique_ptr<Communicator>> new_group(std::span<const int> ranks,
                                                   std::string_view label) override;
 
