@@ -1,10 +1,13 @@
 // The p2p transport: per bucket, trainer tensor-parallel rank k and engine tensor-parallel rank j,
-// a header (the version, a checksum per piece) and then each piece as its own message, from trainer
-// rank k to rank j of every engine. A piece that is one run in the trainer's shard goes straight
-// from it, and one that is one run in the engine rank's shard arrives straight into it; only
-// strided pieces (column splits) are staged on either side (weight_sync.h).
+// a header (the version), each piece as its own message, then a trailer (a checksum per piece),
+// from trainer rank k to rank j of every engine. The sender hashes a piece just before it goes and
+// the receiver as it lands, so hashing overlaps the transfer on both sides. A piece that is one run
+// in the trainer's shard goes straight from it, and one that is one run in the engine rank's shard
+// arrives straight into it; only strided pieces (column splits) are staged on either side
+// (weight_sync.h).
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -36,20 +39,34 @@ bool one_run(const Piece& p, int64_t stride) { return p.rows == 1 || stride == p
 // The most a receiver stages at once for strided pieces whose receives are posted together.
 constexpr size_t kStagedGroupBytes = size_t{64} << 20;
 
-// What trainer rank k sends engine rank j for one bucket: the header, and where each piece's bytes
-// are (the shard itself, or `staged` for a strided piece).
+// What trainer rank k sends engine rank j for one bucket: the header (the version), where each
+// piece's bytes are (the shard itself, or `staged` for a strided piece), and the trailer (each
+// piece's checksum at its tensor's index). A strided piece is hashed while it is gathered; a
+// direct one by the first destination's sending thread just before it goes, so that hashing piece
+// i + 1 overlaps the receiver taking piece i. The other destinations' threads wait for `hashed`
+// before they send the trailer.
 struct Outgoing {
   std::vector<char> header;
   std::vector<std::span<const char>> pieces;
+  std::vector<size_t> tensor;    // each piece's tensor index in the bucket
+  std::vector<char> needs_hash;  // each piece: hashed by the first sending thread
   std::vector<std::vector<float>> staged;
+  std::vector<char> trailer;
+  std::promise<void> hashed;
+  std::shared_future<void> hashed_future;
 };
 
 Status prepare(const Bucket& b, int64_t version, const TensorSource& local_shards, int k, int nt,
                int j, int ne, Outgoing& o) {
-  o.header.assign(sizeof(int64_t) + kHex * b.tensors.size(), 0);
+  o.header.assign(sizeof(int64_t), 0);
   std::memcpy(o.header.data(), &version, sizeof(version));
+  o.trailer.assign(kHex * b.tensors.size(), 0);
   o.pieces.clear();
+  o.tensor.clear();
+  o.needs_hash.clear();
   o.staged.clear();
+  o.hashed = std::promise<void>();
+  o.hashed_future = o.hashed.get_future().share();
   for (size_t i = 0; i < b.tensors.size(); ++i) {
     const PlannedTensor& t = b.tensors[i];
     const Piece p = piece_of(t, k, nt, j, ne);
@@ -60,33 +77,46 @@ Status prepare(const Bucket& b, int64_t version, const TensorSource& local_shard
                            std::to_string(v.size_bytes()) + " bytes, expected " +
                            std::to_string(local_numel(t, nt) * sizeof(float)));
     const size_t bytes = static_cast<size_t>(p.floats()) * sizeof(float);
-    weight_sync_detail::Xxh3Stream hash;
     const float* from = v.data() + p.src;
-    if (!one_run(p, p.src_stride)) {  // gathered into a staging run, hashed on the way
+    const bool strided = !one_run(p, p.src_stride);
+    if (strided) {  // gathered into a staging run, hashed on the way
+      weight_sync_detail::Xxh3Stream hash;
       std::vector<float>& run = o.staged.emplace_back(static_cast<size_t>(p.floats()));
       for (int64_t r = 0; r < p.rows; ++r)
         hash.copy(run.data() + r * p.len, from + r * p.src_stride, p.len * sizeof(float));
       from = run.data();
-    } else {
-      hash.update(from, bytes);
+      std::memcpy(o.trailer.data() + i * kHex, hash.hex().data(), kHex);
     }
     o.pieces.emplace_back(reinterpret_cast<const char*>(from), bytes);
-    const std::string sum = hash.hex();
-    std::memcpy(o.header.data() + sizeof(int64_t) + i * kHex, sum.data(), kHex);
+    o.tensor.push_back(i);
+    o.needs_hash.push_back(!strided);
   }
   return Status::Ok();
 }
 
-// The sends of one bucket: a thread per destination sends its header and pieces in order.
+// The sends of one bucket: a thread per destination sends the header, the pieces and the trailer
+// in order; the first thread of each Outgoing hashes its direct pieces on the way.
 class BucketSends {
  public:
-  void start(Communicator& world, const Outgoing& o, int dst, size_t bucket, int k) {
+  void start(Communicator& world, Outgoing& o, int dst, size_t bucket, int k, bool hasher) {
     statuses_.push_back(std::make_unique<Status>());
     Status* status = statuses_.back().get();
-    threads_.emplace_back([&world, &o, dst, bucket, k, status] {
+    threads_.emplace_back([&world, &o, dst, bucket, k, hasher, status] {
       *status = world.send(o.header.data(), o.header.size(), dst, header_tag(bucket, k));
-      for (size_t i = 0; i < o.pieces.size() && status->ok(); ++i)
+      for (size_t i = 0; i < o.pieces.size() && status->ok(); ++i) {
+        if (hasher && o.needs_hash[i]) {
+          const std::string sum = xxh3_128_hex(o.pieces[i].data(), o.pieces[i].size());
+          std::memcpy(o.trailer.data() + o.tensor[i] * kHex, sum.data(), kHex);
+        }
         *status = world.send(o.pieces[i].data(), o.pieces[i].size(), dst, piece_tag(bucket, k));
+      }
+      if (hasher) {
+        o.hashed.set_value();  // also after a failed send: no other thread waits forever
+      } else {
+        o.hashed_future.wait();
+      }
+      if (status->ok())
+        *status = world.send(o.trailer.data(), o.trailer.size(), dst, header_tag(bucket, k));
     });
   }
   Status finish() {
@@ -114,8 +144,8 @@ Status p2p_send_weights(Communicator& world, const TransferPlan& plan, int64_t v
   const int nt = roles.trainer.tp(), ne = roles.engine_tp;
   MILES_RETURN_IF_ERROR(shard_pieces::check_splits(plan, {nt, ne}));
   // Bucket after bucket (a pair's messages must not interleave: over shared memory they are
-  // matched in order, whatever their tags): hash (stage strided pieces), then send to every
-  // destination at once, a thread each.
+  // matched in order, whatever their tags): stage strided pieces, then send to every destination
+  // at once, a thread each.
   std::vector<Outgoing> out(ne);  // per engine rank j (the same for every engine)
   for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
     const Bucket& b = plan.buckets[bi];
@@ -125,7 +155,7 @@ Status p2p_send_weights(Communicator& world, const TransferPlan& plan, int64_t v
     BucketSends sends;
     for (int j = 0; j < ne; ++j)
       for (int e = 0; e < roles.num_engines; ++e)
-        sends.start(world, out[j], roles.engine_rank(e, j), bi, me.tp);
+        sends.start(world, out[j], roles.engine_rank(e, j), bi, me.tp, e == 0);
     MILES_RETURN_IF_ERROR(sends.finish());
   }
   return Status::Ok();
@@ -160,7 +190,7 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
     for (int k = 0; k < nt; ++k) {
       const int src = roles.trainer.rank_of({0, b.stage, k});
       const std::string from = at + ", from trainer rank " + std::to_string(src);
-      header.resize(sizeof(int64_t) + kHex * b.tensors.size());
+      header.resize(sizeof(int64_t));
       if (Status s = world.recv(header.data(), header.size(), src, header_tag(bi, k)); !s.ok())
         return s.with_context(from);
       int64_t got = 0;
@@ -171,19 +201,20 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
       // The pieces in sending order, received in groups posted at once
       // (Communicator::recv_buffers): straight into the shard when a piece is one run there,
       // else into a staging run placed (and hashed) once it is in; a group stages at most
-      // kStagedGroupBytes. A mismatch leaves the set unverified (never swapped in).
+      // kStagedGroupBytes. Each piece is hashed as it lands; the sender's checksums follow the
+      // pieces (the trailer). A mismatch leaves the set unverified (never swapped in).
       struct Incoming {
         size_t tensor;
         Piece piece;
         bool direct;
+        std::string sum;
       };
       std::vector<Incoming> pieces;
       for (size_t i = 0; i < b.tensors.size(); ++i) {
         const Piece p = piece_of(b.tensors[i], k, nt, j, ne);
-        if (p.floats() > 0) pieces.push_back({i, p, one_run(p, p.dst_stride)});
+        if (p.floats() > 0) pieces.push_back({i, p, one_run(p, p.dst_stride), {}});
       }
-      Status bad = Status::Ok();
-      for (size_t first = 0; first < pieces.size() && bad.ok();) {
+      for (size_t first = 0; first < pieces.size();) {
         size_t last = first, staged_bytes = 0;
         std::vector<Communicator::Buffer> bufs;
         staged.clear();
@@ -199,11 +230,10 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
           bufs.push_back({to, bytes});
         }
         size_t next_staged = 0;
-        const auto check = [&](size_t g) {
-          const Incoming& in = pieces[first + g];
-          const PlannedTensor& t = b.tensors[in.tensor];
+        const auto land = [&](size_t g) {
+          Incoming& in = pieces[first + g];
           const Piece& p = in.piece;
-          float* dst = out->tensors[t.name].data() + p.dst;
+          float* dst = out->tensors[b.tensors[in.tensor].name].data() + p.dst;
           weight_sync_detail::Xxh3Stream hash;
           if (in.direct) {
             hash.update(dst, bufs[g].bytes);
@@ -212,21 +242,25 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
             for (int64_t r = 0; r < p.rows; ++r)
               hash.copy(dst + r * p.dst_stride, run + r * p.len, p.len * sizeof(float));
           }
-          const std::string want(header.data() + sizeof(int64_t) + in.tensor * kHex, kHex);
-          if (hash.hex() != want) {
-            if (bad.ok())
-              bad = Status::Error(at + ": checksum mismatch for " + t.name + " (piece from " +
-                                  "trainer rank " + std::to_string(src) + ")");
-            return;
-          }
-          // A piece that is the whole shard, in order: its verified checksum is the shard's.
-          if (p.dst == 0 && in.direct && p.floats() == local_numel(t, ne)) whole[t.name] = want;
+          in.sum = hash.hex();
         };
-        if (Status s = world.recv_buffers(bufs, src, piece_tag(bi, k), check); !s.ok())
+        if (Status s = world.recv_buffers(bufs, src, piece_tag(bi, k), land); !s.ok())
           return s.with_context(from);
         first = last;
       }
-      MILES_RETURN_IF_ERROR(bad);
+      std::vector<char> trailer(kHex * b.tensors.size());
+      if (Status s = world.recv(trailer.data(), trailer.size(), src, header_tag(bi, k)); !s.ok())
+        return s.with_context(from + ", checksums");
+      for (const Incoming& in : pieces) {
+        const PlannedTensor& t = b.tensors[in.tensor];
+        const std::string want(trailer.data() + in.tensor * kHex, kHex);
+        if (in.sum != want)
+          return Status::Error(at + ": checksum mismatch for " + t.name + " (piece from trainer " +
+                               "rank " + std::to_string(src) + ")");
+        // A piece that is the whole shard, in order: its verified checksum is the shard's.
+        if (in.piece.dst == 0 && in.direct && in.piece.floats() == local_numel(t, ne))
+          whole[t.name] = want;
+      }
     }
     for (const PlannedTensor& t : b.tensors) {
       const std::vector<float>& v = out->tensors[t.name];

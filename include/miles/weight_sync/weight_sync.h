@@ -94,7 +94,8 @@ Status receive_stage_weights(std::span<Communicator* const> groups, const Transf
 // straight to the engine ranks that need them, bucket by bucket following the plan (no gather on
 // the trainer side, no second hop inside an engine). An engine of `engine_tp` tensor-parallel ranks
 // takes part with every rank: rank j receives exactly its shard (tensor_parallel.h's split over
-// engine_tp), each piece from the trainer rank that holds it, with a checksum per piece. World
+// engine_tp), each piece from the trainer rank that holds it, then a checksum per piece (hashed
+// on both sides while the pieces move). World
 // ranks: the trainer's [0, trainer.world_size()) in its layout's order, then engine e's tensor-
 // parallel ranks 0..engine_tp-1.
 struct P2pRoles {
