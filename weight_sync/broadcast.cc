@@ -91,7 +91,6 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
       const size_t last = staged ? first + 1 : b.tensors.size();
       std::vector<Communicator::Buffer> bufs;
       std::vector<weight_sync_detail::Xxh3Stream> hashes(last - first);
-      std::vector<char> hash(last - first, 0);
       for (size_t i = first; i < last; ++i) {
         const PlannedTensor& t = b.tensors[i];
         const size_t count = static_cast<size_t>(t.bytes) / sizeof(float);
@@ -107,25 +106,26 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
           whole.resize(count);
           dst = whole.data();
         }
-        hash[i - first] = sums[i].size() != kHex;
         bufs.push_back({dst, static_cast<size_t>(t.bytes)});
       }
-      // Each piece hashed once: on its way through the transport's buffer, or after it.
+      // Each piece hashed once (unless the sender knows the sum): on its way through the
+      // transport's buffer, or after it.
+      const auto hash = [&](size_t j) { return sums[first + j].size() != kHex; };
       Communicator::BufferHooks hooks;
       hooks.copy = [&](size_t j, void* to, const void* from, size_t, size_t n) {
-        if (hash[j]) {
+        if (hash(j)) {
           hashes[j].copy(to, from, n);
         } else {
           std::memcpy(to, from, n);
         }
       };
       hooks.arrived = [&](size_t j, size_t off, size_t n) {
-        if (hash[j] && hashes[j].bytes() < off + n)
+        if (hash(j) && hashes[j].bytes() < off + n)
           hashes[j].update(static_cast<const char*>(bufs[j].data) + off, n);
       };
       s = group.broadcast_buffers(bufs, root, hooks);
       for (size_t i = first; i < last; ++i)
-        if (hash[i - first]) sums[i] = hashes[i - first].hex();
+        if (hash(i - first)) sums[i] = hashes[i - first].hex();
       if (s.ok() && staged && out) {
         // A tensor-parallel rank keeps its shard; the whole tensor's checksum is compared below.
         const PlannedTensor& t = b.tensors[first];

@@ -39,14 +39,14 @@ bool one_run(const Piece& p, int64_t stride) { return p.rows == 1 || stride == p
 // The most a receiver stages at once for strided pieces whose receives are posted together.
 constexpr size_t kStagedGroupBytes = size_t{64} << 20;
 
-// What trainer rank k sends engine rank j for one bucket: the header (the version), where each
-// piece's bytes are (the shard itself, or `staged` for a strided piece), and the trailer (each
+// What trainer rank k sends engine rank j for one bucket after the version: where each piece's
+// bytes are (the shard itself, or `staged` for a strided piece), and the trailer (each
 // piece's checksum at its tensor's index). A strided piece is hashed while it is gathered; a
 // direct one by the first destination's sending thread just before it goes, so that hashing piece
 // i + 1 overlaps the receiver taking piece i. The other destinations' threads wait for `hashed`
 // before they send the trailer.
 struct Outgoing {
-  std::vector<char> header;
+  int64_t version = 0;
   std::vector<std::span<const char>> pieces;
   std::vector<size_t> tensor;    // each piece's tensor index in the bucket
   std::vector<char> needs_hash;  // each piece: hashed by the first sending thread
@@ -58,8 +58,7 @@ struct Outgoing {
 
 Status prepare(const Bucket& b, int64_t version, const TensorSource& local_shards, int k, int nt,
                int j, int ne, Outgoing& o) {
-  o.header.assign(sizeof(int64_t), 0);
-  std::memcpy(o.header.data(), &version, sizeof(version));
+  o.version = version;
   o.trailer.assign(kHex * b.tensors.size(), 0);
   o.pieces.clear();
   o.tensor.clear();
@@ -94,7 +93,7 @@ Status prepare(const Bucket& b, int64_t version, const TensorSource& local_shard
   return Status::Ok();
 }
 
-// The sends of one bucket: a thread per destination sends the header, the pieces and the trailer
+// The sends of one bucket: a thread per destination sends the version, the pieces and the trailer
 // in order; the first thread of each Outgoing hashes its direct pieces on the way.
 class BucketSends {
  public:
@@ -102,7 +101,7 @@ class BucketSends {
     statuses_.push_back(std::make_unique<Status>());
     Status* status = statuses_.back().get();
     threads_.emplace_back([&world, &o, dst, bucket, k, hasher, status] {
-      *status = world.send(o.header.data(), o.header.size(), dst, header_tag(bucket, k));
+      *status = world.send(&o.version, sizeof o.version, dst, header_tag(bucket, k));
       for (size_t i = 0; i < o.pieces.size() && status->ok(); ++i) {
         if (hasher && o.needs_hash[i]) {
           const std::string sum = xxh3_128_hex(o.pieces[i].data(), o.pieces[i].size());
@@ -174,7 +173,6 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
                          " is not an engine rank");
   const int j = offset % ne;
   MILES_RETURN_IF_ERROR(shard_pieces::check_splits(plan, {nt, ne}));
-  std::vector<char> header;
   std::vector<std::vector<float>> staged;  // strided pieces, before they are placed
   for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
     const Bucket& b = plan.buckets[bi];
@@ -190,11 +188,9 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
     for (int k = 0; k < nt; ++k) {
       const int src = roles.trainer.rank_of({0, b.stage, k});
       const std::string from = at + ", from trainer rank " + std::to_string(src);
-      header.resize(sizeof(int64_t));
-      if (Status s = world.recv(header.data(), header.size(), src, header_tag(bi, k)); !s.ok())
-        return s.with_context(from);
       int64_t got = 0;
-      std::memcpy(&got, header.data(), sizeof(got));
+      if (Status s = world.recv(&got, sizeof got, src, header_tag(bi, k)); !s.ok())
+        return s.with_context(from);
       if (got != version)
         return Status::Error(at + ": trainer rank " + std::to_string(src) + " sent version " +
                              std::to_string(got));
@@ -206,13 +202,16 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
       struct Incoming {
         size_t tensor;
         Piece piece;
+        float* dst;  // where the piece's first float goes in this rank's shard
         bool direct;
         std::string sum;
       };
       std::vector<Incoming> pieces;
       for (size_t i = 0; i < b.tensors.size(); ++i) {
         const Piece p = piece_of(b.tensors[i], k, nt, j, ne);
-        if (p.floats() > 0) pieces.push_back({i, p, one_run(p, p.dst_stride), {}});
+        if (p.floats() > 0)
+          pieces.push_back(
+              {i, p, out->tensors[b.tensors[i].name].data() + p.dst, one_run(p, p.dst_stride), {}});
       }
       for (size_t first = 0; first < pieces.size();) {
         size_t last = first, staged_bytes = 0;
@@ -222,7 +221,7 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
           const Incoming& in = pieces[last];
           const size_t bytes = static_cast<size_t>(in.piece.floats()) * sizeof(float);
           if (!in.direct && last > first && staged_bytes + bytes > kStagedGroupBytes) break;
-          void* to = out->tensors[b.tensors[in.tensor].name].data() + in.piece.dst;
+          void* to = in.dst;
           if (!in.direct) {
             to = staged.emplace_back(static_cast<size_t>(in.piece.floats())).data();
             staged_bytes += bytes;
@@ -233,14 +232,13 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
         const auto land = [&](size_t g) {
           Incoming& in = pieces[first + g];
           const Piece& p = in.piece;
-          float* dst = out->tensors[b.tensors[in.tensor].name].data() + p.dst;
           weight_sync_detail::Xxh3Stream hash;
           if (in.direct) {
-            hash.update(dst, bufs[g].bytes);
+            hash.update(in.dst, bufs[g].bytes);
           } else {
             const float* run = staged[next_staged++].data();
             for (int64_t r = 0; r < p.rows; ++r)
-              hash.copy(dst + r * p.dst_stride, run + r * p.len, p.len * sizeof(float));
+              hash.copy(in.dst + r * p.dst_stride, run + r * p.len, p.len * sizeof(float));
           }
           in.sum = hash.hex();
         };
