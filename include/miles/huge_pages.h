@@ -10,7 +10,7 @@
 //
 // Requests of at least kHugePageBytes are mapped on their own (mmap, aligned to 2 MiB, madvise
 // MADV_HUGEPAGE); smaller ones go to operator new. MILES_HUGE_PAGES=0 turns the advice off (A/B
-// benchmarks); any other value but 1 is refused when the first large buffer is made.
+// benchmarks); any other value but 1 is refused when the first buffer is made.
 #pragma once
 
 #include <cstddef>

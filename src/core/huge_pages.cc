@@ -48,7 +48,8 @@ size_t mapped_length(size_t bytes) {
 // A mapping of mapped_length(bytes) starting on a 2 MiB boundary: map 2 MiB more, unmap the slack
 // on either side.
 void* allocate(size_t bytes) {
-  if (bytes < kHugePageBytes || !enabled()) return ::operator new (bytes, std::align_val_t{64});
+  // enabled() first: the switch is read (and a bad value refused) by the first buffer of any size.
+  if (!enabled() || bytes < kHugePageBytes) return ::operator new (bytes, std::align_val_t{64});
   const size_t len = mapped_length(bytes);
   void* raw = mmap(nullptr, len + kHugePageBytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

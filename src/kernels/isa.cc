@@ -1,8 +1,11 @@
 // Run-time choice of the kernels' instruction set. All choices give identical bits (gemm_tile.h), so the
 // choice is about speed only; MILES_ISA forces one (tests and benchmarks compare them).
+#include <spdlog/spdlog.h>
+
 #include <cstdlib>
 #include <cstring>
 
+#include "miles/check.h"
 #include "miles/kernels.h"
 
 namespace miles::kernels {
@@ -14,6 +17,17 @@ Isa hardware_isa() {
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
   return Isa::kScalar;
 }
+
+// MILES_ISA's value: one of the three names; anything else is refused (a benchmark run under a
+// misspelt ISA must not report the hardware's best as if it were the one asked for).
+Isa isa_from_env(const char* env) {
+  if (!std::strcmp(env, "scalar")) return Isa::kScalar;
+  if (!std::strcmp(env, "avx2")) return Isa::kAvx2;
+  if (!std::strcmp(env, "avx512")) return Isa::kAvx512;
+  spdlog::critical("MILES_ISA must be scalar, avx2 or avx512, got '{}'", env);
+  MILES_CHECK(false, "MILES_ISA is scalar, avx2 or avx512");
+  return Isa::kScalar;
+}
 }  // namespace
 
 Isa detect_isa() {
@@ -21,11 +35,11 @@ Isa detect_isa() {
     const Isa hw = hardware_isa();
     const char* env = std::getenv("MILES_ISA");
     if (!env) return hw;
-    Isa want = hw;
-    if (!std::strcmp(env, "scalar")) want = Isa::kScalar;
-    if (!std::strcmp(env, "avx2")) want = Isa::kAvx2;
-    if (!std::strcmp(env, "avx512")) want = Isa::kAvx512;
-    return static_cast<int>(want) <= static_cast<int>(hw) ? want : hw;  // never above the hardware
+    const Isa want = isa_from_env(env);
+    if (static_cast<int>(want) <= static_cast<int>(hw)) return want;
+    // Never above the hardware, and never silently: the run reports the ISA it got.
+    spdlog::warn("MILES_ISA={} but this CPU supports up to {}: running that", env, isa_name(hw));
+    return hw;
   }();
   return isa;
 }
