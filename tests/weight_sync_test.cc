@@ -7,12 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 
 #include "miles/comm.h"
-#include "miles/rollout/engine.h"
 #include "miles/flat_params.h"
+#include "miles/rollout/engine.h"
 #include "miles/tensor_parallel.h"
 #include "miles/thread_pool.h"
 #include "miles/trainer/trainer.h"
@@ -315,6 +316,116 @@ std::string run_p2p_rank(int rank, const std::string& store, const std::string& 
   }
   auto e = engine_on(files->config, params.as_tensor_map(), &pool);
   return "status=ok\ntokens=" + generate(*e);
+}
+
+// A wire that flips one bit of the `nth` message of at least 1 KiB this rank sends (a piece:
+// versions and checksum trailers are smaller), after the sender has read the bytes it hashes:
+// what a bad link or a bug in a transport would do. Everything else goes to `inner` unchanged.
+class CorruptingWire : public Communicator {
+ public:
+  CorruptingWire(Communicator& inner, int nth) : inner_(inner), nth_(nth) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  const std::vector<int>& world_ranks() const override { return inner_.world_ranks(); }
+  const std::string& name() const override { return inner_.name(); }
+  Status barrier() override { return inner_.barrier(); }
+  Status broadcast(void* data, size_t bytes, int root) override {
+    return inner_.broadcast(data, bytes, root);
+  }
+  Status allgather(const void* in, size_t bytes, void* out) override {
+    return inner_.allgather(in, bytes, out);
+  }
+  Status send(const void* data, size_t bytes, int dst, uint32_t tag) override {
+    if (bytes < 1024 || seen_.fetch_add(1) != nth_) return inner_.send(data, bytes, dst, tag);
+    std::vector<char> flipped(static_cast<const char*>(data),
+                              static_cast<const char*>(data) + bytes);
+    flipped[bytes / 2] ^= 0x10;
+    return inner_.send(flipped.data(), bytes, dst, tag);
+  }
+  Status recv(void* data, size_t bytes, int src, uint32_t tag) override {
+    return inner_.recv(data, bytes, src, tag);
+  }
+  Result<std::unique_ptr<Communicator>> new_group(std::span<const int> ranks,
+                                                  std::string_view label) override {
+    return inner_.new_group(ranks, label);
+  }
+
+ private:
+  Communicator& inner_;
+  const int nth_;
+  std::atomic<int> seen_{0};
+};
+
+// p2p checks every piece against the sender's checksum as it lands: a bit flipped on the wire in
+// a piece (one that lands straight in the engine's tensor, or a column split staged on the way)
+// fails the receive with the tensor's name, and the engine keeps its weights. The same transfer
+// without the flip is taken.
+TEST(WeightSync, P2pCatchesAPieceCorruptedOnTheWire) {
+  auto files = load_model_files(test::data_dir() + "/models/qwen3_moe");
+  ASSERT_TRUE(files.ok()) << files.message();
+  // The nth piece trainer rank 0 sends, and its tensor: one that lands straight in the engine's
+  // tensor (the embedding), a column split staged on the way (o_proj), the last bucket's.
+  const std::vector<std::pair<int, std::string>> cases = {
+      {-1, ""},
+      {0, "model.embed_tokens.weight"},
+      {4, "model.layers.0.self_attn.o_proj.weight"},
+      {11, "lm_head.weight"}};
+  for (const auto& [nth, tensor] : cases) {
+    StoreProcess store;
+    ASSERT_TRUE(store.ok());
+    const std::string addr = store.address();
+    auto results = run_processes(
+        3,  // trainer ranks 0-1 (tp = 2), one engine
+        [&](int rank) -> std::string {
+          const ParallelLayout layout = *ParallelLayout::parse("tp=2");
+          const auto full_layout = ParamLayout::for_model(files->config, &files->weights);
+          auto plan =
+              make_transfer_plan(files->config, *full_layout, layout, {.bucket_bytes = 30000});
+          if (!plan.ok()) return "status=" + plan.message();
+          const P2pRoles roles{layout, 1, 1};
+          auto world = join_world(rank, roles.world_size(), addr, 10000);
+          if (!world.ok()) return "status=" + world.message();
+          if (rank == 2) {
+            ThreadPool pool(1);
+            auto e = engine_on(files->config, files->weights, &pool);
+            const std::string before = generate(*e);
+            ReceivedWeights set;
+            Status st = p2p_receive_weights(**world, *plan, 1, roles, &set);
+            if (st.ok()) st = apply_to_engine(*e, files->config, set, *plan, &pool);
+            return "status=" + std::string(st.ok() ? "ok" : st.message()) +
+                   "\nkept=" + (generate(*e) == before ? "yes" : "no");
+          }
+          // This trainer rank's tensor-parallel shard of the weights doubled, so that the
+          // engine's tokens tell an applied version from the old one.
+          auto whole = FlatTensors::from_tensor_map(full_layout, files->weights);
+          if (!whole.ok()) return "status=" + whole.message();
+          for (float& x : whole->all()) x *= 2.0f;
+          FlatTensors shard(
+              ParamLayout::for_model(*tensor_parallel::local_config(files->config, 2)));
+          tensor_parallel::slice(*whole, shard, rank, 2);
+          CorruptingWire wire(**world, rank == 0 ? nth : -1);
+          Status st = p2p_send_weights(
+              wire, *plan, 1, [&](const std::string& n) { return std::as_const(shard).get(n); },
+              roles);
+          return "status=" + std::string(st.ok() ? "ok" : st.message());
+        },
+        std::chrono::seconds(90));
+    const auto engine = results[2].fields();
+    if (nth < 0) {  // (after a mismatch the engine stops listening: the senders may see it)
+      for (int r = 0; r < 2; ++r)
+        EXPECT_EQ(results[r].fields().at("status"), "ok") << results[r].describe();
+      EXPECT_EQ(engine.at("status"), "ok") << results[2].describe();
+      EXPECT_EQ(engine.at("kept"), "no")
+          << "the clean transfer changed nothing: the test cannot tell";
+    } else {
+      EXPECT_NE(engine.at("status").find("checksum mismatch for " + tensor +
+                                         " (piece from trainer "
+                                         "rank 0)"),
+                std::string::npos)
+          << nth << ": " << results[2].describe();
+      EXPECT_EQ(engine.at("kept"), "yes") << nth;
+    }
+  }
 }
 
 TEST(WeightSync, P2pShardsFromEveryTrainerRankAssembleOnTheEngines) {
