@@ -75,4 +75,44 @@ void bench_train_gemm_shapes(int threads, double peak_gflops, double min_seconds
       100.0 * step_flops / step_s / 1e9 / peak_gflops, step_flops / 1e9 / peak_gflops);
 }
 
+void bench_decode_gemm_rows(int threads, double min_seconds) {
+  constexpr int kLayers = 30, kMaxRows = 8;
+  const Shape shapes[] = {{"q/k/v", 960, 576, 1},
+                          {"o", 576, 576, 1},
+                          {"gate/up", 3072, 576, 1},
+                          {"down", 576, 1536, 1}};
+  ThreadPool pool(threads);
+  const kernels::Isa isa = kernels::detect_isa();
+  std::vector<kernels::PackedMatrix> mats;
+  std::vector<int64_t> n_of, k_of;
+  double bytes = 0;
+  const auto add = [&](int64_t n, int64_t k, uint32_t seed) {
+    const auto w = random_values(n * k, seed);
+    mats.push_back(kernels::PackedMatrix::pack_f32(w.data(), n, k));
+    n_of.push_back(n);
+    k_of.push_back(k);
+    bytes += 4.0 * n * k;
+  };
+  for (int l = 0; l < kLayers; ++l)
+    for (const Shape& s : shapes) add(s.n, s.k, 100 + static_cast<uint32_t>(mats.size()));
+  add(49152, 576, 99);
+  const auto x = random_values(kMaxRows * 1536, 5);
+  std::vector<float> y(kMaxRows * 49152);
+  std::printf(
+      "\nSmolLM2-135M decode GEMMs from memory (%d layers + LM head, %.0f MB), %d threads:\n",
+      kLayers, bytes / 1e6, threads);
+  std::printf("%4s %9s %9s %11s\n", "rows", "ms", "x 1 row", "GB/s read");
+  double one = 0;
+  for (int m = 1; m <= kMaxRows; ++m) {
+    const double secs = time_per_call(
+        [&] {
+          for (size_t i = 0; i < mats.size(); ++i)
+            kernels::gemm(x.data(), m, k_of[i], mats[i], y.data(), n_of[i], &pool, isa);
+        },
+        min_seconds);
+    if (m == 1) one = secs;
+    std::printf("%4d %9.2f %9.2f %11.1f\n", m, secs * 1e3, secs / one, bytes / secs / 1e9);
+  }
+}
+
 }  // namespace miles::cli
