@@ -17,19 +17,21 @@ namespace {
 struct Shape {
   const char* name;
   int64_t n, k;      // W [n, k]
-  int64_t per_step;  // GEMMs of this shape per micro-batch
+  int64_t per_step;  // GEMMs of this shape per micro-batch (matrices of it in the model)
 };
+
+// SmolLM2-135M's matrices: fused q/k/v, o, fused gate/up, down in each of 30 layers, the LM head.
+constexpr Shape kSmolLM2[] = {{"q/k/v", 960, 576, 30},
+                              {"o", 576, 576, 30},
+                              {"gate/up", 3072, 576, 30},
+                              {"down", 576, 1536, 30},
+                              {"lm head", 49152, 576, 1}};
 
 }  // namespace
 
 void bench_train_gemm_shapes(int threads, double peak_gflops, double min_seconds) {
   constexpr int64_t kTokens = 255, kMicroBatches = 4;
   constexpr int64_t kColdBytes = int64_t{64} << 20;  // gradient buffers cycled past the L3
-  const Shape shapes[] = {{"q/k/v", 960, 576, 30},
-                          {"o", 576, 576, 30},
-                          {"gate/up", 3072, 576, 30},
-                          {"down", 576, 1536, 30},
-                          {"lm head", 49152, 576, 1}};
   ThreadPool pool(threads);
   const kernels::Isa isa = kernels::detect_isa();
   std::printf("\nSmolLM2-135M training GEMMs, %lld tokens, %d threads (%% of %.1f GFLOP/s):\n",
@@ -37,7 +39,7 @@ void bench_train_gemm_shapes(int threads, double peak_gflops, double min_seconds
   std::printf("%-8s %6s %5s %9s %9s %9s   ms: fwd / d-input / weight grad\n", "matrix", "N", "K",
               "forward", "d-input", "w-grad");
   double step_s = 0, step_flops = 0;
-  for (const Shape& s : shapes) {
+  for (const Shape& s : kSmolLM2) {
     const auto w = random_values(s.n * s.k, 1), x = random_values(kTokens * s.k, 2);
     const auto dy = random_values(kTokens * s.n, 3);
     const kernels::PackedMatrix pw = kernels::PackedMatrix::pack_f32(w.data(), s.n, s.k);
@@ -76,31 +78,25 @@ void bench_train_gemm_shapes(int threads, double peak_gflops, double min_seconds
 }
 
 void bench_decode_gemm_rows(int threads, double min_seconds) {
-  constexpr int kLayers = 30, kMaxRows = 8;
-  const Shape shapes[] = {{"q/k/v", 960, 576, 1},
-                          {"o", 576, 576, 1},
-                          {"gate/up", 3072, 576, 1},
-                          {"down", 576, 1536, 1}};
+  constexpr int kMaxRows = 8;
   ThreadPool pool(threads);
   const kernels::Isa isa = kernels::detect_isa();
   std::vector<kernels::PackedMatrix> mats;
   std::vector<int64_t> n_of, k_of;
   double bytes = 0;
-  const auto add = [&](int64_t n, int64_t k, uint32_t seed) {
-    const auto w = random_values(n * k, seed);
-    mats.push_back(kernels::PackedMatrix::pack_f32(w.data(), n, k));
-    n_of.push_back(n);
-    k_of.push_back(k);
-    bytes += 4.0 * n * k;
-  };
-  for (int l = 0; l < kLayers; ++l)
-    for (const Shape& s : shapes) add(s.n, s.k, 100 + static_cast<uint32_t>(mats.size()));
-  add(49152, 576, 99);
+  for (const Shape& s : kSmolLM2)
+    for (int64_t i = 0; i < s.per_step; ++i) {  // each matrix of its own, as the model's layers
+      const auto w = random_values(s.n * s.k, 100 + static_cast<uint32_t>(mats.size()));
+      mats.push_back(kernels::PackedMatrix::pack_f32(w.data(), s.n, s.k));
+      n_of.push_back(s.n);
+      k_of.push_back(s.k);
+      bytes += 4.0 * s.n * s.k;
+    }
   const auto x = random_values(kMaxRows * 1536, 5);
   std::vector<float> y(kMaxRows * 49152);
   std::printf(
-      "\nSmolLM2-135M decode GEMMs from memory (%d layers + LM head, %.0f MB), %d threads:\n",
-      kLayers, bytes / 1e6, threads);
+      "\nSmolLM2-135M decode GEMMs from memory (30 layers + LM head, %.0f MB), %d threads:\n",
+      bytes / 1e6, threads);
   std::printf("%4s %9s %9s %11s\n", "rows", "ms", "x 1 row", "GB/s read");
   double one = 0;
   for (int m = 1; m <= kMaxRows; ++m) {
