@@ -104,30 +104,31 @@ TEST(Cli, BadInputExitsOneWithAMessage) {
 // program with a message naming it (a benchmark must not run the hardware's best ISA while
 // reporting another), and an ISA above the hardware's runs the hardware's with a warning.
 TEST(Cli, KernelEnvironmentSwitchesRefuseUnknownValues) {
-  const std::string gen = "score --model " + test::data_dir() + "/models/llama --input-ids '1 2 3'";
+  const std::string score =
+      "score --model " + test::data_dir() + "/models/llama --input-ids '1 2 3'";
   for (const char* isa : {"scalar", "avx2"}) {
     if (std::string(isa) == "avx2" &&
         static_cast<int>(kernels::detect_isa()) < static_cast<int>(kernels::Isa::kAvx2))
       continue;
-    CliRun ok = test::run_shell(std::string("MILES_ISA=") + isa + " " + miles_binary() + " " + gen +
-                                " 2>&1");
+    CliRun ok = test::run_shell(std::string("MILES_ISA=") + isa + " " + miles_binary() + " " +
+                                score + " 2>&1");
     EXPECT_EQ(ok.exit_code, 0) << isa << ": " << ok.out;
     EXPECT_EQ(ok.out.find("MILES_ISA"), std::string::npos) << ok.out;
   }
   for (const char* bad : {"avx3", "AVX2", "native", ""}) {
     CliRun r = test::run_shell(std::string("MILES_ISA='") + bad + "' " + miles_binary() + " " +
-                               gen + " 2>&1");
+                               score + " 2>&1");
     EXPECT_NE(r.exit_code, 0) << bad;
     EXPECT_NE(
         r.out.find("MILES_ISA must be scalar, avx2 or avx512, got '" + std::string(bad) + "'"),
         std::string::npos)
         << r.out;
   }
-  CliRun hp = test::run_shell("MILES_HUGE_PAGES=yes " + miles_binary() + " " + gen + " 2>&1");
+  CliRun hp = test::run_shell("MILES_HUGE_PAGES=yes " + miles_binary() + " " + score + " 2>&1");
   EXPECT_NE(hp.exit_code, 0);
   EXPECT_NE(hp.out.find("MILES_HUGE_PAGES must be 0 or 1, got 'yes'"), std::string::npos) << hp.out;
   if (kernels::detect_isa() != kernels::Isa::kAvx512) {
-    CliRun up = test::run_shell("MILES_ISA=avx512 " + miles_binary() + " " + gen + " 2>&1");
+    CliRun up = test::run_shell("MILES_ISA=avx512 " + miles_binary() + " " + score + " 2>&1");
     EXPECT_EQ(up.exit_code, 0) << up.out;
     EXPECT_NE(up.out.find("MILES_ISA=avx512 but this CPU supports up to"), std::string::npos)
         << up.out;

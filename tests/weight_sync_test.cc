@@ -418,10 +418,8 @@ TEST(WeightSync, P2pCatchesAPieceCorruptedOnTheWire) {
       EXPECT_EQ(engine.at("kept"), "no")
           << "the clean transfer changed nothing: the test cannot tell";
     } else {
-      EXPECT_NE(engine.at("status").find("checksum mismatch for " + tensor +
-                                         " (piece from trainer "
-                                         "rank 0)"),
-                std::string::npos)
+      const std::string want = "checksum mismatch for " + tensor + " (piece from trainer rank 0)";
+      EXPECT_NE(engine.at("status").find(want), std::string::npos)
           << nth << ": " << results[2].describe();
       EXPECT_EQ(engine.at("kept"), "yes") << nth;
     }

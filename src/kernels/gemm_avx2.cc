@@ -43,9 +43,10 @@ void full_tile(const float* a, int64_t lda, const float* b, int64_t kc, const fl
 
 // Rows in groups of at most 3, each group over the whole panel: a group's pass streams the
 // panel's k rows in order (128 bytes each), which the hardware prefetchers follow, where two
-// 16-column halves of 6 rows each read every other cache line. For a few rows whose weights come
-// from memory (a decode step of a few samples, a verify chunk) that ran 1.3-1.7x slower than one
-// row; from cache (training, prefill) the two are at par. Each element's chain is the same.
+// 16-column halves of 6 rows each read every other cache line. With the weights from memory (a
+// decode step of a few samples, a verify chunk) the halves made 3-6 rows cost 1.6-1.9x one row,
+// the groups 1.1-1.4x; from cache (training, prefill) the two are at par. Each element's chain is
+// the same.
 template <int R>
 void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
           float* part) {
