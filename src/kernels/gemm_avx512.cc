@@ -19,6 +19,7 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
     acc1[r] = _mm512_setzero_ps();
   }
   for (int64_t k = 0; k < kc; ++k) {
+    prefetch_panel_row(b + (k + kPrefetchAhead) * 32);
     const __m512 b0 = _mm512_loadu_ps(b + k * 32);
     const __m512 b1 = _mm512_loadu_ps(b + k * 32 + 16);
     #pragma GCC unroll 16

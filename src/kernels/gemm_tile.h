@@ -28,6 +28,18 @@ void chunk_tile_avx2(const float* a, int64_t lda, int rows, const float* b, int6
 void chunk_tile_avx512(const float* a, int64_t lda, int rows, const float* b, int64_t kc,
                        const float* left, float* part);
 
+// Both vector tiles prefetch the panel's k row kPrefetchAhead steps ahead (4 KB) as they go.
+// With the weights from memory (a decode step, a verify chunk) the hardware's prefetchers alone
+// keep too few lines in flight once a k step holds more than a few fmas: on an Intel Xeon
+// (AVX-512) 8 rows cost 2.2x one row without it, 1.3-1.4x with it. From cache the prefetches
+// cost nothing measurable. Prefetching past the panel's end is harmless (a hint, never a fault).
+inline constexpr int64_t kPrefetchAhead = 32;
+
+[[gnu::always_inline]] inline void prefetch_panel_row(const float* row) {
+  __builtin_prefetch(row, 0, 3);
+  __builtin_prefetch(row + 16, 0, 3);
+}
+
 inline constexpr int kTileRowsScalar = 4;
 inline constexpr int kTileRowsAvx2 = 6;
 inline constexpr int kTileRowsAvx512 = 12;
