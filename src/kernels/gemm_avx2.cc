@@ -13,8 +13,7 @@ namespace {
 // 16-column halves were bound by the fma latency: 64 bytes of the panel per 5 cycles on Zen 2,
 // below the memory's rate for a GEMV that streams the weights), and the panel's k rows streamed in
 // order.
-// kPrefetch: the group's pass is the tile's first over the panel (the later ones find it cached).
-template <int R, bool kPrefetch = true>
+template <int R>
 void full_tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
                float* part) {
   __m256 acc[R][4];
@@ -22,7 +21,7 @@ void full_tile(const float* a, int64_t lda, const float* b, int64_t kc, const fl
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
   for (int64_t k = 0; k < kc; ++k) {
-    if (kPrefetch) prefetch_panel_row(b + (k + kPrefetchAhead) * 32);
+    prefetch_panel_row(b + (k + kPrefetchAhead) * 32);
     __m256 bv[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) bv[j] = _mm256_loadu_ps(b + k * 32 + 8 * j);
@@ -57,7 +56,7 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
   } else {
     static_assert(R <= 6);
     full_tile<3>(a, lda, b, kc, left, part);
-    full_tile<R - 3, false>(a + 3, lda, b, kc, left ? left + 3 * 32 : nullptr, part + 3 * 32);
+    full_tile<R - 3>(a + 3, lda, b, kc, left ? left + 3 * 32 : nullptr, part + 3 * 32);
   }
 }
 
