@@ -30,8 +30,8 @@ void chunk_tile_avx512(const float* a, int64_t lda, int rows, const float* b, in
 
 // Both vector tiles prefetch the panel's k row kPrefetchAhead steps ahead (4 KB) as they go.
 // With the weights from memory (a decode step, a verify chunk) the hardware's prefetchers alone
-// keep too few lines in flight once a k step holds more than a few fmas: on an Intel Xeon
-// (AVX-512) 8 rows cost 2.2x one row without it, 1.3-1.4x with it. From cache the prefetches
+// appear to keep too few lines in flight once a k step holds more than a few fmas: on an Intel Xeon
+// (AVX-512) 8 rows cost 1.6-2.2x one row without it, 1.3-1.45x with it. From cache the prefetches
 // cost nothing measurable. Prefetching past the panel's end is harmless (a hint, never a fault).
 inline constexpr int64_t kPrefetchAhead = 32;
 
