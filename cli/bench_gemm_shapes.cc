@@ -2,7 +2,10 @@
 #include "cli/bench_gemm_shapes.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <utility>
 #include <vector>
 
 #include "cli/bench_peak.h"
@@ -26,6 +29,37 @@ constexpr Shape kSmolLM2[] = {{"q/k/v", 960, 576, 30},
                               {"gate/up", 3072, 576, 30},
                               {"down", 576, 1536, 30},
                               {"lm head", 49152, 576, 1}};
+
+// Seconds for one read of every matrix's packed floats, spread over the pool in 1 MiB slices: the
+// memory's rate for the bytes a decode step's GEMMs stream, measured in the same run. (Words are
+// xor-folded in four lanes: a reduction the compiler may reorder, and far faster than memory.)
+double plain_read_seconds(const std::vector<kernels::PackedMatrix>& mats, ThreadPool& pool,
+                          double min_seconds) {
+  constexpr int64_t kSlice = int64_t{1} << 18;  // floats
+  std::vector<std::pair<const float*, int64_t>> slices;
+  for (const kernels::PackedMatrix& m : mats) {
+    const int64_t n = m.num_panels() * m.k() * kernels::kPanel;
+    for (int64_t at = 0; at < n; at += kSlice)
+      slices.emplace_back(m.panel(0) + at, std::min(kSlice, n - at));
+  }
+  std::vector<uint64_t> folds(slices.size());
+  return time_per_call(
+      [&] {
+        parallel_for(&pool, static_cast<int64_t>(slices.size()), [&](int64_t i) {
+          const float* p = slices[i].first;
+          const int64_t n = slices[i].second / 2;  // 8-byte words
+          uint64_t lane[4] = {};
+          for (int64_t w = 0; w + 4 <= n; w += 4)
+            for (int j = 0; j < 4; ++j) {
+              uint64_t v;
+              std::memcpy(&v, p + 2 * (w + j), sizeof v);
+              lane[j] ^= v;
+            }
+          folds[i] = lane[0] ^ lane[1] ^ lane[2] ^ lane[3];
+        });
+      },
+      min_seconds);
+}
 
 }  // namespace
 
@@ -94,10 +128,12 @@ void bench_decode_gemm_rows(int threads, double min_seconds) {
     }
   const auto x = random_values(kMaxRows * 1536, 5);
   std::vector<float> y(kMaxRows * 49152);
+  const double read_secs = plain_read_seconds(mats, pool, min_seconds);
   std::printf(
-      "\nSmolLM2-135M decode GEMMs from memory (30 layers + LM head, %.0f MB), %d threads:\n",
-      bytes / 1e6, threads);
-  std::printf("%4s %9s %9s %11s\n", "rows", "ms", "x 1 row", "GB/s read");
+      "\nSmolLM2-135M decode GEMMs from memory (30 layers + LM head, %.0f MB), %d threads; a plain "
+      "read of the same bytes on the pool: %.2f ms, %.1f GB/s (the limit):\n",
+      bytes / 1e6, threads, read_secs * 1e3, bytes / read_secs / 1e9);
+  std::printf("%4s %9s %9s %11s %9s\n", "rows", "ms", "x 1 row", "GB/s read", "x limit");
   double one = 0;
   for (int m = 1; m <= kMaxRows; ++m) {
     const double secs = time_per_call(
@@ -107,7 +143,8 @@ void bench_decode_gemm_rows(int threads, double min_seconds) {
         },
         min_seconds);
     if (m == 1) one = secs;
-    std::printf("%4d %9.2f %9.2f %11.1f\n", m, secs * 1e3, secs / one, bytes / secs / 1e9);
+    std::printf("%4d %9.2f %9.2f %11.1f %9.2f\n", m, secs * 1e3, secs / one, bytes / secs / 1e9,
+                secs / read_secs);
   }
 }
 
