@@ -324,7 +324,12 @@ def main() -> None:
         die(f"{a.miles_bin} not found: build miles first (or pass --miles-bin)")
     os.environ.update(TORCH_ISA_ENV[a.isa])  # before torch is imported; miles inherits MILES_ISA
 
-    import torch
+    try:
+        import torch
+    except ImportError as e:
+        die(f"{sys.executable} cannot import torch ({e}): scripts/setup.sh --reference installs it into "
+            f"the reference venv (MILES_VENV, default /root/.venvs/miles-ref); run this script with that "
+            f"venv's python")
 
     say(f"--isa {a.isa}: torch {torch.__version__} dispatches to {torch.backends.cpu.get_cpu_capability()}, "
         f"miles to {os.environ.get('MILES_ISA', 'its best')}")
