@@ -217,71 +217,148 @@ WeightSet weight_set_of(const FlatTensors& values) {
   return weight_set_from_tensor_map(values.as_tensor_map());
 }
 
-// disk-delta: publish a full version, then the delta after one real RL optimizer step (PPO-clip
-// GRPO loss on random rollouts of the model itself; a synthetic model gets a dense perturbation of
-// the same lr instead), and read both back with every checksum verified.
+// One real RL optimizer step on the weights (PPO-clip GRPO loss on random rollouts of the model
+// itself; a synthetic model gets a dense perturbation of the same lr instead).
+Status rl_step(const SyncOptions& o, Weights& w) {
+  if (o.synthetic_mb > 0) {
+    std::mt19937 rng(2);
+    for (float& x : w.values.all()) x = x + (static_cast<float>(rng() % 3) - 1.0f) * 1e-6f;
+    return Status::Ok();
+  }
+  TrainerConfig tc;
+  tc.lr.lr = 1e-6;
+  MILES_ASSIGN_OR_RETURN(auto tr, Trainer::create(w.config, w.values.as_tensor_map(), tc, nullptr));
+  std::mt19937 rng(3);
+  std::vector<TrainSample> batch(4);
+  std::vector<RlSampleData> data(4);
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 48; ++j) batch[i].tokens.push_back(rng() % w.config.vocab_size);
+    batch[i].response_length = 32;
+    batch[i].loss_mask.assign(32, 1.0f);
+  }
+  MILES_ASSIGN_OR_RETURN(auto scored, tr->score(batch, false));
+  for (int i = 0; i < 4; ++i) {
+    data[i].old_logp = scored[i].logp;
+    data[i].advantages.assign(32, i % 2 ? 1.0f : -1.0f);
+  }
+  MILES_ASSIGN_OR_RETURN(auto obj, rl_objective(batch, data, rl::LossConfig{}));
+  MILES_RETURN_IF_ERROR(tr->step(batch, obj).status());
+  std::copy(tr->params().all().begin(), tr->params().all().end(), w.values.all().begin());
+  return Status::Ok();
+}
+
+// One compression's directory: a full version 1 and the delta 2, read back with every checksum
+// verified, both ways a reader does: load(2) from nothing (a joining engine: v1's files, then v2's)
+// and advance(v1 -> v2) (an engine following the versions: v2's files only). Fastest of --repeats
+// each, the copies of v1 made outside the timing.
+struct DeltaDir {
+  DeltaCompression compression;
+  std::string dir;
+  DiskDeltaWriter writer;
+  PublishStats full, delta;
+};
+
+// ... and what an engine's update from the directory takes: its receiver (which keeps the
+// version it holds as the next delta's base) at v1, then receive(v2): the advance, the engine's
+// copy of every tensor and its checksums, verified. Each timed read starts with the versions' files
+// dropped from the page cache (as disk_read_mbps's file), so it reads them from the disk.
+void drop_from_page_cache(const std::string& dir) {
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+struct ReadTimes {
+  double load = 1e30, advance = 1e30, receive = 1e30;
+};
+
+Result<ReadTimes> time_reads(const SyncOptions& o, const Weights& w, const DeltaDir& d) {
+  DiskDeltaReader reader(d.dir);
+  ReadTimes t;
+  const auto since = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  MILES_ASSIGN_OR_RETURN(const WeightSet v1, reader.load(1));
+  MILES_ASSIGN_OR_RETURN(TransferPlan plan,
+                         make_transfer_plan(w.config, *w.layout, ParallelLayout{}));
+  for (int r = 0; r < std::max(1, o.repeats); ++r) {
+    drop_from_page_cache(d.dir);
+    auto t0 = Clock::now();
+    MILES_RETURN_IF_ERROR(reader.load(2).status());
+    t.load = std::min(t.load, since(t0));
+    WeightSet current = v1;
+    drop_from_page_cache(d.dir);
+    t0 = Clock::now();
+    MILES_RETURN_IF_ERROR(reader.advance(current, 1, 2));
+    t.advance = std::min(t.advance, since(t0));
+    auto rx = make_disk_delta_receiver(d.dir, plan);
+    MILES_RETURN_IF_ERROR(rx->receive(1).status());
+    drop_from_page_cache(d.dir);
+    t0 = Clock::now();
+    MILES_RETURN_IF_ERROR(rx->receive(2).status());
+    t.receive = std::min(t.receive, since(t0));
+  }
+  return t;
+}
+
+// disk-delta: publish a full version, then the delta after one RL step, in each compression
+// (DeltaCompression), and read both back.
 int run_disk_delta(const SyncOptions& o, Weights& w) {
   const std::string dir = "/tmp/miles-bench-sync-delta-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const double disk = disk_write_mbps(dir), disk_read = disk_read_mbps(dir);
-  DiskDeltaWriter writer(dir + "/versions");
-  auto full = writer.publish(1, weight_set_of(w.values));
-  if (!full.ok()) return fail("bench sync", full.message());
-  if (o.synthetic_mb > 0) {
-    std::mt19937 rng(2);
-    for (float& x : w.values.all()) x = x + (static_cast<float>(rng() % 3) - 1.0f) * 1e-6f;
-  } else {
-    TrainerConfig tc;
-    tc.lr.lr = 1e-6;
-    auto tr = Trainer::create(w.config, w.values.as_tensor_map(), tc, nullptr);
-    if (!tr.ok()) return fail("bench sync", tr.message());
-    std::mt19937 rng(3);
-    std::vector<TrainSample> batch(4);
-    std::vector<RlSampleData> data(4);
-    for (int i = 0; i < 4; ++i) {
-      for (int j = 0; j < 48; ++j) batch[i].tokens.push_back(rng() % w.config.vocab_size);
-      batch[i].response_length = 32;
-      batch[i].loss_mask.assign(32, 1.0f);
-    }
-    auto scored = (*tr)->score(batch, false);
-    if (!scored.ok()) return fail("bench sync", scored.message());
-    for (int i = 0; i < 4; ++i) {
-      data[i].old_logp = (*scored)[i].logp;
-      data[i].advantages.assign(32, i % 2 ? 1.0f : -1.0f);
-    }
-    auto obj = rl_objective(batch, data, rl::LossConfig{});
-    if (!obj.ok() || !(*tr)->step(batch, *obj).ok()) return fail("bench sync", "RL step failed");
-    std::copy((*tr)->params().all().begin(), (*tr)->params().all().end(), w.values.all().begin());
+  std::vector<DeltaDir> dirs;
+  for (const DeltaCompression c : {DeltaCompression::kSmall, DeltaCompression::kFast}) {
+    DiskDeltaOptions options;
+    options.compression = c;
+    const std::string sub = dir + (c == DeltaCompression::kSmall ? "/small" : "/fast");
+    dirs.push_back({c, sub, DiskDeltaWriter(sub, options), {}, {}});
   }
-  auto delta = writer.publish(2, weight_set_of(w.values));
-  if (!delta.ok()) return fail("bench sync", delta.message());
-  DiskDeltaReader reader(dir + "/versions");
-  double read_s = 1e30;  // the fastest of --repeats loads, each into a new weight set
-  for (int r = 0; r < std::max(1, o.repeats); ++r) {
-    const auto t0 = Clock::now();
-    auto loaded = reader.load(2);
-    read_s = std::min(read_s, std::chrono::duration<double>(Clock::now() - t0).count());
-    if (!loaded.ok()) return fail("bench sync", loaded.message());
+  for (DeltaDir& d : dirs) {
+    auto full = d.writer.publish(1, weight_set_of(w.values));
+    if (!full.ok()) return fail("bench sync", full.message());
+    d.full = *full;
+  }
+  if (Status s = rl_step(o, w); !s.ok()) return fail("bench sync", "RL step: " + s.message());
+  for (DeltaDir& d : dirs) {
+    auto delta = d.writer.publish(2, weight_set_of(w.values));
+    if (!delta.ok()) return fail("bench sync", delta.message());
+    d.delta = *delta;
   }
   const std::string name =
       o.synthetic_mb > 0 ? "synthetic " + std::to_string(o.synthetic_mb) + " MB" : o.model;
   std::printf("disk write + fsync (256 MB, best of 3): %.0f MB/s\n", disk);
   std::printf("disk read, page cache dropped (256 MB, best of 3): %.0f MB/s\n", disk_read);
-  // What the reader read: both versions' files (the chain from the full version).
-  const double files_mb = (full->bytes_written + delta->bytes_written) / 1e6;
-  std::printf(
-      "| disk-delta | %s | full v1: %.1f MB written in %.3f s = %.0f MB/s of weights (%.2f of "
-      "disk) "
-      "| delta v2 after one %s step: %.1f MB (%.3f of full), %lld of %lld tensors, %.3f s "
-      "| reader load(v2) with checks: %.3f s, %.0f MB of files = %.0f MB/s (%.2f of disk read) |\n",
-      name.c_str(), full->bytes_written / 1e6, full->seconds, full->raw_bytes / full->seconds / 1e6,
-      full->raw_bytes / full->seconds / 1e6 / disk,
-      o.synthetic_mb > 0 ? "dense synthetic" : "RL (PPO, lr 1e-6)", delta->bytes_written / 1e6,
-      static_cast<double>(delta->bytes_written) / full->bytes_written,
-      static_cast<long long>(delta->tensors_stored), static_cast<long long>(delta->tensors),
-      delta->seconds, read_s, files_mb, files_mb / read_s,
-      disk_read > 0 ? files_mb / read_s / disk_read : 0.0);
+  const auto of_disk = [&](double mb, double s) {
+    return disk_read > 0 ? mb / s / disk_read : 0.0;
+  };
+  for (const DeltaDir& d : dirs) {
+    auto times = time_reads(o, w, d);
+    if (!times.ok()) return fail("bench sync", times.message());
+    const double load_s = times->load, advance_s = times->advance;
+    // What each read: both versions' files (load), the delta's (advance).
+    const double full_mb = d.full.bytes_written / 1e6, delta_mb = d.delta.bytes_written / 1e6;
+    std::printf(
+        "| disk-delta, compression %s | %s | full v1: %.1f MB written in %.3f s = %.0f MB/s of "
+        "weights (%.2f of disk) | delta v2 after one %s step: %.1f MB (%.3f of full), %lld of %lld "
+        "tensors, %.3f s | reader load(v2) with checks: %.3f s, %.0f MB of files = %.0f MB/s "
+        "(%.2f of disk read) | advance(v1 -> v2) with checks: %.3f s, %.0f MB = %.0f MB/s (%.2f of "
+        "disk read) | an engine's receive(v2) after v1: %.3f s |\n",
+        d.compression == DeltaCompression::kSmall ? "small" : "fast", name.c_str(), full_mb,
+        d.full.seconds, d.full.raw_bytes / d.full.seconds / 1e6,
+        d.full.raw_bytes / d.full.seconds / 1e6 / disk,
+        o.synthetic_mb > 0 ? "dense synthetic" : "RL (PPO, lr 1e-6)", delta_mb,
+        static_cast<double>(d.delta.bytes_written) / d.full.bytes_written,
+        static_cast<long long>(d.delta.tensors_stored), static_cast<long long>(d.delta.tensors),
+        d.delta.seconds, load_s, full_mb + delta_mb, (full_mb + delta_mb) / load_s,
+        of_disk(full_mb + delta_mb, load_s), advance_s, delta_mb, delta_mb / advance_s,
+        of_disk(delta_mb, advance_s), times->receive);
+  }
   std::filesystem::remove_all(dir);
   return 0;
 }

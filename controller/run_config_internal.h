@@ -26,8 +26,8 @@ using FieldPtr =
     std::variant<std::string*, int64_t*, uint64_t*, double*, bool*, std::vector<std::string>*,
                  std::vector<int64_t>*, Device*, Environment*, LrDecay*, TrainerComm*, Advantage*,
                  PolicyLoss*, KlEstimatorKind*, Reduction*, Correction*, OldLogp*, Transport*,
-                 WeightComm*, Encoding*, AsyncMode*, StalePolicy*, SyncPause*, Progress*,
-                 RewardKind*>;
+                 WeightComm*, Encoding*, Compression*, AsyncMode*, StalePolicy*, SyncPause*,
+                 Progress*, RewardKind*>;
 
 struct Field {
   std::string_view key;

@@ -133,6 +133,7 @@ std::vector<Section> sections_of(RunConfig& c) {
         {"full_every", &w.full_every},
         {"keep_versions", &w.keep_versions},
         {"encoding", &w.encoding},
+        {"compression", &w.compression},
         {"check_checksums", &w.check_checksums},
         {"group_timeout_s", &w.group_timeout_s},
         {"comm", &w.comm}}},

@@ -88,6 +88,8 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
   o.full_every = static_cast<int>(cfg.full_every);
   o.encoding =
       cfg.encoding == Encoding::kOverwrite ? DeltaEncoding::kOverwrite : DeltaEncoding::kXor;
+  o.compression =
+      cfg.compression == Compression::kFast ? DeltaCompression::kFast : DeltaCompression::kSmall;
   WeightPublisher* self = p.get();
   o.known_xxh3 = [self](const std::string& name) -> std::string {
     auto it = self->disk_sums_.find(name);

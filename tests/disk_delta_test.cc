@@ -97,13 +97,15 @@ int64_t dir_bytes(const std::string& dir) {
   return n;
 }
 
-void check_chain(DeltaEncoding enc, int full_every) {
+void check_chain(DeltaEncoding enc, int full_every,
+                 DeltaCompression compression = DeltaCompression::kSmall) {
   TempDir tmp;
   std::mt19937 rng(7);
   WeightSet w = synthetic_set(rng, 16, 128);  // 16 x 128 KiB = 2 MiB
   DiskDeltaOptions options;
   options.full_every = full_every;
   options.encoding = enc;
+  options.compression = compression;
   DiskDeltaWriter writer(tmp.path(), options);
   DiskDeltaReader reader(tmp.path());
   const std::vector<int64_t> versions = {1, 2, 4, 5, 9};  // gaps are fine; order is what counts
@@ -168,6 +170,39 @@ void check_chain(DeltaEncoding enc, int full_every) {
 TEST(DiskDelta, RoundTripXor) { check_chain(DeltaEncoding::kXor, 10); }
 TEST(DiskDelta, RoundTripOverwrite) { check_chain(DeltaEncoding::kOverwrite, 10); }
 TEST(DiskDelta, RoundTripFullEveryTwo) { check_chain(DeltaEncoding::kXor, 2); }
+TEST(DiskDelta, RoundTripFastCompression) {
+  check_chain(DeltaEncoding::kXor, 10, DeltaCompression::kFast);
+  check_chain(DeltaEncoding::kOverwrite, 2, DeltaCompression::kFast);
+}
+
+// kFast stores the literals raw: on float weights' byte planes (low-entropy sign/exponent bytes,
+// near-random mantissa bytes) its files are larger than kSmall's, and any reader loads a directory
+// holding versions of both.
+TEST(DiskDelta, FastCompressionIsLargerAndReadersReadBothInOneDirectory) {
+  TempDir tmp;
+  std::mt19937 rng(11);
+  WeightSet w = synthetic_set(rng, 8, 128);
+  DiskDeltaOptions small, fast;
+  fast.compression = DeltaCompression::kFast;
+  auto v1 = DiskDeltaWriter(tmp.path(), small).publish(1, w);
+  ASSERT_TRUE(v1.ok()) << v1.message();
+  const WeightSet first = w;
+  perturb(w, rng, 8, 0.5);
+  auto v2 = DiskDeltaWriter(tmp.path(), fast).publish(2, w);  // a new writer: a full version
+  ASSERT_TRUE(v2.ok()) << v2.message();
+  EXPECT_FALSE(v2->base_version.has_value());
+  EXPECT_GT(v2->bytes_written, v1->bytes_written * 103 / 100)  // synthetic N(0, 0.02): 1.07x
+      << "small " << v1->bytes_written << ", fast " << v2->bytes_written;
+  DiskDeltaReader reader(tmp.path());
+  auto l1 = reader.load(1);
+  ASSERT_TRUE(l1.ok()) << l1.message();
+  expect_same(*l1, first, "load(1), small");
+  auto l2 = reader.load(2);
+  ASSERT_TRUE(l2.ok()) << l2.message();
+  expect_same(*l2, w, "load(2), fast");
+  ASSERT_TRUE(reader.advance(*l1, 1, 2).ok());
+  expect_same(*l1, w, "advance(1 -> 2) across the two");
+}
 
 TEST(DiskDelta, ManifestNamesEveryField) {
   TempDir tmp;

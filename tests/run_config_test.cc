@@ -131,6 +131,7 @@ TEST(RunConfig, FullConfigSetsEveryField) {
   EXPECT_EQ(c->weight_sync.dir, "/fast/weights");
   EXPECT_EQ(c->weight_sync.full_every, 3);
   EXPECT_EQ(c->weight_sync.encoding, Encoding::kOverwrite);
+  EXPECT_EQ(c->weight_sync.compression, Compression::kFast);
   EXPECT_FALSE(c->weight_sync.check_checksums);
   EXPECT_EQ(c->weight_sync.group_timeout_s, 15);
   EXPECT_EQ(c->async.mode, AsyncMode::kOneStepOff);

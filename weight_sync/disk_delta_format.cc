@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#define ZSTD_STATIC_LINKING_ONLY  // ZSTD_c_literalCompressionMode
 #include <zstd.h>
 
 #include <algorithm>
@@ -307,7 +308,7 @@ void xor_bytes(uint8_t* out, const uint8_t* a, const uint8_t* b, size_t n) {
 
 Result<size_t> zstd_encode_append(std::span<const uint8_t> bytes, const uint8_t* xor_base,
                                   TensorLayout layout, int elem, int level,
-                                  std::vector<uint8_t>& out) {
+                                  std::vector<uint8_t>& out, bool raw_literals) {
   const bool planes = layout == TensorLayout::kBytePlanes;
   MILES_CHECK(!planes || (elem >= 2 && kPlaneBlock % elem == 0 && bytes.size() % elem == 0));
   thread_local std::unique_ptr<ZSTD_CCtx, CCtxFree> cctx(ZSTD_createCCtx());
@@ -320,6 +321,13 @@ Result<size_t> zstd_encode_append(std::span<const uint8_t> bytes, const uint8_t*
   if (const size_t r = ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_compressionLevel, level);
       ZSTD_isError(r))
     return failed(r);
+  // An experimental parameter (zstd.h's static-linking section) whose value the linked library
+  // checks: one that does not know it fails the publish with zstd's message, never silently.
+  if (raw_literals)
+    if (const size_t r =
+            ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_literalCompressionMode, ZSTD_ps_disable);
+        ZSTD_isError(r))
+      return failed(r);
   ZSTD_CCtx_setPledgedSrcSize(cctx.get(), bytes.size());  // the frame declares its size
   const size_t at = out.size();
   size_t pos = 0;

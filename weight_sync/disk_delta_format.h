@@ -108,10 +108,11 @@ inline constexpr uint64_t kMaxZstdRatio = (uint64_t{128} << 10) / 4;
 // bytes of `xor_base` when it is given, then in byte planes for layout byte_planes with elements of
 // `elem` bytes) and compressed as one zstd frame at `level` that declares its size, appended to
 // `out`; returns the frame's size. The same payload as append_byte_planes of (bytes ^ base), with
-// nothing of the tensor's size beside the frame.
+// nothing of the tensor's size beside the frame. raw_literals: the frame stores its literals as
+// they are instead of Huffman-coding them (DeltaCompression::kFast): any zstd decoder reads it.
 Result<size_t> zstd_encode_append(std::span<const uint8_t> bytes, const uint8_t* xor_base,
                                   TensorLayout layout, int elem, int level,
-                                  std::vector<uint8_t>& out);
+                                  std::vector<uint8_t>& out, bool raw_literals = false);
 // Checks the frame's header: a zstd frame that does not declare another size than `size` (the
 // reader checks before it allocates the output).
 Status zstd_check_frame_size(std::span<const uint8_t> frame, uint64_t size);

@@ -2,10 +2,12 @@
 // every tensor's checksum after every step.
 //
 // Phases: resolve the chain (walk base_version links back from the target until the caller's
-// version or a full version; a missing link is an error) → apply each version in order to a
-// working copy (read and size-check the data file, check names / dtypes / shapes against the base,
-// decode each frame, xor or overwrite) → verify every tensor's xxh3-128 → swap into the caller's
-// set. Nothing the caller holds changes unless every step succeeded.
+// version or a full version; a missing link is an error) → apply each version in order to the
+// working set (read and size-check the data file, check names / dtypes / shapes against the base,
+// decode each frame, xor or overwrite) → verify every tensor's xxh3-128 → swap the tensors that
+// changed into the caller's set. Nothing the caller holds changes unless every step succeeded.
+// The working set copies a tensor of the caller's only when a version changes it, just before it
+// is decoded into (so in cache, on the thread that decodes it); the others are read in place.
 #include <algorithm>
 #include <filesystem>
 #include <limits>
@@ -79,17 +81,44 @@ Result<dd::DataFile> open_data(const std::string& vdir, const dd::Manifest& m) {
                        (data.size() < m.data_bytes ? " (truncated" + first + ")" : ""));
 }
 
-Status check_layout(const WeightSet& set, const dd::Manifest& m, const std::string& where) {
-  if (set.size() != m.tensors.size())
+// The weights a chain is applied to: tensor i is the caller's (`base`, only ever read) until a
+// version changes it, from then on a copy of its own (own[i], owned[i] = 1). Without a base (a
+// full version) every tensor is its own.
+struct Working {
+  const WeightSet* base = nullptr;
+  WeightSet own;                  // every tensor's name, dtype and shape; bytes where owned
+  std::vector<uint8_t> owned;     // per tensor (not vector<bool>: threads write neighbours)
+  std::vector<std::string> sums;  // per tensor: the xxh3-128 its bytes were verified to have
+  const NamedTensor& at(size_t i) const { return owned[i] ? own[i] : (*base)[i]; }
+
+  static Working over(const WeightSet& base) {
+    Working w{&base, {}, std::vector<uint8_t>(base.size(), 0), {}};
+    for (const NamedTensor& t : base) w.own.push_back(NamedTensor{t.name, t.dtype, t.shape, {}});
+    return w;
+  }
+  // The tensors as they now are into `set`: the owned ones swapped in (set is the base or, after
+  // a full version, replaced).
+  void commit(WeightSet& set, std::vector<std::string>* checksums) {
+    if (checksums) *checksums = std::move(sums);
+    if (base == nullptr) {
+      set = std::move(own);
+      return;
+    }
+    for (size_t i = 0; i < own.size(); ++i)
+      if (owned[i]) set[i].bytes.swap(own[i].bytes);
+  }
+};
+
+Status check_layout(const Working& w, const dd::Manifest& m, const std::string& where) {
+  if (w.own.size() != m.tensors.size())
     return Status::Error(where + ": " + std::to_string(m.tensors.size()) +
-                         " tensors, the base has " + std::to_string(set.size()));
-  for (size_t i = 0; i < set.size(); ++i) {
+                         " tensors, the base has " + std::to_string(w.own.size()));
+  for (size_t i = 0; i < w.own.size(); ++i) {
     const dd::ManifestTensor& t = m.tensors[i];
-    if (set[i].name != t.name || set[i].dtype != t.dtype || set[i].shape != t.shape ||
-        set[i].bytes.size() != t.nbytes)
+    const NamedTensor& b = w.at(i);
+    if (b.name != t.name || b.dtype != t.dtype || b.shape != t.shape || b.bytes.size() != t.nbytes)
       return Status::Error(where + ": tensor " + std::to_string(i) + " '" + t.name +
-                           "' does not match the base's '" + set[i].name +
-                           "' (name, dtype or shape)");
+                           "' does not match the base's '" + b.name + "' (name, dtype or shape)");
   }
   return Status::Ok();
 }
@@ -101,10 +130,6 @@ Result<std::string> apply_tensor(const dd::DataFile& data, const dd::ManifestTen
                                  const std::string& where, std::vector<uint8_t>& out) {
   const std::string at = where + ", " + dd::kDataFile + ", tensor '" + t.name + "'";
   weight_sync_detail::Xxh3Stream hash;
-  if (t.encoding == dd::TensorEncoding::kUnchanged) {
-    hash.update(out.data(), out.size());
-    return hash.hex();
-  }
   // The manifest holds every frame inside the data file, whose size open_data checked, and nbytes
   // to what the frame can decode to (the decoder checks the frame's header against it first).
   const bool xor_into = t.encoding == dd::TensorEncoding::kXor;
@@ -118,25 +143,35 @@ Result<std::string> apply_tensor(const dd::DataFile& data, const dd::ManifestTen
   return hash.hex();
 }
 
-// Applies one version to `set` (replacing it for a full version), verifying every checksum.
-Status apply_version(const std::string& dir, const dd::Manifest& m, WeightSet& set) {
+// Applies one version to `w` (replacing it for a full version), verifying every checksum.
+Status apply_version(const std::string& dir, const dd::Manifest& m, Working& w) {
   const std::string vdir = version_path(dir, m.version);
   const std::string where = "version " + std::to_string(m.version) + " (" + vdir + ")";
   MILES_ASSIGN_OR_RETURN(const dd::DataFile data, open_data(vdir, m));
   if (m.is_full()) {
-    set.clear();
-    for (const auto& t : m.tensors) set.push_back(NamedTensor{t.name, t.dtype, t.shape, {}});
+    w = Working{nullptr, {}, std::vector<uint8_t>(m.tensors.size(), 1), {}};
+    for (const auto& t : m.tensors) w.own.push_back(NamedTensor{t.name, t.dtype, t.shape, {}});
   } else {
-    MILES_RETURN_IF_ERROR(check_layout(set, m, where));
+    MILES_RETURN_IF_ERROR(check_layout(w, m, where));
   }
-  // Every tensor on its own (for_each_tensor): read its frame, decode, apply, verify.
+  w.sums.assign(m.tensors.size(), {});
+  // Every tensor on its own (for_each_tensor): read its frame, decode, apply, verify. A tensor of
+  // the base that this version changes is copied first (overwritten: only sized).
   return weight_sync_detail::for_each_tensor(m.tensors.size(), [&](size_t i) -> Status {
     const dd::ManifestTensor& t = m.tensors[i];
-    MILES_ASSIGN_OR_RETURN(const std::string got, apply_tensor(data, t, where, set[i].bytes));
+    std::string got;
+    if (t.encoding == dd::TensorEncoding::kUnchanged) {
+      got = weight_sync_detail::xxh3_hex(w.at(i).bytes.data(), w.at(i).bytes.size());
+    } else {
+      if (!w.owned[i] && t.encoding == dd::TensorEncoding::kXor) w.own[i].bytes = w.at(i).bytes;
+      w.owned[i] = 1;
+      MILES_ASSIGN_OR_RETURN(got, apply_tensor(data, t, where, w.own[i].bytes));
+    }
     if (got != t.xxh3_128)
       return Status::Error(where + ": checksum mismatch for tensor '" + t.name + "' (" +
                            std::string(dd::encoding_name(t.encoding)) + "): manifest says " +
                            t.xxh3_128 + ", the applied bytes hash to " + got);
+    w.sums[i] = std::move(got);
     return Status::Ok();
   });
 }
@@ -168,28 +203,38 @@ Result<std::optional<int64_t>> DiskDeltaReader::full_version_at_or_below(int64_t
   return std::optional<int64_t>();
 }
 
-Result<WeightSet> DiskDeltaReader::load(int64_t target) const {
+Result<WeightSet> DiskDeltaReader::load(int64_t target, std::vector<std::string>* checksums) const {
   MILES_ASSIGN_OR_RETURN(std::vector<dd::Manifest> chain,
                          resolve_chain(dir_, target, std::nullopt));
-  WeightSet set;
+  Working w;  // the chain starts at a full version: no base
   for (const dd::Manifest& m : chain)
     MILES_RETURN_IF_ERROR(
-        apply_version(dir_, m, set).with_context("loading version " + std::to_string(target)));
+        apply_version(dir_, m, w).with_context("loading version " + std::to_string(target)));
+  WeightSet set;
+  w.commit(set, checksums);
   return set;
 }
 
-Status DiskDeltaReader::advance(WeightSet& current, int64_t current_version, int64_t target) const {
+Status DiskDeltaReader::advance(WeightSet& current, int64_t current_version, int64_t target,
+                                std::vector<std::string>* checksums) const {
   const std::string ctx = "advancing from version " + std::to_string(current_version) + " to " +
                           std::to_string(target) + " in " + dir_;
-  if (target == current_version) return Status::Ok();
+  if (target == current_version) {
+    if (checksums) {
+      checksums->clear();
+      for (const NamedTensor& t : current)
+        checksums->push_back(weight_sync_detail::xxh3_hex(t.bytes.data(), t.bytes.size()));
+    }
+    return Status::Ok();
+  }
   if (target < current_version) return Status::Error(ctx + ": the target is older");
   auto chain = resolve_chain(dir_, target, current_version);
   if (!chain.ok()) return chain.status().with_context(ctx);
-  // A chain that starts at a full version does not need the current weights.
-  WeightSet work = chain->front().is_full() ? WeightSet{} : current;
+  // The current weights are read, never written, until every version has applied and verified.
+  Working w = Working::over(current);
   for (const dd::Manifest& m : *chain)
-    MILES_RETURN_IF_ERROR(apply_version(dir_, m, work).with_context(ctx));
-  current.swap(work);
+    MILES_RETURN_IF_ERROR(apply_version(dir_, m, w).with_context(ctx));
+  w.commit(current, checksums);
   return Status::Ok();
 }
 

@@ -59,7 +59,8 @@ struct Encoded {
 };
 
 Result<Encoded> encode_tensor(const NamedTensor& t, const NamedTensor* base, DeltaEncoding enc,
-                              const std::string& known_xxh3, int zstd_level) {
+                              const std::string& known_xxh3, int zstd_level,
+                              DeltaCompression compression) {
   Encoded e{{t.name, t.dtype, t.shape, dd::TensorEncoding::kFull, dd::TensorLayout::kBytes,
              t.bytes.size(), 0, 0, known_xxh3.empty() ? dd::xxh3_128_hex(t.bytes) : known_xxh3},
             {}};
@@ -76,9 +77,10 @@ Result<Encoded> encode_tensor(const NamedTensor& t, const NamedTensor* base, Del
   }
   // Encoded and compressed a block at a time: nothing of the tensor's size beside the frame.
   e.m.layout = dd::layout_for(t.dtype);
-  MILES_ASSIGN_OR_RETURN(e.m.compressed_bytes,
-                         dd::zstd_encode_append(t.bytes, xor_base, e.m.layout,
-                                                dd::dtype_bytes(t.dtype), zstd_level, e.frame));
+  MILES_ASSIGN_OR_RETURN(
+      e.m.compressed_bytes,
+      dd::zstd_encode_append(t.bytes, xor_base, e.m.layout, dd::dtype_bytes(t.dtype), zstd_level,
+                             e.frame, compression == DeltaCompression::kFast));
   return e;
 }
 
@@ -158,7 +160,7 @@ Result<PublishStats> DiskDeltaWriter::publish(int64_t version, const WeightSet& 
       weight_sync_detail::for_each_tensor(tensors.size(), [&](size_t i) -> Status {
         MILES_ASSIGN_OR_RETURN(
             encoded[i], encode_tensor(tensors[i], full ? nullptr : &snapshot_[i], options_.encoding,
-                                      known[i], options_.zstd_level));
+                                      known[i], options_.zstd_level, options_.compression));
         return Status::Ok();
       }).with_context(ctx));
   std::vector<uint8_t> data;

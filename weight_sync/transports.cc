@@ -4,6 +4,7 @@
 #include "miles/comm.h"
 #include "miles/weight_sync/disk_delta.h"
 #include "miles/weight_sync/weight_sync.h"
+#include "weight_sync/for_each_tensor.h"
 
 namespace miles {
 
@@ -94,25 +95,39 @@ class DiskDeltaSender final : public WeightSender {
 class DiskDeltaReceiver final : public WeightReceiver {
  public:
   DiskDeltaReceiver(const std::string& dir, TransferPlan p) : reader_(dir), plan_(std::move(p)) {}
+  // advance() changes current_ only when every version applied and verified; the engine gets its
+  // own copy (current_ stays the base of the next delta), each tensor copied and hashed on the
+  // machine's cores: the hash of the copy's bytes must be the one the reader verified against the
+  // manifest (so `verified`: verify_received_weights needs no second pass).
   Result<ReceivedWeights> receive(int64_t v) override {
+    std::vector<std::string> verified;  // each tensor's hash, as checked against the manifest
     if (current_version_ >= 0 && v > current_version_) {
-      WeightSet next = current_;
-      MILES_RETURN_IF_ERROR(reader_.advance(next, current_version_, v));
-      current_ = std::move(next);
+      MILES_RETURN_IF_ERROR(reader_.advance(current_, current_version_, v, &verified));
     } else {
-      MILES_ASSIGN_OR_RETURN(current_, reader_.load(v));
+      MILES_ASSIGN_OR_RETURN(current_, reader_.load(v, &verified));
     }
     current_version_ = v;
     ReceivedWeights out;
     out.version = v;
+    std::vector<std::vector<float>*> dst;
+    std::vector<std::string*> sums;
     for (const NamedTensor& t : current_) {
       if (t.dtype != "F32") return Status::Error("disk-delta tensor " + t.name + " is " + t.dtype);
-      std::vector<float>& dst = out.tensors[t.name];
-      dst.resize(t.bytes.size() / sizeof(float));
-      std::memcpy(dst.data(), t.bytes.data(), t.bytes.size());
+      dst.push_back(&out.tensors[t.name]);
+      sums.push_back(&out.checksums[t.name]);
       out.shapes[t.name] = t.shape;
-      out.checksums[t.name] = xxh3_128_hex(t.bytes.data(), t.bytes.size());
     }
+    MILES_RETURN_IF_ERROR(weight_sync_detail::for_each_tensor(current_.size(), [&](size_t i) {
+      const std::vector<uint8_t>& bytes = current_[i].bytes;
+      dst[i]->resize(bytes.size() / sizeof(float));
+      std::memcpy(dst[i]->data(), bytes.data(), bytes.size());
+      *sums[i] = xxh3_128_hex(dst[i]->data(), bytes.size());
+      if (*sums[i] != verified[i])
+        return Status::Error("disk-delta tensor " + current_[i].name + ": its copy hashes to " +
+                             *sums[i] + ", the version's manifest says " + verified[i]);
+      return Status::Ok();
+    }));
+    out.verified = true;
     MILES_RETURN_IF_ERROR(verify_received_weights(out, plan_));
     return out;
   }

@@ -41,6 +41,7 @@ enum class OldLogp { kRollout, kRecompute };
 enum class Transport { kDiskDelta, kBroadcast, kP2p };
 enum class WeightComm { kAuto, kGloo, kShm };
 enum class Encoding { kXor, kOverwrite };
+enum class Compression { kSmall, kFast };
 enum class AsyncMode { kSync, kOneStepOff, kAsync };
 enum class StalePolicy { kDrop, kRetry };
 enum class SyncPause { kRetract, kInPlace, kAbort };
@@ -64,6 +65,7 @@ MILES_CONFIG_ENUM(OldLogp, "rollout", "recompute")
 MILES_CONFIG_ENUM(Transport, "disk_delta", "broadcast", "p2p")
 MILES_CONFIG_ENUM(WeightComm, "auto", "gloo", "shm")
 MILES_CONFIG_ENUM(Encoding, "xor", "overwrite")
+MILES_CONFIG_ENUM(Compression, "small", "fast")
 MILES_CONFIG_ENUM(AsyncMode, "sync", "one_step_off", "async")
 MILES_CONFIG_ENUM(StalePolicy, "drop", "retry")
 MILES_CONFIG_ENUM(SyncPause, "retract", "in_place", "abort")
@@ -209,6 +211,7 @@ struct WeightSyncSection {
   int64_t full_every = 10;
   int64_t keep_versions = 4;  // newest versions kept loadable on disk (0: every version)
   Encoding encoding = Encoding::kXor;
+  Compression compression = Compression::kSmall;  // the data files' literals (DeltaCompression)
   bool check_checksums = true;         // compare engine and trainer checksums after every update
   double group_timeout_s = 60;         // broadcast / p2p: forming a group, and each collective
   // broadcast / p2p: the groups' communicator. shm: shared memory (the engines on the

@@ -47,10 +47,20 @@ enum class DeltaEncoding {
   kOverwrite,  // the new bytes: idempotent, larger
 };
 
+// How the data files' zstd frames store their literals (the bytes no match covers; in byte planes
+// most of a float weight's mantissa bytes, and of an update's xor):
+//   kSmall: Huffman-coded, zstd's default: the smallest files;
+//   kFast: stored as they are: on SmolLM2's weights and an RL step's xor delta the files are 1.25x
+//   (full) and 1.55x (delta) larger and decode about 2x faster (docs/benchmarks.md, "Weight
+//   sync"), for disks that read faster than the reader decodes.
+// Readers read either; a directory may hold both.
+enum class DeltaCompression { kSmall, kFast };
+
 struct DiskDeltaOptions {
   int full_every = 10;  // publish k (0-based, per writer) is full when k % full_every == 0
   DeltaEncoding encoding = DeltaEncoding::kXor;
   int zstd_level = 1;
+  DeltaCompression compression = DeltaCompression::kSmall;
   bool write_latest = true;  // keep a LATEST file with the newest version (informative only)
   // Test hook: called with the temporary directory after every file is written and fsynced, just
   // before the rename that publishes it.
@@ -109,12 +119,15 @@ class DiskDeltaReader {
   Result<int64_t> latest_full_version() const;
   // The newest full version at or below `version`; nullopt when there is none.
   Result<std::optional<int64_t>> full_version_at_or_below(int64_t version) const;
-  // The weights of `target` from scratch: its full base, then every delta in order.
-  Result<WeightSet> load(int64_t target) const;
+  // The weights of `target` from scratch: its full base, then every delta in order. checksums:
+  // when given, each tensor's xxh3-128 (hex) as verified against the target's manifest.
+  Result<WeightSet> load(int64_t target, std::vector<std::string>* checksums = nullptr) const;
   // Moves `current` (the weights of `current_version`) to `target` by applying the chain of deltas
   // (or from a newer full version). Every tensor's checksum is verified after every step. On error
-  // `current` is left untouched; the message names the version, file and tensor.
-  Status advance(WeightSet& current, int64_t current_version, int64_t target) const;
+  // `current` is left untouched; the message names the version, file and tensor. Only the tensors
+  // a version changes are copied (then swapped in): the others are read where they are.
+  Status advance(WeightSet& current, int64_t current_version, int64_t target,
+                 std::vector<std::string>* checksums = nullptr) const;
   const std::string& dir() const { return dir_; }
 
  private:
