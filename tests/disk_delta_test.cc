@@ -127,17 +127,22 @@ void check_chain(DeltaEncoding enc, int full_every,
       full_bytes = on_disk;
     }
     want.push_back(w);
-    // A reader stepping along: from nothing (load), then advance by one version each time.
+    // A reader stepping along: from nothing (load), then advance by one version each time; the
+    // checksums it hands back are its tensors' hashes.
+    std::vector<std::string> sums;
     if (stepper_version < 0) {
-      auto l = reader.load(versions[k]);
+      auto l = reader.load(versions[k], &sums);
       ASSERT_TRUE(l.ok()) << l.message();
       stepper = std::move(*l);
     } else {
-      Status s = reader.advance(stepper, stepper_version, versions[k]);
+      Status s = reader.advance(stepper, stepper_version, versions[k], &sums);
       ASSERT_TRUE(s.ok()) << s.message();
     }
     stepper_version = versions[k];
     expect_same(stepper, w, "stepping reader at version " + std::to_string(versions[k]));
+    ASSERT_EQ(sums.size(), stepper.size());
+    for (size_t i = 0; i < sums.size(); ++i)
+      EXPECT_EQ(sums[i], disk_delta::xxh3_128_hex(stepper[i].bytes)) << stepper[i].name;
   }
   // Late joiners: from the latest full version, and from scratch at every version.
   auto latest = reader.latest_version();
