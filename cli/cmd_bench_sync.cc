@@ -247,10 +247,7 @@ Status rl_step(const SyncOptions& o, Weights& w) {
   return Status::Ok();
 }
 
-// One compression's directory: a full version 1 and the delta 2, read back with every checksum
-// verified, both ways a reader does: load(2) from nothing (a joining engine: v1's files, then v2's)
-// and advance(v1 -> v2) (an engine following the versions: v2's files only). Fastest of --repeats
-// each, the copies of v1 made outside the timing.
+// One compression's directory: a full version 1 and the delta 2.
 struct DeltaDir {
   DeltaCompression compression;
   std::string dir;
@@ -258,10 +255,7 @@ struct DeltaDir {
   PublishStats full, delta;
 };
 
-// ... and what an engine's update from the directory takes: its receiver (which keeps the
-// version it holds as the next delta's base) at v1, then receive(v2): the advance, the engine's
-// copy of every tensor and its checksums, verified. Each timed read starts with the versions' files
-// dropped from the page cache (as disk_read_mbps's file), so it reads them from the disk.
+// The files under `dir` out of the page cache (a hint, as disk_read_mbps's file).
 void drop_from_page_cache(const std::string& dir) {
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
     if (!e.is_regular_file()) continue;
@@ -272,6 +266,12 @@ void drop_from_page_cache(const std::string& dir) {
   }
 }
 
+// A directory's versions read back with every checksum verified, each way a reader does: load(2)
+// from nothing (a joining engine: v1's files, then v2's), advance(v1 -> v2) (an engine following
+// the versions: v2's files only), and an engine's update: its receiver (which keeps the version it
+// holds as the next delta's base) at v1, then receive(v2) (the advance, the engine's copy of every
+// tensor and its checksums). Fastest of --repeats each; every timed read starts with the files
+// dropped from the page cache, the copy of v1 and the receiver's v1 made outside the timing.
 struct ReadTimes {
   double load = 1e30, advance = 1e30, receive = 1e30;
 };

@@ -567,6 +567,11 @@ TEST(DiskDelta, HostileManifestSizesAreRefusedBeforeAllocating) {
                                 hostile_tensor("b", "Q4X", J::array({3}), 4, UINT64_MAX, 2)}),
                       1);
   EXPECT_NE(e.find("ends past data_bytes 1"), std::string::npos) << e;
+  // A tensor named twice (a reader's per-tensor work runs in parallel, one buffer per name).
+  e = load_fails_with(J::array({hostile_tensor("a", "Q4X", J::array({3}), 4, 0, 1),
+                                hostile_tensor("a", "Q4X", J::array({3}), 4, 1, 1)}),
+                      2);
+  EXPECT_NE(e.find("tensor 'a' appears twice"), std::string::npos) << e;
   // A frame that declares another size than nbytes is refused before the output is allocated.
   std::vector<uint8_t> frame;
   ASSERT_TRUE(disk_delta::zstd_encode_append(std::vector<uint8_t>(8, 1), nullptr,

@@ -16,6 +16,7 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "miles/check.h"
 #include "miles/durable_file.h"
@@ -190,8 +191,11 @@ Result<Manifest> manifest_from_json(const std::string& text, const std::string& 
   if (!j.contains("tensors") || !j["tensors"].is_array())
     return Status::Error(source + ": 'tensors' is not an array");
   uint64_t end = 0;
+  std::set<std::string> names;  // a weight set names each tensor once
   for (const auto& tj : j["tensors"]) {
     MILES_ASSIGN_OR_RETURN(ManifestTensor t, tensor_from_json(tj, source, fv));
+    if (!names.insert(t.name).second)
+      return Status::Error(source + ": tensor '" + t.name + "' appears twice");
     if (m.is_full() && t.encoding != TensorEncoding::kFull)
       return Status::Error(source + ": tensor '" + t.name + "' of a full version is not 'full'");
     if (!m.is_full() && t.encoding == TensorEncoding::kFull)

@@ -50,9 +50,9 @@ enum class DeltaEncoding {
 // How the data files' zstd frames store their literals (the bytes no match covers; in byte planes
 // most of a float weight's mantissa bytes, and of an update's xor):
 //   kSmall: Huffman-coded, zstd's default: the smallest files;
-//   kFast: stored as they are: on SmolLM2's weights and an RL step's xor delta the files are 1.25x
-//   (full) and 1.55x (delta) larger and decode about 2x faster (docs/benchmarks.md, "Weight
-//   sync"), for disks that read faster than the reader decodes.
+//   kFast: stored as they are: on SmolLM2's weights and an RL step's xor delta the files are 1.35x
+//   (full) and 1.6x (delta) larger and decode about 2x faster (docs/benchmarks.md, "Weight sync"),
+//   for disks that read faster than the reader decodes.
 // Readers read either; a directory may hold both.
 enum class DeltaCompression { kSmall, kFast };
 
