@@ -248,7 +248,17 @@ Status rl_step(const SyncOptions& o, Weights& w) {
 }
 
 // One compression's directory: a full version 1 and the delta 2.
+const char* encoding_name(DeltaEncoding e) {
+  return e == DeltaEncoding::kDifference ? "difference"
+         : e == DeltaEncoding::kXor      ? "xor"
+                                         : "overwrite";
+}
+const char* compression_name(DeltaCompression c) {
+  return c == DeltaCompression::kSmall ? "small" : "fast";
+}
+
 struct DeltaDir {
+  DeltaEncoding encoding;
   DeltaCompression compression;
   std::string dir;
   DiskDeltaWriter writer;
@@ -306,18 +316,22 @@ Result<ReadTimes> time_reads(const SyncOptions& o, const Weights& w, const Delta
 }
 
 // disk-delta: publish a full version, then the delta after one RL step, in each compression
-// (DeltaCompression), and read both back.
+// (DeltaCompression) with the default encoding (difference) and in xor (the encoding it replaced),
+// and read both back.
 int run_disk_delta(const SyncOptions& o, Weights& w) {
   const std::string dir = "/tmp/miles-bench-sync-delta-" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const double disk = disk_write_mbps(dir), disk_read = disk_read_mbps(dir);
   std::vector<DeltaDir> dirs;
-  for (const DeltaCompression c : {DeltaCompression::kSmall, DeltaCompression::kFast}) {
+  for (const auto& [e, c] : {std::pair{DeltaEncoding::kDifference, DeltaCompression::kSmall},
+                             std::pair{DeltaEncoding::kDifference, DeltaCompression::kFast},
+                             std::pair{DeltaEncoding::kXor, DeltaCompression::kSmall}}) {
     DiskDeltaOptions options;
+    options.encoding = e;
     options.compression = c;
-    const std::string sub = dir + (c == DeltaCompression::kSmall ? "/small" : "/fast");
-    dirs.push_back({c, sub, DiskDeltaWriter(sub, options), {}, {}});
+    const std::string sub = dir + "/" + encoding_name(e) + "-" + compression_name(c);
+    dirs.push_back({e, c, sub, DiskDeltaWriter(sub, options), {}, {}});
   }
   for (DeltaDir& d : dirs) {
     auto full = d.writer.publish(1, weight_set_of(w.values));
@@ -343,20 +357,23 @@ int run_disk_delta(const SyncOptions& o, Weights& w) {
     const double load_s = times->load, advance_s = times->advance;
     // What each read: both versions' files (load), the delta's (advance).
     const double full_mb = d.full.bytes_written / 1e6, delta_mb = d.delta.bytes_written / 1e6;
+    const double weights_mb = d.full.raw_bytes / 1e6;  // what a load or an advance delivers
     std::printf(
-        "| disk-delta, compression %s | %s | full v1: %.1f MB written in %.3f s = %.0f MB/s of "
-        "weights (%.2f of disk) | delta v2 after one %s step: %.1f MB (%.3f of full), %lld of %lld "
-        "tensors, %.3f s | reader load(v2) with checks: %.3f s, %.0f MB of files = %.0f MB/s "
-        "(%.2f of disk read) | advance(v1 -> v2) with checks: %.3f s, %.0f MB = %.0f MB/s (%.2f of "
-        "disk read) | an engine's receive(v2) after v1: %.3f s |\n",
-        d.compression == DeltaCompression::kSmall ? "small" : "fast", name.c_str(), full_mb,
+        "| disk-delta, compression %s, encoding %s | %s | full v1: %.1f MB written in %.3f s = "
+        "%.0f MB/s of weights (%.2f of disk) | delta v2 after one %s step: %.1f MB (%.3f of full), "
+        "%lld of %lld tensors, %.3f s | reader load(v2) with checks: %.3f s, %.0f MB of files = "
+        "%.0f MB/s (%.2f of disk read), %.0f MB of weights = %.0f MB/s (%.2f of disk read) | "
+        "advance(v1 -> v2) with checks: %.3f s, %.0f MB = %.0f MB/s (%.2f of disk read) | an "
+        "engine's receive(v2) after v1: %.3f s |\n",
+        compression_name(d.compression), encoding_name(d.encoding), name.c_str(), full_mb,
         d.full.seconds, d.full.raw_bytes / d.full.seconds / 1e6,
         d.full.raw_bytes / d.full.seconds / 1e6 / disk,
         o.synthetic_mb > 0 ? "dense synthetic" : "RL (PPO, lr 1e-6)", delta_mb,
         static_cast<double>(d.delta.bytes_written) / d.full.bytes_written,
         static_cast<long long>(d.delta.tensors_stored), static_cast<long long>(d.delta.tensors),
         d.delta.seconds, load_s, full_mb + delta_mb, (full_mb + delta_mb) / load_s,
-        of_disk(full_mb + delta_mb, load_s), advance_s, delta_mb, delta_mb / advance_s,
+        of_disk(full_mb + delta_mb, load_s), weights_mb, weights_mb / load_s,
+        of_disk(weights_mb, load_s), advance_s, delta_mb, delta_mb / advance_s,
         of_disk(delta_mb, advance_s), times->receive);
   }
   std::filesystem::remove_all(dir);

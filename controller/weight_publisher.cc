@@ -86,8 +86,9 @@ Result<std::unique_ptr<WeightPublisher>> WeightPublisher::create(
                                                       trainer.params().layout(), ParallelLayout{}));
   DiskDeltaOptions o;
   o.full_every = static_cast<int>(cfg.full_every);
-  o.encoding =
-      cfg.encoding == Encoding::kOverwrite ? DeltaEncoding::kOverwrite : DeltaEncoding::kXor;
+  o.encoding = cfg.encoding == Encoding::kOverwrite ? DeltaEncoding::kOverwrite
+               : cfg.encoding == Encoding::kXor     ? DeltaEncoding::kXor
+                                                    : DeltaEncoding::kDifference;
   o.compression =
       cfg.compression == Compression::kFast ? DeltaCompression::kFast : DeltaCompression::kSmall;
   WeightPublisher* self = p.get();

@@ -196,8 +196,11 @@ TEST(Cli, BenchSyncMeasuresEveryTransportBetweenProcesses) {
   const std::string m = test::shared_dir() + "/models/stories260K/stories260K.bin";
   CliRun r = run_miles("bench sync --model " + m + " --repeats 1 --engines 2");
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  for (const char* t : {"| broadcast |", "| p2p |", "| disk-delta, compression small |",
-                        "| disk-delta, compression fast |", "memcpy", "of full", "receive(v2)"})
+  for (const char* t :
+       {"| broadcast |", "| p2p |", "| disk-delta, compression small, encoding difference |",
+        "| disk-delta, compression fast, encoding difference |",
+        "| disk-delta, compression small, encoding xor |", "memcpy", "of full", "MB of weights",
+        "receive(v2)"})
     EXPECT_NE(r.out.find(t), std::string::npos) << t << " missing in:\n" << r.out;
   // Tensor-parallel engines: each rank's shard straight from the sender, and via rank 0.
   r = run_miles("bench sync --model " + m +

@@ -164,18 +164,22 @@ void check_chain(DeltaEncoding enc, int full_every,
     std::printf(
         "[%s, full_every %d] full version %lld bytes, mean delta %lld bytes (3 of 16 tensors, 1%% "
         "of values): delta/full = %.4f\n",
-        enc == DeltaEncoding::kXor ? "xor" : "overwrite", full_every, (long long)full_bytes,
-        (long long)(delta_bytes / deltas), ratio);
-    if (enc == DeltaEncoding::kXor) {
+        enc == DeltaEncoding::kDifference ? "difference"
+        : enc == DeltaEncoding::kXor      ? "xor"
+                                          : "overwrite",
+        full_every, (long long)full_bytes, (long long)(delta_bytes / deltas), ratio);
+    if (enc != DeltaEncoding::kOverwrite) {
       EXPECT_LT(ratio, 0.1);
     }
   }
 }
 
+TEST(DiskDelta, RoundTripDifference) { check_chain(DeltaEncoding::kDifference, 10); }
 TEST(DiskDelta, RoundTripXor) { check_chain(DeltaEncoding::kXor, 10); }
 TEST(DiskDelta, RoundTripOverwrite) { check_chain(DeltaEncoding::kOverwrite, 10); }
-TEST(DiskDelta, RoundTripFullEveryTwo) { check_chain(DeltaEncoding::kXor, 2); }
+TEST(DiskDelta, RoundTripFullEveryTwo) { check_chain(DeltaEncoding::kDifference, 2); }
 TEST(DiskDelta, RoundTripFastCompression) {
+  check_chain(DeltaEncoding::kDifference, 10, DeltaCompression::kFast);
   check_chain(DeltaEncoding::kXor, 10, DeltaCompression::kFast);
   check_chain(DeltaEncoding::kOverwrite, 2, DeltaCompression::kFast);
 }
@@ -209,6 +213,96 @@ TEST(DiskDelta, FastCompressionIsLargerAndReadersReadBothInOneDirectory) {
   expect_same(*l1, w, "advance(1 -> 2) across the two");
 }
 
+// difference on every element size the format has: 2 (BF16, F16, I16), 4 (F32, I32) and 8 (F64,
+// I64) bytes, with values that wrap around (sign flips, the largest and smallest integers, NaN and
+// infinity bit patterns); 1-byte tensors (U8, BOOL) get xor. A reader stepping along and one
+// loading from nothing get the new bytes exactly; the manifest says which tensor got which
+// encoding.
+TEST(DiskDelta, DifferenceRoundTripsEveryElementSizeAndWrapsAround) {
+  TempDir tmp;
+  std::mt19937_64 rng(13);
+  WeightSet w;
+  for (const auto& [dtype, elem] : std::vector<std::pair<std::string, int>>{{"BF16", 2},
+                                                                            {"F16", 2},
+                                                                            {"I16", 2},
+                                                                            {"F32", 4},
+                                                                            {"I32", 4},
+                                                                            {"F64", 8},
+                                                                            {"I64", 8},
+                                                                            {"U8", 1},
+                                                                            {"BOOL", 1}}) {
+    NamedTensor t{dtype, dtype, {4099}, std::vector<uint8_t>(4099 * elem)};  // a ragged tail
+    for (auto& b : t.bytes) b = static_cast<uint8_t>(rng());
+    w.push_back(std::move(t));
+  }
+  DiskDeltaWriter writer(tmp.path());  // difference is the default
+  ASSERT_TRUE(writer.publish(1, w).ok());
+  const WeightSet first = w;
+  for (NamedTensor& t : w) {
+    const size_t elem = t.bytes.size() / 4099;
+    for (size_t i = 0; i < t.bytes.size(); i += elem) {
+      const uint64_t r = rng();
+      if (r % 3 == 0) continue;  // unchanged
+      uint64_t v = 0;
+      std::memcpy(&v, &t.bytes[i], elem);
+      if (r % 7 == 0)
+        v = ~v;  // far: the sign and every byte
+      else if (r % 11 == 0)
+        v = uint64_t{1} << (8 * elem - 1);  // the smallest integer / -0.0
+      else if (r % 13 == 0)
+        v = (v & 1) ? 0 : ~uint64_t{0};  // zero / all ones (NaN)
+      else
+        v += (r >> 8) % 2001 - 1000;  // a few units in the last place, either way
+      std::memcpy(&t.bytes[i], &v, elem);
+    }
+  }
+  auto st = writer.publish(2, w);
+  ASSERT_TRUE(st.ok()) << st.message();
+  nlohmann::json m = nlohmann::json::parse(std::ifstream(tmp.sub("weight_v000002/manifest.json")));
+  ASSERT_EQ(m["format_version"], 3);
+  for (const auto& t : m["tensors"])
+    EXPECT_EQ(t["encoding"], t["dtype"] == "U8" || t["dtype"] == "BOOL" ? "xor" : "difference")
+        << t["name"];
+  DiskDeltaReader reader(tmp.path());
+  auto loaded = reader.load(2);
+  ASSERT_TRUE(loaded.ok()) << loaded.message();
+  expect_same(*loaded, w, "load(2)");
+  WeightSet stepping = first;
+  ASSERT_TRUE(reader.advance(stepping, 1, 2).ok());
+  expect_same(stepping, w, "advance(1 -> 2)");
+}
+
+// What difference is for: an optimizer step moves every float weight by a few units in its last
+// place, whose xor flips carry chains into the high bytes; the difference leaves them zero. On
+// N(0, 0.02) weights each moved by +-1e-6 (an Adam step's size at lr 1e-6), the difference's delta
+// is smaller than the xor's (0.79x after an RL step of SmolLM2, docs/benchmarks.md).
+TEST(DiskDelta, DifferenceOfAnUpdateIsSmallerThanItsXor) {
+  std::mt19937 rng(17);
+  WeightSet w = synthetic_set(rng, 8, 256), next = w;
+  for (NamedTensor& t : next) {
+    float* v = reinterpret_cast<float*>(t.bytes.data());
+    for (size_t i = 0; i < t.bytes.size() / 4; ++i) v[i] += rng() & 1 ? 1e-6f : -1e-6f;
+  }
+  uint64_t bytes[2] = {};
+  for (const DeltaEncoding enc : {DeltaEncoding::kDifference, DeltaEncoding::kXor}) {
+    TempDir tmp;
+    DiskDeltaOptions o;
+    o.encoding = enc;
+    DiskDeltaWriter writer(tmp.path(), o);
+    ASSERT_TRUE(writer.publish(1, w).ok());
+    auto st = writer.publish(2, next);
+    ASSERT_TRUE(st.ok()) << st.message();
+    bytes[enc == DeltaEncoding::kXor] = st->bytes_written;
+    auto l = DiskDeltaReader(tmp.path()).load(2);
+    ASSERT_TRUE(l.ok()) << l.message();
+    expect_same(*l, next, "load(2)");
+  }
+  std::printf("an update's delta: difference %llu bytes, xor %llu bytes (%.3f)\n",
+              (unsigned long long)bytes[0], (unsigned long long)bytes[1],
+              double(bytes[0]) / bytes[1]);
+  EXPECT_LT(bytes[0], bytes[1] * 85 / 100);
+}
+
 TEST(DiskDelta, ManifestNamesEveryField) {
   TempDir tmp;
   std::mt19937 rng(1);
@@ -224,14 +318,14 @@ TEST(DiskDelta, ManifestNamesEveryField) {
   EXPECT_EQ(j["checksum"], "xxh3-128");
   int stored = 0;
   for (const auto& t : j["tensors"]) {
-    stored += t["encoding"] == "xor";
-    EXPECT_TRUE(t["encoding"] == "xor" || t["encoding"] == "unchanged") << t.dump();
+    stored += t["encoding"] == "difference";
+    EXPECT_TRUE(t["encoding"] == "difference" || t["encoding"] == "unchanged") << t.dump();
     EXPECT_EQ(t["xxh3_128"].get<std::string>().size(), 32u);
-    if (t["encoding"] == "xor") {  // float32 is stored as byte planes (unchanged: no frame)
+    if (t["encoding"] == "difference") {  // float32 is stored as byte planes (unchanged: no frame)
       EXPECT_EQ(t["layout"], "byte_planes") << t.dump();
     }
   }
-  EXPECT_EQ(j["format_version"], 2);
+  EXPECT_EQ(j["format_version"], 3);
   EXPECT_EQ(stored, 1);
   std::ifstream latest(tmp.sub("LATEST"));
   int64_t v = 0;
@@ -575,6 +669,7 @@ TEST(DiskDelta, HostileManifestSizesAreRefusedBeforeAllocating) {
   // A frame that declares another size than nbytes is refused before the output is allocated.
   std::vector<uint8_t> frame;
   ASSERT_TRUE(disk_delta::zstd_encode_append(std::vector<uint8_t>(8, 1), nullptr,
+                                             disk_delta::TensorEncoding::kFull,
                                              disk_delta::TensorLayout::kBytes, 1, 1, frame)
                   .ok());
   Status s = disk_delta::zstd_check_frame_size(frame, 1 << 20);
@@ -604,8 +699,15 @@ TEST(DiskDelta, LayoutsAreStrictAndVersionOneStillLoads) {
       << e;
   e = load_fails_with(J::array({with_layout(f32, "bytes")}), 16, 1);
   EXPECT_NE(e.find("'layout' in a format version 1 manifest"), std::string::npos) << e;
-  e = load_fails_with(J::array({with_layout(f32, "bytes")}), 16, 3);
-  EXPECT_NE(e.find("version 3 is not miles-disk-delta version 1 to 2"), std::string::npos) << e;
+  e = load_fails_with(J::array({with_layout(f32, "bytes")}), 16, 4);
+  EXPECT_NE(e.find("version 4 is not miles-disk-delta version 1 to 3"), std::string::npos) << e;
+  // difference: format version 3 and byte planes only.
+  J diff = with_layout(f32, "byte_planes");
+  diff["encoding"] = "difference";
+  e = load_fails_with(J::array({diff}), 16, 2);
+  EXPECT_NE(e.find("encoding 'difference' in a format version 2 manifest"), std::string::npos) << e;
+  e = load_fails_with(J::array({with_layout(diff, "bytes")}), 16, 3);
+  EXPECT_NE(e.find("encoding 'difference' needs layout 'byte_planes'"), std::string::npos) << e;
 
   // A version written as version 1 was: 1-byte tensors (stored as bytes), the manifest without
   // layouts.
@@ -619,7 +721,7 @@ TEST(DiskDelta, LayoutsAreStrictAndVersionOneStillLoads) {
   ASSERT_TRUE(DiskDeltaWriter(tmp.path()).publish(1, w).ok());
   const std::string path = tmp.sub("weight_v000001/manifest.json");
   J m = J::parse(std::ifstream(path));
-  ASSERT_EQ(m["format_version"], 2);
+  ASSERT_EQ(m["format_version"], 3);
   m["format_version"] = 1;
   for (J& t : m["tensors"]) {
     ASSERT_EQ(t["layout"], "bytes");
@@ -716,9 +818,31 @@ TEST(Xxh3, EveryPathLengthAndSplitGivesTheLibrarysHash) {
 // block: byte j of each element). A frame cut short, one with bytes after it, one that holds more
 // or fewer bytes than the tensor, and bytes that are no frame are errors that say so (a frame
 // corrupted inside is the checksum's to catch: Corruption.FlippedByteInCompressedFrame).
-// The writer's encoder (a block at a time: xor, byte planes, one zstd frame that declares its size)
-// gives the frame whose content is the format's payload: xor'ed with the base when given, in byte
-// planes for that layout; over several blocks and a ragged last one, and for an empty tensor.
+// The difference payload as the format defines it, computed element by element in signed
+// arithmetic: d = now - base in E-byte two's complement, then 2d, or -2d - 1 when d < 0.
+std::vector<uint8_t> zigzag_payload(const std::vector<uint8_t>& now,
+                                    const std::vector<uint8_t>& base, int elem) {
+  std::vector<uint8_t> out(now.size());
+  const int bits = 8 * elem;
+  for (size_t i = 0; i + elem <= now.size(); i += elem) {
+    uint64_t a = 0, b = 0;
+    std::memcpy(&a, &now[i], elem);
+    std::memcpy(&b, &base[i], elem);
+    const __int128 span = static_cast<__int128>(1) << bits;
+    __int128 d = (static_cast<__int128>(a) - static_cast<__int128>(b)) % span;
+    if (d < 0) d += span;
+    if (d >= span / 2) d -= span;  // the signed value
+    const __int128 z = d >= 0 ? 2 * d : -2 * d - 1;
+    const uint64_t zz = static_cast<uint64_t>(z);
+    std::memcpy(&out[i], &zz, elem);
+  }
+  return out;
+}
+
+// The writer's encoder (a block at a time: the payload against the base, byte planes, one zstd
+// frame that declares its size) gives the frame whose content is the format's payload: the bytes,
+// their xor with the base or their difference from it, in byte planes for that layout; over several
+// blocks and a ragged last one, for 2-, 4- and 8-byte elements, and for an empty tensor.
 TEST(DiskDelta, BlockwiseEncoderGivesTheFormatsPayload) {
   namespace dd = disk_delta;
   const size_t n = 2 * dd::kPlaneBlock + 12344;
@@ -728,12 +852,16 @@ TEST(DiskDelta, BlockwiseEncoderGivesTheFormatsPayload) {
     plain[i] = static_cast<uint8_t>(i % 5 == 0 ? g() : i % 3);
     base[i] = static_cast<uint8_t>(i % 11 == 0 ? g() : i % 3);
   }
+  using E = dd::TensorEncoding;
   for (const dd::TensorLayout layout : {dd::TensorLayout::kBytes, dd::TensorLayout::kBytePlanes})
-    for (const int elem : {4, 2})
-      for (const bool with_base : {false, true}) {
+    for (const int elem : {4, 2, 8})
+      for (const E enc : {E::kFull, E::kXor, E::kDifference}) {
+        if (enc == E::kDifference && layout != dd::TensorLayout::kBytePlanes) continue;
+        const bool with_base = dd::applies_to_base(enc);
         std::vector<uint8_t> bytes = plain;
-        if (with_base)
+        if (enc == E::kXor)
           for (size_t i = 0; i < n; ++i) bytes[i] ^= base[i];
+        if (enc == E::kDifference) bytes = zigzag_payload(plain, base, elem);
         std::vector<uint8_t> want;
         if (layout == dd::TensorLayout::kBytePlanes) {
           dd::append_byte_planes(bytes, elem, want);
@@ -741,20 +869,23 @@ TEST(DiskDelta, BlockwiseEncoderGivesTheFormatsPayload) {
           want = bytes;
         }
         std::vector<uint8_t> frame = {7, 7};  // appended after what is there
-        auto size = dd::zstd_encode_append(plain, with_base ? base.data() : nullptr, layout, elem,
-                                           1, frame);
+        auto size = dd::zstd_encode_append(plain, with_base ? base.data() : nullptr, enc, layout,
+                                           elem, 1, frame);
         ASSERT_TRUE(size.ok()) << size.message();
         ASSERT_EQ(*size, frame.size() - 2);
-        EXPECT_LT(*size, n / 2);  // compressed
+        // Compressed (this byte pattern's element differences are not: they are no update of
+        // numbers).
+        if (enc != E::kDifference) EXPECT_LT(*size, n / 2);
         const std::span<const uint8_t> f(frame.data() + 2, *size);
         ASSERT_EQ(ZSTD_getFrameContentSize(f.data(), f.size()), n);
         std::vector<uint8_t> got(n);
         ASSERT_EQ(ZSTD_decompress(got.data(), n, f.data(), f.size()), n);
-        EXPECT_TRUE(got == want) << dd::layout_name(layout) << " elem " << elem << " base "
-                                 << with_base;
+        EXPECT_TRUE(got == want) << dd::layout_name(layout) << " elem " << elem << " "
+                                 << dd::encoding_name(enc);
       }
   std::vector<uint8_t> empty_frame;
-  auto e = dd::zstd_encode_append({}, nullptr, dd::TensorLayout::kBytes, 4, 1, empty_frame);
+  auto e =
+      dd::zstd_encode_append({}, nullptr, E::kFull, dd::TensorLayout::kBytes, 4, 1, empty_frame);
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(ZSTD_getFrameContentSize(empty_frame.data(), empty_frame.size()), 0u);
 }
@@ -770,6 +901,7 @@ TEST(DiskDelta, PieceDecodeEqualsThePayloadInEveryLayoutAndRefusesBadFrames) {
   }
   std::vector<uint8_t> want_xor = base;
   for (size_t i = 0; i < n; ++i) want_xor[i] ^= plain[i];
+  using E = dd::TensorEncoding;
   {  // the layout itself, on a block of 5 four-byte elements
     const std::vector<uint8_t> e = {0,  1,  2,  3,  10, 11, 12, 13, 20, 21,
                                     22, 23, 30, 31, 32, 33, 40, 41, 42, 43};
@@ -779,18 +911,25 @@ TEST(DiskDelta, PieceDecodeEqualsThePayloadInEveryLayoutAndRefusesBadFrames) {
                                             2, 12, 22, 32, 42, 3, 13, 23, 33, 43}));
   }
   for (const dd::TensorLayout layout : {dd::TensorLayout::kBytes, dd::TensorLayout::kBytePlanes})
-    for (const int elem : {4, 2}) {
-      std::vector<uint8_t> payload;
-      if (layout == dd::TensorLayout::kBytePlanes)
-        dd::append_byte_planes(plain, elem, payload);
-      else
-        payload = plain;
-      std::vector<uint8_t> frame;
-      ASSERT_TRUE(
-          dd::zstd_encode_append(payload, nullptr, dd::TensorLayout::kBytes, 1, 1, frame).ok());
-      for (const bool xor_into : {false, true})
+    for (const int elem : {4, 2, 8})
+      for (const E enc : {E::kFull, E::kXor, E::kDifference}) {
+        if (enc == E::kDifference && layout != dd::TensorLayout::kBytePlanes) continue;
+        // The payload whose application to `base` (or to anything, for full) gives `plain`; for
+        // xor, applying plain gives want_xor.
+        const std::vector<uint8_t> bytes =
+            enc == E::kDifference ? zigzag_payload(plain, base, elem) : plain;
+        std::vector<uint8_t> payload;
+        if (layout == dd::TensorLayout::kBytePlanes)
+          dd::append_byte_planes(bytes, elem, payload);
+        else
+          payload = bytes;
+        std::vector<uint8_t> frame;
+        ASSERT_TRUE(dd::zstd_encode_append(payload, nullptr, E::kFull, dd::TensorLayout::kBytes, 1,
+                                           1, frame)
+                        .ok());
         for (const size_t chunk : {frame.size(), size_t{777}}) {  // whole, or as a file gives it
-          std::vector<uint8_t> out = xor_into ? base : std::vector<uint8_t>(n, 0xAA);
+          std::vector<uint8_t> out =
+              dd::applies_to_base(enc) ? base : std::vector<uint8_t>(n, 0xAA);
           size_t given = 0;
           const dd::FrameChunks chunks = [&]() -> Result<std::span<const uint8_t>> {
             const size_t c = std::min(chunk, frame.size() - given);
@@ -799,21 +938,22 @@ TEST(DiskDelta, PieceDecodeEqualsThePayloadInEveryLayoutAndRefusesBadFrames) {
           };
           weight_sync_detail::Xxh3Stream hash;
           int pieces = 0;
-          ASSERT_TRUE(dd::zstd_decode_pieces(chunks, out, xor_into, layout, elem,
+          ASSERT_TRUE(dd::zstd_decode_pieces(chunks, out, enc, layout, elem,
                                              [&](std::span<const uint8_t> p) {
                                                hash.update(p.data(), p.size());
                                                ++pieces;
                                              })
                           .ok());
           EXPECT_EQ(pieces, 3);
-          EXPECT_TRUE(out == (xor_into ? want_xor : plain))
-              << dd::layout_name(layout) << " elem " << elem << " xor " << xor_into << " chunk "
-              << chunk;
+          EXPECT_TRUE(out == (enc == E::kXor ? want_xor : plain))
+              << dd::layout_name(layout) << " elem " << elem << " " << dd::encoding_name(enc)
+              << " chunk " << chunk;
           EXPECT_EQ(hash.hex(), dd::xxh3_128_hex(out));
         }
-    }
+      }
   std::vector<uint8_t> frame;
-  ASSERT_TRUE(dd::zstd_encode_append(plain, nullptr, dd::TensorLayout::kBytes, 1, 1, frame).ok());
+  ASSERT_TRUE(
+      dd::zstd_encode_append(plain, nullptr, E::kFull, dd::TensorLayout::kBytes, 1, 1, frame).ok());
   const auto whole_frame = [](std::span<const uint8_t> f) -> dd::FrameChunks {
     return [f, given = false]() mutable -> Result<std::span<const uint8_t>> {
       if (given) return std::span<const uint8_t>();
@@ -825,7 +965,7 @@ TEST(DiskDelta, PieceDecodeEqualsThePayloadInEveryLayoutAndRefusesBadFrames) {
     for (const dd::TensorLayout layout :
          {dd::TensorLayout::kBytes, dd::TensorLayout::kBytePlanes}) {
       std::vector<uint8_t> out(size);
-      const Status s = dd::zstd_decode_pieces(whole_frame(f), out, false, layout, 2,
+      const Status s = dd::zstd_decode_pieces(whole_frame(f), out, E::kFull, layout, 2,
                                               [](std::span<const uint8_t>) {});
       ASSERT_FALSE(s.ok()) << want;
       EXPECT_NE(s.message().find(want), std::string::npos) << s.message();

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace miles {
 namespace {
@@ -73,6 +74,28 @@ TEST(HugePages, ValuesSurviveGrowthAcrossTheThresholdCopiesAndSwaps) {
   EXPECT_EQ(v[9], 9);
   LargeVector<int32_t>().swap(small);
   EXPECT_TRUE(small.empty());
+}
+
+// advise: a std::vector's reserved storage (glibc maps a request this large on its own) gets the
+// advice on the 2 MiB pages that lie inside it before it is written; the values are untouched.
+TEST(HugePages, AdviseMarksAVectorsStorage) {
+  std::vector<uint8_t> v;
+  v.reserve(5 * kHugePageBytes + 123);
+  huge_pages::advise(v.data(), v.capacity());
+  v.assign(v.capacity(), 7);
+  EXPECT_EQ(v[0], 7);
+  EXPECT_EQ(v.back(), 7);
+#if defined(__linux__)
+  // A byte inside the first whole 2 MiB page of the buffer.
+  const auto first = (reinterpret_cast<uintptr_t>(v.data()) + kHugePageBytes - 1) / kHugePageBytes *
+                     kHugePageBytes;
+  const std::string flags = vm_flags_of(reinterpret_cast<const void*>(first));
+  ASSERT_FALSE(flags.empty()) << "no mapping holds the buffer";
+  if (thp_offered()) EXPECT_NE(flags.find(" hg"), std::string::npos) << flags;
+#endif
+  std::vector<uint8_t> small(100, 3);
+  huge_pages::advise(small.data(), small.size());  // less than a huge page: nothing to advise
+  EXPECT_EQ(small[99], 3);
 }
 
 }  // namespace

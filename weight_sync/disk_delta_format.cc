@@ -81,6 +81,13 @@ Result<ManifestTensor> tensor_from_json(const nlohmann::json& j, const std::stri
   } else if (j.contains("layout")) {
     return Status::Error(at + ": 'layout' in a format version 1 manifest");
   }
+  if (t.encoding == TensorEncoding::kDifference) {
+    if (format_version < 3)
+      return Status::Error(at + ": encoding 'difference' in a format version " +
+                           std::to_string(format_version) + " manifest");
+    if (t.layout != TensorLayout::kBytePlanes)  // byte_planes: a dtype of 2, 4 or 8 bytes
+      return Status::Error(at + ": encoding 'difference' needs layout 'byte_planes'");
+  }
   MILES_ASSIGN_OR_RETURN(t.nbytes, field<uint64_t>(j, "nbytes", at));
   MILES_ASSIGN_OR_RETURN(t.offset, field<uint64_t>(j, "offset", at));
   MILES_ASSIGN_OR_RETURN(t.compressed_bytes, field<uint64_t>(j, "compressed_bytes", at));
@@ -113,6 +120,8 @@ std::string_view encoding_name(TensorEncoding e) {
   switch (e) {
     case TensorEncoding::kFull:
       return "full";
+    case TensorEncoding::kDifference:
+      return "difference";
     case TensorEncoding::kXor:
       return "xor";
     case TensorEncoding::kOverwrite:
@@ -132,8 +141,8 @@ TensorLayout layout_for(std::string_view dtype) {
 }
 
 std::optional<TensorEncoding> encoding_from_name(std::string_view name) {
-  for (auto e : {TensorEncoding::kFull, TensorEncoding::kXor, TensorEncoding::kOverwrite,
-                 TensorEncoding::kUnchanged})
+  for (auto e : {TensorEncoding::kFull, TensorEncoding::kDifference, TensorEncoding::kXor,
+                 TensorEncoding::kOverwrite, TensorEncoding::kUnchanged})
     if (encoding_name(e) == name) return e;
   return std::nullopt;
 }
@@ -308,15 +317,49 @@ void xor_bytes(uint8_t* out, const uint8_t* a, const uint8_t* b, size_t n) {
   for (; i < n; ++i) out[i] = a[i] ^ b[i];
 }
 
+// The difference payload of n bytes of elements of T: zigzag(a - b), wrapping (the compiler
+// vectorises the loop).
+template <typename T>
+void zigzag_difference_of(uint8_t* out, const uint8_t* a, const uint8_t* b, size_t n) {
+  constexpr int kBits = 8 * sizeof(T);
+  for (size_t i = 0; i + sizeof(T) <= n; i += sizeof(T)) {
+    T x, y;
+    std::memcpy(&x, a + i, sizeof(T));
+    std::memcpy(&y, b + i, sizeof(T));
+    const T d = static_cast<T>(x - y);
+    const T z = static_cast<T>(static_cast<T>(d << 1) ^ static_cast<T>(T{0} - (d >> (kBits - 1))));
+    std::memcpy(out + i, &z, sizeof(T));
+  }
+}
+
+void zigzag_difference(uint8_t* out, const uint8_t* a, const uint8_t* b, size_t n, int elem) {
+  if (elem == 2) return zigzag_difference_of<uint16_t>(out, a, b, n);
+  if (elem == 4) return zigzag_difference_of<uint32_t>(out, a, b, n);
+  MILES_CHECK(elem == 8);
+  zigzag_difference_of<uint64_t>(out, a, b, n);
+}
+
+// out += unzigzag(z), wrapping: the inverse of zigzag_difference_of for one element.
+template <typename T>
+void add_unzigzag(uint8_t* out, T z) {
+  T x;
+  std::memcpy(&x, out, sizeof(T));
+  x = static_cast<T>(x + static_cast<T>((z >> 1) ^ static_cast<T>(T{0} - (z & 1))));
+  std::memcpy(out, &x, sizeof(T));
+}
+
 }  // namespace
 
-Result<size_t> zstd_encode_append(std::span<const uint8_t> bytes, const uint8_t* xor_base,
-                                  TensorLayout layout, int elem, int level,
+Result<size_t> zstd_encode_append(std::span<const uint8_t> bytes, const uint8_t* base,
+                                  TensorEncoding encoding, TensorLayout layout, int elem, int level,
                                   std::vector<uint8_t>& out, bool raw_literals) {
   const bool planes = layout == TensorLayout::kBytePlanes;
   MILES_CHECK(!planes || (elem >= 2 && kPlaneBlock % elem == 0 && bytes.size() % elem == 0));
+  MILES_CHECK(!applies_to_base(encoding) || base != nullptr);
+  MILES_CHECK(encoding != TensorEncoding::kDifference ||
+              (planes && (elem == 2 || elem == 4 || elem == 8)));
   thread_local std::unique_ptr<ZSTD_CCtx, CCtxFree> cctx(ZSTD_createCCtx());
-  thread_local std::vector<uint8_t> xored, planed, staged(ZSTD_CStreamOutSize());
+  thread_local std::vector<uint8_t> payload, planed, staged(ZSTD_CStreamOutSize());
   if (!cctx) return Status::Error("zstd: cannot create a compression context");
   const auto failed = [](size_t code) {
     return Status::Error(std::string("zstd compression failed: ") + ZSTD_getErrorName(code));
@@ -338,10 +381,13 @@ Result<size_t> zstd_encode_append(std::span<const uint8_t> bytes, const uint8_t*
   do {  // once for an empty tensor: the frame's header and end
     const size_t len = std::min(kPlaneBlock, bytes.size() - pos);
     const uint8_t* piece = bytes.data() + pos;
-    if (xor_base) {
-      xored.resize(kPlaneBlock);
-      xor_bytes(xored.data(), piece, xor_base + pos, len);
-      piece = xored.data();
+    if (applies_to_base(encoding)) {
+      payload.resize(kPlaneBlock);
+      if (encoding == TensorEncoding::kXor)
+        xor_bytes(payload.data(), piece, base + pos, len);
+      else
+        zigzag_difference(payload.data(), piece, base + pos, len, elem);
+      piece = payload.data();
     }
     if (planes) {
       planed.clear();
@@ -389,14 +435,26 @@ void append_byte_planes(std::span<const uint8_t> in, int elem, std::vector<uint8
 
 namespace {
 
-// 16 elements of 4 (or 2) bytes from their planes: byte-wise then pair-wise interleaves.
-template <bool kXor>
+// 16 elements of 4 (or 2) bytes from their planes (byte-wise then pair-wise interleaves), stored
+// as kEnc says: over out, xor'ed into it, or (difference) unzigzagged and added to it per element.
+template <TensorEncoding kEnc, int kElem>
 void store16(uint8_t* out, __m128i v) {
-  if (kXor) v = _mm_xor_si128(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(out)));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), v);
+  const auto at = reinterpret_cast<__m128i*>(out);
+  if constexpr (kEnc == TensorEncoding::kXor) {
+    v = _mm_xor_si128(v, _mm_loadu_si128(at));
+  } else if constexpr (kEnc == TensorEncoding::kDifference) {
+    const __m128i one = kElem == 4 ? _mm_set1_epi32(1) : _mm_set1_epi16(1);
+    const __m128i odd = _mm_and_si128(v, one);  // 1 where the difference is negative
+    const __m128i zero = _mm_setzero_si128();
+    const __m128i d = kElem == 4 ? _mm_xor_si128(_mm_srli_epi32(v, 1), _mm_sub_epi32(zero, odd))
+                                 : _mm_xor_si128(_mm_srli_epi16(v, 1), _mm_sub_epi16(zero, odd));
+    const __m128i x = _mm_loadu_si128(at);
+    v = kElem == 4 ? _mm_add_epi32(x, d) : _mm_add_epi16(x, d);
+  }
+  _mm_storeu_si128(at, v);
 }
 
-template <bool kXor>
+template <TensorEncoding kEnc>
 size_t from_planes4(const uint8_t* p, size_t m, uint8_t* out) {
   size_t i = 0;
   for (; i + 16 <= m; i += 16) {
@@ -407,50 +465,77 @@ size_t from_planes4(const uint8_t* p, size_t m, uint8_t* out) {
     const __m128i ab_lo = _mm_unpacklo_epi8(a, b), ab_hi = _mm_unpackhi_epi8(a, b);
     const __m128i cd_lo = _mm_unpacklo_epi8(c, d), cd_hi = _mm_unpackhi_epi8(c, d);
     uint8_t* o = out + 4 * i;
-    store16<kXor>(o, _mm_unpacklo_epi16(ab_lo, cd_lo));
-    store16<kXor>(o + 16, _mm_unpackhi_epi16(ab_lo, cd_lo));
-    store16<kXor>(o + 32, _mm_unpacklo_epi16(ab_hi, cd_hi));
-    store16<kXor>(o + 48, _mm_unpackhi_epi16(ab_hi, cd_hi));
+    store16<kEnc, 4>(o, _mm_unpacklo_epi16(ab_lo, cd_lo));
+    store16<kEnc, 4>(o + 16, _mm_unpackhi_epi16(ab_lo, cd_lo));
+    store16<kEnc, 4>(o + 32, _mm_unpacklo_epi16(ab_hi, cd_hi));
+    store16<kEnc, 4>(o + 48, _mm_unpackhi_epi16(ab_hi, cd_hi));
   }
   return i;
 }
 
-template <bool kXor>
+template <TensorEncoding kEnc>
 size_t from_planes2(const uint8_t* p, size_t m, uint8_t* out) {
   size_t i = 0;
   for (; i + 16 <= m; i += 16) {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + m + i));
-    store16<kXor>(out + 2 * i, _mm_unpacklo_epi8(a, b));
-    store16<kXor>(out + 2 * i + 16, _mm_unpackhi_epi8(a, b));
+    store16<kEnc, 2>(out + 2 * i, _mm_unpacklo_epi8(a, b));
+    store16<kEnc, 2>(out + 2 * i + 16, _mm_unpackhi_epi8(a, b));
   }
   return i;
 }
 
-}  // namespace
-
-void from_byte_planes(const uint8_t* planes, size_t len, int elem, uint8_t* out, bool xor_into) {
-  const size_t m = len / elem;
-  size_t i = 0;
-  if (elem == 4)
-    i = xor_into ? from_planes4<true>(planes, m, out) : from_planes4<false>(planes, m, out);
-  if (elem == 2)
-    i = xor_into ? from_planes2<true>(planes, m, out) : from_planes2<false>(planes, m, out);
-  for (; i < m; ++i)
-    for (int j = 0; j < elem; ++j) {
-      const uint8_t v = planes[j * m + i];
-      out[i * elem + j] = xor_into ? out[i * elem + j] ^ v : v;
-    }
+template <TensorEncoding kEnc>
+size_t from_planes(const uint8_t* p, size_t m, int elem, uint8_t* out) {
+  return elem == 4 ? from_planes4<kEnc>(p, m, out) : elem == 2 ? from_planes2<kEnc>(p, m, out) : 0;
 }
 
-Status zstd_decode_pieces(const FrameChunks& next_chunk, std::span<uint8_t> out, bool xor_into,
-                          TensorLayout layout, int elem,
+// Element i (of elem bytes) gathered from its planes, little-endian.
+uint64_t gather_element(const uint8_t* planes, size_t m, int elem, size_t i) {
+  uint64_t v = 0;
+  for (int j = 0; j < elem; ++j) v |= uint64_t{planes[j * m + i]} << (8 * j);
+  return v;
+}
+
+}  // namespace
+
+void from_byte_planes(const uint8_t* planes, size_t len, int elem, uint8_t* out,
+                      TensorEncoding encoding) {
+  const size_t m = len / elem;
+  size_t i = 0;  // the elements the vector paths did
+  switch (encoding) {
+    case TensorEncoding::kXor:
+      i = from_planes<TensorEncoding::kXor>(planes, m, elem, out);
+      for (; i < m; ++i)
+        for (int j = 0; j < elem; ++j) out[i * elem + j] ^= planes[j * m + i];
+      return;
+    case TensorEncoding::kDifference:
+      MILES_CHECK(elem == 2 || elem == 4 || elem == 8);
+      i = from_planes<TensorEncoding::kDifference>(planes, m, elem, out);
+      for (; i < m; ++i) {
+        const uint64_t z = gather_element(planes, m, elem, i);
+        if (elem == 2) add_unzigzag<uint16_t>(out + i * elem, static_cast<uint16_t>(z));
+        if (elem == 4) add_unzigzag<uint32_t>(out + i * elem, static_cast<uint32_t>(z));
+        if (elem == 8) add_unzigzag<uint64_t>(out + i * elem, z);
+      }
+      return;
+    default:
+      i = from_planes<TensorEncoding::kFull>(planes, m, elem, out);
+      for (; i < m; ++i)
+        for (int j = 0; j < elem; ++j) out[i * elem + j] = planes[j * m + i];
+  }
+}
+
+Status zstd_decode_pieces(const FrameChunks& next_chunk, std::span<uint8_t> out,
+                          TensorEncoding encoding, TensorLayout layout, int elem,
                           const std::function<void(std::span<const uint8_t>)>& piece_done) {
   MILES_ASSIGN_OR_RETURN(std::span<const uint8_t> chunk, next_chunk());
   MILES_RETURN_IF_ERROR(zstd_check_frame_size(chunk, out.size()));  // the header is in the first
   const bool planes = layout == TensorLayout::kBytePlanes;
   MILES_CHECK(!planes || (elem >= 2 && kDecodePiece % elem == 0 && out.size() % elem == 0));
-  const bool via_piece = xor_into || planes;  // else zstd writes straight into out
+  MILES_CHECK(encoding != TensorEncoding::kDifference || (planes && elem >= 2));
+  const bool xor_into = encoding == TensorEncoding::kXor;
+  const bool via_piece = applies_to_base(encoding) || planes;  // else zstd writes into out
   thread_local std::unique_ptr<ZSTD_DCtx, DCtxFree> dctx(ZSTD_createDCtx());
   thread_local std::vector<uint8_t> piece;
   if (!dctx) return Status::Error("zstd: cannot create a decompression context");
@@ -490,7 +575,7 @@ Status zstd_decode_pieces(const FrameChunks& next_chunk, std::span<uint8_t> out,
       break;
     }
     if (planes)
-      from_byte_planes(piece.data(), len, elem, out.data() + pos, xor_into);
+      from_byte_planes(piece.data(), len, elem, out.data() + pos, encoding);
     else if (xor_into)
       xor_bytes(out.data() + pos, out.data() + pos, piece.data(), len);
     piece_done(std::span<const uint8_t>(out.data() + pos, ob.pos));

@@ -12,18 +12,25 @@
 //   weight_v000003.tmp-<pid>-<n>/  a publish in progress or killed: never read
 //   LATEST                         "3\n" (informative; readers list directories)
 // manifest.json:
-//   {"format": "miles-disk-delta", "format_version": 2, "version": 2, "base_version": 1 | null,
+//   {"format": "miles-disk-delta", "format_version": 3, "version": 2, "base_version": 1 | null,
 //    "data_file": "tensors.zst", "data_bytes": N, "checksum": "xxh3-128",
-//    "tensors": [{"name", "dtype", "shape", "encoding": "full"|"xor"|"overwrite"|"unchanged",
+//    "tensors": [{"name", "dtype", "shape",
+//                 "encoding": "full"|"difference"|"xor"|"overwrite"|"unchanged",
 //                 "layout": "bytes"|"byte_planes",
 //                 "nbytes", "offset", "compressed_bytes", "xxh3_128": 32 hex digits}]}
-// A frame decodes to the payload (the tensor's bytes, or their xor with the base's) in its layout:
+// A frame decodes to the payload in its layout. The payload: the tensor's bytes (full, overwrite);
+// their xor with the base's (xor); or (difference, byte_planes only) each element's bits minus the
+// base element's, as unsigned integers of the dtype's size E (wrapping), zigzag-coded: d -> 2d for
+// d >= 0, -2d - 1 for d < 0. An update moves a float weight by a few units in its last place, so
+// its difference is a small integer whose high bytes are zero, where the xor's carry chains set
+// bits in a tenth of them: after an RL step of SmolLM2 the difference compresses to 0.79x the xor,
+// and its sparse planes decode several times faster (docs/benchmarks.md, "Weight sync"). Layouts:
 // "bytes" as they are; "byte_planes" cut in blocks of kPlaneBlock bytes (the last one shorter),
 // each block of m elements of E bytes (E = the dtype's size, 2 or more) stored as E planes of m
 // bytes: byte 0 of every element, then byte 1, ... Float weights' sign/exponent bytes and their
 // low mantissa bytes then sit apart: zstd codes the first with few bits and stores the second
 // nearly raw, which decodes about twice as fast as the interleaved bytes (and compresses better).
-// Format version 1 (no "layout": every tensor "bytes") is still read.
+// Format version 1 (no "layout": every tensor "bytes") and 2 (no "difference") are still read.
 #pragma once
 
 #include <cstdint>
@@ -39,15 +46,19 @@
 namespace miles::disk_delta {
 
 inline constexpr const char* kFormat = "miles-disk-delta";
-inline constexpr int kFormatVersion = 2;
+inline constexpr int kFormatVersion = 3;
 inline constexpr int kOldestReadableFormatVersion = 1;
 inline constexpr const char* kManifestFile = "manifest.json";
 inline constexpr const char* kDataFile = "tensors.zst";
 inline constexpr const char* kLatestFile = "LATEST";
 
-enum class TensorEncoding { kFull, kXor, kOverwrite, kUnchanged };
+enum class TensorEncoding { kFull, kDifference, kXor, kOverwrite, kUnchanged };
 std::string_view encoding_name(TensorEncoding e);
 std::optional<TensorEncoding> encoding_from_name(std::string_view name);
+// The encodings whose payload is applied to the base's bytes (difference, xor).
+inline bool applies_to_base(TensorEncoding e) {
+  return e == TensorEncoding::kDifference || e == TensorEncoding::kXor;
+}
 
 enum class TensorLayout { kBytes, kBytePlanes };
 std::string_view layout_name(TensorLayout l);
@@ -56,9 +67,11 @@ inline constexpr size_t kPlaneBlock = size_t{1} << 20;  // a multiple of every d
 TensorLayout layout_for(std::string_view dtype);
 // `in` (elements of `elem` bytes) in the byte_planes layout, appended to `out`.
 void append_byte_planes(std::span<const uint8_t> in, int elem, std::vector<uint8_t>& out);
-// One block of the byte_planes layout (len bytes at `planes`) back to elements at `out`: written
-// over it, or with xor_into applied to it (out ^= elements).
-void from_byte_planes(const uint8_t* planes, size_t len, int elem, uint8_t* out, bool xor_into);
+// One block of the byte_planes layout (len bytes at `planes`) back to elements at `out`, as
+// `encoding` says: written over it (full, overwrite), xor'ed into it (xor), or added to it
+// (difference: out += unzigzag(element), per element of `elem` bytes, wrapping).
+void from_byte_planes(const uint8_t* planes, size_t len, int elem, uint8_t* out,
+                      TensorEncoding encoding);
 
 struct ManifestTensor {
   std::string name;
@@ -104,31 +117,32 @@ std::optional<uint64_t> nbytes_of(std::string_view dtype, const std::vector<int6
 // is refused before anything is allocated for it.
 inline constexpr uint64_t kMaxZstdRatio = (uint64_t{128} << 10) / 4;
 
-// A tensor's frame, encoded piece by piece (a kPlaneBlock block at a time: xor'ed with the same
-// bytes of `xor_base` when it is given, then in byte planes for layout byte_planes with elements of
-// `elem` bytes) and compressed as one zstd frame at `level` that declares its size, appended to
-// `out`; returns the frame's size. The same payload as append_byte_planes of (bytes ^ base), with
-// nothing of the tensor's size beside the frame. raw_literals: the frame stores its literals as
-// they are instead of Huffman-coding them (DeltaCompression::kFast): any zstd decoder reads it.
-Result<size_t> zstd_encode_append(std::span<const uint8_t> bytes, const uint8_t* xor_base,
-                                  TensorLayout layout, int elem, int level,
+// A tensor's frame, encoded piece by piece (a kPlaneBlock block at a time: the payload of
+// `encoding` against the same bytes of `base`, which difference and xor need, then in byte planes
+// for layout byte_planes with elements of `elem` bytes) and compressed as one zstd frame at `level`
+// that declares its size, appended to `out`; returns the frame's size. Nothing of the tensor's size
+// is held beside the frame. difference needs byte_planes and elem 2, 4 or 8. raw_literals: the
+// frame stores its literals as they are instead of Huffman-coding them (DeltaCompression::kFast):
+// any zstd decoder reads it.
+Result<size_t> zstd_encode_append(std::span<const uint8_t> bytes, const uint8_t* base,
+                                  TensorEncoding encoding, TensorLayout layout, int elem, int level,
                                   std::vector<uint8_t>& out, bool raw_literals = false);
 // Checks the frame's header: a zstd frame that does not declare another size than `size` (the
 // reader checks before it allocates the output).
 Status zstd_check_frame_size(std::span<const uint8_t> frame, uint64_t size);
 
 // Decodes one frame of `layout` into exactly out.size() bytes, piece by piece (kDecodePiece
-// bytes, one byte_planes block): written over `out`, or with `xor_into` applied to it (out ^=
-// decoded), through a piece buffer of the thread's where a piece needs one (so a delta needs no
-// buffer of its size); `piece_done` gets each finished piece of `out` while it is still in cache
-// (the reader hashes it there). `elem`: the dtype's size (byte_planes). Errors (a corrupt frame
-// with zstd's message, one that ends early, runs past out.size() or has bytes after it) leave the
-// file and tensor to the caller.
+// bytes, one byte_planes block), applied to `out` as `encoding` says (from_byte_planes), through a
+// piece buffer of the thread's where a piece needs one (so a delta needs no buffer of its size);
+// `piece_done` gets each finished piece of `out` while it is still in cache (the reader hashes it
+// there). `elem`: the dtype's size (byte_planes). Errors (a corrupt frame with zstd's message, one
+// that ends early, runs past out.size() or has bytes after it) leave the file and tensor to the
+// caller.
 inline constexpr size_t kDecodePiece = kPlaneBlock;
 // A frame's bytes in order, a chunk per call (an empty one: no more), so that a frame read from a
 // file needs no buffer of its size.
 using FrameChunks = std::function<Result<std::span<const uint8_t>>()>;
-Status zstd_decode_pieces(const FrameChunks& frame, std::span<uint8_t> out, bool xor_into,
+Status zstd_decode_pieces(const FrameChunks& frame, std::span<uint8_t> out, TensorEncoding encoding,
                           TensorLayout layout, int elem,
                           const std::function<void(std::span<const uint8_t>)>& piece_done);
 

@@ -64,7 +64,8 @@ Result<Encoded> encode_tensor(const NamedTensor& t, const NamedTensor* base, Del
   Encoded e{{t.name, t.dtype, t.shape, dd::TensorEncoding::kFull, dd::TensorLayout::kBytes,
              t.bytes.size(), 0, 0, known_xxh3.empty() ? dd::xxh3_128_hex(t.bytes) : known_xxh3},
             {}};
-  const uint8_t* xor_base = nullptr;
+  const uint8_t* base_bytes = nullptr;
+  e.m.layout = dd::layout_for(t.dtype);
   if (base == nullptr) {
   } else if (base->bytes == t.bytes) {
     e.m.encoding = dd::TensorEncoding::kUnchanged;
@@ -72,15 +73,17 @@ Result<Encoded> encode_tensor(const NamedTensor& t, const NamedTensor* base, Del
   } else if (enc == DeltaEncoding::kOverwrite) {
     e.m.encoding = dd::TensorEncoding::kOverwrite;
   } else {
-    e.m.encoding = dd::TensorEncoding::kXor;
-    xor_base = base->bytes.data();
+    // difference needs elements of 2 bytes or more in byte planes; a tensor of bytes gets xor.
+    e.m.encoding = enc == DeltaEncoding::kDifference && e.m.layout == dd::TensorLayout::kBytePlanes
+                       ? dd::TensorEncoding::kDifference
+                       : dd::TensorEncoding::kXor;
+    base_bytes = base->bytes.data();
   }
   // Encoded and compressed a block at a time: nothing of the tensor's size beside the frame.
-  e.m.layout = dd::layout_for(t.dtype);
-  MILES_ASSIGN_OR_RETURN(
-      e.m.compressed_bytes,
-      dd::zstd_encode_append(t.bytes, xor_base, e.m.layout, dd::dtype_bytes(t.dtype), zstd_level,
-                             e.frame, compression == DeltaCompression::kFast));
+  MILES_ASSIGN_OR_RETURN(e.m.compressed_bytes,
+                         dd::zstd_encode_append(t.bytes, base_bytes, e.m.encoding, e.m.layout,
+                                                dd::dtype_bytes(t.dtype), zstd_level, e.frame,
+                                                compression == DeltaCompression::kFast));
   return e;
 }
 

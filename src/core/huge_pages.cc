@@ -79,9 +79,18 @@ void deallocate(void* p, size_t bytes) noexcept {
   }
   munmap(p, mapped_length(bytes));
 }
+
+void advise(void* p, size_t bytes) noexcept {
+  if (!enabled() || bytes < kHugePageBytes) return;
+  const auto start = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t first = (start + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  const uintptr_t last = (start + bytes) / kHugePageBytes * kHugePageBytes;
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+}
 #else
 void* allocate(size_t bytes) { return ::operator new (bytes, std::align_val_t{64}); }
 void deallocate(void* p, size_t) noexcept { ::operator delete (p, std::align_val_t{64}); }
+void advise(void*, size_t) noexcept {}
 #endif
 
 }  // namespace miles::huge_pages

@@ -73,14 +73,14 @@ int main(int argc, char** argv) {
   }
   const fs::path out = argv[1];
   fs::create_directories(out);
-  miles::DiskDeltaOptions xor_delta, overwrite_delta, all_full;
+  miles::DiskDeltaOptions difference_delta, xor_delta, overwrite_delta, all_full;
+  difference_delta.encoding = DeltaEncoding::kDifference;
   xor_delta.encoding = DeltaEncoding::kXor;
   overwrite_delta.encoding = DeltaEncoding::kOverwrite;
   all_full.full_every = 1;
   const std::pair<const char*, std::string> seeds[] = {
-      {"full", make(false, xor_delta)},
-      {"xor_delta", make(true, xor_delta)},
-      {"overwrite_delta", make(true, overwrite_delta)},
+      {"full", make(false, xor_delta)},     {"difference_delta", make(true, difference_delta)},
+      {"xor_delta", make(true, xor_delta)}, {"overwrite_delta", make(true, overwrite_delta)},
       {"two_full", make(true, all_full)},
   };
   for (const auto& [name, bytes] : seeds) {

@@ -40,7 +40,7 @@ enum class Correction { kNone, kTis, kMisToken, kMisSequence };
 enum class OldLogp { kRollout, kRecompute };
 enum class Transport { kDiskDelta, kBroadcast, kP2p };
 enum class WeightComm { kAuto, kGloo, kShm };
-enum class Encoding { kXor, kOverwrite };
+enum class Encoding { kDifference, kXor, kOverwrite };
 enum class Compression { kSmall, kFast };
 enum class AsyncMode { kSync, kOneStepOff, kAsync };
 enum class StalePolicy { kDrop, kRetry };
@@ -64,7 +64,7 @@ MILES_CONFIG_ENUM(Correction, "none", "tis", "mis_token", "mis_sequence")
 MILES_CONFIG_ENUM(OldLogp, "rollout", "recompute")
 MILES_CONFIG_ENUM(Transport, "disk_delta", "broadcast", "p2p")
 MILES_CONFIG_ENUM(WeightComm, "auto", "gloo", "shm")
-MILES_CONFIG_ENUM(Encoding, "xor", "overwrite")
+MILES_CONFIG_ENUM(Encoding, "difference", "xor", "overwrite")
 MILES_CONFIG_ENUM(Compression, "small", "fast")
 MILES_CONFIG_ENUM(AsyncMode, "sync", "one_step_off", "async")
 MILES_CONFIG_ENUM(StalePolicy, "drop", "retry")
@@ -210,7 +210,7 @@ struct WeightSyncSection {
   std::string dir;                     // default RUN_DIR/weights
   int64_t full_every = 10;
   int64_t keep_versions = 4;  // newest versions kept loadable on disk (0: every version)
-  Encoding encoding = Encoding::kXor;
+  Encoding encoding = Encoding::kDifference;      // a delta's changed tensors (DeltaEncoding)
   Compression compression = Compression::kSmall;  // the data files' literals (DeltaCompression)
   bool check_checksums = true;         // compare engine and trainer checksums after every update
   double group_timeout_s = 60;         // broadcast / p2p: forming a group, and each collective
