@@ -275,7 +275,7 @@ TEST(DiskDelta, DifferenceRoundTripsEveryElementSizeAndWrapsAround) {
 // What difference is for: an optimizer step moves every float weight by a few units in its last
 // place, whose xor flips carry chains into the high bytes; the difference leaves them zero. On
 // N(0, 0.02) weights each moved by +-1e-6 (an Adam step's size at lr 1e-6), the difference's delta
-// is smaller than the xor's (0.79x after an RL step of SmolLM2, docs/benchmarks.md).
+// is smaller than the xor's (0.79x after the first RL step of SmolLM2, docs/benchmarks.md).
 TEST(DiskDelta, DifferenceOfAnUpdateIsSmallerThanItsXor) {
   std::mt19937 rng(17);
   WeightSet w = synthetic_set(rng, 8, 256), next = w;

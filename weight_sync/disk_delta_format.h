@@ -23,8 +23,9 @@
 // base element's, as unsigned integers of the dtype's size E (wrapping), zigzag-coded: d -> 2d for
 // d >= 0, -2d - 1 for d < 0. An update moves a float weight by a few units in its last place, so
 // its difference is a small integer whose high bytes are zero, where the xor's carry chains set
-// bits in a tenth of them: after an RL step of SmolLM2 the difference compresses to 0.79x the xor,
-// and its sparse planes decode several times faster (docs/benchmarks.md, "Weight sync"). Layouts:
+// bits in a tenth of them after a first Adam step: there SmolLM2's difference compresses to 0.79x
+// the xor and its sparse planes decode several times faster; later steps move most weights by
+// less, and the two come within 1-6 % (docs/benchmarks.md, "Weight sync"). Layouts:
 // "bytes" as they are; "byte_planes" cut in blocks of kPlaneBlock bytes (the last one shorter),
 // each block of m elements of E bytes (E = the dtype's size, 2 or more) stored as E planes of m
 // bytes: byte 0 of every element, then byte 1, ... Float weights' sign/exponent bytes and their

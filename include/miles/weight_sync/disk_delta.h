@@ -44,9 +44,9 @@ Result<TensorMap> tensor_map_from_weight_set(WeightSet set);
 // How a delta stores a changed tensor.
 enum class DeltaEncoding {
   // Each element's bits minus the base's, as an integer (zigzag-coded): an update of a few units
-  // in a float's last place is a small number with zero high bytes. Needs the exact base. On an RL
-  // step of SmolLM2 the delta is 0.79x the size of xor's and decodes faster. Tensors of
-  // 1-byte elements get xor.
+  // in a float's last place is a small number with zero high bytes. Needs the exact base. In
+  // SmolLM2's RL job the first delta is 0.79x the size of xor's and reads 1.4x faster, later ones
+  // 0.94-0.99x at the same speed (docs/benchmarks.md). Tensors of 1-byte elements get xor.
   kDifference,
   kXor,        // new ^ base: zero bytes where values are unchanged; needs the exact base
   kOverwrite,  // the new bytes: idempotent, larger
