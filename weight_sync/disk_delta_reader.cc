@@ -125,8 +125,9 @@ Status check_layout(const Working& w, const dd::Manifest& m, const std::string& 
 }
 
 // `v` of `n` bytes (a copy of `from`'s, or zeros), its fresh storage advised to be huge pages
-// first: a version's tensors are hundreds of MB written once, and 4 KiB page faults on them were a
-// fifth of an advance's time.
+// first: a version's tensors are hundreds of MB written once, and with 2 MiB pages they fault 512
+// times less often (an advance 10-15 % faster in a harness; within noise in bench sync,
+// docs/benchmarks.md).
 void sized_on_huge_pages(std::vector<uint8_t>& v, size_t n, const uint8_t* from) {
   if (v.capacity() < n) {
     std::vector<uint8_t>().swap(v);
