@@ -279,9 +279,10 @@ void drop_from_page_cache(const std::string& dir) {
 // A directory's versions read back with every checksum verified, each way a reader does: load(2)
 // from nothing (a joining engine: v1's files, then v2's), advance(v1 -> v2) (an engine following
 // the versions: v2's files only), and an engine's update: its receiver (which keeps the version it
-// holds as the next delta's base) at v1, then receive(v2) (the advance, the engine's copy of every
-// tensor and its checksums). Fastest of --repeats each; every timed read starts with the files
-// dropped from the page cache, the copy of v1 and the receiver's v1 made outside the timing.
+// holds as the next delta's base) at v1, then receive(v2) (the advance, and that set lent to the
+// engine with the checksums the reader verified). Fastest of --repeats each; every timed read
+// starts with the files dropped from the page cache, the copy of v1 and the receiver's v1 made
+// outside the timing.
 struct ReadTimes {
   double load = 1e30, advance = 1e30, receive = 1e30;
 };

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 
@@ -533,42 +534,112 @@ TEST(WeightSync, BroadcastReceiversKeepTheirTensorParallelShard) {
 
 // The one interface over disk-delta: a trainer publishes three optimizer steps; an engine following
 // every version and one joining at the last both serve exactly the trainer's weights.
+// A trainer that publishes each optimizer step as the next version of a disk-delta directory.
+struct DeltaPublisher {
+  DeltaPublisher(const SyncSetup& s, ThreadPool* pool, const std::string& name)
+      : dir(test::binary_dir() + "/" + name) {
+    std::filesystem::remove_all(dir);
+    TrainerConfig tc;
+    tc.lr.lr = 1e-2;
+    auto made = Trainer::create(s.files.config, s.files.weights, tc, pool);
+    MILES_CHECK(made.ok());
+    trainer = std::move(*made);
+    sender = make_disk_delta_sender(dir, s.plan);
+    TrainSample x;
+    x.tokens = {1, 17, 300, 42, 7, 99, 512, 3};
+    x.response_length = 7;
+    x.loss_mask.assign(7, 1.0f);
+    batch = {x};
+  }
+  Status publish(int64_t v) {
+    MILES_RETURN_IF_ERROR(trainer->step(batch, sft_objective(batch, 7)).status());
+    return sender->send(v, source);
+  }
+  std::string dir;
+  std::unique_ptr<Trainer> trainer;
+  std::unique_ptr<WeightSender> sender;
+  std::vector<TrainSample> batch;
+  const TensorSource source = [this](const std::string& n) { return trainer->params().get(n); };
+};
+
 TEST(WeightSync, DiskDeltaThroughTheSenderReceiverInterface) {
   SyncSetup s = setup(40000);
   ThreadPool pool(1);
-  const std::string dir = test::binary_dir() + "/weight_sync_delta";
-  std::filesystem::remove_all(dir);
-  TrainerConfig tc;
-  tc.lr.lr = 1e-2;
-  auto tr = Trainer::create(s.files.config, s.files.weights, tc, &pool);
-  ASSERT_TRUE(tr.ok());
-  auto sender = make_disk_delta_sender(dir, s.plan);
-  auto follower = make_disk_delta_receiver(dir, s.plan);
+  DeltaPublisher pub(s, &pool, "weight_sync_delta");
+  auto follower = make_disk_delta_receiver(pub.dir, s.plan);
   auto engine = engine_on(s.files.config, s.files.weights, &pool);
-  TrainSample x;
-  x.tokens = {1, 17, 300, 42, 7, 99, 512, 3};
-  x.response_length = 7;
-  x.loss_mask.assign(7, 1.0f);
-  std::vector<TrainSample> batch{x};
-  const TensorSource source = [&](const std::string& n) { return (*tr)->params().get(n); };
+  const TensorSource& source = pub.source;
   std::string prev = generate(*engine);
   for (int64_t v = 1; v <= 3; ++v) {
-    ASSERT_TRUE((*tr)->step(batch, sft_objective(batch, 7)).ok());
-    ASSERT_TRUE(sender->send(v, source).ok());
+    ASSERT_TRUE(pub.publish(v).ok());
     auto got = follower->receive(v);
     ASSERT_TRUE(got.ok()) << got.message();
     ASSERT_TRUE(check_weights(got->checksums, s.plan, source).ok());
     ASSERT_TRUE(apply_to_engine(*engine, s.files.config, *got, s.plan, &pool).ok());
-    const TensorMap view = (*tr)->params().as_tensor_map();
+    const TensorMap view = pub.trainer->params().as_tensor_map();
     auto reference = engine_on(s.files.config, view, &pool);
     const std::string now = generate(*engine);
     EXPECT_EQ(now, generate(*reference)) << "version " << v;
     EXPECT_EQ(engine->stats().weight_version, v);
     prev = now;
   }
-  auto late = make_disk_delta_receiver(dir, s.plan)->receive(3);
+  auto late = make_disk_delta_receiver(pub.dir, s.plan)->receive(3);
   ASSERT_TRUE(late.ok()) << late.message();
   EXPECT_TRUE(check_weights(late->checksums, s.plan, source).ok());
+}
+
+// The disk-delta receiver lends its current set (the base of its next delta) instead of copying
+// it; a set still lent when the next version comes is copied first and keeps its bytes.
+TEST(WeightSync, DiskDeltaReceiverLendsItsSetAndCopiesOneStillLent) {
+  SyncSetup s = setup(40000);
+  ThreadPool pool(1);
+  DeltaPublisher pub(s, &pool, "weight_sync_delta_lent");
+  auto rx = make_disk_delta_receiver(pub.dir, s.plan);
+  const TensorSource& source = pub.source;
+  const auto publish = [&](int64_t v) { ASSERT_TRUE(pub.publish(v).ok()); };
+  // Every lent tensor still hashes to its checksum (the bytes the set was verified with).
+  const auto intact = [&](const ReceivedWeights& w) {
+    for (const auto& [name, values] : w.lent)
+      if (xxh3_128_hex(values.data(), values.size_bytes()) != w.checksums.at(name)) return false;
+    return true;
+  };
+  const size_t n = s.plan.tensor_names().size();
+  publish(1);
+  auto v1 = rx->receive(1);
+  ASSERT_TRUE(v1.ok()) << v1.message();
+  EXPECT_TRUE(v1->tensors.empty());
+  EXPECT_EQ(v1->lent.size(), n);
+  EXPECT_TRUE(check_weights(v1->checksums, s.plan, source).ok());
+  publish(2);
+  auto v2 = rx->receive(2);  // v1 is still held: the receiver advances a copy
+  ASSERT_TRUE(v2.ok()) << v2.message();
+  EXPECT_NE(v2->lent_owner.get(), v1->lent_owner.get());
+  EXPECT_TRUE(intact(*v1));
+  EXPECT_NE(v1->checksums, v2->checksums);
+  EXPECT_TRUE(check_weights(v2->checksums, s.plan, source).ok());
+  EXPECT_TRUE(intact(*v2));
+  auto engine = engine_on(s.files.config, s.files.weights, &pool);
+  ASSERT_TRUE(apply_to_engine(*engine, s.files.config, *v2, s.plan, &pool).ok());
+  auto reference = engine_on(s.files.config, pub.trainer->params().as_tensor_map(), &pool);
+  EXPECT_EQ(generate(*engine), generate(*reference));
+  const void* set2 = v2->lent_owner.get();
+  *v1 = ReceivedWeights{};  // the engine's model is built: the lent sets are let go
+  *v2 = ReceivedWeights{};
+  publish(3);
+  auto v3 = rx->receive(3);  // nothing holds v2 now: advanced in place, no copy
+  ASSERT_TRUE(v3.ok()) << v3.message();
+  EXPECT_EQ(v3->lent_owner.get(), set2);
+  EXPECT_TRUE(check_weights(v3->checksums, s.plan, source).ok());
+  EXPECT_TRUE(intact(*v3));
+  // A lent set that was not verified on arrival is hashed again, and a changed byte is caught.
+  ReceivedWeights copy = *v3;
+  copy.verified = false;
+  EXPECT_TRUE(verify_received_weights(copy, s.plan).ok());
+  std::vector<float> changed(copy.lent.begin()->second.begin(), copy.lent.begin()->second.end());
+  changed[0] = std::nextafter(changed[0], 1.0f);
+  copy.lent.begin()->second = changed;
+  EXPECT_NE(verify_received_weights(copy, s.plan).message().find("checksum mismatch"),
+            std::string::npos);
 }
 
 TEST(WeightSync, AFlippedByteIsCaughtBeforeTheSwap) {

@@ -1,10 +1,10 @@
 // WeightSender / WeightReceiver over broadcast, p2p and disk-delta (weight_sync.h).
 #include <cstring>
+#include <memory>
 
 #include "miles/comm.h"
 #include "miles/weight_sync/disk_delta.h"
 #include "miles/weight_sync/weight_sync.h"
-#include "weight_sync/for_each_tensor.h"
 
 namespace miles {
 
@@ -95,38 +95,32 @@ class DiskDeltaSender final : public WeightSender {
 class DiskDeltaReceiver final : public WeightReceiver {
  public:
   DiskDeltaReceiver(const std::string& dir, TransferPlan p) : reader_(dir), plan_(std::move(p)) {}
-  // advance() changes current_ only when every version applied and verified; the engine gets its
-  // own copy (current_ stays the base of the next delta), each tensor copied and hashed on the
-  // machine's cores: the hash of the copy's bytes must be the one the reader verified against the
-  // manifest (so `verified`: verify_received_weights needs no second pass).
+  // advance() changes the current set only when every version applied and verified. The result
+  // lends the current set (it stays the base of the next delta) instead of copying it: the reader
+  // verified every tensor's bytes against the manifest, so the set is `verified`. A set still lent
+  // when the next version comes is copied first and left as it was (copy on write); the engine
+  // drops its set once its model is built, so a following engine never copies.
   Result<ReceivedWeights> receive(int64_t v) override {
     std::vector<std::string> verified;  // each tensor's hash, as checked against the manifest
-    if (current_version_ >= 0 && v > current_version_) {
-      MILES_RETURN_IF_ERROR(reader_.advance(current_, current_version_, v, &verified));
+    if (current_ && v > current_version_) {
+      if (current_.use_count() > 1) current_ = std::make_shared<WeightSet>(*current_);
+      MILES_RETURN_IF_ERROR(reader_.advance(*current_, current_version_, v, &verified));
     } else {
-      MILES_ASSIGN_OR_RETURN(current_, reader_.load(v, &verified));
+      MILES_ASSIGN_OR_RETURN(WeightSet loaded, reader_.load(v, &verified));
+      current_ = std::make_shared<WeightSet>(std::move(loaded));
     }
     current_version_ = v;
     ReceivedWeights out;
     out.version = v;
-    std::vector<std::vector<float>*> dst;
-    std::vector<std::string*> sums;
-    for (const NamedTensor& t : current_) {
+    out.lent_owner = current_;
+    for (size_t i = 0; i < current_->size(); ++i) {
+      const NamedTensor& t = (*current_)[i];
       if (t.dtype != "F32") return Status::Error("disk-delta tensor " + t.name + " is " + t.dtype);
-      dst.push_back(&out.tensors[t.name]);
-      sums.push_back(&out.checksums[t.name]);
+      out.lent[t.name] = {reinterpret_cast<const float*>(t.bytes.data()),
+                          t.bytes.size() / sizeof(float)};
+      out.checksums[t.name] = verified[i];
       out.shapes[t.name] = t.shape;
     }
-    MILES_RETURN_IF_ERROR(weight_sync_detail::for_each_tensor(current_.size(), [&](size_t i) {
-      const std::vector<uint8_t>& bytes = current_[i].bytes;
-      dst[i]->resize(bytes.size() / sizeof(float));
-      std::memcpy(dst[i]->data(), bytes.data(), bytes.size());
-      *sums[i] = xxh3_128_hex(dst[i]->data(), bytes.size());
-      if (*sums[i] != verified[i])
-        return Status::Error("disk-delta tensor " + current_[i].name + ": its copy hashes to " +
-                             *sums[i] + ", the version's manifest says " + verified[i]);
-      return Status::Ok();
-    }));
     out.verified = true;
     MILES_RETURN_IF_ERROR(verify_received_weights(out, plan_));
     return out;
@@ -135,7 +129,7 @@ class DiskDeltaReceiver final : public WeightReceiver {
  private:
   DiskDeltaReader reader_;
   TransferPlan plan_;
-  WeightSet current_;
+  std::shared_ptr<WeightSet> current_;  // null before the first version
   int64_t current_version_ = -1;
 };
 

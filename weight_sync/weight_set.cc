@@ -11,29 +11,37 @@ std::string xxh3_128_hex(const void* data, size_t size) {
 
 TensorMap ReceivedWeights::view() const {
   TensorMap m;
+  const std::string source = "weight version " + std::to_string(version);
   for (const auto& [name, values] : tensors)
-    m.insert(name, Tensor::view(DType::kF32, shapes.at(name), values.data(), nullptr),
-             "weight version " + std::to_string(version));
+    m.insert(name, Tensor::view(DType::kF32, shapes.at(name), values.data(), nullptr), source);
+  for (const auto& [name, values] : lent)
+    m.insert(name, Tensor::view(DType::kF32, shapes.at(name), values.data(), lent_owner), source);
   return m;
+}
+
+std::optional<std::span<const float>> ReceivedWeights::values(const std::string& name) const {
+  if (auto it = tensors.find(name); it != tensors.end()) return std::span<const float>(it->second);
+  if (auto it = lent.find(name); it != lent.end()) return it->second;
+  return std::nullopt;
 }
 
 Status verify_received_weights(const ReceivedWeights& set, const TransferPlan& plan) {
   const std::string at = "weight version " + std::to_string(set.version) + ": ";
   for (const Bucket& b : plan.buckets)
     for (const PlannedTensor& t : b.tensors) {
-      auto it = set.tensors.find(t.name);
-      if (it == set.tensors.end()) return Status::Error(at + "tensor " + t.name + " never arrived");
-      if (static_cast<int64_t>(it->second.size() * sizeof(float)) != t.bytes)
+      const std::optional<std::span<const float>> values = set.values(t.name);
+      if (!values) return Status::Error(at + "tensor " + t.name + " never arrived");
+      if (static_cast<int64_t>(values->size_bytes()) != t.bytes)
         return Status::Error(at + "tensor " + t.name + " has the wrong size");
       auto sum = set.checksums.find(t.name);
       if (sum == set.checksums.end()) return Status::Error(at + "no checksum for " + t.name);
       if (set.verified) continue;
-      const std::string got = xxh3_128_hex(it->second.data(), t.bytes);
+      const std::string got = xxh3_128_hex(values->data(), t.bytes);
       if (got != sum->second)
         return Status::Error(at + "checksum mismatch for " + t.name + " (got " + got +
                              ", the sender's " + sum->second + ")");
     }
-  if (set.tensors.size() != plan.tensor_names().size())
+  if (set.size() != plan.tensor_names().size())
     return Status::Error(at + "holds tensors outside the plan");
   return Status::Ok();
 }

@@ -12,14 +12,15 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "miles/checkpoint.h"
-#include "miles/weight_sync/disk_delta.h"
 #include "miles/parallel_layout.h"
 #include "miles/status.h"
+#include "miles/weight_sync/disk_delta.h"
 #include "miles/weight_sync/transfer_plan.h"
 
 namespace miles {
@@ -32,17 +33,26 @@ class ThreadPool;
 // xxh3-128 of bytes, as 32 hex digits.
 std::string xxh3_128_hex(const void* data, size_t size);
 
-// One version as received: float32 tensors by name (owning), and each tensor's checksum.
+// One version as received: float32 tensors by name, and each tensor's checksum.
 struct ReceivedWeights {
   int64_t version = -1;
-  std::map<std::string, std::vector<float>> tensors;
+  std::map<std::string, std::vector<float>> tensors;  // owned
+  // Or lent: tensors a receiver keeps anyway (a disk-delta receiver's current version, the base of
+  // its next delta), shared instead of copied; `lent_owner` keeps them alive and unchanged (the
+  // receiver copies before it changes a set still lent). A name is in one of the two maps.
+  std::map<std::string, std::span<const float>> lent;
+  std::shared_ptr<const void> lent_owner;
   std::map<std::string, std::vector<int64_t>> shapes;
   std::map<std::string, std::string> checksums;  // xxh3-128 hex of the float32 bytes
   // Every checksum was computed from these bytes as they arrived and matched the sender's
   // (broadcast_weights), or from bytes assembled from pieces that each matched the sender's
-  // (p2p_receive_weights): verify_received_weights then checks the set without hashing again.
+  // (p2p_receive_weights), or verified against a disk-delta manifest: verify_received_weights
+  // then checks the set without hashing again.
   bool verified = false;
   TensorMap view() const;  // views for Model::from_weights
+  // A tensor's values, owned or lent; nullopt when the set has no such tensor.
+  std::optional<std::span<const float>> values(const std::string& name) const;
+  size_t size() const { return tensors.size() + lent.size(); }
 };
 
 // The sender's access to the full (gathered) tensors of its stage, by name.
