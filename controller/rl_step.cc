@@ -2,6 +2,7 @@
 // measure (step_metrics.h), log, checkpoint.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <mutex>
 #include <string>
 
@@ -251,6 +252,8 @@ Status RlJob::checkpoint_if_due(bool final_step) {
   MILES_ASSIGN_OR_RETURN(const Trainer* full, group_->full());
   st.extra_json = json{{"weight_version", full->steps_done()}}.dump();
   SaveOptions so;
+  // The policy's tokenizer beside its weights: a checkpoint is a model directory to serve or eval.
+  if (std::filesystem::is_directory(cfg_.model.path)) so.tokenizer_dir = cfg_.model.path;
   so.overwrite = true;
   const std::string dir = c.dir + "/" + checkpoint_dir_name(rollout_step_);
   MILES_RETURN_IF_ERROR(save_checkpoint(dir, *full, st, so));

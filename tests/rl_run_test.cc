@@ -1183,9 +1183,13 @@ TEST(RlRun, SmolLM2ArithmeticRecipeLearnsOnHeldOutPrompts) {
   if (!has_smollm2()) GTEST_SKIP() << "SmolLM2-135M-Instruct not installed (scripts/get_models.sh)";
   const std::string dir = temp_dir("smollm2_learns");
   auto r = run_here("configs/smollm2_arithmetic.yaml --run-dir " + dir +
-                    " rollout.num_rollouts=10 checkpoint.save_every=0 logging.progress=none"
-                    " logging.tensorboard=false");
+                    " rollout.num_rollouts=10 checkpoint.save_every=0 checkpoint.save_final=true"
+                    " logging.progress=none logging.tensorboard=false");
   ASSERT_EQ(r.exit_code, 0) << r.out;
+  // The checkpoint is a model directory: the policy's tokenizer and chat template beside it.
+  for (const char* f :
+       {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    EXPECT_TRUE(fs::exists(dir + "/checkpoints/step_00000010/" + std::string(f))) << f;
   const std::vector<json> evals = jsonl(dir + "/eval.jsonl");
   ASSERT_EQ(evals.size(), 2u);
   EXPECT_EQ(evals[0]["eval_prompts"], 128);
