@@ -532,8 +532,6 @@ TEST(WeightSync, BroadcastReceiversKeepTheirTensorParallelShard) {
   }
 }
 
-// The one interface over disk-delta: a trainer publishes three optimizer steps; an engine following
-// every version and one joining at the last both serve exactly the trainer's weights.
 // A trainer that publishes each optimizer step as the next version of a disk-delta directory.
 struct DeltaPublisher {
   DeltaPublisher(const SyncSetup& s, ThreadPool* pool, const std::string& name)
@@ -562,6 +560,8 @@ struct DeltaPublisher {
   const TensorSource source = [this](const std::string& n) { return trainer->params().get(n); };
 };
 
+// The one interface over disk-delta: a trainer publishes three optimizer steps; an engine following
+// every version and one joining at the last both serve exactly the trainer's weights.
 TEST(WeightSync, DiskDeltaThroughTheSenderReceiverInterface) {
   SyncSetup s = setup(40000);
   ThreadPool pool(1);
@@ -596,7 +596,6 @@ TEST(WeightSync, DiskDeltaReceiverLendsItsSetAndCopiesOneStillLent) {
   DeltaPublisher pub(s, &pool, "weight_sync_delta_lent");
   auto rx = make_disk_delta_receiver(pub.dir, s.plan);
   const TensorSource& source = pub.source;
-  const auto publish = [&](int64_t v) { ASSERT_TRUE(pub.publish(v).ok()); };
   // Every lent tensor still hashes to its checksum (the bytes the set was verified with).
   const auto intact = [&](const ReceivedWeights& w) {
     for (const auto& [name, values] : w.lent)
@@ -604,13 +603,13 @@ TEST(WeightSync, DiskDeltaReceiverLendsItsSetAndCopiesOneStillLent) {
     return true;
   };
   const size_t n = s.plan.tensor_names().size();
-  publish(1);
+  ASSERT_TRUE(pub.publish(1).ok());
   auto v1 = rx->receive(1);
   ASSERT_TRUE(v1.ok()) << v1.message();
   EXPECT_TRUE(v1->tensors.empty());
   EXPECT_EQ(v1->lent.size(), n);
   EXPECT_TRUE(check_weights(v1->checksums, s.plan, source).ok());
-  publish(2);
+  ASSERT_TRUE(pub.publish(2).ok());
   auto v2 = rx->receive(2);  // v1 is still held: the receiver advances a copy
   ASSERT_TRUE(v2.ok()) << v2.message();
   EXPECT_NE(v2->lent_owner.get(), v1->lent_owner.get());
@@ -625,7 +624,7 @@ TEST(WeightSync, DiskDeltaReceiverLendsItsSetAndCopiesOneStillLent) {
   const void* set2 = v2->lent_owner.get();
   *v1 = ReceivedWeights{};  // the engine's model is built: the lent sets are let go
   *v2 = ReceivedWeights{};
-  publish(3);
+  ASSERT_TRUE(pub.publish(3).ok());
   auto v3 = rx->receive(3);  // nothing holds v2 now: advanced in place, no copy
   ASSERT_TRUE(v3.ok()) << v3.message();
   EXPECT_EQ(v3->lent_owner.get(), set2);
