@@ -116,6 +116,31 @@ TEST_P(DraftHeadGolden, LossSumsAndGradientsMatchTorch) {
   FlatTensors again(head->params().layout_ptr());
   ASSERT_TRUE(head->accumulate_grad(rows, g.scale, again, nullptr).ok());
   for (size_t i = 0; i < grads.all().size(); ++i) ASSERT_EQ(grads.all()[i], again.all()[i]) << i;
+  // Only the weighted rows' logits (in reverse order) found through logit_row: the same bits. A
+  // weighted row without logits, or a map past the logits, is refused.
+  const int64_t t = static_cast<int64_t>(g.ids.size());
+  const int64_t pv = static_cast<int64_t>(g.logits.size()) / t;
+  std::vector<int64_t> weighted, map(static_cast<size_t>(t), -1);
+  for (int64_t i = 0; i < t; ++i)
+    if (g.weight[i] != 0) weighted.push_back(i);
+  ASSERT_GE(weighted.size(), 2u);
+  std::vector<float> compact;
+  for (size_t k = weighted.size(); k-- > 0;) {
+    map[weighted[k]] = static_cast<int64_t>(compact.size()) / pv;
+    compact.insert(compact.end(), g.logits.begin() + weighted[k] * pv,
+                   g.logits.begin() + (weighted[k] + 1) * pv);
+  }
+  FlatTensors mapped(head->params().layout_ptr());
+  const auto with_map = [&](FlatTensors& into) {
+    return head->accumulate_grad({g.ids, seqs, g.features, compact, g.weight, map}, g.scale, into,
+                                 &pool);
+  };
+  ASSERT_TRUE(with_map(mapped).ok());
+  for (size_t i = 0; i < grads.all().size(); ++i) ASSERT_EQ(grads.all()[i], mapped.all()[i]) << i;
+  map[weighted[0]] = -1;
+  EXPECT_NE(with_map(mapped).message().find("has a weight and no logits"), std::string::npos);
+  map[weighted[0]] = static_cast<int64_t>(weighted.size());
+  EXPECT_NE(with_map(mapped).message().find("maps to logits row"), std::string::npos);
 }
 
 TEST_P(DraftHeadGolden, InferenceRowsMatchTorchAndDoNotDependOnChunking) {

@@ -63,8 +63,8 @@ Status DraftTrainer::micro_batch(const Packed& p, std::span<const TrainSample> b
                                  const TensorParallel* tp, FlatTensors& grads,
                                  std::map<std::string, double>& sums, ThreadPool* pool) {
   // The policy's logits are the loss rows' (p.rows, the forward's logit_rows); the head reads a
-  // row's logits only where its weight is non-zero, which are loss rows: spread them to their token
-  // rows (the others stay zero and unread).
+  // row's logits only where its weight is non-zero, which are loss rows: it finds them through
+  // logit_row (the others have none).
   const int64_t n = static_cast<int64_t>(p.rows.size()), t = static_cast<int64_t>(p.tokens.size());
   grads.zero();
   if (n == 0) return Status::Ok();  // no loss row: nothing to fit (every weight would be 0)
@@ -73,12 +73,8 @@ Status DraftTrainer::micro_batch(const Packed& p, std::span<const TrainSample> b
     MILES_ASSIGN_OR_RETURN(whole, whole_rows(logits, n, *tp));
     logits = whole;
   }
-  const size_t v = logits.size() / static_cast<size_t>(n);
-  std::vector<float> spread(static_cast<size_t>(t) * v, 0.0f);
-  for (int64_t i = 0; i < n; ++i)
-    std::copy_n(logits.begin() + static_cast<std::ptrdiff_t>(i * v), v,
-                spread.begin() + static_cast<std::ptrdiff_t>(p.rows[i] * v));
-  logits = spread;
+  std::vector<int64_t> logit_row(static_cast<size_t>(t), -1);
+  for (int64_t i = 0; i < n; ++i) logit_row[p.rows[i]] = i;
   // The weight of logits row r is the loss mask of the token it predicts.
   std::vector<float> weight(p.tokens.size(), 0.0f);
   for (size_t s = 0; s < p.samples.size(); ++s) {
@@ -86,7 +82,7 @@ Status DraftTrainer::micro_batch(const Packed& p, std::span<const TrainSample> b
     for (int64_t i = p.offsets[s]; i < p.offsets[s + 1]; ++i)
       weight[p.rows[i]] = mask[i - p.offsets[s]];
   }
-  const DraftTrainRows rows{p.tokens, p.seqs, features, logits, weight};
+  const DraftTrainRows rows{p.tokens, p.seqs, features, logits, weight, logit_row};
   MILES_ASSIGN_OR_RETURN(DraftTrainSums d, head_->accumulate_grad(rows, scale_, grads, pool));
   sums["draft_loss"] += d.loss;
   sums["draft_rows"] += d.rows;

@@ -56,6 +56,10 @@ struct DraftTrainRows {
   // (T) weight of the prediction of token i + 1 made at row i − 1 of the draft (i.e. the loss on
   // the draft of token i + 1 reads the policy's row i); the first row of each sequence is unused.
   std::span<const float> weight;
+  // Optional (T): the row of `logits` that holds token row i's, −1 where it has none (its weight
+  // must then be 0). Empty: `logits` holds every token row. A trainer that computed logits only
+  // for its loss rows passes those rows and this map instead of spreading them out.
+  std::span<const int64_t> logit_row = {};
 };
 
 // Sums over the rows trained on (each times its weight), for metrics.

@@ -329,11 +329,27 @@ Result<DraftTrainSums> DraftHead::accumulate_grad(const DraftTrainRows& rows, do
   const int64_t t = rows.tokens.size(), width = feature_width();
   if (grads.layout().total() != params_.layout().total())
     return Status::Error("draft head: a gradient buffer of another layout");
+  const bool mapped = !rows.logit_row.empty();
+  const int64_t logit_rows = mapped ? static_cast<int64_t>(rows.logits.size()) / pv : t;
   if (static_cast<int64_t>(rows.features.size()) != t * width ||
-      static_cast<int64_t>(rows.logits.size()) != t * pv ||
-      static_cast<int64_t>(rows.weight.size()) != t)
+      static_cast<int64_t>(rows.logits.size()) != logit_rows * pv ||
+      static_cast<int64_t>(rows.weight.size()) != t ||
+      (mapped && static_cast<int64_t>(rows.logit_row.size()) != t))
     return Status::Error("draft head: features, logits and weights do not match " +
                          std::to_string(t) + " tokens");
+  // Token row i's policy logits, or null where it has none.
+  const auto policy_row = [&](int64_t i) -> const float* {
+    const int64_t r = mapped ? rows.logit_row[i] : i;
+    return r < 0 ? nullptr : rows.logits.data() + r * pv;
+  };
+  for (int64_t i = 0; i < t; ++i) {
+    if (mapped && (rows.logit_row[i] < -1 || rows.logit_row[i] >= logit_rows))
+      return Status::Error("draft head: token row " + std::to_string(i) + " maps to logits row " +
+                           std::to_string(rows.logit_row[i]) + " of " + std::to_string(logit_rows));
+    if (rows.weight[i] != 0 && policy_row(i) == nullptr)
+      return Status::Error("draft head: token row " + std::to_string(i) +
+                           " has a weight and no logits");
+  }
   // Draft row j of a sequence: feature j, next id j + 1, target the policy's row j + 1.
   std::vector<SeqSpan> seqs;
   std::vector<int64_t> src;  // policy row of each draft row's feature
@@ -380,7 +396,7 @@ Result<DraftTrainSums> DraftHead::accumulate_grad(const DraftTrainRows& rows, do
         std::fill_n(z, dv, 0.0f);
         continue;
       }
-      const float* pz = rows.logits.data() + target * pv;
+      const float* pz = policy_row(target);
       const kernels::LogSoftmaxStats full = kernels::log_softmax_stats(pz, pv);
       for (int64_t i = 0; i < dv; ++i) q[i] = pz[vocab_[i]];
       kernels::softmax_row(q.data(), dv);  // the target over the draft vocabulary
