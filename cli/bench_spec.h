@@ -36,6 +36,8 @@ struct SpecBenchOptions {
   // The policy layers whose outputs the head reads (DraftHead::feature_layers_for; empty: the
   // last).
   std::vector<int64_t> head_layers;
+  // Training passes per sample (DraftHead::accumulate_grad: > 1, EAGLE-3's training-time test).
+  int64_t head_ttt_length = 1;
 };
 
 int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model,

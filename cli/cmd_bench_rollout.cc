@@ -25,6 +25,7 @@
 #include "cli/commands.h"
 #include "cli/model_files.h"
 #include "cli/serve_tp.h"
+#include "miles/draft_head.h"
 #include "miles/kernels.h"
 #include "miles/rollout/engine.h"
 #include "miles/thread_pool.h"
@@ -387,6 +388,12 @@ void register_bench_rollout(CLI::App& bench) {
                 "--spec: the policy layers whose outputs the draft head reads (ascending; "
                 "default: the last; several: EAGLE-3's features)")
       ->delimiter(',')
+      ->needs(spec);
+  r->add_option("--spec-head-ttt-length", o->spec_options.head_ttt_length,
+                "--spec: the draft head's training passes per sample (> 1: also trained on its "
+                "own drafts, EAGLE-3's training-time test)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, DraftHead::kMaxPasses))
       ->needs(spec);
   r->add_option("--spec-head-batch", o->spec_options.head_batch,
                 "--spec: samples per AdamW step of the draft head")

@@ -69,6 +69,7 @@ std::vector<Section> sections_of(RunConfig& c) {
         {"speculative_draft_lr", &r.speculative_draft_lr},
         {"speculative_draft_vocab", &r.speculative_draft_vocab},
         {"speculative_draft_layers", &r.speculative_draft_layers},
+        {"speculative_draft_ttt_length", &r.speculative_draft_ttt_length},
         {"health_check_interval_s", &r.health_check_interval_s},
         {"engine_start_timeout_s", &r.engine_start_timeout_s},
         {"max_engine_restarts", &r.max_engine_restarts}}},

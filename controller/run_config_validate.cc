@@ -239,6 +239,15 @@ void check_rollout(const RunConfig& c, Checker& check) {
                      std::to_string(layers[i]) + " at position " + std::to_string(i) + ")");
       break;
     }
+  if (r.speculative_draft_ttt_length < 1 || r.speculative_draft_ttt_length > DraftHead::kMaxPasses)
+    check.fail(
+        {"rollout.speculative_draft_ttt_length"},
+        "rollout.speculative_draft_ttt_length: " + std::to_string(r.speculative_draft_ttt_length) +
+            " passes; 1 to " + std::to_string(DraftHead::kMaxPasses));
+  else if (r.speculative_draft_ttt_length > 1 && !r.speculative_draft_head)
+    check.fail({"rollout.speculative_draft_ttt_length", "rollout.speculative_draft_head"},
+               "rollout.speculative_draft_ttt_length: training the draft head on its own drafts "
+               "needs rollout.speculative_draft_head: true");
   check.positive("rollout.health_check_interval_s", r.health_check_interval_s);
   check.positive("rollout.engine_start_timeout_s", r.engine_start_timeout_s);
   check.at_least<int64_t>("rollout.max_engine_restarts", r.max_engine_restarts, 0);

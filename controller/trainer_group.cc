@@ -64,6 +64,7 @@ Result<TrainerConfig> trainer_config(const RunConfig& cfg) {
   tc.draft.lr = cfg.rollout.speculative_draft_lr;
   tc.draft.vocab_size = cfg.rollout.speculative_draft_vocab;
   tc.draft.feature_layers = cfg.rollout.speculative_draft_layers;
+  tc.draft.passes = cfg.rollout.speculative_draft_ttt_length;
   MILES_RETURN_IF_ERROR(tc.validate());
   return tc;
 }

@@ -20,6 +20,8 @@ layers 0 and 1), and
 where norm_0 is the policy's layer 1 input norm, norm_1 its final norm, and P [H, 2H] = [0 | I] + 0.2 N(0, 1)
 (drawn after fc), with its gradient grad.draft.feature_fc.weight and the file's P as feature_fc.
 
+EAGLE-3's training-time test (DraftHead::accumulate_grad with 3 passes), files <name>.ttt3.safetensors: make_ttt.
+
 File tests/data/draft_goldens/<name>.safetensors (policies llama_tied, qwen3), float32 unless said:
     ids int32 [T], lens int32 [2], vocab int32 [48], features [T, H], policy_logits [T, V], weight [T], scale [1],
     fc [H, 2H], loss [1] (the scaled sum), sums [4] (sum w, sum w*agree, sum w*accept, sum w*in_vocab),
@@ -45,6 +47,33 @@ POLICIES = ["llama_tied", "qwen3"]
 SEED = 31
 LENS = [7, 12]
 DRAFT_VOCAB = 48
+TTT_PASSES = 3
+
+
+def draft_model(policy, vocab):
+    """The head's layer as a transformers CausalLM of the policy's class: ONE layer (the policy's layer 0), the
+    policy's final norm, vocab = the draft ids, lm_head = the policy's head rows at those ids; with the policy's
+    embedding and embed scale."""
+    cfg = policy.config
+    dcfg = type(cfg).from_dict(cfg.to_dict())
+    dcfg.num_hidden_layers = 1
+    dcfg.vocab_size = DRAFT_VOCAB
+    dcfg.tie_word_embeddings = False
+    if getattr(dcfg, "layer_types", None):
+        dcfg.layer_types = dcfg.layer_types[:1]
+    draft = type(policy)(dcfg).eval()
+    sd = policy.state_dict()
+    head = sd["lm_head.weight"] if "lm_head.weight" in sd else sd["model.embed_tokens.weight"]
+    with torch.no_grad():
+        for k, p in draft.named_parameters():
+            if k.startswith("model.layers.0."):
+                p.copy_(sd[k])
+        draft.model.norm.weight.copy_(sd["model.norm.weight"])
+        draft.lm_head.weight.copy_(head[vocab])
+        draft.model.embed_tokens.weight.copy_(head[vocab])
+    embed = sd["model.embed_tokens.weight"]
+    escale = float(getattr(draft.model, "embed_scale", 1.0)) if hasattr(draft.model, "embed_scale") else 1.0
+    return dcfg, draft, embed, escale
 
 
 def make(name: str, out_dir: Path, layers: list[int] | None = None) -> Path:
@@ -79,25 +108,8 @@ def make(name: str, out_dir: Path, layers: list[int] | None = None) -> Path:
         z = torch.cat([norms[i](features[rows, i]) for i in range(nk)], 1)
         return z @ pfc_p.T
 
-    dcfg = type(cfg).from_dict(cfg.to_dict())
-    dcfg.num_hidden_layers = 1
-    dcfg.vocab_size = DRAFT_VOCAB
-    dcfg.tie_word_embeddings = False
-    if getattr(dcfg, "layer_types", None):
-        dcfg.layer_types = dcfg.layer_types[:1]
-    draft = type(policy)(dcfg).eval()
-    sd = policy.state_dict()
-    head = sd["lm_head.weight"] if "lm_head.weight" in sd else sd["model.embed_tokens.weight"]
-    with torch.no_grad():
-        for k, p in draft.named_parameters():
-            if k.startswith("model.layers.0."):
-                p.copy_(sd[k])
-        draft.model.norm.weight.copy_(sd["model.norm.weight"])
-        draft.lm_head.weight.copy_(head[vocab])
-        draft.model.embed_tokens.weight.copy_(head[vocab])
+    dcfg, draft, embed, escale = draft_model(policy, vocab)
     fc_p = torch.nn.Parameter(fc.clone())
-    embed = sd["model.embed_tokens.weight"]
-    escale = float(getattr(draft.model, "embed_scale", 1.0)) if hasattr(draft.model, "embed_scale") else 1.0
 
     captured = []
     hook = draft.model.layers[0].register_forward_hook(
@@ -159,6 +171,118 @@ def make(name: str, out_dir: Path, layers: list[int] | None = None) -> Path:
     return dst
 
 
+def make_ttt(name: str, out_dir: Path, passes: int = TTT_PASSES) -> Path:
+    """The training-time test (DraftHead::accumulate_grad with passes > 1), file <name>.ttt<passes>.safetensors.
+
+    Seed 33; inputs as in make() (one feature layer). Pass 1 is make()'s forward, which also returns its layer's
+    keys/values (a transformers cache) and outputs g. Pass p >= 2 of a sequence, rows j = 0..n-2 at positions j:
+        u_j = fc @ cat(embed[x_{j+1}] * embed_scale, norm(g^{p-1}_{j-1}))     (row 0: norm(0) = 0)
+    through the same one-layer CausalLM, given the earlier passes' keys/values as a cache (detached) and a custom 4D
+    mask: row j sees pass 1's keys 0..j-p+1, pass q's key j-p+q (1 < q < p) and its own. Each pass's loss is make()'s
+    with the weights of its first p-1 rows set to 0, the same scale; the passes add. The file holds make()'s tensors
+    (loss: the total) and sums [passes, 4].
+    """
+    path = DATA / "models" / name
+    policy = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                               attn_implementation="eager").eval()
+    cfg = policy.config
+    h, v = cfg.hidden_size, cfg.vocab_size
+    g = torch.Generator().manual_seed(SEED + 2)
+    t = sum(LENS)
+    ids = torch.randint(0, v, (t,), generator=g, dtype=torch.int64)
+    features = 2 * torch.randn(t, h, generator=g)
+    plogits = 3 * torch.randn(t, v, generator=g)
+    weight = torch.randint(0, 3, (t,), generator=g).float() / 2
+    start = 0
+    for n in LENS:
+        weight[start] = 0
+        start += n
+    vocab = torch.randperm(v, generator=g)[:DRAFT_VOCAB].sort().values
+    fc = torch.cat([torch.eye(h), torch.zeros(h, h)], 1) + 0.2 * torch.randn(h, 2 * h, generator=g)
+
+    dcfg, draft, embed, escale = draft_model(policy, vocab)
+    fc_p = torch.nn.Parameter(fc.clone())
+
+    captured = []
+    hook = draft.model.layers[0].register_forward_hook(
+        lambda m, i, o: captured.append(o[0] if isinstance(o, tuple) else o))
+    used = 0.0
+    start = 0
+    for n in LENS:
+        used += float(weight[start + 1:start + n].sum())
+        start += n
+    scale = 1.0 / used
+    loss = torch.zeros(())
+    sums = torch.zeros(passes, 4, dtype=torch.float64)
+    neg = torch.finfo(torch.float32).min
+    start = 0
+    for n in LENS:
+        rows = torch.arange(start, start + n - 1)
+        m = n - 1
+        tgt = plogits[rows + 1]
+        q = torch.softmax(tgt[:, vocab], -1)
+        full = torch.softmax(tgt.double(), -1)
+        keys, values = [], []  # each pass's layer-0 keys / values [1, kv heads, m, head dim], detached
+        prev = None
+        for p in range(1, passes + 1):
+            if p == 1:
+                feat = policy.model.norm(features[rows])
+            else:
+                shifted = torch.cat([torch.zeros(1, h), prev[:-1]], 0)
+                feat = policy.model.norm(shifted)
+            u = torch.cat([embed[ids[rows + 1]] * escale, feat], 1) @ fc_p.T
+            cache = transformers.DynamicCache(config=dcfg)
+            mask = None
+            if p > 1:
+                cache.update(torch.cat(keys, 2), torch.cat(values, 2), 0)
+                allowed = torch.zeros(m, p * m, dtype=torch.bool)
+                for j in range(m):
+                    allowed[j, :max(0, j - p + 2)] = True
+                    for qq in range(2, p):
+                        r = j - p + qq
+                        if r >= 0:
+                            allowed[j, (qq - 1) * m + r] = True
+                    allowed[j, (p - 1) * m + j] = True
+                mask = torch.where(allowed, 0.0, neg)[None, None]
+            captured.clear()
+            logits = draft(inputs_embeds=u[None], attention_mask=mask, position_ids=torch.arange(m)[None],
+                           cache=cache, use_cache=True).logits[0]
+            layer = cache.layers[0]
+            keys.append(layer.keys[:, :, -m:].detach())
+            values.append(layer.values[:, :, -m:].detach())
+            out = captured[-1]
+            prev = (out[0] if out.dim() == 3 else out).detach()
+            w = weight[rows + 1].clone()
+            w[:p - 1] = 0
+            ce = -(q * torch.log_softmax(logits, -1)).sum(-1)
+            loss = loss + scale * (w * ce).sum()
+            best = vocab[logits.argmax(-1)]
+            sums[p - 1, 0] += w.double().sum()
+            sums[p - 1, 1] += (w.double() * (best == tgt.argmax(-1)).double()).sum()
+            sums[p - 1, 2] += (w.double() * full[torch.arange(m), best]).sum()
+            sums[p - 1, 3] += (w.double() * full[:, vocab].sum(-1)).sum()
+        start += n
+    hook.remove()
+    loss.backward()
+
+    out = {
+        "ids": ids.to(torch.int32), "lens": torch.tensor(LENS, dtype=torch.int32),
+        "vocab": vocab.to(torch.int32), "features": features, "policy_logits": plogits, "weight": weight,
+        "scale": torch.tensor([scale], dtype=torch.float32), "fc": fc, "loss": loss.detach().reshape(1),
+        "sums": sums.float(), "passes": torch.tensor([passes], dtype=torch.int32),
+        "grad.draft.fc.weight": fc_p.grad,
+    }
+    for k, p in draft.named_parameters():
+        if k.startswith("model.layers.0."):
+            out["grad.draft.layers.0." + k[len("model.layers.0."):]] = p.grad
+    out = {k: v.detach().contiguous().numpy() for k, v in sorted(out.items())}
+    meta = {"generator": "scripts/make_draft_goldens.py", "policy": f"tests/data/models/{name}",
+            "torch": torch.__version__, "transformers": transformers.__version__, "seed": str(SEED + 2)}
+    dst = out_dir / f"{name}.ttt{passes}.safetensors"
+    mg.write_safetensors(dst, out, meta)
+    return dst
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DATA, help="folder to write draft_goldens/ into")
@@ -172,6 +296,8 @@ def main() -> int:
         for layers in (None, [0, 1]):
             p = make(name, out_dir, layers)
             print(f"{p.name}: {p.stat().st_size} bytes")
+        p = make_ttt(name, out_dir)
+        print(f"{p.name}: {p.stat().st_size} bytes")
     return 0
 
 

@@ -192,6 +192,152 @@ INSTANTIATE_TEST_SUITE_P(Policies, DraftHeadGolden,
                            return n;
                          });
 
+// EAGLE-3's training-time test (accumulate_grad with passes = 3) against transformers with the
+// earlier passes' keys as a cache and a custom 4D mask (make_draft_goldens.py, make_ttt): each
+// pass's sums, the total loss and every gradient.
+class DraftHeadTtt : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DraftHeadTtt, EveryPassesSumsAndTheGradientsMatchTorch) {
+  const Golden g = load(GetParam());
+  const int64_t passes = ints(g.g, "passes")[0];
+  ASSERT_EQ(passes, 3);
+  auto head = head_of(g);
+  std::vector<SeqSpan> seqs;
+  for (size_t s = 0; s < g.lens.size(); ++s)
+    seqs.push_back({static_cast<int32_t>(s), 0, g.lens[s]});
+  const DraftTrainRows rows{g.ids, seqs, g.features, g.logits, g.weight};
+  FlatTensors grads(head->params().layout_ptr());
+  ThreadPool pool(2);
+  auto sums = head->accumulate_grad(rows, g.scale, grads, &pool, passes);
+  ASSERT_TRUE(sums.ok()) << sums.message();
+  ASSERT_EQ(sums->ahead.size(), 2u);
+  const std::vector<float> want = floats(g.g, "sums");  // [passes, 4]
+  double loss = sums->loss;
+  for (int64_t p = 0; p < passes; ++p) {
+    const DraftTrainSums& s = p == 0 ? *sums : sums->ahead[p - 1];
+    if (p > 0) loss += s.loss;
+    EXPECT_NEAR(s.rows, want[p * 4 + 0], 1e-6) << "pass " << p + 1;
+    EXPECT_NEAR(s.agree, want[p * 4 + 1], 1e-6) << "pass " << p + 1;
+    EXPECT_NEAR(s.accept, want[p * 4 + 2], 1e-5) << "pass " << p + 1;
+    EXPECT_NEAR(s.in_vocab, want[p * 4 + 3], 1e-5) << "pass " << p + 1;
+  }
+  EXPECT_LT(sums->ahead[1].rows, sums->ahead[0].rows);  // a sequence's first p − 1 rows sit out
+  EXPECT_NEAR(loss * g.scale, floats(g.g, "loss")[0], 1e-5);
+  for (const ParamSpec& s : grads.layout().specs())
+    expect_close(std::as_const(grads).get(s.name), floats(g.g, "grad." + s.name), 2e-5, s.name);
+  // One thread or two, the same bits; one pass is the passes = 1 head's first pass exactly.
+  FlatTensors again(head->params().layout_ptr()), first(head->params().layout_ptr()),
+      one(head->params().layout_ptr());
+  ASSERT_TRUE(head->accumulate_grad(rows, g.scale, again, nullptr, passes).ok());
+  for (size_t i = 0; i < grads.all().size(); ++i) ASSERT_EQ(grads.all()[i], again.all()[i]) << i;
+  auto s1 = head->accumulate_grad(rows, g.scale, one, &pool, 1);
+  ASSERT_TRUE(s1.ok()) << s1.message();
+  EXPECT_EQ(s1->loss, sums->loss);
+  EXPECT_TRUE(s1->ahead.empty());
+  for (int64_t bad : {int64_t{0}, DraftHead::kMaxPasses + 1}) {
+    auto r = head->accumulate_grad(rows, g.scale, first, &pool, bad);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.message().find("training passes"), std::string::npos) << r.message();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, DraftHeadTtt, ::testing::Values("llama_tied.ttt3", "qwen3.ttt3"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '.', '_');
+                           return n;
+                         });
+
+// ForwardOptions::earlier_passes sees what the engine's KV holds for a draft p tokens ahead: pass
+// p's logits of row i equal a cached forward of pass 1's rows 0 .. i − p + 1, then pass q's row
+// i − p + q for q = 2 .. p one at a time (the engine's drafting), for every row of two sequences;
+// refused without a tape, or over another batch.
+TEST(DraftHead, TrainingPassesSeeWhatTheEnginesDraftKvHolds) {
+  for (const char* name : {"llama_tied", "qwen3"}) {
+    auto files = load_model_files(test::data_dir() + "/models/" + name);
+    ASSERT_TRUE(files.ok()) << files.message();
+    auto model = Model::from_weights(files->config, files->weights);
+    ASSERT_TRUE(model.ok()) << model.message();
+    const Model& m = **model;
+    const int64_t d = files->config.hidden_size, v = files->config.vocab_size;
+    const std::vector<int64_t> lens{5, 9};
+    const int64_t t = 14;
+    const std::vector<int32_t> ids(t, 0);
+    const std::vector<SeqSpan> seqs{{0, 0, lens[0]}, {1, 0, lens[1]}};
+    constexpr int kPasses = 3;
+    std::vector<std::vector<float>> in(kPasses, std::vector<float>(t * d));
+    uint32_t x = 7;
+    for (auto& rows : in)
+      for (float& f : rows) {
+        x = x * 1664525u + 1013904223u;
+        f = static_cast<float>(x >> 8) / static_cast<float>(1u << 24) - 0.5f;
+      }
+    std::vector<std::unique_ptr<ForwardTape>> tapes;
+    std::vector<std::vector<float>> logits;
+    ThreadPool pool(2);
+    for (int p = 0; p < kPasses; ++p) {
+      std::vector<const ForwardTape*> earlier;
+      for (auto& e : tapes) earlier.push_back(e.get());
+      tapes.push_back(std::make_unique<ForwardTape>());
+      ForwardOptions o;
+      o.tape = tapes.back().get();
+      o.earlier_passes = earlier;
+      o.input_hidden = in[p];
+      auto kv = m.make_kv_cache();
+      auto out = m.forward(ids, seqs, *kv, o, &pool);
+      ASSERT_TRUE(out.ok()) << out.message();
+      logits.push_back(std::move(out->logits));
+    }
+    for (int p = 1; p <= kPasses; ++p) {
+      int64_t off = 0;
+      for (size_t s = 0; s < seqs.size(); ++s) {
+        for (int64_t i = p - 1; i < lens[s]; ++i) {
+          auto kv = m.make_kv_cache();
+          ForwardOptions o;
+          o.all_logits = false;
+          std::vector<float> got;
+          const int64_t prefix = i - p + 2;  // pass 1's rows 0 .. i − p + 1
+          if (prefix > 0) {
+            o.input_hidden = std::span<const float>(in[0]).subspan(off * d, prefix * d);
+            const SeqSpan a{0, 0, prefix};
+            auto r =
+                m.forward(std::span<const int32_t>(ids).first(prefix), {&a, 1}, *kv, o, nullptr);
+            ASSERT_TRUE(r.ok()) << r.message();
+            got = r->logits;
+          }
+          for (int q = 2; q <= p; ++q) {
+            const int64_t row = i - p + q;
+            o.input_hidden = std::span<const float>(in[q - 1]).subspan((off + row) * d, d);
+            const SeqSpan one{0, row, 1};
+            auto r = m.forward(std::span<const int32_t>(ids).first(1), {&one, 1}, *kv, o, nullptr);
+            ASSERT_TRUE(r.ok()) << r.message();
+            got = r->logits;
+          }
+          const std::span<const float> want(logits[p - 1].data() + (off + i) * v, v);
+          expect_close(got, std::vector<float>(want.begin(), want.end()), 1e-5,
+                       std::string(name) + " pass " + std::to_string(p) + " seq " +
+                           std::to_string(s) + " row " + std::to_string(i));
+        }
+        off += lens[s];
+      }
+    }
+    ForwardOptions bad;
+    bad.input_hidden = in[1];
+    const std::vector<const ForwardTape*> earlier{tapes[0].get()};
+    bad.earlier_passes = earlier;
+    auto kv = m.make_kv_cache();
+    auto r = m.forward(ids, seqs, *kv, bad, nullptr);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.message().find("need a tape"), std::string::npos) << r.message();
+    ForwardTape other;
+    bad.tape = &other;
+    const std::vector<SeqSpan> split{{0, 0, 6}, {1, 0, 8}};
+    r = m.forward(ids, split, *kv, bad, nullptr);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.message().find("another batch"), std::string::npos) << r.message();
+  }
+}
+
 TEST(DraftHead, RejectsBadVocabulariesAndMoePolicies) {
   const Golden g = load("llama_tied");
   auto dup = DraftHead::create(g.config, g.policy, {3, 5, 3});

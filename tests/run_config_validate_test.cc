@@ -118,6 +118,19 @@ TEST(RunConfigValidate, DraftHeadKeysAndTheLayoutsItTrainsUnder) {
   EXPECT_NE(text.find("expected an integer"), std::string::npos) << text;
   const std::string scalar = error_with("", {"rollout.speculative_draft_layers=3"});
   EXPECT_NE(scalar.find("(write [3])"), std::string::npos) << scalar;
+  // The training-time test: 1 to 8 passes, more than one with the head only.
+  EXPECT_EQ(error_with("", {"rollout.speculative_draft_head=true",
+                            "rollout.speculative_draft_ttt_length=4"}),
+            "(no error)");
+  const std::string ttt_alone = error_with("", {"rollout.speculative_draft_ttt_length=2"});
+  EXPECT_NE(ttt_alone.find("needs rollout.speculative_draft_head: true"), std::string::npos)
+      << ttt_alone;
+  for (const char* bad : {"0", "9"}) {
+    const std::string e =
+        error_with("", {"rollout.speculative_draft_head=true",
+                        std::string("rollout.speculative_draft_ttt_length=") + bad});
+    EXPECT_NE(e.find(std::string(bad) + " passes; 1 to 8"), std::string::npos) << e;
+  }
 }
 
 // weight_sync.comm: the communicator of the group transports, shm only where it applies.

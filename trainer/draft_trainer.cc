@@ -83,12 +83,17 @@ Status DraftTrainer::micro_batch(const Packed& p, std::span<const TrainSample> b
       weight[p.rows[i]] = mask[i - p.offsets[s]];
   }
   const DraftTrainRows rows{p.tokens, p.seqs, features, logits, weight, logit_row};
-  MILES_ASSIGN_OR_RETURN(DraftTrainSums d, head_->accumulate_grad(rows, scale_, grads, pool));
-  sums["draft_loss"] += d.loss;
-  sums["draft_rows"] += d.rows;
-  sums["draft_agree"] += d.agree;
-  sums["draft_accept"] += d.accept;
-  sums["draft_in_vocab"] += d.in_vocab;
+  MILES_ASSIGN_OR_RETURN(DraftTrainSums d,
+                         head_->accumulate_grad(rows, scale_, grads, pool, config_.passes));
+  const auto add = [&](const DraftTrainSums& s, const std::string& suffix) {
+    sums["draft_loss" + suffix] += s.loss;
+    sums["draft_rows" + suffix] += s.rows;
+    sums["draft_agree" + suffix] += s.agree;
+    sums["draft_accept" + suffix] += s.accept;
+    sums["draft_in_vocab" + suffix] += s.in_vocab;
+  };
+  add(d, "");
+  for (size_t p = 0; p < d.ahead.size(); ++p) add(d.ahead[p], "_" + std::to_string(p + 2));
   return Status::Ok();
 }
 

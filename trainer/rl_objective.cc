@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "miles/draft_head.h"
+
 namespace miles {
 
 namespace {
@@ -110,7 +112,7 @@ Result<TokenObjective> rl_objective(std::span<const TrainSample> batch,
 
 std::map<std::string, double> rl_step_metrics(const std::map<std::string, double>& sums) {
   std::map<std::string, double> m;
-  auto get = [&](const char* k) {
+  auto get = [&](const std::string& k) {
     auto it = sums.find(k);
     return it == sums.end() ? 0.0 : it->second;
   };
@@ -124,9 +126,13 @@ std::map<std::string, double> rl_step_metrics(const std::map<std::string, double
   for (const char* k : {"pg_loss", "kl_loss", "entropy_loss"}) m[k] = get(k);
   m["tokens"] = n;
   // The co-trained draft head (TrainerConfig::draft): means over the rows it trained on.
-  if (const double d = get("draft_rows"); d > 0)
-    for (const char* k : {"draft_loss", "draft_agree", "draft_accept", "draft_in_vocab"})
-      m[k] = get(k) / d;
+  // Training-time test passes 2, 3, …: draft_<name>_<p> over pass p's rows.
+  for (int p = 1; p <= DraftHead::kMaxPasses; ++p) {
+    const std::string suffix = p == 1 ? "" : "_" + std::to_string(p);
+    if (const double d = get("draft_rows" + suffix); d > 0)
+      for (const char* k : {"draft_loss", "draft_agree", "draft_accept", "draft_in_vocab"})
+        m[k + suffix] = get(k + suffix) / d;
+  }
   return m;
 }
 

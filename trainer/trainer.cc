@@ -35,6 +35,9 @@ Status DraftTrainConfig::validate() const {
   if (!enabled) return Status::Ok();
   if (!(std::isfinite(lr) && lr > 0)) return Status::Error("draft head: lr must be positive");
   if (vocab_size < 2) return Status::Error("draft head: vocab_size must be >= 2");
+  if (passes < 1 || passes > DraftHead::kMaxPasses)
+    return Status::Error("draft head: " + std::to_string(passes) + " training passes; 1 to " +
+                         std::to_string(DraftHead::kMaxPasses));
   if (static_cast<int64_t>(feature_layers.size()) > DraftHead::kMaxFeatureLayers)
     return Status::Error("draft head: at most " + std::to_string(DraftHead::kMaxFeatureLayers) +
                          " feature layers");

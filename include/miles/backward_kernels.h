@@ -53,6 +53,33 @@ void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, i
                               int64_t heads, int64_t kv_heads, int64_t head_dim, float scale,
                               ThreadPool* pool, int64_t window = 0);
 
+// Attention of pass p of a draft head's training-time test (draft_head.h; ForwardOptions::
+// earlier_passes) over sequences whose rows are the same in every pass: qkv rows [q (heads · hd) |
+// k | v (kv_heads · hd each)] with stride ld in every pass. Query row i of pass p sees, in position
+// order, pass 1's keys 0 .. i − p + 1, pass q's key i − p + q for 1 < q < p, and its own (with a
+// sliding window > 0: only positions > i − window), which is what a draft p tokens ahead sees in
+// the engine's draft KV. The earlier passes' keys and values are constants (no gradient).
+struct PassAttentionSeq {
+  std::span<const float* const> earlier;  // p − 1 passes' qkv rows of this sequence, oldest first
+  const float* qkv;                       // this pass's rows
+  int64_t t;
+  float* out = nullptr;          // forward: [t, heads · hd], written
+  const float* d_out = nullptr;  // backward: [t, heads · hd]
+  float* dqkv =
+      nullptr;  // backward (stride ld): every row's d q and its own key's d k, d v, written
+};
+// Scores are the contract's dot (kernels::detail::dot), the softmax two-pass with exp_f32, out =
+// Σ_j p_j v_j in position order; every row is one work item, so the bits do not depend on threads.
+void pass_attention(std::span<const PassAttentionSeq> seqs, int64_t ld, int64_t heads,
+                    int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
+                    ThreadPool* pool);
+// Its backward: ds_j = p_j (d_out · v_j − Σ p d_out · v) · scale; dq = Σ_j ds_j k_j (position
+// order); the own key's dk = Σ_h ds_own q_h and dv = Σ_h p_own d_out_h over the kv head's query
+// heads in ascending order.
+void pass_attention_backward(std::span<const PassAttentionSeq> seqs, int64_t ld, int64_t heads,
+                             int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
+                             ThreadPool* pool);
+
 // dW[N, K] = dYᵀ · X summed over the M rows with the GEMM's chunk-and-tree rule over rows, in
 // chunks of kWeightGradChunk rows:
 // dy[M, N] (stride ldy), x[M, K] (stride ldx), dw[N, K] overwritten.

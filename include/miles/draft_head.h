@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -69,6 +70,9 @@ struct DraftTrainSums {
   double agree = 0;   // draft argmax == policy argmax (a greedy verify's acceptance)
   double accept = 0;  // the policy's probability of the draft argmax (acceptance at temperature 1)
   double in_vocab = 0;  // the policy's probability mass inside the draft vocabulary
+  // With several training passes (accumulate_grad's `passes`): the sums of passes 2, 3, … over
+  // their rows (a draft that many tokens ahead, given the ones before it right).
+  std::vector<DraftTrainSums> ahead;
 };
 
 // One inference step of several sequences' draft rows (their draft KV in `kv`).
@@ -127,8 +131,19 @@ class DraftHead {
 
   // Training: adds scale × d(Σ weight × soft cross-entropy)/d params to `grads` (layout_for's
   // layout) and returns the batch's sums. Deterministic: the same rows give the same bits.
+  //
+  // passes > 1: EAGLE-3's training-time test. Pass p (p ≥ 2) runs the rows again with row j
+  // reading g_{j−1} of pass p − 1 (the head's own output, through the final norm, as when it drafts
+  // further ahead) instead of the policy's feature; row j attends pass 1's rows 0 .. j − p + 1,
+  // pass q's row j − p + q and itself, which is what the engine's draft KV holds for a draft p
+  // tokens ahead (ForwardOptions::earlier_passes). Each pass's loss has the same targets and
+  // weights (a sequence's first p − 1 rows none) and the same scale; they add. The earlier passes'
+  // outputs and keys enter a pass as constants: each pass's gradient flows through its own
+  // computation only (EAGLE-3 also back-propagates into the earlier passes).
+  static constexpr int64_t kMaxPasses = 8;
   Result<DraftTrainSums> accumulate_grad(const DraftTrainRows& rows, double scale,
-                                         FlatTensors& grads, ThreadPool* pool) const;
+                                         FlatTensors& grads, ThreadPool* pool,
+                                         int64_t passes = 1) const;
 
   // Inference: a KV store for draft rows (one slot per sequence being drafted).
   std::unique_ptr<SimpleKvCache> make_kv_cache() const;
@@ -141,6 +156,23 @@ class DraftHead {
 
  private:
   DraftHead() = default;
+  // The draft rows of a training batch, as every pass reads them.
+  struct PassRows {
+    std::span<const SeqSpan> seqs;    // draft sequences (a policy sequence's T − 1 rows)
+    std::span<const int64_t> src;     // each row's policy row (its target is src + 1)
+    std::span<const int64_t> at_pos;  // each row's position in its sequence
+    std::span<const int32_t> next;    // each row's next id
+    std::function<const float*(int64_t)> policy_row;  // a policy row's logits (or null)
+    std::span<const float> weight;                    // DraftTrainRows::weight
+    double scale;
+  };
+  // One pass of accumulate_grad over feature rows `feat` (pass 1: the policy's, else the previous
+  // pass's g shifted one row); its tape is tapes[pass − 1], its earlier passes' before it. With
+  // `hidden`, receives this pass's g (n, hidden) for the next pass.
+  Result<DraftTrainSums> train_pass(const PassRows& rows, int64_t pass, std::span<const float> feat,
+                                    std::span<const std::unique_ptr<ForwardTape>> tapes,
+                                    std::vector<float>* hidden, FlatTensors& grads,
+                                    ThreadPool* pool) const;
   Status rebuild();  // the draft Model from params_ and the frozen parts
   // u = fc · [embed(next); feature] for n rows; x receives the [n, 2·hidden] inputs and z the
   // normalised feature layers [n, k·hidden] (several feature layers, not `own`).

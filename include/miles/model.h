@@ -99,6 +99,13 @@ struct ForwardOptions {
   // Training: keep the activations backward needs here. Needs all_logits and sequences that start
   // at position 0 (whole sequences, no cached prefix).
   ForwardTape* tape = nullptr;
+  // A draft head's training-time test (draft_head.h): the tapes of p − 1 earlier passes over the
+  // same batch (tokens and sequences), oldest first, which the caller keeps alive until this
+  // forward's backward has run. This forward is then pass p: in every layer row i of a sequence
+  // attends pass 1's rows 0 .. i − p + 1, pass q's row i − p + q (1 < q < p) and itself (the keys
+  // a draft p tokens ahead sees in the engine), the earlier passes' keys and values as constants:
+  // no gradient reaches them. Needs a tape; not for MLA layers; the KV store is not written.
+  std::span<const ForwardTape* const> earlier_passes;
   // Storage for the logits, taken over (moved into ForwardOutput::logits): a trainer hands back
   // the last micro-batch's buffer so that tens of MB of fresh pages are not faulted in every time.
   std::vector<float>* logits_storage = nullptr;

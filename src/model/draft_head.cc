@@ -324,8 +324,12 @@ Result<DraftStep> DraftHead::forward(std::span<const float> features,
 }
 
 Result<DraftTrainSums> DraftHead::accumulate_grad(const DraftTrainRows& rows, double scale,
-                                                  FlatTensors& grads, ThreadPool* pool) const {
-  const int64_t d = policy_.hidden_size, pv = policy_.vocab_size, dv = vocab_.size();
+                                                  FlatTensors& grads, ThreadPool* pool,
+                                                  int64_t passes) const {
+  if (passes < 1 || passes > kMaxPasses)
+    return Status::Error("draft head: " + std::to_string(passes) + " training passes; 1 to " +
+                         std::to_string(kMaxPasses));
+  const int64_t d = policy_.hidden_size, pv = policy_.vocab_size;
   const int64_t t = rows.tokens.size(), width = feature_width();
   if (grads.layout().total() != params_.layout().total())
     return Status::Error("draft head: a gradient buffer of another layout");
@@ -353,13 +357,17 @@ Result<DraftTrainSums> DraftHead::accumulate_grad(const DraftTrainRows& rows, do
   // Draft row j of a sequence: feature j, next id j + 1, target the policy's row j + 1.
   std::vector<SeqSpan> seqs;
   std::vector<int64_t> src;  // policy row of each draft row's feature
+  std::vector<int64_t> at_pos;  // each draft row's position j in its sequence
   int64_t at = 0;
   for (const SeqSpan& s : rows.seqs) {
     if (s.start_pos != 0 || s.n_tokens < 1)
       return Status::Error("draft head: training needs whole sequences");
     if (s.n_tokens >= 2)  // a one-token sequence has no draft row
       seqs.push_back({static_cast<int32_t>(seqs.size()), 0, s.n_tokens - 1});
-    for (int64_t j = 0; j + 1 < s.n_tokens; ++j) src.push_back(at + j);
+    for (int64_t j = 0; j + 1 < s.n_tokens; ++j) {
+      src.push_back(at + j);
+      at_pos.push_back(j);
+    }
     at += s.n_tokens;
   }
   if (at != t) return Status::Error("draft head: sequences do not cover the batch");
@@ -371,32 +379,67 @@ Result<DraftTrainSums> DraftHead::accumulate_grad(const DraftTrainRows& rows, do
     std::copy_n(rows.features.data() + src[r] * width, width, feat.data() + r * width);
     next[r] = rows.tokens[src[r] + 1];
   }
-  std::vector<float> x, z, u;
-  fuse(feat, next, n, false, x, z, u, pool);
+  const PassRows pr{seqs, src, at_pos, next, policy_row, rows.weight, scale};
+  DraftTrainSums sums;
+  std::vector<std::unique_ptr<ForwardTape>> tapes;
+  std::vector<float> g;  // the last pass's layer outputs (n, hidden)
+  for (int64_t p = 1; p <= passes; ++p) {
+    if (p > 1) {  // row j reads g of row j − 1 (the head's own feature for the token it drafted)
+      feat.assign(static_cast<size_t>(n * d), 0.0f);
+      for (int64_t r = 0; r < n; ++r)
+        if (at_pos[r] > 0) std::copy_n(g.data() + (r - 1) * d, d, feat.data() + r * d);
+    }
+    tapes.push_back(std::make_unique<ForwardTape>());
+    MILES_ASSIGN_OR_RETURN(DraftTrainSums s,
+                           train_pass(pr, p, feat, tapes, p < passes ? &g : nullptr, grads, pool));
+    if (p == 1)
+      sums = s;
+    else
+      sums.ahead.push_back(s);
+  }
+  return sums;
+}
 
-  ForwardTape tape;
+Result<DraftTrainSums> DraftHead::train_pass(const PassRows& pr, int64_t pass,
+                                             std::span<const float> feat,
+                                             std::span<const std::unique_ptr<ForwardTape>> tapes,
+                                             std::vector<float>* hidden, FlatTensors& grads,
+                                             ThreadPool* pool) const {
+  const int64_t d = policy_.hidden_size, pv = policy_.vocab_size, dv = vocab_.size();
+  const int64_t n = pr.src.size();
+  const bool own = pass > 1;
+  std::vector<float> x, z, u;
+  fuse(feat, pr.next, n, own, x, z, u, pool);
+
+  // Pass p's rows read the keys of passes 1 .. p − 1 (ForwardOptions::earlier_passes).
+  std::vector<const ForwardTape*> earlier;
+  for (int64_t q = 0; q + 1 < pass; ++q) earlier.push_back(tapes[q].get());
   auto kv = model_->make_kv_cache();
   ForwardOptions opt;
-  opt.tape = &tape;
+  opt.tape = tapes[pass - 1].get();
+  opt.earlier_passes = earlier;
   opt.input_hidden = u;
+  opt.return_hidden = hidden != nullptr;
   const std::vector<int32_t> dummy(static_cast<size_t>(n), 0);
-  MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(dummy, seqs, *kv, opt, pool));
+  MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(dummy, pr.seqs, *kv, opt, pool));
+  if (hidden) *hidden = std::move(out.hidden);
 
   // Soft cross-entropy per row against the policy's distribution renormalised over the draft
-  // vocabulary; d logits overwrite the draft's logits in place.
+  // vocabulary; d logits overwrite the draft's logits in place. Pass p's first p − 1 rows of a
+  // sequence have no drafted feature to read: weight 0.
   std::vector<double> loss(n), agree(n), accept(n), mass(n), w(n);
   parallel_ranges(pool, n, 4 * (pv + dv), [&](int64_t r0, int64_t r1) {
     std::vector<float> q(static_cast<size_t>(dv)), p(static_cast<size_t>(dv)),
         logp(static_cast<size_t>(dv));
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t target = src[r] + 1;
+      const int64_t target = pr.src[r] + 1;
       float* z = out.logits.data() + r * dv;
-      w[r] = rows.weight[target];
+      w[r] = pr.at_pos[r] + 1 >= pass ? pr.weight[target] : 0.0f;
       if (w[r] == 0) {
         std::fill_n(z, dv, 0.0f);
         continue;
       }
-      const float* pz = policy_row(target);
+      const float* pz = pr.policy_row(target);
       const kernels::LogSoftmaxStats full = kernels::log_softmax_stats(pz, pv);
       for (int64_t i = 0; i < dv; ++i) q[i] = pz[vocab_[i]];
       kernels::softmax_row(q.data(), dv);  // the target over the draft vocabulary
@@ -416,8 +459,8 @@ Result<DraftTrainSums> DraftHead::accumulate_grad(const DraftTrainRows& rows, do
       agree[r] = vocab_[best] == policy_best ? 1.0 : 0.0;
       accept[r] = std::exp(pz[vocab_[best]] - full.max - full.log_sum);
       mass[r] = in;
-      const float g = static_cast<float>(scale * w[r]);
-      for (int64_t i = 0; i < dv; ++i) z[i] = g * (p[i] - q[i]);
+      const float gs = static_cast<float>(pr.scale * w[r]);
+      for (int64_t i = 0; i < dv; ++i) z[i] = gs * (p[i] - q[i]);
     }
   });
   DraftTrainSums sums;
@@ -435,14 +478,14 @@ Result<DraftTrainSums> DraftHead::accumulate_grad(const DraftTrainRows& rows, do
   std::vector<float> du;
   BackwardIo io;
   io.d_input = &du;
-  MILES_RETURN_IF_ERROR(model_->backward(tape, out.logits, model_grads, pool, io));
+  MILES_RETURN_IF_ERROR(model_->backward(*tapes[pass - 1], out.logits, model_grads, pool, io));
   std::vector<float> dfc(static_cast<size_t>(d * 2 * d));
   kernels::gemm_weight_grad(du.data(), d, x.data(), 2 * d, n, d, 2 * d, dfc.data(), pool);
   auto add = [](std::span<float> into, std::span<const float> g) {
     for (size_t i = 0; i < into.size(); ++i) into[i] = into[i] + g[i];
   };
   add(grads.get(kFc), dfc);
-  if (layers_.size() > 1) {  // P's: d feature = d u · fc[:, hidden:], then d P = d featureᵀ · z
+  if (layers_.size() > 1 && !own) {  // P's: d feature = d u · fc[:, hidden:], d P = d featureᵀ · z
     const int64_t k = layers_.size();
     kernels::PackedMatrix fc_t;
     fc_t.assign_transposed(params_.get(kFc).data() + d, d, d, 2 * d, pool);

@@ -42,6 +42,7 @@ struct ForwardTape::Impl {
   std::vector<int32_t> positions;  // (T)
   int64_t layer_begin = 0, layer_end = 0;  // the layers this forward ran
   bool embedded = true;  // the input was the embedding of tokens (not ForwardOptions::input_hidden)
+  std::vector<const Impl*> earlier;  // ForwardOptions::earlier_passes (a training-time test pass)
   std::vector<LayerTape> layers;            // (num_layers); those in range filled
   std::vector<int64_t> head_rows;  // (R) the token rows the LM head ran on (all T, or logit_rows)
   std::vector<float> h_final;      // (R, d) before the final norm

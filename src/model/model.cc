@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 
+#include "miles/backward_kernels.h"
 #include "miles/comm.h"
 #include "miles/kernels.h"
 #include "miles/thread_pool.h"
@@ -223,6 +224,7 @@ class CpuLayers {
   // Keys and values into the cache, then each sequence's queries against its block list.
   void attention(const float* qkv, float* attn) {
     const int64_t qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim, ld = qd + 2 * kvd;
+    if (!b_.options.earlier_passes.empty()) return pass_attention(qkv, attn);
     const BatchPlan& plan = b_.plan;
     const int64_t bt = b_.kv.block_tokens();
     std::vector<std::vector<float*>> kb(b_.seqs.size()), vb(b_.seqs.size());
@@ -253,6 +255,27 @@ class CpuLayers {
       kernels::attention(qkv + i * ld, ld, n, c_.num_heads, c_.num_kv_heads, hd, &plan.positions[i],
                          span, scale, attn + i * qd, qd, w_.programs[layer_].window);
     });
+  }
+
+  // A training-time test pass (ForwardOptions::earlier_passes): each row over its sequence's
+  // rows of the earlier passes' kept q/k/v and its own.
+  void pass_attention(const float* qkv, float* attn) {
+    const int64_t qd = c_.q_dim(), ld = qd + 2 * c_.kv_dim();
+    const std::span<const ForwardTape* const> earlier = b_.options.earlier_passes;
+    std::vector<const float*> rows(b_.seqs.size() * earlier.size());
+    std::vector<kernels::PassAttentionSeq> seqs;
+    for (size_t s = 0; s < b_.seqs.size(); ++s) {
+      const int64_t off = b_.plan.offset[s];
+      for (size_t p = 0; p < earlier.size(); ++p)
+        rows[s * earlier.size() + p] =
+            earlier[p]->impl().layers[layer_][Act::kQkv].data() + off * ld;
+      kernels::PassAttentionSeq q{
+          {rows.data() + s * earlier.size(), earlier.size()}, qkv + off * ld, b_.seqs[s].n_tokens};
+      q.out = attn + off * qd;
+      seqs.push_back(q);
+    }
+    kernels::pass_attention(seqs, ld, c_.num_heads, c_.num_kv_heads, c_.head_dim,
+                            c_.attention_scale(), w_.programs[layer_].window, pool_);
   }
 
   // The MoE block (moe.h), its routing replayed from options.forced_experts and recorded into the
@@ -287,6 +310,28 @@ Status check_tape_batch(std::span<const SeqSpan> seqs, const ForwardOptions& opt
       return Status::Error("a training forward (tape) needs whole sequences; sequence " +
                            std::to_string(s) + " starts at position " +
                            std::to_string(seqs[s].start_pos));
+  return Status::Ok();
+}
+
+// ForwardOptions::earlier_passes against this forward: tapes of the same batch over its layers.
+Status check_earlier_passes(const ModelConfig& c, int64_t t, std::span<const SeqSpan> seqs,
+                            int64_t begin, int64_t end, const ForwardOptions& options) {
+  if (options.earlier_passes.empty()) return Status::Ok();
+  if (!options.tape) return Status::Error("earlier passes (a training-time test) need a tape");
+  if (c.is_mla()) return Status::Error("earlier passes (a training-time test): MLA attention");
+  for (size_t p = 0; p < options.earlier_passes.size(); ++p) {
+    const ForwardTape* e = options.earlier_passes[p];
+    const std::string which = "earlier pass " + std::to_string(p + 1);
+    if (e == nullptr || e == options.tape) return Status::Error(which + " is not another tape");
+    const ForwardTape::Impl& x = e->impl();
+    bool same = static_cast<int64_t>(x.tokens.size()) == t && x.seqs.size() == seqs.size();
+    for (size_t s = 0; same && s < seqs.size(); ++s)
+      same = x.seqs[s].n_tokens == seqs[s].n_tokens && x.seqs[s].start_pos == seqs[s].start_pos;
+    if (!same) return Status::Error(which + " ran another batch");
+    if (x.layer_begin > begin || x.layer_end < end)
+      return Status::Error(which + " did not run layers [" + std::to_string(begin) + ", " +
+                           std::to_string(end) + ")");
+  }
   return Status::Ok();
 }
 
@@ -410,6 +455,7 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
   if (begin < 0 || begin >= end || end > c.num_layers)
     return Status::Error("layer range [" + std::to_string(begin) + ", " + std::to_string(end) +
                          ") is not inside the model's " + std::to_string(c.num_layers) + " layers");
+  MILES_RETURN_IF_ERROR(check_earlier_passes(c, t, seqs, begin, end, options));
   std::vector<float> h(static_cast<size_t>(t * d));
   const bool given = begin > 0 || !options.input_hidden.empty();
   if (!given) {
@@ -446,6 +492,8 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     tape->layer_begin = begin;
     tape->layer_end = end;
     tape->embedded = !given;
+    tape->earlier.clear();
+    for (const ForwardTape* e : options.earlier_passes) tape->earlier.push_back(&e->impl());
   }
   const std::span<const int64_t> taps = options.tap_layers;
   MILES_RETURN_IF_ERROR(check_tap_layers(taps, begin, end));

@@ -364,6 +364,7 @@ class Backward {
   void attention(const float* qkv, float* dattn, float* dqkv) {
     const int64_t qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim, ld = qd + 2 * kvd;
     const float scale = c_.attention_scale();
+    if (!tape_.earlier.empty()) return pass_attention(qkv, dattn, dqkv);
     // Work items over (sequence, kv head, query block), then (sequence, kv head, run of keys);
     // every sum keeps its (head, query, key) order.
     std::vector<kernels::AttentionSeq> seqs;
@@ -376,6 +377,27 @@ class Backward {
     }
     kernels::attention_backward_batch(seqs, ld, ld, c_.num_heads, c_.num_kv_heads, hd, scale, pool_,
                                       w_.programs[layer_].window);
+  }
+
+  // A training-time test pass (ForwardOptions::earlier_passes): the earlier passes' keys and values
+  // are constants, so each row writes its d q and its own key's d k / d v.
+  void pass_attention(const float* qkv, const float* dattn, float* dqkv) {
+    const int64_t qd = c_.q_dim(), ld = qd + 2 * c_.kv_dim();
+    const size_t np = tape_.earlier.size();
+    std::vector<const float*> rows(tape_.seqs.size() * np);
+    std::vector<kernels::PassAttentionSeq> seqs;
+    for (size_t s = 0; s < tape_.seqs.size(); ++s) {
+      const int64_t off = tape_.offset[s];
+      for (size_t p = 0; p < np; ++p)
+        rows[s * np + p] = tape_.earlier[p]->layers[layer_][Act::kQkv].data() + off * ld;
+      kernels::PassAttentionSeq q{
+          {rows.data() + s * np, np}, qkv + off * ld, tape_.seqs[s].n_tokens};
+      q.d_out = dattn + off * qd;
+      q.dqkv = dqkv + off * ld;
+      seqs.push_back(q);
+    }
+    kernels::pass_attention_backward(seqs, ld, c_.num_heads, c_.num_kv_heads, c_.head_dim,
+                                     c_.attention_scale(), w_.programs[layer_].window, pool_);
   }
 
   // RoPE per token (disjoint rows, in parallel), then the q/k norms in ascending token order, in

@@ -135,6 +135,9 @@ struct RolloutSection {
   // The policy layers whose outputs the head reads (empty: the last; several: EAGLE-3's features,
   // e.g. [1, 15, 26] of 30 layers), ascending.
   std::vector<int64_t> speculative_draft_layers;
+  // EAGLE-3's training-time test: the head is also trained on its own drafted features, this
+  // many passes in all (1: on the policy's features only; DraftHead::accumulate_grad's passes).
+  int64_t speculative_draft_ttt_length = 1;
   double health_check_interval_s = 1.0;
   double engine_start_timeout_s = 60;
   int64_t max_engine_restarts = 3;     // per engine, over the run

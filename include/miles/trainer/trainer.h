@@ -69,6 +69,9 @@ struct DraftTrainConfig {
   // layer; several, EAGLE-3's features). Under a pipeline each stage sends the outputs of its own
   // feature layers straight to the last stage, outside the 1F1B schedule (PipelineRun).
   std::vector<int64_t> feature_layers;
+  // Training passes (DraftHead::accumulate_grad: > 1, EAGLE-3's training-time test); pass p's sums
+  // go into StepResult::sums as draft_loss_<p> / draft_rows_<p> / … .
+  int64_t passes = 1;
   Status validate() const;
 };
 

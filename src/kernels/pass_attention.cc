@@ -1,0 +1,149 @@
+// Attention of a draft head's training-time test pass (backward_kernels.h, PassAttentionSeq): per
+// query row, its visible keys and values of each kv head are gathered into a contiguous block in
+// position order, then each query head of the group scores them (dot_rows: the contract's dot),
+// softmaxes them and sums the values. A row is one work item; the backward recomputes the row's
+// probabilities and writes only that row's dq and its own key's dk / dv.
+#include <algorithm>
+#include <vector>
+
+#include "kernels/exp.h"
+#include "kernels/reduce.h"
+#include "miles/backward_kernels.h"
+#include "miles/thread_pool.h"
+
+namespace miles::kernels {
+
+namespace {
+
+struct Shape {
+  int64_t ld, heads, kv_heads, hd, window;
+  float scale;
+  int64_t qd() const { return heads * hd; }
+  int64_t kvd() const { return kv_heads * hd; }
+};
+
+// The qkv rows query row i of `s` sees (position order): pass 1's lo .. i − p + 1, pass q's
+// i − p + q (1 < q < p) from lo on, then its own.
+void visible_rows(const PassAttentionSeq& s, int64_t i, int64_t window,
+                  std::vector<const float*>& rows, const Shape& sh) {
+  rows.clear();
+  const int64_t p = static_cast<int64_t>(s.earlier.size()) + 1;
+  const int64_t lo = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
+  for (int64_t r = lo; r <= i - p + 1; ++r) rows.push_back(s.earlier[0] + r * sh.ld);
+  for (int64_t q = 2; q < p; ++q) {
+    const int64_t r = i - p + q;
+    if (r >= lo) rows.push_back(s.earlier[q - 1] + r * sh.ld);
+  }
+  rows.push_back(s.qkv + i * sh.ld);
+}
+
+// One row's keys and values of kv head g, and each query head's probabilities over them.
+struct RowScratch {
+  std::vector<const float*> rows;
+  std::vector<float> k, v, p, dp;
+
+  void gather(int64_t g, const Shape& sh) {
+    const int64_t n = rows.size(), hd = sh.hd;
+    k.resize(static_cast<size_t>(n * hd));
+    v.resize(static_cast<size_t>(n * hd));
+    for (int64_t j = 0; j < n; ++j) {
+      std::copy_n(rows[j] + sh.qd() + g * hd, hd, k.data() + j * hd);
+      std::copy_n(rows[j] + sh.qd() + sh.kvd() + g * hd, hd, v.data() + j * hd);
+    }
+  }
+  // p = softmax(q · k_j · scale) over the gathered keys.
+  void probs(const float* q, const Shape& sh) {
+    const int64_t n = rows.size();
+    p.resize(static_cast<size_t>(n));
+    detail::dot_rows(q, 0, k.data(), sh.hd, n, sh.hd, p.data());
+    for (float& x : p) x *= sh.scale;
+    const float m = detail::max_of(p.data(), n);
+    float sum = 0.0f;
+    for (float& x : p) {
+      x = detail::exp_f32(x - m);
+      sum += x;
+    }
+    const float inv = 1.0f / sum;
+    for (float& x : p) x *= inv;
+  }
+};
+
+template <typename Row>
+void each_row(std::span<const PassAttentionSeq> seqs, const Shape& sh, ThreadPool* pool, Row row) {
+  std::vector<std::pair<int64_t, int64_t>> items;  // (sequence, row)
+  for (size_t s = 0; s < seqs.size(); ++s)
+    for (int64_t i = 0; i < seqs[s].t; ++i) items.emplace_back(s, i);
+  int64_t keys = 0;  // Σ over rows of the keys each sees, about
+  for (const PassAttentionSeq& s : seqs) keys += s.t * (s.t + 1) / 2;
+  const int64_t per_row = items.empty() ? 0 : keys / static_cast<int64_t>(items.size()) + 1;
+  parallel_ranges(pool, items.size(), 4 * per_row * sh.qd(), [&](int64_t a, int64_t b) {
+    RowScratch r;
+    for (int64_t it = a; it < b; ++it) {
+      const auto [s, i] = items[it];
+      visible_rows(seqs[s], i, sh.window, r.rows, sh);
+      row(seqs[s], i, r);
+    }
+  });
+}
+
+}  // namespace
+
+void pass_attention(std::span<const PassAttentionSeq> seqs, int64_t ld, int64_t heads,
+                    int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
+                    ThreadPool* pool) {
+  const Shape sh{ld, heads, kv_heads, head_dim, window, scale};
+  const int64_t group = heads / kv_heads, hd = head_dim;
+  each_row(seqs, sh, pool, [&](const PassAttentionSeq& s, int64_t i, RowScratch& r) {
+    const int64_t n = r.rows.size();
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      r.gather(g, sh);
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        r.probs(s.qkv + i * ld + h * hd, sh);
+        float* o = s.out + i * sh.qd() + h * hd;
+        std::fill_n(o, hd, 0.0f);
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t e = 0; e < hd; ++e) o[e] = std::fma(r.p[j], r.v[j * hd + e], o[e]);
+      }
+    }
+  });
+}
+
+void pass_attention_backward(std::span<const PassAttentionSeq> seqs, int64_t ld, int64_t heads,
+                             int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
+                             ThreadPool* pool) {
+  const Shape sh{ld, heads, kv_heads, head_dim, window, scale};
+  const int64_t group = heads / kv_heads, hd = head_dim;
+  each_row(seqs, sh, pool, [&](const PassAttentionSeq& s, int64_t i, RowScratch& r) {
+    const int64_t n = r.rows.size(), own = n - 1;
+    float* drow = s.dqkv + i * ld;
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      r.gather(g, sh);
+      float* dk = drow + sh.qd() + g * hd;
+      float* dv = drow + sh.qd() + sh.kvd() + g * hd;
+      std::fill_n(dk, hd, 0.0f);
+      std::fill_n(dv, hd, 0.0f);
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const float* q = s.qkv + i * ld + h * hd;
+        const float* dout = s.d_out + i * sh.qd() + h * hd;
+        r.probs(q, sh);
+        r.dp.resize(static_cast<size_t>(n));
+        detail::dot_rows(dout, 0, r.v.data(), hd, n, hd, r.dp.data());
+        float d = 0.0f;
+        for (int64_t j = 0; j < n; ++j) d = std::fma(r.p[j], r.dp[j], d);
+        float* dq = drow + h * hd;
+        std::fill_n(dq, hd, 0.0f);
+        for (int64_t j = 0; j < n; ++j) {
+          const float ds = r.p[j] * (r.dp[j] - d) * scale;
+          for (int64_t e = 0; e < hd; ++e) dq[e] = std::fma(ds, r.k[j * hd + e], dq[e]);
+          if (j != own) continue;
+          for (int64_t e = 0; e < hd; ++e) {
+            dk[e] = std::fma(ds, q[e], dk[e]);
+            dv[e] = std::fma(r.p[j], dout[e], dv[e]);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace miles::kernels
