@@ -8,6 +8,7 @@
 
 #include "kernels/exp.h"
 #include "kernels/reduce.h"
+#include "kernels/unroll.h"
 #include "miles/backward_kernels.h"
 #include "miles/thread_pool.h"
 
@@ -37,12 +38,39 @@ void visible_rows(const PassAttentionSeq& s, int64_t i, int64_t window,
   rows.push_back(s.qkv + i * sh.ld);
 }
 
+// Scores of 8 keys at a time: each key's chain q[0]·k[0], then fma over e ascending, side by side
+// in the lanes of a transposed block ([hd][8], zero-padded), which is detail::dot's chain for
+// head_dim <= kGemmChunk (one chunk); wider heads take dot_rows.
+constexpr int64_t kLanes = 8;
+
+void transpose_blocks(const float* rows, int64_t n, int64_t hd, std::vector<float>& t) {
+  const int64_t blocks = (n + kLanes - 1) / kLanes;
+  t.assign(static_cast<size_t>(blocks * hd * kLanes), 0.0f);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t e = 0; e < hd; ++e)
+      t[((j / kLanes) * hd + e) * kLanes + j % kLanes] = rows[j * hd + e];
+}
+
+void dots(const float* q, const float* rows, const std::vector<float>& t, int64_t n, int64_t hd,
+          float* out) {
+  if (hd > kGemmChunk) return detail::dot_rows(q, 0, rows, hd, n, hd, out);
+  for (int64_t b = 0; b * kLanes < n; ++b) {
+    float acc[kLanes] = {};
+    const float* blk = t.data() + b * hd * kLanes;
+    for (int64_t e = 0; e < hd; ++e) {
+      MILES_UNROLL
+      for (int64_t l = 0; l < kLanes; ++l) acc[l] = std::fma(q[e], blk[e * kLanes + l], acc[l]);
+    }
+    std::copy_n(acc, std::min(kLanes, n - b * kLanes), out + b * kLanes);
+  }
+}
+
 // One row's keys and values of kv head g, and each query head's probabilities over them.
 struct RowScratch {
   std::vector<const float*> rows;
-  std::vector<float> k, v, p, dp;
+  std::vector<float> k, v, kt, vt, p, dp;
 
-  void gather(int64_t g, const Shape& sh) {
+  void gather(int64_t g, const Shape& sh, bool values_transposed) {
     const int64_t n = rows.size(), hd = sh.hd;
     k.resize(static_cast<size_t>(n * hd));
     v.resize(static_cast<size_t>(n * hd));
@@ -50,12 +78,14 @@ struct RowScratch {
       std::copy_n(rows[j] + sh.qd() + g * hd, hd, k.data() + j * hd);
       std::copy_n(rows[j] + sh.qd() + sh.kvd() + g * hd, hd, v.data() + j * hd);
     }
+    transpose_blocks(k.data(), n, hd, kt);
+    if (values_transposed) transpose_blocks(v.data(), n, hd, vt);
   }
   // p = softmax(q · k_j · scale) over the gathered keys.
   void probs(const float* q, const Shape& sh) {
     const int64_t n = rows.size();
     p.resize(static_cast<size_t>(n));
-    detail::dot_rows(q, 0, k.data(), sh.hd, n, sh.hd, p.data());
+    dots(q, k.data(), kt, n, sh.hd, p.data());
     for (float& x : p) x *= sh.scale;
     const float m = detail::max_of(p.data(), n);
     float sum = 0.0f;
@@ -96,7 +126,7 @@ void pass_attention(std::span<const PassAttentionSeq> seqs, int64_t ld, int64_t 
   each_row(seqs, sh, pool, [&](const PassAttentionSeq& s, int64_t i, RowScratch& r) {
     const int64_t n = r.rows.size();
     for (int64_t g = 0; g < kv_heads; ++g) {
-      r.gather(g, sh);
+      r.gather(g, sh, false);
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         r.probs(s.qkv + i * ld + h * hd, sh);
         float* o = s.out + i * sh.qd() + h * hd;
@@ -117,7 +147,7 @@ void pass_attention_backward(std::span<const PassAttentionSeq> seqs, int64_t ld,
     const int64_t n = r.rows.size(), own = n - 1;
     float* drow = s.dqkv + i * ld;
     for (int64_t g = 0; g < kv_heads; ++g) {
-      r.gather(g, sh);
+      r.gather(g, sh, true);
       float* dk = drow + sh.qd() + g * hd;
       float* dv = drow + sh.qd() + sh.kvd() + g * hd;
       std::fill_n(dk, hd, 0.0f);
@@ -127,7 +157,7 @@ void pass_attention_backward(std::span<const PassAttentionSeq> seqs, int64_t ld,
         const float* dout = s.d_out + i * sh.qd() + h * hd;
         r.probs(q, sh);
         r.dp.resize(static_cast<size_t>(n));
-        detail::dot_rows(dout, 0, r.v.data(), hd, n, hd, r.dp.data());
+        dots(dout, r.v.data(), r.vt, n, hd, r.dp.data());
         float d = 0.0f;
         for (int64_t j = 0; j < n; ++j) d = std::fma(r.p[j], r.dp[j], d);
         float* dq = drow + h * hd;
