@@ -125,6 +125,12 @@ std::string summary_table(const MetricsTable& m) {
     };
     row(out, "draft head: loss, estimated acceptance at temperature 1 (first → last step)",
         ends("draft_loss") + ", " + ends("draft_accept"));
+    // rollout.speculative_draft_ttt_length > 1: each further pass's acceptance, p tokens ahead.
+    for (int p = 2; m.has("draft_accept_" + std::to_string(p)); ++p)
+      row(out,
+          "draft head: estimated acceptance " + std::to_string(p) +
+              " tokens ahead, the drafts before right (first → last step)",
+          ends(("draft_accept_" + std::to_string(p)).c_str()));
   }
   for (const char* key : {"engine_restarts", "groups_redispatched"}) {
     row(out, key, m.has(key) ? format_number(counter_total(m.column(key))) : missing(key));

@@ -231,6 +231,7 @@ TEST_F(ReportTest, SummaryShowsSpeculationAndTheDraftHead) {
     j["spec_emitted_tokens"] = 30;
     j["draft_loss"] = 5.0 - s;
     j["draft_accept"] = 0.1 * s;
+    j["draft_accept_2"] = 0.05 * s;
     lines += j.dump() + "\n";
   }
   write("metrics.jsonl", lines);
@@ -244,6 +245,11 @@ TEST_F(ReportTest, SummaryShowsSpeculationAndTheDraftHead) {
   const size_t row = page.find("draft head: loss, estimated acceptance at temperature 1");
   ASSERT_NE(row, std::string::npos);
   EXPECT_NE(page.find("4 → 1, 0.1 → 0.4", row), std::string::npos) << page.substr(row, 300);
+  // Trained on its own drafts (rollout.speculative_draft_ttt_length): a row per further pass.
+  const size_t ahead = page.find("draft head: estimated acceptance 2 tokens ahead");
+  ASSERT_NE(ahead, std::string::npos);
+  EXPECT_NE(page.find("0.05 → 0.2", ahead), std::string::npos) << page.substr(ahead, 300);
+  EXPECT_EQ(page.find("3 tokens ahead"), std::string::npos);
 }
 
 // A live page (miles run rewrites it after its steps) reloads itself and says so; every step's
