@@ -241,6 +241,30 @@ TEST_P(DraftHeadTtt, EveryPassesSumsAndTheGradientsMatchTorch) {
   }
 }
 
+// A head on several feature layers trained on its own drafts: passes 2, 3 read its own g, which
+// bypasses P, so P's gradient is pass 1's bit for bit while fc's takes the later passes' too.
+TEST(DraftHead, OwnDraftPassesLeaveTheFeatureProjectionToPassOne) {
+  const Golden g = load("qwen3.layers0-1");
+  auto head = head_of(g);
+  std::vector<SeqSpan> seqs;
+  for (size_t s = 0; s < g.lens.size(); ++s)
+    seqs.push_back({static_cast<int32_t>(s), 0, g.lens[s]});
+  const DraftTrainRows rows{g.ids, seqs, g.features, g.logits, g.weight};
+  FlatTensors one(head->params().layout_ptr()), three(head->params().layout_ptr());
+  auto s1 = head->accumulate_grad(rows, g.scale, one, nullptr, 1);
+  auto s3 = head->accumulate_grad(rows, g.scale, three, nullptr, 3);
+  ASSERT_TRUE(s1.ok() && s3.ok()) << s1.message() << s3.message();
+  EXPECT_EQ(s1->loss, s3->loss);
+  ASSERT_EQ(s3->ahead.size(), 2u);
+  EXPECT_GT(s3->ahead[0].loss, 0.0);
+  const auto p1 = std::as_const(one).get("draft.feature_fc.weight"),
+             p3 = std::as_const(three).get("draft.feature_fc.weight");
+  for (size_t i = 0; i < p1.size(); ++i) ASSERT_EQ(p1[i], p3[i]) << i;
+  const auto f1 = std::as_const(one).get("draft.fc.weight"),
+             f3 = std::as_const(three).get("draft.fc.weight");
+  EXPECT_FALSE(std::equal(f1.begin(), f1.end(), f3.begin()));
+}
+
 INSTANTIATE_TEST_SUITE_P(Policies, DraftHeadTtt, ::testing::Values("llama_tied.ttt3", "qwen3.ttt3"),
                          [](const auto& info) {
                            std::string n = info.param;
