@@ -411,6 +411,18 @@ Result<DraftTrainSums> DraftHead::train_pass(const PassRows& pr, int64_t pass,
   std::vector<float> x, z, u;
   fuse(feat, pr.next, n, own, x, z, u, pool);
 
+  // The rows with a loss: pass p's first p − 1 rows of a sequence have no drafted feature to read
+  // (weight 0). The LM head runs on those rows only (ForwardOptions::logit_rows): the others would
+  // get zero d logits, and the head's own weight gradient, which their rows would change, is not
+  // trained (the policy's frozen rows).
+  std::vector<int64_t> live;
+  std::vector<float> w_live;
+  for (int64_t r = 0; r < n; ++r) {
+    const float w = pr.at_pos[r] + 1 >= pass ? pr.weight[pr.src[r] + 1] : 0.0f;
+    if (w == 0) continue;
+    live.push_back(r);
+    w_live.push_back(w);
+  }
   // Pass p's rows read the keys of passes 1 .. p − 1 (ForwardOptions::earlier_passes).
   std::vector<const ForwardTape*> earlier;
   for (int64_t q = 0; q + 1 < pass; ++q) earlier.push_back(tapes[q].get());
@@ -420,26 +432,23 @@ Result<DraftTrainSums> DraftHead::train_pass(const PassRows& pr, int64_t pass,
   opt.earlier_passes = earlier;
   opt.input_hidden = u;
   opt.return_hidden = hidden != nullptr;
+  const std::vector<int64_t> first{0};
+  opt.logit_rows = live.empty() ? std::span<const int64_t>(first) : live;
   const std::vector<int32_t> dummy(static_cast<size_t>(n), 0);
   MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(dummy, pr.seqs, *kv, opt, pool));
   if (hidden) *hidden = std::move(out.hidden);
+  if (live.empty()) return DraftTrainSums{};  // nothing to fit; g was all the next pass needs
 
-  // Soft cross-entropy per row against the policy's distribution renormalised over the draft
-  // vocabulary; d logits overwrite the draft's logits in place. Pass p's first p − 1 rows of a
-  // sequence have no drafted feature to read: weight 0.
-  std::vector<double> loss(n), agree(n), accept(n), mass(n), w(n);
-  parallel_ranges(pool, n, 4 * (pv + dv), [&](int64_t r0, int64_t r1) {
+  // Soft cross-entropy per live row against the policy's distribution renormalised over the draft
+  // vocabulary; d logits overwrite the draft's logits in place.
+  const int64_t m = live.size();
+  std::vector<double> loss(m), agree(m), accept(m), mass(m);
+  parallel_ranges(pool, m, 4 * (pv + dv), [&](int64_t r0, int64_t r1) {
     std::vector<float> q(static_cast<size_t>(dv)), p(static_cast<size_t>(dv)),
         logp(static_cast<size_t>(dv));
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t target = pr.src[r] + 1;
       float* z = out.logits.data() + r * dv;
-      w[r] = pr.at_pos[r] + 1 >= pass ? pr.weight[target] : 0.0f;
-      if (w[r] == 0) {
-        std::fill_n(z, dv, 0.0f);
-        continue;
-      }
-      const float* pz = pr.policy_row(target);
+      const float* pz = pr.policy_row(pr.src[live[r]] + 1);
       const kernels::LogSoftmaxStats full = kernels::log_softmax_stats(pz, pv);
       for (int64_t i = 0; i < dv; ++i) q[i] = pz[vocab_[i]];
       kernels::softmax_row(q.data(), dv);  // the target over the draft vocabulary
@@ -459,18 +468,18 @@ Result<DraftTrainSums> DraftHead::train_pass(const PassRows& pr, int64_t pass,
       agree[r] = vocab_[best] == policy_best ? 1.0 : 0.0;
       accept[r] = std::exp(pz[vocab_[best]] - full.max - full.log_sum);
       mass[r] = in;
-      const float gs = static_cast<float>(pr.scale * w[r]);
+      const float gs = static_cast<float>(pr.scale * w_live[r]);
       for (int64_t i = 0; i < dv; ++i) z[i] = gs * (p[i] - q[i]);
     }
   });
   DraftTrainSums sums;
-  for (int64_t r = 0; r < n; ++r) {
-    if (w[r] == 0) continue;
-    sums.rows += w[r];
-    sums.loss += w[r] * loss[r];
-    sums.agree += w[r] * agree[r];
-    sums.accept += w[r] * accept[r];
-    sums.in_vocab += w[r] * mass[r];
+  for (int64_t r = 0; r < m; ++r) {
+    const double w = w_live[r];
+    sums.rows += w;
+    sums.loss += w * loss[r];
+    sums.agree += w * agree[r];
+    sums.accept += w * accept[r];
+    sums.in_vocab += w * mass[r];
   }
 
   // The layer's gradients (the draft Model's layout), then fc's from d u.
