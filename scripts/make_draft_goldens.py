@@ -50,6 +50,28 @@ DRAFT_VOCAB = 48
 TTT_PASSES = 3
 
 
+def draw_inputs(name: str, seed: int, layers: list[int] | None):
+    """The policy and the inputs drawn from torch.Generator(seed), in this order: ids, features ([T, H], or
+    [T, layers, H]), policy logits, weights (each sequence's first row 0), the draft ids, fc; the generator is
+    returned for further draws."""
+    policy = transformers.AutoModelForCausalLM.from_pretrained(DATA / "models" / name, dtype=torch.float32,
+                                                               attn_implementation="eager").eval()
+    h, v = policy.config.hidden_size, policy.config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    t = sum(LENS)
+    ids = torch.randint(0, v, (t,), generator=g, dtype=torch.int64)
+    features = 2 * torch.randn(t, h, generator=g) if layers is None else 2 * torch.randn(t, len(layers), h, generator=g)
+    plogits = 3 * torch.randn(t, v, generator=g)
+    weight = torch.randint(0, 3, (t,), generator=g).float() / 2
+    start = 0
+    for n in LENS:
+        weight[start] = 0
+        start += n
+    vocab = torch.randperm(v, generator=g)[:DRAFT_VOCAB].sort().values
+    fc = torch.cat([torch.eye(h), torch.zeros(h, h)], 1) + 0.2 * torch.randn(h, 2 * h, generator=g)
+    return policy, g, ids, features, plogits, weight, vocab, fc
+
+
 def draft_model(policy, vocab):
     """The head's layer as a transformers CausalLM of the policy's class: ONE layer (the policy's layer 0), the
     policy's final norm, vocab = the draft ids, lm_head = the policy's head rows at those ids; with the policy's
@@ -77,24 +99,11 @@ def draft_model(policy, vocab):
 
 
 def make(name: str, out_dir: Path, layers: list[int] | None = None) -> Path:
-    path = DATA / "models" / name
-    policy = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                               attn_implementation="eager").eval()
+    policy, g, ids, features, plogits, weight, vocab, fc = draw_inputs(
+        name, SEED if layers is None else SEED + 1, layers)
     cfg = policy.config
-    h, v = cfg.hidden_size, cfg.vocab_size
-    g = torch.Generator().manual_seed(SEED if layers is None else SEED + 1)
-    t = sum(LENS)
-    ids = torch.randint(0, v, (t,), generator=g, dtype=torch.int64)
+    h = cfg.hidden_size
     nk = 1 if layers is None else len(layers)
-    features = 2 * torch.randn(t, h, generator=g) if layers is None else 2 * torch.randn(t, nk, h, generator=g)
-    plogits = 3 * torch.randn(t, v, generator=g)
-    weight = torch.randint(0, 3, (t,), generator=g).float() / 2
-    start = 0
-    for n in LENS:
-        weight[start] = 0
-        start += n
-    vocab = torch.randperm(v, generator=g)[:DRAFT_VOCAB].sort().values
-    fc = torch.cat([torch.eye(h), torch.zeros(h, h)], 1) + 0.2 * torch.randn(h, 2 * h, generator=g)
     if layers is not None:
         pfc = torch.cat([torch.zeros(h, (nk - 1) * h), torch.eye(h)], 1) + 0.2 * torch.randn(h, nk * h, generator=g)
         pfc_p = torch.nn.Parameter(pfc.clone())
@@ -182,23 +191,8 @@ def make_ttt(name: str, out_dir: Path, passes: int = TTT_PASSES) -> Path:
     with the weights of its first p-1 rows set to 0, the same scale; the passes add. The file holds make()'s tensors
     (loss: the total) and sums [passes, 4].
     """
-    path = DATA / "models" / name
-    policy = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
-                                                               attn_implementation="eager").eval()
-    cfg = policy.config
-    h, v = cfg.hidden_size, cfg.vocab_size
-    g = torch.Generator().manual_seed(SEED + 2)
-    t = sum(LENS)
-    ids = torch.randint(0, v, (t,), generator=g, dtype=torch.int64)
-    features = 2 * torch.randn(t, h, generator=g)
-    plogits = 3 * torch.randn(t, v, generator=g)
-    weight = torch.randint(0, 3, (t,), generator=g).float() / 2
-    start = 0
-    for n in LENS:
-        weight[start] = 0
-        start += n
-    vocab = torch.randperm(v, generator=g)[:DRAFT_VOCAB].sort().values
-    fc = torch.cat([torch.eye(h), torch.zeros(h, h)], 1) + 0.2 * torch.randn(h, 2 * h, generator=g)
+    policy, g, ids, features, plogits, weight, vocab, fc = draw_inputs(name, SEED + 2, None)
+    h = policy.config.hidden_size
 
     dcfg, draft, embed, escale = draft_model(policy, vocab)
     fc_p = torch.nn.Parameter(fc.clone())
