@@ -72,6 +72,16 @@ def draw_inputs(name: str, seed: int, layers: list[int] | None):
     return policy, g, ids, features, plogits, weight, vocab, fc
 
 
+def row_sums(w, logits, tgt, vocab):
+    """[sum w, sum w*agree, sum w*accept, sum w*in_vocab] (float64) of draft rows: logits [R, 48], the policy's
+    target rows tgt [R, V], weights w [R]."""
+    full = torch.softmax(tgt.double(), -1)
+    best = vocab[logits.argmax(-1)]
+    wd = w.double()
+    return torch.stack([wd.sum(), (wd * (best == tgt.argmax(-1)).double()).sum(),
+                        (wd * full[torch.arange(len(w)), best]).sum(), (wd * full[:, vocab].sum(-1)).sum()])
+
+
 def draft_model(policy, vocab):
     """The head's layer as a transformers CausalLM of the policy's class: ONE layer (the policy's layer 0), the
     policy's final norm, vocab = the draft ids, lm_head = the policy's head rows at those ids; with the policy's
@@ -147,12 +157,7 @@ def make(name: str, out_dir: Path, layers: list[int] | None = None) -> Path:
         ce = -(q * torch.log_softmax(logits, -1)).sum(-1)
         w = weight[rows + 1]
         loss = loss + scale * (w * ce).sum()
-        full = torch.softmax(tgt.double(), -1)
-        best = vocab[logits.argmax(-1)]
-        sums[0] += w.double().sum()
-        sums[1] += (w.double() * (best == tgt.argmax(-1)).double()).sum()
-        sums[2] += (w.double() * full[torch.arange(n - 1), best]).sum()
-        sums[3] += (w.double() * full[:, vocab].sum(-1)).sum()
+        sums += row_sums(w, logits, tgt, vocab)
         start += n
     hook.remove()
     loss.backward()
@@ -215,7 +220,6 @@ def make_ttt(name: str, out_dir: Path, passes: int = TTT_PASSES) -> Path:
         m = n - 1
         tgt = plogits[rows + 1]
         q = torch.softmax(tgt[:, vocab], -1)
-        full = torch.softmax(tgt.double(), -1)
         keys, values = [], []  # each pass's layer-0 keys / values [1, kv heads, m, head dim], detached
         prev = None
         for p in range(1, passes + 1):
@@ -250,11 +254,7 @@ def make_ttt(name: str, out_dir: Path, passes: int = TTT_PASSES) -> Path:
             w[:p - 1] = 0
             ce = -(q * torch.log_softmax(logits, -1)).sum(-1)
             loss = loss + scale * (w * ce).sum()
-            best = vocab[logits.argmax(-1)]
-            sums[p - 1, 0] += w.double().sum()
-            sums[p - 1, 1] += (w.double() * (best == tgt.argmax(-1)).double()).sum()
-            sums[p - 1, 2] += (w.double() * full[torch.arange(m), best]).sum()
-            sums[p - 1, 3] += (w.double() * full[:, vocab].sum(-1)).sum()
+            sums[p - 1] += row_sums(w, logits, tgt, vocab)
         start += n
     hook.remove()
     loss.backward()
