@@ -20,7 +20,8 @@ layers 0 and 1), and
 where norm_0 is the policy's layer 1 input norm, norm_1 its final norm, and P [H, 2H] = [0 | I] + 0.2 N(0, 1)
 (drawn after fc), with its gradient grad.draft.feature_fc.weight and the file's P as feature_fc.
 
-EAGLE-3's training-time test (DraftHead::accumulate_grad with 3 passes), files <name>.ttt3.safetensors: make_ttt.
+EAGLE-3's training-time test (DraftHead::accumulate_grad with 3 passes), files <name>.ttt3.safetensors and
+qwen3.layers0-1.ttt3.safetensors: make_ttt.
 
 File tests/data/draft_goldens/<name>.safetensors (policies llama_tied, qwen3), float32 unless said:
     ids int32 [T], lens int32 [2], vocab int32 [48], features [T, H], policy_logits [T, V], weight [T], scale [1],
@@ -108,24 +109,38 @@ def draft_model(policy, vocab):
     return dcfg, draft, embed, escale
 
 
+def feature_projection(policy, g, features, layers):
+    """The head's feature rows from the policy's: the final norm of the last layer's state, or with several layers
+    P @ cat(norm_l(h_l)) (each layer's state as the next layer's input norm sees it; P drawn from g near [0 | I]).
+    Returns (feature(rows), P, P as a parameter); P is None for one layer."""
+    if layers is None:
+        return (lambda rows: policy.model.norm(features[rows])), None, None
+    cfg = policy.config
+    h, nk = cfg.hidden_size, len(layers)
+    pfc = torch.cat([torch.zeros(h, (nk - 1) * h), torch.eye(h)], 1) + 0.2 * torch.randn(h, nk * h, generator=g)
+    pfc_p = torch.nn.Parameter(pfc.clone())
+    norms = [policy.model.norm if l == cfg.num_hidden_layers - 1 else policy.model.layers[l + 1].input_layernorm
+             for l in layers]
+
+    def feature(rows):
+        z = torch.cat([norms[i](features[rows, i]) for i in range(nk)], 1)
+        return z @ pfc_p.T
+
+    return feature, pfc, pfc_p
+
+
+def add_projection(out: dict, layers, pfc, pfc_p) -> None:
+    """A several-layer golden's P, its gradient and the layers."""
+    if layers is not None:
+        out["feature_fc"] = pfc
+        out["grad.draft.feature_fc.weight"] = pfc_p.grad
+        out["feature_layers"] = torch.tensor(layers, dtype=torch.int32)
+
+
 def make(name: str, out_dir: Path, layers: list[int] | None = None) -> Path:
     policy, g, ids, features, plogits, weight, vocab, fc = draw_inputs(
         name, SEED if layers is None else SEED + 1, layers)
-    cfg = policy.config
-    h = cfg.hidden_size
-    nk = 1 if layers is None else len(layers)
-    if layers is not None:
-        pfc = torch.cat([torch.zeros(h, (nk - 1) * h), torch.eye(h)], 1) + 0.2 * torch.randn(h, nk * h, generator=g)
-        pfc_p = torch.nn.Parameter(pfc.clone())
-        n_layers = cfg.num_hidden_layers
-        norms = [policy.model.norm if l == n_layers - 1 else policy.model.layers[l + 1].input_layernorm
-                 for l in layers]
-
-    def feature(rows):
-        if layers is None:
-            return policy.model.norm(features[rows])
-        z = torch.cat([norms[i](features[rows, i]) for i in range(nk)], 1)
-        return z @ pfc_p.T
+    feature, pfc, pfc_p = feature_projection(policy, g, features, layers)
 
     dcfg, draft, embed, escale = draft_model(policy, vocab)
     fc_p = torch.nn.Parameter(fc.clone())
@@ -169,10 +184,7 @@ def make(name: str, out_dir: Path, layers: list[int] | None = None) -> Path:
         "sums": sums.float(), "last_logits": torch.stack(last_logits), "last_hidden": torch.stack(last_hidden),
         "grad.draft.fc.weight": fc_p.grad,
     }
-    if layers is not None:
-        out["feature_fc"] = pfc
-        out["grad.draft.feature_fc.weight"] = pfc_p.grad
-        out["feature_layers"] = torch.tensor(layers, dtype=torch.int32)
+    add_projection(out, layers, pfc, pfc_p)
     for k, p in draft.named_parameters():
         if k.startswith("model.layers.0."):
             out["grad.draft.layers.0." + k[len("model.layers.0."):]] = p.grad
@@ -185,18 +197,22 @@ def make(name: str, out_dir: Path, layers: list[int] | None = None) -> Path:
     return dst
 
 
-def make_ttt(name: str, out_dir: Path, passes: int = TTT_PASSES) -> Path:
-    """The training-time test (DraftHead::accumulate_grad with passes > 1), file <name>.ttt<passes>.safetensors.
+def make_ttt(name: str, out_dir: Path, layers: list[int] | None = None, passes: int = TTT_PASSES) -> Path:
+    """The training-time test (DraftHead::accumulate_grad with passes > 1), file <name>[.layers<a-b>].ttt<passes>
+    .safetensors.
 
-    Seed 33; inputs as in make() (one feature layer). Pass 1 is make()'s forward, which also returns its layer's
+    Seed 33 (several layers: 34); inputs as in make(). Pass 1 is make()'s forward, which also returns its layer's
     keys/values (a transformers cache) and outputs g. Pass p >= 2 of a sequence, rows j = 0..n-2 at positions j:
         u_j = fc @ cat(embed[x_{j+1}] * embed_scale, norm(g^{p-1}_{j-1}))     (row 0: norm(0) = 0)
-    through the same one-layer CausalLM, given the earlier passes' keys/values as a cache (detached) and a custom 4D
-    mask: row j sees pass 1's keys 0..j-p+1, pass q's key j-p+q (1 < q < p) and its own. Each pass's loss is make()'s
-    with the weights of its first p-1 rows set to 0, the same scale; the passes add. The file holds make()'s tensors
-    (loss: the total) and sums [passes, 4].
+    through the same one-layer CausalLM, given the earlier passes' keys/values as a cache and a custom 4D mask: row j
+    sees pass 1's keys 0..j-p+1, pass q's key j-p+q (1 < q < p) and its own. Nothing is detached: as in EAGLE-3's
+    training, a pass's loss back-propagates into the earlier passes through the g it reads and the keys and values it
+    attends. Each pass's loss is make()'s with the weights of its first p-1 rows set to 0, the same scale; the passes
+    add. The file holds make()'s tensors (loss: the total) and sums [passes, 4].
     """
-    policy, g, ids, features, plogits, weight, vocab, fc = draw_inputs(name, SEED + 2, None)
+    policy, g, ids, features, plogits, weight, vocab, fc = draw_inputs(
+        name, SEED + 2 if layers is None else SEED + 3, layers)
+    feature, pfc, pfc_p = feature_projection(policy, g, features, layers)
     h = policy.config.hidden_size
 
     dcfg, draft, embed, escale = draft_model(policy, vocab)
@@ -220,11 +236,11 @@ def make_ttt(name: str, out_dir: Path, passes: int = TTT_PASSES) -> Path:
         m = n - 1
         tgt = plogits[rows + 1]
         q = torch.softmax(tgt[:, vocab], -1)
-        keys, values = [], []  # each pass's layer-0 keys / values [1, kv heads, m, head dim], detached
+        keys, values = [], []  # each pass's layer-0 keys / values [1, kv heads, m, head dim]
         prev = None
         for p in range(1, passes + 1):
             if p == 1:
-                feat = policy.model.norm(features[rows])
+                feat = feature(rows)
             else:
                 shifted = torch.cat([torch.zeros(1, h), prev[:-1]], 0)
                 feat = policy.model.norm(shifted)
@@ -246,10 +262,10 @@ def make_ttt(name: str, out_dir: Path, passes: int = TTT_PASSES) -> Path:
             logits = draft(inputs_embeds=u[None], attention_mask=mask, position_ids=torch.arange(m)[None],
                            cache=cache, use_cache=True).logits[0]
             layer = cache.layers[0]
-            keys.append(layer.keys[:, :, -m:].detach())
-            values.append(layer.values[:, :, -m:].detach())
+            keys.append(layer.keys[:, :, -m:])
+            values.append(layer.values[:, :, -m:])
             out = captured[-1]
-            prev = (out[0] if out.dim() == 3 else out).detach()
+            prev = out[0] if out.dim() == 3 else out
             w = weight[rows + 1].clone()
             w[:p - 1] = 0
             ce = -(q * torch.log_softmax(logits, -1)).sum(-1)
@@ -266,13 +282,16 @@ def make_ttt(name: str, out_dir: Path, passes: int = TTT_PASSES) -> Path:
         "sums": sums.float(), "passes": torch.tensor([passes], dtype=torch.int32),
         "grad.draft.fc.weight": fc_p.grad,
     }
+    add_projection(out, layers, pfc, pfc_p)
     for k, p in draft.named_parameters():
         if k.startswith("model.layers.0."):
             out["grad.draft.layers.0." + k[len("model.layers.0."):]] = p.grad
     out = {k: v.detach().contiguous().numpy() for k, v in sorted(out.items())}
     meta = {"generator": "scripts/make_draft_goldens.py", "policy": f"tests/data/models/{name}",
-            "torch": torch.__version__, "transformers": transformers.__version__, "seed": str(SEED + 2)}
-    dst = out_dir / f"{name}.ttt{passes}.safetensors"
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "seed": str(SEED + 2 if layers is None else SEED + 3)}
+    tag = "" if layers is None else f".layers{'-'.join(map(str, layers))}"
+    dst = out_dir / f"{name}{tag}.ttt{passes}.safetensors"
     mg.write_safetensors(dst, out, meta)
     return dst
 
@@ -292,6 +311,8 @@ def main() -> int:
             print(f"{p.name}: {p.stat().st_size} bytes")
         p = make_ttt(name, out_dir)
         print(f"{p.name}: {p.stat().st_size} bytes")
+    p = make_ttt("qwen3", out_dir, [0, 1])  # P's gradient from every pass
+    print(f"{p.name}: {p.stat().st_size} bytes")
     return 0
 
 

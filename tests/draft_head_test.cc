@@ -29,6 +29,31 @@ struct Golden {
   float scale = 0;
 };
 
+// A test policy (tests/data/models/<name>) as a Model.
+struct TestPolicy {
+  ModelConfig config;
+  std::unique_ptr<Model> model;
+};
+TestPolicy load_policy(const std::string& name) {
+  auto files = load_model_files(test::data_dir() + "/models/" + name);
+  EXPECT_TRUE(files.ok()) << files.message();
+  if (!files.ok()) return {};
+  auto model = Model::from_weights(files->config, files->weights);
+  EXPECT_TRUE(model.ok()) << model.message();
+  if (!model.ok()) return {};
+  return {files->config, std::move(*model)};
+}
+
+// n values uniform in [−amp / 2, amp / 2) from an LCG state.
+std::vector<float> uniform(uint32_t& x, int64_t n, float amp) {
+  std::vector<float> r(static_cast<size_t>(n));
+  for (float& f : r) {
+    x = x * 1664525u + 1013904223u;
+    f = amp * (static_cast<float>(x >> 8) / static_cast<float>(1u << 24) - 0.5f);
+  }
+  return r;
+}
+
 std::vector<int32_t> ints(const TensorMap& m, const std::string& n) {
   const Tensor* t = m.find(n);
   EXPECT_NE(t, nullptr) << n;
@@ -193,8 +218,9 @@ INSTANTIATE_TEST_SUITE_P(Policies, DraftHeadGolden,
                          });
 
 // EAGLE-3's training-time test (accumulate_grad with passes = 3) against transformers with the
-// earlier passes' keys as a cache and a custom 4D mask (make_draft_goldens.py, make_ttt): each
-// pass's sums, the total loss and every gradient.
+// earlier passes' keys as a cache and a custom 4D mask (make_draft_goldens.py, make_ttt), nothing
+// detached: each pass's sums, the total loss and every gradient (with several feature layers, P's
+// too: later passes reach it through pass 1's g and keys).
 class DraftHeadTtt : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(DraftHeadTtt, EveryPassesSumsAndTheGradientsMatchTorch) {
@@ -241,34 +267,12 @@ TEST_P(DraftHeadTtt, EveryPassesSumsAndTheGradientsMatchTorch) {
   }
 }
 
-// A head on several feature layers trained on its own drafts: passes 2, 3 read its own g, which
-// bypasses P, so P's gradient is pass 1's bit for bit while fc's takes the later passes' too.
-TEST(DraftHead, OwnDraftPassesLeaveTheFeatureProjectionToPassOne) {
-  const Golden g = load("qwen3.layers0-1");
-  auto head = head_of(g);
-  std::vector<SeqSpan> seqs;
-  for (size_t s = 0; s < g.lens.size(); ++s)
-    seqs.push_back({static_cast<int32_t>(s), 0, g.lens[s]});
-  const DraftTrainRows rows{g.ids, seqs, g.features, g.logits, g.weight};
-  FlatTensors one(head->params().layout_ptr()), three(head->params().layout_ptr());
-  auto s1 = head->accumulate_grad(rows, g.scale, one, nullptr, 1);
-  auto s3 = head->accumulate_grad(rows, g.scale, three, nullptr, 3);
-  ASSERT_TRUE(s1.ok() && s3.ok()) << s1.message() << s3.message();
-  EXPECT_EQ(s1->loss, s3->loss);
-  ASSERT_EQ(s3->ahead.size(), 2u);
-  EXPECT_GT(s3->ahead[0].loss, 0.0);
-  const auto p1 = std::as_const(one).get("draft.feature_fc.weight"),
-             p3 = std::as_const(three).get("draft.feature_fc.weight");
-  for (size_t i = 0; i < p1.size(); ++i) ASSERT_EQ(p1[i], p3[i]) << i;
-  const auto f1 = std::as_const(one).get("draft.fc.weight"),
-             f3 = std::as_const(three).get("draft.fc.weight");
-  EXPECT_FALSE(std::equal(f1.begin(), f1.end(), f3.begin()));
-}
-
-INSTANTIATE_TEST_SUITE_P(Policies, DraftHeadTtt, ::testing::Values("llama_tied.ttt3", "qwen3.ttt3"),
+INSTANTIATE_TEST_SUITE_P(Policies, DraftHeadTtt,
+                         ::testing::Values("llama_tied.ttt3", "qwen3.ttt3", "qwen3.layers0-1.ttt3"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '.', '_');
+                           std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
 
@@ -278,24 +282,18 @@ INSTANTIATE_TEST_SUITE_P(Policies, DraftHeadTtt, ::testing::Values("llama_tied.t
 // refused without a tape, or over another batch.
 TEST(DraftHead, TrainingPassesSeeWhatTheEnginesDraftKvHolds) {
   for (const char* name : {"llama_tied", "qwen3"}) {
-    auto files = load_model_files(test::data_dir() + "/models/" + name);
-    ASSERT_TRUE(files.ok()) << files.message();
-    auto model = Model::from_weights(files->config, files->weights);
-    ASSERT_TRUE(model.ok()) << model.message();
-    const Model& m = **model;
-    const int64_t d = files->config.hidden_size, v = files->config.vocab_size;
+    const TestPolicy policy = load_policy(name);
+    ASSERT_TRUE(policy.model);
+    const Model& m = *policy.model;
+    const int64_t d = policy.config.hidden_size, v = policy.config.vocab_size;
     const std::vector<int64_t> lens{5, 9};
     const int64_t t = 14;
     const std::vector<int32_t> ids(t, 0);
     const std::vector<SeqSpan> seqs{{0, 0, lens[0]}, {1, 0, lens[1]}};
     constexpr int kPasses = 3;
-    std::vector<std::vector<float>> in(kPasses, std::vector<float>(t * d));
+    std::vector<std::vector<float>> in;
     uint32_t x = 7;
-    for (auto& rows : in)
-      for (float& f : rows) {
-        x = x * 1664525u + 1013904223u;
-        f = static_cast<float>(x >> 8) / static_cast<float>(1u << 24) - 0.5f;
-      }
+    for (int p = 0; p < kPasses; ++p) in.push_back(uniform(x, t * d, 1.0f));
     std::vector<std::unique_ptr<ForwardTape>> tapes;
     std::vector<std::vector<float>> logits;
     ThreadPool pool(2);
@@ -359,6 +357,109 @@ TEST(DraftHead, TrainingPassesSeeWhatTheEnginesDraftKvHolds) {
     r = m.forward(ids, split, *kv, bad, nullptr);
     ASSERT_FALSE(r.ok());
     EXPECT_NE(r.message().find("another batch"), std::string::npos) << r.message();
+    // A backward sends the earlier keys' gradients only to the tapes its forward read, in order.
+    FlatTensors grads(ParamLayout::for_model(policy.config));
+    const std::vector<float> dlogits(logits[2].size(), 0.0f);
+    std::vector<ForwardTape*> swapped{tapes[1].get(), tapes[0].get()};
+    BackwardIo io;
+    io.earlier_passes = swapped;
+    Status st = m.backward(*tapes[2], dlogits, grads, nullptr, io);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("not the tapes"), std::string::npos) << st.message();
+    const std::vector<float> short_dh(d, 0.0f);
+    BackwardIo io2;
+    io2.d_hidden = short_dh;
+    st = m.backward(*tapes[2], dlogits, grads, nullptr, io2);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("d_hidden"), std::string::npos) << st.message();
+  }
+}
+
+// Gradients into the earlier passes through every layer (BackwardIo::earlier_passes and d_hidden)
+// against central differences, on the whole test policies: three passes, pass p's input
+// in_p + ½ · pass p − 1's hidden states, L = Σ_p ⟨logits_p, R_p⟩; d L / d in_1 comes back through
+// pass 1's keys (from passes 2 and 3 in every layer) and its hidden states (from pass 2). The same
+// bits on one thread or two.
+TEST(DraftHead, EarlierPassesGetTheLaterPassesGradientsInEveryLayer) {
+  for (const char* name : {"llama_tied", "qwen3"}) {
+    const TestPolicy policy = load_policy(name);
+    ASSERT_TRUE(policy.model);
+    const Model& m = *policy.model;
+    ASSERT_GE(policy.config.num_layers, 2);
+    const int64_t d = policy.config.hidden_size, v = policy.config.vocab_size;
+    const std::vector<SeqSpan> seqs{{0, 0, 4}, {1, 0, 6}};
+    const int64_t t = 10;
+    const std::vector<int32_t> ids(t, 0);
+    constexpr int kPasses = 3;
+    uint32_t x = 11;
+    std::vector<std::vector<float>> in, proj;
+    for (int p = 0; p < kPasses; ++p) {
+      in.push_back(uniform(x, t * d, 2.0f));
+      proj.push_back(uniform(x, t * v, 1.0f));
+    }
+    // Runs the passes from `first`; returns L, keeping the tapes.
+    std::vector<std::unique_ptr<ForwardTape>> tapes;
+    auto run = [&](const std::vector<float>& first) -> double {
+      tapes.clear();
+      std::vector<float> hidden;
+      double loss = 0;
+      for (int p = 0; p < kPasses; ++p) {
+        std::vector<float> u = p == 0 ? first : in[p];
+        for (size_t i = 0; p > 0 && i < u.size(); ++i) u[i] += 0.5f * hidden[i];
+        std::vector<const ForwardTape*> earlier;
+        for (auto& e : tapes) earlier.push_back(e.get());
+        tapes.push_back(std::make_unique<ForwardTape>());
+        ForwardOptions o;
+        o.tape = tapes.back().get();
+        o.earlier_passes = earlier;
+        o.input_hidden = u;
+        o.return_hidden = true;
+        auto kv = m.make_kv_cache();
+        auto out = m.forward(ids, seqs, *kv, o, nullptr);
+        EXPECT_TRUE(out.ok()) << out.message();
+        if (!out.ok()) return 0;
+        for (size_t i = 0; i < out->logits.size(); ++i)
+          loss += static_cast<double>(out->logits[i]) * proj[p][i];
+        hidden = std::move(out->hidden);
+      }
+      return loss;
+    };
+    auto gradient = [&](ThreadPool* pool) {
+      run(in[0]);
+      std::vector<float> dh, du;
+      for (int p = kPasses - 1; p >= 0; --p) {
+        std::vector<ForwardTape*> earlier;
+        for (int q = 0; q < p; ++q) earlier.push_back(tapes[q].get());
+        FlatTensors grads(ParamLayout::for_model(policy.config));
+        BackwardIo io;
+        io.d_input = &du;
+        io.d_hidden = dh;
+        io.earlier_passes = earlier;
+        const Status st = m.backward(*tapes[p], proj[p], grads, pool, io);
+        EXPECT_TRUE(st.ok()) << st.message();
+        dh.resize(du.size());
+        for (size_t i = 0; i < du.size(); ++i) dh[i] = 0.5f * du[i];
+      }
+      return du;
+    };
+    const std::vector<float> an = gradient(nullptr);
+    ThreadPool pool(2);
+    const std::vector<float> an2 = gradient(&pool);
+    ASSERT_EQ(an.size(), static_cast<size_t>(t * d));
+    for (size_t i = 0; i < an.size(); ++i) ASSERT_EQ(an[i], an2[i]) << name << " " << i;
+    // Rows 0 and 3 of sequence 0 and row 1 of sequence 1: pass 1's keys reach the later passes'
+    // rows after them only.
+    for (const int64_t row : {int64_t{0}, int64_t{3}, int64_t{5}}) {
+      for (const int64_t e : {int64_t{0}, d / 2 + 1, d - 1}) {
+        const int64_t i = row * d + e;
+        const float h = 1e-2f;
+        std::vector<float> plus = in[0], minus = in[0];
+        plus[i] += h;
+        minus[i] -= h;
+        const double fd = (run(plus) - run(minus)) / (2.0 * h);
+        EXPECT_NEAR(an[i], fd, 2e-3 + 2e-2 * std::fabs(fd)) << name << " row " << row << " e " << e;
+      }
+    }
   }
 }
 

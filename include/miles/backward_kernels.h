@@ -58,7 +58,7 @@ void attention_backward_batch(std::span<const AttentionSeq> seqs, int64_t ldq, i
 // k | v (kv_heads · hd each)] with stride ld in every pass. Query row i of pass p sees, in position
 // order, pass 1's keys 0 .. i − p + 1, pass q's key i − p + q for 1 < q < p, and its own (with a
 // sliding window > 0: only positions > i − window), which is what a draft p tokens ahead sees in
-// the engine's draft KV. The earlier passes' keys and values are constants (no gradient).
+// the engine's draft KV.
 struct PassAttentionSeq {
   std::span<const float* const> earlier;  // p − 1 passes' qkv rows of this sequence, oldest first
   const float* qkv;                       // this pass's rows
@@ -67,6 +67,9 @@ struct PassAttentionSeq {
   const float* d_out = nullptr;  // backward: [t, heads · hd]
   float* dqkv =
       nullptr;  // backward (stride ld): every row's d q and its own key's d k, d v, written
+  // backward: the earlier passes' d qkv rows (stride ld, same order as `earlier`): the d k, d v of
+  // every earlier key a row saw are added there. Empty: the earlier keys are constants.
+  std::span<float* const> d_earlier;
 };
 // Scores are the contract's dot (kernels::detail::dot), the softmax two-pass with exp_f32, out =
 // Σ_j p_j v_j in position order; every row is one work item, so the bits do not depend on threads.
@@ -75,7 +78,9 @@ void pass_attention(std::span<const PassAttentionSeq> seqs, int64_t ld, int64_t 
                     ThreadPool* pool);
 // Its backward: ds_j = p_j (d_out · v_j − Σ p d_out · v) · scale; dq = Σ_j ds_j k_j (position
 // order); the own key's dk = Σ_h ds_own q_h and dv = Σ_h p_own d_out_h over the kv head's query
-// heads in ascending order.
+// heads in ascending order. With d_earlier, an earlier key's dk += ds q_h and dv += p d_out_h
+// over the query rows ascending, then the heads ascending (one work item per sequence and kv head
+// then, so the sums' order does not depend on threads).
 void pass_attention_backward(std::span<const PassAttentionSeq> seqs, int64_t ld, int64_t heads,
                              int64_t kv_heads, int64_t head_dim, float scale, int64_t window,
                              ThreadPool* pool);

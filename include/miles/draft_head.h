@@ -137,9 +137,9 @@ class DraftHead {
   // further ahead) instead of the policy's feature; row j attends pass 1's rows 0 .. j − p + 1,
   // pass q's row j − p + q and itself, which is what the engine's draft KV holds for a draft p
   // tokens ahead (ForwardOptions::earlier_passes). Each pass's loss has the same targets and
-  // weights (a sequence's first p − 1 rows none) and the same scale; they add. The earlier passes'
-  // outputs and keys enter a pass as constants: each pass's gradient flows through its own
-  // computation only (EAGLE-3 also back-propagates into the earlier passes).
+  // weights (a sequence's first p − 1 rows none) and the same scale; they add. As in EAGLE-3's
+  // reference training, the gradient of a pass's loss also flows into the earlier passes through
+  // the g it reads and the keys and values it attends (backwards last pass first).
   static constexpr int64_t kMaxPasses = 8;
   Result<DraftTrainSums> accumulate_grad(const DraftTrainRows& rows, double scale,
                                          FlatTensors& grads, ThreadPool* pool,
@@ -166,13 +166,24 @@ class DraftHead {
     std::span<const float> weight;                    // DraftTrainRows::weight
     double scale;
   };
-  // One pass of accumulate_grad over feature rows `feat` (pass 1: the policy's, else the previous
-  // pass's g shifted one row); its tape is tapes[pass − 1], its earlier passes' before it. With
-  // `hidden`, receives this pass's g (n, hidden) for the next pass.
-  Result<DraftTrainSums> train_pass(const PassRows& rows, int64_t pass, std::span<const float> feat,
-                                    std::span<const std::unique_ptr<ForwardTape>> tapes,
-                                    std::vector<float>* hidden, FlatTensors& grads,
-                                    ThreadPool* pool) const;
+  // One pass's forward over the rows, kept for its backward.
+  struct Pass {
+    std::unique_ptr<ForwardTape> tape;
+    // Its feature rows (pass 1: the policy's; pass p ≥ 2: pass p − 1's g shifted one row, zero on
+    // a sequence's first row) and fuse's x and z of them.
+    std::vector<float> feat, x, z;
+    std::vector<float> g;         // its layer outputs (n, hidden), the next pass's features
+    std::vector<int64_t> live;    // the rows with a loss weight, ascending
+    std::vector<float> d_logits;  // (live, draft vocabulary) d loss / d logits
+  };
+  // Pass `pass`'s forward (passes[pass − 1], its features set; the earlier passes' before it) and
+  // its loss: its sums, d logits, and (not the last pass) g.
+  Result<DraftTrainSums> forward_pass(const PassRows& rows, int64_t pass, std::vector<Pass>& passes,
+                                      bool last, ThreadPool* pool) const;
+  // Its backward, after every later pass's: d g (from the next pass; empty for the last) in, the
+  // previous pass's d g out (pass ≥ 2); the earlier passes' tapes receive their keys' gradients.
+  Status backward_pass(const PassRows& rows, int64_t pass, std::vector<Pass>& passes,
+                       std::vector<float>& dg, FlatTensors& grads, ThreadPool* pool) const;
   Status rebuild();  // the draft Model from params_ and the frozen parts
   // u = fc · [embed(next); feature] for n rows; x receives the [n, 2·hidden] inputs and z the
   // normalised feature layers [n, k·hidden] (several feature layers, not `own`).

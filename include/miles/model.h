@@ -103,8 +103,9 @@ struct ForwardOptions {
   // same batch (tokens and sequences), oldest first, which the caller keeps alive until this
   // forward's backward has run. This forward is then pass p: in every layer row i of a sequence
   // attends pass 1's rows 0 .. i − p + 1, pass q's row i − p + q (1 < q < p) and itself (the keys
-  // a draft p tokens ahead sees in the engine), the earlier passes' keys and values as constants:
-  // no gradient reaches them. Needs a tape; not for MLA layers; the KV store is not written.
+  // a draft p tokens ahead sees in the engine). Their keys' and values' gradients reach them
+  // through BackwardIo::earlier_passes. Needs a tape; not for MLA layers; the KV store is not
+  // written.
   std::span<const ForwardTape* const> earlier_passes;
   // Storage for the logits, taken over (moved into ForwardOutput::logits): a trainer hands back
   // the last micro-batch's buffer so that tens of MB of fresh pages are not faulted in every time.
@@ -145,6 +146,15 @@ struct BackwardIo {
   // head's share likewise against `tied_fold` (needs tied_head_grad, which is then scratch).
   std::vector<FlatTensors*> fold;
   std::vector<std::span<float>> tied_fold;
+  // d loss / d ForwardOutput::hidden ([T, hidden], a forward with return_hidden through the last
+  // layer), added to the final norm's d input: a later use of the hidden states (a draft head's
+  // next training-time-test pass reads them as its features).
+  std::span<const float> d_hidden;
+  // A training-time-test pass's backward (ForwardOptions::earlier_passes): the same tapes, oldest
+  // first. Each layer's d key and d value of their rows that this pass attended are added into
+  // those tapes, and each tape's own backward adds what it was sent to its keys' and values'
+  // gradients, so the passes' backwards run last pass first. Empty: the earlier keys are constants.
+  std::span<ForwardTape* const> earlier_passes;
 };
 
 // A checkpoint's config and weights: an HF directory (config.json + safetensors) or a llama2.c

@@ -2,7 +2,8 @@
 // query row, its visible keys and values of each kv head are gathered into a contiguous block in
 // position order, then each query head of the group scores them (dot_rows: the contract's dot),
 // softmaxes them and sums the values. A row is one work item; the backward recomputes the row's
-// probabilities and writes only that row's dq and its own key's dk / dv.
+// probabilities and writes that row's dq and its own key's dk / dv, and with d_earlier adds into
+// the earlier keys' dk / dv, one work item per sequence and kv head then (its rows ascending).
 #include <algorithm>
 #include <vector>
 
@@ -24,18 +25,26 @@ struct Shape {
 };
 
 // The qkv rows query row i of `s` sees (position order): pass 1's lo .. i − p + 1, pass q's
-// i − p + q (1 < q < p) from lo on, then its own.
+// i − p + q (1 < q < p) from lo on, then its own; with d_earlier, each earlier row's d qkv row in
+// `drows` (null for the own row).
 void visible_rows(const PassAttentionSeq& s, int64_t i, int64_t window,
-                  std::vector<const float*>& rows, const Shape& sh) {
+                  std::vector<const float*>& rows, std::vector<float*>& drows, const Shape& sh) {
   rows.clear();
+  drows.clear();
+  const bool send = !s.d_earlier.empty();
   const int64_t p = static_cast<int64_t>(s.earlier.size()) + 1;
   const int64_t lo = window > 0 ? std::max<int64_t>(0, i - window + 1) : 0;
-  for (int64_t r = lo; r <= i - p + 1; ++r) rows.push_back(s.earlier[0] + r * sh.ld);
+  const auto see = [&](int64_t q, int64_t r) {  // pass q's row r (q ≥ 1)
+    rows.push_back(s.earlier[q - 1] + r * sh.ld);
+    if (send) drows.push_back(s.d_earlier[q - 1] + r * sh.ld);
+  };
+  for (int64_t r = lo; r <= i - p + 1; ++r) see(1, r);
   for (int64_t q = 2; q < p; ++q) {
     const int64_t r = i - p + q;
-    if (r >= lo) rows.push_back(s.earlier[q - 1] + r * sh.ld);
+    if (r >= lo) see(q, r);
   }
   rows.push_back(s.qkv + i * sh.ld);
+  if (send) drows.push_back(nullptr);
 }
 
 // Scores of 8 keys at a time: each key's chain q[0]·k[0], then fma over e ascending, side by side
@@ -68,6 +77,7 @@ void dots(const float* q, const float* rows, const std::vector<float>& t, int64_
 // One row's keys and values of kv head g, and each query head's probabilities over them.
 struct RowScratch {
   std::vector<const float*> rows;
+  std::vector<float*> drows;
   std::vector<float> k, v, kt, vt, p, dp;
 
   void gather(int64_t g, const Shape& sh, bool values_transposed) {
@@ -98,22 +108,31 @@ struct RowScratch {
   }
 };
 
+// row(seq, i, g, scratch) for every query row i and kv head g: one work item per row (all its kv
+// heads), or with `by_head` one per sequence and kv head (its rows ascending).
 template <typename Row>
-void each_row(std::span<const PassAttentionSeq> seqs, const Shape& sh, ThreadPool* pool, Row row) {
-  std::vector<std::pair<int64_t, int64_t>> items;  // (sequence, row)
+void each_row(std::span<const PassAttentionSeq> seqs, const Shape& sh, bool by_head,
+              ThreadPool* pool, Row row) {
+  std::vector<std::pair<int64_t, int64_t>> items;  // (sequence, row) or (sequence, kv head)
   for (size_t s = 0; s < seqs.size(); ++s)
-    for (int64_t i = 0; i < seqs[s].t; ++i) items.emplace_back(s, i);
+    for (int64_t i = 0; i < (by_head ? sh.kv_heads : seqs[s].t); ++i) items.emplace_back(s, i);
   int64_t keys = 0;  // Σ over rows of the keys each sees, about
   for (const PassAttentionSeq& s : seqs) keys += s.t * (s.t + 1) / 2;
-  const int64_t per_row = items.empty() ? 0 : keys / static_cast<int64_t>(items.size()) + 1;
-  parallel_ranges(pool, items.size(), 4 * per_row * sh.qd(), [&](int64_t a, int64_t b) {
-    RowScratch r;
-    for (int64_t it = a; it < b; ++it) {
-      const auto [s, i] = items[it];
-      visible_rows(seqs[s], i, sh.window, r.rows, sh);
-      row(seqs[s], i, r);
-    }
-  });
+  const int64_t per_item =
+      items.empty() ? 0 : keys * (by_head ? 1 : sh.kv_heads) / static_cast<int64_t>(items.size());
+  parallel_ranges(pool, items.size(), 4 * (per_item + 1) * sh.qd() / sh.kv_heads,
+                  [&](int64_t a, int64_t b) {
+                    RowScratch r;
+                    for (int64_t it = a; it < b; ++it) {
+                      const auto [s, x] = items[it];
+                      const int64_t rows = by_head ? seqs[s].t : x + 1;
+                      for (int64_t i = by_head ? 0 : x; i < rows; ++i) {
+                        visible_rows(seqs[s], i, sh.window, r.rows, r.drows, sh);
+                        for (int64_t g = by_head ? x : 0; g < (by_head ? x + 1 : sh.kv_heads); ++g)
+                          row(seqs[s], i, g, r);
+                      }
+                    }
+                  });
 }
 
 }  // namespace
@@ -123,19 +142,18 @@ void pass_attention(std::span<const PassAttentionSeq> seqs, int64_t ld, int64_t 
                     ThreadPool* pool) {
   const Shape sh{ld, heads, kv_heads, head_dim, window, scale};
   const int64_t group = heads / kv_heads, hd = head_dim;
-  each_row(seqs, sh, pool, [&](const PassAttentionSeq& s, int64_t i, RowScratch& r) {
-    const int64_t n = r.rows.size();
-    for (int64_t g = 0; g < kv_heads; ++g) {
-      r.gather(g, sh, false);
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        r.probs(s.qkv + i * ld + h * hd, sh);
-        float* o = s.out + i * sh.qd() + h * hd;
-        std::fill_n(o, hd, 0.0f);
-        for (int64_t j = 0; j < n; ++j)
-          for (int64_t e = 0; e < hd; ++e) o[e] = std::fma(r.p[j], r.v[j * hd + e], o[e]);
-      }
-    }
-  });
+  each_row(seqs, sh, false, pool,
+           [&](const PassAttentionSeq& s, int64_t i, int64_t g, RowScratch& r) {
+             const int64_t n = r.rows.size();
+             r.gather(g, sh, false);
+             for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+               r.probs(s.qkv + i * ld + h * hd, sh);
+               float* o = s.out + i * sh.qd() + h * hd;
+               std::fill_n(o, hd, 0.0f);
+               for (int64_t j = 0; j < n; ++j)
+                 for (int64_t e = 0; e < hd; ++e) o[e] = std::fma(r.p[j], r.v[j * hd + e], o[e]);
+             }
+           });
 }
 
 void pass_attention_backward(std::span<const PassAttentionSeq> seqs, int64_t ld, int64_t heads,
@@ -143,37 +161,39 @@ void pass_attention_backward(std::span<const PassAttentionSeq> seqs, int64_t ld,
                              ThreadPool* pool) {
   const Shape sh{ld, heads, kv_heads, head_dim, window, scale};
   const int64_t group = heads / kv_heads, hd = head_dim;
-  each_row(seqs, sh, pool, [&](const PassAttentionSeq& s, int64_t i, RowScratch& r) {
-    const int64_t n = r.rows.size(), own = n - 1;
-    float* drow = s.dqkv + i * ld;
-    for (int64_t g = 0; g < kv_heads; ++g) {
-      r.gather(g, sh, true);
-      float* dk = drow + sh.qd() + g * hd;
-      float* dv = drow + sh.qd() + sh.kvd() + g * hd;
-      std::fill_n(dk, hd, 0.0f);
-      std::fill_n(dv, hd, 0.0f);
-      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const float* q = s.qkv + i * ld + h * hd;
-        const float* dout = s.d_out + i * sh.qd() + h * hd;
-        r.probs(q, sh);
-        r.dp.resize(static_cast<size_t>(n));
-        dots(dout, r.v.data(), r.vt, n, hd, r.dp.data());
-        float d = 0.0f;
-        for (int64_t j = 0; j < n; ++j) d = std::fma(r.p[j], r.dp[j], d);
-        float* dq = drow + h * hd;
-        std::fill_n(dq, hd, 0.0f);
-        for (int64_t j = 0; j < n; ++j) {
-          const float ds = r.p[j] * (r.dp[j] - d) * scale;
-          for (int64_t e = 0; e < hd; ++e) dq[e] = std::fma(ds, r.k[j * hd + e], dq[e]);
-          if (j != own) continue;
-          for (int64_t e = 0; e < hd; ++e) {
-            dk[e] = std::fma(ds, q[e], dk[e]);
-            dv[e] = std::fma(r.p[j], dout[e], dv[e]);
-          }
-        }
-      }
-    }
-  });
+  const bool send = !seqs.empty() && !seqs[0].d_earlier.empty();
+  each_row(seqs, sh, send, pool,
+           [&](const PassAttentionSeq& s, int64_t i, int64_t g, RowScratch& r) {
+             const int64_t n = r.rows.size(), own = n - 1;
+             float* drow = s.dqkv + i * ld;
+             r.gather(g, sh, true);
+             float* dk = drow + sh.qd() + g * hd;
+             float* dv = drow + sh.qd() + sh.kvd() + g * hd;
+             std::fill_n(dk, hd, 0.0f);
+             std::fill_n(dv, hd, 0.0f);
+             for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+               const float* q = s.qkv + i * ld + h * hd;
+               const float* dout = s.d_out + i * sh.qd() + h * hd;
+               r.probs(q, sh);
+               r.dp.resize(static_cast<size_t>(n));
+               dots(dout, r.v.data(), r.vt, n, hd, r.dp.data());
+               float d = 0.0f;
+               for (int64_t j = 0; j < n; ++j) d = std::fma(r.p[j], r.dp[j], d);
+               float* dq = drow + h * hd;
+               std::fill_n(dq, hd, 0.0f);
+               for (int64_t j = 0; j < n; ++j) {
+                 const float ds = r.p[j] * (r.dp[j] - d) * scale;
+                 for (int64_t e = 0; e < hd; ++e) dq[e] = std::fma(ds, r.k[j * hd + e], dq[e]);
+                 float* kj = j == own ? dk : send ? r.drows[j] + sh.qd() + g * hd : nullptr;
+                 if (!kj) continue;  // an earlier pass's key, a constant
+                 float* vj = kj + sh.kvd();
+                 for (int64_t e = 0; e < hd; ++e) {
+                   kj[e] = std::fma(ds, q[e], kj[e]);
+                   vj[e] = std::fma(r.p[j], dout[e], vj[e]);
+                 }
+               }
+             }
+           });
 }
 
 }  // namespace miles::kernels

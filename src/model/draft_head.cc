@@ -373,82 +373,84 @@ Result<DraftTrainSums> DraftHead::accumulate_grad(const DraftTrainRows& rows, do
   if (at != t) return Status::Error("draft head: sequences do not cover the batch");
   const int64_t n = src.size();
   if (n == 0) return DraftTrainSums{};
-  std::vector<float> feat(static_cast<size_t>(n * width));
+  std::vector<Pass> ps(static_cast<size_t>(passes));
+  ps[0].feat.resize(static_cast<size_t>(n * width));
   std::vector<int32_t> next(static_cast<size_t>(n));
   for (int64_t r = 0; r < n; ++r) {
-    std::copy_n(rows.features.data() + src[r] * width, width, feat.data() + r * width);
+    std::copy_n(rows.features.data() + src[r] * width, width, ps[0].feat.data() + r * width);
     next[r] = rows.tokens[src[r] + 1];
   }
   const PassRows pr{seqs, src, at_pos, next, policy_row, rows.weight, scale};
+  // Forwards first, pass 1 to the last, each reading the previous pass's g; then the backwards,
+  // last pass first, each sending the previous pass d g and its tapes d keys / d values.
   DraftTrainSums sums;
-  std::vector<std::unique_ptr<ForwardTape>> tapes;
-  std::vector<float> g;  // the last pass's layer outputs (n, hidden)
   for (int64_t p = 1; p <= passes; ++p) {
     if (p > 1) {  // row j reads g of row j − 1 (the head's own feature for the token it drafted)
+      std::vector<float>& feat = ps[p - 1].feat;
+      const std::vector<float>& g = ps[p - 2].g;
       feat.assign(static_cast<size_t>(n * d), 0.0f);
       for (int64_t r = 0; r < n; ++r)
         if (at_pos[r] > 0) std::copy_n(g.data() + (r - 1) * d, d, feat.data() + r * d);
     }
-    tapes.push_back(std::make_unique<ForwardTape>());
-    MILES_ASSIGN_OR_RETURN(DraftTrainSums s,
-                           train_pass(pr, p, feat, tapes, p < passes ? &g : nullptr, grads, pool));
+    MILES_ASSIGN_OR_RETURN(DraftTrainSums s, forward_pass(pr, p, ps, p == passes, pool));
     if (p == 1)
       sums = s;
     else
       sums.ahead.push_back(s);
   }
+  std::vector<float> dg;
+  for (int64_t p = passes; p >= 1; --p)
+    MILES_RETURN_IF_ERROR(backward_pass(pr, p, ps, dg, grads, pool));
   return sums;
 }
 
-Result<DraftTrainSums> DraftHead::train_pass(const PassRows& pr, int64_t pass,
-                                             std::span<const float> feat,
-                                             std::span<const std::unique_ptr<ForwardTape>> tapes,
-                                             std::vector<float>* hidden, FlatTensors& grads,
-                                             ThreadPool* pool) const {
-  const int64_t d = policy_.hidden_size, pv = policy_.vocab_size, dv = vocab_.size();
+Result<DraftTrainSums> DraftHead::forward_pass(const PassRows& pr, int64_t pass,
+                                               std::vector<Pass>& passes, bool last,
+                                               ThreadPool* pool) const {
+  const int64_t pv = policy_.vocab_size, dv = vocab_.size();
   const int64_t n = pr.src.size();
-  const bool own = pass > 1;
-  std::vector<float> x, z, u;
-  fuse(feat, pr.next, n, own, x, z, u, pool);
+  Pass& ps = passes[pass - 1];
+  std::vector<float> u;
+  fuse(ps.feat, pr.next, n, pass > 1, ps.x, ps.z, u, pool);
 
   // The rows with a loss: pass p's first p − 1 rows of a sequence have no drafted feature to read
   // (weight 0). The LM head runs on those rows only (ForwardOptions::logit_rows): the others would
   // get zero d logits, and the head's own weight gradient, which their rows would change, is not
   // trained (the policy's frozen rows).
-  std::vector<int64_t> live;
   std::vector<float> w_live;
   for (int64_t r = 0; r < n; ++r) {
     const float w = pr.at_pos[r] + 1 >= pass ? pr.weight[pr.src[r] + 1] : 0.0f;
     if (w == 0) continue;
-    live.push_back(r);
+    ps.live.push_back(r);
     w_live.push_back(w);
   }
   // Pass p's rows read the keys of passes 1 .. p − 1 (ForwardOptions::earlier_passes).
   std::vector<const ForwardTape*> earlier;
-  for (int64_t q = 0; q + 1 < pass; ++q) earlier.push_back(tapes[q].get());
+  for (int64_t q = 0; q + 1 < pass; ++q) earlier.push_back(passes[q].tape.get());
+  ps.tape = std::make_unique<ForwardTape>();
   auto kv = model_->make_kv_cache();
   ForwardOptions opt;
-  opt.tape = tapes[pass - 1].get();
+  opt.tape = ps.tape.get();
   opt.earlier_passes = earlier;
   opt.input_hidden = u;
-  opt.return_hidden = hidden != nullptr;
+  opt.return_hidden = !last;
   const std::vector<int64_t> first{0};
-  opt.logit_rows = live.empty() ? std::span<const int64_t>(first) : live;
+  opt.logit_rows = ps.live.empty() ? std::span<const int64_t>(first) : ps.live;
   const std::vector<int32_t> dummy(static_cast<size_t>(n), 0);
   MILES_ASSIGN_OR_RETURN(ForwardOutput out, model_->forward(dummy, pr.seqs, *kv, opt, pool));
-  if (hidden) *hidden = std::move(out.hidden);
-  if (live.empty()) return DraftTrainSums{};  // nothing to fit; g was all the next pass needs
+  ps.g = std::move(out.hidden);
+  if (ps.live.empty()) return DraftTrainSums{};  // nothing to fit; g was all the next pass needs
 
   // Soft cross-entropy per live row against the policy's distribution renormalised over the draft
   // vocabulary; d logits overwrite the draft's logits in place.
-  const int64_t m = live.size();
+  const int64_t m = ps.live.size();
   std::vector<double> loss(m), agree(m), accept(m), mass(m);
   parallel_ranges(pool, m, 4 * (pv + dv), [&](int64_t r0, int64_t r1) {
     std::vector<float> q(static_cast<size_t>(dv)), p(static_cast<size_t>(dv)),
         logp(static_cast<size_t>(dv));
     for (int64_t r = r0; r < r1; ++r) {
       float* z = out.logits.data() + r * dv;
-      const float* pz = pr.policy_row(pr.src[live[r]] + 1);
+      const float* pz = pr.policy_row(pr.src[ps.live[r]] + 1);
       const kernels::LogSoftmaxStats full = kernels::log_softmax_stats(pz, pv);
       for (int64_t i = 0; i < dv; ++i) q[i] = pz[vocab_[i]];
       kernels::softmax_row(q.data(), dv);  // the target over the draft vocabulary
@@ -472,6 +474,7 @@ Result<DraftTrainSums> DraftHead::train_pass(const PassRows& pr, int64_t pass,
       for (int64_t i = 0; i < dv; ++i) z[i] = gs * (p[i] - q[i]);
     }
   });
+  ps.d_logits = std::move(out.logits);
   DraftTrainSums sums;
   for (int64_t r = 0; r < m; ++r) {
     const double w = w_live[r];
@@ -481,34 +484,64 @@ Result<DraftTrainSums> DraftHead::train_pass(const PassRows& pr, int64_t pass,
     sums.accept += w * accept[r];
     sums.in_vocab += w * mass[r];
   }
+  return sums;
+}
 
+Status DraftHead::backward_pass(const PassRows& pr, int64_t pass, std::vector<Pass>& passes,
+                                std::vector<float>& dg, FlatTensors& grads,
+                                ThreadPool* pool) const {
+  const int64_t d = policy_.hidden_size, n = pr.src.size();
+  Pass& ps = passes[pass - 1];
+  // No loss rows here means none in any later pass (theirs are a subset): nothing flows back.
+  if (ps.live.empty()) {
+    dg.clear();
+    return Status::Ok();
+  }
+  const bool own = pass > 1;
   // The layer's gradients (the draft Model's layout), then fc's from d u.
   FlatTensors model_grads(ParamLayout::for_model(config_));
   std::vector<float> du;
+  std::vector<ForwardTape*> earlier;
+  for (int64_t q = 0; q + 1 < pass; ++q) earlier.push_back(passes[q].tape.get());
   BackwardIo io;
   io.d_input = &du;
-  MILES_RETURN_IF_ERROR(model_->backward(*tapes[pass - 1], out.logits, model_grads, pool, io));
+  io.d_hidden = dg;
+  io.earlier_passes = earlier;
+  MILES_RETURN_IF_ERROR(model_->backward(*ps.tape, ps.d_logits, model_grads, pool, io));
   std::vector<float> dfc(static_cast<size_t>(d * 2 * d));
-  kernels::gemm_weight_grad(du.data(), d, x.data(), 2 * d, n, d, 2 * d, dfc.data(), pool);
+  kernels::gemm_weight_grad(du.data(), d, ps.x.data(), 2 * d, n, d, 2 * d, dfc.data(), pool);
   auto add = [](std::span<float> into, std::span<const float> g) {
     for (size_t i = 0; i < into.size(); ++i) into[i] = into[i] + g[i];
   };
   add(grads.get(kFc), dfc);
-  if (layers_.size() > 1 && !own) {  // P's: d feature = d u · fc[:, hidden:], d P = d featureᵀ · z
-    const int64_t k = layers_.size();
-    kernels::PackedMatrix fc_t;
-    fc_t.assign_transposed(params_.get(kFc).data() + d, d, d, 2 * d, pool);
-    std::vector<float> dfeat(static_cast<size_t>(n * d)), dp(static_cast<size_t>(d * k * d));
-    kernels::gemm(du.data(), n, d, fc_t, dfeat.data(), d, pool);
-    kernels::gemm_weight_grad(dfeat.data(), d, z.data(), k * d, n, d, k * d, dp.data(), pool);
-    add(grads.get(kFeatFc), dp);
-  }
   for (const ParamSpec& s : grads.layout().specs()) {
     if (s.name == kFc || s.name == kFeatFc) continue;
     add(grads.get(s.name),
         std::as_const(model_grads).get(kLayerPrefix + s.name.substr(kDraftPrefix.size())));
   }
-  return sums;
+  const bool feature_grad = own || layers_.size() > 1;
+  if (!feature_grad) return Status::Ok();
+  // d of x's feature half: d u · fc[:, hidden:].
+  kernels::PackedMatrix fc_t;
+  fc_t.assign_transposed(params_.get(kFc).data() + d, d, d, 2 * d, pool);
+  std::vector<float> dfeat(static_cast<size_t>(n * d));
+  kernels::gemm(du.data(), n, d, fc_t, dfeat.data(), d, pool);
+  if (!own) {  // P's: d P = d featureᵀ · z
+    const int64_t k = layers_.size();
+    std::vector<float> dp(static_cast<size_t>(d * k * d));
+    kernels::gemm_weight_grad(dfeat.data(), d, ps.z.data(), k * d, n, d, k * d, dp.data(), pool);
+    add(grads.get(kFeatFc), dp);
+    return Status::Ok();
+  }
+  // The previous pass's d g: row j's feature is the final norm of g_{j−1}.
+  std::vector<float> dnormed(static_cast<size_t>(n * d));
+  kernels::rmsnorm_backward(ps.feat.data(), dfeat.data(), n, d, own_norm_.data(),
+                            static_cast<float>(policy_.rms_norm_eps), dnormed.data(), nullptr,
+                            pool);
+  dg.assign(static_cast<size_t>(n * d), 0.0f);
+  for (int64_t r = 0; r < n; ++r)
+    if (pr.at_pos[r] > 0) std::copy_n(dnormed.data() + r * d, d, dg.data() + (r - 1) * d);
+  return Status::Ok();
 }
 
 }  // namespace miles

@@ -47,6 +47,9 @@ struct ForwardTape::Impl {
   std::vector<int64_t> head_rows;  // (R) the token rows the LM head ran on (all T, or logit_rows)
   std::vector<float> h_final;      // (R, d) before the final norm
   std::vector<float> normed;       // (R, d) after the final norm (the LM head's input)
+  // (num_layers) d qkv rows [T, q + 2 kv wide] that later training-time-test passes' backwards
+  // sent to this pass's keys and values (BackwardIo::earlier_passes); empty where none was sent.
+  std::vector<std::vector<float>> sent_dqkv;
 };
 
 }  // namespace miles

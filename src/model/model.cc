@@ -494,6 +494,7 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     tape->embedded = !given;
     tape->earlier.clear();
     for (const ForwardTape* e : options.earlier_passes) tape->earlier.push_back(&e->impl());
+    tape->sent_dqkv.clear();
   }
   const std::span<const int64_t> taps = options.tap_layers;
   MILES_RETURN_IF_ERROR(check_tap_layers(taps, begin, end));

@@ -58,6 +58,7 @@ class Backward {
     std::vector<float> dh = tape_.layer_end == c_.num_layers
                                 ? head(d_output)
                                 : std::vector<float>(d_output.begin(), d_output.end());
+    if (!io_.d_hidden.empty()) add_into(dh.data(), io_.d_hidden.data(), t_ * c_.hidden_size, pool_);
     dh_ = dh.data();
     size_grads();
     for (int64_t layer = tape_.layer_end - 1; layer >= tape_.layer_begin; --layer) {
@@ -364,7 +365,10 @@ class Backward {
   void attention(const float* qkv, float* dattn, float* dqkv) {
     const int64_t qd = c_.q_dim(), kvd = c_.kv_dim(), hd = c_.head_dim, ld = qd + 2 * kvd;
     const float scale = c_.attention_scale();
-    if (!tape_.earlier.empty()) return pass_attention(qkv, dattn, dqkv);
+    if (!tape_.earlier.empty()) {
+      pass_attention(qkv, dattn, dqkv);
+      return add_sent(dqkv);
+    }
     // Work items over (sequence, kv head, query block), then (sequence, kv head, run of keys);
     // every sum keeps its (head, query, key) order.
     std::vector<kernels::AttentionSeq> seqs;
@@ -377,27 +381,51 @@ class Backward {
     }
     kernels::attention_backward_batch(seqs, ld, ld, c_.num_heads, c_.num_kv_heads, hd, scale, pool_,
                                       w_.programs[layer_].window);
+    add_sent(dqkv);
   }
 
-  // A training-time test pass (ForwardOptions::earlier_passes): the earlier passes' keys and values
-  // are constants, so each row writes its d q and its own key's d k / d v.
+  // A training-time test pass (ForwardOptions::earlier_passes): each row writes its d q and its own
+  // key's d k / d v, and with BackwardIo::earlier_passes adds the d k / d v of the earlier keys it
+  // saw into their tapes' sent_dqkv.
   void pass_attention(const float* qkv, const float* dattn, float* dqkv) {
     const int64_t qd = c_.q_dim(), ld = qd + 2 * c_.kv_dim();
     const size_t np = tape_.earlier.size();
+    const bool send = !io_.earlier_passes.empty();
     std::vector<const float*> rows(tape_.seqs.size() * np);
+    std::vector<float*> drows(send ? rows.size() : 0);
+    std::vector<float*> sent(send ? np : 0);
+    for (size_t p = 0; p < sent.size(); ++p) {
+      std::vector<std::vector<float>>& to = io_.earlier_passes[p]->impl().sent_dqkv;
+      to.resize(static_cast<size_t>(c_.num_layers));
+      if (to[layer_].empty()) to[layer_].assign(static_cast<size_t>(t_ * ld), 0.0f);
+      sent[p] = to[layer_].data();
+    }
     std::vector<kernels::PassAttentionSeq> seqs;
     for (size_t s = 0; s < tape_.seqs.size(); ++s) {
       const int64_t off = tape_.offset[s];
-      for (size_t p = 0; p < np; ++p)
+      for (size_t p = 0; p < np; ++p) {
         rows[s * np + p] = tape_.earlier[p]->layers[layer_][Act::kQkv].data() + off * ld;
+        if (send) drows[s * np + p] = sent[p] + off * ld;
+      }
       kernels::PassAttentionSeq q{
           {rows.data() + s * np, np}, qkv + off * ld, tape_.seqs[s].n_tokens};
       q.d_out = dattn + off * qd;
       q.dqkv = dqkv + off * ld;
+      if (send) q.d_earlier = {drows.data() + s * np, np};
       seqs.push_back(q);
     }
     kernels::pass_attention_backward(seqs, ld, c_.num_heads, c_.num_kv_heads, c_.head_dim,
                                      c_.attention_scale(), w_.programs[layer_].window, pool_);
+  }
+
+  // What later training-time-test passes sent to this pass's keys and values (after its own).
+  void add_sent(float* dqkv) {
+    if (static_cast<int64_t>(tape_.sent_dqkv.size()) <= layer_ || tape_.sent_dqkv[layer_].empty())
+      return;
+    const int64_t qd = c_.q_dim(), kvd2 = 2 * c_.kv_dim(), ld = qd + kvd2;
+    const float* from = tape_.sent_dqkv[layer_].data();
+    parallel_for(pool_, t_,
+                 [&](int64_t i) { add_into(dqkv + i * ld + qd, from + i * ld + qd, kvd2); });
   }
 
   // RoPE per token (disjoint rows, in parallel), then the q/k norms in ascending token order, in
@@ -491,6 +519,17 @@ Status Model::backward(const ForwardTape& tape, std::span<const float> d_output,
   for (const std::span<float>& l : io.tied_fold)
     if (l.size() != io.tied_head_grad.size())
       return Status::Error("backward: a tied share to fold into has the wrong size");
+  if (!io.d_hidden.empty() &&
+      (!head || static_cast<int64_t>(io.d_hidden.size()) != n * config_.hidden_size))
+    return Status::Error("backward: d_hidden needs a forward through the last layer and " +
+                         std::to_string(n) + " × hidden values");
+  if (!io.earlier_passes.empty()) {
+    bool same = io.earlier_passes.size() == t.earlier.size();
+    for (size_t p = 0; same && p < t.earlier.size(); ++p)
+      same = io.earlier_passes[p] && &io.earlier_passes[p]->impl() == t.earlier[p];
+    if (!same)
+      return Status::Error("backward: earlier_passes are not the tapes this pass's forward read");
+  }
   Backward b(config_, *w_, backward_weights(pool), t, grads, pool, io);
   b.run(d_output);
   return b.status();
