@@ -44,6 +44,24 @@ TestPolicy load_policy(const std::string& name) {
   return {files->config, std::move(*model)};
 }
 
+// The next training-time-test pass over `input` (ForwardOptions::earlier_passes: the tapes so
+// far), its tape appended to `tapes`.
+Result<ForwardOutput> next_pass(const Model& m, std::span<const int32_t> ids,
+                                std::span<const SeqSpan> seqs, std::span<const float> input,
+                                std::vector<std::unique_ptr<ForwardTape>>& tapes,
+                                bool return_hidden, ThreadPool* pool) {
+  std::vector<const ForwardTape*> earlier;
+  for (auto& e : tapes) earlier.push_back(e.get());
+  tapes.push_back(std::make_unique<ForwardTape>());
+  ForwardOptions o;
+  o.tape = tapes.back().get();
+  o.earlier_passes = earlier;
+  o.input_hidden = input;
+  o.return_hidden = return_hidden;
+  auto kv = m.make_kv_cache();
+  return m.forward(ids, seqs, *kv, o, pool);
+}
+
 // n values uniform in [−amp / 2, amp / 2) from an LCG state.
 std::vector<float> uniform(uint32_t& x, int64_t n, float amp) {
   std::vector<float> r(static_cast<size_t>(n));
@@ -298,15 +316,7 @@ TEST(DraftHead, TrainingPassesSeeWhatTheEnginesDraftKvHolds) {
     std::vector<std::vector<float>> logits;
     ThreadPool pool(2);
     for (int p = 0; p < kPasses; ++p) {
-      std::vector<const ForwardTape*> earlier;
-      for (auto& e : tapes) earlier.push_back(e.get());
-      tapes.push_back(std::make_unique<ForwardTape>());
-      ForwardOptions o;
-      o.tape = tapes.back().get();
-      o.earlier_passes = earlier;
-      o.input_hidden = in[p];
-      auto kv = m.make_kv_cache();
-      auto out = m.forward(ids, seqs, *kv, o, &pool);
+      auto out = next_pass(m, ids, seqs, in[p], tapes, false, &pool);
       ASSERT_TRUE(out.ok()) << out.message();
       logits.push_back(std::move(out->logits));
     }
@@ -406,16 +416,7 @@ TEST(DraftHead, EarlierPassesGetTheLaterPassesGradientsInEveryLayer) {
       for (int p = 0; p < kPasses; ++p) {
         std::vector<float> u = p == 0 ? first : in[p];
         for (size_t i = 0; p > 0 && i < u.size(); ++i) u[i] += 0.5f * hidden[i];
-        std::vector<const ForwardTape*> earlier;
-        for (auto& e : tapes) earlier.push_back(e.get());
-        tapes.push_back(std::make_unique<ForwardTape>());
-        ForwardOptions o;
-        o.tape = tapes.back().get();
-        o.earlier_passes = earlier;
-        o.input_hidden = u;
-        o.return_hidden = true;
-        auto kv = m.make_kv_cache();
-        auto out = m.forward(ids, seqs, *kv, o, nullptr);
+        auto out = next_pass(m, ids, seqs, u, tapes, true, nullptr);
         EXPECT_TRUE(out.ok()) << out.message();
         if (!out.ok()) return 0;
         for (size_t i = 0; i < out->logits.size(); ++i)
