@@ -29,6 +29,8 @@ struct BenchStepOptions {
   // Speculative decoding off vs on (rollout.speculative) in one schedule instead of the three.
   bool spec = false;
   std::string schedule = "sync";
+  // The co-trained head's run only: rollout.speculative_draft_ttt_length.
+  int64_t spec_head_ttt_length = 1;
 };
 
 struct ModeResult {
@@ -83,7 +85,8 @@ int run_bench_step(const BenchStepOptions& o) {
             {"spec_suffix", o.schedule, {"rollout.speculative=true"}},
             {"spec_head",
              o.schedule,
-             {"rollout.speculative=true", "rollout.speculative_draft_head=true"}}};
+             {"rollout.speculative=true", "rollout.speculative_draft_head=true",
+              "rollout.speculative_draft_ttt_length=" + std::to_string(o.spec_head_ttt_length)}}};
   } else {
     for (const char* mode : {"sync", "one_step_off", "async"}) runs.push_back({mode, mode, {}});
   }
@@ -156,11 +159,18 @@ void register_bench_step(CLI::App& bench) {
   sub->add_option("--run-dir", o->run_dir, "parent of the three runs' directories")
       ->capture_default_str();
   sub->add_option("--out", o->out, "also write the table as JSON");
-  sub->add_flag("--spec", o->spec,
-                "speculative decoding off vs on (rollout.speculative) in one schedule instead");
+  CLI::Option* spec =
+      sub->add_flag("--spec", o->spec,
+                    "speculative decoding off vs on (rollout.speculative) in one schedule instead");
   sub->add_option("--schedule", o->schedule, "--spec: the schedule of both runs")
       ->capture_default_str()
       ->check(CLI::IsMember({"sync", "one_step_off", "async"}));
+  sub->add_option("--spec-head-ttt-length", o->spec_head_ttt_length,
+                  "--spec: the co-trained head's training passes per sample in its run "
+                  "(rollout.speculative_draft_ttt_length; > 1: EAGLE-3's training-time test)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{8}))
+      ->needs(spec);
   sub->callback([o] {
     if (int rc = run_bench_step(*o); rc != 0) throw CLI::RuntimeError(rc);
   });
