@@ -880,18 +880,23 @@ TEST(RlRun, BadConfigFailsBeforeAnythingStartsWithTheLine) {
 namespace miles {
 namespace {
 
-TEST(RlRun, BenchStepRunsTheThreeSchedulesOnOneJob) {
-  MILES_REQUIRE_SHARED();
-  const std::string dir = temp_dir("bench");
-  const std::string cmd = cd_source() + test::miles_binary() +
-                          " bench step configs/quickstart_ci.yaml --steps 3 --run-dir " + dir +
-                          " --out " + dir + "/bench.json 2>&1";
+// Runs `miles bench step <args> --run-dir dir --out dir/bench.json`; its output, or a failure.
+::testing::AssertionResult bench_step(const std::string& args, const std::string& dir) {
+  const std::string cmd = cd_source() + test::miles_binary() + " bench step " + args +
+                          " --run-dir " + dir + " --out " + dir + "/bench.json 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
   size_t n;
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << out;
+  if (pclose(p) != 0) return ::testing::AssertionFailure() << out;
+  return ::testing::AssertionSuccess();
+}
+
+TEST(RlRun, BenchStepRunsTheThreeSchedulesOnOneJob) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = temp_dir("bench");
+  ASSERT_TRUE(bench_step("configs/quickstart_ci.yaml --steps 3", dir));
   std::ifstream in(dir + "/bench.json");
   json j = json::parse(in);
   ASSERT_EQ(j.size(), 3u);
@@ -900,6 +905,32 @@ TEST(RlRun, BenchStepRunsTheThreeSchedulesOnOneJob) {
   EXPECT_EQ(j[1]["mode"], "one_step_off");
   EXPECT_EQ(j[2]["mode"], "async");
   for (const json& m : j) EXPECT_GT(m["step_s"].get<double>(), 0) << m.dump();
+}
+
+// --spec: off, the suffix drafter and the co-trained head in one schedule; the head's training
+// passes reach its run alone (the others have no head to train).
+TEST(RlRun, BenchStepSpecTrainsTheHeadOnItsOwnDraftsInItsRunOnly) {
+  MILES_REQUIRE_SHARED();
+  const std::string dir = temp_dir("bench_spec");
+  ASSERT_TRUE(
+      bench_step("configs/quickstart_ci.yaml --spec --steps 3 --spec-head-ttt-length 2", dir));
+  std::ifstream in(dir + "/bench.json");
+  const json j = json::parse(in);
+  ASSERT_EQ(j.size(), 3u);
+  const char* modes[] = {"spec_off", "spec_suffix", "spec_head"};
+  for (int m = 0; m < 3; ++m) {
+    EXPECT_EQ(j[m]["mode"], modes[m]);
+    std::ifstream metrics(dir + "/" + modes[m] + "/metrics.jsonl");
+    std::string line;
+    int64_t steps = 0;
+    while (std::getline(metrics, line)) {
+      const json row = json::parse(line);
+      EXPECT_EQ(row.contains("draft_loss_2"), m == 2) << modes[m] << ": " << line;
+      EXPECT_FALSE(row.contains("draft_loss_3")) << line;
+      ++steps;
+    }
+    EXPECT_EQ(steps, 3) << modes[m];
+  }
 }
 
 }  // namespace
