@@ -480,29 +480,35 @@ TEST(RlRun, DraftHeadOnSeveralLayersTrainsAsOneProcessUnderPipelines) {
 
 // EAGLE-3's training-time test (rollout.speculative_draft_ttt_length = 3): the head also trains on
 // its own drafts, passes 2 and 3 reported as draft_*_2 / draft_*_3; a two-stage pipeline trains
-// and publishes the single process's head bit for bit, and the head differs from one trained on
-// the policy's features alone.
+// and publishes the single process's head bit for bit, tensor parallelism its first step's, and
+// the head differs from one trained on the policy's features alone.
 TEST(RlRun, DraftHeadTrainedOnItsOwnDraftsTrainsAsOneProcessUnderAPipeline) {
   MILES_REQUIRE_SHARED();
   const std::string job = std::string(kCi) +
                           " rollout.num_rollouts=2 rollout.speculative_draft_head=true"
                           " rollout.speculative_draft_lr=0.003 --run-dir ";
   const std::string ttt = " rollout.speculative_draft_ttt_length=3";
-  const std::string one = temp_dir("ttt_one"), pp = temp_dir("ttt_pp"), plain = temp_dir("ttt_no");
-  for (const auto& [dir, extra] : {std::pair{one, ttt}, std::pair{pp, ttt + " parallel.pp=2"},
-                                   std::pair{plain, std::string()}}) {
+  const std::string one = temp_dir("ttt_one"), pp = temp_dir("ttt_pp"), tp = temp_dir("ttt_tp"),
+                    plain = temp_dir("ttt_no");
+  for (const auto& [dir, extra] :
+       {std::pair{one, ttt}, std::pair{pp, ttt + " parallel.pp=2"},
+        std::pair{tp, ttt + " parallel.tp=2"}, std::pair{plain, std::string()}}) {
     auto r = run_here(job + dir + extra);
     ASSERT_EQ(r.exit_code, 0) << extra << r.out;
   }
-  const auto m = metrics(one), mp = metrics(pp), mn = metrics(plain);
+  const auto m = metrics(one), mp = metrics(pp), mt = metrics(tp), mn = metrics(plain);
   ASSERT_EQ(m.size(), 2u);
   ASSERT_EQ(mp.size(), 2u);
+  ASSERT_EQ(mt.size(), 2u);
   ASSERT_EQ(mn.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     for (const std::string k : {"draft_loss", "draft_accept", "draft_loss_2", "draft_accept_2",
                                 "draft_agree_3", "draft_accept_3"}) {
       ASSERT_TRUE(m[i].contains(k)) << k << " " << m[i].dump();
       EXPECT_EQ(m[i][k], mp[i][k]) << k << " step " << i + 1 << " (pp=2)";
+      // tp = 2: step 1 trains on the same samples (the policy's gradients then differ within the
+      // trainer's tolerance, so step 2's samples may too).
+      if (i == 0) EXPECT_EQ(m[i][k], mt[i][k]) << k << " step 1 (tp=2)";
     }
     EXPECT_FALSE(mn[i].contains("draft_loss_2"));
     const double a2 = m[i]["draft_accept_2"].get<double>();
@@ -511,13 +517,16 @@ TEST(RlRun, DraftHeadTrainedOnItsOwnDraftsTrainsAsOneProcessUnderAPipeline) {
   }
   // Step 1 trains from the same head on the same samples: pass 1's numbers are the plain run's.
   EXPECT_EQ(m[0]["draft_loss"], mn[0]["draft_loss"]);
-  const auto file = [](const std::string& dir) {
-    std::ifstream f(dir + "/weights/draft/2.safetensors", std::ios::binary);
+  const auto file = [](const std::string& dir, int step) {
+    std::ifstream f(dir + "/weights/draft/" + std::to_string(step) + ".safetensors",
+                    std::ios::binary);
     return std::string((std::istreambuf_iterator<char>(f)), {});
   };
-  ASSERT_FALSE(file(one).empty());
-  EXPECT_TRUE(file(one) == file(pp)) << "pp=2 published another head";
-  EXPECT_FALSE(file(one) == file(plain)) << "the passes on its own drafts changed nothing";
+  ASSERT_FALSE(file(one, 1).empty());
+  ASSERT_FALSE(file(one, 2).empty());
+  EXPECT_TRUE(file(one, 2) == file(pp, 2)) << "pp=2 published another head";
+  EXPECT_TRUE(file(one, 1) == file(tp, 1)) << "tp=2 published another head after its first step";
+  EXPECT_FALSE(file(one, 2) == file(plain, 2)) << "the passes on its own drafts changed nothing";
 }
 
 // The draft head is in the checkpoint (its tensors, AdamW moments and step count, the id counts
