@@ -156,6 +156,13 @@ class DraftHead {
 
  private:
   DraftHead() = default;
+  // A draft row's numbers of its target every pass shares (rows with a loss weight): the policy
+  // row's log-softmax stats over its vocabulary, its argmax and its mass in the draft vocabulary.
+  struct PolicyTarget {
+    kernels::LogSoftmaxStats full;
+    int64_t best = 0;
+    double in_vocab = 0;
+  };
   // The draft rows of a training batch, as every pass reads them.
   struct PassRows {
     std::span<const SeqSpan> seqs;    // draft sequences (a policy sequence's T − 1 rows)
@@ -165,6 +172,7 @@ class DraftHead {
     std::function<const float*(int64_t)> policy_row;  // a policy row's logits (or null)
     std::span<const float> weight;                    // DraftTrainRows::weight
     double scale;
+    std::span<const PolicyTarget> target;  // per draft row
   };
   // One pass's forward over the rows, kept for its backward.
   struct Pass {

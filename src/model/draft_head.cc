@@ -380,7 +380,20 @@ Result<DraftTrainSums> DraftHead::accumulate_grad(const DraftTrainRows& rows, do
     std::copy_n(rows.features.data() + src[r] * width, width, ps[0].feat.data() + r * width);
     next[r] = rows.tokens[src[r] + 1];
   }
-  const PassRows pr{seqs, src, at_pos, next, policy_row, rows.weight, scale};
+  // Each weighted row's policy numbers, once for every pass.
+  std::vector<PolicyTarget> target(static_cast<size_t>(n));
+  parallel_ranges(pool, n, 4 * pv, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      if (rows.weight[src[r] + 1] == 0) continue;
+      const float* pz = policy_row(src[r] + 1);
+      PolicyTarget& t = target[r];
+      t.full = kernels::log_softmax_stats(pz, pv);
+      for (int64_t i = 1; i < pv; ++i)
+        if (pz[i] > pz[t.best]) t.best = i;
+      for (const int32_t id : vocab_) t.in_vocab += std::exp(pz[id] - t.full.max - t.full.log_sum);
+    }
+  });
+  const PassRows pr{seqs, src, at_pos, next, policy_row, rows.weight, scale, target};
   // Forwards first, pass 1 to the last, each reading the previous pass's g; then the backwards,
   // last pass first, each sending the previous pass d g and its tapes d keys / d values.
   DraftTrainSums sums;
@@ -407,7 +420,7 @@ Result<DraftTrainSums> DraftHead::accumulate_grad(const DraftTrainRows& rows, do
 Result<DraftTrainSums> DraftHead::forward_pass(const PassRows& pr, int64_t pass,
                                                std::vector<Pass>& passes, bool last,
                                                ThreadPool* pool) const {
-  const int64_t pv = policy_.vocab_size, dv = vocab_.size();
+  const int64_t dv = vocab_.size();
   const int64_t n = pr.src.size();
   Pass& ps = passes[pass - 1];
   std::vector<float> u;
@@ -445,13 +458,13 @@ Result<DraftTrainSums> DraftHead::forward_pass(const PassRows& pr, int64_t pass,
   // vocabulary; d logits overwrite the draft's logits in place.
   const int64_t m = ps.live.size();
   std::vector<double> loss(m), agree(m), accept(m), mass(m);
-  parallel_ranges(pool, m, 4 * (pv + dv), [&](int64_t r0, int64_t r1) {
+  parallel_ranges(pool, m, 8 * dv, [&](int64_t r0, int64_t r1) {
     std::vector<float> q(static_cast<size_t>(dv)), p(static_cast<size_t>(dv)),
         logp(static_cast<size_t>(dv));
     for (int64_t r = r0; r < r1; ++r) {
       float* z = out.logits.data() + r * dv;
       const float* pz = pr.policy_row(pr.src[ps.live[r]] + 1);
-      const kernels::LogSoftmaxStats full = kernels::log_softmax_stats(pz, pv);
+      const PolicyTarget& t = pr.target[ps.live[r]];
       for (int64_t i = 0; i < dv; ++i) q[i] = pz[vocab_[i]];
       kernels::softmax_row(q.data(), dv);  // the target over the draft vocabulary
       kernels::softmax_log_softmax_row(z, dv, p.data(), logp.data());
@@ -461,15 +474,10 @@ Result<DraftTrainSums> DraftHead::forward_pass(const PassRows& pr, int64_t pass,
         l -= static_cast<double>(q[i]) * logp[i];
         if (z[i] > z[best]) best = i;
       }
-      int64_t policy_best = 0;
-      for (int64_t i = 1; i < pv; ++i)
-        if (pz[i] > pz[policy_best]) policy_best = i;
-      double in = 0;
-      for (int64_t i = 0; i < dv; ++i) in += std::exp(pz[vocab_[i]] - full.max - full.log_sum);
       loss[r] = l;
-      agree[r] = vocab_[best] == policy_best ? 1.0 : 0.0;
-      accept[r] = std::exp(pz[vocab_[best]] - full.max - full.log_sum);
-      mass[r] = in;
+      agree[r] = vocab_[best] == t.best ? 1.0 : 0.0;
+      accept[r] = std::exp(pz[vocab_[best]] - t.full.max - t.full.log_sum);
+      mass[r] = t.in_vocab;
       const float gs = static_cast<float>(pr.scale * w_live[r]);
       for (int64_t i = 0; i < dv; ++i) z[i] = gs * (p[i] - q[i]);
     }
