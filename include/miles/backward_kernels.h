@@ -68,8 +68,9 @@ struct PassAttentionSeq {
   float* dqkv =
       nullptr;  // backward (stride ld): every row's d q and its own key's d k, d v, written
   // backward: the earlier passes' d qkv rows (stride ld, same order as `earlier`): the d k, d v of
-  // every earlier key a row saw are added there. Empty: the earlier keys are constants.
-  std::span<float* const> d_earlier;
+  // every earlier key a row saw are added there. Empty: the earlier keys are constants. Given for
+  // every sequence of a call or for none.
+  std::span<float* const> d_earlier = {};
 };
 // Scores are the contract's dot (kernels::detail::dot), the softmax two-pass with exp_f32, out =
 // Σ_j p_j v_j in position order; every row is one work item, so the bits do not depend on threads.

@@ -11,6 +11,7 @@
 #include "kernels/reduce.h"
 #include "kernels/unroll.h"
 #include "miles/backward_kernels.h"
+#include "miles/check.h"
 #include "miles/thread_pool.h"
 
 namespace miles::kernels {
@@ -120,19 +121,19 @@ void each_row(std::span<const PassAttentionSeq> seqs, const Shape& sh, bool by_h
   for (const PassAttentionSeq& s : seqs) keys += s.t * (s.t + 1) / 2;
   const int64_t per_item =
       items.empty() ? 0 : keys * (by_head ? 1 : sh.kv_heads) / static_cast<int64_t>(items.size());
-  parallel_ranges(pool, items.size(), 4 * (per_item + 1) * sh.qd() / sh.kv_heads,
-                  [&](int64_t a, int64_t b) {
-                    RowScratch r;
-                    for (int64_t it = a; it < b; ++it) {
-                      const auto [s, x] = items[it];
-                      const int64_t rows = by_head ? seqs[s].t : x + 1;
-                      for (int64_t i = by_head ? 0 : x; i < rows; ++i) {
-                        visible_rows(seqs[s], i, sh.window, r.rows, r.drows, sh);
-                        for (int64_t g = by_head ? x : 0; g < (by_head ? x + 1 : sh.kv_heads); ++g)
-                          row(seqs[s], i, g, r);
-                      }
-                    }
-                  });
+  const auto item = [&](const PassAttentionSeq& s, int64_t x, RowScratch& r) {
+    const int64_t rows_begin = by_head ? 0 : x, rows_end = by_head ? s.t : x + 1;
+    const int64_t g_begin = by_head ? x : 0, g_end = by_head ? x + 1 : sh.kv_heads;
+    for (int64_t i = rows_begin; i < rows_end; ++i) {
+      visible_rows(s, i, sh.window, r.rows, r.drows, sh);
+      for (int64_t g = g_begin; g < g_end; ++g) row(s, i, g, r);
+    }
+  };
+  const int64_t cost = 4 * (per_item + 1) * sh.qd() / sh.kv_heads;
+  parallel_ranges(pool, items.size(), cost, [&](int64_t a, int64_t b) {
+    RowScratch r;
+    for (int64_t it = a; it < b; ++it) item(seqs[items[it].first], items[it].second, r);
+  });
 }
 
 }  // namespace
@@ -162,6 +163,9 @@ void pass_attention_backward(std::span<const PassAttentionSeq> seqs, int64_t ld,
   const Shape sh{ld, heads, kv_heads, head_dim, window, scale};
   const int64_t group = heads / kv_heads, hd = head_dim;
   const bool send = !seqs.empty() && !seqs[0].d_earlier.empty();
+  for (const PassAttentionSeq& s : seqs)
+    MILES_CHECK(s.d_earlier.empty() != send && (!send || s.d_earlier.size() == s.earlier.size()),
+                "pass attention: d_earlier for every sequence's earlier passes or for none");
   each_row(seqs, sh, send, pool,
            [&](const PassAttentionSeq& s, int64_t i, int64_t g, RowScratch& r) {
              const int64_t n = r.rows.size(), own = n - 1;
