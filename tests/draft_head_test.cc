@@ -13,6 +13,7 @@
 
 #include "miles/thread_pool.h"
 #include "miles/weight_sync/draft_files.h"
+#include "random_vec.h"
 #include "scratch_dir.h"
 #include "test_paths.h"
 
@@ -60,16 +61,6 @@ Result<ForwardOutput> next_pass(const Model& m, std::span<const int32_t> ids,
   o.return_hidden = return_hidden;
   auto kv = m.make_kv_cache();
   return m.forward(ids, seqs, *kv, o, pool);
-}
-
-// n values uniform in [−amp / 2, amp / 2) from an LCG state.
-std::vector<float> uniform(uint32_t& x, int64_t n, float amp) {
-  std::vector<float> r(static_cast<size_t>(n));
-  for (float& f : r) {
-    x = x * 1664525u + 1013904223u;
-    f = amp * (static_cast<float>(x >> 8) / static_cast<float>(1u << 24) - 0.5f);
-  }
-  return r;
 }
 
 std::vector<int32_t> ints(const TensorMap& m, const std::string& n) {
@@ -310,8 +301,7 @@ TEST(DraftHead, TrainingPassesSeeWhatTheEnginesDraftKvHolds) {
     const std::vector<SeqSpan> seqs{{0, 0, lens[0]}, {1, 0, lens[1]}};
     constexpr int kPasses = 3;
     std::vector<std::vector<float>> in;
-    uint32_t x = 7;
-    for (int p = 0; p < kPasses; ++p) in.push_back(uniform(x, t * d, 1.0f));
+    for (int p = 0; p < kPasses; ++p) in.push_back(test::random_vec(t * d, 7 + p));
     std::vector<std::unique_ptr<ForwardTape>> tapes;
     std::vector<std::vector<float>> logits;
     ThreadPool pool(2);
@@ -401,11 +391,10 @@ TEST(DraftHead, EarlierPassesGetTheLaterPassesGradientsInEveryLayer) {
     const int64_t t = 10;
     const std::vector<int32_t> ids(t, 0);
     constexpr int kPasses = 3;
-    uint32_t x = 11;
     std::vector<std::vector<float>> in, proj;
     for (int p = 0; p < kPasses; ++p) {
-      in.push_back(uniform(x, t * d, 2.0f));
-      proj.push_back(uniform(x, t * v, 1.0f));
+      in.push_back(test::random_vec(t * d, 11 + p));
+      proj.push_back(test::random_vec(t * v, 21 + p));
     }
     // Runs the passes from `first`; returns L, keeping the tapes.
     std::vector<std::unique_ptr<ForwardTape>> tapes;
