@@ -118,13 +118,14 @@ void bench_train_gemm_shapes(int threads, double peak_gflops, double min_seconds
       100.0 * step_flops / step_s / 1e9 / peak_gflops, step_flops / 1e9 / peak_gflops);
 }
 
-void bench_decode_gemm_rows(int threads, double min_seconds) {
-  constexpr int kMaxRows = 8;
+void bench_decode_gemm_rows(int threads, double peak_gflops, double min_seconds) {
+  constexpr int kRows[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64};
+  constexpr int kMaxRows = 64;
   ThreadPool pool(threads);
   const kernels::Isa isa = kernels::detect_isa();
   std::vector<kernels::PackedMatrix> mats;
   std::vector<int64_t> n_of, k_of;
-  double bytes = 0;
+  double bytes = 0, flops_per_row = 0;
   for (const Shape& s : kSmolLM2)
     for (int64_t i = 0; i < s.per_step; ++i) {  // each matrix of its own, as the model's layers
       const auto w = random_values(s.n * s.k, 100 + static_cast<uint32_t>(mats.size()));
@@ -132,6 +133,7 @@ void bench_decode_gemm_rows(int threads, double min_seconds) {
       n_of.push_back(s.n);
       k_of.push_back(s.k);
       bytes += 4.0 * s.n * s.k;
+      flops_per_row += 2.0 * s.n * s.k;
     }
   const auto x = random_values(kMaxRows * 1536, 5);
   std::vector<float> y(kMaxRows * 49152);
@@ -140,9 +142,10 @@ void bench_decode_gemm_rows(int threads, double min_seconds) {
       "\nSmolLM2-135M decode GEMMs from memory (30 layers + LM head, %.0f MB), %d threads; a plain "
       "read of the same bytes on the pool: %.2f ms, %.1f GB/s (the limit):\n",
       bytes / 1e6, threads, read_secs * 1e3, bytes / read_secs / 1e9);
-  std::printf("%4s %9s %9s %11s %9s\n", "rows", "ms", "x 1 row", "GB/s read", "x limit");
+  std::printf("%4s %9s %9s %11s %9s %9s\n", "rows", "ms", "x 1 row", "GB/s read", "x limit",
+              "% peak");
   double one = 0;
-  for (int m = 1; m <= kMaxRows; ++m) {
+  for (const int m : kRows) {
     const double secs = time_per_call(
         [&] {
           for (size_t i = 0; i < mats.size(); ++i)
@@ -150,8 +153,9 @@ void bench_decode_gemm_rows(int threads, double min_seconds) {
         },
         min_seconds);
     if (m == 1) one = secs;
-    std::printf("%4d %9.2f %9.2f %11.1f %9.2f\n", m, secs * 1e3, secs / one, bytes / secs / 1e9,
-                secs / read_secs);
+    std::printf("%4d %9.2f %9.2f %11.1f %9.2f %8.1f%%\n", m, secs * 1e3, secs / one,
+                bytes / secs / 1e9, secs / read_secs,
+                100.0 * m * flops_per_row / secs / 1e9 / peak_gflops);
   }
 }
 

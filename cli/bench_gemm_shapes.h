@@ -11,10 +11,11 @@ namespace miles::cli {
 void bench_train_gemm_shapes(int threads, double peak_gflops, double min_seconds);
 
 // A decode step's GEMMs with a few rows: every matrix of SmolLM2-135M (30 layers, the LM head;
-// 538 MB, so each comes from memory as in the engine) at M = 1 .. 8 rows, y = x·Wᵀ. M rows is a
-// decode step of M samples, or one sample's speculative verify of M − 1 drafts: the time against
-// M = 1 is what a verify costs against a plain step; each also against a plain read of the same
-// bytes on the same pool (the memory's limit), measured in the same run.
-void bench_decode_gemm_rows(int threads, double min_seconds);
+// 538 MB, so each comes from memory as in the engine) at M = 1 .. 64 rows, y = x·Wᵀ. M rows is a
+// decode step of M samples, or a verify of M − 1 drafts (or a batch's verify chunks): the time
+// against M = 1 is what it costs against a plain step; each also against a plain read of the same
+// bytes on the same pool (the memory's limit), measured in the same run, and as % of peak_gflops
+// (the FMA peak: where the rows make it compute-bound).
+void bench_decode_gemm_rows(int threads, double peak_gflops, double min_seconds);
 
 }  // namespace miles::cli

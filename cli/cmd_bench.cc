@@ -83,7 +83,7 @@ void bench_gemm(const BenchOptions& o, int all_threads) {
     if (all_threads == 1) break;
   }
   bench_train_gemm_shapes(all_threads, peak_all, o.min_seconds);
-  bench_decode_gemm_rows(all_threads, o.min_seconds);
+  bench_decode_gemm_rows(all_threads, peak_all, o.min_seconds);
 }
 
 std::string default_model() {

@@ -39,6 +39,16 @@ std::vector<Isa> available_isas() {
   return out;
 }
 
+// y = x·Wᵀ for x [m, k] and W [n, k], each element by gemm_reference_dot (the contract).
+std::vector<float> reference_product(const std::vector<float>& x, int64_t m,
+                                     const std::vector<float>& w, int64_t n, int64_t k) {
+  std::vector<float> y(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      y[i * n + j] = gemm_reference_dot(x.data() + i * k, w.data() + j * k, k);
+  return y;
+}
+
 // m = 1 and 2: the AVX2 kernel's full-width tiles (a decode step's GEMV); 13: full tiles and a tail
 // on every ISA.
 TEST(Gemm, MatchesReferenceDotBitwiseOnEveryIsa) {
@@ -70,10 +80,7 @@ TEST(Gemm, LongReductionsInPanelGroupsMatchTheReferenceDotOnEveryIsa) {
   const int64_t k = 5000, m = 101, n = 133;  // 2 row items, 5 panels: groups of 3 and 2
   const auto x = random_vec(m * k, 3), w = random_vec(n * k, 4);
   const PackedMatrix pw = PackedMatrix::pack_f32(w.data(), n, k);
-  std::vector<float> want(m * n);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j)
-      want[i * n + j] = gemm_reference_dot(x.data() + i * k, w.data() + j * k, k);
+  const std::vector<float> want = reference_product(x, m, w, n, k);
   ThreadPool pool2(2), pool3(3);
   for (Isa isa : available_isas())
     for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
@@ -81,6 +88,28 @@ TEST(Gemm, LongReductionsInPanelGroupsMatchTheReferenceDotOnEveryIsa) {
       gemm(x.data(), m, k, pw, y.data(), n, pool, isa);
       EXPECT_TRUE(same_bits(y.data(), want.data(), want.size())) << isa_name(isa);
     }
+}
+
+// A few rows in more than one tile (a batch's decode step, a verify: up to 192 rows) run as items
+// of all the rows × a run of panels, each panel's tiles prefetching the next panel: the contract's
+// bits for every row count around the tile and item edges, a partial last panel, on one thread and
+// on pools whose items split the panels unevenly.
+TEST(Gemm, StreamingRowsInPanelRunsMatchTheReferenceDotOnEveryIsa) {
+  const int64_t k = 300, n = 330;  // 11 panels, the last 10 columns wide
+  const auto w = random_vec(n * k, 21);
+  const PackedMatrix pw = PackedMatrix::pack_f32(w.data(), n, k);
+  ThreadPool pool2(2), pool3(3);
+  for (const int64_t m : {5, 7, 13, 25, 48, 49, 100, 192, 193}) {
+    const auto x = random_vec(m * k, 22 + m);
+    const std::vector<float> want = reference_product(x, m, w, n, k);
+    for (Isa isa : available_isas())
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+        std::vector<float> y(m * n, 7.0f);
+        gemm(x.data(), m, k, pw, y.data(), n, pool, isa);
+        EXPECT_TRUE(same_bits(y.data(), want.data(), want.size()))
+            << isa_name(isa) << " rows " << m << " threads " << (pool ? pool->num_threads() : 1);
+      }
+  }
 }
 
 TEST(Gemm, ChunkRuleGivesEqualChunksWhoseCountSplitsOverTwoFourEight) {

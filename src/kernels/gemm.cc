@@ -20,7 +20,7 @@ namespace miles::kernels {
 namespace detail {
 
 void chunk_tile_scalar(const float* a_tile, int64_t lda, int rows, const float* b, int64_t kc,
-                       const float* left, float* part) {
+                       const float* left, float* part, const NextPanel&) {
   for (int r = 0; r < rows; ++r) {
     float acc[kPanel] = {};
     for (int64_t k = 0; k < kc; ++k) {
@@ -246,6 +246,7 @@ struct ItemPlan {
   int64_t rows;    // rows per item (a multiple of every tile height)
   int64_t panels;  // panels per item
   int64_t leaves;  // chunks per segment
+  bool prefetch_next = false;  // the plain order, the next panel's lines prefetched (NextPanel)
 };
 
 struct ItemScratch {
@@ -254,7 +255,7 @@ struct ItemScratch {
 };
 
 void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& w, int64_t panel0,
-               int64_t panels, int64_t leaves, float* y, int64_t ldy, GemmLefts lefts,
+               int64_t panels, const ItemPlan& plan, float* y, int64_t ldy, GemmLefts lefts,
                TileKernel kern, ItemScratch& scratch) {
   const int64_t k = w.k(), chunk = w.chunk();
   const int64_t chunks = std::max<int64_t>(1, (k + chunk - 1) / chunk);
@@ -269,10 +270,18 @@ void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& 
   int64_t depth = 2;  // the schedule never holds more than ceil(log2(chunks)) + 1 partials
   for (int64_t x = 1; x < chunks; x <<= 1) ++depth;
   const int64_t tiles = (rows + kern.rows - 1) / kern.rows;
-  const int64_t pairs = tiles * panels;
-  if (scratch.stack.size() < static_cast<size_t>(pairs * depth * slot))  // grows only
-    scratch.stack.resize(pairs * depth * slot);
-  scratch.top.assign(pairs, 0);
+  // In the plain order each pair runs its whole schedule before the next starts: one stack serves
+  // them all (a stack per pair would walk megabytes for an LM head's item of many panels).
+  const int64_t leaves = plan.leaves;
+  const bool plain = leaves >= chunks;
+  const int64_t stacks = plain ? 1 : tiles * panels;
+  if (scratch.stack.size() < static_cast<size_t>(stacks * depth * slot))  // grows only
+    scratch.stack.resize(stacks * depth * slot);
+  scratch.top.assign(stacks, 0);
+  // The next panel's lines over the k steps of all the tiles of this one (NextPanel): only in the
+  // plain order, where tile ti's chunks are its k steps ti·K .. ti·K + K − 1 of the panel.
+  const bool prefetch_next = plan.prefetch_next && plain && tiles > 1;
+  constexpr int64_t kLinesPerK = kPanel * static_cast<int64_t>(sizeof(float)) / 64;
   // Rows whose lines prefetch_rows fetches: y's, unless y is one of the lefts (the fold's last).
   const float* const y_fetch =
       std::find(lefts.begin(), lefts.end(), y) == lefts.end() ? y : nullptr;
@@ -287,8 +296,15 @@ void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& 
     const float* b = w.panel(panel);
     const int64_t col0 = panel * kPanel;
     const int64_t cols = std::min(kPanel, w.n() - col0);
-    float* const stack = scratch.stack.data() + (ti * panels + pi) * depth * slot;
-    int64_t& top = scratch.top[ti * panels + pi];
+    const int64_t pair = plain ? 0 : ti * panels + pi;
+    float* const stack = scratch.stack.data() + pair * depth * slot;
+    int64_t& top = scratch.top[pair];
+    if (plain) top = 0;
+    detail::NextPanel np;
+    if (prefetch_next && panel + 1 < w.num_panels()) {
+      np.next = reinterpret_cast<const char*>(w.panel(panel + 1));
+      np.rate = (kLinesPerK << 16) / tiles;
+    }
     // A whole panel with nothing to fold whose tree ends in a merge: that merge writes the output
     // rows. (A last merge inside the kernel writing them measured slower than the copy from the
     // stack, in the weight gradients: there the stack stays.)
@@ -302,8 +318,9 @@ void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& 
                         std::min<int64_t>(tr, (c + 1) * per_chunk), col0, cols);
         const int64_t k0 = c * chunk;
         float* left = steps[s] == kLeafMerge ? stack + (top - 1) * slot : nullptr;
+        np.step0 = ti * k + k0;
         kern.fn(a_tile + k0 * lda, lda, tr, b + k0 * kPanel, std::min(chunk, k - k0), left,
-                left ? left : stack + top * slot);
+                left ? left : stack + top * slot, np);
         if (!left) ++top;
         ++c;
       } else {
@@ -337,6 +354,7 @@ void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& 
 }
 
 constexpr int64_t kLongK = 4096;  // K past which a panel (K × 32 floats) outgrows a Zen 2 L2
+constexpr int64_t kStreamRows = 4 * kRowBlock;  // rows up to which an item takes all of them
 
 // Short K (a panel fits L2): items of kRowBlock rows × one panel in the plain order. Long K (an
 // LM head's d-input reduces over the 49,152-token vocabulary: a 6 MB panel per 32 columns): items
@@ -344,10 +362,18 @@ constexpr int64_t kLongK = 4096;  // K past which a panel (K × 32 floats) outgr
 // L1 and a tile's chunk 3 panels, instead of every tile streaming its panel and every panel the
 // whole packed d logits from memory (Zen 2, 255 rows: 58 → 68 % of the FMA peak on 2 threads,
 // 61 → 71 % on one). Operands packed per item (gemm_xt): a row block × as many panels as leave
-// about four items per thread.
-ItemPlan item_plan(const PackedMatrix& w, int64_t m, int threads, bool pack_per_item) {
+// about four items per thread. A few rows in more than one tile (a decode step of a batch, a
+// verify) against weights that come from memory: the rows × a run of panels, each panel's tiles
+// prefetching the next panel (NextPanel), in about two items per thread (one per thread ran best
+// on an idle VM, but leaves a thread that the machine holds up with no one to take its share).
+ItemPlan item_plan(const PackedMatrix& w, int64_t m, int tile_rows, int threads,
+                   bool pack_per_item) {
   const int64_t chunks = std::max<int64_t>(1, (w.k() + w.chunk() - 1) / w.chunk());
   if (w.k() > kLongK) return {2 * kRowBlock, 3, 4};
+  if (!pack_per_item && m > tile_rows && m <= kStreamRows) {
+    const int64_t run = std::max<int64_t>(1, w.num_panels() / (2 * threads));
+    return {(m + kRowBlock - 1) / kRowBlock * kRowBlock, run, chunks, /*prefetch_next=*/true};
+  }
   if (!pack_per_item) return {kRowBlock, 1, chunks};
   const int64_t panels = w.num_panels(), row_items = (m + kRowBlock - 1) / kRowBlock;
   const int64_t groups = std::clamp<int64_t>((4 * threads + row_items - 1) / row_items, 1, panels);
@@ -402,7 +428,7 @@ void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, GemmLe
   // operand is cheaper: panel-major when x has fewer rows than W (a training micro-batch against
   // the LM head: 256 rows against 49152). Items are independent, so the order never changes bits.
   const bool panel_major = m < w.n() && !per_item;
-  const ItemPlan plan = item_plan(w, m, threads, per_item);
+  const ItemPlan plan = item_plan(w, m, kern.rows, threads, per_item);
   const int64_t row_items = (m + plan.rows - 1) / plan.rows;
   const int64_t panel_items = (panels + plan.panels - 1) / plan.panels;
   parallel_for(use, row_items * panel_items, [&](int64_t item) {
@@ -420,8 +446,8 @@ void gemm_driver(int64_t m, const PackedMatrix& w, float* y, int64_t ldy, GemmLe
       pack(kern.rows, t0, t1, own.data());
       a = {own.data(), t0, kern.rows};
     }
-    gemm_item(a, row0, rows, w, panel0, std::min(plan.panels, panels - panel0), plan.leaves, y, ldy,
-              lefts, kern, scratch);
+    gemm_item(a, row0, rows, w, panel0, std::min(plan.panels, panels - panel0), plan, y, ldy, lefts,
+              kern, scratch);
   });
 }
 

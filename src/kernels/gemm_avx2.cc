@@ -15,13 +15,14 @@ namespace {
 // order.
 template <int R>
 void full_tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
-               float* part) {
+               float* part, const NextPanel& np) {
   __m256 acc[R][4];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
   for (int64_t k = 0; k < kc; ++k) {
     prefetch_panel_row(b + (k + kPrefetchAhead) * 32);
+    prefetch_next_panel(np, k);
     __m256 bv[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) bv[j] = _mm256_loadu_ps(b + k * 32 + 8 * j);
@@ -49,30 +50,23 @@ void full_tile(const float* a, int64_t lda, const float* b, int64_t kc, const fl
 // the groups 1.1-1.4x; from cache (training, prefill) the two are at par. Each element's chain is
 // the same.
 template <int R>
-void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
-          float* part) {
+void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left, float* part,
+          const NextPanel& np) {
   if constexpr (R <= 3) {
-    full_tile<R>(a, lda, b, kc, left, part);
+    full_tile<R>(a, lda, b, kc, left, part, np);
   } else {
     static_assert(R <= 6);
-    full_tile<3>(a, lda, b, kc, left, part);
-    full_tile<R - 3>(a + 3, lda, b, kc, left ? left + 3 * 32 : nullptr, part + 3 * 32);
+    full_tile<3>(a, lda, b, kc, left, part, np);  // the tile's k steps prefetch in its first group
+    full_tile<R - 3>(a + 3, lda, b, kc, left ? left + 3 * 32 : nullptr, part + 3 * 32, {});
   }
 }
 
 }  // namespace
 
 void chunk_tile_avx2(const float* a, int64_t lda, int rows, const float* b, int64_t kc,
-                     const float* left, float* part) {
-  switch (rows) {
-    case 6: return tile<6>(a, lda, b, kc, left, part);
-    case 5: return tile<5>(a, lda, b, kc, left, part);
-    case 4: return tile<4>(a, lda, b, kc, left, part);
-    case 3: return tile<3>(a, lda, b, kc, left, part);
-    case 2: return tile<2>(a, lda, b, kc, left, part);
-    case 1: return tile<1>(a, lda, b, kc, left, part);
-    default: break;
-  }
+                     const float* left, float* part, const NextPanel& np) {
+  with_tile_rows<kTileRowsAvx2>(rows,
+                                [&](auto r) { tile<r.value>(a, lda, b, kc, left, part, np); });
 }
 
 }  // namespace miles::kernels::detail

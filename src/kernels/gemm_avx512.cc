@@ -9,8 +9,8 @@ namespace miles::kernels::detail {
 namespace {
 
 template <int R>
-void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
-          float* part) {
+void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left, float* part,
+          const NextPanel& np) {
   static_assert(kPanel == 32);
   __m512 acc0[R], acc1[R];
   #pragma GCC unroll 16
@@ -20,6 +20,7 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
   }
   for (int64_t k = 0; k < kc; ++k) {
     prefetch_panel_row(b + (k + kPrefetchAhead) * 32);
+    prefetch_next_panel(np, k);
     const __m512 b0 = _mm512_loadu_ps(b + k * 32);
     const __m512 b1 = _mm512_loadu_ps(b + k * 32 + 16);
     #pragma GCC unroll 16
@@ -46,22 +47,9 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
 }  // namespace
 
 void chunk_tile_avx512(const float* a, int64_t lda, int rows, const float* b, int64_t kc,
-                       const float* left, float* part) {
-  switch (rows) {
-    case 12: return tile<12>(a, lda, b, kc, left, part);
-    case 11: return tile<11>(a, lda, b, kc, left, part);
-    case 10: return tile<10>(a, lda, b, kc, left, part);
-    case 9: return tile<9>(a, lda, b, kc, left, part);
-    case 8: return tile<8>(a, lda, b, kc, left, part);
-    case 7: return tile<7>(a, lda, b, kc, left, part);
-    case 6: return tile<6>(a, lda, b, kc, left, part);
-    case 5: return tile<5>(a, lda, b, kc, left, part);
-    case 4: return tile<4>(a, lda, b, kc, left, part);
-    case 3: return tile<3>(a, lda, b, kc, left, part);
-    case 2: return tile<2>(a, lda, b, kc, left, part);
-    case 1: return tile<1>(a, lda, b, kc, left, part);
-    default: break;
-  }
+                       const float* left, float* part, const NextPanel& np) {
+  with_tile_rows<kTileRowsAvx512>(rows,
+                                  [&](auto r) { tile<r.value>(a, lda, b, kc, left, part, np); });
 }
 
 }  // namespace miles::kernels::detail
