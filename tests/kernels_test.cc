@@ -90,16 +90,16 @@ TEST(Gemm, LongReductionsInPanelGroupsMatchTheReferenceDotOnEveryIsa) {
     }
 }
 
-// A few rows in more than one tile (a batch's decode step, a verify: up to 192 rows) run as items
-// of all the rows × a run of panels, each panel's tiles prefetching the next panel: the contract's
-// bits for every row count around the tile and item edges, a partial last panel, on one thread and
-// on pools whose items split the panels unevenly.
+// Rows in more than one tile, packed up front (a batch's decode step, a verify, a prefill) run as
+// items of up to 192 rows × a run of panels, each panel's tiles prefetching the next panel: the
+// contract's bits for every row count around the tile and item edges, several row items, a
+// partial last panel, on one thread and on pools whose items split the panels unevenly.
 TEST(Gemm, StreamingRowsInPanelRunsMatchTheReferenceDotOnEveryIsa) {
   const int64_t k = 300, n = 330;  // 11 panels, the last 10 columns wide
   const auto w = random_vec(n * k, 21);
   const PackedMatrix pw = PackedMatrix::pack_f32(w.data(), n, k);
   ThreadPool pool2(2), pool3(3);
-  for (const int64_t m : {5, 7, 13, 25, 48, 49, 100, 192, 193}) {
+  for (const int64_t m : {5, 7, 13, 25, 48, 49, 100, 192, 193, 500}) {
     const auto x = random_vec(m * k, 22 + m);
     const std::vector<float> want = reference_product(x, m, w, n, k);
     for (Isa isa : available_isas())

@@ -3,6 +3,8 @@
 // Work items are (block of rows) × (panel of kPanel columns); each item computes its outputs
 // completely (all K chunks, then the tree), so neither the thread count nor M changes any output's
 // bits.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -354,7 +356,23 @@ void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& 
 }
 
 constexpr int64_t kLongK = 4096;  // K past which a panel (K × 32 floats) outgrows a Zen 2 L2
-constexpr int64_t kStreamRows = 4 * kRowBlock;  // rows up to which an item takes all of them
+constexpr int64_t kStreamRows = 4 * kRowBlock;  // the most rows an item streaming panels takes
+
+// This core's L2 in bytes (512 KB, a Zen 2's, where the system does not say).
+int64_t l2_bytes() {
+  static const int64_t bytes = [] {
+    const long b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return b > 0 ? static_cast<int64_t>(b) : int64_t{512} << 10;
+  }();
+  return bytes;
+}
+
+// Rows per item when the items stream panels: as many as keep the item's packed rows (rows × K
+// floats) within half of L2, beside the panel they read, in whole row blocks, at most kStreamRows.
+int64_t stream_rows(int64_t k) {
+  const int64_t fit = l2_bytes() / 2 / (k * static_cast<int64_t>(sizeof(float)));
+  return std::clamp<int64_t>(fit / kRowBlock * kRowBlock, kRowBlock, kStreamRows);
+}
 
 // Short K (a panel fits L2): items of kRowBlock rows × one panel in the plain order. Long K (an
 // LM head's d-input reduces over the 49,152-token vocabulary: a 6 MB panel per 32 columns): items
@@ -362,17 +380,22 @@ constexpr int64_t kStreamRows = 4 * kRowBlock;  // rows up to which an item take
 // L1 and a tile's chunk 3 panels, instead of every tile streaming its panel and every panel the
 // whole packed d logits from memory (Zen 2, 255 rows: 58 → 68 % of the FMA peak on 2 threads,
 // 61 → 71 % on one). Operands packed per item (gemm_xt): a row block × as many panels as leave
-// about four items per thread. A few rows in more than one tile (a decode step of a batch, a
-// verify) against weights that come from memory: the rows × a run of panels, each panel's tiles
-// prefetching the next panel (NextPanel), in about two items per thread (one per thread ran best
-// on an idle VM, but leaves a thread that the machine holds up with no one to take its share).
+// about four items per thread.
+// Packed up front, more rows than one tile (a decode step of a batch, a verify, a prefill, a
+// training forward): the panels stream from memory, and each panel's tiles prefetch the next one
+// (NextPanel). Items of up to stream_rows(K) rows × a run of panels, about two items per thread
+// and row block (one per thread ran best on an idle VM, but leaves a thread that the machine holds
+// up with no one to take its share). Against items of 48 rows × one panel (AVX-512, 2 threads):
+// 32 rows × 576 × 576 124 → 107 µs, 255 rows 728 → 639 µs, the LM head's 255 rows 60 → 51 ms.
 ItemPlan item_plan(const PackedMatrix& w, int64_t m, int tile_rows, int threads,
                    bool pack_per_item) {
   const int64_t chunks = std::max<int64_t>(1, (w.k() + w.chunk() - 1) / w.chunk());
   if (w.k() > kLongK) return {2 * kRowBlock, 3, 4};
-  if (!pack_per_item && m > tile_rows && m <= kStreamRows) {
-    const int64_t run = std::max<int64_t>(1, w.num_panels() / (2 * threads));
-    return {(m + kRowBlock - 1) / kRowBlock * kRowBlock, run, chunks, /*prefetch_next=*/true};
+  if (!pack_per_item && m > tile_rows) {
+    const int64_t rows = std::min(stream_rows(w.k()), (m + kRowBlock - 1) / kRowBlock * kRowBlock);
+    const int64_t row_items = (m + rows - 1) / rows;
+    const int64_t run = std::max<int64_t>(1, w.num_panels() / (2 * threads * row_items));
+    return {rows, run, chunks, /*prefetch_next=*/true};
   }
   if (!pack_per_item) return {kRowBlock, 1, chunks};
   const int64_t panels = w.num_panels(), row_items = (m + kRowBlock - 1) / kRowBlock;
