@@ -374,19 +374,19 @@ int64_t stream_rows(int64_t k) {
   return std::clamp<int64_t>(fit / kRowBlock * kRowBlock, kRowBlock, kStreamRows);
 }
 
-// Short K (a panel fits L2): items of kRowBlock rows × one panel in the plain order. Long K (an
-// LM head's d-input reduces over the 49,152-token vocabulary: a 6 MB panel per 32 columns): items
-// of 96 rows × 3 panels in segments of 4 chunks, so that a panel's chunk serves 16 AVX2 tiles from
-// L1 and a tile's chunk 3 panels, instead of every tile streaming its panel and every panel the
-// whole packed d logits from memory (Zen 2, 255 rows: 58 → 68 % of the FMA peak on 2 threads,
-// 61 → 71 % on one). Operands packed per item (gemm_xt): a row block × as many panels as leave
-// about four items per thread.
-// Packed up front, more rows than one tile (a decode step of a batch, a verify, a prefill, a
+// Short K (a panel fits L2), packed up front, one tile of rows: items of one panel in the plain
+// order. Packed up front, more rows than one tile (a decode step of a batch, a verify, a prefill, a
 // training forward): the panels stream from memory, and each panel's tiles prefetch the next one
 // (NextPanel). Items of up to stream_rows(K) rows × a run of panels, about two items per thread
 // and row block (one per thread ran best on an idle VM, but leaves a thread that the machine holds
 // up with no one to take its share). Against items of 48 rows × one panel (AVX-512, 2 threads):
 // 32 rows × 576 × 576 124 → 107 µs, 255 rows 728 → 639 µs, the LM head's 255 rows 60 → 51 ms.
+// Long K (an LM head's d-input reduces over the 49,152-token vocabulary: a 6 MB panel per 32
+// columns): items of 96 rows × 3 panels in segments of 4 chunks, so that a panel's chunk serves 16
+// AVX2 tiles from L1 and a tile's chunk 3 panels, instead of every tile streaming its panel and
+// every panel the whole packed d logits from memory (Zen 2, 255 rows: 58 → 68 % of the FMA peak on
+// 2 threads, 61 → 71 % on one). Operands packed per item (gemm_xt): a row block × as many panels
+// as leave about four items per thread.
 ItemPlan item_plan(const PackedMatrix& w, int64_t m, int tile_rows, int threads,
                    bool pack_per_item) {
   const int64_t chunks = std::max<int64_t>(1, (w.k() + w.chunk() - 1) / w.chunk());
