@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -120,7 +121,7 @@ void bench_train_gemm_shapes(int threads, double peak_gflops, double min_seconds
 
 void bench_decode_gemm_rows(int threads, double peak_gflops, double min_seconds) {
   constexpr int kRows[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64};
-  constexpr int kMaxRows = 64;
+  constexpr int kMaxRows = kRows[std::size(kRows) - 1];
   ThreadPool pool(threads);
   const kernels::Isa isa = kernels::detect_isa();
   std::vector<kernels::PackedMatrix> mats;
