@@ -12,23 +12,18 @@
 #include <random>
 #include <vector>
 
-#include "miles/backward_kernels.h"
 #include "kernels/exp.h"
 #include "kernels/reduce.h"
+#include "miles/backward_kernels.h"
 #include "miles/comm.h"
 #include "miles/logprob.h"
 #include "miles/thread_pool.h"
+#include "random_vec.h"
 
 namespace miles::kernels {
 namespace {
 
-std::vector<float> random_vec(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using test::normal_vec;
 
 bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * 4) == 0; }
 
@@ -55,8 +50,8 @@ TEST(Gemm, MatchesReferenceDotBitwiseOnEveryIsa) {
   for (int64_t k : {1, 7, 64, 128, 129, 300, 1024}) {
     for (int64_t n : {1, 31, 32, 33, 100})
       for (const int64_t m : {1, 2, 13}) {
-        auto x = random_vec(m * k, 1 + k);
-        auto w = random_vec(n * k, 2 + n);
+        auto x = normal_vec(m * k, 1 + k);
+        auto w = normal_vec(n * k, 2 + n);
         PackedMatrix pw = PackedMatrix::pack_f32(w.data(), n, k);
         for (Isa isa : available_isas()) {
           std::vector<float> y(m * n);
@@ -78,7 +73,7 @@ TEST(Gemm, MatchesReferenceDotBitwiseOnEveryIsa) {
 // bits, with partial tiles, panel groups and row items, on one thread and on pools.
 TEST(Gemm, LongReductionsInPanelGroupsMatchTheReferenceDotOnEveryIsa) {
   const int64_t k = 5000, m = 101, n = 133;  // 2 row items, 5 panels: groups of 3 and 2
-  const auto x = random_vec(m * k, 3), w = random_vec(n * k, 4);
+  const auto x = normal_vec(m * k, 3), w = normal_vec(n * k, 4);
   const PackedMatrix pw = PackedMatrix::pack_f32(w.data(), n, k);
   const std::vector<float> want = reference_product(x, m, w, n, k);
   ThreadPool pool2(2), pool3(3);
@@ -96,11 +91,11 @@ TEST(Gemm, LongReductionsInPanelGroupsMatchTheReferenceDotOnEveryIsa) {
 // partial last panel, on one thread and on pools whose items split the panels unevenly.
 TEST(Gemm, StreamingRowsInPanelRunsMatchTheReferenceDotOnEveryIsa) {
   const int64_t k = 300, n = 330;  // 11 panels, the last 10 columns wide
-  const auto w = random_vec(n * k, 21);
+  const auto w = normal_vec(n * k, 21);
   const PackedMatrix pw = PackedMatrix::pack_f32(w.data(), n, k);
   ThreadPool pool2(2), pool3(3);
   for (const int64_t m : {5, 7, 13, 25, 48, 49, 100, 192, 193, 500}) {
-    const auto x = random_vec(m * k, 22 + m);
+    const auto x = normal_vec(m * k, 22 + m);
     const std::vector<float> want = reference_product(x, m, w, n, k);
     for (Isa isa : available_isas())
       for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
@@ -139,7 +134,7 @@ TEST(Gemm, RowParallelShardsWithTheFullChunkSumToTheSingleProcessBits) {
   const int64_t m = 5, n = 40;
   for (const Case& c : cases) {
     const int64_t k = c.k;
-    auto x = random_vec(m * k, 21 + k), w = random_vec(n * k, 22 + k);
+    auto x = normal_vec(m * k, 21 + k), w = normal_vec(n * k, 22 + k);
     std::vector<float> full(m * n);
     gemm(x.data(), m, k, PackedMatrix::pack_f32(w.data(), n, k), full.data(), n, nullptr);
     for (int tp : c.tps) {
@@ -162,7 +157,7 @@ TEST(Gemm, RowParallelShardsWithTheFullChunkSumToTheSingleProcessBits) {
 
 TEST(Gemm, ReferenceIsCloseToDoubleDot) {
   const int64_t k = 4096;
-  auto x = random_vec(k, 5), w = random_vec(k, 6);
+  auto x = normal_vec(k, 5), w = normal_vec(k, 6);
   double exact = 0;
   for (int64_t i = 0; i < k; ++i) exact += static_cast<double>(x[i]) * w[i];
   EXPECT_NEAR(gemm_reference_dot(x.data(), w.data(), k), exact, 1e-3);
@@ -170,8 +165,8 @@ TEST(Gemm, ReferenceIsCloseToDoubleDot) {
 
 TEST(Gemm, RowAloneEqualsRowInBatchOf64AnyThreadCount) {
   const int64_t k = 576, n = 200, m = 64;
-  auto x = random_vec(m * k, 11);
-  auto w = random_vec(n * k, 12);
+  auto x = normal_vec(m * k, 11);
+  auto w = normal_vec(n * k, 12);
   PackedMatrix pw = PackedMatrix::pack_f32(w.data(), n, k);
   ThreadPool pool2(2), pool3(3);
   for (Isa isa : available_isas()) {
@@ -192,7 +187,7 @@ TEST(Gemm, RowAloneEqualsRowInBatchOf64AnyThreadCount) {
 // first, as any M is: the same bits either way.
 TEST(Gemm, LoneRowInPlaceGivesTheSameBits) {
   const int64_t k = 576;
-  const auto x = random_vec(k, 31), w = random_vec(k * k, 32);
+  const auto x = normal_vec(k, 31), w = normal_vec(k * k, 32);
   const PackedMatrix pw = PackedMatrix::pack_f32(w.data(), k, k);
   ThreadPool pool(2);
   for (Isa isa : available_isas()) {
@@ -207,7 +202,7 @@ TEST(Gemm, LoneRowInPlaceGivesTheSameBits) {
 
 TEST(Gemm, Bf16WeightsWidenExactly) {
   const int64_t n = 40, k = 70;
-  auto w = random_vec(n * k, 3);
+  auto w = normal_vec(n * k, 3);
   Tensor wb = Tensor::zeros(DType::kBF16, {n, k});
   std::vector<float> widened(n * k);
   for (int64_t i = 0; i < n * k; ++i) {
@@ -220,7 +215,7 @@ TEST(Gemm, Bf16WeightsWidenExactly) {
 
 TEST(Gemm, FusedRowsEqualSeparateMatrices) {
   const int64_t k = 96;
-  auto wa = random_vec(40 * k, 21), wb = random_vec(24 * k, 22), x = random_vec(5 * k, 23);
+  auto wa = normal_vec(40 * k, 21), wb = normal_vec(24 * k, 22), x = normal_vec(5 * k, 23);
   Tensor ta = Tensor::from_f32({40, k}, wa), tb = Tensor::from_f32({24, k}, wb);
   PackedMatrix fused = PackedMatrix::pack_rows({&ta, &tb});
   PackedMatrix pa = PackedMatrix::pack(ta), pb = PackedMatrix::pack(tb);
@@ -239,7 +234,7 @@ TEST(Gemm, FusedRowsEqualSeparateMatrices) {
 // element where unpack_row says; the transposed pack is the pack of the explicit transpose.
 TEST(PackedMatrix, PacksAndTransposesExactly) {
   for (const int64_t k : {64, 70, 5}) {
-    auto wa = random_vec(40 * k, 51), wb = random_vec(27 * k, 52), wc = random_vec(9 * k, 53);
+    auto wa = normal_vec(40 * k, 51), wb = normal_vec(27 * k, 52), wc = normal_vec(9 * k, 53);
     Tensor ta = Tensor::from_f32({40, k}, wa), tb = Tensor::from_f32({27, k}, wb),
            tc = Tensor::from_f32({9, k}, wc);
     PackedMatrix m = PackedMatrix::pack_rows({&tb, &ta});  // a bigger matrix first: reuse below
@@ -279,7 +274,7 @@ TEST(PackedMatrix, FusedTransposedPackIsTheTwoPasses) {
   };
   for (const int64_t k : {64, 96, 70, 5}) {
     for (const bool with_bf16 : {false, true}) {
-      auto wa = random_vec(40 * k, 61), wb = random_vec(27 * k, 62), wc = random_vec(9 * k, 63);
+      auto wa = normal_vec(40 * k, 61), wb = normal_vec(27 * k, 62), wc = normal_vec(9 * k, 63);
       Tensor ta = Tensor::from_f32({40, k}, wa), tb = Tensor::from_f32({27, k}, wb),
              tc = Tensor::from_f32({9, k}, wc);
       if (with_bf16) {
@@ -303,7 +298,7 @@ TEST(PackedMatrix, FusedTransposedPackIsTheTwoPasses) {
 TEST(Reduce, DotRowsIsDotPerRow) {
   for (const int64_t n : {0, 1, 127, 128, 300, 576, 64 * 128 + 5}) {
     const int64_t rows = 19, lda = n + 3, ldb = n + 7;
-    const auto a = random_vec(rows * lda + 1, 41 + n), b = random_vec(rows * ldb + 1, 42 + n);
+    const auto a = normal_vec(rows * lda + 1, 41 + n), b = normal_vec(rows * ldb + 1, 42 + n);
     std::vector<float> got(rows);
     detail::dot_rows(a.data(), lda, b.data(), ldb, rows, n, got.data());
     for (int64_t r = 0; r < rows; ++r) {
@@ -332,7 +327,7 @@ TEST(Reduce, MaxOfIsTheAscendingScan) {
 
 TEST(RmsNorm, MatchesDoubleAndIsRowInvariant) {
   const int64_t d = 300, m = 64;
-  auto x = random_vec(m * d, 31), w = random_vec(d, 32);
+  auto x = normal_vec(m * d, 31), w = normal_vec(d, 32);
   std::vector<float> y(m * d);
   rmsnorm(x.data(), m, d, w.data(), 1e-6f, y.data());
   for (int64_t r : {0, 9, 63}) {
@@ -347,7 +342,7 @@ TEST(RmsNorm, MatchesDoubleAndIsRowInvariant) {
 }
 
 TEST(Softmax, LogSoftmaxMatchesDoubleAndSumsToOne) {
-  auto x = random_vec(1000, 41, 3.0f);
+  auto x = normal_vec(1000, 41, 3.0f);
   std::vector<float> ls(1000), p = x;
   log_softmax_row(x.data(), 1000, ls.data());
   softmax_row(p.data(), 1000);
@@ -375,7 +370,7 @@ int64_t ulps(float a, float b) {
 TEST(Exp, WithinTwoUlpAndTheVectorFormHasTheScalarBits) {
   std::vector<float> xs;
   for (float x = -110.0f; x < 95.0f; x += 0.000731f) xs.push_back(x);
-  auto r = random_vec(100000, 77, 3.0f);
+  auto r = normal_vec(100000, 77, 3.0f);
   xs.insert(xs.end(), r.begin(), r.end());
   for (float x : {0.0f, -0.0f, 1e-30f, -1e-30f, 88.72f, 88.73f, 89.0f, -87.33f, -103.97f, -104.0f,
                   INFINITY, -INFINITY, std::nanf("")})
@@ -436,7 +431,7 @@ float contract_exp_sum(const float* x, int64_t n, float m) {
 // maximum a signed zero (-0 first, +0 later).
 TEST(Softmax, FastRowPathsEqualTheContractBitForBit) {
   for (int64_t n : {7, 64, 1000, 1024, 2100, 9000, 49152, 151936, 300000}) {
-    auto x = random_vec(n, 43 + n, 4.0f);
+    auto x = normal_vec(n, 43 + n, 4.0f);
     const float m = contract_max(x.data(), n);
     const float log_s = std::log(contract_exp_sum(x.data(), n, m));
     std::vector<float> ls(n), probs(n), logp(n), sm = x;
@@ -455,7 +450,7 @@ TEST(Softmax, FastRowPathsEqualTheContractBitForBit) {
     }
   }
   // A maximum of ±0: -0 comes first, so the contract's max is -0 (the vector lanes cannot tell).
-  std::vector<float> z = random_vec(300, 44, 1.0f);
+  std::vector<float> z = normal_vec(300, 44, 1.0f);
   for (float& v : z) v = -std::fabs(v) - 1.0f;
   z[10] = -0.0f;
   z[200] = 0.0f;
@@ -477,7 +472,7 @@ TEST(Softmax, FastRowPathsEqualTheContractBitForBit) {
 // ±inf, NaN, beyond the clamps, subnormal results).
 TEST(ExpRows, EveryLaneWidthGivesTheScalarFormulasBits) {
   auto args = [](int64_t n, uint64_t seed) {
-    std::vector<float> v = random_vec(n, seed, 6.0f);
+    std::vector<float> v = normal_vec(n, seed, 6.0f);
     const float edges[] = {0.0f,   -0.0f,  INFINITY, -INFINITY, std::nanf(""),
                            88.9f,  -88.9f, 104.5f,   -104.5f,   87.5f,
                            -87.5f, 1e-30f, -1e-30f,  30.0f,     -30.0f};
@@ -485,7 +480,7 @@ TEST(ExpRows, EveryLaneWidthGivesTheScalarFormulasBits) {
     return v;
   };
   for (int64_t n : {1, 7, 8, 15, 16, 17, 31, 33, 100, 1541}) {
-    const auto g = args(n, 61 + n), u = random_vec(n, 62 + n, 2.0f), a = random_vec(n, 63 + n);
+    const auto g = args(n, 61 + n), u = normal_vec(n, 62 + n, 2.0f), a = normal_vec(n, 63 + n);
     std::vector<float> o(n), dg(n), du(n);
     swiglu(g.data(), u.data(), 1, n, n, o.data());
     swiglu_backward(g.data(), u.data(), a.data(), 1, n, n, dg.data(), du.data(), n);
@@ -501,7 +496,7 @@ TEST(ExpRows, EveryLaneWidthGivesTheScalarFormulasBits) {
     }
     // The gradient of a row's log-probability (and of its entropy) as token_logprobs_backward
     // writes it, against the scalar formula with the same statistics.
-    const auto x = random_vec(n, 64 + n, 8.0f);
+    const auto x = normal_vec(n, 64 + n, 8.0f);
     const int32_t target = static_cast<int32_t>(n / 2);
     const float dlogp = 0.75f, dent = -0.3f;
     LogSoftmaxStats st{};
@@ -525,7 +520,7 @@ TEST(ExpRows, EveryLaneWidthGivesTheScalarFormulasBits) {
 }
 
 TEST(Swiglu, MatchesDefinition) {
-  auto g = random_vec(64, 51, 3.0f), u = random_vec(64, 52);
+  auto g = normal_vec(64, 51, 3.0f), u = normal_vec(64, 52);
   std::vector<float> o(64);
   swiglu(g.data(), u.data(), 1, 64, 64, o.data());
   for (int i = 0; i < 64; ++i) EXPECT_NEAR(o[i], g[i] / (1 + std::exp(-double(g[i]))) * u[i], 1e-6);
@@ -538,7 +533,7 @@ TEST(Rope, DefaultRotatesHalfSplitPairsAndLeavesPartialTail) {
   auto table = make_rope_table(cfg, 16);
   ASSERT_TRUE(table.ok());
   ASSERT_EQ(table->rotary_dim, 8);
-  auto x = random_vec(2 * 16, 61);
+  auto x = normal_vec(2 * 16, 61);
   auto y = x;
   int32_t pos[2] = {0, 5};
   rope_apply(y.data(), 1, 2, 16, pos + 1, *table);
@@ -577,7 +572,7 @@ TEST(Rope, CachedPositionsRotateAsComputedOnes) {
     uncached.cached_positions = 0;
     const std::vector<int32_t> pos = {0, 1, 7, 255, 1000, 4095, 4096, 9000, 123456};
     const int64_t t = static_cast<int64_t>(pos.size()), heads = 3;
-    const auto x = random_vec(t * heads * 64, 91, 2.0f);
+    const auto x = normal_vec(t * heads * 64, 91, 2.0f);
     for (const bool backward : {false, true}) {
       auto a = x, b = x;
       if (backward) {
@@ -625,8 +620,8 @@ struct CacheBlocks {
 // many queries and keys are around it.
 TEST(Attention, MatchesDirectSoftmaxAndIsInvariant) {
   const int64_t hd = 16, heads = 4, kvh = 2, len = 77, bt = 16;
-  auto q = random_vec(len * heads * hd, 71), k = random_vec(len * kvh * hd, 72),
-       v = random_vec(len * kvh * hd, 73);
+  auto q = normal_vec(len * heads * hd, 71), k = normal_vec(len * kvh * hd, 72),
+       v = normal_vec(len * kvh * hd, 73);
   CacheBlocks cache(k, v, len, kvh, hd, bt);
   KvSpan span{cache.kp, cache.vp, bt};
   std::vector<int32_t> pos(len);
@@ -665,8 +660,8 @@ TEST(AttentionBackward, MatchesTheDoublePrecisionGradient) {
   for (int64_t hd : {16, 64, 160}) {
     const int64_t t = 150, heads = 6, kvh = 2, group = heads / kvh;
     const int64_t ldq = heads * hd, ldkv = kvh * hd;
-    auto q = random_vec(t * ldq, 301 + hd), k = random_vec(t * ldkv, 302 + hd),
-         v = random_vec(t * ldkv, 303 + hd), d_out = random_vec(t * ldq, 304 + hd);
+    auto q = normal_vec(t * ldq, 301 + hd), k = normal_vec(t * ldkv, 302 + hd),
+         v = normal_vec(t * ldkv, 303 + hd), d_out = normal_vec(t * ldq, 304 + hd);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     std::vector<float> dq(t * ldq), dk(t * ldkv), dv(t * ldkv);
     attention_backward(q.data(), k.data(), v.data(), ldq, ldkv, d_out.data(), t, heads, kvh, hd,
@@ -714,7 +709,7 @@ TEST(AttentionBackward, MatchesTheDoublePrecisionGradient) {
 // The row-wise kernels on a batch of 64 rows against each row alone.
 TEST(RowKernels, RowAloneEqualsRowInBatchOf64) {
   const int64_t m = 64, d = 200, heads = 4, hd = 50;
-  auto x = random_vec(m * d, 91, 2.0f), u = random_vec(m * d, 92);
+  auto x = normal_vec(m * d, 91, 2.0f), u = normal_vec(m * d, 92);
   RopeConfig cfg;
   auto table = make_rope_table(cfg, hd);
   ASSERT_TRUE(table.ok());
@@ -753,7 +748,7 @@ TEST(TopK, DescendingWithLowerIndexOnTies) {
 }
 
 TEST(Embedding, CopiesRows) {
-  auto table = random_vec(10 * 8, 81);
+  auto table = normal_vec(10 * 8, 81);
   int32_t ids[3] = {9, 0, 9};
   std::vector<float> out(24);
   embedding(table.data(), 8, ids, 3, out.data());

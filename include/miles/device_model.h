@@ -9,8 +9,8 @@
 //   cuda      CUDA kernels on the first visible GPU (a build with MILES_HAVE_CUDA)
 //   emulated  the very device kernels run as host loops: how the CPU-only test suite checks the
 //             device path (indexing, KV paging, every kernel's bits) without a GPU
-// Llama, Qwen3 and Qwen3-MoE: inference (with the routed experts for R3) and training passes (with
-// routing replay).
+// Every family the CPU model runs (the MoE ones with their routed experts for R3): inference and
+// training passes (with routing replay).
 #pragma once
 
 #include <cstdint>
