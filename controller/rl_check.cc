@@ -78,24 +78,12 @@ double expert_agreement(const std::vector<int32_t>& a, const std::vector<int32_t
   return static_cast<double>(same);
 }
 
-}  // namespace
-
-Result<json> RlJob::check() {
-  const CheckSection& q = cfg_.check;
-  Gates gates;
-  json report;
-
-  // 1. One batch at version 0.
-  auto batch = launch_batch();
-  MILES_ASSIGN_OR_RETURN(BatchOutcome out, batch->wait());
-  batch.reset();
-  MILES_ASSIGN_OR_RETURN(TrainBatch b, make_train_batch(out.groups, cfg_.algorithm));
-
-  // 2. TITO: the trainer's input is the engine's prompt and output ids, token for token.
+// 2. TITO: the trainer's input is the engine's prompt and output ids, token for token (and, with
+// MoE, one routed-expert record per (token, MoE layer) of every scored position).
+void tito_gates(const std::vector<RolloutGroup>& groups, const TrainBatch& b, int64_t per_token,
+                Gates& gates) {
   int64_t tito = 0, prompt_mismatch = 0, expert_shape = 0, i = 0;
-  const ModelConfig& mc = group_->trainer().model_config();
-  const int64_t per_token = mc.num_moe_layers() * mc.moe.top_k;
-  for (const RolloutGroup& g : out.groups)
+  for (const RolloutGroup& g : groups)
     for (const RolloutSample& s : g.samples) {
       std::vector<int32_t> expect = g.prompt->ids;
       for (const TokenOutput& t : s.tokens) expect.push_back(t.id);
@@ -109,44 +97,38 @@ Result<json> RlJob::check() {
   gates.add("tito_token_mismatches", static_cast<double>(tito), "==", 0);
   gates.add("tito_prompt_length_mismatches", static_cast<double>(prompt_mismatch), "==", 0);
   if (per_token > 0) gates.add("routed_experts_shape_mismatches", expert_shape, "==", 0);
+}
 
-  // 2b. Speculative decoding: the batch again in this process, plain and verifying drafts.
-  if (cfg_.rollout.environment == Environment::kNone && cfg_.rollout.function.empty()) {
-    auto sc = check_speculative(cfg_, out.groups, res_.tokenizer);
-    if (!sc.ok()) {
-      gates.fail("spec_on_vs_off_mismatched_samples", sc.message());
-    } else {
-      report["speculative"] = {{"samples", sc->samples},
-                               {"tokens", sc->tokens},
-                               {"verifies", sc->verifies},
-                               {"draft_tokens", sc->draft_tokens},
-                               {"accepted_tokens", sc->accepted_tokens},
-                               {"emitted_tokens", sc->emitted_tokens},
-                               {"plain_iterations", sc->plain_iterations},
-                               {"spec_iterations", sc->spec_iterations}};
-      gates.add("spec_on_vs_off_mismatched_samples", static_cast<double>(sc->mismatched_samples),
-                "==", 0,
-                "the batch with drafts verified vs without: tokens, logprobs, versions, experts; " +
-                    std::to_string(sc->accepted_tokens) + " of " +
-                    std::to_string(sc->draft_tokens) + " draft tokens accepted");
-      gates.add("spec_verify_steps", static_cast<double>(sc->verifies), ">=", 1,
-                "sample-steps that verified drafts (the comparison above is not vacuous)");
-      gates.add("engine_vs_in_process_mismatched_samples",
-                static_cast<double>(sc->samples - sc->same_as_job), "==", 0,
-                "the job's engines' samples vs the same requests on a plain engine in this "
-                "process: tokens and logprobs");
-    }
+// 2b. Speculative decoding: the batch again in this process, plain and verifying drafts.
+void speculative_gates(const Result<SpecCheck>& sc, Gates& gates, json& report) {
+  if (!sc.ok()) {
+    gates.fail("spec_on_vs_off_mismatched_samples", sc.message());
+    return;
   }
+  report["speculative"] = {{"samples", sc->samples},
+                           {"tokens", sc->tokens},
+                           {"verifies", sc->verifies},
+                           {"draft_tokens", sc->draft_tokens},
+                           {"accepted_tokens", sc->accepted_tokens},
+                           {"emitted_tokens", sc->emitted_tokens},
+                           {"plain_iterations", sc->plain_iterations},
+                           {"spec_iterations", sc->spec_iterations}};
+  gates.add("spec_on_vs_off_mismatched_samples", static_cast<double>(sc->mismatched_samples),
+            "==", 0,
+            "the batch with drafts verified vs without: tokens, logprobs, versions, experts; " +
+                std::to_string(sc->accepted_tokens) + " of " + std::to_string(sc->draft_tokens) +
+                " draft tokens accepted");
+  gates.add("spec_verify_steps", static_cast<double>(sc->verifies), ">=", 1,
+            "sample-steps that verified drafts (the comparison above is not vacuous)");
+  gates.add("engine_vs_in_process_mismatched_samples",
+            static_cast<double>(sc->samples - sc->same_as_job), "==", 0,
+            "the job's engines' samples vs the same requests on a plain engine in this "
+            "process: tokens and logprobs");
+}
 
-  // 3. The trainer's logprobs of the same samples at the same version.
-  std::unique_ptr<Trainer> scorer;
-  Trainer* t = &group_->trainer();
-  if (!group_->whole()) {
-    MILES_ASSIGN_OR_RETURN(ModelFiles f, load_model_files(cfg_.model.path));
-    MILES_ASSIGN_OR_RETURN(scorer, Trainer::create(f.config, f.weights, t->config(), nullptr));
-    t = scorer.get();
-  }
-  MILES_ASSIGN_OR_RETURN(auto on, t->score(b.samples, /*replay=*/true));
+// 3. The trainer's logprobs of the samples (`on`) against the engine's at the same version.
+void logp_gates(const TrainBatch& b, const std::vector<ScoredSample>& on, const CheckSection& q,
+                Gates& gates, json& report) {
   std::vector<double> diffs;
   double kl = 0, w1 = 0, w2 = 0;
   for (size_t s = 0; s < b.samples.size(); ++s)
@@ -171,21 +153,113 @@ Result<json> RlJob::check() {
   gates.add("logp_abs_diff_max", dmax, "<=", q.max_logp_abs_diff);
   gates.add("rollout_kl", n > 0 ? kl / n : 0.0, "<=", q.max_rollout_kl, "KL(rollout || train), k3");
   gates.add("ess", w2 > 0 ? w1 * w1 / (n * w2) : 1.0, ">=", q.min_ess);
+}
 
-  // 4. R3: replay on must use the rollout's experts; replay off reports how often routing flips.
+// 4. R3: scored with replay on (`on`), the trainer must use the rollout's experts; with replay off
+// (`off`) the report says how often routing flips.
+void r3_gates(const TrainBatch& b, const std::vector<ScoredSample>& on,
+              const std::vector<ScoredSample>& off, int64_t top_k, const CheckSection& q,
+              Gates& gates, json& report) {
+  double same_on = 0, same_off = 0;
+  int64_t pairs_on = 0, pairs_off = 0;
+  for (size_t s = 0; s < b.samples.size(); ++s) {
+    same_on += expert_agreement(on[s].experts, b.samples[s].routed_experts, top_k, &pairs_on);
+    same_off += expert_agreement(off[s].experts, b.samples[s].routed_experts, top_k, &pairs_off);
+  }
+  report["r3_agreement_replay_off"] = pairs_off ? same_off / pairs_off : 1.0;
+  gates.add("r3_agreement_replay_on", pairs_on ? same_on / pairs_on : 1.0,
+            ">=", q.min_r3_agreement);
+}
+
+// 7. The same step on layout k of check.layouts (its config written to the run dir for its
+// workers), with every rank's logprobs against the engine's (the limit of gate 3) and the
+// gradient norm against the job's own step (`trained`).
+void layout_gates(const RunConfig& cfg, size_t k, const TrainBatch& b, const TrainOutcome& trained,
+                  Gates& gates) {
+  const CheckSection& q = cfg.check;
+  auto layout = ParallelLayout::parse(q.layouts[k]);
+  RunConfig c2 = cfg;
+  c2.parallel.dp = layout->dp();
+  c2.parallel.pp = layout->pp();
+  c2.parallel.tp = layout->tp();
+  c2.parallel.remote_ranks = 0;  // the check's layouts run on this host
+  // A device trainer runs data parallelism only: model-parallel layouts run on the CPU, which
+  // then also checks the device trainer against the CPU's (the same bits are expected).
+  const bool on_cpu = c2.trainer.device != Device::kCpu && (layout->pp() > 1 || layout->tp() > 1);
+  if (on_cpu) c2.trainer.device = Device::kCpu;
+  const std::string path = cfg.logging.run_dir + "/check_layout_" + std::to_string(k) + ".yaml";
+  std::ofstream(path) << run_config_to_yaml(c2);
+  Result<TrainOutcome> g = [&]() -> Result<TrainOutcome> {
+    MILES_RETURN_IF_ERROR(validate_run_config(c2));
+    std::unique_ptr<TrainerWorkers> workers;
+    const int world = static_cast<int>(c2.parallel.dp * c2.parallel.pp * c2.parallel.tp);
+    if (world > 1) {
+      MILES_ASSIGN_OR_RETURN(workers, TrainerWorkers::start(c2, path));
+    }
+    TrainState st;
+    MILES_ASSIGN_OR_RETURN(
+        auto rank, TrainerRank::create(c2, workers ? workers->leader_place() : RankPlace{}, &st));
+    MILES_ASSIGN_OR_RETURN(TrainOutcome o, rank->train(b.samples, b.data));
+    MILES_RETURN_IF_ERROR(rank->stop());
+    return o;
+  }();
+  const std::string name = "grad_norm_" + q.layouts[k];
+  if (!g.ok()) {
+    gates.fail(name, g.message());
+    return;
+  }
+  const auto sum = [&](const char* key) {
+    auto it = g->sums.find(key);
+    return it == g->sums.end() ? 0.0 : it->second;
+  };
+  const double tokens = sum("mismatch_tokens");
+  gates.add("logp_over_limit_" + q.layouts[k], sum("mismatch_over_limit"), "==", 0,
+            "tokens (over all ranks) with |trainer logp − engine logp| > " +
+                std::to_string(q.max_logp_abs_diff) + "; mean |Δ| " +
+                std::to_string(tokens > 0 ? sum("mismatch_abs_sum") / tokens : 0.0) + ", nonzero " +
+                std::to_string(static_cast<int64_t>(sum("mismatch_nonzero"))) + " of " +
+                std::to_string(static_cast<int64_t>(tokens)));
+  const double rel =
+      std::fabs(g->grad_norm - trained.grad_norm) / std::max(trained.grad_norm, 1e-30);
+  gates.add(name + "_rel_diff", rel,
+            "<=", layout->tp() > 1 ? q.grad_norm_rel_tol_tp : q.grad_norm_rel_tol,
+            "grad norm " + std::to_string(g->grad_norm) + " vs " +
+                std::to_string(trained.grad_norm) +
+                (on_cpu ? " (this layout's trainer on the CPU)" : ""));
+}
+
+}  // namespace
+
+Result<json> RlJob::check() {
+  const CheckSection& q = cfg_.check;
+  Gates gates;
+  json report;
+
+  // 1. One batch at version 0.
+  auto batch = launch_batch();
+  MILES_ASSIGN_OR_RETURN(BatchOutcome out, batch->wait());
+  batch.reset();
+  MILES_ASSIGN_OR_RETURN(TrainBatch b, make_train_batch(out.groups, cfg_.algorithm));
+
+  const ModelConfig& mc = group_->trainer().model_config();
+  const int64_t per_token = mc.num_moe_layers() * mc.moe.top_k;
+  tito_gates(out.groups, b, per_token, gates);
+  if (cfg_.rollout.environment == Environment::kNone && cfg_.rollout.function.empty())
+    speculative_gates(check_speculative(cfg_, out.groups, res_.tokenizer), gates, report);
+
+  // 3 and 4 score on the whole model: the job's trainer, or one made here when its model is split.
+  std::unique_ptr<Trainer> scorer;
+  Trainer* t = &group_->trainer();
+  if (!group_->whole()) {
+    MILES_ASSIGN_OR_RETURN(ModelFiles f, load_model_files(cfg_.model.path));
+    MILES_ASSIGN_OR_RETURN(scorer, Trainer::create(f.config, f.weights, t->config(), nullptr));
+    t = scorer.get();
+  }
+  MILES_ASSIGN_OR_RETURN(auto on, t->score(b.samples, /*replay=*/true));
+  logp_gates(b, on, q, gates, report);
   if (per_token > 0) {
     MILES_ASSIGN_OR_RETURN(auto off, t->score(b.samples, /*replay=*/false));
-    double same_on = 0, same_off = 0;
-    int64_t pairs_on = 0, pairs_off = 0;
-    for (size_t s = 0; s < b.samples.size(); ++s) {
-      same_on +=
-          expert_agreement(on[s].experts, b.samples[s].routed_experts, mc.moe.top_k, &pairs_on);
-      same_off +=
-          expert_agreement(off[s].experts, b.samples[s].routed_experts, mc.moe.top_k, &pairs_off);
-    }
-    report["r3_agreement_replay_off"] = pairs_off ? same_off / pairs_off : 1.0;
-    gates.add("r3_agreement_replay_on", pairs_on ? same_on / pairs_on : 1.0,
-              ">=", q.min_r3_agreement);
+    r3_gates(b, on, off, mc.moe.top_k, q, gates, report);
   }
   scorer.reset();
 
@@ -212,59 +286,8 @@ Result<json> RlJob::check() {
     }
   }
 
-  // 7. The same step on other trainer layouts: every rank's logprobs against the engine's (the
-  //    same limit as above) and the gradient norm.
-  for (size_t k = 0; k < q.layouts.size(); ++k) {
-    auto layout = ParallelLayout::parse(q.layouts[k]);
-    RunConfig c2 = cfg_;
-    c2.parallel.dp = layout->dp();
-    c2.parallel.pp = layout->pp();
-    c2.parallel.tp = layout->tp();
-    c2.parallel.remote_ranks = 0;  // the check's layouts run on this host
-    // A device trainer runs data parallelism only: model-parallel layouts run on the CPU, which
-    // then also checks the device trainer against the CPU's (the same bits are expected).
-    const bool on_cpu = c2.trainer.device != Device::kCpu && (layout->pp() > 1 || layout->tp() > 1);
-    if (on_cpu) c2.trainer.device = Device::kCpu;
-    const std::string path = cfg_.logging.run_dir + "/check_layout_" + std::to_string(k) + ".yaml";
-    std::ofstream(path) << run_config_to_yaml(c2);
-    Result<TrainOutcome> g = [&]() -> Result<TrainOutcome> {
-      MILES_RETURN_IF_ERROR(validate_run_config(c2));
-      std::unique_ptr<TrainerWorkers> workers;
-      const int world = static_cast<int>(c2.parallel.dp * c2.parallel.pp * c2.parallel.tp);
-      if (world > 1) {
-        MILES_ASSIGN_OR_RETURN(workers, TrainerWorkers::start(c2, path));
-      }
-      TrainState st;
-      MILES_ASSIGN_OR_RETURN(
-          auto rank, TrainerRank::create(c2, workers ? workers->leader_place() : RankPlace{}, &st));
-      MILES_ASSIGN_OR_RETURN(TrainOutcome o, rank->train(b.samples, b.data));
-      MILES_RETURN_IF_ERROR(rank->stop());
-      return o;
-    }();
-    const std::string name = "grad_norm_" + q.layouts[k];
-    if (!g.ok()) {
-      gates.fail(name, g.message());
-      continue;
-    }
-    const auto sum = [&](const char* key) {
-      auto it = g->sums.find(key);
-      return it == g->sums.end() ? 0.0 : it->second;
-    };
-    const double tokens = sum("mismatch_tokens");
-    gates.add("logp_over_limit_" + q.layouts[k], sum("mismatch_over_limit"), "==", 0,
-              "tokens (over all ranks) with |trainer logp − engine logp| > " +
-                  std::to_string(q.max_logp_abs_diff) + "; mean |Δ| " +
-                  std::to_string(tokens > 0 ? sum("mismatch_abs_sum") / tokens : 0.0) +
-                  ", nonzero " + std::to_string(static_cast<int64_t>(sum("mismatch_nonzero"))) +
-                  " of " + std::to_string(static_cast<int64_t>(tokens)));
-    const double rel =
-        std::fabs(g->grad_norm - trained.grad_norm) / std::max(trained.grad_norm, 1e-30);
-    gates.add(name + "_rel_diff", rel,
-              "<=", layout->tp() > 1 ? q.grad_norm_rel_tol_tp : q.grad_norm_rel_tol,
-              "grad norm " + std::to_string(g->grad_norm) + " vs " +
-                  std::to_string(trained.grad_norm) +
-                  (on_cpu ? " (this layout's trainer on the CPU)" : ""));
-  }
+  // 7. The same step on the other trainer layouts.
+  for (size_t k = 0; k < q.layouts.size(); ++k) layout_gates(cfg_, k, b, trained, gates);
 
   report["gates"] = gates.list;
   report["passed"] = gates.passed;
