@@ -253,6 +253,143 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// What the timed steps measured, and the figures derived from them.
+struct TrainBenchRun {
+  std::string name;  // the model directory's name
+  int threads = 0;
+  kernels::Isa isa = kernels::Isa::kScalar;
+  int64_t tokens_per_step = 0;
+  FlopModel fm;
+  double peak = 0;  // GFLOP/s, measured now (0 on the scalar path)
+  double initial_loss = 0;
+  std::vector<double> times, cores;  // per timed step: seconds, CPU s / wall s
+  bool breakdown = false;            // b was measured
+  Breakdown b;
+  double t_med() const { return median(times); }
+  double t_best() const { return *std::min_element(times.begin(), times.end()); }
+  double tokens_per_s() const { return tokens_per_step / t_med(); }
+  double gflops() const { return fm.per_token() * tokens_per_s() / 1e9; }
+  double mfu() const { return peak > 0 ? gflops() / peak : 0.0; }
+};
+
+void print_header(const TrainBenchOptions& o, const TrainBenchRun& run, Device device) {
+  std::printf(
+      "miles bench train: %s, %d threads (%s), batch %lld x seq-len %lld = %lld trained tokens per "
+      "step, micro-batch %lld, SFT token-mean NLL, AdamW (lr %g, betas 0.9/0.95, wd 0, clip 1.0)\n",
+      run.name.c_str(), run.threads, kernels::isa_name(run.isa), static_cast<long long>(o.batch),
+      static_cast<long long>(o.seq_len), static_cast<long long>(run.tokens_per_step),
+      static_cast<long long>(o.micro_batch_size), o.lr);
+  std::printf("FMA peak measured now on %d threads: %.1f GFLOP/s\n", run.threads, run.peak);
+  if (device != Device::kCpu)
+    std::printf(
+        "forward and backward on %s (the loss head and AdamW on the host): MFU below is "
+        "against the CPU's peak, for scale only; no piece-by-piece breakdown\n",
+        o.device.c_str());
+  std::printf("%5s %10s %10s %12s %6s\n", "step", "time s", "tokens/s", "loss", "cores");
+}
+
+// The warm-up and timed steps, a line each (and a `paced:` line under --paced); the timed ones'
+// seconds and cores into `run`. False once a paced driver closed stdin.
+Result<bool> time_steps(const TrainBenchOptions& o, Trainer& tr,
+                        const std::vector<TrainSample>& batch, const TokenObjective& objective,
+                        TrainBenchRun& run) {
+  for (int64_t k = 0; k < o.warmup + o.steps; ++k) {
+    if (!wait_for_driver(o.paced)) return false;
+    const double c0 = process_cpu_seconds();
+    const auto t0 = Clock::now();
+    MILES_ASSIGN_OR_RETURN(const auto r, tr.step(batch, objective));
+    const double secs = seconds_since(t0), cpu = process_cpu_seconds() - c0;
+    if (k == 0) run.initial_loss = r.loss;
+    const bool warm = k < o.warmup;
+    std::printf("%5s %10.3f %10.1f %12.6f %6.2f\n",
+                warm ? "warm" : std::to_string(k - o.warmup + 1).c_str(), secs,
+                run.tokens_per_step / secs, r.loss, cpu / secs);
+    if (o.paced)
+      std::printf("paced: step %lld %.6f %.6f %.4f\n",
+                  static_cast<long long>(warm ? 0 : k - o.warmup + 1), secs, r.loss, cpu / secs);
+    std::fflush(stdout);
+    if (!warm) {
+      run.times.push_back(secs);
+      run.cores.push_back(cpu / secs);
+    }
+  }
+  return true;
+}
+
+void print_summary(const TrainBenchOptions& o, const TrainBenchRun& run) {
+  const FlopModel& fm = run.fm;
+  std::printf("\n| %-40s | %s |\n|---|---|\n", "miles bench train", run.name.c_str());
+  std::printf("| %-40s | %.1f (best step %.1f) |\n", "tokens/s (median step)", run.tokens_per_s(),
+              run.tokens_per_step / run.t_best());
+  std::printf("| %-40s | %.4f s (best %.4f s, %lld steps) |\n", "step time (median)", run.t_med(),
+              run.t_best(), static_cast<long long>(o.steps));
+  std::printf("| %-40s | %lld total, %lld in GEMMs |\n", "parameters",
+              static_cast<long long>(fm.params_total), static_cast<long long>(fm.params_matmul));
+  std::printf("| %-40s | %.4g = 6 x %lld + %.4g attention |\n", "model FLOPs / token",
+              fm.per_token(), static_cast<long long>(fm.params_matmul), fm.attention_per_token);
+  std::printf("| %-40s | %.2f |\n", "achieved GFLOP/s", run.gflops());
+  std::printf("| %-40s | %.1f %% of %.1f GFLOP/s |\n", "MFU (vs FMA peak measured now)",
+              100.0 * run.mfu(), run.peak);
+  std::printf("| %-40s | %.2f |\n", "cores (CPU s / wall s, median)", median(run.cores));
+  std::printf("| %-40s | %.6f |\n", "initial loss", run.initial_loss);
+  std::printf(
+      "FLOPs/token = 6 x GEMM parameters (q,k,v,o, MLP, LM head once; embedding lookup and norms "
+      "excluded) + 12 x layers x q_dim x (seq_len) / 2 (causal attention QK^T and PV, forward + "
+      "backward)\n");
+}
+
+void print_breakdown(const Breakdown& b) {
+  const double tot = b.total();
+  std::printf("\nbreakdown of one more step, timed piece by piece (%.3f s in all):\n", tot);
+  auto row = [&](const char* what, double s) {
+    std::printf("  %-58s %8.4f s %5.1f %%\n", what, s, 100.0 * s / tot);
+  };
+  row("forward (with tape, all-position logits)", b.forward);
+  row("loss head (logprobs, objective, their backward)", b.loss_head);
+  row("backward (Model::backward, the micro-batch sum folded in)", b.backward);
+  row("clip + AdamW", b.optimizer);
+  row("model rebuild (Trainer::reload_model: both weight packs)", b.rebuild);
+}
+
+// --json: the run's settings, every timed step, the derived figures and the batch's token ids.
+Status write_json(const TrainBenchOptions& o, const TrainBenchRun& run,
+                  const std::vector<TrainSample>& batch) {
+  nlohmann::ordered_json j;
+  j["model"] = o.model;
+  j["threads"] = run.threads;
+  j["isa"] = kernels::isa_name(run.isa);
+  j["batch"] = o.batch;
+  j["seq_len"] = o.seq_len;
+  j["micro_batch_size"] = o.micro_batch_size;
+  j["seed"] = o.seed;
+  j["tokens_per_step"] = run.tokens_per_step;
+  j["step_times_s"] = run.times;
+  j["cores"] = run.cores;
+  j["tokens_per_s"] = run.tokens_per_s();
+  j["tokens_per_s_best"] = run.tokens_per_step / run.t_best();
+  j["flops_per_token"] = run.fm.per_token();
+  j["params_total"] = run.fm.params_total;
+  j["params_matmul"] = run.fm.params_matmul;
+  j["gflops"] = run.gflops();
+  j["peak_gflops"] = run.peak;
+  j["mfu"] = run.mfu();
+  j["initial_loss"] = run.initial_loss;
+  j["device"] = o.device;
+  if (run.breakdown)
+    j["breakdown_s"] = {{"forward", run.b.forward},
+                        {"loss_head", run.b.loss_head},
+                        {"backward", run.b.backward},
+                        {"optimizer", run.b.optimizer},
+                        {"rebuild", run.b.rebuild}};
+  std::vector<std::vector<int32_t>> ids;
+  for (const TrainSample& s : batch) ids.push_back(s.tokens);
+  j["tokens"] = ids;
+  std::ofstream f(o.json);
+  f << j.dump() << "\n";
+  if (!f) return Status::Error("--json: cannot write " + o.json);
+  return Status::Ok();
+}
+
 int run_bench_train(const TrainBenchOptions& o) {
   auto files = load_model_files(o.model);
   if (!files.ok()) return fail("bench train", files.message());
@@ -264,11 +401,12 @@ int run_bench_train(const TrainBenchOptions& o) {
   const ModelConfig& config = files->config;
   if (Status s = validate(o, config); !s.ok()) return fail("bench train", s.message());
   const std::vector<TrainSample> batch = make_batch(o, config);
-  const int64_t tokens_per_step = o.batch * (o.seq_len - 1);
-
+  TrainBenchRun run;
+  run.name = std::filesystem::path(o.model).filename().string();
+  run.tokens_per_step = o.batch * (o.seq_len - 1);
   ThreadPool pool(o.threads);
-  const int threads = pool.num_threads();
-  const kernels::Isa isa = kernels::detect_isa();
+  run.threads = pool.num_threads();
+  run.isa = kernels::detect_isa();
 
   TrainerConfig tc;
   tc.lr.lr = o.lr;
@@ -279,128 +417,28 @@ int run_bench_train(const TrainBenchOptions& o) {
   auto trainer = Trainer::create(config, files->weights, tc, &pool);
   if (!trainer.ok()) return fail("bench train", trainer.message());
   Trainer& tr = **trainer;
-  const FlopModel fm = flop_model(config, tr.params(), o.seq_len);
-  const TokenObjective objective = sft_objective(batch, static_cast<double>(tokens_per_step));
+  run.fm = flop_model(config, tr.params(), o.seq_len);
+  const TokenObjective objective = sft_objective(batch, static_cast<double>(run.tokens_per_step));
   const auto driver_gone = [] { return fail("bench train", "--paced: stdin closed"); };
   if (!wait_for_driver(o.paced)) return driver_gone();
-  const double peak =
-      isa == kernels::Isa::kScalar ? 0.0 : fma_peak_gflops(isa, threads, o.peak_seconds);
-
-  const std::string name = std::filesystem::path(o.model).filename().string();
-  std::printf(
-      "miles bench train: %s, %d threads (%s), batch %lld x seq-len %lld = %lld trained tokens per "
-      "step, micro-batch %lld, SFT token-mean NLL, AdamW (lr %g, betas 0.9/0.95, wd 0, clip 1.0)\n",
-      name.c_str(), threads, kernels::isa_name(isa), static_cast<long long>(o.batch),
-      static_cast<long long>(o.seq_len), static_cast<long long>(tokens_per_step),
-      static_cast<long long>(o.micro_batch_size), o.lr);
-  std::printf("FMA peak measured now on %d threads: %.1f GFLOP/s\n", threads, peak);
-  if (tc.device != Device::kCpu)
-    std::printf(
-        "forward and backward on %s (the loss head and AdamW on the host): MFU below is "
-        "against the CPU's peak, for scale only; no piece-by-piece breakdown\n",
-        o.device.c_str());
-  std::printf("%5s %10s %10s %12s %6s\n", "step", "time s", "tokens/s", "loss", "cores");
-
-  double initial_loss = 0;
-  std::vector<double> times, cores;
-  for (int64_t k = 0; k < o.warmup + o.steps; ++k) {
-    if (!wait_for_driver(o.paced)) return driver_gone();
-    const double c0 = process_cpu_seconds();
-    const auto t0 = Clock::now();
-    auto r = tr.step(batch, objective);
-    const double secs = seconds_since(t0), cpu = process_cpu_seconds() - c0;
-    if (!r.ok()) return fail("bench train", r.message());
-    if (k == 0) initial_loss = r->loss;
-    const bool warm = k < o.warmup;
-    std::printf("%5s %10.3f %10.1f %12.6f %6.2f\n",
-                warm ? "warm" : std::to_string(k - o.warmup + 1).c_str(), secs,
-                tokens_per_step / secs, r->loss, cpu / secs);
-    if (o.paced)
-      std::printf("paced: step %lld %.6f %.6f %.4f\n",
-                  static_cast<long long>(warm ? 0 : k - o.warmup + 1), secs, r->loss, cpu / secs);
-    std::fflush(stdout);
-    if (!warm) {
-      times.push_back(secs);
-      cores.push_back(cpu / secs);
-    }
-  }
-  const double t_med = median(times), t_best = *std::min_element(times.begin(), times.end());
-  const double tps = tokens_per_step / t_med;
-  const double gflops = fm.per_token() * tps / 1e9;
-  const double mfu = peak > 0 ? gflops / peak : 0.0;
-
-  std::printf("\n| %-40s | %s |\n|---|---|\n", "miles bench train", name.c_str());
-  std::printf("| %-40s | %.1f (best step %.1f) |\n", "tokens/s (median step)", tps,
-              tokens_per_step / t_best);
-  std::printf("| %-40s | %.4f s (best %.4f s, %lld steps) |\n", "step time (median)", t_med, t_best,
-              static_cast<long long>(o.steps));
-  std::printf("| %-40s | %lld total, %lld in GEMMs |\n", "parameters",
-              static_cast<long long>(fm.params_total), static_cast<long long>(fm.params_matmul));
-  std::printf("| %-40s | %.4g = 6 x %lld + %.4g attention |\n", "model FLOPs / token",
-              fm.per_token(), static_cast<long long>(fm.params_matmul), fm.attention_per_token);
-  std::printf("| %-40s | %.2f |\n", "achieved GFLOP/s", gflops);
-  std::printf("| %-40s | %.1f %% of %.1f GFLOP/s |\n", "MFU (vs FMA peak measured now)",
-              100.0 * mfu, peak);
-  std::printf("| %-40s | %.2f |\n", "cores (CPU s / wall s, median)", median(cores));
-  std::printf("| %-40s | %.6f |\n", "initial loss", initial_loss);
-  std::printf(
-      "FLOPs/token = 6 x GEMM parameters (q,k,v,o, MLP, LM head once; embedding lookup and norms "
-      "excluded) + 12 x layers x q_dim x (seq_len) / 2 (causal attention QK^T and PV, forward + "
-      "backward)\n");
-
-  Breakdown b;
+  run.peak = run.isa == kernels::Isa::kScalar
+                 ? 0.0
+                 : fma_peak_gflops(run.isa, run.threads, o.peak_seconds);
+  print_header(o, run, tc.device);
+  auto stepped = time_steps(o, tr, batch, objective, run);
+  if (!stepped.ok()) return fail("bench train", stepped.message());
+  if (!*stepped) return driver_gone();
+  print_summary(o, run);
   if (!o.no_breakdown && tc.device == Device::kCpu) {
     if (!wait_for_driver(o.paced)) return driver_gone();
-    auto r = measure_breakdown(tr, batch, o.micro_batch_size, o.lr, &pool);
-    if (!r.ok()) return fail("bench train", r.message());
-    b = *r;
-    const double tot = b.total();
-    std::printf("\nbreakdown of one more step, timed piece by piece (%.3f s in all):\n", tot);
-    auto row = [&](const char* what, double s) {
-      std::printf("  %-58s %8.4f s %5.1f %%\n", what, s, 100.0 * s / tot);
-    };
-    row("forward (with tape, all-position logits)", b.forward);
-    row("loss head (logprobs, objective, their backward)", b.loss_head);
-    row("backward (Model::backward, the micro-batch sum folded in)", b.backward);
-    row("clip + AdamW", b.optimizer);
-    row("model rebuild (Trainer::reload_model: both weight packs)", b.rebuild);
+    auto b = measure_breakdown(tr, batch, o.micro_batch_size, o.lr, &pool);
+    if (!b.ok()) return fail("bench train", b.message());
+    run.breakdown = true;
+    run.b = *b;
+    print_breakdown(run.b);
   }
-
-  if (!o.json.empty()) {
-    nlohmann::ordered_json j;
-    j["model"] = o.model;
-    j["threads"] = threads;
-    j["isa"] = kernels::isa_name(isa);
-    j["batch"] = o.batch;
-    j["seq_len"] = o.seq_len;
-    j["micro_batch_size"] = o.micro_batch_size;
-    j["seed"] = o.seed;
-    j["tokens_per_step"] = tokens_per_step;
-    j["step_times_s"] = times;
-    j["cores"] = cores;
-    j["tokens_per_s"] = tps;
-    j["tokens_per_s_best"] = tokens_per_step / t_best;
-    j["flops_per_token"] = fm.per_token();
-    j["params_total"] = fm.params_total;
-    j["params_matmul"] = fm.params_matmul;
-    j["gflops"] = gflops;
-    j["peak_gflops"] = peak;
-    j["mfu"] = mfu;
-    j["initial_loss"] = initial_loss;
-    j["device"] = o.device;
-    if (!o.no_breakdown && tc.device == Device::kCpu)
-      j["breakdown_s"] = {{"forward", b.forward},
-                          {"loss_head", b.loss_head},
-                          {"backward", b.backward},
-                          {"optimizer", b.optimizer},
-                          {"rebuild", b.rebuild}};
-    std::vector<std::vector<int32_t>> ids;
-    for (const TrainSample& s : batch) ids.push_back(s.tokens);
-    j["tokens"] = ids;
-    std::ofstream f(o.json);
-    f << j.dump() << "\n";
-    if (!f) return fail("bench train", "--json: cannot write " + o.json);
-  }
+  if (!o.json.empty())
+    if (Status s = write_json(o, run, batch); !s.ok()) return fail("bench train", s.message());
   return 0;
 }
 

@@ -126,89 +126,84 @@ void raise_open_file_limit(int max_connections) {
         static_cast<uint64_t>(lim.rlim_cur));
 }
 
-int run_serve(ServeOptions o) {
-  // Block the stop signals before any thread starts, so that only sigwait below sees them.
+// SIGINT and SIGTERM blocked before any thread starts, so that only the sigwait (or sigtimedwait)
+// of run_serve sees them.
+sigset_t block_stop_signals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  raise_open_file_limit(o.server.connections.max_connections);
+  return stop_signals;
+}
 
-  // Threads per process: a tensor-parallel engine shares the cores among its ranks.
-  if (o.threads == 0 && o.tp.tp > 1)
-    o.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / o.tp.tp);
-  o.tp.threads = o.threads;
-  ThreadPool pool(o.threads);
-  std::unique_ptr<ModelRunner> runner;
+// The forwards the engine runs: on a device, over tensor-parallel followers, or on this CPU.
+struct ServedModel {
   ServeTpGroup tp_group;  // followers of a tensor-parallel engine (killed with this process)
   std::shared_ptr<rollout::TpShardIntake> tp_intake;  // their direct p2p weight intake
-  auto device = parse_device(o.device);
-  if (!device.ok()) return fail("serve", device.message());
-  if (*device != Device::kCpu && o.tp.tp > 1)
-    return fail("serve", "--device " + o.device +
-                             " with --tp > 1: tensor-parallel engines run "
-                             "on the CPU only for now");
-  if (*device != Device::kCpu) {
-    auto files = load_model_files(o.model);
-    if (!files.ok()) return fail("serve", files.message());
-    auto r = make_device_model_runner(*device, files->config, files->weights, o.engine, &pool);
-    if (!r.ok()) return fail("serve", r.message());
-    runner = std::move(r).value();
+  std::unique_ptr<ModelRunner> runner;
+};
+
+Result<ServedModel> load_served_model(const ServeOptions& o, ThreadPool& pool) {
+  ServedModel m;
+  MILES_ASSIGN_OR_RETURN(const Device device, parse_device(o.device));
+  if (device != Device::kCpu && o.tp.tp > 1)
+    return Status::Error("--device " + o.device +
+                         " with --tp > 1: tensor-parallel engines run on the CPU only for now");
+  if (device != Device::kCpu) {
+    MILES_ASSIGN_OR_RETURN(auto files, load_model_files(o.model));
+    MILES_ASSIGN_OR_RETURN(
+        m.runner, make_device_model_runner(device, files.config, files.weights, o.engine, &pool));
     spdlog::info("miles serve: forwards on {}, KV cache in device memory", o.device);
   } else if (o.tp.tp > 1) {
-    auto g = start_serve_tp(o.model, o.tp, o.engine, &pool);
-    if (!g.ok()) return fail("serve", g.message());
-    tp_group = std::move(g).value();
-    runner = std::move(tp_group.runner);
-    auto intake = rollout::TpShardIntake::of(*runner);
-    if (!intake.ok()) return fail("serve", intake.message());
-    tp_intake = std::move(intake).value();
+    MILES_ASSIGN_OR_RETURN(m.tp_group, start_serve_tp(o.model, o.tp, o.engine, &pool));
+    m.runner = std::move(m.tp_group.runner);
+    MILES_ASSIGN_OR_RETURN(m.tp_intake, rollout::TpShardIntake::of(*m.runner));
   } else {
-    auto model = Model::load(o.model);
-    if (!model.ok()) return fail("serve", model.message());
-    runner = make_model_runner(std::shared_ptr<const Model>(std::move(model).value()), &pool);
+    MILES_ASSIGN_OR_RETURN(auto model, Model::load(o.model));
+    m.runner = make_model_runner(std::shared_ptr<const Model>(std::move(model)), &pool);
   }
-  const ModelConfig config = runner->config();
+  return m;
+}
+
+// The tokenizer and chat template: --tokenizer / --chat-template must load; the model directory's
+// own are optional (without them only input_ids prompts, and no /v1/chat/completions).
+struct TextTools {
   std::shared_ptr<const Tokenizer> tok;
-  auto t = find_tokenizer(o.model, o.tokenizer, static_cast<int32_t>(config.vocab_size));
-  if (t.ok()) {
-    tok = std::move(t).value();
-  } else if (!o.tokenizer.empty()) {
-    return fail("serve", t.message());
-  } else {
-    spdlog::warn("miles serve: no tokenizer ({}); only input_ids prompts", t.message());
-  }
   std::shared_ptr<const ChatTemplate> chat;
+};
+
+Result<TextTools> load_text_tools(const ServeOptions& o, const ModelConfig& config) {
+  TextTools tools;
+  auto t = find_tokenizer(o.model, o.tokenizer, static_cast<int32_t>(config.vocab_size));
+  if (t.ok())
+    tools.tok = std::move(t).value();
+  else if (!o.tokenizer.empty())
+    return t.status();
+  else
+    spdlog::warn("miles serve: no tokenizer ({}); only input_ids prompts", t.message());
   const std::string chat_source =
       !o.chat_template.empty() ? o.chat_template : o.model + "/tokenizer_config.json";
-  if (std::filesystem::exists(chat_source)) {
-    auto tmpl = ChatTemplate::from_tokenizer_config(chat_source);
-    if (tmpl.ok()) {
-      chat = std::make_shared<const ChatTemplate>(std::move(tmpl).value());
-    } else if (!o.chat_template.empty()) {
-      return fail("serve", tmpl.message());
-    } else {
-      spdlog::warn("miles serve: no chat template ({})", tmpl.message());
-    }
-  }
-  if (o.random_seed >= 0) o.engine.random_seed = static_cast<uint64_t>(o.random_seed);
-  auto engine = std::make_unique<Engine>(std::move(runner), o.engine, tok);
-  HeadDrafter* head_drafter = nullptr;
-  if (o.spec_draft_head) {
-    auto d = make_head_drafter(nullptr, &pool);
-    head_drafter = d.get();
-    engine->set_drafter(std::move(d));
-  }
-  rollout::EngineDriver driver(std::move(engine));
+  if (!std::filesystem::exists(chat_source)) return tools;
+  auto tmpl = ChatTemplate::from_tokenizer_config(chat_source);
+  if (tmpl.ok())
+    tools.chat = std::make_shared<const ChatTemplate>(std::move(tmpl).value());
+  else if (!o.chat_template.empty())
+    return tmpl.status();
+  else
+    spdlog::warn("miles serve: no chat template ({})", tmpl.message());
+  return tools;
+}
+
+// The server's options that follow from the others: the trusted weight directories, TLS, the
+// keys (a warning when an exposed address has none), and what /get_server_info reports.
+Status settle_server_options(ServeOptions& o) {
   o.server.model_path = o.model;
   o.server.weight_dirs = trusted_weight_dirs(o);
   if (o.server.ssl_certfile.empty() != o.server.ssl_keyfile.empty())
-    return fail("serve", "--ssl-certfile and --ssl-keyfile go together");
-  auto keys = serve_keys(o);
-  if (!keys.ok()) return fail("serve", keys.message());
-  o.server.keys = *keys;
-  if (!keys->any() && !is_loopback_host(o.server.host))
+    return Status::Error("--ssl-certfile and --ssl-keyfile go together");
+  MILES_ASSIGN_OR_RETURN(o.server.keys, serve_keys(o));
+  if (!o.server.keys.any() && !is_loopback_host(o.server.host))
     spdlog::warn(
         "miles serve: listening on {} without an API key: anyone who can reach this address can "
         "generate, swap weights and pause the engine (set MILES_API_KEY / --api-key-file; "
@@ -217,9 +212,70 @@ int run_serve(ServeOptions o) {
   o.server.block_tokens = o.engine.block_tokens;
   o.server.tp_size = o.tp.tp;
   o.server.random_seed = o.engine.random_seed;
+  return Status::Ok();
+}
+
+void log_speculation(const ServeOptions& o) {
+  if (!o.engine.speculative.enabled) return;
+  spdlog::info(
+      "miles serve: speculative decoding ({}, up to {} drafts per sample, {}): the same samples "
+      "bit for bit",
+      o.spec_draft_head ? "co-trained draft head of each weight version"
+                        : "model-free suffix drafter",
+      o.engine.speculative.max_draft_tokens,
+      o.engine.speculative.adaptive ? "adaptive" : "every proposal verified");
+}
+
+// Registers with the `miles run` controller at --controller (retrying for up to 120 s). A stop
+// signal while it tries is taken (sigtimedwait) and ends the wait: `stop_signal` gets it.
+Status register_with(const ServeOptions& o, int http_port, int grpc_port,
+                     const sigset_t& stop_signals, int& stop_signal) {
+  controller::EngineRegistration reg;
+  reg.host =
+      o.advertise_host.empty() && o.server.host != "0.0.0.0" ? o.server.host : o.advertise_host;
+  reg.http_port = http_port;
+  reg.grpc_port = grpc_port;
+  reg.engine_id = o.engine_id;
+  reg.pid = getpid();
+  reg.token = o.server.keys.admin.empty() ? o.server.keys.api : o.server.keys.admin;
+  // an engine whose controller never answers still stops when told (scancel, pod deletion)
+  const auto stop_pending = [&] {
+    const timespec zero{0, 0};
+    stop_signal = sigtimedwait(&stop_signals, nullptr, &zero);
+    return stop_signal > 0;
+  };
+  MILES_ASSIGN_OR_RETURN(
+      const int64_t id, controller::register_with_controller(o.controller, reg, 120, stop_pending));
+  spdlog::info("miles serve: registered with the controller at {} as engine {}", o.controller, id);
+  return Status::Ok();
+}
+
+int run_serve(ServeOptions o) {
+  const sigset_t stop_signals = block_stop_signals();
+  raise_open_file_limit(o.server.connections.max_connections);
+  // Threads per process: a tensor-parallel engine shares the cores among its ranks.
+  if (o.threads == 0 && o.tp.tp > 1)
+    o.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / o.tp.tp);
+  o.tp.threads = o.threads;
+  ThreadPool pool(o.threads);
+  auto served = load_served_model(o, pool);
+  if (!served.ok()) return fail("serve", served.message());
+  const ModelConfig config = served->runner->config();
+  auto tools = load_text_tools(o, config);
+  if (!tools.ok()) return fail("serve", tools.message());
+  if (o.random_seed >= 0) o.engine.random_seed = static_cast<uint64_t>(o.random_seed);
+  auto engine = std::make_unique<Engine>(std::move(served->runner), o.engine, tools->tok);
+  HeadDrafter* head_drafter = nullptr;
+  if (o.spec_draft_head) {
+    auto d = make_head_drafter(nullptr, &pool);
+    head_drafter = d.get();
+    engine->set_drafter(std::move(d));
+  }
+  rollout::EngineDriver driver(std::move(engine));
+  if (Status s = settle_server_options(o); !s.ok()) return fail("serve", s.message());
   // The weight lifecycle: over HTTP (SGLang's routes) and gRPC (the controller's), one component.
   auto weights = std::make_shared<EngineWeights>(
-      driver, config, o.model, &pool, tp_intake,
+      driver, config, o.model, &pool, served->tp_intake,
       WeightSyncTrust{o.server.weight_dirs, trusted_store_hosts(o)});
   if (head_drafter) weights->set_adopt_hook(draft_head_hook(head_drafter, o.weights_dirs, config));
   o.server.extra_routes = [weights](httplib::Server& s, rollout::EngineDriver&) {
@@ -232,24 +288,17 @@ int run_serve(ServeOptions o) {
   o.server.load_checkpoint = load_checkpoint;
   const std::unique_ptr<grpc::Service> weights_service =
       make_weights_service(weights, o.server.keys);
-  rollout::HttpServer server(driver, config, tok, chat, &pool, o.server);
+  rollout::HttpServer server(driver, config, tools->tok, tools->chat, &pool, o.server);
   if (Status s = server.start(); !s.ok()) return fail("serve", s.message());
   spdlog::info("miles serve: listening on http://{} (model {})",
                host_port(o.server.host, server.port()), o.model);
-  if (o.engine.speculative.enabled)
-    spdlog::info(
-        "miles serve: speculative decoding ({}, up to {} drafts per sample, "
-        "{}): the same samples bit for bit",
-        o.spec_draft_head ? "co-trained draft head of each weight version"
-                          : "model-free suffix drafter",
-        o.engine.speculative.max_draft_tokens,
-        o.engine.speculative.adaptive ? "adaptive" : "every proposal verified");
+  log_speculation(o);
   std::unique_ptr<rollout::GrpcServer> grpc;
   if (!o.controller.empty() && o.grpc_port < 0)
     o.grpc_port = 0;  // the controller generates over gRPC
   if (o.grpc_port >= 0) {
-    grpc = std::make_unique<rollout::GrpcServer>(driver, config, tok, &pool, o.model, o.server.keys,
-                                                 o.server.weight_dirs);
+    grpc = std::make_unique<rollout::GrpcServer>(driver, config, tools->tok, &pool, o.model,
+                                                 o.server.keys, o.server.weight_dirs);
     grpc->add_service(weights_service.get());
     grpc->set_checkpoint_loader(load_checkpoint);
     if (Status s =
@@ -258,35 +307,16 @@ int run_serve(ServeOptions o) {
       return fail("serve", s.message());
     spdlog::info("miles serve: gRPC on {}", host_port(o.server.host, grpc->port()));
   }
+  int sig = 0;
   if (!o.controller.empty()) {
-    controller::EngineRegistration reg;
-    reg.host =
-        o.advertise_host.empty() && o.server.host != "0.0.0.0" ? o.server.host : o.advertise_host;
-    reg.http_port = server.port();
-    reg.grpc_port = grpc->port();
-    reg.engine_id = o.engine_id;
-    reg.pid = getpid();
-    reg.token = o.server.keys.admin.empty() ? o.server.keys.api : o.server.keys.admin;
-    // SIGTERM/SIGINT are blocked (sigwait below takes them): look for one between tries, so that
-    // an engine whose controller never answers still stops when told (scancel, pod deletion).
-    int stop_signal = 0;
-    const auto stop_pending = [&] {
-      const timespec zero{0, 0};
-      stop_signal = sigtimedwait(&stop_signals, nullptr, &zero);
-      return stop_signal > 0;
-    };
-    auto id = controller::register_with_controller(o.controller, reg, 120, stop_pending);
-    if (!id.ok()) {
+    if (Status s = register_with(o, server.port(), grpc->port(), stop_signals, sig); !s.ok()) {
       grpc->stop();
       server.stop();
-      if (stop_signal <= 0) return fail("serve", id.message());
-      spdlog::info("miles serve: stopping (signal {}) before registering", stop_signal);
+      if (sig <= 0) return fail("serve", s.message());
+      spdlog::info("miles serve: stopping (signal {}) before registering", sig);
       return 0;
     }
-    spdlog::info("miles serve: registered with the controller at {} as engine {}", o.controller,
-                 *id);
   }
-  int sig = 0;
   sigwait(&stop_signals, &sig);
   spdlog::info("miles serve: stopping (signal {})", sig);
   if (grpc) grpc->stop();

@@ -1,6 +1,8 @@
 // The three schedules of RlJob (rl_job.h): sync, one-step-off, async.
+#include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -83,118 +85,177 @@ Status RlJob::run_one_step_off() {
   return Status::Ok();
 }
 
+namespace {
+
+// The async schedule's producers: `cap` workers, each generating one group at a time, keep up to
+// `cap` groups generating or finished and not yet taken. A position handed back (retry) is
+// generated again before new ones. Stopping cancels what is generating and joins the workers.
+class GroupProducers {
+ public:
+  using Run = std::function<Result<RolloutGroup>(int64_t position, const Prompt& prompt,
+                                                 std::atomic<bool>& cancel)>;
+  // prompt_at runs under the producers' lock (PromptData::at caches an epoch's order).
+  GroupProducers(int64_t cap, int64_t next_position,
+                 std::function<const Prompt&(int64_t)> prompt_at, Run run,
+                 std::function<void()> cancel_all)
+      : cap_(cap),
+        next_position_(next_position),
+        prompt_at_(std::move(prompt_at)),
+        run_(std::move(run)),
+        cancel_all_(std::move(cancel_all)) {
+    for (int64_t i = 0; i < cap_; ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~GroupProducers() { stop(); }
+
+  // The next finished group in completion order (blocks); the first worker's error once one
+  // failed.
+  Result<RolloutGroup> take() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !ready_.empty() || !failure_.ok(); });
+    if (!failure_.ok()) return failure_;
+    RolloutGroup g = std::move(ready_.front());
+    ready_.pop_front();
+    cv_.notify_all();
+    return g;
+  }
+  void retry(int64_t position) {
+    std::lock_guard<std::mutex> lock(mu_);
+    retry_.push_back(position);
+    cv_.notify_all();
+  }
+  // The next prompt stream position a worker would launch.
+  int64_t next_position() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return next_position_;
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      stop_ = true;
+    }
+    cancel_ = true;
+    cancel_all_();
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+
+ private:
+  void work() {
+    while (true) {
+      int64_t pos;
+      const Prompt* prompt;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock,
+                 [&] { return stop_ || static_cast<int64_t>(ready_.size()) + in_flight_ < cap_; });
+        if (stop_) return;
+        if (!retry_.empty()) {
+          pos = retry_.front();
+          retry_.pop_front();
+        } else {
+          pos = next_position_++;
+        }
+        prompt = &prompt_at_(pos);
+        ++in_flight_;
+      }
+      auto g = run_(pos, *prompt, cancel_);
+      std::lock_guard<std::mutex> lock(mu_);
+      --in_flight_;
+      if (g.ok())
+        ready_.push_back(std::move(g).value());
+      else if (!stop_ && failure_.ok())
+        failure_ = g.status();
+      cv_.notify_all();
+    }
+  }
+
+  const int64_t cap_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<RolloutGroup> ready_;
+  std::deque<int64_t> retry_;
+  int64_t next_position_;
+  int64_t in_flight_ = 0;
+  bool stop_ = false;
+  Status failure_;
+  std::atomic<bool> cancel_{false};
+  std::function<const Prompt&(int64_t)> prompt_at_;
+  Run run_;
+  std::function<void()> cancel_all_;
+  std::vector<std::thread> workers_;
+};
+
+// One step's groups from the producers: a group staler than async.max_weight_staleness is dropped
+// or retried (async.stale_policy); with rollout.filter_zero_variance, groups without signal are
+// skipped until 8 x the batch's groups were drawn, then fill it (and the step says so).
+Result<std::vector<RolloutGroup>> take_step_groups(GroupProducers& producers,
+                                                   const RolloutSection& r, const AsyncSection& a,
+                                                   int64_t current_version, StepTiming& t) {
+  std::vector<RolloutGroup> groups;
+  double gen_sum = 0;
+  while (static_cast<int64_t>(groups.size()) < r.rollout_batch_size) {
+    MILES_ASSIGN_OR_RETURN(RolloutGroup g, producers.take());
+    ++t.launched;
+    if (current_version - g.min_version() > a.max_weight_staleness) {
+      if (a.stale_policy == StalePolicy::kRetry) {
+        producers.retry(g.position);
+        ++t.stale_retried;
+      } else {
+        ++t.stale_dropped;
+      }
+      continue;
+    }
+    if (r.filter_zero_variance && g.zero_variance()) {
+      if (t.launched < 8 * r.rollout_batch_size) {
+        ++t.filtered;
+        continue;
+      }
+      t.filled_with_filtered = true;
+      ++t.without_signal;
+    }
+    gen_sum += g.seconds;
+    groups.push_back(std::move(g));
+  }
+  t.generate_s = gen_sum / static_cast<double>(groups.size());
+  return groups;
+}
+
+}  // namespace
+
 // Fully async: workers keep up to `cap` groups generating or waiting; the trainer takes finished
 // groups in completion order, dropping (or retrying) the ones staler than the bound.
 Status RlJob::run_async() {
   const RolloutSection& r = cfg_.rollout;
   const AsyncSection& a = cfg_.async;
   const int64_t over = std::max(r.over_sampling_batch_size, r.rollout_batch_size);
-  const int64_t cap = a.buffer_groups > 0 ? a.buffer_groups : 2 * over;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<RolloutGroup> ready;
-  std::deque<int64_t> retry;
-  int64_t in_flight = 0;
-  bool stop = false;
-  Status failure;
-  std::atomic<bool> cancel{false};
-
-  auto worker = [&] {
-    while (true) {
-      int64_t pos;
-      const Prompt* prompt;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stop || static_cast<int64_t>(ready.size()) + in_flight < cap; });
-        if (stop) return;
-        if (!retry.empty()) {
-          pos = retry.front();
-          retry.pop_front();
-        } else {
-          pos = next_position_++;
-        }
-        prompt = &data_->at(pos);
-        ++in_flight;
-      }
-      auto g = runner_->run(pos, *prompt, cancel);
-      std::lock_guard<std::mutex> lock(mu);
-      --in_flight;
-      if (g.ok()) {
-        ready.push_back(std::move(g).value());
-      } else if (!stop && failure.ok()) {
-        failure = g.status();
-      }
-      cv.notify_all();
-    }
-  };
-  std::vector<std::thread> workers;
-  for (int64_t i = 0; i < cap; ++i) workers.emplace_back(worker);
-  auto shutdown = [&] {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      stop = true;
-    }
-    cancel = true;
-    engines_->cancel_all();
-    cv.notify_all();
-    for (std::thread& t : workers) t.join();
-  };
-
+  GroupProducers producers(
+      a.buffer_groups > 0 ? a.buffer_groups : 2 * over, next_position_,
+      [this](int64_t pos) -> const Prompt& { return data_->at(pos); },
+      [this](int64_t pos, const Prompt& prompt, std::atomic<bool>& cancel) {
+        return runner_->run(pos, prompt, cancel);
+      },
+      [this] { engines_->cancel_all(); });
   const PauseMode pause = pause_mode(a.pause_mode);
   Status result;
   while (rollout_step_ < r.num_rollouts && !should_stop()) {
     StepTiming t;
-    std::vector<RolloutGroup> groups;
     const auto t_wait = Clock::now();
-    double gen_sum = 0;
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      while (static_cast<int64_t>(groups.size()) < r.rollout_batch_size) {
-        cv.wait(lock, [&] { return !ready.empty() || !failure.ok(); });
-        if (!failure.ok()) break;
-        RolloutGroup g = std::move(ready.front());
-        ready.pop_front();
-        cv.notify_all();
-        ++t.launched;
-        const int64_t staleness = publisher_->current() - g.min_version();
-        if (staleness > a.max_weight_staleness) {
-          if (a.stale_policy == StalePolicy::kRetry) {
-            retry.push_back(g.position);
-            ++t.stale_retried;
-          } else {
-            ++t.stale_dropped;
-          }
-          continue;
-        }
-        // Dynamic sampling, bounded as GroupBatch bounds it: past 8 × the batch's groups
-        // drawn for this step, groups without signal fill it (and the step says so).
-        if (r.filter_zero_variance && g.zero_variance()) {
-          if (t.launched < 8 * r.rollout_batch_size) {
-            ++t.filtered;
-            continue;
-          }
-          t.filled_with_filtered = true;
-          ++t.without_signal;
-        }
-        gen_sum += g.seconds;
-        groups.push_back(std::move(g));
-      }
-      if (!failure.ok()) {
-        result = failure;
-        break;
-      }
+    auto groups = take_step_groups(producers, r, a, publisher_->current(), t);
+    if (!groups.ok()) {
+      result = groups.status();
+      break;
     }
     t.idle_s = seconds_since(t_wait);
-    t.generate_s = gen_sum / static_cast<double>(groups.size());
-    trained_position_ = next_position_;
+    trained_position_ = next_position_ = producers.next_position();
     SyncPlan plan;
     plan.sync =
         (rollout_step_ + 1) % a.update_weights_interval == 0 || rollout_step_ + 1 == r.num_rollouts;
     plan.pause = &pause;
-    result = train_step(std::move(groups), t, plan);
+    result = train_step(std::move(groups).value(), t, plan);
     if (!result.ok()) break;
   }
-  shutdown();
+  producers.stop();
   return result;
 }
 

@@ -55,32 +55,93 @@ int64_t HttpServer::adopt_version(const std::string& label, bool abort_all_reque
   return v;
 }
 
+namespace {
+
+// /pause_generation's "mode" (SGLang's: abort by default) and its name.
+Result<std::pair<PauseMode, std::string>> pause_mode_of(const json& body) {
+  std::string mode = "abort";
+  if (body.is_object() && body.contains("mode")) {
+    if (!body["mode"].is_string())
+      return Status::Error("mode must be \"retract\", \"in_place\" or \"abort\"");
+    mode = body["mode"].get<std::string>();
+  }
+  if (mode == "retract") return std::make_pair(PauseMode::kRetract, mode);
+  if (mode == "in_place") return std::make_pair(PauseMode::kInPlace, mode);
+  if (mode == "abort") return std::make_pair(PauseMode::kAbort, mode);
+  return Status::Error("mode '" + mode + "': expected retract, in_place or abort");
+}
+
+// The server's counters that /metrics reports beside the engine's.
+struct HttpCounters {
+  uint64_t requests, errors;
+  const TransportCounters& transport;
+};
+
+// /metrics in Prometheus' text format (version 0.0.4).
+std::string prometheus_text(const EngineStats& st, const HttpCounters& http) {
+  std::ostringstream o;
+  auto metric = [&](const char* name, const char* type, const char* help, double v) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
+      << name << " " << v << "\n";
+  };
+  metric("miles_kv_free_blocks", "gauge", "KV cache blocks not in use", st.free_blocks);
+  metric("miles_kv_total_blocks", "gauge", "KV cache blocks in the pool", st.total_blocks);
+  metric("miles_prefix_cache_blocks", "gauge", "blocks held by the radix prefix cache",
+         st.cached_blocks);
+  metric("miles_requests_running", "gauge", "samples decoding", st.running);
+  metric("miles_requests_waiting", "gauge", "samples waiting for prefill", st.waiting);
+  metric("miles_weight_version", "gauge", "weight version of new tokens", st.weight_version);
+  metric("miles_paused", "gauge", "1 while generation is paused", st.paused ? 1 : 0);
+  metric("miles_iterations_total", "counter", "engine iterations", st.iterations);
+  metric("miles_generated_tokens_total", "counter", "tokens generated", st.generated_tokens);
+  metric("miles_prompt_tokens_total", "counter", "prompt tokens prefilled", st.prompt_tokens);
+  metric("miles_cached_prompt_tokens_total", "counter",
+         "prompt tokens served from the prefix cache", st.cached_prompt_tokens);
+  metric("miles_retractions_total", "counter", "samples retracted to be recomputed",
+         st.retractions);
+  metric("miles_spec_verifies_total", "counter", "sample-steps that verified speculative drafts",
+         st.spec_verifies);
+  metric("miles_spec_draft_tokens_total", "counter", "drafted tokens verified",
+         st.spec_draft_tokens);
+  metric("miles_spec_accepted_tokens_total", "counter", "drafted tokens accepted",
+         st.spec_accepted_tokens);
+  metric("miles_spec_emitted_tokens_total", "counter",
+         "tokens emitted by verify steps (accepted drafts and the samples' own)",
+         st.spec_emitted_tokens);
+  metric("miles_http_requests_total", "counter", "HTTP requests handled", http.requests);
+  metric("miles_http_errors_total", "counter", "HTTP requests answered with an error", http.errors);
+  metric("miles_http_connections", "gauge", "HTTP connections open", http.transport.open.load());
+  metric("miles_http_connections_refused_total", "counter",
+         "HTTP connections refused over --max-connections", http.transport.refused.load());
+  metric("miles_http_request_timeouts_total", "counter",
+         "HTTP requests whose headers or body missed their deadline",
+         http.transport.timed_out.load());
+  return o.str();
+}
+
+}  // namespace
+
 void HttpServer::register_control_routes() {
+  register_lifecycle_routes();
+  register_info_routes();
+  register_load_routes();
+  register_memory_routes();
+}
+
+// The weight-update lifecycle: pause, continue, flush, the update bracket, versions, a checkpoint
+// from disk.
+void HttpServer::register_lifecycle_routes() {
   httplib::Server& s = *svr_;
 
   s.Post("/pause_generation", [this](const httplib::Request& req, httplib::Response& res) {
     ++http_requests_;
     auto body = parse_json_body(req.body);
     if (!body.ok()) return reply_error(res, 400, body.message(), http_errors_);
-    std::string mode = "abort";
-    if (body->is_object() && body->contains("mode")) {
-      if (!(*body)["mode"].is_string())
-        return reply_error(res, 400, "mode must be \"retract\", \"in_place\" or \"abort\"",
-                           http_errors_);
-      mode = (*body)["mode"].get<std::string>();
-    }
-    PauseMode m;
-    if (mode == "retract")
-      m = PauseMode::kRetract;
-    else if (mode == "in_place")
-      m = PauseMode::kInPlace;
-    else if (mode == "abort")
-      m = PauseMode::kAbort;
-    else
-      return reply_error(res, 400, "mode '" + mode + "': expected retract, in_place or abort",
-                         http_errors_);
+    auto mode = pause_mode_of(*body);
+    if (!mode.ok()) return reply_error(res, 400, mode.message(), http_errors_);
+    const PauseMode m = mode->first;
     driver_.run_sync([m](Engine& e) { e.pause(m); });
-    res.set_content(json{{"success", true}, {"mode", mode}}.dump(), "application/json");
+    res.set_content(json{{"success", true}, {"mode", mode->second}}.dump(), "application/json");
   });
 
   s.Post("/continue_generation", [this](const httplib::Request&, httplib::Response& res) {
@@ -157,7 +218,11 @@ void HttpServer::register_control_routes() {
             .dump(),
         "application/json");
   });
+}
 
+// What the server runs (model info, health) and its Prometheus metrics.
+void HttpServer::register_info_routes() {
+  httplib::Server& s = *svr_;
   auto model_info = [this](const httplib::Request&, httplib::Response& res) {
     ++http_requests_;
     const EngineStats st = driver_.call<EngineStats>([](Engine& e) { return e.stats(); });
@@ -185,50 +250,11 @@ void HttpServer::register_control_routes() {
     res.set_content("ok", "text/plain");
   });
 
-  register_load_routes();
-  register_memory_routes();
-
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     const EngineStats st = driver_.call<EngineStats>([](Engine& e) { return e.stats(); });
-    std::ostringstream o;
-    auto metric = [&](const char* name, const char* type, const char* help, double v) {
-      o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
-        << name << " " << v << "\n";
-    };
-    metric("miles_kv_free_blocks", "gauge", "KV cache blocks not in use", st.free_blocks);
-    metric("miles_kv_total_blocks", "gauge", "KV cache blocks in the pool", st.total_blocks);
-    metric("miles_prefix_cache_blocks", "gauge", "blocks held by the radix prefix cache",
-           st.cached_blocks);
-    metric("miles_requests_running", "gauge", "samples decoding", st.running);
-    metric("miles_requests_waiting", "gauge", "samples waiting for prefill", st.waiting);
-    metric("miles_weight_version", "gauge", "weight version of new tokens", st.weight_version);
-    metric("miles_paused", "gauge", "1 while generation is paused", st.paused ? 1 : 0);
-    metric("miles_iterations_total", "counter", "engine iterations", st.iterations);
-    metric("miles_generated_tokens_total", "counter", "tokens generated", st.generated_tokens);
-    metric("miles_prompt_tokens_total", "counter", "prompt tokens prefilled", st.prompt_tokens);
-    metric("miles_cached_prompt_tokens_total", "counter",
-           "prompt tokens served from the prefix cache", st.cached_prompt_tokens);
-    metric("miles_retractions_total", "counter", "samples retracted to be recomputed",
-           st.retractions);
-    metric("miles_spec_verifies_total", "counter", "sample-steps that verified speculative drafts",
-           st.spec_verifies);
-    metric("miles_spec_draft_tokens_total", "counter", "drafted tokens verified",
-           st.spec_draft_tokens);
-    metric("miles_spec_accepted_tokens_total", "counter", "drafted tokens accepted",
-           st.spec_accepted_tokens);
-    metric("miles_spec_emitted_tokens_total", "counter",
-           "tokens emitted by verify steps (accepted drafts and the samples' own)",
-           st.spec_emitted_tokens);
-    metric("miles_http_requests_total", "counter", "HTTP requests handled", http_requests_.load());
-    metric("miles_http_errors_total", "counter", "HTTP requests answered with an error",
-           http_errors_.load());
-    metric("miles_http_connections", "gauge", "HTTP connections open", transport_.open.load());
-    metric("miles_http_connections_refused_total", "counter",
-           "HTTP connections refused over --max-connections", transport_.refused.load());
-    metric("miles_http_request_timeouts_total", "counter",
-           "HTTP requests whose headers or body missed their deadline",
-           transport_.timed_out.load());
-    res.set_content(o.str(), "text/plain; version=0.0.4");
+    const std::string text =
+        prometheus_text(st, {http_requests_.load(), http_errors_.load(), transport_});
+    res.set_content(text, "text/plain; version=0.0.4");
   });
 }
 

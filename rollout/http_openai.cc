@@ -6,9 +6,10 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "miles/rollout/http_server.h"
 #include "rollout/chat_render.h"
 #include "rollout/http_common.h"
-#include "miles/rollout/http_server.h"
+#include "rollout/http_reply.h"
 #include "rollout/openai_api.h"
 #include "rollout/tool_calls.h"
 
@@ -116,254 +117,209 @@ json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
           {"total_tokens", prompt_tokens + completion_tokens}};
 }
 
-}  // namespace
+// What every body and chunk of one OpenAI call names, and what they are built from.
+struct OpenAiReply {
+  std::shared_ptr<const OpenAiCall> call;
+  std::shared_ptr<const SubmittedPrompts> sub;
+  std::shared_ptr<const Tokenizer> tok;  // may be null (completions of token ids)
+  std::string id, model;
+  int64_t created = 0;
+  bool chat = false;
+  int64_t prompt_tokens = 0;
+  const char* object() const { return chat ? "chat.completion" : "text_completion"; }
+  const std::vector<int32_t>& prompt_of(int32_t choice) const {
+    return call->prompts[choice / call->request.n];
+  }
+  json logprobs(const std::vector<LogprobRow>& rows) const {
+    return chat ? chat_logprobs(tok.get(), rows)
+                : completion_logprobs(tok.get(), rows, call->top_logprobs > 0, 0);
+  }
+  json chunk(json choices) const {
+    return {{"id", id},
+            {"object", chat ? "chat.completion.chunk" : object()},
+            {"created", created},
+            {"model", model},
+            {"choices", std::move(choices)}};
+  }
+};
 
-// The non-streamed response of an OpenAI call from its finished samples (choice i * n + j).
-std::string HttpServer::openai_body(const OpenAiCall& call, const std::vector<SampleEvent>& finals,
-                                    bool chat, const std::string& id, const std::string& model,
-                                    int64_t created, const char* object, int64_t prompt_tokens) {
-  const int32_t n = call.request.n;
-  const int32_t total = static_cast<int32_t>(finals.size());
+// Choice i of the non-streamed response, from its sample's final event.
+json whole_choice(const OpenAiReply& r, const SampleEvent& f, int32_t i) {
+  const OpenAiCall& call = *r.call;
+  const std::string text =
+      openai_final_text(r.tok.get(), call.request, f, f.output, call.skip_special_tokens);
+  json choice = {{"index", i},
+                 {"finish_reason", openai_finish_reason(f.finish_reason)},
+                 {"token_ids", ids_of(f.output)},
+                 {"sampling_seed", f.seed}};
+  json logprobs;
+  if (call.logprobs) {
+    std::vector<LogprobRow> rows = output_rows(f.output);
+    if (call.echo) {
+      std::vector<LogprobRow> in = input_rows(f);
+      rows.insert(rows.begin(), in.begin(), in.end());
+    }
+    logprobs = r.logprobs(rows);
+  }
+  choice["logprobs"] = logprobs;
+  if (!r.chat) {
+    std::string prefix;
+    if (call.echo && r.tok) prefix = decode_text(*r.tok, r.prompt_of(i), call.skip_special_tokens);
+    choice["text"] = prefix + text;
+    return choice;
+  }
+  json message = assistant_message(text);
+  if (call.parse_tools) {
+    ParsedToolCalls parsed = parse_tool_calls(text);
+    if (!parsed.calls.empty()) {
+      message["content"] = parsed.content.empty() ? json() : json(parsed.content);
+      message["tool_calls"] = tool_calls_json(parsed.calls, r.id + "_" + std::to_string(i));
+      if (f.finish_reason == FinishReason::kStop) choice["finish_reason"] = "tool_calls";
+    }
+  }
+  choice["message"] = message;
+  return choice;
+}
+
+// The non-streamed response from every choice's final event (choice i * n + j).
+std::string whole_body(const OpenAiReply& r, const std::vector<SampleEvent>& finals) {
   json choices = json::array();
   int64_t completion_tokens = 0;
-  for (int32_t i = 0; i < total; ++i) {
-    const SampleEvent& f = finals[i];
-    const std::vector<int32_t>& prompt = call.prompts[i / n];
-    std::string text =
-        openai_final_text(tok_.get(), call.request, f, f.output, call.skip_special_tokens);
-    std::string prefix;
-    if (call.echo && tok_) prefix = decode_text(*tok_, prompt, call.skip_special_tokens);
-    json choice = {{"index", i},
-                   {"finish_reason", openai_finish_reason(f.finish_reason)},
-                   {"token_ids", ids_of(f.output)},
-                   {"sampling_seed", f.seed}};
-    json logprobs;
-    if (call.logprobs) {
-      std::vector<LogprobRow> rows = output_rows(f.output);
-      if (call.echo) {
-        std::vector<LogprobRow> in = input_rows(f);
-        rows.insert(rows.begin(), in.begin(), in.end());
-      }
-      logprobs = chat ? chat_logprobs(tok_.get(), rows)
-                      : completion_logprobs(tok_.get(), rows, call.top_logprobs > 0, 0);
-    }
-    choice["logprobs"] = logprobs;
-    if (chat) {
-      json message = assistant_message(text);
-      if (call.parse_tools) {
-        ParsedToolCalls parsed = parse_tool_calls(text);
-        if (!parsed.calls.empty()) {
-          message["content"] = parsed.content.empty() ? json() : json(parsed.content);
-          message["tool_calls"] = tool_calls_json(parsed.calls, id + "_" + std::to_string(i));
-          if (f.finish_reason == FinishReason::kStop) choice["finish_reason"] = "tool_calls";
-        }
-      }
-      choice["message"] = message;
-    } else {
-      choice["text"] = prefix + text;
-    }
-    choices.push_back(choice);
-    completion_tokens += static_cast<int64_t>(f.output.size());
+  for (int32_t i = 0; i < static_cast<int32_t>(finals.size()); ++i) {
+    choices.push_back(whole_choice(r, finals[i], i));
+    completion_tokens += static_cast<int64_t>(finals[i].output.size());
   }
-  json body = {
-      {"id", id},
-      {"object", object},
-      {"created", created},
-      {"model", model},
-      {"choices", choices},
-      {"prompt_token_ids", call.prompts.size() == 1 ? json(call.prompts[0]) : json(call.prompts)},
-      {"usage", usage_json(prompt_tokens, completion_tokens)}};
+  const auto& prompts = r.call->prompts;
+  json body = {{"id", r.id},
+               {"object", r.object()},
+               {"created", r.created},
+               {"model", r.model},
+               {"choices", choices},
+               {"prompt_token_ids", prompts.size() == 1 ? json(prompts[0]) : json(prompts)},
+               {"usage", usage_json(r.prompt_tokens, completion_tokens)}};
   return dump_json(body);
 }
+
+void reply_whole(httplib::Response& res, ReplySamples samples, const OpenAiReply& r) {
+  auto finals = std::make_shared<std::vector<SampleEvent>>(r.sub->total);
+  reply_at_end(
+      res, std::move(samples),
+      [r, finals](SampleEvent& ev) { (*finals)[r.sub->index_of(ev)] = std::move(ev); },
+      [r, finals] { return whole_body(r, *finals); });
+}
+
+// A streamed choice's output so far and the bytes of its text already sent.
+struct StreamedChoices {
+  std::vector<std::vector<TokenOutput>> outs;
+  std::vector<size_t> sent;
+  int64_t completion_tokens = 0;
+};
+
+// The text a streamed choice may show so far: the final text once it finished; before, what
+// decodes to whole characters less what could still become a stop string. With tools, text from
+// a <tool_call> on is held back, and a finished choice's calls go to `calls`.
+std::string streamable_text(const OpenAiReply& r, const SampleEvent& ev,
+                            const std::vector<TokenOutput>& out, std::vector<ToolCall>& calls) {
+  const OpenAiCall& call = *r.call;
+  std::string text;
+  if (ev.finished) {
+    text = openai_final_text(r.tok.get(), call.request, ev, out, call.skip_special_tokens);
+  } else if (r.tok) {
+    text = decode_text(*r.tok, ids_of(out), call.skip_special_tokens);
+    text.resize(utf8_complete_prefix(text));
+    for (const auto& s : call.request.stop_strings)
+      text.resize(text.size() > s.size() ? text.size() - s.size() + 1 : 0);
+  }
+  if (r.chat && call.parse_tools) {
+    if (ev.finished) {
+      calls = parse_tool_calls(text).calls;
+      if (!calls.empty()) text.resize(tool_call_free_prefix(text));
+    } else {
+      text.resize(tool_call_free_prefix(text));
+    }
+  }
+  return text;
+}
+
+// The chunk of one event: its new tokens, the text they add, and (finished) the finish reason,
+// the seed and any tool calls.
+json event_chunk(const OpenAiReply& r, StreamedChoices& st, const SampleEvent& ev) {
+  const int32_t index = r.sub->index_of(ev);
+  auto& out = st.outs[index];
+  out.insert(out.end(), ev.new_tokens.begin(), ev.new_tokens.end());
+  std::vector<ToolCall> calls;
+  const std::string text = streamable_text(r, ev, out, calls);
+  const std::string delta = text.size() > st.sent[index] ? text.substr(st.sent[index]) : "";
+  st.sent[index] = std::max(st.sent[index], text.size());
+  json choice = {
+      {"index", index},
+      {"token_ids", ids_of(ev.new_tokens)},
+      {"finish_reason", ev.finished ? json(openai_finish_reason(ev.finish_reason)) : json()}};
+  if (ev.finished) choice["sampling_seed"] = ev.seed;
+  if (r.chat) choice["delta"] = delta.empty() ? json::object() : json{{"content", delta}};
+  if (!calls.empty()) {
+    choice["delta"]["tool_calls"] = tool_calls_json(calls, r.id + "_" + std::to_string(index));
+    if (ev.finish_reason == FinishReason::kStop) choice["finish_reason"] = "tool_calls";
+  } else {
+    choice["text"] = delta;
+  }
+  if (r.call->logprobs) choice["logprobs"] = r.logprobs(output_rows(ev.new_tokens));
+  if (ev.finished) st.completion_tokens += static_cast<int64_t>(out.size());
+  return r.chunk(json::array({choice}));
+}
+
+// Chat streams open with each choice's role; a stream asked for its usage ends with it.
+std::string role_chunks(const OpenAiReply& r) {
+  std::string lines;
+  for (int32_t i = 0; r.chat && i < r.sub->total; ++i) {
+    json c = r.chunk(json::array({{{"index", i},
+                                   {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                   {"finish_reason", nullptr}}}));
+    c["prompt_token_ids"] = r.prompt_of(i);
+    lines += sse_line(c);
+  }
+  return lines;
+}
+
+void reply_streamed(httplib::Response& res, ReplySamples samples, const OpenAiReply& r) {
+  auto st = std::make_shared<StreamedChoices>();
+  st->outs.resize(r.sub->total);
+  st->sent.assign(r.sub->total, 0);
+  SseReply reply;
+  reply.opening = [r] { return role_chunks(r); };
+  reply.on_event = [r, st](const SampleEvent& ev) { return sse_line(event_chunk(r, *st, ev)); };
+  reply.closing = [r, st] {
+    if (!r.call->include_usage) return std::string();
+    json c = r.chunk(json::array());
+    c["usage"] = usage_json(r.prompt_tokens, st->completion_tokens);
+    return sse_line(c);
+  };
+  reply_as_events(res, std::move(samples), std::move(reply));
+}
+
+}  // namespace
 
 // Runs one OpenAI call (completion or chat; a batched completion submits each prompt) to the end
 // or as an SSE stream. Choice i * n + j is sample j of prompt i.
 void HttpServer::serve_openai(OpenAiCall call, bool chat, httplib::Response& res) {
-  const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_rid_++);
-  const std::string model = call.model.empty() ? opt_.served_model_name : call.model;
-  const int64_t created = now_seconds();
+  OpenAiReply r;
+  r.id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_rid_++);
+  r.model = call.model.empty() ? opt_.served_model_name : call.model;
+  r.created = now_seconds();
+  r.chat = chat;
+  r.tok = tok_;
   if (call.prompts.empty()) call.prompts.push_back(call.request.input_ids);
-  const int32_t n = call.request.n;
-  {
-    std::vector<GenerateRequest> all(call.prompts.size(), call.request);
-    std::vector<const GenerateRequest*> ptrs;
-    for (size_t p = 0; p < all.size(); ++p) {
-      all[p].input_ids = call.prompts[p];
-      ptrs.push_back(&all[p]);
-    }
-    if (!admit(ptrs, res)) return;
+  std::vector<GenerateRequest> requests(call.prompts.size(), call.request);
+  for (size_t p = 0; p < requests.size(); ++p) {
+    requests[p].input_ids = call.prompts[p];
+    r.prompt_tokens += static_cast<int64_t>(call.prompts[p].size());
   }
-  auto stream = std::make_shared<RequestStream>();
-  std::vector<uint64_t> engine_ids;
-  int64_t prompt_tokens = 0;
-  for (const auto& prompt : call.prompts) {
-    GenerateRequest r = call.request;
-    r.input_ids = prompt;
-    prompt_tokens += static_cast<int64_t>(prompt.size());
-    auto eid = driver_.submit(std::move(r), stream);
-    if (!eid.ok()) {
-      for (uint64_t e : engine_ids) driver_.call<bool>([e](Engine& en) { return en.abort(e); });
-      return reply_error(res, 400, eid.message(), http_errors_);
-    }
-    engine_ids.push_back(*eid);
-  }
-  auto choice_of = [engine_ids, n](const SampleEvent& ev) {
-    for (size_t p = 0; p < engine_ids.size(); ++p)
-      if (engine_ids[p] == ev.request_id) return static_cast<int32_t>(p) * n + ev.sample_index;
-    return ev.sample_index;
-  };
-  const int32_t total = static_cast<int32_t>(engine_ids.size()) * n;
-  const char* object = chat ? "chat.completion" : "text_completion";
-  auto abort_all_jobs = [this, engine_ids] {
-    for (uint64_t e : engine_ids) driver_.call<bool>([e](Engine& en) { return en.abort(e); });
-  };
-  if (!call.stream) {
-    // The body at the end, a space every second before it (see serve_generate): a client that
-    // has gone is noticed and its requests aborted.
-    auto finals = std::make_shared<std::vector<SampleEvent>>(total);
-    auto done = std::make_shared<int32_t>(0);
-    auto shared = std::make_shared<OpenAiCall>(std::move(call));
-    res.set_chunked_content_provider(
-        "application/json",
-        [this, finals, done, shared, stream, choice_of, total, chat, id, model, created, object,
-         prompt_tokens, abort_all_jobs](size_t, httplib::DataSink& sink) {
-          const auto beat = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-          while (*done < total && std::chrono::steady_clock::now() < beat) {
-            SampleEvent ev;
-            if (!stream->next(ev, 200) || !ev.finished) continue;
-            const int32_t i = choice_of(ev);
-            (*finals)[i] = std::move(ev);
-            ++*done;
-          }
-          if (*done < total) {
-            if (sink.write(" ", 1)) return true;
-            abort_all_jobs();
-            return false;
-          }
-          const std::string body =
-              openai_body(*shared, *finals, chat, id, model, created, object, prompt_tokens);
-          sink.write(body.data(), body.size());
-          sink.done();
-          return true;
-        });
-    return;
-  }
-  struct StreamState {
-    std::vector<std::vector<TokenOutput>> outs;
-    std::vector<size_t> sent;  // bytes of text already sent per choice
-    int32_t finished = 0;
-    int64_t completion_tokens = 0;
-    bool header_sent = false;
-    bool usage_sent = false;
-  };
-  auto st = std::make_shared<StreamState>();
-  st->outs.resize(total);
-  st->sent.assign(total, 0);
-  auto shared_call = std::make_shared<OpenAiCall>(std::move(call));
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, st, stream, shared_call, chat, id, created, model, total, object, choice_of,
-       abort_all_jobs, prompt_tokens](size_t, httplib::DataSink& sink) {
-        auto send = [&](const json& chunk) {
-          const std::string line = "data: " + dump_json(chunk) + "\n\n";
-          return sink.write(line.data(), line.size());
-        };
-        auto base = [&] {
-          return json{{"id", id},
-                      {"object", chat ? "chat.completion.chunk" : object},
-                      {"created", created},
-                      {"model", model}};
-        };
-        if (!st->header_sent && chat) {
-          st->header_sent = true;
-          for (int32_t i = 0; i < total; ++i) {
-            json c = base();
-            c["choices"] = json::array({{{"index", i},
-                                         {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                         {"finish_reason", nullptr}}});
-            c["prompt_token_ids"] = shared_call->prompts[i / shared_call->request.n];
-            if (!send(c)) return false;
-          }
-          return true;
-        }
-        if (st->finished == total) {
-          if (shared_call->include_usage && !st->usage_sent) {
-            st->usage_sent = true;
-            json c = base();
-            c["choices"] = json::array();
-            c["usage"] = usage_json(prompt_tokens, st->completion_tokens);
-            if (!send(c)) return false;
-          }
-          sink.write("data: [DONE]\n\n", 14);
-          sink.done();
-          return true;
-        }
-        SampleEvent ev;
-        if (!stream->next(ev, 200)) {
-          if (!sink.is_writable()) {
-            abort_all_jobs();
-            return false;
-          }
-          return true;
-        }
-        const int32_t index = choice_of(ev);
-        auto& out = st->outs[index];
-        out.insert(out.end(), ev.new_tokens.begin(), ev.new_tokens.end());
-        std::string text;
-        if (ev.finished) {
-          text = openai_final_text(tok_.get(), shared_call->request, ev, out,
-                                   shared_call->skip_special_tokens);
-        } else if (tok_) {
-          text = decode_text(*tok_, ids_of(out), shared_call->skip_special_tokens);
-          text.resize(utf8_complete_prefix(text));
-          // Hold back what could still become a stop string.
-          for (const auto& s : shared_call->request.stop_strings)
-            text.resize(text.size() > s.size() ? text.size() - s.size() + 1 : 0);
-        }
-        // With tools, text from a <tool_call> on is held back and sent as tool_calls at the end.
-        std::vector<ToolCall> calls;
-        if (chat && shared_call->parse_tools) {
-          if (ev.finished) {
-            ParsedToolCalls parsed = parse_tool_calls(text);
-            calls = std::move(parsed.calls);
-            if (!calls.empty()) text.resize(tool_call_free_prefix(text));
-          } else {
-            text.resize(tool_call_free_prefix(text));
-          }
-        }
-        std::string delta = text.size() > st->sent[index] ? text.substr(st->sent[index]) : "";
-        st->sent[index] = std::max(st->sent[index], text.size());
-        std::vector<int32_t> new_ids;
-        for (const auto& t : ev.new_tokens) new_ids.push_back(t.id);
-        json choice = {
-            {"index", index},
-            {"token_ids", new_ids},
-            {"finish_reason", ev.finished ? json(openai_finish_reason(ev.finish_reason)) : json()}};
-        if (ev.finished) choice["sampling_seed"] = ev.seed;
-        if (chat) choice["delta"] = delta.empty() ? json::object() : json{{"content", delta}};
-        if (!calls.empty()) {
-          choice["delta"]["tool_calls"] = tool_calls_json(calls, id + "_" + std::to_string(index));
-          if (ev.finish_reason == FinishReason::kStop) choice["finish_reason"] = "tool_calls";
-        } else
-          choice["text"] = delta;
-        if (shared_call->logprobs) {
-          const std::vector<LogprobRow> rows = output_rows(ev.new_tokens);
-          choice["logprobs"] =
-              chat ? chat_logprobs(tok_.get(), rows)
-                   : completion_logprobs(tok_.get(), rows, shared_call->top_logprobs > 0, 0);
-        }
-        json c = base();
-        c["choices"] = json::array({choice});
-        if (ev.finished) {
-          ++st->finished;
-          st->completion_tokens += static_cast<int64_t>(out.size());
-        }
-        if (!send(c)) {
-          abort_all_jobs();
-          return false;
-        }
-        return true;
-      });
+  r.sub = submit_prompts(std::move(requests), res);
+  if (!r.sub) return;
+  r.call = std::make_shared<const OpenAiCall>(std::move(call));
+  ReplySamples samples{r.sub->stream, r.sub->total, [this, sub = r.sub] { abort_prompts(*sub); }};
+  if (r.call->stream) return reply_streamed(res, std::move(samples), r);
+  reply_whole(res, std::move(samples), r);
 }
 
 void HttpServer::register_openai_routes() {

@@ -11,12 +11,13 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "miles/rollout/http_transport.h"
+#include "miles/rollout/sessions.h"
 #include "miles/thread_pool.h"
 #include "rollout/generate_api.h"
 #include "rollout/http_common.h"
-#include "miles/rollout/http_transport.h"
+#include "rollout/http_reply.h"
 #include "rollout/openai_api.h"
-#include "miles/rollout/sessions.h"
 
 namespace miles::rollout {
 
@@ -201,117 +202,112 @@ bool HttpServer::admit(const std::vector<const GenerateRequest*>& requests, http
   return true;
 }
 
+std::shared_ptr<const SubmittedPrompts> HttpServer::submit_prompts(
+    std::vector<GenerateRequest> requests, httplib::Response& res) {
+  std::vector<const GenerateRequest*> bounded;
+  for (const GenerateRequest& r : requests) bounded.push_back(&r);
+  if (!admit(bounded, res)) return nullptr;
+  auto sub = std::make_shared<SubmittedPrompts>();
+  for (GenerateRequest& r : requests) {
+    const int32_t n = r.n;
+    auto id = driver_.submit(std::move(r), sub->stream);
+    if (!id.ok()) {
+      abort_prompts(*sub);
+      reply_error(res, 400, id.message(), http_errors_);
+      return nullptr;
+    }
+    sub->engine_ids.push_back(*id);
+    sub->first.push_back(sub->total);
+    sub->total += n;
+  }
+  return sub;
+}
+
+void HttpServer::abort_prompts(const SubmittedPrompts& sub) {
+  for (uint64_t e : sub.engine_ids) driver_.call<bool>([e](Engine& en) { return en.abort(e); });
+}
+
+namespace {
+
+// What the replies of one /generate body are built from.
+struct GenerateReply {
+  std::shared_ptr<const SubmittedPrompts> sub;
+  std::shared_ptr<const std::vector<GenerateCall>> calls;  // per prompt
+  ReplyContext ctx;
+  std::chrono::steady_clock::time_point start;
+  std::function<void()> forget_rids;
+  const GenerateCall& call_of(const SampleEvent& ev) const {
+    return (*calls)[sub->prompt_of(ev.request_id)];
+  }
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
+// One JSON body at the end: the sample's object when the body asked for one sample of one prompt
+// (not a batch), else the array of every sample.
+void generate_at_end(httplib::Response& res, ReplySamples samples, const GenerateReply& r,
+                     bool single) {
+  auto out = std::make_shared<json>(json::array());
+  for (int32_t i = 0; i < r.sub->total; ++i) out->push_back(nullptr);
+  reply_at_end(
+      res, std::move(samples),
+      [r, out](SampleEvent& ev) {
+        json& sample = (*out)[r.sub->index_of(ev)];
+        sample = sample_json(r.call_of(ev), ev.output, &ev, r.ctx);
+        sample["meta_info"]["e2e_latency"] = r.seconds();
+      },
+      [r, out, single] {
+        r.forget_rids();
+        return dump_json(single ? (*out)[0] : *out);
+      });
+}
+
+// Each event as a chunk of its sample's output so far, with the sample's index.
+void generate_events(httplib::Response& res, ReplySamples samples, const GenerateReply& r) {
+  auto outputs = std::make_shared<std::vector<std::vector<TokenOutput>>>(r.sub->total);
+  SseReply reply;
+  reply.on_event = [r, outputs](const SampleEvent& ev) {
+    const int32_t index = r.sub->index_of(ev);
+    auto& out = (*outputs)[index];
+    out.insert(out.end(), ev.new_tokens.begin(), ev.new_tokens.end());
+    json chunk = sample_json(r.call_of(ev), out, ev.finished ? &ev : nullptr, r.ctx);
+    chunk["index"] = index;
+    if (ev.finished) chunk["meta_info"]["e2e_latency"] = r.seconds();
+    return sse_line(chunk);
+  };
+  reply.all_finished = r.forget_rids;
+  reply_as_events(res, std::move(samples), std::move(reply));
+}
+
+}  // namespace
+
 // Submits every prompt of a /generate body, then answers with their samples (prompt-major, n per
 // prompt: SGLang's order), at the end or as one SSE stream whose chunks carry that index.
 void HttpServer::serve_generate(GenerateBatch batch, httplib::Response& res) {
-  auto stream = std::make_shared<RequestStream>();
-  const auto start = std::chrono::steady_clock::now();
-  auto seconds_since = [start] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  struct Job {
-    GenerateCall call;
-    uint64_t engine_id = 0;
-    int32_t first = 0;  // index of its first sample in the response
-  };
-  auto jobs = std::make_shared<std::vector<Job>>();
-  std::vector<const GenerateRequest*> requests;
-  for (const GenerateCall& c : batch.calls) requests.push_back(&c.request);
-  if (!admit(requests, res)) return;
-  int32_t total = 0;
-  for (GenerateCall& c : batch.calls) {
+  GenerateReply r;
+  r.start = std::chrono::steady_clock::now();
+  std::vector<GenerateRequest> requests;
+  for (const GenerateCall& c : batch.calls) requests.push_back(c.request);
+  r.sub = submit_prompts(std::move(requests), res);
+  if (!r.sub) return;
+  auto calls = std::make_shared<std::vector<GenerateCall>>(std::move(batch.calls));
+  for (size_t p = 0; p < calls->size(); ++p) {
+    GenerateCall& c = (*calls)[p];
     if (c.rid.empty()) c.rid = "miles-" + std::to_string(next_rid_++);
-    auto id = driver_.submit(c.request, stream);
-    if (!id.ok()) {
-      for (const Job& j : *jobs) {
-        driver_.call<bool>([&](Engine& e) { return e.abort(j.engine_id); });
-        forget_rid(j.call.rid);
-      }
-      return reply_error(res, 400, id.message(), http_errors_);
-    }
-    register_rid(c.rid, *id);
-    jobs->push_back({std::move(c), *id, total});
-    total += jobs->back().call.request.n;
+    register_rid(c.rid, r.sub->engine_ids[p]);
   }
-  auto job_of = [jobs](uint64_t engine_id) -> Job& {
-    for (Job& j : *jobs)
-      if (j.engine_id == engine_id) return j;
-    return jobs->front();
+  r.calls = calls;
+  r.ctx = reply_context();
+  r.forget_rids = [this, calls] {
+    for (const GenerateCall& c : *calls) forget_rid(c.rid);
   };
-  const ReplyContext ctx = reply_context();
-  auto abort_all_jobs = [this, jobs] {
-    for (const Job& j : *jobs) {
-      const uint64_t id = j.engine_id;
-      driver_.call<bool>([id](Engine& e) { return e.abort(id); });
-      forget_rid(j.call.rid);
-    }
-  };
-  if (!batch.stream) {
-    // One JSON body at the end; meanwhile a space (JSON allows leading whitespace) every second,
-    // so that a client that has gone is noticed and its request aborted (its KV blocks freed).
-    auto out = std::make_shared<json>(json::array());
-    for (int32_t i = 0; i < total; ++i) out->push_back(nullptr);
-    auto done = std::make_shared<int32_t>(0);
-    const bool single = total == 1 && !batch.batched;
-    res.set_chunked_content_provider(
-        "application/json", [this, stream, jobs, job_of, out, done, total, single, ctx,
-                             abort_all_jobs, seconds_since](size_t, httplib::DataSink& sink) {
-          const auto beat = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-          while (*done < total && std::chrono::steady_clock::now() < beat) {
-            SampleEvent ev;
-            if (!stream->next(ev, 200) || !ev.finished) continue;
-            const Job& j = job_of(ev.request_id);
-            (*out)[j.first + ev.sample_index] = sample_json(j.call, ev.output, &ev, ctx);
-            (*out)[j.first + ev.sample_index]["meta_info"]["e2e_latency"] = seconds_since();
-            ++*done;
-          }
-          if (*done < total) {
-            if (sink.write(" ", 1)) return true;
-            abort_all_jobs();
-            return false;
-          }
-          for (const Job& j : *jobs) forget_rid(j.call.rid);
-          const std::string body = dump_json(single ? (*out)[0] : *out);
-          sink.write(body.data(), body.size());
-          sink.done();
-          return true;
-        });
-    return;
-  }
-  auto outputs = std::make_shared<std::vector<std::vector<TokenOutput>>>(total);
-  auto finished = std::make_shared<int32_t>(0);
-  res.set_chunked_content_provider(
-      "text/event-stream", [this, stream, jobs, job_of, outputs, finished, total, ctx,
-                            abort_all_jobs, seconds_since](size_t, httplib::DataSink& sink) {
-        if (*finished == total) {
-          sink.write("data: [DONE]\n\n", 14);
-          sink.done();
-          return true;
-        }
-        SampleEvent ev;
-        if (!stream->next(ev, 200)) {
-          if (!sink.is_writable()) {  // client gone: free its KV blocks now
-            abort_all_jobs();
-            return false;
-          }
-          return true;
-        }
-        const Job& j = job_of(ev.request_id);
-        const int32_t index = j.first + ev.sample_index;
-        auto& out = (*outputs)[index];
-        out.insert(out.end(), ev.new_tokens.begin(), ev.new_tokens.end());
-        json chunk = sample_json(j.call, out, ev.finished ? &ev : nullptr, ctx);
-        chunk["index"] = index;
-        if (ev.finished) chunk["meta_info"]["e2e_latency"] = seconds_since();
-        const std::string line = "data: " + dump_json(chunk) + "\n\n";
-        if (ev.finished && ++*finished == total)
-          for (const Job& done : *jobs) forget_rid(done.call.rid);
-        if (!sink.write(line.data(), line.size())) {
-          abort_all_jobs();
-          return false;
-        }
-        return true;
-      });
+  ReplySamples samples{r.sub->stream, r.sub->total, [this, r] {
+                         abort_prompts(*r.sub);
+                         r.forget_rids();
+                       }};
+  if (batch.stream) return generate_events(res, std::move(samples), r);
+  generate_at_end(res, std::move(samples), r, r.sub->total == 1 && !batch.batched);
 }
 
 void HttpServer::routes() {

@@ -40,6 +40,7 @@ namespace miles::rollout {
 struct OpenAiCall;
 struct GenerateBatch;
 struct ReplyContext;
+struct SubmittedPrompts;
 class SessionStore;
 
 struct ServerOptions {
@@ -96,7 +97,9 @@ class HttpServer {
   void routes();
   // A Content-Length over max_body_bytes (refused before the body is read).
   bool body_too_large(const httplib::Request& req) const;
-  void register_control_routes();  // http_control.cc
+  void register_control_routes();    // http_control.cc: the three below and http_load.cc's
+  void register_lifecycle_routes();  // pause, continue, flush, weight updates and versions
+  void register_info_routes();       // model info, health, metrics
   void register_load_routes();     // http_load.cc: health_generate, get_load, v1/loads, server info
   void register_memory_routes();   // http_load.cc: release / resume_memory_occupation
   static Result<std::string> read_version(const nlohmann::json& body, const char* key,
@@ -104,11 +107,14 @@ class HttpServer {
   int64_t adopt_version(const std::string& label, bool abort_all_requests);
   void register_openai_routes();   // http_openai.cc
   void register_session_routes();  // http_sessions.cc
-  void serve_openai(OpenAiCall call, bool chat, httplib::Response& res);
+  void serve_openai(OpenAiCall call, bool chat, httplib::Response& res);  // http_openai.cc
   void serve_generate(GenerateBatch batch, httplib::Response& res);
-  std::string openai_body(const OpenAiCall& call, const std::vector<SampleEvent>& finals, bool chat,
-                          const std::string& id, const std::string& model, int64_t created,
-                          const char* object, int64_t prompt_tokens);
+  // Admits the requests (the server's bounds, admit) and submits one engine request per prompt;
+  // null when the request was answered with an error (a refused submission aborts the prompts
+  // already submitted).
+  std::shared_ptr<const SubmittedPrompts> submit_prompts(std::vector<GenerateRequest> requests,
+                                                         httplib::Response& res);
+  void abort_prompts(const SubmittedPrompts& submitted);
   // false (and the 400 / 429 answered) when the requests exceed the server's bounds.
   bool admit(const std::vector<const GenerateRequest*>& requests, httplib::Response& res);
   // SGLang types weight versions as strings: the label /update_weight_version gave version v, or
@@ -136,8 +142,6 @@ class HttpServer {
   mutable std::mutex version_mu_;
   std::map<int64_t, std::string> version_labels_;
   std::atomic<uint64_t> http_requests_{0}, http_errors_{0};
-
-  friend struct Handlers;
 };
 
 }  // namespace miles::rollout
