@@ -385,6 +385,115 @@ struct Row {
   uint64_t dh(uint64_t EngineStats::*f) const { return head.after.*f - head.before.*f; }
 };
 
+// --spec-head: the draft head fitted to the policy on o.head_epochs plain epochs of the task's
+// prompts, and its agreement with the policy on one more (held out) printed.
+Result<std::shared_ptr<const DraftHead>> fit_head(const SpecBenchOptions& o, const Model& model,
+                                                  ThreadPool& pool, const Task& task) {
+  MILES_ASSIGN_OR_RETURN(auto data, head_data(o, model, pool, task, 0, o.head_epochs));
+  std::printf("%s: the draft head fitted to the policy on %lld plain epochs of its prompts\n",
+              task.name.c_str(), static_cast<long long>(o.head_epochs));
+  MILES_ASSIGN_OR_RETURN(std::shared_ptr<const DraftHead> head, train_head(o, model, pool, data));
+  MILES_ASSIGN_OR_RETURN(auto held_out, head_data(o, model, pool, task, o.head_epochs, 1));
+  print_held_out(*head, held_out, o.temperature, pool);
+  return head;
+}
+
+// One row: a fresh engine per kind (off, the suffix drafter, the draft head when there is one),
+// each running the task's prompts twice at concurrency c; the second epoch is measured.
+void measure_row(const SpecBenchOptions& o, std::shared_ptr<const Model> model,
+                 std::shared_ptr<const Tokenizer> tok, ThreadPool& pool, const Task& task,
+                 std::shared_ptr<const DraftHead> head, Row& row) {
+  const int c = row.concurrency;
+  for (int kind : {0, 1, 2}) {  // off, suffix drafter, draft head
+    if (kind == 2 && !head) continue;
+    EngineOptions eo;
+    eo.max_batch_tokens = 2048;
+    eo.max_running = std::max<int64_t>(256, c);
+    eo.num_blocks = (c + 8) * ((1024 + eo.block_tokens - 1) / eo.block_tokens) + 64;
+    eo.speculative.enabled = kind > 0;
+    eo.speculative.max_draft_tokens = o.max_draft_tokens;
+    eo.speculative.adaptive = o.adaptive;
+    Engine e(make_model_runner(model, &pool), eo, tok);
+    HeadDrafter* head_drafter = nullptr;
+    if (kind == 2) {
+      auto d = make_head_drafter(head, &pool);
+      head_drafter = d.get();
+      e.set_drafter(std::move(d));
+    }
+    run_epoch(e, task, c, 1, o.temperature);  // warm-up, and the drafter's history
+    const HeadDrafterStats first = head_drafter ? head_drafter->stats() : HeadDrafterStats{};
+    (kind == 0   ? row.plain
+     : kind == 1 ? row.spec
+                 : row.head) = run_epoch(e, task, c, 2, o.temperature);
+    if (head_drafter) {
+      const HeadDrafterStats last = head_drafter->stats();
+      row.head_scored = last.scored - first.scored;
+      for (size_t w = 0; w < last.hits.size(); ++w) row.head_hits[w] = last.hits[w] - first.hits[w];
+    }
+  }
+}
+
+void print_row_header() {
+  std::printf("%-10s %4s %9s %12s %6s %10s %8s %8s %7s %10s %6s %10s %8s %s\n", "task", "c",
+              "off tok/s", "suffix tok/s", "x off", "tok/verify", "accepted", "drafted", "mean p",
+              "head tok/s", "x off", "tok/verify", "accepted", "same samples");
+}
+
+void print_row(const Row& row, bool same) {
+  const uint64_t verifies = row.d(&EngineStats::spec_verifies);
+  const uint64_t head_verifies = row.dh(&EngineStats::spec_verifies);
+  std::printf(
+      "%-10s %4d %9.1f %12.1f %6.2f %10.2f %8llu %8llu %7.3f %10.1f %6.2f %10.2f %8s %s\n",
+      row.task.c_str(), row.concurrency, row.plain_tps(), row.spec_tps(),
+      row.spec_tps() / row.plain_tps(),
+      verifies ? double(row.d(&EngineStats::spec_emitted_tokens)) / verifies : 0.0,
+      static_cast<unsigned long long>(row.d(&EngineStats::spec_accepted_tokens)),
+      static_cast<unsigned long long>(row.d(&EngineStats::spec_draft_tokens)), row.mean_p(),
+      row.head_tps(), row.head_tps() / row.plain_tps(),
+      head_verifies ? double(row.dh(&EngineStats::spec_emitted_tokens)) / head_verifies : 0.0,
+      (std::to_string(row.dh(&EngineStats::spec_accepted_tokens)) + "/" +
+       std::to_string(row.dh(&EngineStats::spec_draft_tokens)))
+          .c_str(),
+      same ? "yes" : "NO");
+  if (row.head_scored > 0)
+    std::printf(
+        "  head's first drafts whose token landed: %llu; = its argmax %.3f, = its coupled "
+        "draw %.3f, at half the temperature %.3f\n",
+        static_cast<unsigned long long>(row.head_scored),
+        double(row.head_hits[0]) / double(row.head_scored),
+        double(row.head_hits[1]) / double(row.head_scored),
+        double(row.head_hits[2]) / double(row.head_scored));
+  std::fflush(stdout);
+}
+
+void write_rows_json(const SpecBenchOptions& o, int threads, const std::vector<Row>& rows) {
+  nlohmann::json j = {{"model", o.model},
+                      {"threads", threads},
+                      {"isa", kernels::isa_name(kernels::detect_isa())},
+                      {"prompts", o.prompts},
+                      {"temperature", o.temperature},
+                      {"rows", nlohmann::json::array()}};
+  for (const Row& r : rows)
+    j["rows"].push_back({{"task", r.task},
+                         {"concurrency", r.concurrency},
+                         {"off_tokens_per_s", r.plain_tps()},
+                         {"suffix_tokens_per_s", r.spec_tps()},
+                         {"verifies", r.d(&EngineStats::spec_verifies)},
+                         {"emitted_tokens", r.d(&EngineStats::spec_emitted_tokens)},
+                         {"draft_tokens", r.d(&EngineStats::spec_draft_tokens)},
+                         {"accepted_tokens", r.d(&EngineStats::spec_accepted_tokens)},
+                         {"mean_token_probability", r.mean_p()},
+                         {"head_tokens_per_s", r.head_tps()},
+                         {"head_verifies", r.dh(&EngineStats::spec_verifies)},
+                         {"head_emitted_tokens", r.dh(&EngineStats::spec_emitted_tokens)},
+                         {"head_draft_tokens", r.dh(&EngineStats::spec_draft_tokens)},
+                         {"head_accepted_tokens", r.dh(&EngineStats::spec_accepted_tokens)},
+                         {"head_first_drafts_scored", r.head_scored},
+                         {"head_first_drafts_hits_argmax_coupled_sharpened", r.head_hits},
+                         {"output_tokens", r.spec.output_tokens}});
+  std::ofstream(o.json) << j.dump(1) << "\n";
+}
+
 }  // namespace
 
 int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model,
@@ -401,106 +510,22 @@ int run_spec_bench(const SpecBenchOptions& o, std::shared_ptr<const Model> model
   for (const Task& task : *tasks) {
     std::shared_ptr<const DraftHead> head;
     if (o.head) {
-      auto data = head_data(o, *model, pool, task, 0, o.head_epochs);
-      if (!data.ok()) return fail("bench rollout --spec", data.message());
-      std::printf("%s: the draft head fitted to the policy on %lld plain epochs of its prompts\n",
-                  task.name.c_str(), static_cast<long long>(o.head_epochs));
-      auto trained = train_head(o, *model, pool, *data);
-      if (!trained.ok()) return fail("bench rollout --spec", trained.message());
-      head = std::move(trained).value();
-      auto held_out = head_data(o, *model, pool, task, o.head_epochs, 1);
-      if (!held_out.ok()) return fail("bench rollout --spec", held_out.message());
-      print_held_out(*head, *held_out, o.temperature, pool);
+      auto fitted = fit_head(o, *model, pool, task);
+      if (!fitted.ok()) return fail("bench rollout --spec", fitted.message());
+      head = std::move(fitted).value();
     }
-    std::printf("%-10s %4s %9s %12s %6s %10s %8s %8s %7s %10s %6s %10s %8s %s\n", "task", "c",
-                "off tok/s", "suffix tok/s", "x off", "tok/verify", "accepted", "drafted", "mean p",
-                "head tok/s", "x off", "tok/verify", "accepted", "same samples");
+    print_row_header();
     for (int c : o.concurrency) {
       Row row{task.name, c, {}, {}, {}};
-      for (int kind : {0, 1, 2}) {  // off, suffix drafter, draft head
-        if (kind == 2 && !head) continue;
-        EngineOptions eo;
-        eo.max_batch_tokens = 2048;
-        eo.max_running = std::max<int64_t>(256, c);
-        eo.num_blocks = (c + 8) * ((1024 + eo.block_tokens - 1) / eo.block_tokens) + 64;
-        eo.speculative.enabled = kind > 0;
-        eo.speculative.max_draft_tokens = o.max_draft_tokens;
-        eo.speculative.adaptive = o.adaptive;
-        Engine e(make_model_runner(model, &pool), eo, tok);
-        HeadDrafter* head_drafter = nullptr;
-        if (kind == 2) {
-          auto d = make_head_drafter(head, &pool);
-          head_drafter = d.get();
-          e.set_drafter(std::move(d));
-        }
-        run_epoch(e, task, c, 1, o.temperature);  // warm-up, and the drafter's history
-        const HeadDrafterStats first = head_drafter ? head_drafter->stats() : HeadDrafterStats{};
-        (kind == 0   ? row.plain
-         : kind == 1 ? row.spec
-                     : row.head) = run_epoch(e, task, c, 2, o.temperature);
-        if (head_drafter) {
-          const HeadDrafterStats last = head_drafter->stats();
-          row.head_scored = last.scored - first.scored;
-          for (size_t w = 0; w < last.hits.size(); ++w)
-            row.head_hits[w] = last.hits[w] - first.hits[w];
-        }
-      }
+      measure_row(o, model, tok, pool, task, head, row);
       const bool same =
           same_samples(row.plain, row.spec) && (!head || same_samples(row.plain, row.head));
-      const uint64_t verifies = row.d(&EngineStats::spec_verifies);
-      const uint64_t head_verifies = row.dh(&EngineStats::spec_verifies);
-      std::printf(
-          "%-10s %4d %9.1f %12.1f %6.2f %10.2f %8llu %8llu %7.3f %10.1f %6.2f %10.2f %8s %s\n",
-          task.name.c_str(), c, row.plain_tps(), row.spec_tps(), row.spec_tps() / row.plain_tps(),
-          verifies ? double(row.d(&EngineStats::spec_emitted_tokens)) / verifies : 0.0,
-          static_cast<unsigned long long>(row.d(&EngineStats::spec_accepted_tokens)),
-          static_cast<unsigned long long>(row.d(&EngineStats::spec_draft_tokens)), row.mean_p(),
-          row.head_tps(), row.head_tps() / row.plain_tps(),
-          head_verifies ? double(row.dh(&EngineStats::spec_emitted_tokens)) / head_verifies : 0.0,
-          (std::to_string(row.dh(&EngineStats::spec_accepted_tokens)) + "/" +
-           std::to_string(row.dh(&EngineStats::spec_draft_tokens)))
-              .c_str(),
-          same ? "yes" : "NO");
-      if (row.head_scored > 0)
-        std::printf(
-            "  head's first drafts whose token landed: %llu; = its argmax %.3f, = its coupled "
-            "draw %.3f, at half the temperature %.3f\n",
-            static_cast<unsigned long long>(row.head_scored),
-            double(row.head_hits[0]) / double(row.head_scored),
-            double(row.head_hits[1]) / double(row.head_scored),
-            double(row.head_hits[2]) / double(row.head_scored));
-      std::fflush(stdout);
+      print_row(row, same);
       if (!same) return fail("bench rollout --spec", "speculative samples differ from plain ones");
       rows.push_back(std::move(row));
     }
   }
-  if (!o.json.empty()) {
-    nlohmann::json j = {{"model", o.model},
-                        {"threads", pool.num_threads()},
-                        {"isa", kernels::isa_name(kernels::detect_isa())},
-                        {"prompts", o.prompts},
-                        {"temperature", o.temperature},
-                        {"rows", nlohmann::json::array()}};
-    for (const Row& r : rows)
-      j["rows"].push_back({{"task", r.task},
-                           {"concurrency", r.concurrency},
-                           {"off_tokens_per_s", r.plain_tps()},
-                           {"suffix_tokens_per_s", r.spec_tps()},
-                           {"verifies", r.d(&EngineStats::spec_verifies)},
-                           {"emitted_tokens", r.d(&EngineStats::spec_emitted_tokens)},
-                           {"draft_tokens", r.d(&EngineStats::spec_draft_tokens)},
-                           {"accepted_tokens", r.d(&EngineStats::spec_accepted_tokens)},
-                           {"mean_token_probability", r.mean_p()},
-                           {"head_tokens_per_s", r.head_tps()},
-                           {"head_verifies", r.dh(&EngineStats::spec_verifies)},
-                           {"head_emitted_tokens", r.dh(&EngineStats::spec_emitted_tokens)},
-                           {"head_draft_tokens", r.dh(&EngineStats::spec_draft_tokens)},
-                           {"head_accepted_tokens", r.dh(&EngineStats::spec_accepted_tokens)},
-                           {"head_first_drafts_scored", r.head_scored},
-                           {"head_first_drafts_hits_argmax_coupled_sharpened", r.head_hits},
-                           {"output_tokens", r.spec.output_tokens}});
-    std::ofstream(o.json) << j.dump(1) << "\n";
-  }
+  if (!o.json.empty()) write_rows_json(o, pool.num_threads(), rows);
   return 0;
 }
 

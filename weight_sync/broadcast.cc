@@ -49,6 +49,91 @@ Result<std::vector<std::span<const float>>> bucket_sources(const Bucket& b,
   return out;
 }
 
+// How a rank takes part in one bucket's broadcast.
+struct BucketRole {
+  int root;
+  bool sending;
+  bool staged;  // a receiver that keeps a shard, or nothing: one tensor at a time through `whole`
+};
+
+// The bucket's tensors as one stream (Communicator::broadcast_buffers), each straight into its
+// destination (a staged receiver: one tensor at a time, its shard kept). Each tensor is hashed
+// once into sums[i] unless the sender knows its sum: on its way through the transport's buffer,
+// or after it.
+Status broadcast_tensors(Communicator& group, const Bucket& b, const BucketRole& role,
+                         const std::vector<std::span<const float>>& sources, ReceivedWeights* out,
+                         const BroadcastOptions& options, std::vector<float>& whole,
+                         std::vector<std::string>& sums) {
+  for (size_t first = 0; first < b.tensors.size();) {
+    const size_t last = role.staged ? first + 1 : b.tensors.size();
+    std::vector<Communicator::Buffer> bufs;
+    std::vector<weight_sync_detail::Xxh3Stream> hashes(last - first);
+    for (size_t i = first; i < last; ++i) {
+      const PlannedTensor& t = b.tensors[i];
+      const size_t count = static_cast<size_t>(t.bytes) / sizeof(float);
+      float* dst = nullptr;
+      if (role.sending) {
+        sums[i] = options.known_xxh3 ? options.known_xxh3(t.name) : "";
+        dst = const_cast<float*>(sources[i].data());  // the root's buffer is only read
+      } else if (!role.staged) {
+        std::vector<float>& v = out->tensors[t.name];
+        v.resize(count);
+        dst = v.data();
+      } else {
+        whole.resize(count);
+        dst = whole.data();
+      }
+      bufs.push_back({dst, static_cast<size_t>(t.bytes)});
+    }
+    const auto hash = [&](size_t j) { return sums[first + j].size() != kHex; };
+    Communicator::BufferHooks hooks;
+    hooks.copy = [&](size_t j, void* to, const void* from, size_t, size_t n) {
+      if (hash(j)) {
+        hashes[j].copy(to, from, n);
+      } else {
+        std::memcpy(to, from, n);
+      }
+    };
+    hooks.arrived = [&](size_t j, size_t off, size_t n) {
+      if (hash(j) && hashes[j].bytes() < off + n)
+        hashes[j].update(static_cast<const char*>(bufs[j].data) + off, n);
+    };
+    const Status s = group.broadcast_buffers(bufs, role.root, hooks);
+    for (size_t i = first; i < last; ++i)
+      if (hash(i - first)) sums[i] = hashes[i - first].hex();
+    MILES_RETURN_IF_ERROR(s);
+    if (role.staged && out) {
+      // A tensor-parallel rank keeps its shard; the whole tensor's checksum is compared after.
+      const PlannedTensor& t = b.tensors[first];
+      std::vector<float> shard =
+          shard_pieces::shard_of(t, whole.data(), options.shard_rank, options.shard_size);
+      out->checksums[t.name] = xxh3_128_hex(shard.data(), shard.size() * sizeof(float));
+      out->shapes[t.name] = shard_pieces::local_shape(t, options.shard_size);
+      out->tensors[t.name] = std::move(shard);
+    }
+    first = last;
+  }
+  return Status::Ok();
+}
+
+// A receiver's hashes against the sender's checksums (`table`, one per tensor); a whole-tensor
+// receiver records each tensor's shape and checksum.
+Status check_sums(const Bucket& b, const std::string& table, const std::vector<std::string>& sums,
+                  const std::string& at, ReceivedWeights* out, const BroadcastOptions& options) {
+  for (size_t i = 0; i < b.tensors.size(); ++i) {
+    const PlannedTensor& t = b.tensors[i];
+    const std::string sent = table.substr(i * kHex, kHex);
+    if (sums[i] != sent)
+      return Status::Error(at + "checksum mismatch for " + t.name + " (got " + sums[i] +
+                           ", the sender's " + sent + ")");
+    if (options.shard_size == 1) {
+      out->shapes[t.name] = t.shape;
+      out->checksums[t.name] = sent;
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 // Per bucket: the version; then every tensor, straight from the sender's source into the
@@ -67,93 +152,32 @@ Status broadcast_weights(Communicator& group, const TransferPlan& plan, int64_t 
   std::vector<float> whole;  // a tensor that is not kept whole (a shard's, or no receiver's)
   for (size_t bi = 0; bi < plan.buckets.size(); ++bi) {
     const Bucket& b = plan.buckets[bi];
-    const int root = options.sender_group_rank(b.sender);
     const std::string at =
         "weight version " + std::to_string(version) + ", bucket " + std::to_string(bi) + ": ";
-    if (root < 0 || root >= group.size())
+    BucketRole role;
+    role.root = options.sender_group_rank(b.sender);
+    if (role.root < 0 || role.root >= group.size())
       return Status::Error(at + "sender world rank " + std::to_string(b.sender) +
                            " is not in the group");
-    const bool sending = group.rank() == root;
+    role.sending = group.rank() == role.root;
+    role.staged = !role.sending && !(out && options.shard_size == 1);
     std::vector<std::span<const float>> sources;
-    if (sending) {
+    if (role.sending) {
       MILES_ASSIGN_OR_RETURN(sources, bucket_sources(b, source, at));
     }
     int64_t got_version = version;
-    Status s = group.broadcast(&got_version, sizeof got_version, root);
+    Status s = group.broadcast(&got_version, sizeof got_version, role.root);
     if (!s.ok()) return s.with_context(at.substr(0, at.size() - 2));
     if (got_version != version)
       return Status::Error(at + "the sender sent version " + std::to_string(got_version));
     std::vector<std::string> sums(b.tensors.size());
-    // The bucket's tensors go as one stream (Communicator::broadcast_buffers), each straight into
-    // its destination; a rank that keeps a shard (or nothing) stages one tensor at a time instead.
-    const bool staged = !sending && !(out && options.shard_size == 1);
-    for (size_t first = 0; first < b.tensors.size() && s.ok();) {
-      const size_t last = staged ? first + 1 : b.tensors.size();
-      std::vector<Communicator::Buffer> bufs;
-      std::vector<weight_sync_detail::Xxh3Stream> hashes(last - first);
-      for (size_t i = first; i < last; ++i) {
-        const PlannedTensor& t = b.tensors[i];
-        const size_t count = static_cast<size_t>(t.bytes) / sizeof(float);
-        float* dst = nullptr;
-        if (sending) {
-          sums[i] = options.known_xxh3 ? options.known_xxh3(t.name) : "";
-          dst = const_cast<float*>(sources[i].data());  // the root's buffer is only read
-        } else if (!staged) {
-          std::vector<float>& v = out->tensors[t.name];
-          v.resize(count);
-          dst = v.data();
-        } else {
-          whole.resize(count);
-          dst = whole.data();
-        }
-        bufs.push_back({dst, static_cast<size_t>(t.bytes)});
-      }
-      // Each piece hashed once (unless the sender knows the sum): on its way through the
-      // transport's buffer, or after it.
-      const auto hash = [&](size_t j) { return sums[first + j].size() != kHex; };
-      Communicator::BufferHooks hooks;
-      hooks.copy = [&](size_t j, void* to, const void* from, size_t, size_t n) {
-        if (hash(j)) {
-          hashes[j].copy(to, from, n);
-        } else {
-          std::memcpy(to, from, n);
-        }
-      };
-      hooks.arrived = [&](size_t j, size_t off, size_t n) {
-        if (hash(j) && hashes[j].bytes() < off + n)
-          hashes[j].update(static_cast<const char*>(bufs[j].data) + off, n);
-      };
-      s = group.broadcast_buffers(bufs, root, hooks);
-      for (size_t i = first; i < last; ++i)
-        if (hash(i - first)) sums[i] = hashes[i - first].hex();
-      if (s.ok() && staged && out) {
-        // A tensor-parallel rank keeps its shard; the whole tensor's checksum is compared below.
-        const PlannedTensor& t = b.tensors[first];
-        std::vector<float> shard =
-            shard_pieces::shard_of(t, whole.data(), options.shard_rank, options.shard_size);
-        out->checksums[t.name] = xxh3_128_hex(shard.data(), shard.size() * sizeof(float));
-        out->shapes[t.name] = shard_pieces::local_shape(t, options.shard_size);
-        out->tensors[t.name] = std::move(shard);
-      }
-      first = last;
-    }
+    s = broadcast_tensors(group, b, role, sources, out, options, whole, sums);
     std::string table(kHex * b.tensors.size(), '0');
-    if (sending)
+    if (role.sending)
       for (size_t i = 0; i < sums.size(); ++i) table.replace(i * kHex, kHex, sums[i]);
-    if (s.ok()) s = group.broadcast(table.data(), table.size(), root);
+    if (s.ok()) s = group.broadcast(table.data(), table.size(), role.root);
     if (!s.ok()) return s.with_context(at.substr(0, at.size() - 2));
-    if (!out || sending) continue;
-    for (size_t i = 0; i < b.tensors.size(); ++i) {
-      const PlannedTensor& t = b.tensors[i];
-      const std::string sent = table.substr(i * kHex, kHex);
-      if (sums[i] != sent)
-        return Status::Error(at + "checksum mismatch for " + t.name + " (got " + sums[i] +
-                             ", the sender's " + sent + ")");
-      if (options.shard_size == 1) {
-        out->shapes[t.name] = t.shape;
-        out->checksums[t.name] = sent;
-      }
-    }
+    if (out && !role.sending) MILES_RETURN_IF_ERROR(check_sums(b, table, sums, at, out, options));
   }
   if (out) out->verified = true;
   return Status::Ok();

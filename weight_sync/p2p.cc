@@ -160,6 +160,113 @@ Status p2p_send_weights(Communicator& world, const TransferPlan& plan, int64_t v
   return Status::Ok();
 }
 
+namespace {
+
+// One piece trainer rank k sends into this rank's shard: where its first float goes, whether it
+// lands there directly (one run in the shard) or through a staging run, and its hash once landed.
+struct Incoming {
+  size_t tensor;  // index in the bucket
+  Piece piece;
+  float* dst;
+  bool direct;
+  std::string sum;
+};
+
+// The pieces trainer rank k (of nt) sends engine rank j (of ne) for bucket b, in sending order.
+std::vector<Incoming> incoming_pieces(const Bucket& b, int k, int nt, int j, int ne,
+                                      std::map<std::string, std::vector<float>>& shards) {
+  std::vector<Incoming> pieces;
+  for (size_t i = 0; i < b.tensors.size(); ++i) {
+    const Piece p = piece_of(b.tensors[i], k, nt, j, ne);
+    if (p.floats() > 0)
+      pieces.push_back(
+          {i, p, shards[b.tensors[i].name].data() + p.dst, one_run(p, p.dst_stride), {}});
+  }
+  return pieces;
+}
+
+// The pieces from `src`, received in groups posted at once (Communicator::recv_buffers): straight
+// into the shard when a piece is one run there, else into a staging run placed (and hashed) once
+// it is in; a group stages at most kStagedGroupBytes. Each piece is hashed as it lands.
+Status receive_pieces(Communicator& world, int src, uint32_t tag, std::vector<Incoming>& pieces,
+                      std::vector<std::vector<float>>& staged) {
+  for (size_t first = 0; first < pieces.size();) {
+    size_t last = first, staged_bytes = 0;
+    std::vector<Communicator::Buffer> bufs;
+    staged.clear();
+    for (; last < pieces.size(); ++last) {
+      const Incoming& in = pieces[last];
+      const size_t bytes = static_cast<size_t>(in.piece.floats()) * sizeof(float);
+      if (!in.direct && last > first && staged_bytes + bytes > kStagedGroupBytes) break;
+      void* to = in.dst;
+      if (!in.direct) {
+        to = staged.emplace_back(static_cast<size_t>(in.piece.floats())).data();
+        staged_bytes += bytes;
+      }
+      bufs.push_back({to, bytes});
+    }
+    size_t next_staged = 0;
+    const auto land = [&](size_t g) {
+      Incoming& in = pieces[first + g];
+      const Piece& p = in.piece;
+      weight_sync_detail::Xxh3Stream hash;
+      if (in.direct) {
+        hash.update(in.dst, bufs[g].bytes);
+      } else {
+        const float* run = staged[next_staged++].data();
+        for (int64_t r = 0; r < p.rows; ++r)
+          hash.copy(in.dst + r * p.dst_stride, run + r * p.len, p.len * sizeof(float));
+      }
+      in.sum = hash.hex();
+    };
+    MILES_RETURN_IF_ERROR(world.recv_buffers(bufs, src, tag, land));
+    first = last;
+  }
+  return Status::Ok();
+}
+
+// The sender's checksums (the trailer, one per tensor of the bucket) against the pieces' hashes;
+// a mismatch leaves the set unverified (never swapped in). A piece that is the whole shard, in
+// order, gives the shard its checksum (`whole`).
+Status check_trailer(const std::vector<char>& trailer, const Bucket& b,
+                     const std::vector<Incoming>& pieces, int ne, const std::string& at, int src,
+                     std::map<std::string, std::string>& whole) {
+  for (const Incoming& in : pieces) {
+    const PlannedTensor& t = b.tensors[in.tensor];
+    const std::string want(trailer.data() + in.tensor * kHex, kHex);
+    if (in.sum != want)
+      return Status::Error(at + ": checksum mismatch for " + t.name + " (piece from trainer " +
+                           "rank " + std::to_string(src) + ")");
+    if (in.piece.dst == 0 && in.direct && in.piece.floats() == local_numel(t, ne))
+      whole[t.name] = want;
+  }
+  return Status::Ok();
+}
+
+// Bucket bi's pieces from trainer rank k (at world rank src): the version header, the pieces, the
+// trailer.
+Status receive_from_trainer_rank(Communicator& world, const Bucket& b, size_t bi, int k, int src,
+                                 int64_t version, int nt, int j, int ne, const std::string& at,
+                                 ReceivedWeights* out, std::vector<std::vector<float>>& staged,
+                                 std::map<std::string, std::string>& whole) {
+  const std::string from = at + ", from trainer rank " + std::to_string(src);
+  int64_t got = 0;
+  if (Status s = world.recv(&got, sizeof got, src, header_tag(bi, k)); !s.ok())
+    return s.with_context(from);
+  if (got != version)
+    return Status::Error(at + ": trainer rank " + std::to_string(src) + " sent version " +
+                         std::to_string(got));
+  std::vector<Incoming> pieces = incoming_pieces(b, k, nt, j, ne, out->tensors);
+  if (Status s = receive_pieces(world, src, piece_tag(bi, k), pieces, staged); !s.ok())
+    return s.with_context(from);
+  std::vector<char> trailer(kHex * b.tensors.size());
+  if (Status s = world.recv(trailer.data(), trailer.size(), src, header_tag(bi, k)); !s.ok())
+    return s.with_context(from + ", checksums");
+  return check_trailer(trailer, b, pieces, ne, at, src, whole);
+}
+
+}  // namespace
+
 Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_t version,
                            const P2pRoles& roles, ReceivedWeights* out) {
   out->version = version;
@@ -178,88 +285,17 @@ Status p2p_receive_weights(Communicator& world, const TransferPlan& plan, int64_
     const Bucket& b = plan.buckets[bi];
     const std::string at =
         "weight version " + std::to_string(version) + ", bucket " + std::to_string(bi);
-    std::map<std::string, std::string> whole;  // tensors that arrived as one verified piece
     // The buffers of an earlier version are reused (fresh pages cost a fault each 4 KiB): the
-    // pieces from the trainer ranks cover each shard, so every float is written below.
+    // pieces from the trainer ranks cover each shard, so every float is written.
     for (const PlannedTensor& t : b.tensors) {
       out->tensors[t.name].resize(static_cast<size_t>(local_numel(t, ne)));
       out->shapes[t.name] = local_shape(t, ne);
     }
-    for (int k = 0; k < nt; ++k) {
-      const int src = roles.trainer.rank_of({0, b.stage, k});
-      const std::string from = at + ", from trainer rank " + std::to_string(src);
-      int64_t got = 0;
-      if (Status s = world.recv(&got, sizeof got, src, header_tag(bi, k)); !s.ok())
-        return s.with_context(from);
-      if (got != version)
-        return Status::Error(at + ": trainer rank " + std::to_string(src) + " sent version " +
-                             std::to_string(got));
-      // The pieces in sending order, received in groups posted at once
-      // (Communicator::recv_buffers): straight into the shard when a piece is one run there,
-      // else into a staging run placed (and hashed) once it is in; a group stages at most
-      // kStagedGroupBytes. Each piece is hashed as it lands; the sender's checksums follow the
-      // pieces (the trailer). A mismatch leaves the set unverified (never swapped in).
-      struct Incoming {
-        size_t tensor;
-        Piece piece;
-        float* dst;  // where the piece's first float goes in this rank's shard
-        bool direct;
-        std::string sum;
-      };
-      std::vector<Incoming> pieces;
-      for (size_t i = 0; i < b.tensors.size(); ++i) {
-        const Piece p = piece_of(b.tensors[i], k, nt, j, ne);
-        if (p.floats() > 0)
-          pieces.push_back(
-              {i, p, out->tensors[b.tensors[i].name].data() + p.dst, one_run(p, p.dst_stride), {}});
-      }
-      for (size_t first = 0; first < pieces.size();) {
-        size_t last = first, staged_bytes = 0;
-        std::vector<Communicator::Buffer> bufs;
-        staged.clear();
-        for (; last < pieces.size(); ++last) {
-          const Incoming& in = pieces[last];
-          const size_t bytes = static_cast<size_t>(in.piece.floats()) * sizeof(float);
-          if (!in.direct && last > first && staged_bytes + bytes > kStagedGroupBytes) break;
-          void* to = in.dst;
-          if (!in.direct) {
-            to = staged.emplace_back(static_cast<size_t>(in.piece.floats())).data();
-            staged_bytes += bytes;
-          }
-          bufs.push_back({to, bytes});
-        }
-        size_t next_staged = 0;
-        const auto land = [&](size_t g) {
-          Incoming& in = pieces[first + g];
-          const Piece& p = in.piece;
-          weight_sync_detail::Xxh3Stream hash;
-          if (in.direct) {
-            hash.update(in.dst, bufs[g].bytes);
-          } else {
-            const float* run = staged[next_staged++].data();
-            for (int64_t r = 0; r < p.rows; ++r)
-              hash.copy(in.dst + r * p.dst_stride, run + r * p.len, p.len * sizeof(float));
-          }
-          in.sum = hash.hex();
-        };
-        if (Status s = world.recv_buffers(bufs, src, piece_tag(bi, k), land); !s.ok())
-          return s.with_context(from);
-        first = last;
-      }
-      std::vector<char> trailer(kHex * b.tensors.size());
-      if (Status s = world.recv(trailer.data(), trailer.size(), src, header_tag(bi, k)); !s.ok())
-        return s.with_context(from + ", checksums");
-      for (const Incoming& in : pieces) {
-        const PlannedTensor& t = b.tensors[in.tensor];
-        const std::string want(trailer.data() + in.tensor * kHex, kHex);
-        if (in.sum != want)
-          return Status::Error(at + ": checksum mismatch for " + t.name + " (piece from trainer " +
-                               "rank " + std::to_string(src) + ")");
-        // A piece that is the whole shard, in order: its verified checksum is the shard's.
-        if (in.piece.dst == 0 && in.direct && in.piece.floats() == local_numel(t, ne))
-          whole[t.name] = want;
-      }
-    }
+    std::map<std::string, std::string> whole;  // tensors that arrived as one verified piece
+    for (int k = 0; k < nt; ++k)
+      MILES_RETURN_IF_ERROR(receive_from_trainer_rank(world, b, bi, k,
+                                                      roles.trainer.rank_of({0, b.stage, k}),
+                                                      version, nt, j, ne, at, out, staged, whole));
     for (const PlannedTensor& t : b.tensors) {
       const std::vector<float>& v = out->tensors[t.name];
       const auto w = whole.find(t.name);
