@@ -227,51 +227,27 @@ Status read_deepseek2_yarn(const GgufFile& f, GgufArch* a) {
   return Status::Ok();
 }
 
-// GLM-4 MoE as llama.cpp's glm4moe defines it (llama-model.cpp / models/glm4-moe.cpp and
-// build_moe_ffn in llama-graph.cpp): sigmoid scores (expert_gating_func absent or 0 means sigmoid
-// there too), the top experts chosen by score + exp_probs_b, weighted by their scores,
-// renormalised when expert_weights_norm, times expert_weights_scale; with expert_group_count > 1
-// only the expert_group_used_count groups with the best two-expert sums compete; a shared expert
-// of expert_shared_count * expert_feed_forward_length; the first leading_dense_block_count layers
-// dense. q/k/v biases and q/k norms are optional per tensor in llama.cpp; HF's attention_bias and
-// use_qk_norm are all or nothing, so they are read from layer 0 and required on every layer.
-// (Both mask the groups left out with -inf: transformers 5's Glm4MoeTopkRouter as llama.cpp.)
-// DeepSeek-V3 as llama.cpp's deepseek2 defines it (models/deepseek2.cpp) routes the same way; its
-// loader reads a missing or 0 expert_gating_func as softmax (DeepSeek-V2 / V2.5's routing, which
-// DeepseekV3ForCausalLM does not compute) and a missing expert_weights_scale as no scaling; the
-// shared expert is always expert_shared_count * expert_feed_forward_length wide.
-Status read_grouped_moe(const GgufFile& f, GgufArch* a) {
+namespace {
+
+Status in_range(const GgufFile& f, const std::string& key, int64_t v, int64_t lo, int64_t hi) {
+  return v >= lo && v <= hi ? Status::Ok()
+                            : key_error(f, key,
+                                        "is " + std::to_string(v) + ", must be in [" +
+                                            std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+// The experts' count, width and shared experts, and the leading dense layers (required by
+// llama.cpp's glm4moe and deepseek2 loaders).
+Status read_expert_sizes(const GgufFile& f, GgufArch* a) {
   const std::string p = a->gguf_arch + ".";
-  const auto& known = a->glm4moe ? glm4moe_keys() : deepseek2_keys();
-  if (const auto key = unknown_key(f, a->gguf_arch, known))
-    return key_error(
-        f, *key,
-        "is not a key miles convert knows for " + a->gguf_arch + " (refused, not ignored)");
-  MILES_RETURN_IF_ERROR(check_vocab_size(f, *a));
-  const std::string sections = p + "rope.dimension_sections";
-  if (f.find(sections)) {
-    MILES_ASSIGN_OR_RETURN(const std::vector<int64_t> s, f.get_ints(sections));
-    for (int64_t v : s)
-      if (v != 0)
-        return key_error(f, sections,
-                         "is set (multimodal M-RoPE, GLM-4.5V); Glm4MoeForCausalLM rotates text "
-                         "positions only");
-  }
-  auto in_range = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {
-    return v >= lo && v <= hi ? Status::Ok()
-                              : key_error(f, p + key,
-                                          "is " + std::to_string(v) + ", must be in [" +
-                                              std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  };
-  // Required by llama.cpp's glm4moe and deepseek2 loaders.
   MILES_ASSIGN_OR_RETURN(a->experts, f.get_int(p + "expert_count"));
-  MILES_RETURN_IF_ERROR(in_range("expert_count", a->experts, 1, 1 << 20));
+  MILES_RETURN_IF_ERROR(in_range(f, p + "expert_count", a->experts, 1, 1 << 20));
   MILES_ASSIGN_OR_RETURN(a->experts_used, f.get_int(p + "expert_used_count"));
-  MILES_RETURN_IF_ERROR(in_range("expert_used_count", a->experts_used, 1, a->experts));
+  MILES_RETURN_IF_ERROR(in_range(f, p + "expert_used_count", a->experts_used, 1, a->experts));
   MILES_ASSIGN_OR_RETURN(a->expert_ff, f.get_int(p + "expert_feed_forward_length"));
-  MILES_RETURN_IF_ERROR(in_range("expert_feed_forward_length", a->expert_ff, 1, INT32_MAX));
+  MILES_RETURN_IF_ERROR(in_range(f, p + "expert_feed_forward_length", a->expert_ff, 1, INT32_MAX));
   MILES_ASSIGN_OR_RETURN(a->shared_experts, f.get_int(p + "expert_shared_count"));
-  MILES_RETURN_IF_ERROR(in_range("expert_shared_count", a->shared_experts, 0, 1 << 10));
+  MILES_RETURN_IF_ERROR(in_range(f, p + "expert_shared_count", a->shared_experts, 0, 1 << 10));
   // llama.cpp sizes the shared expert as expert_shared_count * expert_feed_forward_length.
   if (f.find(p + "expert_shared_feed_forward_length")) {
     MILES_ASSIGN_OR_RETURN(const int64_t v, f.get_int(p + "expert_shared_feed_forward_length"));
@@ -282,7 +258,13 @@ Status read_grouped_moe(const GgufFile& f, GgufArch* a) {
                            std::to_string(a->shared_experts * a->expert_ff));
   }
   MILES_ASSIGN_OR_RETURN(a->dense_lead, int_or(f, p + "leading_dense_block_count", 0));
-  MILES_RETURN_IF_ERROR(in_range("leading_dense_block_count", a->dense_lead, 0, a->layers));
+  return in_range(f, p + "leading_dense_block_count", a->dense_lead, 0, a->layers);
+}
+
+// How the router weighs the experts it picks: the gating function (sigmoid only), the scale and
+// the renormalisation.
+Status read_routing(const GgufFile& f, GgufArch* a) {
+  const std::string p = a->gguf_arch + ".";
   // LLAMA_EXPERT_GATING_FUNC_TYPE: 0 none (glm4moe: sigmoid; deepseek2: softmax), 1 softmax, 2
   // sigmoid, 3 softmax over the chosen experts' logits.
   MILES_ASSIGN_OR_RETURN(const int64_t gating, int_or(f, p + "expert_gating_func", 0));
@@ -319,6 +301,13 @@ Status read_grouped_moe(const GgufFile& f, GgufArch* a) {
   if (f.find(p + "expert_weights_norm")) {  // llama.cpp's default: false
     MILES_ASSIGN_OR_RETURN(a->expert_norm, f.get_bool(p + "expert_weights_norm"));
   }
+  return Status::Ok();
+}
+
+// Group routing (expert_group_count > 1): only the expert_group_used_count groups with the best
+// two-expert sums compete.
+Status read_expert_groups(const GgufFile& f, GgufArch* a) {
+  const std::string p = a->gguf_arch + ".";
   MILES_ASSIGN_OR_RETURN(const int64_t groups, int_or(f, p + "expert_group_count", 0));
   MILES_ASSIGN_OR_RETURN(const int64_t used, int_or(f, p + "expert_group_used_count", 0));
   if (groups < 0) return key_error(f, p + "expert_group_count", "must be >= 0");
@@ -328,7 +317,7 @@ Status read_grouped_moe(const GgufFile& f, GgufArch* a) {
                        "(" + std::to_string(groups) + ") must divide expert_count (" +
                            std::to_string(a->experts) +
                            ") into groups of at least 2 (a group scores its best two)");
-    MILES_RETURN_IF_ERROR(in_range("expert_group_used_count", used, 1, groups - 1));
+    MILES_RETURN_IF_ERROR(in_range(f, p + "expert_group_used_count", used, 1, groups - 1));
     if (a->experts_used > used * (a->experts / groups))
       return key_error(f, p + "expert_used_count",
                        "(" + std::to_string(a->experts_used) +
@@ -337,6 +326,44 @@ Status read_grouped_moe(const GgufFile& f, GgufArch* a) {
     a->expert_groups = groups;
     a->groups_used = used;
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+// GLM-4 MoE as llama.cpp's glm4moe defines it (llama-model.cpp / models/glm4-moe.cpp and
+// build_moe_ffn in llama-graph.cpp): sigmoid scores (expert_gating_func absent or 0 means sigmoid
+// there too), the top experts chosen by score + exp_probs_b, weighted by their scores,
+// renormalised when expert_weights_norm, times expert_weights_scale; with expert_group_count > 1
+// only the expert_group_used_count groups with the best two-expert sums compete; a shared expert
+// of expert_shared_count * expert_feed_forward_length; the first leading_dense_block_count layers
+// dense. q/k/v biases and q/k norms are optional per tensor in llama.cpp; HF's attention_bias and
+// use_qk_norm are all or nothing, so they are read from layer 0 and required on every layer.
+// (Both mask the groups left out with -inf: transformers 5's Glm4MoeTopkRouter as llama.cpp.)
+// DeepSeek-V3 as llama.cpp's deepseek2 defines it (models/deepseek2.cpp) routes the same way; its
+// loader reads a missing or 0 expert_gating_func as softmax (DeepSeek-V2 / V2.5's routing, which
+// DeepseekV3ForCausalLM does not compute) and a missing expert_weights_scale as no scaling; the
+// shared expert is always expert_shared_count * expert_feed_forward_length wide.
+Status read_grouped_moe(const GgufFile& f, GgufArch* a) {
+  const std::string p = a->gguf_arch + ".";
+  const auto& known = a->glm4moe ? glm4moe_keys() : deepseek2_keys();
+  if (const auto key = unknown_key(f, a->gguf_arch, known))
+    return key_error(
+        f, *key,
+        "is not a key miles convert knows for " + a->gguf_arch + " (refused, not ignored)");
+  MILES_RETURN_IF_ERROR(check_vocab_size(f, *a));
+  const std::string sections = p + "rope.dimension_sections";
+  if (f.find(sections)) {
+    MILES_ASSIGN_OR_RETURN(const std::vector<int64_t> s, f.get_ints(sections));
+    for (int64_t v : s)
+      if (v != 0)
+        return key_error(f, sections,
+                         "is set (multimodal M-RoPE, GLM-4.5V); Glm4MoeForCausalLM rotates text "
+                         "positions only");
+  }
+  MILES_RETURN_IF_ERROR(read_expert_sizes(f, a));
+  MILES_RETURN_IF_ERROR(read_routing(f, a));
+  MILES_RETURN_IF_ERROR(read_expert_groups(f, a));
   if (a->glm4moe) {
     a->qk_norm = f.find_tensor("blk.0.attn_q_norm.weight") != nullptr;
     a->qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;

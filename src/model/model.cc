@@ -390,6 +390,68 @@ Status check_logit_rows(std::span<const int64_t> rows, int64_t tokens) {
   return Status::Ok();
 }
 
+// The rows the forward starts from, into h: the tokens' embeddings (vocabulary-parallel under
+// tp: this rank's rows, zeros elsewhere, summed exactly), or `input_hidden` when it is `given`
+// (a forward that starts past layer 0, or is handed its input).
+Status input_rows(const ModelConfig& c, const ModelWeights& w, std::span<const int32_t> tokens,
+                  bool given, int64_t begin, const ForwardOptions& options, std::vector<float>& h) {
+  const int64_t t = tokens.size(), d = c.hidden_size;
+  if (given) {
+    if (static_cast<int64_t>(options.input_hidden.size()) != t * d)
+      return Status::Error("a forward starting at layer " + std::to_string(begin) +
+                           " with input_hidden needs tokens × hidden = " + std::to_string(t * d) +
+                           " values, got " + std::to_string(options.input_hidden.size()));
+    std::copy(options.input_hidden.begin(), options.input_hidden.end(), h.begin());
+    return Status::Ok();
+  }
+  if (!options.tp) {
+    kernels::embedding(w.embed.data(), d, tokens.data(), t, h.data());
+    return Status::Ok();
+  }
+  const int64_t vb = options.tp->vocab_begin, vl = c.vocab_size;
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t id = tokens[i] - vb;
+    if (id >= 0 && id < vl) std::copy_n(w.embed.data() + id * d, d, h.data() + i * d);
+  }
+  return tp_all_reduce(options.tp, h.data(), t * d);
+}
+
+// A tape set up for this forward (the buffers of a reused tape kept).
+void start_tape(ForwardTape::Impl& tape, std::span<const int32_t> tokens,
+                std::span<const SeqSpan> seqs, const BatchPlan& plan, int64_t num_layers,
+                int64_t begin, int64_t end, bool embedded, const ForwardOptions& options) {
+  tape.tokens.assign(tokens.begin(), tokens.end());
+  tape.seqs.assign(seqs.begin(), seqs.end());
+  tape.offset = plan.offset;
+  tape.positions = plan.positions;
+  tape.layers.resize(static_cast<size_t>(num_layers));
+  tape.layer_begin = begin;
+  tape.layer_end = end;
+  tape.embedded = embedded;
+  tape.earlier.clear();
+  for (const ForwardTape* e : options.earlier_passes) tape.earlier.push_back(&e->impl());
+  tape.sent_dqkv.clear();
+}
+
+// The rows the LM head runs over: logit_rows; every row (all_logits); else each sequence's last
+// (or last_rows[s]) rows.
+std::vector<int64_t> head_rows(const ForwardOptions& options, std::span<const SeqSpan> seqs,
+                               const BatchPlan& plan, int64_t t) {
+  std::vector<int64_t> rows;
+  if (!options.logit_rows.empty()) {
+    rows.assign(options.logit_rows.begin(), options.logit_rows.end());
+  } else if (options.all_logits) {
+    for (int64_t i = 0; i < t; ++i) rows.push_back(i);
+  } else {
+    for (size_t si = 0; si < seqs.size(); ++si) {
+      const int64_t k = options.last_rows.empty() ? 1 : options.last_rows[si];
+      for (int64_t j = seqs[si].n_tokens - k; j < seqs[si].n_tokens; ++j)
+        rows.push_back(plan.offset[si] + j);
+    }
+  }
+  return rows;
+}
+
 }  // namespace
 
 Status Model::check_batch(std::span<const int32_t> tokens, std::span<const SeqSpan> seqs,
@@ -458,24 +520,7 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
   MILES_RETURN_IF_ERROR(check_earlier_passes(c, t, seqs, begin, end, options));
   std::vector<float> h(static_cast<size_t>(t * d));
   const bool given = begin > 0 || !options.input_hidden.empty();
-  if (!given) {
-    if (options.tp) {  // vocabulary-parallel: this rank's rows, zeros elsewhere, summed exactly
-      const int64_t vb = options.tp->vocab_begin, vl = c.vocab_size;
-      for (int64_t i = 0; i < t; ++i) {
-        const int64_t id = tokens[i] - vb;
-        if (id >= 0 && id < vl) std::copy_n(w_->embed.data() + id * d, d, h.data() + i * d);
-      }
-      MILES_RETURN_IF_ERROR(tp_all_reduce(options.tp, h.data(), t * d));
-    } else {
-      kernels::embedding(w_->embed.data(), d, tokens.data(), t, h.data());
-    }
-  } else {
-    if (static_cast<int64_t>(options.input_hidden.size()) != t * d)
-      return Status::Error("a forward starting at layer " + std::to_string(begin) +
-                           " with input_hidden needs tokens × hidden = " + std::to_string(t * d) +
-                           " values, got " + std::to_string(options.input_hidden.size()));
-    std::copy(options.input_hidden.begin(), options.input_hidden.end(), h.begin());
-  }
+  MILES_RETURN_IF_ERROR(input_rows(c, *w_, tokens, given, begin, options, h));
   ForwardOutput out;
   const int64_t n_moe = c.num_moe_layers(), k = c.moe.top_k;
   if (options.return_experts && n_moe > 0) {
@@ -483,19 +528,7 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
     out.expert_weights.assign(static_cast<size_t>(t * n_moe * k), 0.0f);
   }
   ForwardTape::Impl* tape = options.tape ? &options.tape->impl() : nullptr;
-  if (tape) {
-    tape->tokens.assign(tokens.begin(), tokens.end());
-    tape->seqs.assign(seqs.begin(), seqs.end());
-    tape->offset = plan.offset;
-    tape->positions = plan.positions;
-    tape->layers.resize(static_cast<size_t>(c.num_layers));  // buffers of a reused tape kept
-    tape->layer_begin = begin;
-    tape->layer_end = end;
-    tape->embedded = !given;
-    tape->earlier.clear();
-    for (const ForwardTape* e : options.earlier_passes) tape->earlier.push_back(&e->impl());
-    tape->sent_dqkv.clear();
-  }
+  if (tape) start_tape(*tape, tokens, seqs, plan, c.num_layers, begin, end, !given, options);
   const std::span<const int64_t> taps = options.tap_layers;
   MILES_RETURN_IF_ERROR(check_tap_layers(taps, begin, end));
   if (!taps.empty()) out.taps.resize(static_cast<size_t>(t) * taps.size() * d);
@@ -517,18 +550,7 @@ Result<ForwardOutput> Model::forward(std::span<const int32_t> tokens, std::span<
   }
   if (options.return_hidden) out.hidden = h;
   // Final norm and LM head over the rows asked for.
-  std::vector<int64_t> rows;
-  if (!options.logit_rows.empty()) {
-    rows.assign(options.logit_rows.begin(), options.logit_rows.end());
-  } else if (options.all_logits) {
-    for (int64_t i = 0; i < t; ++i) rows.push_back(i);
-  } else {
-    for (size_t si = 0; si < seqs.size(); ++si) {
-      const int64_t k = options.last_rows.empty() ? 1 : options.last_rows[si];
-      for (int64_t j = seqs[si].n_tokens - k; j < seqs[si].n_tokens; ++j)
-        rows.push_back(plan.offset[si] + j);
-    }
-  }
+  const std::vector<int64_t> rows = head_rows(options, seqs, plan, t);
   std::vector<float> sel(rows.size() * d);
   for (size_t r = 0; r < rows.size(); ++r)
     std::copy_n(h.data() + rows[r] * d, d, sel.data() + r * d);
