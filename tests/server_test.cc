@@ -1,6 +1,7 @@
-// The HTTP server over real loopback sockets: /generate (plain, streamed, n > 1) returns exactly what
-// the engine computes; bad requests get a 4xx with a message and the server stays up; a client that
-// disconnects mid-stream frees its KV blocks; the weight lifecycle endpoints; 256 concurrent clients.
+// The HTTP server over real loopback sockets: /generate (plain, streamed, n > 1) returns exactly
+// what the engine computes; bad requests get a 4xx with a message and the server stays up; a client
+// that disconnects mid-stream frees its KV blocks, and one that goes away aborts its samples
+// whatever the reply's shape; the weight lifecycle endpoints; 256 concurrent clients.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -183,6 +184,50 @@ TEST(Server, ClientDisconnectMidStreamFreesItsBlocks) {
   for (int i = 0; i < 100 && s.free_blocks() != s.idle_blocks; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(s.free_blocks(), s.idle_blocks);
+}
+
+// Every reply shape (/generate and /v1/completions, a body at the end or a stream) aborts the
+// samples of a client that has gone. The engine is paused in place first, so the request can only
+// wait: without the abort it would wait until the engine continues; the client gives up after a
+// second and closes its connection, and the server must notice (the heartbeat's write, or the
+// stream's check while no event comes) and abort.
+TEST(Server, AClientThatGoesAwayAbortsItsSamplesInEveryReplyShape) {
+  Served s(moe_dir(), "", EngineOptions{.num_blocks = 64, .block_tokens = 8});
+  auto c = s.client();
+  const std::vector<int> prompt = {3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19};
+  struct Shape {
+    const char* path;
+    bool stream;
+  };
+  for (const Shape& shape : {Shape{"/generate", false}, Shape{"/generate", true},
+                             Shape{"/v1/completions", false}, Shape{"/v1/completions", true}}) {
+    SCOPED_TRACE(std::string(shape.path) + (shape.stream ? ", streamed" : ", at the end"));
+    int status = 0;
+    post(c, "/pause_generation", {{"mode", "in_place"}}, &status);
+    ASSERT_EQ(status, 200);
+    json body = std::string(shape.path) == "/generate"
+                    ? gen_body(prompt, 20, 1)
+                    : json{{"prompt", prompt}, {"max_tokens", 20}, {"n", 2}};
+    body["stream"] = shape.stream;
+    httplib::Client gone("127.0.0.1", s.server->port());
+    gone.set_read_timeout(1, 0);
+    auto r = gone.Post(shape.path, body.dump(), "application/json");
+    EXPECT_FALSE(r) << "the paused engine answered: " << r->body;
+    gone.stop();
+    bool idle = false;  // no request left in the engine: the gone client's was aborted
+    for (int i = 0; i < 100 && !idle; ++i) {
+      idle = s.driver->call<bool>([](Engine& e) { return e.idle(); });
+      if (!idle) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_TRUE(idle);
+    post(c, "/continue_generation", json::object(), &status);
+    ASSERT_EQ(status, 200);
+    EXPECT_EQ(s.free_blocks(), s.idle_blocks);
+  }
+  // The server still answers.
+  int status = 0;
+  post(c, "/generate", gen_body(prompt, 3, 1), &status);
+  EXPECT_EQ(status, 200);
 }
 
 TEST(Server, WeightLifecycleEndpoints) {
