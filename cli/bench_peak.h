@@ -7,9 +7,11 @@
 #include <chrono>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "miles/kernels.h"
+#include "miles/thread_pool.h"
 
 namespace miles::cli {
 
@@ -41,5 +43,32 @@ inline std::vector<float> random_values(int64_t n, uint32_t seed) {
 // GFLOP/s of independent fma chains on `threads` threads at once: the fastest of the calls made in
 // min_seconds (cmd_bench.cc).
 double fma_peak_gflops(kernels::Isa isa, int threads, double min_seconds);
+
+// The FMA loop of fma_peak_gflops once on each of the pool's threads (`iters` steps each); returns
+// the FLOPs it did (cmd_bench.cc).
+double fma_loop_on_pool(ThreadPool& pool, kernels::Isa isa, int64_t iters);
+
+// The fastest call of `fn` and the fastest of `peak` (an FMA loop), the two alternated for
+// min_seconds. On a VM the clock and the neighbours move both by tens of percent from one second
+// to the next (docs/benchmarks.md, Zen 3), so a rate read against the peak measured beside it
+// says how well the code uses the core at that moment; against the peak of the run's start it
+// also carries the drift.
+template <typename Fn, typename Peak>
+std::pair<double, double> time_with_peak(Fn fn, Peak peak, double min_seconds) {
+  using Clock = std::chrono::steady_clock;
+  fn();
+  peak();
+  double best = 1e30, best_peak = 1e30;
+  const auto t0 = Clock::now();
+  do {
+    auto a = Clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - a).count());
+    a = Clock::now();
+    peak();
+    best_peak = std::min(best_peak, std::chrono::duration<double>(Clock::now() - a).count());
+  } while (std::chrono::duration<double>(Clock::now() - t0).count() < min_seconds);
+  return {best, best_peak};
+}
 
 }  // namespace miles::cli

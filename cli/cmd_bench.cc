@@ -52,6 +52,17 @@ double fma_peak_gflops(kernels::Isa isa, int threads, double min_seconds) {
   return flops_per_iter * iters * threads / secs / 1e9;
 }
 
+double fma_loop_on_pool(ThreadPool& pool, kernels::Isa isa, int64_t iters) {
+  const double flops_per_iter = isa == kernels::Isa::kAvx512 ? 16 * 16 * 2 : 12 * 8 * 2;
+  const int threads = pool.num_threads();
+  pool.parallel_for(threads, [&](int64_t) {
+    volatile float sink = isa == kernels::Isa::kAvx512 ? kernels::detail::fma_loop_avx512(iters)
+                                                       : kernels::detail::fma_loop_avx2(iters);
+    (void)sink;
+  });
+  return flops_per_iter * static_cast<double>(iters) * threads;
+}
+
 namespace {
 
 void bench_gemm(const BenchOptions& o, int all_threads) {
