@@ -6,8 +6,10 @@ namespace miles::cli {
 // One micro-batch of 255 tokens through each of SmolLM2-135M's matrices (fused q/k/v, o, fused
 // gate/up, down, the LM head): forward y = x·Wᵀ, d-input dx = dy·W (through W's transposed pack)
 // and weight gradient dW = dyᵀ·x folded in place into a gradient buffer that is cold in cache, as
-// the trainer folds its micro-batches. Prints each against peak_gflops (measured in the same run)
-// and the step's GEMM time they add up to (4 micro-batches, 30 layers).
+// the trainer folds its micro-batches. Prints each against peak_gflops (measured at the run's
+// start) and against an FMA loop alternated with it (the peak beside it: a clock that drifts moves
+// both, noise in the loads only the GEMM), and the step's GEMM time they add up to (4
+// micro-batches, 30 layers).
 void bench_train_gemm_shapes(int threads, double peak_gflops, double min_seconds);
 
 // A decode step's GEMMs with a few rows: every matrix of SmolLM2-135M (30 layers, the LM head;
