@@ -30,37 +30,38 @@ struct BenchOptions {
   double min_seconds = 0.5;
 };
 
+// One run of the ISA's FMA loop (independent chains, no loads), `iters` steps.
+void fma_loop(kernels::Isa isa, int64_t iters) {
+  volatile float sink = isa == kernels::Isa::kAvx512 ? kernels::detail::fma_loop_avx512(iters)
+                                                     : kernels::detail::fma_loop_avx2(iters);
+  (void)sink;
+}
+
+// The FLOPs of one run of fma_loop.
+double fma_loop_flops(kernels::Isa isa, int64_t iters) {
+  return (isa == kernels::Isa::kAvx512 ? 16 * 16 * 2 : 12 * 8 * 2) * static_cast<double>(iters);
+}
+
 }  // namespace
 
 // GFLOP/s of independent fma chains on `threads` threads at once (bench_peak.h).
 double fma_peak_gflops(kernels::Isa isa, int threads, double min_seconds) {
   const int64_t iters = 2'000'000;
-  const double flops_per_iter = isa == kernels::Isa::kAvx512 ? 16 * 16 * 2 : 12 * 8 * 2;
-  auto one = [&] {
-    volatile float sink = isa == kernels::Isa::kAvx512 ? kernels::detail::fma_loop_avx512(iters)
-                                                       : kernels::detail::fma_loop_avx2(iters);
-    (void)sink;
-  };
   const double secs = time_per_call(
       [&] {
         std::vector<std::thread> ts;
-        for (int i = 1; i < threads; ++i) ts.emplace_back(one);
-        one();
+        for (int i = 1; i < threads; ++i) ts.emplace_back([&] { fma_loop(isa, iters); });
+        fma_loop(isa, iters);
         for (auto& t : ts) t.join();
       },
       min_seconds);
-  return flops_per_iter * iters * threads / secs / 1e9;
+  return fma_loop_flops(isa, iters) * threads / secs / 1e9;
 }
 
 double fma_loop_on_pool(ThreadPool& pool, kernels::Isa isa, int64_t iters) {
-  const double flops_per_iter = isa == kernels::Isa::kAvx512 ? 16 * 16 * 2 : 12 * 8 * 2;
   const int threads = pool.num_threads();
-  pool.parallel_for(threads, [&](int64_t) {
-    volatile float sink = isa == kernels::Isa::kAvx512 ? kernels::detail::fma_loop_avx512(iters)
-                                                       : kernels::detail::fma_loop_avx2(iters);
-    (void)sink;
-  });
-  return flops_per_iter * static_cast<double>(iters) * threads;
+  pool.parallel_for(threads, [&](int64_t) { fma_loop(isa, iters); });
+  return fma_loop_flops(isa, iters) * threads;
 }
 
 namespace {
