@@ -15,22 +15,6 @@
 
 namespace miles::cli {
 
-// Seconds per call of fn: the fastest of the calls made in min_seconds (after one warm-up call).
-// The minimum is the figure least disturbed by other work on the machine.
-template <typename Fn>
-double time_per_call(Fn fn, double min_seconds) {
-  using Clock = std::chrono::steady_clock;
-  fn();
-  double best = 1e30;
-  const auto t0 = Clock::now();
-  do {
-    const auto a = Clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - a).count());
-  } while (std::chrono::duration<double>(Clock::now() - t0).count() < min_seconds);
-  return best;
-}
-
 // n values drawn from N(0, 1) with the given seed: benchmark operands.
 inline std::vector<float> random_values(int64_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -69,6 +53,15 @@ std::pair<double, double> time_with_peak(Fn fn, Peak peak, double min_seconds) {
     best_peak = std::min(best_peak, std::chrono::duration<double>(Clock::now() - a).count());
   } while (std::chrono::duration<double>(Clock::now() - t0).count() < min_seconds);
   return {best, best_peak};
+}
+
+// Seconds per call of fn: the fastest of the calls made in min_seconds (after one warm-up call).
+// The minimum is the figure least disturbed by other work on the machine.
+template <typename Fn>
+double time_per_call(Fn fn, double min_seconds) {
+  return time_with_peak(
+             fn, [] {}, min_seconds)
+      .first;
 }
 
 }  // namespace miles::cli

@@ -317,7 +317,7 @@ void HttpServer::serve_openai(OpenAiCall call, bool chat, httplib::Response& res
   r.sub = submit_prompts(std::move(requests), res);
   if (!r.sub) return;
   r.call = std::make_shared<const OpenAiCall>(std::move(call));
-  ReplySamples samples{r.sub->stream, r.sub->total, [this, sub = r.sub] { abort_prompts(*sub); }};
+  ReplySamples samples{r.sub, [this, sub = r.sub] { abort_prompts(*sub); }};
   if (r.call->stream) return reply_streamed(res, std::move(samples), r);
   reply_whole(res, std::move(samples), r);
 }

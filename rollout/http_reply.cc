@@ -24,13 +24,13 @@ void reply_at_end(httplib::Response& res, ReplySamples samples,
       "application/json", [samples = std::move(samples), on_final = std::move(on_final),
                            body = std::move(body), done](size_t, httplib::DataSink& sink) {
         const auto beat = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-        while (*done < samples.total && std::chrono::steady_clock::now() < beat) {
+        while (*done < samples.sub->total && std::chrono::steady_clock::now() < beat) {
           SampleEvent ev;
-          if (!samples.stream->next(ev, 200) || !ev.finished) continue;
+          if (!samples.sub->stream->next(ev, 200) || !ev.finished) continue;
           on_final(ev);
           ++*done;
         }
-        if (*done < samples.total) {
+        if (*done < samples.sub->total) {
           if (sink.write(" ", 1)) return true;
           samples.abort_all();
           return false;
@@ -61,20 +61,20 @@ void reply_as_events(httplib::Response& res, ReplySamples samples, SseReply repl
           const std::string opening = reply.opening ? reply.opening() : "";
           if (!opening.empty()) return write_or_abort(opening);
         }
-        if (progress->finished == samples.total) {
+        if (progress->finished == samples.sub->total) {
           const std::string tail = (reply.closing ? reply.closing() : "") + "data: [DONE]\n\n";
           sink.write(tail.data(), tail.size());
           sink.done();
           return true;
         }
         SampleEvent ev;
-        if (!samples.stream->next(ev, 200)) {
+        if (!samples.sub->stream->next(ev, 200)) {
           if (sink.is_writable()) return true;
           samples.abort_all();  // the client has gone: free its KV blocks now
           return false;
         }
         const std::string chunk = reply.on_event(ev);
-        if (ev.finished && ++progress->finished == samples.total && reply.all_finished)
+        if (ev.finished && ++progress->finished == samples.sub->total && reply.all_finished)
           reply.all_finished();
         return write_or_abort(chunk);
       });

@@ -36,11 +36,9 @@ struct SubmittedPrompts {
   }
 };
 
-// A reply's view of its samples: the stream their events arrive on, how many samples it waits
-// for, and how to abort them all (a client that has gone).
+// A reply's samples (their stream and count) and how to abort them all (a client that has gone).
 struct ReplySamples {
-  std::shared_ptr<RequestStream> stream;
-  int32_t total = 0;
+  std::shared_ptr<const SubmittedPrompts> sub;
   std::function<void()> abort_all;
 };
 

@@ -302,7 +302,7 @@ void HttpServer::serve_generate(GenerateBatch batch, httplib::Response& res) {
   r.forget_rids = [this, calls] {
     for (const GenerateCall& c : *calls) forget_rid(c.rid);
   };
-  ReplySamples samples{r.sub->stream, r.sub->total, [this, r] {
+  ReplySamples samples{r.sub, [this, r] {
                          abort_prompts(*r.sub);
                          r.forget_rids();
                        }};
