@@ -27,5 +27,6 @@ if [ "${MILES_SKIP_FUZZ:-0}" != 1 ]; then
   CC=clang-14 CXX=clang++-14 cmake -S . -B "$fuzz_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DMILES_FUZZ=ON -DMILES_TESTS=OFF -DMILES_CUDA=OFF
   cmake --build "$fuzz_build" -j "$jobs" --target fuzz_all
-  ctest --test-dir "$fuzz_build" --output-on-failure -L fuzz
+  # Each fuzzer is one process for a fixed time: one per core.
+  ctest --test-dir "$fuzz_build" --output-on-failure -j "$jobs" -L fuzz
 fi

@@ -875,7 +875,9 @@ TEST(DiskDelta, BlockwiseEncoderGivesTheFormatsPayload) {
         ASSERT_EQ(*size, frame.size() - 2);
         // Compressed (this byte pattern's element differences are not: they are no update of
         // numbers).
-        if (enc != E::kDifference) EXPECT_LT(*size, n / 2);
+        if (enc != E::kDifference) {
+          EXPECT_LT(*size, n / 2);
+        }
         const std::span<const uint8_t> f(frame.data() + 2, *size);
         ASSERT_EQ(ZSTD_getFrameContentSize(f.data(), f.size()), n);
         std::vector<uint8_t> got(n);
@@ -888,6 +890,44 @@ TEST(DiskDelta, BlockwiseEncoderGivesTheFormatsPayload) {
       dd::zstd_encode_append({}, nullptr, E::kFull, dd::TensorLayout::kBytes, 4, 1, empty_frame);
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(ZSTD_getFrameContentSize(empty_frame.data(), empty_frame.size()), 0u);
+}
+
+// A kSmall frame stores runs of one byte value as matches and every other byte as a literal
+// (disk_delta_format.cc, runs_as_matches): on float weights' byte planes it is smaller than zstd's
+// own level-1 parse of the same planes, an update's long zero runs stay a few bytes, and zstd
+// decodes it to the planes.
+TEST(DiskDelta, SmallFramesAreHuffmanLiteralsAndRunsSmallerThanZstdsOwnParse) {
+  namespace dd = disk_delta;
+  using E = dd::TensorEncoding;
+  std::mt19937 rng(21);
+  const NamedTensor w = random_tensor(rng, "w", {1024, 1024});  // 4 MiB of N(0, 0.02)
+  NamedTensor next = w;  // an update: one value in 64 (at random) a few units in its last place
+  for (size_t i = 0; i < next.bytes.size(); i += 4)
+    if (rng() % 64 == 0) next.bytes[i] += static_cast<uint8_t>(1 + rng() % 4);
+  const size_t n = w.bytes.size();
+  for (const bool update : {false, true}) {
+    const std::vector<uint8_t>& bytes = update ? next.bytes : w.bytes;
+    const E enc = update ? E::kDifference : E::kFull;
+    std::vector<uint8_t> planes;
+    dd::append_byte_planes(update ? zigzag_payload(next.bytes, w.bytes, 4) : w.bytes, 4, planes);
+    std::vector<uint8_t> frame;
+    auto size = dd::zstd_encode_append(bytes, update ? w.bytes.data() : nullptr, enc,
+                                       dd::TensorLayout::kBytePlanes, 4, 1, frame);
+    ASSERT_TRUE(size.ok()) << size.message();
+    std::vector<uint8_t> zstds(ZSTD_compressBound(n));
+    const size_t zstds_size = ZSTD_compress(zstds.data(), zstds.size(), planes.data(), n, 1);
+    ASSERT_FALSE(ZSTD_isError(zstds_size));
+    std::printf("[%s] 4 MiB in byte planes: kSmall %zu bytes, zstd -1 %zu\n",
+                update ? "update, difference" : "weights, full", *size, zstds_size);
+    EXPECT_LT(*size, zstds_size);
+    // One value in 64 changed: three planes all zeros, one mostly zeros.
+    if (update) {
+      EXPECT_LT(*size, n / 30);
+    }
+    std::vector<uint8_t> got(n);
+    ASSERT_EQ(ZSTD_decompress(got.data(), n, frame.data(), frame.size()), n);
+    EXPECT_TRUE(got == planes);
+  }
 }
 
 TEST(DiskDelta, PieceDecodeEqualsThePayloadInEveryLayoutAndRefusesBadFrames) {

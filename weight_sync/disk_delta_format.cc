@@ -5,7 +5,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#define ZSTD_STATIC_LINKING_ONLY  // ZSTD_c_literalCompressionMode
+#define ZSTD_STATIC_LINKING_ONLY  // ZSTD_c_literalCompressionMode, ZSTD_registerSequenceProducer
 #include <zstd.h>
 
 #include <algorithm>
@@ -304,6 +304,45 @@ struct CCtxFree {
   void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
 };
 
+// The shortest run of one byte value that a kSmall frame stores as a match (the rest are literals).
+constexpr size_t kMinRun = 16;
+
+// Whether the 8 bytes at s are one value repeated.
+bool one_value_word(const uint8_t* s) {
+  uint64_t w;
+  std::memcpy(&w, s, 8);
+  return w == (w & 0xff) * 0x0101010101010101ull;
+}
+
+// zstd's block-level sequence producer for kSmall frames: every run of one byte value of at least
+// kMinRun bytes is a match at offset 1 (its first byte a literal), every other byte a literal.
+// zstd's own match finder covers a byte plane of float weights or of an update's difference with
+// short matches that cost more to decode than they save: these blocks decode mostly as Huffman
+// literals, faster, and come out smaller (docs/benchmarks.md, "Weight sync"), while the long zero
+// runs of an update's high bytes stay a few bytes each. Any zstd decoder reads them. A run of
+// kMinRun bytes holds an aligned 8-byte word of its value: the scan looks at those words only.
+size_t runs_as_matches(void*, ZSTD_Sequence* out, size_t capacity, const void* src, size_t size,
+                       const void*, size_t, int, size_t) {
+  static_assert(kMinRun >= 15, "a shorter run need not hold an aligned word");
+  const auto* s = static_cast<const uint8_t*>(src);
+  size_t count = 0, literals_from = 0;
+  for (size_t w = 0; w + 8 <= size; w += 8) {
+    if (!one_value_word(s + w)) continue;
+    size_t begin = w, end = w + 8;
+    while (begin > literals_from && s[begin - 1] == s[w]) --begin;
+    while (end + 8 <= size && one_value_word(s + end) && s[end] == s[w]) end += 8;
+    while (end < size && s[end] == s[w]) ++end;
+    if (end - begin >= kMinRun && count + 2 < capacity) {
+      out[count++] = ZSTD_Sequence{1, static_cast<unsigned>(begin + 1 - literals_from),
+                                   static_cast<unsigned>(end - begin - 1), 0};
+      literals_from = end;
+    }
+    w = (end + 7) / 8 * 8 - 8;  // on to the first word at or after the run's end
+  }
+  out[count++] = ZSTD_Sequence{0, static_cast<unsigned>(size - literals_from), 0, 0};
+  return count;
+}
+
 // out = a ^ b, 8 bytes at a time (the compiler vectorises the loop); out may be a.
 void xor_bytes(uint8_t* out, const uint8_t* a, const uint8_t* b, size_t n) {
   size_t i = 0;
@@ -370,11 +409,14 @@ Result<size_t> zstd_encode_append(std::span<const uint8_t> bytes, const uint8_t*
     return failed(r);
   // An experimental parameter (zstd.h's static-linking section) whose value the linked library
   // checks: one that does not know it fails the publish with zstd's message, never silently.
-  if (raw_literals)
+  if (raw_literals) {
     if (const size_t r =
             ZSTD_CCtx_setParameter(cctx.get(), ZSTD_c_literalCompressionMode, ZSTD_ps_disable);
         ZSTD_isError(r))
       return failed(r);
+  } else {
+    ZSTD_registerSequenceProducer(cctx.get(), nullptr, runs_as_matches);  // until the next reset
+  }
   ZSTD_CCtx_setPledgedSrcSize(cctx.get(), bytes.size());  // the frame declares its size
   const size_t at = out.size();
   size_t pos = 0;

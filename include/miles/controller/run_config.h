@@ -214,7 +214,8 @@ struct WeightSyncSection {
   int64_t full_every = 10;
   int64_t keep_versions = 4;  // newest versions kept loadable on disk (0: every version)
   Encoding encoding = Encoding::kDifference;      // a delta's changed tensors (DeltaEncoding)
-  Compression compression = Compression::kSmall;  // the data files' literals (DeltaCompression)
+  Compression compression =
+      Compression::kSmall;             // how the data files' frames are made (DeltaCompression)
   bool check_checksums = true;         // compare engine and trainer checksums after every update
   double group_timeout_s = 60;         // broadcast / p2p: forming a group, and each collective
   // broadcast / p2p: the groups' communicator. shm: shared memory (the engines on the

@@ -52,12 +52,14 @@ enum class DeltaEncoding {
   kOverwrite,  // the new bytes: idempotent, larger
 };
 
-// How the data files' zstd frames store their literals (the bytes no match covers; in byte planes
-// most of a float weight's mantissa bytes, and of an update's xor):
-//   kSmall: Huffman-coded, zstd's default: the smallest files;
-//   kFast: stored as they are: on SmolLM2's weights and an RL step's difference delta the files
-//   are 1.35x (full) and 1.45x (delta) larger and decode faster (docs/benchmarks.md, "Weight
-//   sync"), for disks that read faster than the reader decodes.
+// How the data files' zstd frames are made (both are plain zstd frames):
+//   kSmall: only runs of one byte value (16 or more: an update's zero bytes, a constant tensor)
+//   are matches, every other byte a Huffman-coded literal: the smallest files, and a load 15 %
+//   faster than with zstd's own short matches, which cost more to decode than they save on
+//   float bytes (docs/benchmarks.md, "Weight sync");
+//   kFast: zstd's level-1 matches, the literals stored as they are: on SmolLM2's weights and an RL
+//   step's difference delta the files are 1.4x (full) and 1.5x (delta) larger and decode faster,
+//   for disks that read faster than the reader decodes.
 // Readers read either; a directory may hold both.
 enum class DeltaCompression { kSmall, kFast };
 
