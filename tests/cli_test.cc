@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 
 #include "cli_run.h"
@@ -208,6 +209,38 @@ TEST(Cli, BenchSyncMeasuresEveryTransportBetweenProcesses) {
   EXPECT_EQ(r.exit_code, 0) << r.out;
   for (const char* t : {"| p2p |", "| p2p-hop |", "| 1 x 2 |"})
     EXPECT_NE(r.out.find(t), std::string::npos) << t << " missing in:\n" << r.out;
+}
+
+// `bench kernels` at its shortest: every table prints, and each training GEMM's share of the run's
+// peak and of the FMA loop timed beside it is a finite percentage, as is the step's.
+TEST(Cli, BenchKernelsPrintsEveryTableAgainstItsPeaks) {
+  MILES_REQUIRE_SHARED();
+  const std::string m = test::shared_dir() + "/models/stories260K/stories260K.bin";
+  const CliRun r = run_miles("bench kernels --threads 2 --min-seconds 0.001 --model " + m);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* t : {"FMA peak measured", "training GEMMs", "decode GEMMs from memory",
+                        "a plain read of the same bytes", "decode batch 32"})
+    EXPECT_NE(r.out.find(t), std::string::npos) << t << " missing in:\n" << r.out;
+  const auto in_range = [](const std::string& v) {
+    const double x = std::stod(v);
+    return x > 0 && x < 200;
+  };
+  // matrix N K, three % of the run's peak, three times in ms, three % of the peak beside each.
+  const std::regex row(
+      R"((q/k/v|o|gate/up|down|lm head) +\d+ +\d+ +([\d.]+)% +([\d.]+)% +([\d.]+)% +[\d.]+ / )"
+      R"([\d.]+ / [\d.]+ +([\d.]+) / ([\d.]+) / ([\d.]+))");
+  int rows = 0;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), row);
+       it != std::sregex_iterator(); ++it, ++rows)
+    for (int g = 2; g <= 7; ++g) EXPECT_TRUE(in_range((*it)[g].str())) << (*it)[0].str();
+  EXPECT_EQ(rows, 5) << r.out;
+  std::smatch step;
+  ASSERT_TRUE(std::regex_search(
+      r.out, step,
+      std::regex(R"(a step's GEMMs \(4 micro-batches\): [\d.]+ s, ([\d.]+)% of the peak .*; )"
+                 R"(([\d.]+)% of the peak beside each GEMM)")))
+      << r.out;
+  EXPECT_TRUE(in_range(step[1].str()) && in_range(step[2].str())) << step[0].str();
 }
 
 }  // namespace
