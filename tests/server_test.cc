@@ -164,26 +164,43 @@ TEST(Server, BadRequestsGet4xxAndTheServerStaysUp) {
   EXPECT_NE(m->body.find("miles_http_errors_total 12"), std::string::npos) << m->body;
 }
 
+// A streaming client that leaves after a few reads: the engine is paused in place before it closes,
+// so its sample cannot finish on its own; only the abort the server sends when it finds the client
+// gone frees its blocks (200 tokens would otherwise take ~50 ms and free them anyway).
 TEST(Server, ClientDisconnectMidStreamFreesItsBlocks) {
   Served s(moe_dir(), "", EngineOptions{.num_blocks = 64, .block_tokens = 8,
                                         .enable_prefix_cache = false});
   auto c = s.client();
   json body = gen_body({3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, 200, 1);
   body["stream"] = true;
-  int chunks = 0;
+  body["sampling_params"]["ignore_eos"] = true;
+  int chunks = 0, paused = 0;
   httplib::Request req;
   req.method = "POST";
   req.path = "/generate";
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
-  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+    if (++chunks < 3) return true;
+    post(c, "/pause_generation", {{"mode", "in_place"}}, &paused);
+    return false;  // the client goes
+  };
+  httplib::Client streaming("127.0.0.1", s.server->port());
   httplib::Response res;
   httplib::Error err;
-  c.send(req, res, err);
-  EXPECT_GE(chunks, 3);
+  streaming.send(req, res, err);
+  streaming.stop();
+  ASSERT_EQ(chunks, 3);
+  ASSERT_EQ(paused, 200);
   for (int i = 0; i < 100 && s.free_blocks() != s.idle_blocks; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(s.free_blocks(), s.idle_blocks);
+  EXPECT_TRUE(s.driver->call<bool>([](Engine& e) { return e.idle(); }));
+  // It did not finish (no EOS: ignore_eos): the abort ended it.
+  EXPECT_LT(s.driver->call<EngineStats>([](Engine& e) { return e.stats(); }).generated_tokens, 200);
+  int status = 0;
+  post(c, "/continue_generation", json::object(), &status);
+  EXPECT_EQ(status, 200);
 }
 
 // Every reply shape (/generate and /v1/completions, a body at the end or a stream) aborts the
