@@ -122,9 +122,10 @@ inline constexpr uint64_t kMaxZstdRatio = (uint64_t{128} << 10) / 4;
 // `encoding` against the same bytes of `base`, which difference and xor need, then in byte planes
 // for layout byte_planes with elements of `elem` bytes) and compressed as one zstd frame at `level`
 // that declares its size, appended to `out`; returns the frame's size. Nothing of the tensor's size
-// is held beside the frame. difference needs byte_planes and elem 2, 4 or 8. raw_literals: the
-// frame stores its literals as they are instead of Huffman-coding them (DeltaCompression::kFast):
-// any zstd decoder reads it.
+// is held beside the frame. difference needs byte_planes and elem 2, 4 or 8. Without raw_literals
+// (DeltaCompression::kSmall) only runs of one byte value are matches and every other byte is a
+// Huffman-coded literal; with it (kFast), zstd's own matches and the literals stored as they are.
+// Any zstd decoder reads both.
 Result<size_t> zstd_encode_append(std::span<const uint8_t> bytes, const uint8_t* base,
                                   TensorEncoding encoding, TensorLayout layout, int elem, int level,
                                   std::vector<uint8_t>& out, bool raw_literals = false);
