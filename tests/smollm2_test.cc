@@ -126,15 +126,17 @@ TEST_F(SmolLM2, ConvertedTokenizerGivesTransformersIds) {
 
 // `miles bench rollout --spec` on SmolLM2 with the chat template: one prompt per task, greedy (so
 // the second epoch's drafts come from the first and are accepted), every proposal verified (the
-// adaptive policy's choices follow the machine's timings: under load it may verify none): the
-// command compares every sample of the plain and the speculative engine and exits 0 only when
-// they are the same bits.
+// adaptive policy's choices follow the machine's timings: under load it may verify none), the draft
+// head fitted in 4 passes (what it drafts only has to be verified, not accepted): the command
+// compares every sample of the plain and both speculative engines and exits 0 only when they are
+// the same bits.
 TEST(SmolLM2Bench, SpecBenchSamplesAreThePlainOnes) {
   MILES_REQUIRE_SMOLLM2();
   const std::string json = test::scratch_dir("miles_spec_bench_", "out") + ".json";
   const test::CliRun r = test::run_miles_in_source(
       "bench rollout --model '" + model_dir() + "' --spec --spec-prompts 1 --concurrency 1 " +
-      "--spec-temperature 0 --spec-verify-all --threads 2 --json '" + json + "'");
+      "--spec-temperature 0 --spec-verify-all --spec-head-passes 4 --threads 2 --json '" + json +
+      "'");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("same samples"), std::string::npos) << r.out;
   std::ifstream in(json);
@@ -143,6 +145,7 @@ TEST(SmolLM2Bench, SpecBenchSamplesAreThePlainOnes) {
   for (const auto& row : j["rows"]) {
     EXPECT_GT(row["accepted_tokens"].get<int64_t>(), 0) << row.dump();
     EXPECT_GT(row["output_tokens"].get<int64_t>(), 0) << row.dump();
+    EXPECT_GT(row["head_verifies"].get<int64_t>(), 0) << row.dump();  // its drafts were verified
   }
   std::filesystem::remove(json);
 }
