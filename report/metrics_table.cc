@@ -57,7 +57,7 @@ Result<MetricsTable> parse_metrics_jsonl(std::string_view text, const std::strin
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // also a number beyond a double (1e999)
       // nlohmann says "[json.exception.parse_error.101] parse error at line 1, column 9: ...";
       // the line is ours, the column and the reason are its.
       const std::string what = e.what();

@@ -127,6 +127,19 @@ TEST(ChatTemplate, LoadsFromTokenizerConfig) {
   }
 }
 
+TEST(ChatTemplate, TokenizerConfigWithANumberBeyondADoubleIsAnError) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "chat_template_overflow";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"chat_template": "{{ messages[0]['content'] }}", "model_max_length": 1e999})";
+  auto ct = ChatTemplate::from_tokenizer_config(dir.string());
+  ASSERT_FALSE(ct.ok());  // nlohmann's out_of_range, not a parse_error: an error, no crash
+  EXPECT_NE(ct.message().find("invalid JSON"), std::string::npos) << ct.message();
+  EXPECT_NE(ct.message().find("number overflow"), std::string::npos) << ct.message();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ChatTemplate, UserErrorsAreStatuses) {
   const ChatTemplate ct = golden_template("qwen3");
   RenderOptions o;

@@ -477,6 +477,7 @@ TEST(ModelConfig, Errors) {
   expect_error(llama_with("architectures", R"(["Gemma3ForCausalLM"])"), "Gemma3ForCausalLM");
   expect_error("[1, 2]", "JSON object");
   expect_error("{\"hidden_size\": ", "not valid JSON");
+  expect_error(llama_with("rope_theta", "1e999"), "not valid JSON");  // beyond a double
   expect_error(llama_with("hidden_size", "\"64\""), "hidden_size");
   expect_error(llama_with("hidden_size", "64.5"), "hidden_size");
   expect_error(llama_with("hidden_size", "-64"), "hidden_size");

@@ -360,6 +360,14 @@ TEST_F(ReportTest, Errors) {
   EXPECT_NE(malformed.out.find("metrics.jsonl:3: malformed JSON (column "), std::string::npos)
       << malformed.out;
 
+  // A number beyond a double is nlohmann's out_of_range, not a parse_error: an error, no crash.
+  write("metrics.jsonl", step_line(1).dump() + "\n{\"step\": 2, \"loss\": 1e999}\n");
+  const auto overflow = report();
+  EXPECT_EQ(overflow.exit_code, 1);
+  EXPECT_NE(overflow.out.find("metrics.jsonl:2: malformed JSON ("), std::string::npos)
+      << overflow.out;
+  EXPECT_NE(overflow.out.find("number overflow"), std::string::npos) << overflow.out;
+
   write("metrics.jsonl", step_line(1).dump() + "\n\n[1, 2]\n");
   const auto array = report();
   EXPECT_EQ(array.exit_code, 1);

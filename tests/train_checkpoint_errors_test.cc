@@ -161,6 +161,13 @@ TEST_F(Damaged, WrongFormatVersion) {
       << e;
 }
 
+TEST_F(Damaged, NumberBeyondADouble) {  // nlohmann's out_of_range, not a parse_error: no crash
+  rewrite_state("\"format_version\": 1", "\"format_version\": 1e999");
+  const std::string e = load_error();
+  EXPECT_NE(e.find("trainer_state.json: not valid JSON"), std::string::npos) << e;
+  EXPECT_NE(e.find("number overflow"), std::string::npos) << e;
+}
+
 TEST_F(Damaged, AnotherModelsTrainerIsRefusedByConfig) {
   const Source tied = load_source("llama_tied");
   auto other = make_trainer(tied);

@@ -207,7 +207,7 @@ Result<TrainState> load_checkpoint(const std::string& dir, Trainer& trainer) {
   json j;
   try {
     j = json::parse(*text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number beyond a double (1e999)
     return Status::Error(state_path + ": not valid JSON: " + e.what());
   }
   const StateReader r{state_path};

@@ -168,7 +168,7 @@ Status save_checkpoint(const std::string& dir_in, const Trainer& trainer, const 
   if (!state.extra_json.empty()) {
     try {
       extra = ordered_json::parse(state.extra_json);
-    } catch (const ordered_json::parse_error& e) {
+    } catch (const ordered_json::exception& e) {  // also a number beyond a double (1e999)
       return Status::Error(dir + ": TrainState.extra_json is not valid JSON: " + e.what());
     }
   }

@@ -79,7 +79,7 @@ Result<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::string& path
   ojson config;
   try {
     config = ojson::parse(text);
-  } catch (const ojson::parse_error& e) {
+  } catch (const ojson::exception& e) {  // a syntax error, or a number beyond a double (1e999)
     return Status::Error(file.string() + ": invalid JSON: " + e.what());
   }
   if (!config.is_object()) return Status::Error(file.string() + ": not a JSON object");

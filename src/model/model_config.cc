@@ -617,7 +617,7 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   json j;
   try {
     j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number beyond a double (1e999)
     return Status::Error(source + ": not valid JSON: " + e.what());
   }
   if (!j.is_object()) return Status::Error(source + ": config must be a JSON object");
