@@ -13,6 +13,11 @@ Result<PromptData> PromptData::load(const DataSection& data, const Tokenizer& to
                                     const ChatTemplate* chat) {
   std::ifstream in(data.path);
   if (!in) return Status::Error("cannot open data.path " + data.path);
+  return read(in, data, tokenizer, chat);
+}
+
+Result<PromptData> PromptData::read(std::istream& in, const DataSection& data,
+                                    const Tokenizer& tokenizer, const ChatTemplate* chat) {
   PromptData d;
   d.shuffle_ = data.shuffle;
   d.seed_ = data.seed;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -33,6 +34,9 @@ class PromptData {
   // with apply_chat_template), an empty file, a prompt that encodes to nothing.
   static Result<PromptData> load(const DataSection& data, const Tokenizer& tokenizer,
                                  const ChatTemplate* chat);
+  // The same from a stream (data.path names it in errors).
+  static Result<PromptData> read(std::istream& in, const DataSection& data,
+                                 const Tokenizer& tokenizer, const ChatTemplate* chat);
   int64_t size() const { return static_cast<int64_t>(prompts_.size()); }
   // The prompt at stream position `position` (>= 0).
   const Prompt& at(int64_t position) const;

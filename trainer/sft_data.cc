@@ -45,9 +45,15 @@ Result<std::vector<int32_t>> line_tokens(const nlohmann::json& j, const Tokenize
 
 Result<std::vector<TrainSample>> load_sft_jsonl(const std::string& path, const Tokenizer* tokenizer,
                                                 int64_t vocab_size, const SftDataOptions& options) {
-  if (options.max_len < 2) return Status::Error("max_len must be at least 2");
   std::ifstream in(path);
   if (!in) return Status::Error("cannot open data file " + path);
+  return read_sft_jsonl(in, path, tokenizer, vocab_size, options);
+}
+
+Result<std::vector<TrainSample>> read_sft_jsonl(std::istream& in, const std::string& path,
+                                                const Tokenizer* tokenizer, int64_t vocab_size,
+                                                const SftDataOptions& options) {
+  if (options.max_len < 2) return Status::Error("max_len must be at least 2");
   std::vector<TrainSample> out;
   std::string line;
   for (int64_t n = 1; std::getline(in, line); ++n) {

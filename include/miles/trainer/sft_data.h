@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,10 @@ struct SftDataOptions {
 // [0, vocab), fewer than 2 tokens, text without a tokenizer.
 Result<std::vector<TrainSample>> load_sft_jsonl(const std::string& path, const Tokenizer* tokenizer,
                                                 int64_t vocab_size, const SftDataOptions& options);
+// The same from a stream; `path` names it in errors.
+Result<std::vector<TrainSample>> read_sft_jsonl(std::istream& in, const std::string& path,
+                                                const Tokenizer* tokenizer, int64_t vocab_size,
+                                                const SftDataOptions& options);
 
 // The samples of step `step` (0-based): lines [step·B, (step+1)·B) taken cyclically.
 std::vector<TrainSample> sft_batch(const std::vector<TrainSample>& data, int64_t step,
