@@ -140,6 +140,48 @@ TEST(ChatTemplate, TokenizerConfigWithANumberBeyondADoubleIsAnError) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(ChatTemplate, TokenizerConfigForms) {
+  const ojson hi = ojson::parse(R"([{"role": "user", "content": "hi"}])");
+  const auto render = [&](const std::string& text, const ChatTemplate::JinjaFile& jinja = {}) {
+    auto ct = ChatTemplate::from_tokenizer_config_text(text, "tc.json", jinja);
+    return ct.ok() ? ct->render(hi, RenderOptions{}) : Result<std::string>(ct.status());
+  };
+  // A list of named templates: "default" is taken; entries of other shapes are skipped.
+  auto listed = render(R"({"chat_template": [7, {"name": 5, "template": "no"},
+      {"name": "tool_use", "template": "tools"}, {"name": "default", "template": "{{ bos_token }}d"}],
+      "bos_token": {"content": "<s>", "lstrip": false}})");
+  ASSERT_TRUE(listed.ok()) << listed.message();
+  EXPECT_EQ(*listed, "<s>d");
+  auto none = render(R"({"chat_template": [{"name": "default", "template": 1}, {"name": []}]})");
+  EXPECT_NE(none.message().find("tc.json: chat_template: no template named \"default\""),
+            std::string::npos)
+      << none.message();
+  // No chat_template: chat_template.jinja beside it, read only then.
+  int reads = 0;
+  const ChatTemplate::JinjaFile jinja = [&]() -> Result<std::string> {
+    ++reads;
+    return std::string("j:{{ messages[0]['content'] }}");
+  };
+  auto from_jinja = render(R"({"eos_token": "</s>"})", jinja);
+  ASSERT_TRUE(from_jinja.ok()) << from_jinja.message();
+  EXPECT_EQ(*from_jinja, "j:hi");
+  EXPECT_EQ(reads, 1);
+  ASSERT_TRUE(render(R"({"chat_template": "x"})", jinja).ok());
+  EXPECT_EQ(reads, 1);
+  EXPECT_NE(render("{}").message().find("no chat_template (and no chat_template.jinja)"),
+            std::string::npos);
+  // The file form: the directory's chat_template.jinja.
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "chat_template_jinja_file";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer_config.json") << "{}";
+  std::ofstream(dir / "chat_template.jinja") << "f:{{ messages[0]['content'] }}";
+  auto ct = ChatTemplate::from_tokenizer_config(dir.string());
+  ASSERT_TRUE(ct.ok()) << ct.message();
+  EXPECT_EQ(*ct->render(hi, RenderOptions{}), "f:hi");
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ChatTemplate, UserErrorsAreStatuses) {
   const ChatTemplate ct = golden_template("qwen3");
   RenderOptions o;

@@ -35,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -77,6 +78,13 @@ class ChatTemplate {
   // chat_template.jinja next to it) and the special tokens bos/eos/unk/pad_token (strings or
   // {"content": ...} objects).
   static Result<ChatTemplate> from_tokenizer_config(const std::string& path);
+  // The same from the text of a tokenizer_config.json (`source` names it in errors and is the
+  // template's name); `jinja` reads the chat_template.jinja beside it (empty: there is none), only
+  // when the config has no chat_template.
+  using JinjaFile = std::function<Result<std::string>()>;
+  static Result<ChatTemplate> from_tokenizer_config_text(std::string_view text,
+                                                         const std::string& source,
+                                                         const JinjaFile& jinja);
 
   // Renders `messages` (an array of OpenAI chat messages: role system / user / assistant / tool;
   // content a string; assistant `tool_calls` [{id, type: "function", function: {name, arguments}}]

@@ -76,29 +76,39 @@ Result<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::string& path
   fs::path file = path;
   if (fs::is_directory(file)) file /= "tokenizer_config.json";
   MILES_ASSIGN_OR_RETURN(std::string text, read_file(file));
+  const fs::path jinja_file = file.parent_path() / "chat_template.jinja";
+  JinjaFile jinja;
+  if (fs::exists(jinja_file)) jinja = [jinja_file] { return read_file(jinja_file); };
+  return from_tokenizer_config_text(text, file.string(), jinja);
+}
+
+Result<ChatTemplate> ChatTemplate::from_tokenizer_config_text(std::string_view text,
+                                                              const std::string& source,
+                                                              const JinjaFile& jinja) {
   ojson config;
   try {
     config = ojson::parse(text);
   } catch (const ojson::exception& e) {  // a syntax error, or a number beyond a double (1e999)
-    return Status::Error(file.string() + ": invalid JSON: " + e.what());
+    return Status::Error(source + ": invalid JSON: " + e.what());
   }
-  if (!config.is_object()) return Status::Error(file.string() + ": not a JSON object");
-  std::string source;
+  if (!config.is_object()) return Status::Error(source + ": not a JSON object");
+  std::string template_source;
   if (auto it = config.find("chat_template"); it != config.end() && it->is_string()) {
-    source = it->get<std::string>();
+    template_source = it->get<std::string>();
   } else if (it != config.end() && it->is_array()) {
-    for (const ojson& entry : *it)
-      if (entry.is_object() && entry.value("name", "") == "default")
-        source = entry.value("template", "");
-    if (source.empty())
-      return Status::Error(file.string() + ": chat_template: no template named \"default\"");
+    for (const ojson& entry : *it) {
+      if (!entry.is_object()) continue;
+      const auto name = entry.find("name"), tmpl = entry.find("template");
+      if (name != entry.end() && *name == "default" && tmpl != entry.end() && tmpl->is_string())
+        template_source = tmpl->get<std::string>();
+    }
+    if (template_source.empty())
+      return Status::Error(source + ": chat_template: no template named \"default\"");
   } else {
-    const fs::path jinja_file = file.parent_path() / "chat_template.jinja";
-    if (!fs::exists(jinja_file))
-      return Status::Error(file.string() + ": no chat_template (and no chat_template.jinja)");
-    MILES_ASSIGN_OR_RETURN(source, read_file(jinja_file));
+    if (!jinja) return Status::Error(source + ": no chat_template (and no chat_template.jinja)");
+    MILES_ASSIGN_OR_RETURN(template_source, jinja());
   }
-  MILES_ASSIGN_OR_RETURN(jinja::Template tmpl, jinja::Template::parse(source, file.string()));
+  MILES_ASSIGN_OR_RETURN(jinja::Template tmpl, jinja::Template::parse(template_source, source));
   auto impl = std::make_shared<Impl>(Impl{std::move(tmpl), {}});
   for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
     if (auto it = config.find(key); it != config.end()) {
