@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "miles/json_text.h"
+
 namespace miles::report {
 namespace {
 
@@ -54,17 +56,16 @@ Result<MetricsTable> parse_metrics_jsonl(std::string_view text, const std::strin
     ++line_no;
     if (is_blank(line)) continue;
     const std::string where = name + ":" + std::to_string(line_no);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {  // also a number beyond a double (1e999)
+    auto parsed = parse_json_text(line);
+    if (!parsed.ok()) {
       // nlohmann says "[json.exception.parse_error.101] parse error at line 1, column 9: ...";
       // the line is ours, the column and the reason are its.
-      const std::string what = e.what();
+      const std::string& what = parsed.message();
       const size_t col = what.find("column ");
       return Status::Error(where + ": malformed JSON (" +
                            (col == std::string::npos ? what : what.substr(col)) + ")");
     }
+    const nlohmann::json& j = *parsed;
     if (!j.is_object())
       return Status::Error(where + ": expected a JSON object, got " + j.type_name());
     const size_t row = t.rows();

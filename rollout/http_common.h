@@ -7,19 +7,16 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "miles/json_text.h"
 #include "miles/status.h"
 
 namespace miles::rollout {
 
 inline Result<nlohmann::json> parse_json_body(const std::string& body) {
   if (body.empty()) return nlohmann::json::object();
-  try {
-    return nlohmann::json::parse(body);
-  } catch (const nlohmann::json::parse_error& e) {
-    return Status::Error(std::string("malformed JSON: ") + e.what());
-  } catch (const nlohmann::json::exception& e) {  // e.g. a number beyond a double (1e999)
-    return Status::Error(std::string("malformed JSON: ") + e.what());
-  }
+  auto j = parse_json_text(body);
+  if (!j.ok()) return Status::Error("malformed JSON: " + j.message());
+  return j;
 }
 
 // {"error": {"message": ..., "type": ..., "code": status}} — the OpenAI shape, which SGLang clients

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "miles/hf_names.h"
+#include "miles/json_text.h"
 #include "miles/trainer/train_checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "trainer/train_checkpoint_io.h"
@@ -204,12 +205,9 @@ Result<TrainState> load_checkpoint(const std::string& dir, Trainer& trainer) {
   if (!text.ok())
     return Status::Error(text.message() + " (not a complete checkpoint: " + ckpt::kStateFile +
                          " is written last)");
-  json j;
-  try {
-    j = json::parse(*text);
-  } catch (const json::exception& e) {  // a syntax error, or a number beyond a double (1e999)
-    return Status::Error(state_path + ": not valid JSON: " + e.what());
-  }
+  auto parsed = parse_json_text(*text);
+  if (!parsed.ok()) return Status::Error(state_path + ": not valid JSON: " + parsed.message());
+  const json& j = *parsed;
   const StateReader r{state_path};
   std::string format;
   int64_t version = 0, steps = 0;

@@ -14,6 +14,7 @@
 #include <regex>
 
 #include "miles/hf_names.h"
+#include "miles/json_text.h"
 #include "miles/trainer/train_checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "trainer/train_checkpoint_io.h"
@@ -166,11 +167,10 @@ Status save_checkpoint(const std::string& dir_in, const Trainer& trainer, const 
   const std::string dir = target.string();
   ordered_json extra = nullptr;
   if (!state.extra_json.empty()) {
-    try {
-      extra = ordered_json::parse(state.extra_json);
-    } catch (const ordered_json::exception& e) {  // also a number beyond a double (1e999)
-      return Status::Error(dir + ": TrainState.extra_json is not valid JSON: " + e.what());
-    }
+    auto parsed = parse_json_text<ordered_json>(state.extra_json);
+    if (!parsed.ok())
+      return Status::Error(dir + ": TrainState.extra_json is not valid JSON: " + parsed.message());
+    extra = std::move(parsed).value();
   }
   if (fs::exists(target) && !options.overwrite)
     return Status::Error(dir +

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "chat/chat_template_impl.h"
+#include "miles/json_text.h"
 
 namespace miles {
 namespace {
@@ -85,12 +86,9 @@ Result<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::string& path
 Result<ChatTemplate> ChatTemplate::from_tokenizer_config_text(std::string_view text,
                                                               const std::string& source,
                                                               const JinjaFile& jinja) {
-  ojson config;
-  try {
-    config = ojson::parse(text);
-  } catch (const ojson::exception& e) {  // a syntax error, or a number beyond a double (1e999)
-    return Status::Error(source + ": invalid JSON: " + e.what());
-  }
+  auto parsed = parse_json_text<ojson>(text);
+  if (!parsed.ok()) return Status::Error(source + ": invalid JSON: " + parsed.message());
+  const ojson& config = *parsed;
   if (!config.is_object()) return Status::Error(source + ": not a JSON object");
   std::string template_source;
   if (auto it = config.find("chat_template"); it != config.end() && it->is_string()) {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "miles/checkpoint.h"
+#include "miles/json_text.h"
 #include "nlohmann/json.hpp"
 
 namespace miles {
@@ -24,12 +25,9 @@ Result<std::map<std::string, std::set<std::string>>> read_index(const std::strin
   if (!in) return Status::Error(path + ": cannot open");
   std::ostringstream text;
   text << in.rdbuf();
-  json j;
-  try {
-    j = json::parse(text.str());
-  } catch (const json::exception& e) {
-    return Status::Error(path + ": not valid JSON: " + e.what());
-  }
+  auto parsed = parse_json_text(text.str());
+  if (!parsed.ok()) return Status::Error(path + ": not valid JSON: " + parsed.message());
+  json& j = *parsed;
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     return Status::Error(path + ": needs a 'weight_map' object");
   std::map<std::string, std::set<std::string>> shards;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "miles/json_text.h"
 #include "nlohmann/json.hpp"
 
 namespace miles {
@@ -614,12 +615,9 @@ Status ModelConfig::validate_grouped_routing(const std::string& source) const {
 }
 
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {  // a syntax error, or a number beyond a double (1e999)
-    return Status::Error(source + ": not valid JSON: " + e.what());
-  }
+  auto parsed = parse_json_text(json_text);
+  if (!parsed.ok()) return Status::Error(source + ": not valid JSON: " + parsed.message());
+  const json& j = *parsed;
   if (!j.is_object()) return Status::Error(source + ": config must be a JSON object");
   ModelConfig c;
   MILES_RETURN_IF_ERROR(parse_fields(Reader{j, source, ""}, &c));

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "miles/json_text.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/decoder.h"
@@ -553,12 +554,9 @@ Result<std::unique_ptr<Tokenizer>> parse_with_config(std::string_view text,
                                                      const std::string& source,
                                                      const json* config) {
   const Reader r(source);
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    return Status::Error(source + ": not valid JSON: " + e.what());
-  }
+  auto parsed = parse_json_text(text);
+  if (!parsed.ok()) return Status::Error(source + ": not valid JSON: " + parsed.message());
+  const json& j = *parsed;
   if (!j.is_object()) return r.error("(top level)", "expected an object");
   tokenizer::BpeTokenizerSpec spec;
   const json* model = Reader::find(j, "model");
