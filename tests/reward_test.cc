@@ -832,11 +832,10 @@ TEST_F(RewardPythonTest, AsyncFunctionsRunTheBatchConcurrently) {
   ASSERT_TRUE(model);
   std::vector<RewardInput> batch;
   for (int i = 0; i < 8; ++i) batch.push_back(sample(std::string(i + 1, 'a')));
-  const auto start = Clock::now();
   auto r = model->score(batch);
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   for (int i = 0; i < 8; ++i) EXPECT_EQ(r[i].score, i + 1) << r[i].error;
-  EXPECT_LT(seconds, 0.3) << "8 calls of 50 ms each ran one after another";
+  // The most calls the module saw running at once: a count, which other tests sharing the two cores
+  // cannot stretch as they can a time.
   EXPECT_EQ(score_one(python_spec("graders.arith:peak_of"), sample("x")), 8.0);
 }
 

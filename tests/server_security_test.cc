@@ -331,7 +331,9 @@ TEST(ServerSecurity, AFiftyMegabyteBodyIsRefusedBeforeItIsRead) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(reply.rfind("HTTP/1.1 413", 0), 0u) << reply.substr(0, 200);
   EXPECT_NE(reply.find("too large"), std::string::npos) << reply.substr(0, 400);
-  EXPECT_LT(ms, 100.0);
+  // No body byte was sent, and the body's deadline is 60 s: an answer at all says it was refused
+  // unread; the bound only says it came at once (loose: two cores shared with other tests).
+  EXPECT_LT(ms, 2000.0);
   // The body, sent anyway, is not taken: the connection is closed, or its buffers fill.
   const std::string chunk(64 << 10, ' ');
   size_t sent = 0;
