@@ -1,8 +1,11 @@
 // parse_json_text: JSON text from outside (a file, a request body) to a value or an error.
 //
 // Why: nlohmann's parse throws more than parse_error — a number beyond a double (1e999) is
-// out_of_range — and a reader that caught only parse_error ended the process on such a file. Every
-// reader of outside JSON that needs the whole value goes through here.
+// out_of_range — and a reader that caught only parse_error ended the process on such a file. The
+// readers of whole files and request bodies go through here. The others either parse with
+// allow_exceptions = false (any error, 1e999 included, gives a discarded value: the JSONL line
+// readers, weight_sync's routes) or catch json::exception itself (the safetensors header, whose
+// parse also watches for duplicate names).
 #pragma once
 
 #include <nlohmann/json.hpp>
