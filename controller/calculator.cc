@@ -1,10 +1,13 @@
 // The calculator tool (calculator.h): a recursive-descent evaluator and the call finder.
 #include "controller/calculator.h"
 
+#include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <regex>
+#include <string_view>
+#include <vector>
 
 namespace miles::controller {
 
@@ -62,14 +65,102 @@ struct Parser {
     const size_t start = i;
     while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
     if (start == i) return fail("expected a number");
-    try {
-      v = std::stod(s.substr(start, i - start));
-    } catch (...) {
-      return fail("bad number");
+    // The whole run must be the number ("1.2.3" is not 1.2); from_chars, unlike stod, says so.
+    const auto [end, ec] = std::from_chars(s.data() + start, s.data() + i, v);
+    if (ec != std::errc() || end != s.data() + i) {
+      const std::string run = s.substr(start, i - start);
+      i = start;
+      return fail("bad number '" + run + "'");
     }
     return true;
   }
 };
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+// std::regex's \s in the C locale.
+bool is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+// The expression of the first "calculator(" whose parentheses close with at most one level nested
+// inside: calculator\(([^()]*(?:\([^()]*\)[^()]*)*)\) as an ECMAScript search would take it. By
+// the parentheses alone, from the back: closes[j] is where "()"* ")" starting at the j-th
+// parenthesis ends (npos: it does not), so each candidate is looked up, not scanned again.
+std::optional<std::string> find_call_syntax(std::string_view text) {
+  constexpr std::string_view kName = "calculator(";
+  std::vector<size_t> parens;
+  for (size_t i = 0; i < text.size(); ++i)
+    if (text[i] == '(' || text[i] == ')') parens.push_back(i);
+  constexpr size_t npos = std::string_view::npos;
+  std::vector<size_t> closes(parens.size() + 2, npos);
+  for (size_t j = parens.size(); j-- > 0;) {
+    if (text[parens[j]] == ')')
+      closes[j] = parens[j];
+    else if (j + 1 < parens.size() && text[parens[j + 1]] == ')')
+      closes[j] = closes[j + 2];
+  }
+  for (size_t at = text.find(kName); at != npos; at = text.find(kName, at + 1)) {
+    const size_t open = at + kName.size() - 1;
+    const size_t j = std::lower_bound(parens.begin(), parens.end(), open) - parens.begin();
+    if (const size_t close = closes[j + 1]; close != npos)
+      return std::string(text.substr(open + 1, close - open - 1));
+  }
+  return std::nullopt;
+}
+
+// One number of an equation from `i`: \(?-?\d+(?:\.\d+)? (opening: the '(' it may start with),
+// then \)? after an operand. The end, or npos when none starts at i; *fraction: where its digits
+// after the '.' start (npos: none).
+size_t number_end(std::string_view t, size_t i, bool operand, size_t* fraction) {
+  *fraction = std::string_view::npos;
+  if (i < t.size() && t[i] == '(') ++i;
+  if (i < t.size() && t[i] == '-') ++i;
+  if (i >= t.size() || !is_digit(t[i])) return std::string_view::npos;
+  while (i < t.size() && is_digit(t[i])) ++i;
+  if (i + 1 < t.size() && t[i] == '.' && is_digit(t[i + 1])) {
+    *fraction = ++i;
+    while (i < t.size() && is_digit(t[i])) ++i;
+  }
+  if (operand && i < t.size() && t[i] == ')') ++i;
+  return i;
+}
+
+// The first arithmetic expression directly followed by '=': the group of
+// (\(?-?\d+(?:\.\d+)?(?:\s*[-+*/x]\s*\(?-?\d+(?:\.\d+)?\)?)+)\s*= as an ECMAScript search
+// would find it, in linear time (the regex's backtracking recursed once per character and
+// overflowed an 8 MB stack on a reply of ~30 KB). Each piece of the pattern has one way to match
+// at a given place (what a shorter match leaves next can never continue it), so a start is parsed
+// greedily. A start that fails at `end` fails from every later start before it (the same pieces
+// from there on, ending at the same place), except inside the last number's fraction: "4.54.5-1="
+// fails from the 4 but matches "54.5-1" from the 5. The search resumes there, else at `end`.
+std::optional<std::string> find_equation(std::string_view t) {
+  constexpr size_t npos = std::string_view::npos;
+  for (size_t start = 0; start < t.size();) {
+    size_t fraction;
+    size_t end = number_end(t, start, /*operand=*/false, &fraction);
+    if (end == npos) {
+      ++start;
+      continue;
+    }
+    int operands = 0;
+    for (;;) {
+      size_t i = end;
+      while (i < t.size() && is_space(t[i])) ++i;
+      if (i >= t.size() || std::string_view("-+*/x").find(t[i]) == npos) break;
+      for (++i; i < t.size() && is_space(t[i]);) ++i;
+      size_t next_fraction;
+      const size_t next = number_end(t, i, /*operand=*/true, &next_fraction);
+      if (next == npos) break;
+      end = next;
+      fraction = next_fraction;
+      ++operands;
+    }
+    size_t i = end;
+    while (i < t.size() && is_space(t[i])) ++i;
+    if (operands > 0 && i < t.size() && t[i] == '=')
+      return std::string(t.substr(start, end - start));
+    start = fraction != npos ? fraction : std::max(start + 1, end);
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -86,13 +177,8 @@ Result<double> evaluate_arithmetic(const std::string& expr) {
 }
 
 std::optional<std::string> find_calculator_call(const std::string& text) {
-  static const std::regex kCall(R"(calculator\(([^()]*(?:\([^()]*\)[^()]*)*)\))");
-  static const std::regex kEquation(
-      R"((\(?-?\d+(?:\.\d+)?(?:\s*[-+*/x]\s*\(?-?\d+(?:\.\d+)?\)?)+)\s*=)");
-  std::smatch m;
-  if (std::regex_search(text, m, kCall)) return m[1].str();
-  if (std::regex_search(text, m, kEquation)) return m[1].str();
-  return std::nullopt;
+  if (auto call = find_call_syntax(text)) return call;
+  return find_equation(text);
 }
 
 std::string calculator_reply(const std::string& expr) {
