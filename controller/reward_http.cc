@@ -23,10 +23,6 @@ namespace {
 // (and within the listen backlog of 5 of an httplib server: more would drop SYNs, a 1 s retry).
 constexpr size_t kMaxConnections = 4;
 
-bool all_digits(std::string_view s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
 std::string seconds_text(double s) {
   std::ostringstream os;
   os << s << " s";
@@ -118,37 +114,6 @@ class HttpScorer : public Scorer {
 };
 
 }  // namespace
-
-Result<HttpUrl> parse_http_url(std::string_view url) {
-  const std::string quoted = "url '" + std::string(url) + "'";
-  std::string scheme = "http";
-  std::string_view rest = url;
-  if (rest.starts_with("http://")) {
-    rest.remove_prefix(7);
-  } else if (rest.starts_with("https://")) {
-    scheme = "https";
-    rest.remove_prefix(8);
-  } else if (rest.find("://") != std::string_view::npos) {
-    return Status::Error(quoted + ": only http:// and https:// are supported");
-  }
-  size_t slash = rest.find('/');
-  std::string_view host_port = rest.substr(0, slash);
-  std::string path = slash == std::string_view::npos ? "/" : std::string(rest.substr(slash));
-  size_t colon = host_port.rfind(':');
-  std::string_view host = host_port.substr(0, colon);
-  if (host.empty()) return Status::Error(quoted + " has no host");
-  if (host.find_first_of(" \t?#@") != std::string_view::npos) {
-    return Status::Error(quoted + " has a bad host '" + std::string(host) + "'");
-  }
-  if (colon != std::string_view::npos) {
-    std::string_view port = host_port.substr(colon + 1);
-    if (!all_digits(port) || port.size() > 5 || std::stoi(std::string(port)) == 0 ||
-        std::stoi(std::string(port)) > 65535) {
-      return Status::Error(quoted + " has a bad port '" + std::string(port) + "'");
-    }
-  }
-  return HttpUrl{scheme + "://" + std::string(host_port), path};
-}
 
 Result<std::unique_ptr<Scorer>> make_http_scorer(const RewardSpec& spec) {
   MILES_ASSIGN_OR_RETURN(HttpUrl url, parse_http_url(spec.url));

@@ -9,8 +9,45 @@
 #include "controller/reward_internal.h"
 
 namespace miles::reward {
+namespace {
+
+size_t digits_at(std::string_view p, size_t i) {
+  size_t n = 0;
+  while (i + n < p.size() && p[i + n] >= '0' && p[i + n] <= '9') ++n;
+  return n;
+}
+
+// A back-reference (\N) or a counted repeat ({n}, {n,}, {n,m}) whose number has more digits than
+// an int holds: libstdc++'s compiler reads it into a long without a bound (signed overflow, UB).
+// Such a number would be an error anyway (no such group; more states than the regex allows).
+bool has_huge_number(std::string_view p) {
+  constexpr size_t kMaxDigits = 9;
+  bool in_class = false;  // inside [...], where a brace is a plain character
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] == '\\') {
+      if (digits_at(p, i + 1) > kMaxDigits) return true;
+      ++i;  // the escaped character
+    } else if (in_class) {
+      in_class = p[i] != ']';
+    } else if (p[i] == '[') {
+      in_class = true;
+    } else if (p[i] == '{') {
+      const size_t n = digits_at(p, i + 1);  // read before the brace's syntax is checked
+      const size_t after = i + 1 + n;
+      if (n > kMaxDigits) return true;
+      if (n > 0 && after < p.size() && p[after] == ',' && digits_at(p, after + 1) > kMaxDigits)
+        return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
 
 Result<SafeRegex> SafeRegex::compile(const std::string& pattern) {
+  if (has_huge_number(pattern))
+    return Status::Error("pattern '" + excerpt(pattern) +
+                         "' is not a valid regex: a back-reference or repeat count over 9 digits");
   try {
     std::regex plain(pattern, std::regex::ECMAScript);
 #if defined(__GLIBCXX__)

@@ -157,6 +157,13 @@ TEST(RewardText, HttpUrl) {
   EXPECT_FALSE(reward::parse_http_url("host:99999/x").ok());
   EXPECT_FALSE(reward::parse_http_url("host:abc/x").ok());
   EXPECT_FALSE(reward::parse_http_url("host:/x").ok());
+  // Bytes that would end up in the request line or the Host header (fuzz_rewards).
+  for (const char* bad : {"host/a b", "host/x\r\nX-Injected: 1", "ho\tst/x", "host/\x7f"}) {
+    const auto r = reward::parse_http_url(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.message().find("holds a space or a control character"), std::string::npos)
+        << r.message();
+  }
 }
 
 // ---- built-in verifiers -----------------------------------------------------------------------
@@ -238,6 +245,17 @@ TEST(RewardRegex, PatternOrLabel) {
   EXPECT_NE(error.find("'(unclosed' is not a valid regex"), std::string::npos) << error;
   EXPECT_EQ(score_one(from_label, sample("x", json(1)), &error), 0);
   EXPECT_NE(error.find("label must be a regex string"), std::string::npos) << error;
+  // Numbers that libstdc++'s regex compiler reads without a bound (signed overflow: UB, found by
+  // fuzz_rewards) are refused before it sees them; a literal brace in a class or a long literal
+  // number is not one.
+  for (const char* huge :
+       {R"(a\88888888888888888888)", "i{222222222222222222222222", "x{1,99999999999}"}) {
+    EXPECT_EQ(score_one(from_label, sample("x", json(huge)), &error), 0) << huge;
+    EXPECT_NE(error.find("a back-reference or repeat count over 9 digits"), std::string::npos)
+        << error;
+  }
+  EXPECT_EQ(score_one(from_label, sample("{12345678901", json("[{]12345678901"))), 1);
+  EXPECT_EQ(score_one(from_label, sample("id 12345678901234", json("12345678901234"))), 1);
 }
 
 // std::regex's default executor recurses once per character: these would overflow the stack.

@@ -133,3 +133,26 @@ write("grpc_messages", "register_engine", b"\x05" + pb_bytes(1, "10.0.0.2") + pb
       + pb_varint(3, 30001) + pb_varint(4, -1) + pb_varint(5, 1234) + pb_varint(6, 2))
 write("grpc_messages", "stop", b"\x06" + pb_bytes(1, "operator"))
 write("grpc_messages", "controller_status", b"\x07")
+
+# fuzz_rewards: a flags byte (1 truncated, 2 case-sensitive, 4 answer prefix / require_finish,
+# 8 pattern and keywords from the spec text, high nibble tolerance and max_tokens), then
+# response \0 label \0 spec text \0 reply body or url.
+def reward(flags, response, label, spec, tail):
+    return bytes([flags]) + b"\0".join(x.encode() for x in (response, label, spec, tail))
+
+
+write("rewards", "numeric_prefix", reward(0x24, "so the answer is #### 1,234.5", "1234.5", "####",
+                                          '{"score": 0.75}'))
+write("rewards", "numeric_label_string", reward(0x10, "I think -3 or maybe .5", '" 0.5 "', "",
+                                                "0.5"))
+write("rewards", "exact_match", reward(0x02, "  Paris\n", '"Paris"', "", "localhost:8000/score"))
+write("rewards", "regex_spec", reward(0x08, "The answer: 42.", "null", r"answer:\s*(\d+)",
+                                      "http://127.0.0.1:9/rm"))
+write("rewards", "regex_label", reward(0x00, "abcabc", r'"(abc)\\1"', "", "https://rm.example/v1/score"))
+write("rewards", "keywords_spec", reward(0x0a, "Photosynthesis uses Light and CO2", "null",
+                                         "light,co2,oxygen", '{"score": true}'))
+write("rewards", "keywords_label", reward(0x00, "a cat and a dog", '["cat", "DOG", "bird"]', "",
+                                          "[1]"))
+write("rewards", "length_truncated", reward(0x35, "x" * 60, "null", "", "1e999"))
+write("rewards", "rollout_dict", reward(0x00, "", '{"reward": -0.25, "steps": 3}', "",
+                                        "ftp://host/x"))
