@@ -24,6 +24,7 @@
 #include "cli/bench_closed_loop.h"
 #include "miles/chat_template.h"
 #include "miles/draft_head.h"
+#include "miles/json_text.h"
 #include "miles/kernels.h"
 #include "miles/rollout/drafter.h"
 #include "miles/trainer/optimizer.h"
@@ -74,7 +75,7 @@ Result<std::vector<Task>> load_tasks(const SpecBenchOptions& o, const Tokenizer&
   std::ifstream in(o.arithmetic_data);
   if (!in) return Status::Error("--spec-arithmetic-data: cannot read " + o.arithmetic_data);
   for (std::string line; std::getline(in, line) && arith.prompts.size() < size_t(o.prompts);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
+    const auto j = parse_json_or_discarded(line);
     if (j.is_discarded() || !j.contains("prompt") || !j["prompt"].is_string())
       return Status::Error(o.arithmetic_data + ": a line without a \"prompt\" string");
     MILES_ASSIGN_OR_RETURN(auto ids, chat_prompt(tmpl, tok, j["prompt"].get<std::string>()));

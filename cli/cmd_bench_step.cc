@@ -16,6 +16,7 @@
 #include "cli/model_files.h"
 #include "cli/worker_launch.h"
 #include "miles/controller/child_process.h"
+#include "miles/json_text.h"
 
 namespace miles::cli {
 
@@ -51,7 +52,7 @@ Result<ModeResult> read_metrics(const std::string& path, const std::string& mode
   std::string line;
   int64_t k = 0;
   while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
+    auto j = parse_json_or_discarded(line);
     if (j.is_discarded() || ++k == 1) continue;
     r.step += j["time_step_s"].get<double>();
     r.generate += j["time_generate_s"].get<double>();

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "miles/durable_file.h"
+#include "miles/json_text.h"
 
 namespace miles::controller {
 
@@ -20,7 +21,7 @@ Result<std::unique_ptr<MetricsLog>> MetricsLog::open(const std::string& path, Pr
     std::ifstream in(path);
     std::string kept, line;
     while (std::getline(in, line)) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
+      auto j = parse_json_or_discarded(line);
       if (j.is_object() && j.value("step", int64_t{0}) <= resume_step) kept += line + "\n";
     }
     MILES_RETURN_IF_ERROR(write_file_synced(path + ".tmp", kept.data(), kept.size()));

@@ -5,6 +5,8 @@
 #include <numeric>
 #include <random>
 
+#include "miles/json_text.h"
+
 namespace miles::controller {
 
 using nlohmann::json;
@@ -27,7 +29,7 @@ Result<PromptData> PromptData::read(std::istream& in, const DataSection& data,
     ++lineno;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = data.path + ":" + std::to_string(lineno) + ": ";
-    json row = json::parse(line, nullptr, false);
+    json row = parse_json_or_discarded(line);
     if (row.is_discarded() || !row.is_object()) return Status::Error(where + "not a JSON object");
     if (!row.contains(data.prompt_key))
       return Status::Error(where + "no \"" + data.prompt_key + "\" (data.prompt_key)");

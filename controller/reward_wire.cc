@@ -7,6 +7,7 @@
 #include <string>
 
 #include "controller/reward_internal.h"
+#include "miles/json_text.h"
 
 namespace miles::reward {
 namespace {
@@ -32,7 +33,7 @@ std::string excerpt(std::string_view text, size_t max_chars) {
 }
 
 Result<double> parse_score_reply(std::string_view body) {
-  nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = parse_json_or_discarded(body);
   if (j.is_discarded()) return Status::Error("reply is not JSON: '" + excerpt(body) + "'");
   const nlohmann::json* score = &j;
   if (j.is_object()) {

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "controller/python_embed.h"
+#include "miles/json_text.h"
 
 namespace miles::controller {
 
@@ -85,7 +86,7 @@ PyObject* call_host(PyObject*, PyObject* args) {
   auto* host = static_cast<RolloutHost*>(PyLong_AsVoidPtr(handle));
   if (!host) return nullptr;
   const std::string op_name(op);
-  nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(request, nullptr, false);
+  nlohmann::ordered_json parsed = parse_json_or_discarded<nlohmann::ordered_json>(request);
   Result<nlohmann::json> reply = Status::Error("the request is not JSON");
   Py_BEGIN_ALLOW_THREADS;
   if (!parsed.is_discarded()) reply = host->call(op_name, parsed);
@@ -171,7 +172,7 @@ RolloutOutcome RolloutFunction::run(const nlohmann::ordered_json& sample, Rollou
     out.error = "rollout function " + function_ + ": " + reply.message();
     return out;
   }
-  const nlohmann::json j = nlohmann::json::parse(*reply, nullptr, false);
+  const nlohmann::json j = parse_json_or_discarded(*reply);
   if (j.is_discarded() || !j.is_object()) {
     out.error = "rollout function " + function_ + ": an unreadable reply";
   } else if (j.contains("error")) {

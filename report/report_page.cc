@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "miles/durable_file.h"
+#include "miles/json_text.h"
 #include "miles/report/report.h"
 #include "report/report_sections.h"
 #include "report/svg_plot.h"
@@ -59,7 +60,7 @@ std::string step_samples(const std::string& jsonl, int64_t step, bool open) {
   std::string line;
   int shown = 0, total = 0;
   while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
+    const auto j = parse_json_or_discarded(line);
     if (!j.is_object()) continue;
     ++total;
     if (shown == kShown) continue;

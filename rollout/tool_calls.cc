@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "miles/json_text.h"
+
 namespace miles::rollout {
 
 namespace {
@@ -20,7 +22,7 @@ std::string trim(const std::string& s) {
 // The call in one block's body, or false when it is not {"name": string, "arguments":
 // object|string}.
 bool parse_call(const std::string& body, ToolCall* out) {
-  const nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json j = parse_json_or_discarded(body);
   if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
   out->name = j["name"].get<std::string>();
   const nlohmann::json args = j.contains("arguments")    ? j["arguments"]

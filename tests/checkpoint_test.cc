@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "miles/json_text.h"
 #include "test_paths.h"
 
 namespace miles {
@@ -193,6 +194,27 @@ TEST(SafetensorsParse, MalformedImages) {
                    k8Floats),
              {"'w'", "twice"});
   expect_bad(image(R"({"__metadata__":{"a":1}})", ""), {"__metadata__"});
+  // Nested past parse_json_text's bound: refused before nlohmann parses (and later copies) it.
+  expect_bad(
+      image(R"({"__metadata__":)" + std::string(100000, '[') + std::string(100000, ']') + "}", ""),
+      {"not valid JSON", "nest more than 512 levels deep"});
+}
+
+// The depth bound counts brackets outside strings only, escaped quotes included.
+TEST(JsonText, DepthCountsBracketsOutsideStrings) {
+  EXPECT_TRUE(json_depth_ok(R"([[1]])", 2));
+  EXPECT_FALSE(json_depth_ok(R"([[[1]]])", 2));
+  EXPECT_FALSE(json_depth_ok(R"({"a":{"b":[1]}})", 2));
+  EXPECT_TRUE(json_depth_ok(R"(["[[[[", {"k\"[[": "\\"}, "]]]]"])", 2));
+  EXPECT_FALSE(
+      json_depth_ok(R"(["\\", [[1]]])", 2));  // the string ends after its escaped backslash
+  EXPECT_TRUE(json_depth_ok(std::string(512, '[') + std::string(512, ']')));
+  const auto deep = parse_json_text(std::string(513, '[') + std::string(513, ']'));
+  ASSERT_FALSE(deep.ok());
+  EXPECT_EQ(deep.message(), "arrays and objects nest more than 512 levels deep");
+  EXPECT_TRUE(
+      parse_json_or_discarded(std::string(513, '[') + std::string(513, ']')).is_discarded());
+  EXPECT_TRUE(parse_json_text(std::string(512, '[') + std::string(512, ']')).ok());
 }
 
 TEST(SafetensorsParse, MisalignedTensorIsCopied) {

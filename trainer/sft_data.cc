@@ -4,6 +4,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "miles/json_text.h"
+
 namespace miles {
 
 namespace {
@@ -59,7 +61,7 @@ Result<std::vector<TrainSample>> read_sft_jsonl(std::istream& in, const std::str
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string at = path + ":" + std::to_string(n) + ": ";
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    nlohmann::json j = parse_json_or_discarded(line);
     if (j.is_discarded()) return Status::Error(at + "not valid JSON");
     auto ids = line_tokens(j, tokenizer, vocab_size, options);
     if (!ids.ok()) return ids.status().with_context(at.substr(0, at.size() - 2));

@@ -20,6 +20,7 @@
 
 #include "miles/check.h"
 #include "miles/durable_file.h"
+#include "miles/json_text.h"
 #include "weight_sync/xxh3.h"
 
 namespace miles::disk_delta {
@@ -173,7 +174,7 @@ std::string manifest_to_json(const Manifest& m) {
 }
 
 Result<Manifest> manifest_from_json(const std::string& text, const std::string& source) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = parse_json_or_discarded(text);
   if (j.is_discarded() || !j.is_object()) return Status::Error(source + ": not a JSON object");
   MILES_ASSIGN_OR_RETURN(std::string format, field<std::string>(j, "format", source));
   MILES_ASSIGN_OR_RETURN(int64_t fv, field<int64_t>(j, "format_version", source));

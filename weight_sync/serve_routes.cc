@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "miles/json_text.h"
 #include "miles/weight_sync/engine_weights.h"
 
 namespace miles {
@@ -105,7 +106,7 @@ Result<GroupJoinSpec> join_spec(const json& body) {
 void register_update_routes(httplib::Server& s, const std::shared_ptr<EngineWeights>& w) {
   s.Post(
       "/update_weights_from_disk_delta", [w](const httplib::Request& req, httplib::Response& res) {
-        const json body = json::parse(req.body, nullptr, false);
+        const json body = parse_json_or_discarded(req.body);
         if (body.is_discarded() || !body.is_object() || !has(body, "dir", json::value_t::string) ||
             !has(body, "weight_version", json::value_t::number_integer))
           return reply_failure(res, 400,
@@ -116,7 +117,7 @@ void register_update_routes(httplib::Server& s, const std::shared_ptr<EngineWeig
       });
 
   s.Post("/join_weight_group", [w](const httplib::Request& req, httplib::Response& res) {
-    auto spec = join_spec(json::parse(req.body, nullptr, false));
+    auto spec = join_spec(parse_json_or_discarded(req.body));
     if (!spec.ok()) return reply_failure(res, 400, spec.message());
     const WeightReply r = w->join_group(*spec);
     if (!r.ok()) return reply(res, r);
@@ -127,7 +128,7 @@ void register_update_routes(httplib::Server& s, const std::shared_ptr<EngineWeig
   });
 
   s.Post("/update_weights_from_group", [w](const httplib::Request& req, httplib::Response& res) {
-    const json body = json::parse(req.body, nullptr, false);
+    const json body = parse_json_or_discarded(req.body);
     if (body.is_discarded() || !body.is_object() ||
         !has(body, "weight_version", json::value_t::number_integer))
       return reply_failure(res, 400,
@@ -144,7 +145,7 @@ void register_checksum_routes(httplib::Server& s, const std::shared_ptr<EngineWe
   });
 
   s.Post("/check_weights", [w](const httplib::Request& req, httplib::Response& res) {
-    const json body = json::parse(req.body, nullptr, false);
+    const json body = parse_json_or_discarded(req.body);
     if (body.is_discarded() || !body.is_object() || !has(body, "checksums", json::value_t::object))
       return reply_failure(res, 400, "check_weights needs {\"checksums\": {name: xxh3-128 hex}}");
     std::map<std::string, std::string> theirs;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "miles/flat_params.h"
+#include "miles/json_text.h"
 
 namespace miles {
 
@@ -21,7 +22,8 @@ std::vector<uint8_t> bytes_of(const json& j) {
 }
 
 Result<json> parse(const std::vector<uint8_t>& request, const char* what) {
-  json j = json::parse(request.begin(), request.end(), nullptr, false);
+  json j = parse_json_or_discarded(
+      std::string_view(reinterpret_cast<const char*>(request.data()), request.size()));
   if (j.is_discarded() || !j.is_object())
     return Status::Error(std::string("garbled ") + what + " request from rank 0");
   return j;

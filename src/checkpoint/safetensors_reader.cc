@@ -11,6 +11,7 @@
 
 #include "checkpoint/mapped_file.h"
 #include "miles/checkpoint.h"
+#include "miles/json_text.h"
 #include "nlohmann/json.hpp"
 
 namespace miles {
@@ -148,6 +149,9 @@ Result<Header> parse_header(const uint8_t* data, size_t size, const std::string&
     return true;
   };
   json j;
+  if (!json_depth_ok(std::string_view(reinterpret_cast<const char*>(data) + 8, n)))
+    return Status::Error(source + ": header is not valid JSON: arrays and objects nest more than " +
+                         std::to_string(kMaxJsonDepth) + " levels deep");
   try {
     j = json::parse(data + 8, data + 8 + n, on_event);
   } catch (const json::exception& e) {

@@ -632,8 +632,7 @@ Result<std::unique_ptr<Tokenizer>> load_hf_tokenizer(const std::string& path) {
   const std::filesystem::path config_path =
       std::filesystem::path(path).parent_path() / "tokenizer_config.json";
   json config;
-  if (read_file(config_path.string(), &config_text))
-    config = json::parse(config_text, nullptr, /*allow_exceptions=*/false);
+  if (read_file(config_path.string(), &config_text)) config = parse_json_or_discarded(config_text);
   return parse_with_config(text, path, config.is_discarded() ? nullptr : &config);
 }
 
