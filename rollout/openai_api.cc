@@ -269,9 +269,16 @@ Result<OpenAiCall> parse_chat(const json& body) {
     choice = it->get<std::string>();
   }
   c.parse_tools = !c.tools.is_null() && !c.tools.empty() && choice != "none";
-  if (body.contains("response_format") && !body["response_format"].is_null() &&
-      body["response_format"].value("type", "text") != "text")
-    return Status::Error("response_format other than text is not supported");
+  if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+    // {"type": "text"}, the only format that needs no constrained decoding.
+    if (!it->is_object() || !it->contains("type") || !(*it)["type"].is_string())
+      return Status::Error("response_format must be an object with a string \"type\", got " +
+                           it->dump().substr(0, 200));
+    if ((*it)["type"] != "text")
+      return Status::Error("response_format other than text is not supported");
+    for (const auto& [key, value] : it->items())
+      if (key != "type") return Status::Error("response_format: unknown field '" + key + "'");
+  }
   if (body.contains("chat_template_kwargs") && !body["chat_template_kwargs"].is_null()) {
     if (!body["chat_template_kwargs"].is_object())
       return Status::Error("chat_template_kwargs must be an object");

@@ -514,6 +514,36 @@ TEST(ServerApi, RefusedFieldsAreNamedAndOffValuesAccepted) {
     EXPECT_EQ(r->status, 400) << raw;
     EXPECT_FALSE(json::parse(r->body, nullptr, false).is_discarded()) << r->body;
   }
+  // A value nested a million levels deep parsed, then overflowed the stack of the thread that
+  // quoted it in its error message: the server died. Refused before it is parsed.
+  for (const char* route : {"/generate", "/v1/completions", "/v1/chat/completions"}) {
+    const std::string deep =
+        R"({"input_ids": )" + std::string(1'000'000, '[') + std::string(1'000'000, ']') + "}";
+    auto r = c.Post(route, deep, "application/json");
+    ASSERT_TRUE(r) << route << ": no reply (the server died?)";
+    EXPECT_EQ(r->status, 400) << route;
+    EXPECT_NE(r->body.find("nest more than 512 levels deep"), std::string::npos) << r->body;
+  }
+  // response_format: {"type": "text"} or a 400 that says what is wrong (a string, a list or a
+  // non-string type threw out of nlohmann's value(): a 500).
+  const json messages = json::array({{{"role", "user"}, {"content", "hi"}}});
+  for (const auto& [format, needle] : std::vector<std::pair<json, std::string>>{
+           {"json_object", "response_format must be an object with a string \"type\""},
+           {json::array({1}), "response_format must be an object"},
+           {{{"type", 5}}, "response_format must be an object"},
+           {{{"type", "json_object"}}, "response_format other than text is not supported"},
+           {{{"type", "text"}, {"strict", true}}, "response_format: unknown field 'strict'"}}) {
+    json e =
+        post(c, "/v1/chat/completions",
+             {{"messages", messages}, {"max_tokens", 1}, {"response_format", format}}, &status);
+    EXPECT_EQ(status, 400) << format.dump();
+    EXPECT_NE(e["error"]["message"].get<std::string>().find(needle), std::string::npos) << e.dump();
+  }
+  json text =
+      post(c, "/v1/chat/completions",
+           {{"messages", messages}, {"max_tokens", 1}, {"response_format", {{"type", "text"}}}},
+           &status);
+  EXPECT_EQ(text.dump().find("response_format"), std::string::npos) << text.dump();
   auto missing = c.Get("/no_such_route");
   ASSERT_TRUE(missing);
   EXPECT_EQ(missing->status, 404);

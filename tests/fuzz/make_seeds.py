@@ -85,6 +85,27 @@ def write(sub, name, data):
         f.write(data)
 
 
+# Dictionaries (libFuzzer -dict): the field names the engine's request parsers know, read from
+# their sources, so that the fuzzers put every known key (and its value types) into the bodies
+# they grow rather than hoping to spell one byte by byte.
+def write_dict(name, sources):
+    words = set()
+    for src in sources:
+        with open(os.path.join(HERE, "..", "..", src)) as f:
+            words.update(re.findall(r'"([a-z][a-z0-9_]{1,40})"', f.read()))
+    os.makedirs(os.path.join(HERE, "dict"), exist_ok=True)
+    with open(os.path.join(HERE, "dict", name + ".dict"), "w") as f:
+        f.write("# Written by make_seeds.py from " + ", ".join(sources) + ".\n")
+        for w in sorted(words):  # as a key and as a string value ("type": "text")
+            f.write('"\\"%s\\":"\n"\\"%s\\""\n' % (w, w))
+
+
+write_dict("api_bodies", ["rollout/generate_api.cc", "rollout/openai_api.cc",
+                          "rollout/tool_calls.cc"])
+write_dict("sessions", ["rollout/openai_api.cc", "rollout/sessions.cc", "rollout/http_sessions.cc",
+                        "rollout/chat_render.cc"])
+
+
 write("safetensors", "all_dtypes", safetensors([
     ("f32", "F32", [2, 3], floats(6)),
     ("bf16", "BF16", [3], b"\x80\x3f\x00\x40\x40\x40"),
