@@ -22,6 +22,9 @@ namespace {
 // Concurrent requests per batch: enough to hide a service's latency, few enough to be polite
 // (and within the listen backlog of 5 of an httplib server: more would drop SYNs, a 1 s retry).
 constexpr size_t kMaxConnections = 4;
+// A reply's body is a score: more than this is a broken service, not a bigger score (the command
+// kind bounds its lines the same).
+constexpr size_t kMaxReplyBytes = size_t{1} << 20;
 
 std::string seconds_text(double s) {
   std::ostringstream os;
@@ -77,15 +80,32 @@ class HttpScorer : public Scorer {
 
   Result<double> post_one(httplib::Client& client, const RewardInput& input) const {
     try {
-      auto res = client.Post(url_.path, request_json(input), "application/json");
+      httplib::Request req;
+      req.method = "POST";
+      req.path = url_.path;
+      req.set_header("Content-Type", "application/json");
+      req.body = request_json(input);
+      // The reply's body, read up to kMaxReplyBytes (httplib's own buffer has no bound).
+      std::string body;
+      bool too_long = false;
+      req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+        if (body.size() + n > kMaxReplyBytes) return !(too_long = true);
+        body.append(data, n);
+        return true;
+      };
+      auto res = client.send(req);
+      if (too_long) {
+        return Status::Error("http reply from " + url_text_ + " is longer than " +
+                             std::to_string(kMaxReplyBytes) + " bytes");
+      }
       if (!res) {
         return Status::Error("http POST " + url_text_ + " failed: " + describe(res.error()));
       }
       if (res->status != 200) {
         return Status::Error("http " + std::to_string(res->status) + " from " + url_text_ + ": " +
-                             excerpt(res->body));
+                             excerpt(body));
       }
-      Result<double> score = parse_score_reply(res->body);
+      Result<double> score = parse_score_reply(body);
       if (!score.ok()) return score.status().with_context("http reply from " + url_text_);
       return score;
     } catch (const std::exception& e) {

@@ -401,7 +401,8 @@ TEST(RewardModelScore, WeightedSumAndParts) {
 // ---- http -------------------------------------------------------------------------------------
 
 // A reward service on 127.0.0.1. The response text picks the behaviour: "fail" (500), "slow"
-// (held until the test ends), "garbage", "noscore", "bare" (a bare number); anything else scores
+// (held until the test ends), "garbage", "noscore", "bare" (a bare number), "huge" (a 2 MiB
+// reply); anything else scores
 // label + response_tokens / 1000, after a delay that reverses the completion order of a batch.
 class RewardHttpTest : public ::testing::Test {
  protected:
@@ -448,6 +449,9 @@ class RewardHttpTest : public ::testing::Test {
       res.set_content(R"({"value": 1})", "application/json");
     } else if (response == "bare") {
       res.set_content("0.25", "application/json");
+    } else if (response == "huge") {  // a valid reply, padded past the 1 MiB bound
+      res.set_content(R"({"score": 1, "pad": ")" + std::string(2 << 20, 'x') + "\"}",
+                      "application/json");
     } else {
       int64_t tokens = body["response_tokens"];
       std::this_thread::sleep_for(std::chrono::milliseconds(std::max<int64_t>(0, 20 - tokens)));
@@ -498,9 +502,10 @@ TEST_F(RewardHttpTest, BadRepliesFailOnlyTheirSamples) {
   ASSERT_TRUE(model);
   std::vector<RewardInput> batch = {sample("ok", json(1)),      sample("fail", json(1)),
                                     sample("garbage", json(1)), sample("noscore", json(1)),
-                                    sample("bare", json(1)),    sample("ok", json(2), 5)};
+                                    sample("bare", json(1)),    sample("ok", json(2), 5),
+                                    sample("huge", json(1))};
   auto r = model->score(batch);
-  ASSERT_EQ(r.size(), 6u);
+  ASSERT_EQ(r.size(), 7u);
   EXPECT_EQ(r[0].score, 1);
   EXPECT_EQ(r[0].error, "");
   EXPECT_EQ(r[1].score, 0);
@@ -511,6 +516,9 @@ TEST_F(RewardHttpTest, BadRepliesFailOnlyTheirSamples) {
   EXPECT_EQ(r[4].score, 0.25);
   EXPECT_EQ(r[4].error, "");
   EXPECT_DOUBLE_EQ(r[5].score, 2.005);
+  // A reply past 1 MiB is not read on (a broken service must not fill the controller's memory).
+  EXPECT_EQ(r[6].score, 0);
+  EXPECT_NE(r[6].error.find("is longer than 1048576 bytes"), std::string::npos) << r[6].error;
 }
 
 TEST_F(RewardHttpTest, WrongPathIs404) {

@@ -29,7 +29,8 @@
 //                `url`: "host:port/path", "http://host:port/path" or "https://host/path". A batch
 //                goes over up to 4 concurrent connections; `timeout_s` bounds the connect, the
 //                send and each read of one sample. A non-200 status, a reply that is not JSON or
-//                has no finite numeric score, a refused connection or a timeout fail that sample.
+//                has no finite numeric score or is longer than 1 MiB, a refused connection or a
+//                timeout fail that sample.
 //   command      `command` (run through /bin/sh once per scorer, kept alive) reads one such JSON
 //                object per line on stdin and writes one {"score": x} per line on stdout, in order.
 //                It starts at the first sample. When it exits, writes garbage (or a line nobody
