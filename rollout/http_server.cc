@@ -59,6 +59,10 @@ HttpServer::HttpServer(EngineDriver& driver, const ModelConfig& config,
     const std::string header = req.get_header_value("Authorization");
     const std::string_view token = bearer_token(header);
     if (open || opt_.keys.allows(token, is_admin_route(req.path))) {
+      if (auto refused = body_framing_error(req)) {
+        reply_error(res, refused->first, refused->second, http_errors_);
+        return handled();
+      }
       if (!body_too_large(req)) return httplib::Server::HandlerResponse::Unhandled;
       reply_error(res, 413,
                   "the request body is too large (Content-Length " +
@@ -113,6 +117,28 @@ HttpServer::HttpServer(EngineDriver& driver, const ModelConfig& config,
 }
 
 HttpServer::~HttpServer() { stop(); }
+
+// The body limit holds only for a body whose length is stated and whose bytes are the JSON. httplib
+// reads a chunked body, or one without Content-Length, to its end with no bound, and inflates a
+// gzip or brotli one after checking the compressed length (measured: 20 MB read through each).
+std::optional<std::pair<int, std::string>> HttpServer::body_framing_error(
+    const httplib::Request& req) {
+  if (req.has_header("Content-Encoding") && req.get_header_value("Content-Encoding") != "identity")
+    return std::pair{415, "Content-Encoding " + req.get_header_value("Content-Encoding") +
+                              " is not accepted: send the body uncompressed"};
+  if (req.has_header("Transfer-Encoding"))
+    return std::pair{411, "a body in Transfer-Encoding " +
+                              req.get_header_value("Transfer-Encoding") +
+                              " is not accepted: send it with a Content-Length"};
+  // No length and no transfer coding: the request has no body (RFC 9112 6.3), where httplib would
+  // read one until the client closes. Saying so lets it read zero bytes (`curl -X POST` with no
+  // data: an empty body, as SGLang takes it). The request is not const in httplib's routing; only
+  // this handler's view of it is.
+  if (!req.has_header("Content-Length") && (req.method == "POST" || req.method == "PUT" ||
+                                            req.method == "PATCH" || req.method == "DELETE"))
+    const_cast<httplib::Request&>(req).set_header("Content-Length", "0");
+  return std::nullopt;
+}
 
 bool HttpServer::body_too_large(const httplib::Request& req) const {
   if (opt_.max_body_bytes == 0 || !req.has_header("Content-Length")) return false;

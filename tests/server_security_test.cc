@@ -349,6 +349,61 @@ TEST(ServerSecurity, AFiftyMegabyteBodyIsRefusedBeforeItIsRead) {
   EXPECT_EQ(status_of(c, "/generate", kGen), 200);
 }
 
+// The 8 MiB bound held only for a stated, uncompressed length: httplib read a chunked body, or one
+// with no Content-Length until the client closed, to its end, and inflated gzip after checking
+// the compressed length (20 MB went through each way). Now a coding is refused before any body
+// byte is read, and a body with neither length nor coding is empty, as RFC 9112 says.
+TEST(ServerSecurity, BodiesTheLimitCannotMeasureAreRefusedOrEmpty) {
+  ServerOptions so;  // default limit: 8 MiB
+  Served s(so);
+  const int64_t rss0 = rss_bytes();
+  const auto refused = [&](const std::string& headers, const std::string& status,
+                           const std::string& needle) {
+    const int fd = connect_raw(s.server->port());
+    ASSERT_GE(fd, 0);
+    send_text(fd, "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+                      headers + "\r\n");
+    const std::string reply = read_response(fd, std::chrono::seconds(5));
+    ::close(fd);
+    EXPECT_EQ(reply.rfind("HTTP/1.1 " + status, 0), 0u) << reply.substr(0, 300);
+    EXPECT_NE(reply.find(needle), std::string::npos) << reply.substr(0, 400);
+  };
+  // A gzip body of 20 KB that inflates to 20 MB: refused on its header.
+  refused("Content-Encoding: gzip\r\nContent-Length: 20466\r\n", "415",
+          "Content-Encoding gzip is not accepted");
+  refused("Content-Encoding: br\r\nContent-Length: 10\r\n", "415", "send the body uncompressed");
+  refused("Transfer-Encoding: chunked\r\n", "411", "send it with a Content-Length");
+  // No length: an empty body at once (a /generate without input), not 20 MB read until the
+  // client closes; the bytes after the headers are no part of that request.
+  const int fd = connect_raw(s.server->port());
+  ASSERT_GE(fd, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  send_text(fd, "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\r\n");
+  const std::string reply = read_response(fd, std::chrono::seconds(5));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply.substr(0, 300);
+  const std::string chunk(64 << 10, 'a');
+  size_t sent = 0;
+  while (sent < (20u << 20)) {
+    const ssize_t n = ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  ::shutdown(fd, SHUT_WR);
+  (void)read_until_closed(fd, std::chrono::seconds(5));
+  ::close(fd);
+  EXPECT_LT(rss_bytes() - rss0, int64_t{16} << 20);
+  // `curl -X POST` with no data: no Content-Length, and an empty body is what the route gets.
+  const int fd2 = connect_raw(s.server->port());
+  ASSERT_GE(fd2, 0);
+  send_text(fd2, "POST /flush_cache HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string flushed = read_response(fd2, std::chrono::seconds(5));
+  ::close(fd2);
+  EXPECT_EQ(flushed.rfind("HTTP/1.1 200", 0), 0u) << flushed.substr(0, 300);
+  auto c = s.client();
+  EXPECT_EQ(status_of(c, "/generate", kGen), 200);
+}
+
 TEST(ServerSecurity, RequestAndQueueBounds) {
   ServerOptions so;
   so.max_request_tokens = 1000;

@@ -16,13 +16,14 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "miles/rollout/engine.h"
-#include "miles/secret.h"
-#include "miles/tokenizer.h"
 #include "miles/rollout/engine_driver.h"
 #include "miles/rollout/http_transport.h"
+#include "miles/secret.h"
+#include "miles/tokenizer.h"
 
 namespace httplib {
 class Server;
@@ -97,6 +98,9 @@ class HttpServer {
   void routes();
   // A Content-Length over max_body_bytes (refused before the body is read).
   bool body_too_large(const httplib::Request& req) const;
+  // A body the limit cannot hold to (compressed: 415; chunked: 411), as (status, message); a body
+  // with neither length nor transfer coding is declared empty.
+  static std::optional<std::pair<int, std::string>> body_framing_error(const httplib::Request& req);
   void register_control_routes();    // http_control.cc: the three below and http_load.cc's
   void register_lifecycle_routes();  // pause, continue, flush, weight updates and versions
   void register_info_routes();       // model info, health, metrics
