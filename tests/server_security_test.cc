@@ -156,6 +156,19 @@ int connect_raw(int port) {
 
 void send_text(int fd, const std::string& s) { (void)::send(fd, s.data(), s.size(), MSG_NOSIGNAL); }
 
+// Sends up to `bytes` of 'a' in 64 KiB pieces without waiting: stops when the connection is
+// closed or its buffers are full. Returns the bytes sent.
+size_t send_until_blocked(int fd, size_t bytes) {
+  const std::string chunk(64 << 10, 'a');
+  size_t sent = 0;
+  while (sent < bytes) {
+    const ssize_t n = ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  return sent;
+}
+
 // Everything the server sends until it closes the connection (or `limit` passes: "<open>").
 std::string read_until_closed(int fd, std::chrono::milliseconds limit) {
   std::string got;
@@ -335,13 +348,7 @@ TEST(ServerSecurity, AFiftyMegabyteBodyIsRefusedBeforeItIsRead) {
   // unread; the bound only says it came at once (loose: two cores shared with other tests).
   EXPECT_LT(ms, 2000.0);
   // The body, sent anyway, is not taken: the connection is closed, or its buffers fill.
-  const std::string chunk(64 << 10, ' ');
-  size_t sent = 0;
-  while (sent < (50u << 20)) {
-    const ssize_t n = ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
-  }
+  const size_t sent = send_until_blocked(fd, size_t{50} << 20);
   ::close(fd);
   EXPECT_LT(sent, size_t{50} << 20);
   EXPECT_LT(rss_bytes() - rss0, int64_t{16} << 20);
@@ -382,13 +389,7 @@ TEST(ServerSecurity, BodiesTheLimitCannotMeasureAreRefusedOrEmpty) {
   const std::string reply = read_response(fd, std::chrono::seconds(5));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
   EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply.substr(0, 300);
-  const std::string chunk(64 << 10, 'a');
-  size_t sent = 0;
-  while (sent < (20u << 20)) {
-    const ssize_t n = ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
-  }
+  (void)send_until_blocked(fd, size_t{20} << 20);
   ::shutdown(fd, SHUT_WR);
   (void)read_until_closed(fd, std::chrono::seconds(5));
   ::close(fd);
