@@ -1256,32 +1256,33 @@ TEST(RlRun, CalculatorSessionsBuiltInAndInPythonTrainOnTheSameExactRecord) {
   }
 }
 
-// Learning, as a regression test: the first 10 steps of configs/smollm2_arithmetic.yaml (the recipe
+// Learning, as a regression test: the first 5 steps of configs/smollm2_arithmetic.yaml (the recipe
 // of docs/recipes.md) raise SmolLM2's greedy accuracy on the 128 held-out prompts from 20 / 128
 // (what transformers' greedy generate of the same model also gets: scripts/trl_grpo.py's step-0
-// evaluation) by at least 5 points (the recorded run: 15.6 % -> 23.4 %, 44.5 % at step 40), and
-// the training reward of steps 6-10 is above that of steps 1-5.
+// evaluation) by at least 5 points (measured: 15.6 % -> 22.7 %; the recorded run reaches 44.5 % at
+// step 40), and the training reward of steps 4-5 is above that of steps 1-2. Five steps, not ten:
+// the run is the same bits on every machine, and it holds both cores alone in CI (6.5 minutes).
 TEST(RlRun, SmolLM2ArithmeticRecipeLearnsOnHeldOutPrompts) {
   if (!has_smollm2()) GTEST_SKIP() << "SmolLM2-135M-Instruct not installed (scripts/get_models.sh)";
   const std::string dir = temp_dir("smollm2_learns");
   auto r = run_here("configs/smollm2_arithmetic.yaml --run-dir " + dir +
-                    " rollout.num_rollouts=10 checkpoint.save_every=0 checkpoint.save_final=true"
+                    " rollout.num_rollouts=5 checkpoint.save_every=0 checkpoint.save_final=true"
                     " logging.progress=none logging.tensorboard=false");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   // The checkpoint is a model directory: the policy's tokenizer and chat template beside it.
   for (const char* f :
        {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
-    EXPECT_TRUE(fs::exists(dir + "/checkpoints/step_00000010/" + std::string(f))) << f;
+    EXPECT_TRUE(fs::exists(dir + "/checkpoints/step_00000005/" + std::string(f))) << f;
   const std::vector<json> evals = jsonl(dir + "/eval.jsonl");
   ASSERT_EQ(evals.size(), 2u);
   EXPECT_EQ(evals[0]["eval_prompts"], 128);
   EXPECT_EQ(evals[0]["eval_pass_at_1"], 20.0 / 128) << evals[0].dump();
   const double before = evals[0]["eval_pass_at_1"], after = evals[1]["eval_pass_at_1"];
-  std::printf("[ learns   ] held-out pass@1 %.4f -> %.4f after 10 steps\n", before, after);
+  std::printf("[ learns   ] held-out pass@1 %.4f -> %.4f after 5 steps\n", before, after);
   EXPECT_GE(after, before + 0.05) << evals[1].dump();
   const std::vector<json> m = metrics(dir);
-  ASSERT_EQ(m.size(), 10u);
-  EXPECT_GT(mean_reward(m, 5, 5), mean_reward(m, 0, 5));
+  ASSERT_EQ(m.size(), 5u);
+  EXPECT_GT(mean_reward(m, 3, 2), mean_reward(m, 0, 2));
 }
 
 // A rollout function that raises keeps its traceback on the sample (the dump, the console, the
