@@ -5,6 +5,7 @@
 // that only the parser sees yaml-cpp.
 #pragma once
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <string>

@@ -6,11 +6,12 @@
 // `override section.key=value: ...`), with a "did you mean" for unknown names, so that a job file
 // is fixed in one edit instead of one run per typo.
 #include <filesystem>
+#include <string>
 
 #include "controller/run_config_internal.h"
 #include "controller/run_config_node.h"
-#include "miles/durable_file.h"
 #include "miles/controller/run_config.h"
+#include "miles/durable_file.h"
 
 namespace miles {
 namespace {
@@ -30,6 +31,14 @@ std::string join(const std::vector<std::string_view>& words, std::string_view se
 std::string location(const std::string& source, const YAML::Mark& mark) {
   if (mark.is_null()) return source;
   return source + ":" + std::to_string(mark.line + 1);
+}
+
+// yaml-cpp's own message, except for its nesting bound, which it calls "bad file".
+std::string yaml_message(const YAML::Exception& e) {
+  if (const auto* deep = dynamic_cast<const YAML::DeepRecursion*>(&e))
+    return "lists and maps nested too deep (yaml-cpp's parser stops at depth " +
+           std::to_string(deep->depth()) + ")";
+  return e.msg;
 }
 
 class Parser {
@@ -220,7 +229,7 @@ void Parser::apply_override(const std::string& text) {
   try {
     value = YAML::Load(text.substr(eq + 1));
   } catch (const YAML::Exception& e) {
-    error(where, "the value is not valid YAML: " + e.msg);
+    error(where, "the value is not valid YAML: " + yaml_message(e));
     return;
   }
   const std::string name = path.substr(0, dot);
@@ -276,12 +285,12 @@ Result<RunConfig> parse_run_config(const std::string& yaml_text, const std::stri
     const YAML::Node root = YAML::Load(yaml_text);
     parser.file(root);
   } catch (const YAML::Exception& e) {
-    return Status::Error(location(source_name, e.mark) + ": YAML syntax error: " + e.msg);
+    return Status::Error(location(source_name, e.mark) + ": YAML syntax error: " + yaml_message(e));
   }
   try {
     for (const std::string& text : overrides) parser.apply_override(text);
   } catch (const YAML::Exception& e) {
-    return Status::Error("overrides: " + e.msg);
+    return Status::Error("overrides: " + yaml_message(e));
   }
   parser.require_reward_kinds();
   if (!parser.errors().empty()) {

@@ -5,11 +5,13 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
 
 #include "miles/rollout/http_transport.h"
 #include "miles/rollout/sessions.h"
@@ -22,6 +24,19 @@
 namespace miles::rollout {
 
 using nlohmann::json;
+
+namespace {
+
+// Content codings are case-insensitive tokens (RFC 9110 8.4.1): "Identity" is "identity".
+bool is_identity_coding(std::string_view coding) {
+  constexpr std::string_view kIdentity = "identity";
+  if (coding.size() != kIdentity.size()) return false;
+  for (size_t i = 0; i < coding.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(coding[i])) != kIdentity[i]) return false;
+  return true;
+}
+
+}  // namespace
 
 bool is_admin_route(const std::string& path) {
   static const std::set<std::string> kAdmin = {
@@ -123,7 +138,8 @@ HttpServer::~HttpServer() { stop(); }
 // gzip or brotli one after checking the compressed length (measured: 20 MB read through each).
 std::optional<std::pair<int, std::string>> HttpServer::body_framing_error(
     const httplib::Request& req) {
-  if (req.has_header("Content-Encoding") && req.get_header_value("Content-Encoding") != "identity")
+  if (req.has_header("Content-Encoding") &&
+      !is_identity_coding(req.get_header_value("Content-Encoding")))
     return std::pair{415, "Content-Encoding " + req.get_header_value("Content-Encoding") +
                               " is not accepted: send the body uncompressed"};
   if (req.has_header("Transfer-Encoding"))

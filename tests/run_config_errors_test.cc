@@ -24,6 +24,25 @@ TEST(RunConfigErrors, SyntaxErrorNamesTheLine) {
             "job.yaml:3: YAML syntax error: illegal map value");
 }
 
+// yaml-cpp stops at a nesting depth and calls it "bad file"; the message says what it is, for the
+// file and for an override's value.
+TEST(RunConfigErrors, DeepNestingIsNamed) {
+  const std::string deep = std::string(5000, '[') + std::string(5000, ']');
+  const std::string file = error_of("rollout: " + deep + "\n");
+  EXPECT_EQ(file.rfind("job.yaml:1: YAML syntax error: lists and maps nested too deep", 0), 0u)
+      << file;
+  EXPECT_EQ(file.find("bad file"), std::string::npos) << file;
+  const std::string over = error_of(kBase, {"rollout.seed=" + deep});
+  EXPECT_NE(over.find(": the value is not valid YAML: lists and maps nested too deep"),
+            std::string::npos)
+      << over.substr(over.size() - 200);
+  // 100 levels are within the bound: the error is then about the value, not the nesting.
+  const std::string fine =
+      error_of(std::string(kBase) + "rollout: {seed: " + std::string(100, '[') +
+               std::string(100, ']') + "}\n");
+  EXPECT_EQ(fine.find("nested too deep"), std::string::npos) << fine;
+}
+
 TEST(RunConfigErrors, TopLevelMustBeAMap) {
   EXPECT_EQ(error_of("- model\n"),
             "job.yaml:1: the top level must be a map of sections (model: ..., rollout: ...), got a "

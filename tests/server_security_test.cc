@@ -401,6 +401,18 @@ TEST(ServerSecurity, BodiesTheLimitCannotMeasureAreRefusedOrEmpty) {
   const std::string flushed = read_response(fd2, std::chrono::seconds(5));
   ::close(fd2);
   EXPECT_EQ(flushed.rfind("HTTP/1.1 200", 0), 0u) << flushed.substr(0, 300);
+  // The identity coding is no coding, in any case (RFC 9110: codings are case-insensitive).
+  for (const char* coding : {"identity", "Identity", "IDENTITY"}) {
+    const int fd3 = connect_raw(s.server->port());
+    ASSERT_GE(fd3, 0);
+    send_text(fd3, std::string("POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                               "application/json\r\nContent-Encoding: ") +
+                       coding + "\r\nContent-Length: " + std::to_string(kGen.size()) + "\r\n\r\n" +
+                       kGen);
+    const std::string plain = read_response(fd3, std::chrono::seconds(30));
+    ::close(fd3);
+    EXPECT_EQ(plain.rfind("HTTP/1.1 200", 0), 0u) << coding << ": " << plain.substr(0, 300);
+  }
   auto c = s.client();
   EXPECT_EQ(status_of(c, "/generate", kGen), 200);
 }
