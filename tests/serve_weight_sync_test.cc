@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "llama_weights_fixture.h"
@@ -23,6 +25,7 @@
 #include "miles/weight_sync/serve_routes.h"
 #include "miles/weight_sync/weight_sync.h"
 #include "test_paths.h"
+#include "weight_sync/route_bodies.h"
 
 namespace miles {
 namespace {
@@ -271,6 +274,63 @@ TEST(ServeWeightSync, JoinsReachOnlyStoresOnThisMachineOrTrustedHosts) {
     post(c, "/join_weight_group", body, &status);
     EXPECT_EQ(status, 200) << store;
   }
+  // A timeout whose milliseconds overflow int64 (UB in the conversion) is refused by its bound.
+  for (double t : {1e300, 86400.5, -1.0}) {
+    json body = join;
+    body["store"] = "127.0.0.1:1";
+    body["timeout_s"] = t;
+    json r = post(c, "/join_weight_group", body, &status);
+    EXPECT_EQ(status, 400) << t;
+    EXPECT_NE(r.dump().find("timeout_s must be in (0, 86400]"), std::string::npos) << r.dump();
+  }
+}
+
+// The routes' bodies as route_bodies.h reads them: types, ranges and usages, with no server.
+TEST(ServeWeightSync, RouteBodiesAreTypedAndBounded) {
+  auto join = parse_join_weight_group(
+      R"({"store": "h:1", "prefix": "g", "rank": 2, "world_size": 3, "timeout_s": 1.5,
+          "transport": "p2p", "trainer_layout": "dp=2,pp=1,tp=1", "comm": "shm"})");
+  ASSERT_TRUE(join.ok()) << join.message();
+  EXPECT_EQ(join->rank, 2);
+  EXPECT_EQ(join->world_size, 3);
+  EXPECT_EQ(join->timeout_s, 1.5);
+  EXPECT_EQ(join->trainer_layout, "dp=2,pp=1,tp=1");
+  EXPECT_EQ(join->comm, "shm");
+  EXPECT_EQ(join->host, "127.0.0.1");
+  // Integers past int64 (JSON's unsigned) used to wrap to small ones; now out of range.
+  for (const char* body :
+       {R"({"store": "h:1", "prefix": "g", "rank": 18446744073709551615, "world_size": 2})",
+        R"({"store": "h:1", "prefix": "g", "rank": 1, "world_size": 2, "stage": -2000000000})"}) {
+    auto r = parse_join_weight_group(body);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_NE(r.message().find("is out of range"), std::string::npos) << r.message();
+  }
+  EXPECT_NE(parse_join_weight_group(R"({"store": "h:1", "prefix": "g", "rank": 1,
+                                       "world_size": 2, "transport": "p2p"})")
+                .message()
+                .find("needs \"trainer_layout\""),
+            std::string::npos);
+  EXPECT_NE(parse_join_weight_group("[1]").message().find("join_weight_group needs"),
+            std::string::npos);
+
+  auto delta = parse_disk_delta_update(R"({"dir": "w", "weight_version": 9223372036854775807})");
+  ASSERT_TRUE(delta.ok()) << delta.message();
+  EXPECT_EQ(delta->dir, "w");
+  EXPECT_EQ(delta->weight_version, INT64_MAX);
+  for (const char* v : {"-1", "9223372036854775808", "18446744073709551615", "1.5", "\"3\""}) {
+    const std::string body = std::string(R"({"dir": "w", "weight_version": )") + v + "}";
+    EXPECT_FALSE(parse_disk_delta_update(body).ok()) << body;
+    EXPECT_FALSE(parse_group_update(std::string(R"({"weight_version": )") + v + "}").ok()) << v;
+  }
+  auto group = parse_group_update(R"({"weight_version": 0})");
+  ASSERT_TRUE(group.ok());
+  EXPECT_EQ(*group, 0);
+
+  auto sums = parse_check_weights(R"({"checksums": {"a": "00ff", "b": 7}})");
+  ASSERT_TRUE(sums.ok());
+  EXPECT_EQ(*sums, (std::map<std::string, std::string>{{"a", "00ff"}, {"b", ""}}));
+  EXPECT_FALSE(parse_check_weights(R"({"checksums": ["a"]})").ok());
+  EXPECT_FALSE(parse_check_weights(std::string(600, '[') + std::string(600, ']')).ok());
 }
 
 TEST(ServeWeightSync, OneBroadcastGroupPerPipelineStage) {

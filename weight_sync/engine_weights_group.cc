@@ -30,7 +30,11 @@ Result<CommOptions> comm_options(const GroupJoinSpec& spec) {
     return Status::Error("join_weight_group: rank " + std::to_string(spec.rank) +
                          " of world_size " + std::to_string(spec.world_size) +
                          ": an engine is a rank in 1..world_size − 1 (rank 0 sends)");
-  if (!(spec.timeout_s > 0)) return Status::Error("join_weight_group: timeout_s must be > 0");
+  // Bounded so that the milliseconds below, and the wait's margin on them, stay in range.
+  constexpr double kMaxTimeoutS = 86400;
+  if (!(spec.timeout_s > 0 && spec.timeout_s <= kMaxTimeoutS))
+    return Status::Error("join_weight_group: timeout_s must be in (0, 86400] seconds, got " +
+                         std::to_string(spec.timeout_s));
   if (spec.comm != "gloo" && spec.comm != "shm")
     return Status::Error("join_weight_group: comm '" + spec.comm + "' (known: gloo, shm)");
   CommOptions o;

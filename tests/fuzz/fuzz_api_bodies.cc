@@ -1,7 +1,8 @@
 // libFuzzer target: arbitrary bytes as the body of the engine's HTTP routes — /generate
 // (parse_generate, then a response built from the parsed call), /v1/completions and
-// /v1/chat/completions (parse_completion, parse_chat) — and as model text for the tool-call
-// parser. Bad input must come back as an error value: no crash, no UB, no leak.
+// /v1/chat/completions (parse_completion, parse_chat), the weight-sync routes (route_bodies.h) —
+// and as model text for the tool-call parser. Bad input must come back as an error value: no
+// crash, no UB, no leak.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -12,11 +13,16 @@
 #include "rollout/openai_api.h"
 #include "rollout/tool_calls.h"
 #include "tests/fuzz/fuzz_tokenizer.h"
+#include "weight_sync/route_bodies.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string body(reinterpret_cast<const char*>(data), size);
   const miles::Tokenizer* tok = miles::fuzz::test_tokenizer();
   miles::rollout::parse_tool_calls(body);
+  miles::parse_disk_delta_update(body);
+  miles::parse_join_weight_group(body);
+  miles::parse_group_update(body);
+  miles::parse_check_weights(body);
   auto json = miles::rollout::parse_json_body(body);
   if (!json.ok()) return 0;
   if (auto batch = miles::rollout::parse_generate(*json, tok); batch.ok()) {

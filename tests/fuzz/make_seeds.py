@@ -101,7 +101,7 @@ def write_dict(name, sources):
 
 
 write_dict("api_bodies", ["rollout/generate_api.cc", "rollout/openai_api.cc",
-                          "rollout/tool_calls.cc"])
+                          "rollout/tool_calls.cc", "weight_sync/route_bodies.cc"])
 write_dict("sessions", ["rollout/openai_api.cc", "rollout/sessions.cc", "rollout/http_sessions.cc",
                         "rollout/chat_render.cc"])
 
