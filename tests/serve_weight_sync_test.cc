@@ -16,6 +16,7 @@
 
 #include "llama_weights_fixture.h"
 #include "miles/comm.h"
+#include "miles/json_text.h"
 #include "miles/rollout/engine.h"
 #include "miles/rollout/http_server.h"
 #include "miles/tcp_store.h"
@@ -285,10 +286,16 @@ TEST(ServeWeightSync, JoinsReachOnlyStoresOnThisMachineOrTrustedHosts) {
   }
 }
 
+// A route body parser applied to the text of a body, as serve_routes.cc does.
+template <typename Parse>
+auto route(Parse parse, const std::string& text) {
+  return parse(parse_json_or_discarded(text));
+}
+
 // The routes' bodies as route_bodies.h reads them: types, ranges and usages, with no server.
 TEST(ServeWeightSync, RouteBodiesAreTypedAndBounded) {
-  auto join = parse_join_weight_group(
-      R"({"store": "h:1", "prefix": "g", "rank": 2, "world_size": 3, "timeout_s": 1.5,
+  auto join = route(parse_join_weight_group,
+                    R"({"store": "h:1", "prefix": "g", "rank": 2, "world_size": 3, "timeout_s": 1.5,
           "transport": "p2p", "trainer_layout": "dp=2,pp=1,tp=1", "comm": "shm"})");
   ASSERT_TRUE(join.ok()) << join.message();
   EXPECT_EQ(join->rank, 2);
@@ -301,36 +308,38 @@ TEST(ServeWeightSync, RouteBodiesAreTypedAndBounded) {
   for (const char* body :
        {R"({"store": "h:1", "prefix": "g", "rank": 18446744073709551615, "world_size": 2})",
         R"({"store": "h:1", "prefix": "g", "rank": 1, "world_size": 2, "stage": -2000000000})"}) {
-    auto r = parse_join_weight_group(body);
+    auto r = route(parse_join_weight_group, body);
     ASSERT_FALSE(r.ok()) << body;
     EXPECT_NE(r.message().find("is out of range"), std::string::npos) << r.message();
   }
-  EXPECT_NE(parse_join_weight_group(R"({"store": "h:1", "prefix": "g", "rank": 1,
+  EXPECT_NE(route(parse_join_weight_group, R"({"store": "h:1", "prefix": "g", "rank": 1,
                                        "world_size": 2, "transport": "p2p"})")
                 .message()
                 .find("needs \"trainer_layout\""),
             std::string::npos);
-  EXPECT_NE(parse_join_weight_group("[1]").message().find("join_weight_group needs"),
+  EXPECT_NE(route(parse_join_weight_group, "[1]").message().find("join_weight_group needs"),
             std::string::npos);
 
-  auto delta = parse_disk_delta_update(R"({"dir": "w", "weight_version": 9223372036854775807})");
+  auto delta =
+      route(parse_disk_delta_update, R"({"dir": "w", "weight_version": 9223372036854775807})");
   ASSERT_TRUE(delta.ok()) << delta.message();
   EXPECT_EQ(delta->dir, "w");
   EXPECT_EQ(delta->weight_version, INT64_MAX);
   for (const char* v : {"-1", "9223372036854775808", "18446744073709551615", "1.5", "\"3\""}) {
     const std::string body = std::string(R"({"dir": "w", "weight_version": )") + v + "}";
-    EXPECT_FALSE(parse_disk_delta_update(body).ok()) << body;
-    EXPECT_FALSE(parse_group_update(std::string(R"({"weight_version": )") + v + "}").ok()) << v;
+    EXPECT_FALSE(route(parse_disk_delta_update, body).ok()) << body;
+    EXPECT_FALSE(route(parse_group_update, std::string(R"({"weight_version": )") + v + "}").ok())
+        << v;
   }
-  auto group = parse_group_update(R"({"weight_version": 0})");
+  auto group = route(parse_group_update, R"({"weight_version": 0})");
   ASSERT_TRUE(group.ok());
   EXPECT_EQ(*group, 0);
 
-  auto sums = parse_check_weights(R"({"checksums": {"a": "00ff", "b": 7}})");
+  auto sums = route(parse_check_weights, R"({"checksums": {"a": "00ff", "b": 7}})");
   ASSERT_TRUE(sums.ok());
   EXPECT_EQ(*sums, (std::map<std::string, std::string>{{"a", "00ff"}, {"b", ""}}));
-  EXPECT_FALSE(parse_check_weights(R"({"checksums": ["a"]})").ok());
-  EXPECT_FALSE(parse_check_weights(std::string(600, '[') + std::string(600, ']')).ok());
+  EXPECT_FALSE(route(parse_check_weights, R"({"checksums": ["a"]})").ok());
+  EXPECT_FALSE(route(parse_check_weights, std::string(600, '[') + std::string(600, ']')).ok());
 }
 
 TEST(ServeWeightSync, OneBroadcastGroupPerPipelineStage) {

@@ -2,21 +2,12 @@
 #include "weight_sync/route_bodies.h"
 
 #include <limits>
-#include <nlohmann/json.hpp>
-
-#include "miles/json_text.h"
 
 namespace miles {
 
 using nlohmann::json;
 
 namespace {
-
-// The body as a JSON object, or discarded.
-json object_of(std::string_view body) {
-  json j = parse_json_or_discarded(body);
-  return j.is_object() ? j : json(json::value_t::discarded);
-}
 
 bool has(const json& body, const char* key, json::value_t type) {
   if (!body.contains(key)) return false;
@@ -46,25 +37,23 @@ bool is_version(const json& body) {
 
 }  // namespace
 
-Result<DiskDeltaUpdateRequest> parse_disk_delta_update(std::string_view body) {
-  const json j = object_of(body);
-  if (j.is_discarded() || !has(j, "dir", json::value_t::string) || !is_version(j))
+Result<DiskDeltaUpdateRequest> parse_disk_delta_update(const json& j) {
+  if (!j.is_object() || !has(j, "dir", json::value_t::string) || !is_version(j))
     return Status::Error(
         "update_weights_from_disk_delta needs {\"dir\": string, \"weight_version\": integer >= "
         "0}");
   return DiskDeltaUpdateRequest{j["dir"].get<std::string>(), j["weight_version"].get<int64_t>()};
 }
 
-Result<GroupJoinSpec> parse_join_weight_group(std::string_view text) {
+Result<GroupJoinSpec> parse_join_weight_group(const json& body) {
   using T = json::value_t;
-  const json body = object_of(text);
   const char* usage =
       "join_weight_group needs {\"store\": \"host:port\", \"prefix\": string, \"rank\": integer, "
       "\"world_size\": integer, optional \"timeout_s\": number, \"host\": string, "
       "\"plan_digest\": string, \"stage\": integer, \"stages\": integer, \"transport\": "
       "\"broadcast\" | \"p2p\", \"trainer_layout\": \"dp=A,pp=B,tp=C\", \"engine_tp\": integer, "
       "\"comm\": \"gloo\" | \"shm\"}";
-  if (body.is_discarded() || !has(body, "store", T::string) || !has(body, "prefix", T::string) ||
+  if (!body.is_object() || !has(body, "store", T::string) || !has(body, "prefix", T::string) ||
       !has(body, "rank", T::number_integer) || !has(body, "world_size", T::number_integer) ||
       !optional(body, "timeout_s", T::number_float) || !optional(body, "host", T::string) ||
       !optional(body, "plan_digest", T::string) || !optional(body, "stage", T::number_integer) ||
@@ -99,16 +88,14 @@ Result<GroupJoinSpec> parse_join_weight_group(std::string_view text) {
   return s;
 }
 
-Result<int64_t> parse_group_update(std::string_view body) {
-  const json j = object_of(body);
-  if (j.is_discarded() || !is_version(j))
+Result<int64_t> parse_group_update(const json& j) {
+  if (!j.is_object() || !is_version(j))
     return Status::Error("update_weights_from_group needs {\"weight_version\": integer >= 0}");
   return j["weight_version"].get<int64_t>();
 }
 
-Result<std::map<std::string, std::string>> parse_check_weights(std::string_view body) {
-  const json j = object_of(body);
-  if (j.is_discarded() || !has(j, "checksums", json::value_t::object))
+Result<std::map<std::string, std::string>> parse_check_weights(const json& j) {
+  if (!j.is_object() || !has(j, "checksums", json::value_t::object))
     return Status::Error("check_weights needs {\"checksums\": {name: xxh3-128 hex}}");
   std::map<std::string, std::string> theirs;
   for (auto it = j["checksums"].begin(); it != j["checksums"].end(); ++it)

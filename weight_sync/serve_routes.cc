@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "miles/json_text.h"
 #include "miles/weight_sync/engine_weights.h"
 #include "weight_sync/route_bodies.h"
 
@@ -49,13 +50,13 @@ void reply(httplib::Response& res, const WeightReply& r) {
 void register_update_routes(httplib::Server& s, const std::shared_ptr<EngineWeights>& w) {
   s.Post("/update_weights_from_disk_delta",
          [w](const httplib::Request& req, httplib::Response& res) {
-           auto update = parse_disk_delta_update(req.body);
+           auto update = parse_disk_delta_update(parse_json_or_discarded(req.body));
            if (!update.ok()) return reply_failure(res, 400, update.message());
            reply(res, w->update_from_disk_delta(update->dir, update->weight_version));
          });
 
   s.Post("/join_weight_group", [w](const httplib::Request& req, httplib::Response& res) {
-    auto spec = parse_join_weight_group(req.body);
+    auto spec = parse_join_weight_group(parse_json_or_discarded(req.body));
     if (!spec.ok()) return reply_failure(res, 400, spec.message());
     const WeightReply r = w->join_group(*spec);
     if (!r.ok()) return reply(res, r);
@@ -66,7 +67,7 @@ void register_update_routes(httplib::Server& s, const std::shared_ptr<EngineWeig
   });
 
   s.Post("/update_weights_from_group", [w](const httplib::Request& req, httplib::Response& res) {
-    auto version = parse_group_update(req.body);
+    auto version = parse_group_update(parse_json_or_discarded(req.body));
     if (!version.ok()) return reply_failure(res, 400, version.message());
     reply(res, w->update_from_group(*version));
   });
@@ -80,7 +81,7 @@ void register_checksum_routes(httplib::Server& s, const std::shared_ptr<EngineWe
   });
 
   s.Post("/check_weights", [w](const httplib::Request& req, httplib::Response& res) {
-    auto theirs = parse_check_weights(req.body);
+    auto theirs = parse_check_weights(parse_json_or_discarded(req.body));
     if (!theirs.ok()) return reply_failure(res, 400, theirs.message());
     auto c = w->check(*theirs);
     if (!c.ok()) return reply_failure(res, 500, c.message());

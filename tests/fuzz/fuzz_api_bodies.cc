@@ -19,12 +19,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string body(reinterpret_cast<const char*>(data), size);
   const miles::Tokenizer* tok = miles::fuzz::test_tokenizer();
   miles::rollout::parse_tool_calls(body);
-  miles::parse_disk_delta_update(body);
-  miles::parse_join_weight_group(body);
-  miles::parse_group_update(body);
-  miles::parse_check_weights(body);
   auto json = miles::rollout::parse_json_body(body);
   if (!json.ok()) return 0;
+  miles::parse_disk_delta_update(*json);
+  miles::parse_join_weight_group(*json);
+  miles::parse_group_update(*json);
+  miles::parse_check_weights(*json);
   if (auto batch = miles::rollout::parse_generate(*json, tok); batch.ok()) {
     miles::rollout::ReplyContext ctx;
     ctx.tok = tok;
