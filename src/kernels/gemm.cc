@@ -236,6 +236,15 @@ struct ATiles {
   int64_t lda;  // the tiles' k stride: the tile height, or a lone row's own stride (not packed)
 };
 
+// This core's L2 in bytes (512 KB, a Zen 2's, where the system does not say).
+int64_t l2_bytes() {
+  static const int64_t bytes = [] {
+    const long b = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return b > 0 ? static_cast<int64_t>(b) : int64_t{512} << 10;
+  }();
+  return bytes;
+}
+
 // How an item walks its (tile, panel) pairs. Each pair runs the whole schedule on a stack of its
 // own, so any interleaving of the pairs gives the same bits; the interleaving only decides what
 // stays in cache. The schedule is cut into segments of `leaves` chunks (with the merges that
@@ -283,6 +292,11 @@ void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& 
   // The next panel's lines over the k steps of all the tiles of this one (NextPanel): only in the
   // plain order, where tile ti's chunks are its k steps ti·K .. ti·K + K − 1 of the panel.
   const bool prefetch_next = plan.prefetch_next && plain && tiles > 1;
+  // A segment's chunks of a panel that fit in half of L2 are there for the item's later tiles of
+  // the panel (its first tile just read them): only the first prefetches the panel's k rows.
+  const bool later_tiles_cached =
+      std::min(leaves, chunks) * chunk * kPanel * static_cast<int64_t>(sizeof(float)) <=
+      l2_bytes() / 2;
   constexpr int64_t kLinesPerK = kPanel * static_cast<int64_t>(sizeof(float)) / 64;
   // Rows whose lines prefetch_rows fetches: y's, unless y is one of the lefts (the fold's last).
   const float* const y_fetch =
@@ -303,6 +317,7 @@ void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& 
     int64_t& top = scratch.top[pair];
     if (plain) top = 0;
     detail::NextPanel np;
+    np.ahead = ti == 0 || !later_tiles_cached;
     if (prefetch_next && panel + 1 < w.num_panels()) {
       np.next = reinterpret_cast<const char*>(w.panel(panel + 1));
       np.rate = (kLinesPerK << 16) / tiles;
@@ -357,15 +372,6 @@ void gemm_item(const ATiles& a, int64_t row0, int64_t rows, const PackedMatrix& 
 
 constexpr int64_t kLongK = 4096;  // K past which a panel (K × 32 floats) outgrows a Zen 2 L2
 constexpr int64_t kStreamRows = 4 * kRowBlock;  // the most rows an item streaming panels takes
-
-// This core's L2 in bytes (512 KB, a Zen 2's, where the system does not say).
-int64_t l2_bytes() {
-  static const int64_t bytes = [] {
-    const long b = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    return b > 0 ? static_cast<int64_t>(b) : int64_t{512} << 10;
-  }();
-  return bytes;
-}
 
 // Rows per item when the items stream panels: as many as keep the item's packed rows (rows × K
 // floats) within half of L2, beside the panel they read, in whole row blocks, at most kStreamRows.

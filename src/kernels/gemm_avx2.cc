@@ -13,7 +13,7 @@ namespace {
 // 16-column halves were bound by the fma latency: 64 bytes of the panel per 5 cycles on Zen 2,
 // below the memory's rate for a GEMV that streams the weights), and the panel's k rows streamed in
 // order.
-template <int R>
+template <int R, bool kAhead>
 void full_tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
                float* part, const NextPanel& np) {
   __m256 acc[R][4];
@@ -21,7 +21,7 @@ void full_tile(const float* a, int64_t lda, const float* b, int64_t kc, const fl
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
   for (int64_t k = 0; k < kc; ++k) {
-    prefetch_panel_row(b + (k + kPrefetchAhead) * 32);
+    if constexpr (kAhead) prefetch_panel_row(b + (k + kPrefetchAhead) * 32);
     prefetch_next_panel(np, k);
     __m256 bv[4];
 #pragma GCC unroll 4
@@ -48,16 +48,27 @@ void full_tile(const float* a, int64_t lda, const float* b, int64_t kc, const fl
 // 16-column halves of 6 rows each read every other cache line. With the weights from memory (a
 // decode step of a few samples, a verify chunk) the halves made 3-6 rows cost 1.6-1.9x one row,
 // the groups 1.1-1.4x; from cache (training, prefill) the two are at par. Each element's chain is
-// the same.
+// the same. The tile's prefetches are all in its first group: the second reads the chunk (at most
+// 16 KB) from L1, where a prefetch per k step only takes issue slots from the fmas.
+template <int R, bool kAhead>
+void tile_rows(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
+               float* part, const NextPanel& np) {
+  if constexpr (R <= 3) {
+    full_tile<R, kAhead>(a, lda, b, kc, left, part, np);
+  } else {
+    static_assert(R <= 6);
+    full_tile<3, kAhead>(a, lda, b, kc, left, part, np);
+    full_tile<R - 3, false>(a + 3, lda, b, kc, left ? left + 3 * 32 : nullptr, part + 3 * 32, {});
+  }
+}
+
 template <int R>
 void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left, float* part,
           const NextPanel& np) {
-  if constexpr (R <= 3) {
-    full_tile<R>(a, lda, b, kc, left, part, np);
+  if (np.ahead) {
+    tile_rows<R, true>(a, lda, b, kc, left, part, np);
   } else {
-    static_assert(R <= 6);
-    full_tile<3>(a, lda, b, kc, left, part, np);  // the tile's k steps prefetch in its first group
-    full_tile<R - 3>(a + 3, lda, b, kc, left ? left + 3 * 32 : nullptr, part + 3 * 32, {});
+    tile_rows<R, false>(a, lda, b, kc, left, part, np);
   }
 }
 

@@ -8,9 +8,9 @@
 namespace miles::kernels::detail {
 namespace {
 
-template <int R>
-void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left, float* part,
-          const NextPanel& np) {
+template <int R, bool kAhead>
+void tile_rows(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
+               float* part, const NextPanel& np) {
   static_assert(kPanel == 32);
   __m512 acc0[R], acc1[R];
   #pragma GCC unroll 16
@@ -19,7 +19,7 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
     acc1[r] = _mm512_setzero_ps();
   }
   for (int64_t k = 0; k < kc; ++k) {
-    prefetch_panel_row(b + (k + kPrefetchAhead) * 32);
+    if constexpr (kAhead) prefetch_panel_row(b + (k + kPrefetchAhead) * 32);
     prefetch_next_panel(np, k);
     const __m512 b0 = _mm512_loadu_ps(b + k * 32);
     const __m512 b1 = _mm512_loadu_ps(b + k * 32 + 16);
@@ -41,6 +41,16 @@ void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* 
   for (int r = 0; r < R; ++r) {
     _mm512_storeu_ps(part + r * 32, acc0[r]);
     _mm512_storeu_ps(part + r * 32 + 16, acc1[r]);
+  }
+}
+
+template <int R>
+void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left, float* part,
+          const NextPanel& np) {
+  if (np.ahead) {
+    tile_rows<R, true>(a, lda, b, kc, left, part, np);
+  } else {
+    tile_rows<R, false>(a, lda, b, kc, left, part, np);
   }
 }
 
