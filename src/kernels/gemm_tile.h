@@ -27,7 +27,7 @@ namespace miles::kernels::detail {
 // `ahead`: the tile also prefetches its own panel's k rows kPrefetchAhead steps ahead, as a tile
 // does that streams the panel from memory. An item's later tiles of a panel read what its first
 // tile just brought into L2, where the hardware prefetchers keep up and the extra instructions
-// cost the AVX2 tile (12 fmas a k step) 5-10 % (Zen 4, one thread, the panel in L2).
+// cost the AVX2 tile (12 fmas a k step) 7-15 % (Zen 4, one thread, the panel in L2).
 struct NextPanel {
   const char* next = nullptr;  // null: nothing to prefetch
   int64_t step0 = 0;
