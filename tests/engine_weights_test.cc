@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <future>
+#include <limits>
 
 #include "llama_weights_fixture.h"
 #include "miles/comm.h"
@@ -271,6 +272,28 @@ TEST(EngineWeights, OverGrpcTheSameStepsAndRefusalsAsCodes) {
     pb::WeightVersion out;
     EXPECT_EQ(g.stub->UpdateWeightsFromDiskDelta(&ctx, in, &out).error_code(),
               grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {  // a negative version, on either update, is refused by name before anything is received
+    grpc::ClientContext ctx;
+    call(ctx);
+    pb::UpdateWeightsFromDiskDeltaRequest in;
+    in.set_dir(test::binary_dir() + "/engine_weights_no_chain");
+    in.set_weight_version(-1);
+    pb::WeightVersion out;
+    const grpc::Status st = g.stub->UpdateWeightsFromDiskDelta(&ctx, in, &out);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("weight_version -1 is negative"), std::string::npos)
+        << st.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    call(ctx);
+    pb::UpdateWeightsFromGroupRequest in;
+    in.set_weight_version(std::numeric_limits<int64_t>::min());
+    pb::WeightVersion out;
+    const grpc::Status st = g.stub->UpdateWeightsFromGroup(&ctx, in, &out);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("is negative"), std::string::npos) << st.error_message();
   }
 }
 

@@ -115,6 +115,7 @@ EngineWeights::~EngineWeights() {
 const std::string& EngineWeights::plan_digest() const { return st_->plan_digest; }
 
 WeightReply EngineWeights::update_from_disk_delta(const std::string& dir, int64_t v) {
+  if (v < 0) return refuse_negative_version(v);
   if (Status c = confine_path(dir, st_->trust.weight_dirs, "--weights-dir"); !c.ok())
     return WeightReply::refuse(WeightFault::kForbidden, c.message());
   std::lock_guard<std::mutex> lock(st_->mu);

@@ -227,6 +227,7 @@ WeightReply EngineWeights::join_group(const GroupJoinSpec& spec) {
 }
 
 WeightReply EngineWeights::update_from_group(int64_t v) {
+  if (v < 0) return refuse_negative_version(v);
   WeightGroups groups;
   const TransferPlan* plan = nullptr;
   {

@@ -101,4 +101,11 @@ struct EngineWeights::State {
   void drop_groups(const std::vector<std::shared_ptr<WeightGroupJoin>>& joins);
 };
 
+// A version an update names is an integer >= 0, whichever protocol brought it (HTTP refuses a
+// negative one as it parses the body; gRPC's int64 field comes here as it is).
+inline WeightReply refuse_negative_version(int64_t version) {
+  return WeightReply::refuse(WeightFault::kInvalid, "weight_version " + std::to_string(version) +
+                                                        " is negative: versions are integers >= 0");
+}
+
 }  // namespace miles
