@@ -51,8 +51,8 @@ void full_tile(const float* a, int64_t lda, const float* b, int64_t kc, const fl
 // the same. The tile's prefetches are all in its first group: the second reads the chunk (at most
 // 16 KB) from L1, where a prefetch per k step only takes issue slots from the fmas.
 template <int R, bool kAhead>
-void tile_rows(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
-               float* part, const NextPanel& np) {
+void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left, float* part,
+          const NextPanel& np) {
   if constexpr (R <= 3) {
     full_tile<R, kAhead>(a, lda, b, kc, left, part, np);
   } else {
@@ -62,22 +62,14 @@ void tile_rows(const float* a, int64_t lda, const float* b, int64_t kc, const fl
   }
 }
 
-template <int R>
-void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left, float* part,
-          const NextPanel& np) {
-  if (np.ahead) {
-    tile_rows<R, true>(a, lda, b, kc, left, part, np);
-  } else {
-    tile_rows<R, false>(a, lda, b, kc, left, part, np);
-  }
-}
-
 }  // namespace
 
 void chunk_tile_avx2(const float* a, int64_t lda, int rows, const float* b, int64_t kc,
                      const float* left, float* part, const NextPanel& np) {
-  with_tile_rows<kTileRowsAvx2>(rows,
-                                [&](auto r) { tile<r.value>(a, lda, b, kc, left, part, np); });
+  with_tile_rows<kTileRowsAvx2>(rows, [&](auto r) {
+    with_ahead(np.ahead,
+               [&](auto ahead) { tile<r.value, ahead.value>(a, lda, b, kc, left, part, np); });
+  });
 }
 
 }  // namespace miles::kernels::detail

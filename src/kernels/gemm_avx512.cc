@@ -9,8 +9,8 @@ namespace miles::kernels::detail {
 namespace {
 
 template <int R, bool kAhead>
-void tile_rows(const float* a, int64_t lda, const float* b, int64_t kc, const float* left,
-               float* part, const NextPanel& np) {
+void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left, float* part,
+          const NextPanel& np) {
   static_assert(kPanel == 32);
   __m512 acc0[R], acc1[R];
   #pragma GCC unroll 16
@@ -44,22 +44,14 @@ void tile_rows(const float* a, int64_t lda, const float* b, int64_t kc, const fl
   }
 }
 
-template <int R>
-void tile(const float* a, int64_t lda, const float* b, int64_t kc, const float* left, float* part,
-          const NextPanel& np) {
-  if (np.ahead) {
-    tile_rows<R, true>(a, lda, b, kc, left, part, np);
-  } else {
-    tile_rows<R, false>(a, lda, b, kc, left, part, np);
-  }
-}
-
 }  // namespace
 
 void chunk_tile_avx512(const float* a, int64_t lda, int rows, const float* b, int64_t kc,
                        const float* left, float* part, const NextPanel& np) {
-  with_tile_rows<kTileRowsAvx512>(rows,
-                                  [&](auto r) { tile<r.value>(a, lda, b, kc, left, part, np); });
+  with_tile_rows<kTileRowsAvx512>(rows, [&](auto r) {
+    with_ahead(np.ahead,
+               [&](auto ahead) { tile<r.value, ahead.value>(a, lda, b, kc, left, part, np); });
+  });
 }
 
 }  // namespace miles::kernels::detail

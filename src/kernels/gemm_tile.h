@@ -70,6 +70,17 @@ template <int N, typename F>
   (std::make_integer_sequence<int, N>{});
 }
 
+// Calls f(std::true_type{}) or f(std::false_type{}) as `ahead` says: NextPanel::ahead to the tile
+// compiled with or without the panel-row prefetches.
+template <typename F>
+[[gnu::always_inline]] inline void with_ahead(bool ahead, F&& f) {
+  if (ahead) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
 inline constexpr int kTileRowsScalar = 4;
 inline constexpr int kTileRowsAvx2 = 6;
 inline constexpr int kTileRowsAvx512 = 12;
