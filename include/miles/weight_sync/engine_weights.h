@@ -97,9 +97,9 @@ class EngineWeights {
   // Starts joining a group on a thread of its own and returns at once (the group forms when every
   // member joined; an update waits for it). A later join replaces the groups.
   WeightReply join_group(const GroupJoinSpec& spec);
-  // Receives `version` (>= 0; a negative one is refused) over the joined group(s) (the senders
-  // send meanwhile), verifies and adopts it. On any error the engine keeps its version and the
-  // groups are dropped (join again).
+  // Receives `version` over the joined group(s) (the senders send meanwhile), verifies and adopts
+  // it. On any error the engine keeps its version and the groups are dropped (join again); a
+  // negative version is refused before anything is received, and the groups are kept.
   WeightReply update_from_group(int64_t version);
   // Advances to `version` (>= 0) of the disk-delta chain in `dir`: staged whole, verified, adopted.
   WeightReply update_from_disk_delta(const std::string& dir, int64_t version);
