@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "test_paths.h"
 
@@ -390,6 +391,47 @@ TEST(ModelConfig, Gemma3LayersRopesAndRefusals) {
   expect_error(multimodal, "multimodal");
   expect_error(family("Gemma3ForConditionalGeneration", "gemma3"),
                "Gemma3ForConditionalGeneration");
+}
+
+// The token ids over the family's defaults: null is transformers' None and overrides a default
+// (Gemma 3's bos 2, eos 1, pad 0), and the writer keeps it (left out, the default came back: the
+// model_json fuzzer's find); negative ids are refused, except pad_token_id, torch's padding_idx,
+// which counts from the end of the vocabulary.
+TEST(ModelConfig, TokenIdsNullOverridesDefaultsAndNegativePadCountsFromTheEnd) {
+  nlohmann::json gemma = nlohmann::json::parse(family("Gemma3ForCausalLM", "gemma3_text"));
+  gemma.erase("bos_token_id");
+  gemma.erase("eos_token_id");
+  auto parse = [](const nlohmann::json& j) { return parse_model_config(j.dump(), kSrc); };
+  auto defaults = parse(gemma);
+  ASSERT_TRUE(defaults.ok()) << defaults.message();
+  EXPECT_EQ(defaults->bos_token_id, 2);
+  EXPECT_EQ(defaults->eos_token_ids, std::vector<int64_t>{1});
+  EXPECT_EQ(defaults->pad_token_id, 0);
+  nlohmann::json none = gemma;
+  none["bos_token_id"] = nullptr;
+  none["eos_token_id"] = nullptr;
+  none["pad_token_id"] = nullptr;
+  auto n = parse(none);
+  ASSERT_TRUE(n.ok()) << n.message();
+  EXPECT_EQ(n->bos_token_id, -1);
+  EXPECT_TRUE(n->eos_token_ids.empty());
+  EXPECT_EQ(n->pad_token_id, -1);
+  auto back = parse_model_config(model_config_to_hf_json(*n), kSrc);
+  ASSERT_TRUE(back.ok()) << back.message();
+  EXPECT_EQ(back->bos_token_id, -1);
+  EXPECT_TRUE(back->eos_token_ids.empty());
+  EXPECT_EQ(back->pad_token_id, -1);
+  EXPECT_EQ(model_config_to_hf_json(*back), model_config_to_hf_json(*n));
+
+  auto last = parse_model_config(llama_with("pad_token_id", "-1"), kSrc);  // vocab_size 512
+  ASSERT_TRUE(last.ok()) << last.message();
+  EXPECT_EQ(last->pad_token_id, 511);
+  EXPECT_EQ(parse_model_config(llama_with("pad_token_id", "-512"), kSrc)->pad_token_id, 0);
+  EXPECT_EQ(parse_model_config(model_config_to_hf_json(*last), kSrc)->pad_token_id, 511);
+  expect_error(llama_with("pad_token_id", "-513"), "pad_token_id' is -513");
+  expect_error(llama_with("pad_token_id", "512"), "[-512, 512)");
+  expect_error(llama_with("bos_token_id", "-1"), "bos_token_id' is -1");
+  expect_error(llama_with("eos_token_id", "[2, -1]"), "eos_token_id' holds -1");
 }
 
 TEST(ModelConfig, Qwen3MoeLayers) {

@@ -126,7 +126,9 @@ struct ModelConfig {
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
   // `pad_token_id`: transformers builds every family's embedding with it as padding_idx, so its row
-  // gets no gradient from the tokens that look it up (the forward reads it as any row). -1: none.
+  // gets no gradient from the tokens that look it up (the forward reads it as any row). -1: none;
+  // config.json's negative padding_idx (torch counts it from the end) is stored as the row it
+  // names.
   int64_t pad_token_id = -1;
   MlaConfig mla;  // DeepSeek-V3
   // Not from config.json: > 1 when this config is one rank's shard of a tensor-parallel split

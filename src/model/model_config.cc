@@ -78,6 +78,43 @@ struct Reader {
   }
 };
 
+// bos_token_id, eos_token_id and pad_token_id over the family's defaults. null is transformers'
+// None: no such token, whatever the default. A token id is >= 0, except pad_token_id, which every
+// family hands to nn.Embedding as padding_idx: torch counts a negative one from the end (-1 is the
+// last row) and refuses one outside [-vocab_size, vocab_size); it is stored as the row it names.
+Status parse_token_ids(const Reader& r, ModelConfig* c) {
+  const auto null = [&](const char* key) {
+    auto it = r.obj.find(key);
+    return it != r.obj.end() && it->is_null();
+  };
+  if (null("bos_token_id")) c->bos_token_id = -1;
+  if (null("eos_token_id")) c->eos_token_ids.clear();
+  if (null("pad_token_id")) c->pad_token_id = -1;
+  if (r.find("bos_token_id")) {
+    MILES_RETURN_IF_ERROR(r.read_int("bos_token_id", &c->bos_token_id));
+    if (c->bos_token_id < 0)
+      return r.error("bos_token_id",
+                     "is " + std::to_string(c->bos_token_id) + "; a token id is >= 0 (null: none)");
+  }
+  MILES_RETURN_IF_ERROR(r.read_int_list("eos_token_id", &c->eos_token_ids));
+  for (const int64_t id : c->eos_token_ids)
+    if (id < 0)
+      return r.error("eos_token_id",
+                     "holds " + std::to_string(id) + "; a token id is >= 0 (null: none)");
+  if (r.find("pad_token_id")) {
+    MILES_RETURN_IF_ERROR(r.read_int("pad_token_id", &c->pad_token_id));
+    const int64_t pad = c->pad_token_id, vocab = c->vocab_size;
+    if (pad < -vocab || pad >= vocab)
+      return r.error("pad_token_id", "is " + std::to_string(pad) +
+                                         ", the embedding's padding row: it must be in "
+                                         "[-vocab_size, vocab_size) = [" +
+                                         std::to_string(-vocab) + ", " + std::to_string(vocab) +
+                                         ") (null: none)");
+    if (pad < 0) c->pad_token_id = vocab + pad;
+  }
+  return Status::Ok();
+}
+
 Status parse_arch(const Reader& r, ModelConfig* c) {
   std::string name;
   if (const json* a = r.find("architectures")) {
@@ -473,10 +510,8 @@ Status parse_fields(const Reader& r, ModelConfig* c) {
     c->bos_token_id = 0;  // DeepseekV3Config's defaults
     c->eos_token_ids = {1};
   }
-  MILES_RETURN_IF_ERROR(r.read_int("bos_token_id", &c->bos_token_id));
-  MILES_RETURN_IF_ERROR(r.read_int_list("eos_token_id", &c->eos_token_ids));
   if (c->arch == Arch::kGemma3) c->pad_token_id = 0;  // Gemma3TextConfig's default
-  MILES_RETURN_IF_ERROR(r.read_int("pad_token_id", &c->pad_token_id));
+  MILES_RETURN_IF_ERROR(parse_token_ids(r, c));
   if (c->arch == Arch::kGemma3) {
     MILES_RETURN_IF_ERROR(parse_gemma3(r, c));
   } else {

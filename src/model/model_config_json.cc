@@ -162,12 +162,16 @@ std::string model_config_to_hf_json(const ModelConfig& c) {
   if (biases) j["attention_bias"] = c.attention_bias;
   j["attention_dropout"] = 0.0;
   if (biases && c.arch != Arch::kGlm4Moe && c.arch != Arch::kDeepseekV3) j["mlp_bias"] = c.mlp_bias;
-  if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
-  if (c.pad_token_id >= 0) j["pad_token_id"] = c.pad_token_id;
+  // None as null, not left out: a family's default would come back in its place.
+  const auto id_or_null = [](int64_t id) { return id >= 0 ? ordered_json(id) : ordered_json(); };
+  j["bos_token_id"] = id_or_null(c.bos_token_id);
+  j["pad_token_id"] = id_or_null(c.pad_token_id);
   if (c.eos_token_ids.size() == 1) {
     j["eos_token_id"] = c.eos_token_ids[0];
   } else if (!c.eos_token_ids.empty()) {
     j["eos_token_id"] = c.eos_token_ids;
+  } else {
+    j["eos_token_id"] = ordered_json();
   }
   if (c.arch == Arch::kGemma3) {
     gemma3_json(c, j);
