@@ -380,6 +380,38 @@ int64_t stream_rows(int64_t k) {
   return std::clamp<int64_t>(fit / kRowBlock * kRowBlock, kRowBlock, kStreamRows);
 }
 
+// The work of the thread that finishes last when busy.size() threads claim the items of `rows` rows
+// × `run` panels in order, each taking the next as it finishes one (the pool's order, at one
+// speed), in row × panel units. Items in the driver's order (panel_major: gemm_driver's).
+// busy: one slot per thread (overwritten).
+int64_t claimed_span(int64_t m, int64_t rows, int64_t panels, int64_t run, bool panel_major,
+                     std::vector<int64_t>& busy) {
+  std::fill(busy.begin(), busy.end(), 0);
+  const int64_t row_items = (m + rows - 1) / rows, panel_items = (panels + run - 1) / run;
+  for (int64_t item = 0; item < row_items * panel_items; ++item) {
+    const int64_t rb = panel_major ? item % row_items : item / panel_items;
+    const int64_t pb = panel_major ? item / row_items : item % panel_items;
+    *std::min_element(busy.begin(), busy.end()) +=
+        std::min(rows, m - rb * rows) * std::min(run, panels - pb * run);
+  }
+  return *std::max_element(busy.begin(), busy.end());
+}
+
+// Panels per item, at most `most`: the longest run whose items the threads finish together as
+// early as any run's. The longest run alone can leave a thread a whole item behind: 18 panels in
+// items of 4 are 10 for one thread and 8 for the other, in items of 3 nine each (a decode step of
+// 32 rows, a 64-token prefill: `o` and `down`).
+int64_t balanced_run(int64_t m, int64_t rows, int64_t panels, int64_t most, int threads,
+                     bool panel_major) {
+  std::vector<int64_t> busy(static_cast<size_t>(threads));
+  int64_t best = most, span = claimed_span(m, rows, panels, most, panel_major, busy);
+  for (int64_t run = most - 1; run >= 1; --run) {
+    const int64_t s = claimed_span(m, rows, panels, run, panel_major, busy);
+    if (s < span) best = run, span = s;
+  }
+  return best;
+}
+
 // Short K (a panel fits L2), packed up front, one tile of rows: items of one panel in the plain
 // order. Packed up front, more rows than one tile (a decode step of a batch, a verify, a prefill, a
 // training forward): the panels stream from memory, and each panel's tiles prefetch the next one
@@ -400,8 +432,9 @@ ItemPlan item_plan(const PackedMatrix& w, int64_t m, int tile_rows, int threads,
   if (!pack_per_item && m > tile_rows) {
     const int64_t rows = std::min(stream_rows(w.k()), (m + kRowBlock - 1) / kRowBlock * kRowBlock);
     const int64_t row_items = (m + rows - 1) / rows;
-    const int64_t run = std::max<int64_t>(1, w.num_panels() / (2 * threads * row_items));
-    return {rows, run, chunks, /*prefetch_next=*/true};
+    const int64_t most = std::max<int64_t>(1, w.num_panels() / (2 * threads * row_items));
+    return {rows, balanced_run(m, rows, w.num_panels(), most, threads, m < w.n()), chunks,
+            /*prefetch_next=*/true};
   }
   if (!pack_per_item) return {kRowBlock, 1, chunks};
   const int64_t panels = w.num_panels(), row_items = (m + kRowBlock - 1) / kRowBlock;
