@@ -53,9 +53,10 @@ struct Served {
     c.set_read_timeout(60, 0);
     return c;
   }
-  int64_t free_blocks() const {
-    return driver->call<EngineStats>([](Engine& e) { return e.stats(); }).free_blocks;
+  EngineStats stats() const {
+    return driver->call<EngineStats>([](Engine& e) { return e.stats(); });
   }
+  int64_t free_blocks() const { return stats().free_blocks; }
 };
 
 std::string moe_dir() { return test::data_dir() + "/models/qwen3_moe"; }
@@ -116,8 +117,7 @@ TEST(Server, GenerateEqualsTheEngineAndStreamsTheSameTokens) {
   const size_t last = sse.rfind("data: {");
   json final_chunk = json::parse(sse.substr(last + 6, sse.find("\n\n", last) - last - 6));
   EXPECT_EQ(final_chunk["output_ids"], r["output_ids"]);
-  EXPECT_EQ(s.free_blocks(), s.idle_blocks - s.driver->call<EngineStats>([](Engine& e) {
-                                return e.stats(); }).cached_blocks);
+  EXPECT_EQ(s.free_blocks(), s.idle_blocks - s.stats().cached_blocks);
 }
 
 TEST(Server, GroupOfEightReturnsEightSamples) {
@@ -174,16 +174,13 @@ TEST(Server, ClientDisconnectMidStreamFreesItsBlocks) {
                                         .enable_prefix_cache = false});
   auto c = s.client();
   constexpr int kMaxNew = 236;  // with the 17 prompt tokens, within the model's 256 positions
-  auto engine_stats = [&] {
-    return s.driver->call<EngineStats>([](Engine& e) { return e.stats(); });
-  };
   bool caught_unfinished = false;
   for (int attempt = 0; attempt < 5 && !caught_unfinished; ++attempt) {
     SCOPED_TRACE("attempt " + std::to_string(attempt));
     json body = gen_body({3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, kMaxNew, 1);
     body["stream"] = true;
     body["sampling_params"]["ignore_eos"] = true;
-    const uint64_t generated_before = engine_stats().generated_tokens;
+    const uint64_t generated_before = s.stats().generated_tokens;
     int chunks = 0;
     uint64_t generated_at_pause = 0;
     httplib::Request req;
@@ -213,7 +210,7 @@ TEST(Server, ClientDisconnectMidStreamFreesItsBlocks) {
     EXPECT_TRUE(s.driver->call<bool>([](Engine& e) { return e.idle(); }));
     // Paused, the engine generated nothing after the pause; caught unfinished (no EOS:
     // ignore_eos), the abort ended the sample short of its length.
-    EXPECT_EQ(engine_stats().generated_tokens, generated_at_pause);
+    EXPECT_EQ(s.stats().generated_tokens, generated_at_pause);
     if (caught_unfinished) {
       EXPECT_LT(generated_at_pause - generated_before, kMaxNew);
     }

@@ -35,6 +35,11 @@ struct Reader {
     auto it = obj.find(key);
     return (it == obj.end() || it->is_null()) ? nullptr : &*it;
   }
+  // Whether `key` is there as null (transformers' None), which find() reads as absent.
+  bool is_null(const char* key) const {
+    auto it = obj.find(key);
+    return it != obj.end() && it->is_null();
+  }
   Status error(const char* key, const std::string& what) const {
     return Status::Error(source + ": key '" + where + key + "' " + what);
   }
@@ -83,13 +88,9 @@ struct Reader {
 // family hands to nn.Embedding as padding_idx: torch counts a negative one from the end (-1 is the
 // last row) and refuses one outside [-vocab_size, vocab_size); it is stored as the row it names.
 Status parse_token_ids(const Reader& r, ModelConfig* c) {
-  const auto null = [&](const char* key) {
-    auto it = r.obj.find(key);
-    return it != r.obj.end() && it->is_null();
-  };
-  if (null("bos_token_id")) c->bos_token_id = -1;
-  if (null("eos_token_id")) c->eos_token_ids.clear();
-  if (null("pad_token_id")) c->pad_token_id = -1;
+  if (r.is_null("bos_token_id")) c->bos_token_id = -1;
+  if (r.is_null("eos_token_id")) c->eos_token_ids.clear();
+  if (r.is_null("pad_token_id")) c->pad_token_id = -1;
   if (r.find("bos_token_id")) {
     MILES_RETURN_IF_ERROR(r.read_int("bos_token_id", &c->bos_token_id));
     if (c->bos_token_id < 0)
@@ -409,7 +410,7 @@ Status parse_mla(const Reader& r, ModelConfig* c) {
   a.qk_nope_head_dim = 128;
   a.qk_rope_head_dim = 64;
   a.v_head_dim = 128;
-  if (auto q = r.obj.find("q_lora_rank"); q != r.obj.end() && q->is_null()) a.q_lora_rank = 0;
+  if (r.is_null("q_lora_rank")) a.q_lora_rank = 0;
   MILES_RETURN_IF_ERROR(r.read_int("q_lora_rank", &a.q_lora_rank));
   MILES_RETURN_IF_ERROR(r.read_int("kv_lora_rank", &a.kv_lora_rank));
   MILES_RETURN_IF_ERROR(r.read_int("qk_nope_head_dim", &a.qk_nope_head_dim));
